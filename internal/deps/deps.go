@@ -1,0 +1,20 @@
+package deps
+import (
+ _ "github.com/NVIDIA/go-nvml/pkg/nvml"
+ _ "github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+ _ "github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+ _ "github.com/NVIDIA/go-gpuallocator/gpuallocator"
+ _ "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+ _ "k8s.io/kubelet/pkg/apis/podresources/v1"
+ _ "k8s.io/client-go/kubernetes"
+ _ "k8s.io/client-go/informers"
+ _ "k8s.io/kube-scheduler/extender/v1"
+ _ "github.com/containerd/nri/pkg/stub"
+ _ "github.com/opencontainers/cgroups"
+ _ "k8s.io/klog/v2"
+ _ "sigs.k8s.io/yaml"
+ _ "github.com/google/go-cmp/cmp"
+ _ "github.com/fsnotify/fsnotify"
+ _ "github.com/prometheus/client_golang/prometheus"
+ _ "google.golang.org/grpc"
+)
