@@ -1,0 +1,46 @@
+package api
+
+import corev1 "k8s.io/api/core/v1"
+
+// Domain is the prefix of every Tessera resource, annotation and label.
+const Domain = "tessera.dev"
+
+// Version is the API version of every versioned Tessera file format and
+// annotation value.
+const Version = Domain + "/v1alpha1"
+
+// Extended resources advertised by the node agent's device plugins.
+const (
+	// ResourceGPU counts whole GPUs. One device per healthy GPU; the device ID
+	// is the GPU UUID.
+	ResourceGPU corev1.ResourceName = Domain + "/gpu"
+	// ResourceGPUMemory counts GPU memory units (1 GiB each unless configured
+	// otherwise) of GPUs that are shared between containers.
+	ResourceGPUMemory corev1.ResourceName = Domain + "/gpu-memory"
+	// ResourceGPUCore counts percent of one GPU's compute: 100 per GPU.
+	ResourceGPUCore corev1.ResourceName = Domain + "/gpu-core"
+
+	// ResourceNVIDIAGPU is NVIDIA's device plugin resource; quota accounts it
+	// beside Tessera's own.
+	ResourceNVIDIAGPU corev1.ResourceName = "nvidia.com/gpu"
+)
+
+// CoresPerGPU is the number of ResourceGPUCore units one GPU provides.
+const CoresPerGPU = 100
+
+// DefaultMemoryUnitMiB is the default size of one ResourceGPUMemory unit.
+const DefaultMemoryUnitMiB = 1024
+
+// Resources lists the extended resources Tessera manages, in a fixed order.
+func Resources() []corev1.ResourceName {
+	return []corev1.ResourceName{ResourceGPU, ResourceGPUMemory, ResourceGPUCore}
+}
+
+// IsTesseraResource reports whether name is one of the resources in Resources.
+func IsTesseraResource(name corev1.ResourceName) bool {
+	switch name {
+	case ResourceGPU, ResourceGPUMemory, ResourceGPUCore:
+		return true
+	}
+	return false
+}
