@@ -1,0 +1,93 @@
+package controlplane
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+)
+
+const (
+	// EnvK8sBinDir names the directory holding kube-apiserver and
+	// kube-scheduler (test.mk sets it to <repo>/bin/k8s).
+	EnvK8sBinDir = "TESSERA_TEST_K8S_BIN_DIR"
+	// EnvEtcd names the etcd binary (a path, or a name looked up on PATH).
+	EnvEtcd = "TESSERA_TEST_ETCD"
+)
+
+// Binaries are the executables a ControlPlane runs.
+type Binaries struct {
+	Etcd      string
+	APIServer string
+	Scheduler string
+}
+
+// BinariesFromEnv resolves the binaries from $TESSERA_TEST_K8S_BIN_DIR
+// (default: bin/k8s in the repository that contains the working directory)
+// and $TESSERA_TEST_ETCD (default: etcd on PATH). It fails, naming the make
+// target that provides them, when one is missing.
+func BinariesFromEnv() (Binaries, error) {
+	binDir := os.Getenv(EnvK8sBinDir)
+	if binDir == "" {
+		root, err := repoRoot()
+		if err != nil {
+			return Binaries{}, fmt.Errorf("%s is not set: %w", EnvK8sBinDir, err)
+		}
+		binDir = filepath.Join(root, "bin", "k8s")
+	}
+	etcd := os.Getenv(EnvEtcd)
+	if etcd == "" {
+		etcd = "etcd"
+	}
+	b := Binaries{
+		Etcd:      etcd,
+		APIServer: filepath.Join(binDir, "kube-apiserver"),
+		Scheduler: filepath.Join(binDir, "kube-scheduler"),
+	}
+	var err error
+	if b.Etcd, err = exec.LookPath(b.Etcd); err != nil {
+		return Binaries{}, fmt.Errorf("etcd not found (run `make test-deps`, or set %s): %w", EnvEtcd, err)
+	}
+	return b, b.validate(true)
+}
+
+func (b Binaries) validate(withScheduler bool) error {
+	check := func(what, path string) error {
+		if path == "" {
+			return fmt.Errorf("no %s binary configured", what)
+		}
+		st, err := os.Stat(path)
+		if err != nil {
+			return fmt.Errorf("%s binary (run `make k8s-bins`, or set %s): %w", what, EnvK8sBinDir, err)
+		}
+		if st.IsDir() || st.Mode()&0o111 == 0 {
+			return fmt.Errorf("%s binary %s is not an executable file", what, path)
+		}
+		return nil
+	}
+	errs := []error{check("etcd", b.Etcd), check("kube-apiserver", b.APIServer)}
+	if withScheduler {
+		errs = append(errs, check("kube-scheduler", b.Scheduler))
+	}
+	return errors.Join(errs...)
+}
+
+// repoRoot walks up from the working directory to the directory that holds
+// test/test.mk.
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("get working directory: %w", err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "test", "test.mk")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no enclosing directory holds test/test.mk")
+		}
+		dir = parent
+	}
+}

@@ -1,0 +1,52 @@
+# Makefile fragment for the integration-test module in test/ (a separate Go
+# module, so that k8s.io/kubernetes stays out of the root go.mod).
+#
+# The root Makefile includes this file; $(CURDIR) is then the repository root.
+# It can also be used on its own: make -C <repo> -f test/test.mk test-integration
+#
+# Targets:
+#   k8s-bins          build kube-apiserver + kube-scheduler into $(TEST_K8S_BIN_DIR)
+#                     (skipped when the stamp there names the same versions)
+#   test-deps         k8s-bins + etcd (apt-get install etcd-server when etcd is not on PATH)
+#   test-integration  test-deps, then go test in test/ against the real binaries
+#
+# All variables carry a TEST_ prefix and can be overridden on the command line.
+
+TEST_DIR         ?= $(CURDIR)/test
+TEST_GO          ?= go
+TEST_K8S_BIN_DIR ?= $(CURDIR)/bin/k8s
+# etcd binary the tests run (a name looked up on PATH, or a path).
+TEST_ETCD        ?= etcd
+# Measured on 2 cores: -race roughly doubles the test compile time but the
+# whole target stays within a few minutes (see test/README.md). Set
+# TEST_RACE= to drop it.
+TEST_RACE        ?= -race
+TEST_TIMEOUT     ?= 15m
+TEST_PKGS        ?= ./...
+TEST_FLAGS       ?= -count=1
+TEST_APT_GET     ?= apt-get
+
+.PHONY: k8s-bins test-deps test-etcd test-integration
+
+k8s-bins:
+	@$(TEST_DIR)/hack/build-k8s-bins.sh $(TEST_K8S_BIN_DIR)
+
+# Installs Debian's etcd-server (etcd 3.4) when no etcd is on PATH. Needs root.
+test-etcd:
+	@if command -v $(TEST_ETCD) >/dev/null 2>&1; then \
+		echo "test-etcd: using $$(command -v $(TEST_ETCD)) ($$($(TEST_ETCD) --version 2>/dev/null | head -n1))"; \
+	else \
+		echo "test-etcd: $(TEST_ETCD) not found, installing etcd-server with $(TEST_APT_GET)"; \
+		$(TEST_APT_GET) update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(TEST_APT_GET) install -y -qq --no-install-recommends etcd-server; \
+	fi
+
+test-deps: k8s-bins test-etcd
+
+# The device-manager tests re-exec themselves under `unshare -m` (see
+# test/framework/kubelet/mountns.go), so they need root (or CAP_SYS_ADMIN).
+test-integration: test-deps
+	cd $(TEST_DIR) && \
+		TESSERA_TEST_K8S_BIN_DIR=$(TEST_K8S_BIN_DIR) \
+		TESSERA_TEST_ETCD=$(TEST_ETCD) \
+		$(TEST_GO) test $(TEST_RACE) $(TEST_FLAGS) -timeout $(TEST_TIMEOUT) $(TEST_PKGS)
