@@ -384,9 +384,18 @@ func (m *Machine) newDevice(g *gpuState) *mock.Device {
 	return d
 }
 
+// indexOf finds the GPU behind a device handle. Libraries wrap handles (go-nvlib
+// embeds nvml.Device in its own type), so the handle is matched by UUID.
 func (m *Machine) indexOf(d nvml.Device) (int, bool) {
+	if d == nil {
+		return 0, false
+	}
+	uuid, ret := d.GetUUID()
+	if ret != nvml.SUCCESS {
+		return 0, false
+	}
 	for i, g := range m.gpus {
-		if nvml.Device(g.dev) == d {
+		if g.uuid == uuid {
 			return i, true
 		}
 	}
