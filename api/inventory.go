@@ -1,0 +1,196 @@
+package api
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// AnnotationGPUInventory is the Node annotation in which the node agent
+// publishes the node's GPUs for the scheduler extender. Its value is a
+// GPUInventory as JSON.
+const AnnotationGPUInventory = Domain + "/gpu-inventory"
+
+// ConditionSharedGPUIsolation is the Node condition in which the node agent
+// reports whether shared GPU units can be isolated: True when the NRI plugin
+// is connected, False (reason ReasonNRINotConnected) while the node refuses
+// to allocate tessera.dev/gpu-memory and tessera.dev/gpu-core.
+const ConditionSharedGPUIsolation corev1.NodeConditionType = Domain + "/SharedGPUIsolation"
+
+// Reasons of ConditionSharedGPUIsolation.
+const (
+	ReasonNRIConnected    = "NRIPluginConnected"
+	ReasonNRINotConnected = "NRIPluginNotConnected"
+)
+
+// KindGPUInventory is the kind of a GPUInventory.
+const KindGPUInventory = "GPUInventory"
+
+// GPUInventory is the value of AnnotationGPUInventory: the node's GPUs, how
+// they are wired, and their health, as the node agent sees them.
+type GPUInventory struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	// MemoryUnitMiB is the size of one tessera.dev/gpu-memory device.
+	MemoryUnitMiB uint64 `json:"memoryUnitMiB"`
+	// MemoryReserveMiB is kept back on every GPU, not advertised.
+	MemoryReserveMiB uint64 `json:"memoryReserveMiB,omitempty"`
+	// Resources lists the extended resources the node advertises.
+	Resources []string `json:"resources"`
+	// SharedIsolation is true when the NRI plugin that isolates shared
+	// containers is connected; without it the node refuses shared units.
+	SharedIsolation bool `json:"sharedIsolation"`
+	// GPUs are the node's GPUs by index.
+	GPUs []InventoryGPU `json:"gpus"`
+	// Links[i][j] is the connection between GPUs[i] and GPUs[j] in the
+	// notation of `nvidia-smi topo -m`: X (self), NV<n> (n direct NVLinks),
+	// NVS<n> (an NVSwitch fabric, n links into it), PIX, PXB, PHB, NODE,
+	// SYS (the PCIe path).
+	Links [][]string `json:"links"`
+	// NVLinkCliques are the maximal sets of GPU indices all NVLink- or
+	// NVSwitch-connected to each other, largest first.
+	NVLinkCliques [][]int `json:"nvlinkCliques"`
+}
+
+// InventoryGPU is one GPU of a GPUInventory.
+type InventoryGPU struct {
+	Index     int    `json:"index"`
+	UUID      string `json:"uuid"`
+	Model     string `json:"model"`
+	MemoryMiB uint64 `json:"memoryMiB"`
+	// MemoryUnits is the number of tessera.dev/gpu-memory devices the GPU
+	// provides.
+	MemoryUnits int `json:"memoryUnits"`
+	// NUMANode is -1 when the platform does not report one.
+	NUMANode int `json:"numaNode"`
+	Healthy  bool `json:"healthy"`
+	// Reason says why an unhealthy GPU is unhealthy, e.g. "XID 79".
+	Reason string `json:"reason,omitempty"`
+}
+
+var linkPattern = regexp.MustCompile(`^(X|NVS?[1-9][0-9]?|PIX|PXB|PHB|NODE|SYS)$`)
+
+// Validate checks a GPUInventory and names the first offending field.
+func (inv *GPUInventory) Validate() error {
+	if inv.APIVersion != Version {
+		return fmt.Errorf("apiVersion: must be %q, got %q", Version, inv.APIVersion)
+	}
+	if inv.Kind != KindGPUInventory {
+		return fmt.Errorf("kind: must be %q, got %q", KindGPUInventory, inv.Kind)
+	}
+	if inv.MemoryUnitMiB == 0 {
+		return fmt.Errorf("memoryUnitMiB: must be greater than 0")
+	}
+	for i, r := range inv.Resources {
+		if !IsTesseraResource(corev1.ResourceName(r)) {
+			return fmt.Errorf("resources[%d]: %q is not a Tessera resource", i, r)
+		}
+	}
+	uuids := map[string]int{}
+	for i, g := range inv.GPUs {
+		field := fmt.Sprintf("gpus[%d]", i)
+		if g.Index < 0 {
+			return fmt.Errorf("%s.index: must be 0 or more, got %d", field, g.Index)
+		}
+		if !uuidPattern.MatchString(g.UUID) {
+			return fmt.Errorf("%s.uuid: %q is not a GPU UUID like GPU-<hex>", field, g.UUID)
+		}
+		if j, dup := uuids[g.UUID]; dup {
+			return fmt.Errorf("%s.uuid: %q is also gpus[%d]'s", field, g.UUID, j)
+		}
+		uuids[g.UUID] = i
+		if g.MemoryMiB == 0 {
+			return fmt.Errorf("%s.memoryMiB: must be greater than 0", field)
+		}
+		if g.MemoryUnits < 0 {
+			return fmt.Errorf("%s.memoryUnits: must be 0 or more, got %d", field, g.MemoryUnits)
+		}
+		if g.NUMANode < -1 {
+			return fmt.Errorf("%s.numaNode: must be -1 or more, got %d", field, g.NUMANode)
+		}
+		if g.Healthy && g.Reason != "" {
+			return fmt.Errorf("%s.reason: a healthy GPU has no reason, got %q", field, g.Reason)
+		}
+	}
+	n := len(inv.GPUs)
+	if len(inv.Links) != n {
+		return fmt.Errorf("links: must have %d rows (one per GPU), got %d", n, len(inv.Links))
+	}
+	for i, row := range inv.Links {
+		if len(row) != n {
+			return fmt.Errorf("links[%d]: must have %d columns, got %d", i, n, len(row))
+		}
+		for j, l := range row {
+			if !linkPattern.MatchString(l) || (i == j) != (l == "X") {
+				return fmt.Errorf("links[%d][%d]: %q is not a link (X on the diagonal only, NV<n>, NVS<n>, PIX, PXB, PHB, NODE, SYS)", i, j, l)
+			}
+			if inv.Links[j][i] != l {
+				return fmt.Errorf("links[%d][%d]: must equal links[%d][%d] (%q != %q)", i, j, j, i, l, inv.Links[j][i])
+			}
+		}
+	}
+	indices := map[int]bool{}
+	for _, g := range inv.GPUs {
+		indices[g.Index] = true
+	}
+	for i, c := range inv.NVLinkCliques {
+		for k, idx := range c {
+			if !indices[idx] {
+				return fmt.Errorf("nvlinkCliques[%d][%d]: %d is not the index of one of gpus", i, k, idx)
+			}
+		}
+	}
+	return nil
+}
+
+// ParseGPUInventory decodes and validates an AnnotationGPUInventory value.
+// Unknown fields are errors.
+func ParseGPUInventory(value string) (*GPUInventory, error) {
+	var inv GPUInventory
+	if err := decodeStrict(value, &inv); err != nil {
+		return nil, fmt.Errorf("annotation %s: %w", AnnotationGPUInventory, err)
+	}
+	if err := inv.Validate(); err != nil {
+		return nil, fmt.Errorf("annotation %s: %w", AnnotationGPUInventory, err)
+	}
+	return &inv, nil
+}
+
+// GetGPUInventory returns the GPUInventory in annotations; ok is false when
+// there is none. A value that is present but malformed is an error.
+func GetGPUInventory(annotations map[string]string) (inv *GPUInventory, ok bool, err error) {
+	value, ok := annotations[AnnotationGPUInventory]
+	if !ok {
+		return nil, false, nil
+	}
+	inv, err = ParseGPUInventory(value)
+	if err != nil {
+		return nil, true, err
+	}
+	return inv, true, nil
+}
+
+// EncodeGPUInventory validates inv and returns it as an annotation value.
+func EncodeGPUInventory(inv *GPUInventory) (string, error) {
+	if err := inv.Validate(); err != nil {
+		return "", fmt.Errorf("annotation %s: %w", AnnotationGPUInventory, err)
+	}
+	b, err := json.Marshal(inv)
+	if err != nil {
+		return "", fmt.Errorf("annotation %s: %w", AnnotationGPUInventory, err)
+	}
+	return string(b), nil
+}
+
+// SetGPUInventory validates inv and stores it in annotations, which must not
+// be nil. On error annotations is left unchanged.
+func SetGPUInventory(annotations map[string]string, inv *GPUInventory) error {
+	value, err := EncodeGPUInventory(inv)
+	if err != nil {
+		return err
+	}
+	annotations[AnnotationGPUInventory] = value
+	return nil
+}
