@@ -64,7 +64,7 @@ type InventoryGPU struct {
 	// provides.
 	MemoryUnits int `json:"memoryUnits"`
 	// NUMANode is -1 when the platform does not report one.
-	NUMANode int `json:"numaNode"`
+	NUMANode int  `json:"numaNode"`
 	Healthy  bool `json:"healthy"`
 	// Reason says why an unhealthy GPU is unhealthy, e.g. "XID 79".
 	Reason string `json:"reason,omitempty"`
