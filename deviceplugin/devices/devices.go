@@ -1,0 +1,391 @@
+// Package devices is the node agent's device model: which kubelet devices
+// exist for each Tessera resource, their IDs, and which of them are healthy
+// given the GPUs' health and what is in use. It is plain data and pure
+// functions; the gRPC side (package deviceplugin) asks it and never decides
+// on its own.
+//
+// Devices of one GPU:
+//
+//   - tessera.dev/gpu: one device, ID = the GPU's UUID.
+//   - tessera.dev/gpu-memory: one device per memory unit after the reserve,
+//     ID = <uuid>::mem::<n>.
+//   - tessera.dev/gpu-core: api.CoresPerGPU devices, ID = <uuid>::core::<n>.
+//
+// Shared units (memory and core) carry no GPU choice of their own: the GPU in
+// their ID is nominal. Which GPU a shared container is served from is decided
+// by the scheduler extender's assignment and the NRI plugin; Allocation's
+// SharedGPU carries that decision when it is known.
+//
+// Whole and shared use of one GPU exclude each other: a GPU with shared units
+// in use is withheld from tessera.dev/gpu, and the units of a GPU allocated
+// whole are withheld. Withheld devices are reported unhealthy to the kubelet,
+// so its allocatable counts drop while the devices stay known.
+package devices
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// MaxDeviceIDLength is the kubelet's limit on a device ID.
+const MaxDeviceIDLength = 63
+
+// Separators in shared-unit device IDs.
+const (
+	memorySep = "::mem::"
+	coreSep   = "::core::"
+)
+
+// GPU is what the model knows of one GPU.
+type GPU struct {
+	Index int
+	UUID  string
+	// NUMANode is -1 when the platform does not report one.
+	NUMANode  int
+	MemoryMiB uint64
+}
+
+// Options shape the model.
+type Options struct {
+	// Resources lists the advertised resources.
+	Resources []corev1.ResourceName
+	// MemoryUnitMiB is the size of one memory unit.
+	MemoryUnitMiB uint64
+	// MemoryReserveMiB is kept back on every GPU.
+	MemoryReserveMiB uint64
+}
+
+// Model is the immutable set of devices of a node.
+type Model struct {
+	gpus   []GPU
+	byUUID map[string]int
+	opts   Options
+}
+
+// New builds the model of gpus (in index order after sorting).
+func New(gpus []GPU, opts Options) (*Model, error) {
+	if opts.MemoryUnitMiB == 0 {
+		return nil, fmt.Errorf("memory unit must be greater than 0 MiB")
+	}
+	for _, r := range opts.Resources {
+		if !api.IsTesseraResource(r) {
+			return nil, fmt.Errorf("resource %q is not a Tessera resource", r)
+		}
+	}
+	m := &Model{gpus: append([]GPU(nil), gpus...), byUUID: map[string]int{}, opts: opts}
+	m.opts.Resources = append([]corev1.ResourceName(nil), opts.Resources...)
+	sort.Slice(m.gpus, func(i, j int) bool { return m.gpus[i].Index < m.gpus[j].Index })
+	for p, g := range m.gpus {
+		if g.UUID == "" || strings.Contains(g.UUID, "::") || strings.ContainsAny(g.UUID, ", ") {
+			return nil, fmt.Errorf("GPU %d: %q cannot be a device ID", g.Index, g.UUID)
+		}
+		if _, dup := m.byUUID[g.UUID]; dup {
+			return nil, fmt.Errorf("GPU %d: UUID %s is also another GPU's", g.Index, g.UUID)
+		}
+		if p > 0 && m.gpus[p-1].Index == g.Index {
+			return nil, fmt.Errorf("GPU index %d is listed twice", g.Index)
+		}
+		m.byUUID[g.UUID] = p
+		if m.enabled(api.ResourceGPUMemory) && g.MemoryMiB <= opts.MemoryReserveMiB {
+			return nil, fmt.Errorf("GPU %d (%s): the memory reserve of %d MiB leaves nothing of its %d MiB", g.Index, g.UUID, opts.MemoryReserveMiB, g.MemoryMiB)
+		}
+		for _, r := range m.opts.Resources {
+			if n := m.Units(r, g); n > 0 {
+				if id := DeviceID(r, g.UUID, n-1); len(id) > MaxDeviceIDLength {
+					return nil, fmt.Errorf("GPU %d: device ID %q is longer than the kubelet's %d characters", g.Index, id, MaxDeviceIDLength)
+				}
+			}
+		}
+	}
+	return m, nil
+}
+
+func (m *Model) enabled(r corev1.ResourceName) bool {
+	for _, x := range m.opts.Resources {
+		if x == r {
+			return true
+		}
+	}
+	return false
+}
+
+// Resources returns the advertised resources.
+func (m *Model) Resources() []corev1.ResourceName {
+	return append([]corev1.ResourceName(nil), m.opts.Resources...)
+}
+
+// Options returns the options the model was built with.
+func (m *Model) Options() Options { return m.opts }
+
+// GPUs returns the GPUs in index order.
+func (m *Model) GPUs() []GPU { return append([]GPU(nil), m.gpus...) }
+
+// GPU returns the GPU with the given UUID.
+func (m *Model) GPU(uuid string) (GPU, bool) {
+	p, ok := m.byUUID[uuid]
+	if !ok {
+		return GPU{}, false
+	}
+	return m.gpus[p], true
+}
+
+// Units is the number of devices of resource r that GPU g provides.
+func (m *Model) Units(r corev1.ResourceName, g GPU) int {
+	switch r {
+	case api.ResourceGPU:
+		return 1
+	case api.ResourceGPUMemory:
+		if g.MemoryMiB <= m.opts.MemoryReserveMiB {
+			return 0
+		}
+		return int((g.MemoryMiB - m.opts.MemoryReserveMiB) / m.opts.MemoryUnitMiB)
+	case api.ResourceGPUCore:
+		return api.CoresPerGPU
+	}
+	return 0
+}
+
+// DeviceID is the ID of the n-th device of resource r on the GPU with the
+// given UUID.
+func DeviceID(r corev1.ResourceName, uuid string, n int) string {
+	switch r {
+	case api.ResourceGPUMemory:
+		return uuid + memorySep + strconv.Itoa(n)
+	case api.ResourceGPUCore:
+		return uuid + coreSep + strconv.Itoa(n)
+	}
+	return uuid
+}
+
+// ParseDeviceID splits a device ID of resource r into the GPU UUID and unit
+// number (0 for a whole GPU). It checks the form only; Model.Lookup also
+// checks that the device exists.
+func ParseDeviceID(r corev1.ResourceName, id string) (uuid string, n int, err error) {
+	var sep string
+	switch r {
+	case api.ResourceGPU:
+		if id == "" || strings.Contains(id, "::") {
+			return "", 0, fmt.Errorf("%s device ID %q: want a GPU UUID", r, id)
+		}
+		return id, 0, nil
+	case api.ResourceGPUMemory:
+		sep = memorySep
+	case api.ResourceGPUCore:
+		sep = coreSep
+	default:
+		return "", 0, fmt.Errorf("%q is not a Tessera resource", r)
+	}
+	uuid, num, ok := strings.Cut(id, sep)
+	if !ok || uuid == "" {
+		return "", 0, fmt.Errorf("%s device ID %q: want <uuid>%s<n>", r, id, sep)
+	}
+	n, err = strconv.Atoi(num)
+	if err != nil || n < 0 || strconv.Itoa(n) != num {
+		return "", 0, fmt.Errorf("%s device ID %q: unit %q is not a number", r, id, num)
+	}
+	return uuid, n, nil
+}
+
+// Lookup returns the GPU of a device of resource r, or an error when no such
+// device exists on this node.
+func (m *Model) Lookup(r corev1.ResourceName, id string) (GPU, error) {
+	if !m.enabled(r) {
+		return GPU{}, fmt.Errorf("resource %s is not advertised on this node", r)
+	}
+	uuid, n, err := ParseDeviceID(r, id)
+	if err != nil {
+		return GPU{}, err
+	}
+	g, ok := m.GPU(uuid)
+	if !ok {
+		return GPU{}, fmt.Errorf("%s device %q: no GPU %s on this node", r, id, uuid)
+	}
+	if n >= m.Units(r, g) {
+		return GPU{}, fmt.Errorf("%s device %q: GPU %d has only %d units", r, id, g.Index, m.Units(r, g))
+	}
+	return g, nil
+}
+
+// Health is the health of one GPU.
+type Health struct {
+	Healthy bool
+	// Reason says why an unhealthy GPU is unhealthy, e.g. "XID 79".
+	Reason string
+}
+
+// HealthMap is the health of the GPUs by UUID; a GPU that is absent is
+// healthy.
+type HealthMap map[string]Health
+
+// Of returns the health of a GPU.
+func (h HealthMap) Of(uuid string) Health {
+	if s, ok := h[uuid]; ok {
+		return s
+	}
+	return Health{Healthy: true}
+}
+
+// Usage says which GPUs are in use, by UUID.
+type Usage struct {
+	// Whole GPUs are allocated as tessera.dev/gpu.
+	Whole map[string]bool
+	// Shared GPUs serve tessera.dev/gpu-memory or tessera.dev/gpu-core
+	// units.
+	Shared map[string]bool
+}
+
+// Device is one kubelet device with its reported health.
+type Device struct {
+	ID       string
+	GPU      string
+	NUMANode int
+	Healthy  bool
+	// Reason says why an unhealthy device is reported unhealthy: the GPU's
+	// own reason, or why it is withheld.
+	Reason string
+}
+
+// Reasons for withholding a healthy GPU's devices.
+const (
+	ReasonSharedInUse = "withheld: the GPU serves shared units"
+	ReasonWholeInUse  = "withheld: the GPU is allocated whole"
+)
+
+// Devices lists the devices of resource r in a stable order (GPU index,
+// then unit) with the health the kubelet is to see.
+func (m *Model) Devices(r corev1.ResourceName, health HealthMap, usage Usage) []Device {
+	if !m.enabled(r) {
+		return nil
+	}
+	var out []Device
+	for _, g := range m.gpus {
+		healthy, reason := m.deviceHealth(r, g.UUID, health, usage)
+		for n := 0; n < m.Units(r, g); n++ {
+			out = append(out, Device{ID: DeviceID(r, g.UUID, n), GPU: g.UUID, NUMANode: g.NUMANode, Healthy: healthy, Reason: reason})
+		}
+	}
+	return out
+}
+
+// deviceHealth is the health of resource r's devices of one GPU.
+func (m *Model) deviceHealth(r corev1.ResourceName, uuid string, health HealthMap, usage Usage) (bool, string) {
+	if h := health.Of(uuid); !h.Healthy {
+		return false, h.Reason
+	}
+	switch r {
+	case api.ResourceGPU:
+		if usage.Shared[uuid] {
+			return false, ReasonSharedInUse
+		}
+	default:
+		if usage.Whole[uuid] {
+			return false, ReasonWholeInUse
+		}
+	}
+	return true, ""
+}
+
+// Allocation is what the kubelet allocated to one container for one
+// resource.
+type Allocation struct {
+	Resource  corev1.ResourceName
+	DeviceIDs []string
+	// SharedGPU is the UUID of the GPU the container's shared units are
+	// served from, when known (from the assignment annotation). Without
+	// it, the GPUs named in the unit IDs count.
+	SharedGPU string
+}
+
+// UsageOf computes which GPUs the allocations use. Devices that do not exist
+// on this node are reported as errors and otherwise ignored.
+func (m *Model) UsageOf(allocs []Allocation) (Usage, []error) {
+	u := Usage{Whole: map[string]bool{}, Shared: map[string]bool{}}
+	var errs []error
+	for _, a := range allocs {
+		if !api.IsTesseraResource(a.Resource) {
+			continue
+		}
+		if a.Resource != api.ResourceGPU && a.SharedGPU != "" {
+			if _, ok := m.GPU(a.SharedGPU); ok {
+				u.Shared[a.SharedGPU] = true
+				continue
+			}
+			errs = append(errs, fmt.Errorf("shared GPU %s of an allocation is not on this node", a.SharedGPU))
+		}
+		for _, id := range a.DeviceIDs {
+			uuid, _, err := ParseDeviceID(a.Resource, id)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if _, ok := m.GPU(uuid); !ok {
+				errs = append(errs, fmt.Errorf("%s device %q: no GPU %s on this node", a.Resource, id, uuid))
+				continue
+			}
+			if a.Resource == api.ResourceGPU {
+				u.Whole[uuid] = true
+			} else {
+				u.Shared[uuid] = true
+			}
+		}
+	}
+	return u, errs
+}
+
+// CheckWhole checks an Allocate request for whole GPUs and returns the GPUs
+// in index order. It fails when a device does not exist, is listed twice, its
+// GPU is unhealthy, or its GPU serves shared units.
+func (m *Model) CheckWhole(ids []string, health HealthMap, usage Usage) ([]GPU, error) {
+	if len(ids) == 0 {
+		return nil, fmt.Errorf("no %s devices requested", api.ResourceGPU)
+	}
+	seen := map[string]bool{}
+	var gpus []GPU
+	for _, id := range ids {
+		g, err := m.Lookup(api.ResourceGPU, id)
+		if err != nil {
+			return nil, err
+		}
+		if seen[id] {
+			return nil, fmt.Errorf("%s device %q is requested twice", api.ResourceGPU, id)
+		}
+		seen[id] = true
+		if h := health.Of(g.UUID); !h.Healthy {
+			return nil, fmt.Errorf("GPU %d (%s) is unhealthy: %s", g.Index, g.UUID, h.Reason)
+		}
+		if usage.Shared[g.UUID] {
+			return nil, fmt.Errorf("GPU %d (%s) serves shared units and cannot be allocated whole", g.Index, g.UUID)
+		}
+		gpus = append(gpus, g)
+	}
+	sort.Slice(gpus, func(i, j int) bool { return gpus[i].Index < gpus[j].Index })
+	return gpus, nil
+}
+
+// CheckShared checks an Allocate request for shared units of resource r: the
+// devices exist and none is listed twice.
+func (m *Model) CheckShared(r corev1.ResourceName, ids []string) error {
+	if r == api.ResourceGPU {
+		return fmt.Errorf("%s is not a shared resource", r)
+	}
+	if len(ids) == 0 {
+		return fmt.Errorf("no %s devices requested", r)
+	}
+	seen := map[string]bool{}
+	for _, id := range ids {
+		if _, err := m.Lookup(r, id); err != nil {
+			return err
+		}
+		if seen[id] {
+			return fmt.Errorf("%s device %q is requested twice", r, id)
+		}
+		seen[id] = true
+	}
+	return nil
+}
