@@ -3,11 +3,19 @@ module github.com/tessera-gpu/tessera/test
 go 1.26.8
 
 require (
+	github.com/google/cadvisor v0.52.1
 	k8s.io/api v0.34.2
 	k8s.io/apimachinery v0.34.2
 	k8s.io/client-go v0.34.2
 	k8s.io/klog/v2 v2.130.1
 	sigs.k8s.io/yaml v1.6.0
+)
+
+require (
+	github.com/Microsoft/go-winio v0.6.2 // indirect
+	github.com/opencontainers/cgroups v0.1.0 // indirect
+	k8s.io/cri-api v0.34.2 // indirect
+	k8s.io/cri-client v0.0.0 // indirect
 )
 
 require (
@@ -94,7 +102,7 @@ require (
 	golang.org/x/net v0.38.0 // indirect
 	golang.org/x/oauth2 v0.27.0 // indirect
 	golang.org/x/sync v0.12.0 // indirect
-	golang.org/x/sys v0.39.0 // indirect
+	golang.org/x/sys v0.39.0
 	golang.org/x/term v0.30.0 // indirect
 	golang.org/x/text v0.23.0 // indirect
 	golang.org/x/time v0.9.0 // indirect
@@ -123,8 +131,8 @@ require (
 	k8s.io/kube-aggregator v0.0.0 // indirect
 	k8s.io/kube-openapi v0.0.0-20250710124328-f3f2b991d03b // indirect
 	k8s.io/kube-scheduler v0.34.2 // indirect
-	k8s.io/kubelet v0.34.2 // indirect
-	k8s.io/kubernetes v1.34.2 // indirect
+	k8s.io/kubelet v0.34.2
+	k8s.io/kubernetes v1.34.2
 	k8s.io/mount-utils v0.0.0 // indirect
 	k8s.io/pod-security-admission v0.0.0 // indirect
 	k8s.io/utils v0.0.0-20250604170112-4c0f3b243397 // indirect
