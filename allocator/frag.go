@@ -1,5 +1,7 @@
 package allocator
 
+import "fmt"
+
 // FragCategory classifies a node against one workload shape, following the
 // FGD paper's quadrants (Fig. 5) and its artifact.
 type FragCategory uint8
@@ -166,4 +168,23 @@ func (m *fragModel) amount(model string, cpuFree int64, gpus []GPU) FragAmount {
 func NodeFrag(n *Node, w Workload) FragAmount {
 	m := compileWorkload(w)
 	return m.amount(n.Model, n.CPUMilliFree, n.GPUs)
+}
+
+// FragMeter measures node fragmentation against a fixed workload. Build it
+// once with NewFragMeter and reuse it; it is safe for concurrent use.
+type FragMeter struct {
+	model fragModel
+}
+
+// NewFragMeter compiles w for repeated NodeFrag-style measurements.
+func NewFragMeter(w Workload) (*FragMeter, error) {
+	if err := w.Validate(); err != nil {
+		return nil, fmt.Errorf("frag meter: %w", err)
+	}
+	return &FragMeter{model: compileWorkload(w)}, nil
+}
+
+// Amount returns the fragmentation amount of node n.
+func (m *FragMeter) Amount(n *Node) FragAmount {
+	return m.model.amount(n.Model, n.CPUMilliFree, n.GPUs)
 }
