@@ -1,0 +1,266 @@
+// Package kubeletstate reads from the kubelet which devices it has allocated
+// to which containers: through its PodResources API (List), or, where that is
+// not reachable, from the device manager's checkpoint file in the
+// device-plugin directory. Either way the node agent rebuilds what is in use
+// from the kubelet's own record, so nothing it knows lives only in its memory.
+package kubeletstate
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"sort"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// DefaultPodResourcesSocket is where the kubelet serves the PodResources API.
+const DefaultPodResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+// CheckpointFile is the name of the device manager's checkpoint in the
+// device-plugin directory.
+const CheckpointFile = "kubelet_internal_checkpoint"
+
+// ContainerDevices is what the kubelet allocated to one container for one
+// Tessera resource.
+type ContainerDevices struct {
+	// Namespace and Name identify the pod (PodResources only).
+	Namespace, Name string
+	// PodUID identifies the pod (checkpoint only).
+	PodUID    string
+	Container string
+	Resource  corev1.ResourceName
+	DeviceIDs []string
+}
+
+// Source reads the kubelet's allocations of Tessera resources.
+type Source interface {
+	Allocations(ctx context.Context) ([]ContainerDevices, error)
+	// Name says where the allocations come from, for logs.
+	Name() string
+}
+
+// PodResources reads the kubelet's PodResources API.
+type PodResources struct {
+	// Socket is the kubelet's pod-resources socket.
+	Socket string
+	// Dial connects to Socket; a unix-socket dialer when nil.
+	Dial func(ctx context.Context, addr string) (net.Conn, error)
+	// Timeout bounds one List; 10s when zero.
+	Timeout time.Duration
+}
+
+var _ Source = (*PodResources)(nil)
+
+// Name implements Source.
+func (p *PodResources) Name() string { return "PodResources API at " + p.Socket }
+
+// Allocations implements Source with one List call.
+func (p *PodResources) Allocations(ctx context.Context) ([]ContainerDevices, error) {
+	if _, err := os.Stat(p.Socket); err != nil && p.Dial == nil {
+		return nil, fmt.Errorf("kubelet PodResources socket: %w", err)
+	}
+	dial := p.Dial
+	if dial == nil {
+		dial = func(ctx context.Context, addr string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", addr)
+		}
+	}
+	timeout := p.Timeout
+	if timeout == 0 {
+		timeout = 10 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	conn, err := grpc.NewClient("passthrough:///"+p.Socket,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(dial))
+	if err != nil {
+		return nil, fmt.Errorf("connecting to the kubelet PodResources API at %s: %w", p.Socket, err)
+	}
+	defer conn.Close()
+	resp, err := podresourcesapi.NewPodResourcesListerClient(conn).List(ctx, &podresourcesapi.ListPodResourcesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("listing pod resources at %s: %w", p.Socket, err)
+	}
+	var out []ContainerDevices
+	for _, pod := range resp.GetPodResources() {
+		for _, c := range pod.GetContainers() {
+			for _, d := range c.GetDevices() {
+				r := corev1.ResourceName(d.GetResourceName())
+				if !api.IsTesseraResource(r) || len(d.GetDeviceIds()) == 0 {
+					continue
+				}
+				out = append(out, ContainerDevices{
+					Namespace: pod.GetNamespace(),
+					Name:      pod.GetName(),
+					Container: c.GetName(),
+					Resource:  r,
+					DeviceIDs: sorted(d.GetDeviceIds()),
+				})
+			}
+		}
+	}
+	sortAllocations(out)
+	return out, nil
+}
+
+// Checkpoint reads the kubelet device manager's checkpoint file.
+type Checkpoint struct {
+	// Path is the checkpoint file, normally
+	// <device-plugin-dir>/kubelet_internal_checkpoint.
+	Path string
+}
+
+var _ Source = (*Checkpoint)(nil)
+
+// Name implements Source.
+func (c *Checkpoint) Name() string { return "kubelet checkpoint " + c.Path }
+
+// checkpointData mirrors the JSON of the device manager's checkpoint
+// (k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/checkpoint).
+type checkpointData struct {
+	Data struct {
+		PodDeviceEntries []struct {
+			PodUID        string
+			ContainerName string
+			ResourceName  string
+			// DeviceIDs is a map from NUMA node to IDs (v2), or a plain
+			// list in checkpoints of kubelets before 1.20 (v1).
+			DeviceIDs json.RawMessage
+		}
+		RegisteredDevices map[string][]string
+	}
+}
+
+// Allocations implements Source. A missing file means nothing is allocated.
+func (c *Checkpoint) Allocations(context.Context) ([]ContainerDevices, error) {
+	b, err := os.ReadFile(c.Path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading kubelet checkpoint: %w", err)
+	}
+	return ParseCheckpoint(b, c.Path)
+}
+
+// ParseCheckpoint decodes a device manager checkpoint and returns its
+// allocations of Tessera resources.
+func ParseCheckpoint(b []byte, source string) ([]ContainerDevices, error) {
+	var cp checkpointData
+	if err := json.Unmarshal(b, &cp); err != nil {
+		return nil, fmt.Errorf("kubelet checkpoint %s: %w", source, err)
+	}
+	var out []ContainerDevices
+	for i, e := range cp.Data.PodDeviceEntries {
+		r := corev1.ResourceName(e.ResourceName)
+		if !api.IsTesseraResource(r) {
+			continue
+		}
+		ids, err := deviceIDs(e.DeviceIDs)
+		if err != nil {
+			return nil, fmt.Errorf("kubelet checkpoint %s: PodDeviceEntries[%d].DeviceIDs: %w", source, i, err)
+		}
+		if len(ids) == 0 {
+			continue
+		}
+		out = append(out, ContainerDevices{PodUID: e.PodUID, Container: e.ContainerName, Resource: r, DeviceIDs: ids})
+	}
+	sortAllocations(out)
+	return out, nil
+}
+
+func deviceIDs(raw json.RawMessage) ([]string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var perNUMA map[string][]string
+	if err := json.Unmarshal(raw, &perNUMA); err == nil {
+		seen := map[string]bool{}
+		var ids []string
+		for _, list := range perNUMA {
+			for _, id := range list {
+				if !seen[id] {
+					seen[id] = true
+					ids = append(ids, id)
+				}
+			}
+		}
+		return sorted(ids), nil
+	}
+	var list []string
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, fmt.Errorf("neither a map of NUMA nodes to device IDs nor a list of IDs: %s", raw)
+	}
+	return sorted(list), nil
+}
+
+// First reads the first source that answers.
+type First []Source
+
+var _ Source = First(nil)
+
+// Name implements Source.
+func (f First) Name() string {
+	s := "first of"
+	for _, x := range f {
+		s += " [" + x.Name() + "]"
+	}
+	return s
+}
+
+// Allocations implements Source; it also returns the source that answered.
+func (f First) Allocations(ctx context.Context) ([]ContainerDevices, error) {
+	a, _, err := f.AllocationsFrom(ctx)
+	return a, err
+}
+
+// AllocationsFrom is Allocations naming the source that answered.
+func (f First) AllocationsFrom(ctx context.Context) ([]ContainerDevices, Source, error) {
+	var errs []error
+	for _, s := range f {
+		a, err := s.Allocations(ctx)
+		if err == nil {
+			return a, s, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, nil, fmt.Errorf("no source of the kubelet's allocations answered: %w", errors.Join(errs...))
+}
+
+func sorted(ids []string) []string {
+	out := append([]string(nil), ids...)
+	sort.Strings(out)
+	return out
+}
+
+func sortAllocations(a []ContainerDevices) {
+	sort.Slice(a, func(i, j int) bool {
+		x, y := a[i], a[j]
+		if x.Namespace != y.Namespace {
+			return x.Namespace < y.Namespace
+		}
+		if x.Name != y.Name {
+			return x.Name < y.Name
+		}
+		if x.PodUID != y.PodUID {
+			return x.PodUID < y.PodUID
+		}
+		if x.Container != y.Container {
+			return x.Container < y.Container
+		}
+		return x.Resource < y.Resource
+	})
+}
