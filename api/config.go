@@ -205,6 +205,9 @@ func (c *NodeAgentConfig) Validate() error {
 	if len(c.DeviceListStrategy) == 0 {
 		return fmt.Errorf("deviceListStrategy: must name at least one strategy")
 	}
+	if strategies[DeviceListEnvvar] && strategies[DeviceListVolumeMounts] {
+		return fmt.Errorf("deviceListStrategy: %s and %s both set NVIDIA_VISIBLE_DEVICES; choose one", DeviceListEnvvar, DeviceListVolumeMounts)
+	}
 	if vendor, class, ok := strings.Cut(c.CDIKind, "/"); !ok || vendor == "" || class == "" || strings.ContainsAny(c.CDIKind, "=, ") {
 		return fmt.Errorf("cdiKind: %q is not a CDI kind like nvidia.com/gpu", c.CDIKind)
 	}

@@ -90,6 +90,7 @@ func TestLoadNodeAgentConfigErrors(t *testing.T) {
 		{"resource", head + "resources: [nvidia.com/gpu]\n", `resources[0]: "nvidia.com/gpu"`},
 		{"resource twice", head + "resources: [tessera.dev/gpu, tessera.dev/gpu]\n", "listed twice"},
 		{"strategy", head + "deviceListStrategy: [magic]\n", `deviceListStrategy[0]: "magic"`},
+		{"envvar and volume-mounts", head + "deviceListStrategy: [envvar, volume-mounts]\n", "choose one"},
 		{"cdi kind", head + "cdiKind: gpu\n", "cdiKind"},
 		{"cdi name", head + "cdiDeviceName: serial\n", "cdiDeviceName"},
 		{"duration", head + "healthCheckInterval: -1s\n", "healthCheckInterval: must be a positive duration"},

@@ -46,8 +46,8 @@ type GPUInventory struct {
 	GPUs []InventoryGPU `json:"gpus"`
 	// Links[i][j] is the connection between GPUs[i] and GPUs[j] in the
 	// notation of `nvidia-smi topo -m`: X (self), NV<n> (n direct NVLinks),
-	// NVS<n> (an NVSwitch fabric, n links into it), PIX, PXB, PHB, NODE,
-	// SYS (the PCIe path).
+	// NVS<n> (an NVSwitch fabric, n links into it), BOARD (one board),
+	// PIX, PXB, PHB, NODE, SYS (the PCIe path).
 	Links [][]string `json:"links"`
 	// NVLinkCliques are the maximal sets of GPU indices all NVLink- or
 	// NVSwitch-connected to each other, largest first.
@@ -70,7 +70,7 @@ type InventoryGPU struct {
 	Reason string `json:"reason,omitempty"`
 }
 
-var linkPattern = regexp.MustCompile(`^(X|NVS?[1-9][0-9]?|PIX|PXB|PHB|NODE|SYS)$`)
+var linkPattern = regexp.MustCompile(`^(X|NVS?[1-9][0-9]?|BOARD|PIX|PXB|PHB|NODE|SYS)$`)
 
 // Validate checks a GPUInventory and names the first offending field.
 func (inv *GPUInventory) Validate() error {
@@ -124,7 +124,7 @@ func (inv *GPUInventory) Validate() error {
 		}
 		for j, l := range row {
 			if !linkPattern.MatchString(l) || (i == j) != (l == "X") {
-				return fmt.Errorf("links[%d][%d]: %q is not a link (X on the diagonal only, NV<n>, NVS<n>, PIX, PXB, PHB, NODE, SYS)", i, j, l)
+				return fmt.Errorf("links[%d][%d]: %q is not a link (X on the diagonal only, NV<n>, NVS<n>, BOARD, PIX, PXB, PHB, NODE, SYS)", i, j, l)
 			}
 			if inv.Links[j][i] != l {
 				return fmt.Errorf("links[%d][%d]: must equal links[%d][%d] (%q != %q)", i, j, j, i, l, inv.Links[j][i])
