@@ -1,0 +1,85 @@
+# Tessera's build. `make help` lists the targets.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := build
+
+GO        ?= go
+BIN       := $(CURDIR)/bin
+TOOLS     := $(BIN)/tools
+IMAGE     ?= tessera:dev
+VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+GOFLAGS_BUILD := -trimpath -ldflags '-s -w'
+
+STATICCHECK_VERSION := v0.8.2
+STATICCHECK         := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)
+
+# Every command under cmd/ is built into bin/. All are fully static
+# (CGO_ENABLED=0) except tessera-node: go-nvml reaches the driver's
+# libnvidia-ml.so.1 through dlopen, which needs cgo, and a statically linked
+# glibc cannot safely dlopen a library linked against the shared glibc. So
+# tessera-node links glibc dynamically and nothing else (checked below).
+COMMANDS     := $(notdir $(wildcard cmd/*))
+CGO_COMMANDS := tessera-node
+BINARIES     := $(addprefix $(BIN)/,$(COMMANDS))
+
+.PHONY: help
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+
+.PHONY: build
+build: $(BINARIES) ## build every command into bin/
+
+.PHONY: FORCE
+FORCE:
+
+$(BIN)/%: FORCE
+	@mkdir -p $(BIN)
+	@if [[ " $(CGO_COMMANDS) " == *" $* "* ]]; then \
+		echo "go build $* (cgo, glibc dynamic)"; \
+		CGO_ENABLED=1 $(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/$*; \
+		libs=$$(readelf -d $@ | awk '/NEEDED/ {print $$5}' | tr -d '[]' | sort | tr '\n' ' '); \
+		for lib in $$libs; do case $$lib in libc.so.6|libdl.so.2|libpthread.so.0|libm.so.6|libresolv.so.2) ;; \
+			*) echo "$@ links $$lib: only glibc may be linked dynamically" >&2; exit 1;; esac; done; \
+	else \
+		echo "go build $* (static)"; \
+		CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/$*; \
+	fi
+
+.PHONY: deps
+deps: ## install what a fresh Debian machine lacks for the unit tests (gcc for -race)
+	@command -v gcc >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev; }
+
+.PHONY: test
+test: lint unit test-more ## everything CI runs: lint, unit tests with -race, and the suites below
+
+.PHONY: unit
+unit: deps ## unit tests of the main module with the race detector
+	CGO_ENABLED=1 $(GO) test -race -count=1 ./...
+
+# Suites that live beside the unit tests join `make test` through test-more.
+.PHONY: test-more
+test-more:
+
+.PHONY: lint
+lint: $(STATICCHECK) ## gofmt, go vet and staticcheck
+	@out=$$(gofmt -l $$(git ls-files '*.go')); \
+		if [[ -n "$$out" ]]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(STATICCHECK) ./...
+
+$(STATICCHECK):
+	@mkdir -p $(TOOLS)
+	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	mv $(TOOLS)/staticcheck $@
+
+.PHONY: bench
+bench: ## Go benchmarks of the main module
+	$(GO) test -run='^$$' -bench=. -benchmem ./...
+
+.PHONY: image
+image: ## build the container image holding every binary (needs a Docker engine)
+	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE) .
+
+.PHONY: clean
+clean: ## remove build outputs
+	rm -rf $(BIN)
