@@ -43,6 +43,17 @@ type ContainerDevices struct {
 	DeviceIDs []string
 }
 
+// ContainerKey names a container of a pod by namespace and name.
+type ContainerKey struct {
+	Namespace, Name, Container string
+}
+
+// Key returns the container's key; it is only meaningful for allocations
+// from the PodResources API, which name pods.
+func (c ContainerDevices) Key() ContainerKey {
+	return ContainerKey{Namespace: c.Namespace, Name: c.Name, Container: c.Container}
+}
+
 // Source reads the kubelet's allocations of Tessera resources.
 type Source interface {
 	Allocations(ctx context.Context) ([]ContainerDevices, error)

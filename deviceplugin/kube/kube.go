@@ -1,0 +1,268 @@
+// Package kube is the node agent's writer to the Kubernetes API: the GPU
+// inventory annotation and the shared-isolation condition of its Node, and
+// the whole-GPU part of each GPU pod's assignment annotation. It also reads
+// back the shared part the scheduler extender wrote, so the agent knows
+// which GPU a shared container is served from.
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/deviceplugin/kubeletstate"
+)
+
+// podRecheck is how long a pod whose allocations have not changed is left
+// alone before its annotation is read again.
+const podRecheck = 5 * time.Minute
+
+// Client writes the node agent's state to the API server.
+type Client struct {
+	cs   kubernetes.Interface
+	node string
+	now  func() time.Time
+
+	mu        sync.Mutex
+	inventory string // last published value
+	condition *bool  // last published SharedIsolation
+	pods      map[podKey]podRecord
+}
+
+type podKey struct{ namespace, name string }
+
+type podRecord struct {
+	fingerprint string
+	checked     time.Time
+	shared      map[string]string // container -> GPU UUID
+}
+
+// New returns a client for node; now is the clock (time.Now when nil).
+func New(cs kubernetes.Interface, node string, now func() time.Time) *Client {
+	if now == nil {
+		now = time.Now
+	}
+	return &Client{cs: cs, node: node, now: now, pods: map[podKey]podRecord{}}
+}
+
+// PublishInventory writes inv as the Node's inventory annotation, unless
+// the last published value is the same.
+func (c *Client) PublishInventory(ctx context.Context, inv *api.GPUInventory) error {
+	value, err := api.EncodeGPUInventory(inv)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	same := c.inventory == value
+	c.mu.Unlock()
+	if same {
+		return nil
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{api.AnnotationGPUInventory: value}}})
+	if err != nil {
+		return err
+	}
+	if _, err := c.cs.CoreV1().Nodes().Patch(ctx, c.node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("publishing the GPU inventory on node %s: %w", c.node, err)
+	}
+	c.mu.Lock()
+	c.inventory = value
+	c.mu.Unlock()
+	klog.FromContext(ctx).V(2).Info("Published the GPU inventory", "node", klog.KRef("", c.node), "bytes", len(value))
+	return nil
+}
+
+// SetSharedIsolation sets the Node's api.ConditionSharedGPUIsolation
+// condition, unless it was already set to the same status by this client.
+func (c *Client) SetSharedIsolation(ctx context.Context, connected bool, message string) error {
+	c.mu.Lock()
+	same := c.condition != nil && *c.condition == connected
+	c.mu.Unlock()
+	if same {
+		return nil
+	}
+	status, reason := corev1.ConditionFalse, api.ReasonNRINotConnected
+	if connected {
+		status, reason = corev1.ConditionTrue, api.ReasonNRIConnected
+	}
+	now := metav1.NewTime(c.now())
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{{
+		Type:               api.ConditionSharedGPUIsolation,
+		Status:             status,
+		Reason:             reason,
+		Message:            message,
+		LastHeartbeatTime:  now,
+		LastTransitionTime: now,
+	}}}})
+	if err != nil {
+		return err
+	}
+	if _, err := c.cs.CoreV1().Nodes().Patch(ctx, c.node, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
+		return fmt.Errorf("setting condition %s on node %s: %w", api.ConditionSharedGPUIsolation, c.node, err)
+	}
+	c.mu.Lock()
+	c.condition = &connected
+	c.mu.Unlock()
+	return nil
+}
+
+// SyncPods records, for every pod in allocs (allocations from the
+// PodResources API), the whole GPUs each container holds in the pod's
+// assignment annotation, keeping the shared parts the extender wrote; and it
+// returns the GPU the extender assigned to each container that holds shared
+// units. gpuIndex maps GPU UUIDs to NVML indices. A malformed annotation is
+// left as it is and reported. Pods no longer in allocs are forgotten.
+func (c *Client) SyncPods(ctx context.Context, allocs []kubeletstate.ContainerDevices, gpuIndex map[string]int) (map[kubeletstate.ContainerKey]string, error) {
+	logger := klog.FromContext(ctx)
+	type podAllocs struct {
+		whole  map[string][]api.GPURef // container -> GPUs
+		shared map[string]bool         // containers with shared units
+	}
+	pods := map[podKey]*podAllocs{}
+	for _, a := range allocs {
+		if a.Namespace == "" || a.Name == "" {
+			continue
+		}
+		k := podKey{a.Namespace, a.Name}
+		p := pods[k]
+		if p == nil {
+			p = &podAllocs{whole: map[string][]api.GPURef{}, shared: map[string]bool{}}
+			pods[k] = p
+		}
+		if a.Resource != api.ResourceGPU {
+			p.shared[a.Container] = true
+			continue
+		}
+		for _, id := range a.DeviceIDs {
+			idx, ok := gpuIndex[id]
+			if !ok {
+				logger.Info("Pod holds a GPU this node does not have; not recording it", "pod", klog.KRef(a.Namespace, a.Name), "container", a.Container, "device", id)
+				continue
+			}
+			p.whole[a.Container] = append(p.whole[a.Container], api.GPURef{UUID: id, Index: idx})
+		}
+	}
+
+	out := map[kubeletstate.ContainerKey]string{}
+	var errs []error
+	now := c.now()
+	c.mu.Lock()
+	for k := range c.pods {
+		if pods[k] == nil {
+			delete(c.pods, k)
+		}
+	}
+	c.mu.Unlock()
+	for k, p := range pods {
+		for _, refs := range p.whole {
+			sort.Slice(refs, func(i, j int) bool { return refs[i].Index < refs[j].Index })
+		}
+		fp, _ := json.Marshal([]any{p.whole, p.shared})
+		c.mu.Lock()
+		rec, ok := c.pods[k]
+		c.mu.Unlock()
+		if !ok || rec.fingerprint != string(fp) || now.Sub(rec.checked) >= podRecheck {
+			shared, err := c.syncPod(ctx, k, p.whole, p.shared)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			rec = podRecord{fingerprint: string(fp), checked: now, shared: shared}
+			c.mu.Lock()
+			c.pods[k] = rec
+			c.mu.Unlock()
+		}
+		for container, uuid := range rec.shared {
+			out[kubeletstate.ContainerKey{Namespace: k.namespace, Name: k.name, Container: container}] = uuid
+		}
+	}
+	if len(errs) > 0 {
+		return out, fmt.Errorf("recording GPU assignments: %w", errors.Join(errs...))
+	}
+	return out, nil
+}
+
+// syncPod merges whole into the pod's assignment annotation and returns the
+// shared GPUs of the containers in shared.
+func (c *Client) syncPod(ctx context.Context, k podKey, whole map[string][]api.GPURef, shared map[string]bool) (map[string]string, error) {
+	logger := klog.FromContext(ctx)
+	pod, err := c.cs.CoreV1().Pods(k.namespace).Get(ctx, k.name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading pod %s/%s: %w", k.namespace, k.name, err)
+	}
+	if pod.Spec.NodeName != "" && pod.Spec.NodeName != c.node {
+		return nil, fmt.Errorf("pod %s/%s runs on node %s, not %s; not recording its GPUs", k.namespace, k.name, pod.Spec.NodeName, c.node)
+	}
+	a, found, err := api.GetAssignment(pod.Annotations)
+	if err != nil {
+		// Lose nothing: a malformed value stays for whoever wrote it to fix.
+		logger.Error(err, "Not recording whole GPUs over a malformed assignment annotation", "pod", klog.KObj(pod))
+		return nil, nil
+	}
+	if !found {
+		a = api.NewAssignment()
+	}
+	sharedGPUs := map[string]string{}
+	for container := range shared {
+		if ca := a.Container(container); ca != nil && ca.Shared != nil {
+			sharedGPUs[container] = ca.Shared.GPU.UUID
+		}
+	}
+	// The kubelet's record is the truth for whole GPUs: set them where held,
+	// clear them where not.
+	for i := range a.Containers {
+		a.Containers[i].GPUs = whole[a.Containers[i].Name]
+	}
+	for name, refs := range whole {
+		if a.Container(name) == nil {
+			a.Containers = append(a.Containers, api.ContainerAssignment{Name: name, GPUs: refs})
+		}
+	}
+	kept := a.Containers[:0]
+	for _, ca := range a.Containers {
+		if len(ca.GPUs) > 0 || ca.Shared != nil {
+			kept = append(kept, ca)
+		}
+	}
+	a.Containers = kept
+	sort.Slice(a.Containers, func(i, j int) bool { return a.Containers[i].Name < a.Containers[j].Name })
+	if !found && len(a.Containers) == 0 {
+		return sharedGPUs, nil
+	}
+	value, err := api.EncodeAssignment(a)
+	if err != nil {
+		return nil, fmt.Errorf("pod %s/%s: %w", k.namespace, k.name, err)
+	}
+	if found && pod.Annotations[api.AnnotationAssignment] == value {
+		return sharedGPUs, nil
+	}
+	// The resourceVersion makes the patch fail rather than overwrite a
+	// concurrent change (the extender's); the next sync retries.
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"resourceVersion": pod.ResourceVersion,
+		"annotations":     map[string]string{api.AnnotationAssignment: value},
+	}})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.cs.CoreV1().Pods(k.namespace).Patch(ctx, k.name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return nil, fmt.Errorf("recording GPUs of pod %s/%s: %w", k.namespace, k.name, err)
+	}
+	logger.V(2).Info("Recorded the pod's whole GPUs", "pod", klog.KObj(pod), "assignment", value)
+	return sharedGPUs, nil
+}
