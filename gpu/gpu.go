@@ -27,6 +27,9 @@ type Interface interface {
 	NVLinks(index int) ([]NVLink, error)
 	// CommonAncestor is the closest PCIe topology level two GPUs share.
 	CommonAncestor(a, b int) (PCIeLevel, error)
+	// P2PReadSupported reports whether GPU a can read GPU b's memory
+	// directly (GPUDirect peer-to-peer), over NVLink or PCIe.
+	P2PReadSupported(a, b int) (bool, error)
 	// MemoryInfo is the GPU's memory use now.
 	MemoryInfo(index int) (Memory, error)
 	// Processes lists the compute processes running on the GPU.

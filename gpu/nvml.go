@@ -255,6 +255,22 @@ func (l *nvmlLib) CommonAncestor(a, b int) (PCIeLevel, error) {
 	return 0, fmt.Errorf("nvml GetTopologyCommonAncestor(%d) on GPU %d: unknown topology level %d", b, a, level)
 }
 
+func (l *nvmlLib) P2PReadSupported(a, b int) (bool, error) {
+	da, err := l.handle(a)
+	if err != nil {
+		return false, err
+	}
+	db, err := l.handle(b)
+	if err != nil {
+		return false, err
+	}
+	status, ret := da.GetP2PStatus(db, nvml.P2P_CAPS_INDEX_READ)
+	if ret != nvml.SUCCESS {
+		return false, fail(fmt.Sprintf("GetP2PStatus(%d)", b), a, ret)
+	}
+	return status == nvml.P2P_STATUS_OK, nil
+}
+
 func (l *nvmlLib) MemoryInfo(index int) (Memory, error) {
 	d, err := l.handle(index)
 	if err != nil {

@@ -21,6 +21,7 @@ type Source interface {
 	Device(index int) (gpu.DeviceInfo, error)
 	NVLinks(index int) ([]gpu.NVLink, error)
 	CommonAncestor(a, b int) (gpu.PCIeLevel, error)
+	P2PReadSupported(a, b int) (bool, error)
 }
 
 var _ Source = gpu.Interface(nil)
@@ -84,6 +85,9 @@ type Link struct {
 	// PCIe is the PCIe path in `nvidia-smi topo -m` notation (PIX, PXB,
 	// PHB, NODE, SYS); empty for self.
 	PCIe string `json:"pcie,omitempty"`
+	// P2P is true when the GPUs can read each other's memory directly
+	// (GPUDirect peer-to-peer, both directions); false for self.
+	P2P bool `json:"p2p"`
 }
 
 // NUMANode is a NUMA node and its CPUs as a Linux CPU list.
@@ -189,7 +193,15 @@ func buildLinks(src Source, gpus []GPU, nvlinks [][]gpu.NVLink) ([][]Link, error
 			if err != nil {
 				return nil, fmt.Errorf("reading the PCIe path between GPUs %d and %d: %w", gpus[p].Index, gpus[q].Index, err)
 			}
-			l := Link{Type: pcieLinkType(level), PCIe: level.String()}
+			ab, err := src.P2PReadSupported(gpus[p].Index, gpus[q].Index)
+			if err != nil && !errors.Is(err, gpu.ErrNotSupported) {
+				return nil, fmt.Errorf("reading P2P status between GPUs %d and %d: %w", gpus[p].Index, gpus[q].Index, err)
+			}
+			ba, err := src.P2PReadSupported(gpus[q].Index, gpus[p].Index)
+			if err != nil && !errors.Is(err, gpu.ErrNotSupported) {
+				return nil, fmt.Errorf("reading P2P status between GPUs %d and %d: %w", gpus[q].Index, gpus[p].Index, err)
+			}
+			l := Link{Type: pcieLinkType(level), PCIe: level.String(), P2P: ab && ba}
 			if fabric := sharedFabricLinks(switches[p], switches[q]); fabric > 0 {
 				l.Type, l.NVLinks = LinkNVSwitch, fabric
 			} else if c := min(direct[p][q], direct[q][p]); c > 0 {

@@ -197,6 +197,16 @@ func TestProfiles(t *testing.T) {
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("links (-want +got):\n%s", diff)
 			}
+			for i, row := range topo.Links {
+				for j, l := range row {
+					// The mocks grant P2P over NVLink and within a host
+					// bridge, as NVML does on common chipsets.
+					want := i != j && (l.NVLinked() || l.PCIe == "PIX" || l.PCIe == "PXB" || l.PCIe == "PHB")
+					if l.P2P != want {
+						t.Errorf("links[%d][%d].p2p = %v, want %v (%s/%s)", i, j, l.P2P, want, l.Type, l.PCIe)
+					}
+				}
+			}
 			var pcie [][]string
 			for _, row := range topo.Links {
 				var r []string
