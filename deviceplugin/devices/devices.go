@@ -265,7 +265,7 @@ func (m *Model) Devices(r corev1.ResourceName, health HealthMap, usage Usage) []
 	}
 	var out []Device
 	for _, g := range m.gpus {
-		healthy, reason := m.deviceHealth(r, g.UUID, health, usage)
+		healthy, reason := m.DeviceHealth(r, g.UUID, health, usage)
 		for n := 0; n < m.Units(r, g); n++ {
 			out = append(out, Device{ID: DeviceID(r, g.UUID, n), GPU: g.UUID, NUMANode: g.NUMANode, Healthy: healthy, Reason: reason})
 		}
@@ -273,8 +273,9 @@ func (m *Model) Devices(r corev1.ResourceName, health HealthMap, usage Usage) []
 	return out
 }
 
-// deviceHealth is the health of resource r's devices of one GPU.
-func (m *Model) deviceHealth(r corev1.ResourceName, uuid string, health HealthMap, usage Usage) (bool, string) {
+// DeviceHealth is the health of resource r's devices of the GPU with the
+// given UUID, and why they are unhealthy when they are.
+func (m *Model) DeviceHealth(r corev1.ResourceName, uuid string, health HealthMap, usage Usage) (bool, string) {
 	if h := health.Of(uuid); !h.Healthy {
 		return false, h.Reason
 	}

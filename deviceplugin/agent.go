@@ -1,0 +1,675 @@
+// Package deviceplugin is the node agent's side of the kubelet device plugin
+// API (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1): one gRPC server and
+// socket per Tessera resource in the device-plugin directory, registration
+// with the kubelet (again whenever kubelet.sock is recreated, seen through
+// fsnotify), and the Agent that ties them to the device model (package
+// devices), the preferred-allocation policy (package preferred), GPU health
+// (package health), the kubelet's record of allocations (package
+// kubeletstate) and, when there is an API server, the annotations of package
+// kube.
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/deviceplugin/devices"
+	"github.com/tessera-gpu/tessera/deviceplugin/health"
+	"github.com/tessera-gpu/tessera/deviceplugin/kubeletstate"
+	"github.com/tessera-gpu/tessera/deviceplugin/preferred"
+	"github.com/tessera-gpu/tessera/topology"
+)
+
+// KubeletSocketName is the kubelet's registration socket in the
+// device-plugin directory.
+const KubeletSocketName = "kubelet.sock"
+
+// DefaultPluginDir is where the kubelet looks for device plugins.
+const DefaultPluginDir = pluginapi.DevicePluginPath
+
+// SocketName is the socket of resource r's plugin in the device-plugin
+// directory, e.g. tessera-gpu-memory.sock.
+func SocketName(r corev1.ResourceName) string {
+	return "tessera-" + filepath.Base(string(r)) + ".sock"
+}
+
+// NRI reports whether the NRI plugin that isolates shared containers is
+// connected. Until it is, shared units are refused.
+type NRI interface {
+	Connected() bool
+}
+
+// Publisher is what the agent writes to (and reads from) the API server;
+// *kube.Client implements it.
+type Publisher interface {
+	PublishInventory(ctx context.Context, inv *api.GPUInventory) error
+	SetSharedIsolation(ctx context.Context, connected bool, message string) error
+	SyncPods(ctx context.Context, allocs []kubeletstate.ContainerDevices, gpuIndex map[string]int) (map[kubeletstate.ContainerKey]string, error)
+}
+
+// Options configure an Agent. Config, PluginDir, Topology and GPU are
+// required.
+type Options struct {
+	// Config is the node agent configuration, defaulted and validated.
+	Config *api.NodeAgentConfig
+	// NodeName names the node in logs and messages.
+	NodeName string
+	// PluginDir is the kubelet's device-plugin directory.
+	PluginDir string
+	// KubeletSocket is the kubelet's registration socket;
+	// PluginDir/kubelet.sock when empty.
+	KubeletSocket string
+	// Dial connects to the kubelet's socket; a unix dialer when nil.
+	Dial Dialer
+	// Topology is the node's GPU topology.
+	Topology *topology.Topology
+	// GPU checks GPU health and watches XIDs.
+	GPU health.Checker
+	// Kubelet reads the kubelet's allocations; by default the PodResources
+	// API at kubeletstate.DefaultPodResourcesSocket, else the checkpoint
+	// in PluginDir.
+	Kubelet kubeletstate.Source
+	// Publisher writes to the API server; nil runs without one.
+	Publisher Publisher
+	// NRI reports the NRI plugin's connection; nil means not connected.
+	NRI NRI
+	// Metrics records metrics; nil records none.
+	Metrics *Metrics
+	// Now is the clock; time.Now when nil.
+	Now func() time.Time
+}
+
+// Agent is the node agent's device plugin side.
+type Agent struct {
+	opts     Options
+	cfg      *api.NodeAgentConfig
+	model    *devices.Model
+	policy   *preferred.GPUPolicy
+	health   *health.Watcher
+	gpuIndex map[string]int
+
+	// set in Run
+	logger  klog.Logger
+	state   *state
+	plugins []*plugin
+
+	registerNow chan struct{}
+	syncNow     chan struct{}
+	publishNow  chan struct{}
+
+	mu         sync.Mutex
+	placements map[kubeletstate.ContainerKey]string
+	registered map[corev1.ResourceName]bool
+}
+
+// New validates opts and builds the agent.
+func New(opts Options) (*Agent, error) {
+	if opts.Config == nil {
+		return nil, errors.New("no node agent configuration")
+	}
+	if err := opts.Config.Validate(); err != nil {
+		return nil, fmt.Errorf("node agent configuration: %w", err)
+	}
+	if opts.PluginDir == "" {
+		return nil, errors.New("no device-plugin directory")
+	}
+	if opts.Topology == nil || opts.GPU == nil {
+		return nil, errors.New("no GPU topology or GPU backend")
+	}
+	if opts.KubeletSocket == "" {
+		opts.KubeletSocket = filepath.Join(opts.PluginDir, KubeletSocketName)
+	}
+	if opts.Dial == nil {
+		opts.Dial = unixDialer
+	}
+	if opts.Kubelet == nil {
+		opts.Kubelet = kubeletstate.First{
+			&kubeletstate.PodResources{Socket: kubeletstate.DefaultPodResourcesSocket},
+			&kubeletstate.Checkpoint{Path: filepath.Join(opts.PluginDir, kubeletstate.CheckpointFile)},
+		}
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	cfg := opts.Config
+	var gpus []devices.GPU
+	var watched []health.GPU
+	gpuIndex := map[string]int{}
+	for _, g := range opts.Topology.GPUs {
+		gpus = append(gpus, devices.GPU{Index: g.Index, UUID: g.UUID, NUMANode: g.NUMANode, MemoryMiB: g.MemoryMiB})
+		watched = append(watched, health.GPU{Index: g.Index, UUID: g.UUID})
+		gpuIndex[g.UUID] = g.Index
+	}
+	model, err := devices.New(gpus, devices.Options{Resources: cfg.Resources, MemoryUnitMiB: cfg.MemoryUnitMiB, MemoryReserveMiB: cfg.MemoryReserveMiB})
+	if err != nil {
+		return nil, fmt.Errorf("device model: %w", err)
+	}
+	policy, err := preferred.NewGPUPolicy(opts.Topology)
+	if err != nil {
+		return nil, fmt.Errorf("preferred allocation policy: %w", err)
+	}
+	a := &Agent{
+		opts:        opts,
+		cfg:         cfg,
+		model:       model,
+		policy:      policy,
+		gpuIndex:    gpuIndex,
+		registerNow: make(chan struct{}, 1),
+		syncNow:     make(chan struct{}, 1),
+		publishNow:  make(chan struct{}, 1),
+		placements:  map[kubeletstate.ContainerKey]string{},
+		registered:  map[corev1.ResourceName]bool{},
+	}
+	a.health = health.New(opts.GPU, watched, health.Options{
+		IgnoredXIDs:   cfg.IgnoredXIDs,
+		CheckInterval: cfg.HealthCheckInterval.Duration,
+		RecoveryDelay: cfg.XIDRecoveryDelay.Duration,
+		Now:           opts.Now,
+		OnXID:         opts.Metrics.observeXID,
+	})
+	return a, nil
+}
+
+func poke(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// Run serves the device plugins until ctx ends. Before it serves, it reads
+// the GPUs' health and what the kubelet has allocated, so that its first
+// device lists already withhold what is in use.
+func (a *Agent) Run(ctx context.Context) error {
+	a.logger = klog.FromContext(ctx).WithName("deviceplugin")
+	ctx = klog.NewContext(ctx, a.logger)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	for _, l := range a.opts.Topology.LostGPUs {
+		a.logger.Info("GPU lost at start; it is not advertised", "gpu", l.Index, "error", l.Error)
+	}
+	if err := os.MkdirAll(a.opts.PluginDir, 0o750); err != nil {
+		return fmt.Errorf("creating the device-plugin directory: %w", err)
+	}
+	watcher, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watching the device-plugin directory: %w", err)
+	}
+	defer watcher.Close()
+	if err := watcher.Add(a.opts.PluginDir); err != nil {
+		return fmt.Errorf("watching the device-plugin directory %s: %w", a.opts.PluginDir, err)
+	}
+
+	a.state = newState(a.logger, a.model, a.cfg.AllocationGrace.Duration, a.opts.Now, a.opts.Metrics)
+	a.health.CheckAll(ctx)
+	a.state.setHealth(a.health.Health())
+	if err := a.syncKubelet(ctx); err != nil {
+		a.logger.Error(err, "Cannot read the kubelet's allocations yet; retrying", "interval", a.cfg.KubeletSyncInterval.Duration)
+	}
+	for _, r := range a.model.Resources() {
+		a.plugins = append(a.plugins, newPlugin(a.logger, r, filepath.Join(a.opts.PluginDir, SocketName(r)), a))
+	}
+	if !a.nriConnected() && (a.cfg.ResourceEnabled(api.ResourceGPUMemory) || a.cfg.ResourceEnabled(api.ResourceGPUCore)) {
+		a.logger.Info("WARNING: the NRI plugin is not connected; shared GPU units are refused until it is (isolated sharing requires NRI)", "node", a.opts.NodeName)
+	}
+
+	var wg sync.WaitGroup
+	run := func(f func()) {
+		wg.Add(1)
+		go func() { defer wg.Done(); f() }()
+	}
+	run(func() { a.watch(ctx, watcher) })
+	run(func() { a.registrar(ctx) })
+	run(func() { a.syncLoop(ctx) })
+	run(func() { a.state.runExpiry(ctx, min(a.cfg.AllocationGrace.Duration/4+time.Millisecond, time.Second)) })
+	run(func() {
+		err := a.health.Run(ctx, func(h devices.HealthMap) {
+			a.state.setHealth(h)
+			poke(a.publishNow)
+		})
+		if err != nil && !errors.Is(err, context.Canceled) {
+			a.logger.Error(err, "Health watch ended")
+		}
+	})
+	if a.opts.Publisher != nil {
+		run(func() { a.publishLoop(ctx) })
+	}
+	if _, err := os.Stat(a.opts.KubeletSocket); err == nil {
+		poke(a.registerNow)
+	} else {
+		a.logger.Info("Waiting for the kubelet to create its registration socket", "socket", a.opts.KubeletSocket)
+	}
+
+	<-ctx.Done()
+	wg.Wait()
+	for _, p := range a.plugins {
+		p.stop()
+	}
+	return nil
+}
+
+// watch turns events in the device-plugin directory into work: a new
+// kubelet.sock means the kubelet (re)started and the plugins must register
+// again; a changed checkpoint means allocations changed.
+func (a *Agent) watch(ctx context.Context, w *fsnotify.Watcher) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-w.Events:
+			if !ok {
+				return
+			}
+			switch {
+			case ev.Name == a.opts.KubeletSocket && ev.Has(fsnotify.Create):
+				a.logger.Info("The kubelet created its registration socket; registering again", "socket", ev.Name)
+				poke(a.registerNow)
+			case filepath.Base(ev.Name) == kubeletstate.CheckpointFile && ev.Has(fsnotify.Create|fsnotify.Write|fsnotify.Rename):
+				poke(a.syncNow)
+			}
+		case err, ok := <-w.Errors:
+			if !ok {
+				return
+			}
+			a.logger.Error(err, "Watching the device-plugin directory")
+		}
+	}
+}
+
+// registrar (re)starts the plugin servers and registers them whenever
+// asked, retrying failed registrations with backoff until they succeed or a
+// newer request comes.
+func (a *Agent) registrar(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.registerNow:
+		}
+		a.registerAll(ctx)
+	}
+}
+
+func (a *Agent) registerAll(ctx context.Context) {
+	a.setRegistered(nil)
+	for _, p := range a.plugins {
+		p.stop()
+		if err := p.start(); err != nil {
+			a.logger.Error(err, "Cannot serve the device plugin", "resource", p.resource)
+			a.retryLater(ctx)
+			return
+		}
+	}
+	pending := append([]*plugin(nil), a.plugins...)
+	backoff := 500 * time.Millisecond
+	for len(pending) > 0 {
+		var failed []*plugin
+		for _, p := range pending {
+			err := p.register(ctx, a.opts.KubeletSocket, a.opts.Dial)
+			a.opts.Metrics.observeRegistration(p.resource, err)
+			if err != nil {
+				a.logger.Error(err, "Registration with the kubelet failed", "resource", p.resource, "retryIn", backoff)
+				failed = append(failed, p)
+				continue
+			}
+			a.setRegistered(p)
+			a.logger.Info("Registered with the kubelet", "resource", p.resource, "endpoint", filepath.Base(p.socket))
+		}
+		pending = failed
+		if len(pending) == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.registerNow:
+			// The kubelet came back again: start over.
+			poke(a.registerNow)
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+}
+
+func (a *Agent) retryLater(ctx context.Context) {
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * time.Second):
+			poke(a.registerNow)
+		}
+	}()
+}
+
+func (a *Agent) setRegistered(p *plugin) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if p == nil {
+		a.registered = map[corev1.ResourceName]bool{}
+		return
+	}
+	a.registered[p.resource] = true
+}
+
+// Registered lists the resources registered with the current kubelet.
+func (a *Agent) Registered() []corev1.ResourceName {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []corev1.ResourceName
+	for r := range a.registered {
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// syncLoop re-reads the kubelet's allocations periodically and when poked.
+func (a *Agent) syncLoop(ctx context.Context) {
+	t := time.NewTicker(a.cfg.KubeletSyncInterval.Duration)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-a.syncNow:
+		}
+		if err := a.syncKubelet(ctx); err != nil {
+			a.logger.Error(err, "Reading the kubelet's allocations; keeping the last known ones")
+		}
+	}
+}
+
+// syncKubelet reads the kubelet's allocations into the state and, with an
+// API server, records whole GPUs on pods and learns shared placements.
+func (a *Agent) syncKubelet(ctx context.Context) error {
+	var allocs []kubeletstate.ContainerDevices
+	var err error
+	if first, ok := a.opts.Kubelet.(kubeletstate.First); ok {
+		var from kubeletstate.Source
+		allocs, from, err = first.AllocationsFrom(ctx)
+		if err == nil {
+			a.logger.V(4).Info("Read the kubelet's allocations", "source", from.Name(), "allocations", len(allocs))
+		}
+	} else {
+		allocs, err = a.opts.Kubelet.Allocations(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	a.applyKubelet(allocs)
+	if a.opts.Publisher == nil {
+		return nil
+	}
+	placements, err := a.opts.Publisher.SyncPods(ctx, allocs, a.gpuIndex)
+	if err != nil {
+		a.logger.Error(err, "Recording pods' GPUs")
+	}
+	a.mu.Lock()
+	changed := !mapsEqual(a.placements, placements)
+	if changed {
+		a.placements = placements
+	}
+	a.mu.Unlock()
+	if changed {
+		a.applyKubelet(allocs)
+	}
+	return nil
+}
+
+func mapsEqual(x, y map[kubeletstate.ContainerKey]string) bool {
+	if len(x) != len(y) {
+		return false
+	}
+	for k, v := range x {
+		if w, ok := y[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+func (a *Agent) applyKubelet(allocs []kubeletstate.ContainerDevices) {
+	a.mu.Lock()
+	placements := a.placements
+	a.mu.Unlock()
+	out := make([]devices.Allocation, 0, len(allocs))
+	for _, c := range allocs {
+		d := devices.Allocation{Resource: c.Resource, DeviceIDs: c.DeviceIDs}
+		if c.Resource != api.ResourceGPU && c.Name != "" {
+			d.SharedGPU = placements[c.Key()]
+		}
+		out = append(out, d)
+	}
+	a.state.setKubelet(out)
+}
+
+func (a *Agent) nriConnected() bool {
+	return a.opts.NRI != nil && a.opts.NRI.Connected()
+}
+
+// nriMessage explains why shared units are refused.
+func (a *Agent) nriMessage() string {
+	node := a.opts.NodeName
+	if node == "" {
+		node = "this node"
+	}
+	return fmt.Sprintf("isolated GPU sharing requires the Tessera NRI plugin, which is not connected on %s; %s and %s are refused until it is (enable NRI in the container runtime and run the NRI plugin)", node, api.ResourceGPUMemory, api.ResourceGPUCore)
+}
+
+// publishLoop keeps the Node's inventory annotation and shared-isolation
+// condition current.
+func (a *Agent) publishLoop(ctx context.Context) {
+	t := time.NewTicker(a.cfg.KubeletSyncInterval.Duration)
+	defer t.Stop()
+	for {
+		connected := a.nriConnected()
+		msg := "the NRI plugin is connected: shared GPU units are isolated"
+		if !connected {
+			msg = a.nriMessage()
+		}
+		if err := a.opts.Publisher.SetSharedIsolation(ctx, connected, msg); err != nil {
+			a.logger.Error(err, "Setting the shared-isolation condition")
+		}
+		if err := a.opts.Publisher.PublishInventory(ctx, a.Inventory()); err != nil {
+			a.logger.Error(err, "Publishing the GPU inventory")
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-a.publishNow:
+		}
+	}
+}
+
+// Inventory is the node's GPU inventory now.
+func (a *Agent) Inventory() *api.GPUInventory {
+	var h devices.HealthMap
+	if a.state != nil {
+		h, _ = a.state.snapshot()
+	} else {
+		h = a.health.Health()
+	}
+	return BuildInventory(a.opts.Topology, a.model, a.cfg, h, a.nriConnected())
+}
+
+// BuildInventory renders the node's GPUs for the inventory annotation.
+func BuildInventory(t *topology.Topology, m *devices.Model, cfg *api.NodeAgentConfig, h devices.HealthMap, nri bool) *api.GPUInventory {
+	inv := &api.GPUInventory{
+		APIVersion:       api.Version,
+		Kind:             api.KindGPUInventory,
+		MemoryUnitMiB:    cfg.MemoryUnitMiB,
+		MemoryReserveMiB: cfg.MemoryReserveMiB,
+		SharedIsolation:  nri,
+		GPUs:             []api.InventoryGPU{},
+		Links:            [][]string{},
+		NVLinkCliques:    [][]int{},
+	}
+	for _, r := range cfg.Resources {
+		inv.Resources = append(inv.Resources, string(r))
+	}
+	for _, g := range t.GPUs {
+		s := h.Of(g.UUID)
+		units := 0
+		if cfg.ResourceEnabled(api.ResourceGPUMemory) {
+			units = m.Units(api.ResourceGPUMemory, devices.GPU{MemoryMiB: g.MemoryMiB})
+		}
+		ig := api.InventoryGPU{Index: g.Index, UUID: g.UUID, Model: g.Model, MemoryMiB: g.MemoryMiB, MemoryUnits: units, NUMANode: g.NUMANode, Healthy: s.Healthy}
+		if !s.Healthy {
+			ig.Reason = s.Reason
+		}
+		inv.GPUs = append(inv.GPUs, ig)
+	}
+	for i, row := range t.Links {
+		out := make([]string, len(row))
+		for j, l := range row {
+			switch {
+			case i == j:
+				out[j] = "X"
+			case l.Type == topology.LinkNVSwitch:
+				out[j] = fmt.Sprintf("NVS%d", l.NVLinks)
+			case l.Type == topology.LinkNVLink:
+				out[j] = fmt.Sprintf("NV%d", l.NVLinks)
+			default:
+				out[j] = l.PCIe
+			}
+		}
+		inv.Links = append(inv.Links, out)
+	}
+	for _, c := range t.NVLinkCliques {
+		inv.NVLinkCliques = append(inv.NVLinkCliques, append([]int(nil), c...))
+	}
+	return inv
+}
+
+// devices implements handler.
+func (a *Agent) devices(r corev1.ResourceName) ([]devices.Device, <-chan struct{}) {
+	return a.state.devices(r)
+}
+
+// preferred implements handler: the preferred set among the devices that
+// are usable now (a device that turned unhealthy or withheld after the
+// kubelet's last list is left out; must-include devices are kept).
+func (a *Agent) preferred(ctx context.Context, r corev1.ResourceName, available, mustInclude []string, size int) ([]string, error) {
+	h, u := a.state.snapshot()
+	usable := make([]string, 0, len(available))
+	must := map[string]bool{}
+	for _, id := range mustInclude {
+		must[id] = true
+	}
+	for _, id := range available {
+		g, err := a.model.Lookup(r, id)
+		if err != nil {
+			a.opts.Metrics.observePreferred(r, err)
+			return nil, err
+		}
+		if ok, _ := a.model.DeviceHealth(r, g.UUID, h, u); ok || must[id] {
+			usable = append(usable, id)
+		}
+	}
+	var ids []string
+	var err error
+	if r == api.ResourceGPU {
+		ids, err = a.policy.GPUs(usable, mustInclude, size)
+	} else {
+		ids, err = preferred.Units(r, usable, mustInclude, size, u.Shared)
+	}
+	a.opts.Metrics.observePreferred(r, err)
+	if err != nil {
+		return nil, err
+	}
+	klog.FromContext(ctx).V(4).Info("Preferred allocation", "resource", r, "size", size, "available", len(available), "preferred", ids)
+	return ids, nil
+}
+
+// ErrNRIRequired is returned (wrapped) by Allocate of shared units while the
+// NRI plugin is not connected.
+var ErrNRIRequired = errors.New("isolated GPU sharing requires the Tessera NRI plugin, which is not connected")
+
+// allocateRequest implements handler.
+func (a *Agent) allocateRequest(ctx context.Context, r corev1.ResourceName, containers [][]string) ([]*pluginapi.ContainerAllocateResponse, error) {
+	logger := klog.FromContext(ctx).WithValues("resource", r)
+	var resps []*pluginapi.ContainerAllocateResponse
+	err := a.state.allocate(func(h devices.HealthMap, u devices.Usage) ([]devices.Allocation, error) {
+		resps = nil
+		var allocs []devices.Allocation
+		if r == api.ResourceGPU {
+			taken := map[string]bool{}
+			for _, ids := range containers {
+				gpus, err := a.model.CheckWhole(ids, h, u)
+				if err != nil {
+					return nil, err
+				}
+				for _, g := range gpus {
+					if taken[g.UUID] {
+						return nil, fmt.Errorf("GPU %d (%s) is requested for two containers", g.Index, g.UUID)
+					}
+					taken[g.UUID] = true
+				}
+				resps = append(resps, wholeResponse(a.cfg, gpus))
+				allocs = append(allocs, devices.Allocation{Resource: r, DeviceIDs: append([]string(nil), ids...)})
+			}
+			return allocs, nil
+		}
+		if !a.nriConnected() {
+			return nil, fmt.Errorf("refusing to allocate %s on %s: %w; shared units are never handed out without isolation (fail closed)", r, a.nodeLabel(), ErrNRIRequired)
+		}
+		for _, ids := range containers {
+			if err := a.model.CheckShared(r, ids); err != nil {
+				return nil, err
+			}
+			for _, id := range ids {
+				g, _ := a.model.Lookup(r, id)
+				if ok, reason := a.model.DeviceHealth(r, g.UUID, h, u); !ok {
+					return nil, fmt.Errorf("%s device %s of GPU %d is not usable: %s", r, id, g.Index, reason)
+				}
+			}
+			resps = append(resps, sharedResponse())
+			allocs = append(allocs, devices.Allocation{Resource: r, DeviceIDs: append([]string(nil), ids...)})
+		}
+		return allocs, nil
+	})
+	a.opts.Metrics.observeAllocate(r, err)
+	if err != nil {
+		logger.Error(err, "Allocate refused", "devices", summarize(containers))
+		return nil, err
+	}
+	logger.Info("Allocated", "devices", summarize(containers))
+	return resps, nil
+}
+
+func (a *Agent) nodeLabel() string {
+	if a.opts.NodeName == "" {
+		return "this node"
+	}
+	return "node " + a.opts.NodeName
+}
+
+// summarize renders the device IDs of a request compactly for logs.
+func summarize(containers [][]string) string {
+	var parts []string
+	for _, ids := range containers {
+		if len(ids) > 4 {
+			parts = append(parts, fmt.Sprintf("%s ... (%d devices)", strings.Join(ids[:2], ","), len(ids)))
+			continue
+		}
+		parts = append(parts, strings.Join(ids, ","))
+	}
+	return strings.Join(parts, "; ")
+}

@@ -1,0 +1,78 @@
+package deviceplugin
+
+import (
+	"path"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/deviceplugin/devices"
+)
+
+// Environment the NVIDIA container runtime reads.
+const (
+	envVisibleDevices = "NVIDIA_VISIBLE_DEVICES"
+	// visibleDevicesVoid gives a container no GPU even when its image
+	// asks for all of them (NVIDIA_VISIBLE_DEVICES=all in CUDA images).
+	visibleDevicesVoid = "void"
+	// volumeMountsDir is where the volume-mounts strategy lists GPUs.
+	volumeMountsDir = "/var/run/nvidia-container-devices"
+	// cdiAnnotationPrefix starts CDI container annotations.
+	cdiAnnotationPrefix = "cdi.k8s.io/"
+	// cdiAnnotationPlugin names this plugin in CDI annotation keys.
+	cdiAnnotationPlugin = "tessera-node"
+)
+
+// wholeResponse tells the runtime to give a container exactly gpus, in
+// every form the configuration asks for. An image's own
+// NVIDIA_VISIBLE_DEVICES never widens it: the variable is always set, to the
+// GPUs, to the volume-mounts directory, or to "void" where CDI alone passes
+// the devices.
+func wholeResponse(cfg *api.NodeAgentConfig, gpus []devices.GPU) *pluginapi.ContainerAllocateResponse {
+	resp := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{envVisibleDevices: visibleDevicesVoid}}
+	var names, uuids []string
+	for _, g := range gpus {
+		uuids = append(uuids, g.UUID)
+		name := g.UUID
+		if cfg.CDIDeviceName == api.CDINameIndex {
+			name = strconv.Itoa(g.Index)
+		}
+		names = append(names, cfg.CDIKind+"="+name)
+	}
+	if cfg.HasStrategy(api.DeviceListCDICRI) {
+		for _, n := range names {
+			resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: n})
+		}
+	}
+	if cfg.HasStrategy(api.DeviceListCDIAnnotations) {
+		resp.Annotations = map[string]string{cdiAnnotationKey(api.ResourceGPU): strings.Join(names, ",")}
+	}
+	if cfg.HasStrategy(api.DeviceListEnvvar) {
+		resp.Envs[envVisibleDevices] = strings.Join(uuids, ",")
+	}
+	if cfg.HasStrategy(api.DeviceListVolumeMounts) {
+		resp.Envs[envVisibleDevices] = volumeMountsDir
+		for _, u := range uuids {
+			resp.Mounts = append(resp.Mounts, &pluginapi.Mount{HostPath: "/dev/null", ContainerPath: path.Join(volumeMountsDir, u), ReadOnly: true})
+		}
+	}
+	return resp
+}
+
+// sharedResponse is the answer for shared units once the NRI plugin is
+// connected: no GPU from the device plugin at all (NRI injects the one the
+// container was assigned), and NVIDIA_VISIBLE_DEVICES=void so an image
+// cannot ask the NVIDIA runtime for more.
+func sharedResponse() *pluginapi.ContainerAllocateResponse {
+	return &pluginapi.ContainerAllocateResponse{Envs: map[string]string{envVisibleDevices: visibleDevicesVoid}}
+}
+
+// cdiAnnotationKey is the CDI annotation key for resource r's devices; one
+// per resource, so the kubelet's merge of several resources' annotations
+// into one container keeps them all.
+func cdiAnnotationKey(r corev1.ResourceName) string {
+	return cdiAnnotationPrefix + cdiAnnotationPlugin + "_" + path.Base(string(r))
+}

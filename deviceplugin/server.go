@@ -1,0 +1,254 @@
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/tessera-gpu/tessera/deviceplugin/devices"
+)
+
+// handler is what a plugin server asks the agent. The server speaks the
+// protocol; the handler decides.
+type handler interface {
+	// devices returns the resource's devices and a channel closed when
+	// they change.
+	devices(r corev1.ResourceName) ([]devices.Device, <-chan struct{})
+	// preferred answers one container's GetPreferredAllocation request.
+	preferred(ctx context.Context, r corev1.ResourceName, available, mustInclude []string, size int) ([]string, error)
+	// allocateRequest checks and records the containers of one Allocate
+	// request together: all succeed or none does.
+	allocateRequest(ctx context.Context, r corev1.ResourceName, containers [][]string) ([]*pluginapi.ContainerAllocateResponse, error)
+}
+
+// plugin serves the device plugin API for one resource on one socket.
+type plugin struct {
+	pluginapi.UnimplementedDevicePluginServer
+
+	resource corev1.ResourceName
+	socket   string
+	h        handler
+	logger   klog.Logger
+
+	mu   sync.Mutex
+	srv  *grpc.Server
+	done chan struct{} // closed when srv stops
+}
+
+var _ pluginapi.DevicePluginServer = (*plugin)(nil)
+
+func newPlugin(logger klog.Logger, r corev1.ResourceName, socket string, h handler) *plugin {
+	return &plugin{resource: r, socket: socket, h: h, logger: logger.WithValues("resource", r)}
+}
+
+// start listens on the plugin's socket (replacing a stale one) and serves.
+func (p *plugin) start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.srv != nil {
+		return fmt.Errorf("%s plugin already serving", p.resource)
+	}
+	if err := os.Remove(p.socket); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("removing stale socket: %w", err)
+	}
+	lis, err := net.Listen("unix", p.socket)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", p.socket, err)
+	}
+	srv := grpc.NewServer()
+	pluginapi.RegisterDevicePluginServer(srv, p)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(lis); err != nil {
+			p.logger.Error(err, "Device plugin server ended", "socket", p.socket)
+		}
+	}()
+	p.srv, p.done = srv, done
+	p.logger.V(2).Info("Serving the device plugin API", "socket", p.socket)
+	return nil
+}
+
+// stop ends the server and its streams and removes the socket.
+func (p *plugin) stop() {
+	p.mu.Lock()
+	srv, done := p.srv, p.done
+	p.srv, p.done = nil, nil
+	p.mu.Unlock()
+	if srv == nil {
+		return
+	}
+	srv.Stop()
+	<-done
+	if err := os.Remove(p.socket); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		p.logger.Error(err, "Removing the plugin socket")
+	}
+}
+
+// stopped returns a channel closed when the current server stops.
+func (p *plugin) stopped() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done == nil {
+		c := make(chan struct{})
+		close(c)
+		return c
+	}
+	return p.done
+}
+
+// options are the plugin's DevicePluginOptions.
+func (p *plugin) options() *pluginapi.DevicePluginOptions {
+	return &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true}
+}
+
+// GetDevicePluginOptions implements the device plugin API.
+func (p *plugin) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*pluginapi.DevicePluginOptions, error) {
+	return p.options(), nil
+}
+
+// ListAndWatch implements the device plugin API: the full list, then a new
+// full list whenever a device's health changes.
+func (p *plugin) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingServer[pluginapi.ListAndWatchResponse]) error {
+	ctx := stream.Context()
+	var last []devices.Device
+	first := true
+	for {
+		list, changed := p.h.devices(p.resource)
+		if first || !equalDevices(last, list) {
+			if err := stream.Send(listResponse(list)); err != nil {
+				return fmt.Errorf("sending %s devices: %w", p.resource, err)
+			}
+			healthy := 0
+			for _, d := range list {
+				if d.Healthy {
+					healthy++
+				}
+			}
+			p.logger.V(2).Info("Sent devices to the kubelet", "devices", len(list), "healthy", healthy)
+			last, first = list, false
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		}
+	}
+}
+
+func equalDevices(a, b []devices.Device) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// listResponse renders devices for the kubelet: ID, health, and the NUMA
+// node of the device's GPU.
+func listResponse(list []devices.Device) *pluginapi.ListAndWatchResponse {
+	resp := &pluginapi.ListAndWatchResponse{Devices: make([]*pluginapi.Device, 0, len(list))}
+	topo := map[int]*pluginapi.TopologyInfo{}
+	for _, d := range list {
+		health := pluginapi.Healthy
+		if !d.Healthy {
+			health = pluginapi.Unhealthy
+		}
+		dev := &pluginapi.Device{ID: d.ID, Health: health}
+		if d.NUMANode >= 0 {
+			t, ok := topo[d.NUMANode]
+			if !ok {
+				t = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(d.NUMANode)}}}
+				topo[d.NUMANode] = t
+			}
+			dev.Topology = t
+		}
+		resp.Devices = append(resp.Devices, dev)
+	}
+	return resp
+}
+
+// GetPreferredAllocation implements the device plugin API.
+func (p *plugin) GetPreferredAllocation(ctx context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
+	resp := &pluginapi.PreferredAllocationResponse{}
+	for _, c := range req.GetContainerRequests() {
+		ids, err := p.h.preferred(ctx, p.resource, c.GetAvailableDeviceIDs(), c.GetMustIncludeDeviceIDs(), int(c.GetAllocationSize()))
+		if err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "%s: %v", p.resource, err)
+		}
+		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerPreferredAllocationResponse{DeviceIDs: ids})
+	}
+	return resp, nil
+}
+
+// Allocate implements the device plugin API. All containers of a request
+// succeed or the request fails.
+func (p *plugin) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+	var containers [][]string
+	for _, c := range req.GetContainerRequests() {
+		containers = append(containers, c.GetDevicesIds())
+	}
+	if len(containers) == 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "%s: Allocate without container requests", p.resource)
+	}
+	resps, err := p.h.allocateRequest(ctx, p.resource, containers)
+	if err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "%s: %v", p.resource, err)
+	}
+	return &pluginapi.AllocateResponse{ContainerResponses: resps}, nil
+}
+
+// PreStartContainer implements the device plugin API; the plugin does not
+// ask for it (PreStartRequired is false).
+func (p *plugin) PreStartContainer(context.Context, *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
+	return &pluginapi.PreStartContainerResponse{}, nil
+}
+
+// Dialer connects to a unix socket; tests inject their own.
+type Dialer func(ctx context.Context, addr string) (net.Conn, error)
+
+func unixDialer(ctx context.Context, addr string) (net.Conn, error) {
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", addr)
+}
+
+// register registers the plugin with the kubelet listening on kubeletSocket.
+func (p *plugin) register(ctx context.Context, kubeletSocket string, dial Dialer) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := grpc.NewClient("passthrough:///"+kubeletSocket,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(dial))
+	if err != nil {
+		return fmt.Errorf("connecting to the kubelet at %s: %w", kubeletSocket, err)
+	}
+	defer conn.Close()
+	_, err = pluginapi.NewRegistrationClient(conn).Register(ctx, &pluginapi.RegisterRequest{
+		Version:      pluginapi.Version,
+		Endpoint:     filepath.Base(p.socket),
+		ResourceName: string(p.resource),
+		Options:      p.options(),
+	}, grpc.WaitForReady(true))
+	if err != nil {
+		return fmt.Errorf("registering %s with the kubelet at %s: %w", p.resource, kubeletSocket, err)
+	}
+	return nil
+}

@@ -1,0 +1,214 @@
+package deviceplugin
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/deviceplugin/devices"
+)
+
+// state is the agent's live view: the GPUs' health, what the kubelet has
+// allocated, and what the agent allocated that the kubelet has not reported
+// yet. Every change recomputes the device lists and wakes the ListAndWatch
+// streams whose list changed.
+type state struct {
+	model   *devices.Model
+	grace   time.Duration
+	now     func() time.Time
+	metrics *Metrics
+	logger  klog.Logger
+
+	mu      sync.Mutex
+	health  devices.HealthMap
+	kubelet []devices.Allocation
+	pending []pending
+	usage   devices.Usage
+	lists   map[corev1.ResourceName][]devices.Device
+	changed map[corev1.ResourceName]chan struct{}
+}
+
+// pending is an allocation the agent answered that the kubelet has not
+// reported yet.
+type pending struct {
+	devices.Allocation
+	at time.Time
+}
+
+func newState(logger klog.Logger, model *devices.Model, grace time.Duration, now func() time.Time, metrics *Metrics) *state {
+	s := &state{
+		model:   model,
+		grace:   grace,
+		now:     now,
+		metrics: metrics,
+		logger:  logger,
+		health:  devices.HealthMap{},
+		lists:   map[corev1.ResourceName][]devices.Device{},
+		changed: map[corev1.ResourceName]chan struct{}{},
+	}
+	for _, r := range model.Resources() {
+		s.changed[r] = make(chan struct{})
+	}
+	s.mu.Lock()
+	s.recomputeLocked()
+	s.mu.Unlock()
+	return s
+}
+
+// devices returns resource r's device list and a channel that is closed when
+// it changes.
+func (s *state) devices(r corev1.ResourceName) ([]devices.Device, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lists[r], s.changed[r]
+}
+
+// snapshot returns the health and usage now.
+func (s *state) snapshot() (devices.HealthMap, devices.Usage) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.health, s.usage
+}
+
+func (s *state) setHealth(h devices.HealthMap) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.health = h
+	s.recomputeLocked()
+}
+
+// setKubelet replaces what the kubelet has allocated. Pending allocations
+// that the kubelet now reports are settled: from here on the kubelet's
+// record carries them.
+func (s *state) setKubelet(allocs []devices.Allocation) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.kubelet = allocs
+	held := map[corev1.ResourceName]map[string]bool{}
+	for _, a := range allocs {
+		if held[a.Resource] == nil {
+			held[a.Resource] = map[string]bool{}
+		}
+		for _, id := range a.DeviceIDs {
+			held[a.Resource][id] = true
+		}
+	}
+	s.pending = slices.DeleteFunc(s.pending, func(p pending) bool {
+		for _, id := range p.DeviceIDs {
+			if !held[p.Resource][id] {
+				return false
+			}
+		}
+		return true
+	})
+	s.recomputeLocked()
+}
+
+// expire drops pending allocations older than the grace period.
+func (s *state) expire() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cutoff := s.now().Add(-s.grace)
+	n := len(s.pending)
+	s.pending = slices.DeleteFunc(s.pending, func(p pending) bool { return p.at.Before(cutoff) })
+	if len(s.pending) != n {
+		s.logger.V(2).Info("Pending allocations expired without the kubelet reporting them", "expired", n-len(s.pending))
+		s.recomputeLocked()
+	}
+}
+
+// allocate runs check under the state lock and, when it succeeds, records
+// allocs as pending, so no other allocation can slip in between the check
+// and the record.
+func (s *state) allocate(check func(devices.HealthMap, devices.Usage) ([]devices.Allocation, error)) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	allocs, err := check(s.health, s.usage)
+	if err != nil {
+		return err
+	}
+	now := s.now()
+	for _, a := range allocs {
+		s.pending = append(s.pending, pending{Allocation: a, at: now})
+	}
+	s.recomputeLocked()
+	return nil
+}
+
+// recomputeLocked derives usage and device lists and wakes the streams of
+// the resources whose list changed.
+func (s *state) recomputeLocked() {
+	all := append([]devices.Allocation(nil), s.kubelet...)
+	for _, p := range s.pending {
+		all = append(all, p.Allocation)
+	}
+	usage, errs := s.model.UsageOf(all)
+	for _, err := range errs {
+		s.logger.Error(err, "Ignoring an allocation of a device this node does not have")
+	}
+	s.usage = usage
+	for _, r := range s.model.Resources() {
+		next := s.model.Devices(r, s.health, usage)
+		prev := s.lists[r]
+		if slices.Equal(prev, next) {
+			continue
+		}
+		s.logChanges(r, prev, next)
+		s.lists[r] = next
+		close(s.changed[r])
+		s.changed[r] = make(chan struct{})
+		s.metrics.setDevices(r, next, s.health)
+	}
+	s.metrics.setGPUHealth(s.model.GPUs(), s.health)
+}
+
+// logChanges logs, per GPU, when its devices of resource r turn unhealthy
+// (with the reason) or healthy.
+func (s *state) logChanges(r corev1.ResourceName, prev, next []devices.Device) {
+	type gpuState struct {
+		healthy bool
+		reason  string
+	}
+	before := map[string]gpuState{}
+	for _, d := range prev {
+		before[d.GPU] = gpuState{d.Healthy, d.Reason}
+	}
+	logged := map[string]bool{}
+	for _, d := range next {
+		if logged[d.GPU] {
+			continue
+		}
+		logged[d.GPU] = true
+		b, known := before[d.GPU]
+		if known && b == (gpuState{d.Healthy, d.Reason}) {
+			continue
+		}
+		if !known && d.Healthy {
+			continue
+		}
+		g, _ := s.model.GPU(d.GPU)
+		if d.Healthy {
+			s.logger.Info("Reporting the GPU's devices healthy", "resource", r, "gpu", g.Index, "uuid", g.UUID)
+		} else {
+			s.logger.Info("Reporting the GPU's devices unhealthy", "resource", r, "gpu", g.Index, "uuid", g.UUID, "reason", d.Reason)
+		}
+	}
+}
+
+// runExpiry expires pending allocations every interval until ctx ends.
+func (s *state) runExpiry(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.expire()
+		}
+	}
+}
