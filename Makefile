@@ -57,8 +57,13 @@ unit: deps ## unit tests of the main module with the race detector
 	CGO_ENABLED=1 $(GO) test -race -count=1 ./...
 
 # Suites that live beside the unit tests join `make test` through test-more.
+# test/test.mk: the separate test module, run against a real kube-apiserver,
+# kube-scheduler, etcd and the kubelet's device manager (built or installed
+# on first use).
+include test/test.mk
+
 .PHONY: test-more
-test-more:
+test-more: test-integration
 
 .PHONY: lint
 lint: $(STATICCHECK) ## gofmt, go vet and staticcheck
