@@ -1,0 +1,289 @@
+// Package gang plans a group of pods (a gang) all-or-nothing: every member
+// gets a node (and, for shared members, a GPU) in one consistent plan, or the
+// group gets nothing. It is pure policy: it takes snapshots of nodes and
+// returns a plan; the scheduler extender reserves the plan and pins each pod.
+//
+// Placement is topology-aware at two scales:
+//   - inside a node, a member that needs several whole GPUs goes where they
+//     can come from one NVLink clique when any node can offer that, so the
+//     node's preferred allocation can give it one;
+//   - across nodes, the group goes under the lowest level of an ordered list
+//     of node label keys (e.g. NVLink domain, network block, rack) where one
+//     domain has room for all of it, then the next level up.
+package gang
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/tessera-gpu/tessera/allocator"
+)
+
+// Member is one pod of a group.
+type Member struct {
+	// Name identifies the member (the pod's name).
+	Name    string
+	Request allocator.Request
+	// NVLink requires the member's whole GPUs to come from one NVLink
+	// clique; without it the clique is preferred, not required.
+	NVLink bool
+}
+
+// Level is one level of the cluster's topology: a node label key whose
+// values name domains (racks, blocks, NVLink domains).
+type Level struct {
+	Key string
+	// Required makes the group land in one domain of this level or not at
+	// all; otherwise the level is preferred.
+	Required bool
+}
+
+// Group is a gang to plan.
+type Group struct {
+	Namespace string
+	Name      string
+	// MinMember is how many members must exist before the group is planned;
+	// every listed member is planned.
+	MinMember int
+	Members   []Member
+	// Levels are the topology levels, lowest (most local) first.
+	Levels []Level
+}
+
+// Node is a node as the planner sees it.
+type Node struct {
+	Node   *allocator.Node
+	Labels map[string]string
+	// Cliques are the node's NVLink cliques as device indices
+	// (allocator.GPU.Index), as topology.Topology.NVLinkCliques.
+	Cliques [][]int
+}
+
+// Placement is one member's place in a plan.
+type Placement struct {
+	Member string
+	Node   string
+	// GPUs are the GPUs the plan counts the member on (positions in the
+	// node's allocator.Node.GPUs). For whole GPUs the node's device plugin
+	// makes the final choice; the plan only guarantees that many are free,
+	// from one clique where InClique is set.
+	GPUs     allocator.GPUSet
+	InClique bool
+}
+
+// Plan is a placement of every member of a group.
+type Plan struct {
+	// Placements are in the order of Group.Members.
+	Placements []Placement
+	// Level and Domain name where the group landed: a label key and its
+	// value; both empty when the group spans the cluster.
+	Level, Domain string
+}
+
+// ErrIncomplete: fewer members exist than the group's minimum.
+var ErrIncomplete = errors.New("group is incomplete")
+
+// ErrNoRoom: the whole group fits nowhere now.
+var ErrNoRoom = errors.New("no room for the whole group")
+
+// Error says why a group could not be planned; it matches ErrIncomplete or
+// ErrNoRoom with errors.Is.
+type Error struct {
+	Group  string
+	Kind   error
+	Detail string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("gang %s: %v: %s", e.Group, e.Kind, e.Detail) }
+
+// Unwrap returns the kind, ErrIncomplete or ErrNoRoom.
+func (e *Error) Unwrap() error { return e.Kind }
+
+// PlanGroup plans every member of g on nodes, or returns an *Error. The
+// snapshots are not modified. p scores nodes as it does for single pods.
+func PlanGroup(g Group, nodes []Node, p allocator.Policy) (*Plan, error) {
+	name := g.Namespace + "/" + g.Name
+	if g.MinMember < 1 {
+		return nil, &Error{Group: name, Kind: ErrIncomplete, Detail: fmt.Sprintf("minMember is %d, must be at least 1", g.MinMember)}
+	}
+	if len(g.Members) < g.MinMember {
+		return nil, &Error{Group: name, Kind: ErrIncomplete, Detail: fmt.Sprintf("%d of %d members exist", len(g.Members), g.MinMember)}
+	}
+	for _, m := range g.Members {
+		if err := m.Request.Validate(); err != nil {
+			return nil, fmt.Errorf("gang %s: member %s: %w", name, m.Name, err)
+		}
+	}
+	order := memberOrder(g.Members)
+	need := demand(g.Members)
+	var tried []string
+	for _, d := range domains(nodes, g.Levels) {
+		if d.freeWhole < need.wholeGPUs || d.freeMilli < need.milli {
+			tried = append(tried, d.describe())
+			continue
+		}
+		if placements, ok := planIn(g.Members, order, nodes, d.nodes, p); ok {
+			return &Plan{Placements: placements, Level: d.level, Domain: d.value}, nil
+		}
+		tried = append(tried, d.describe())
+	}
+	return nil, &Error{Group: name, Kind: ErrNoRoom, Detail: noRoomDetail(g, need, tried)}
+}
+
+type groupDemand struct {
+	wholeGPUs int
+	milli     int64
+}
+
+func demand(members []Member) groupDemand {
+	var d groupDemand
+	for _, m := range members {
+		d.wholeGPUs += m.Request.GPUs
+		d.milli += m.Request.TotalGPUMilli()
+	}
+	return d
+}
+
+func noRoomDetail(g Group, need groupDemand, tried []string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d members need %d whole GPUs and %.1f GPUs in all", len(g.Members), need.wholeGPUs, float64(need.milli)/allocator.MilliPerGPU)
+	for _, l := range g.Levels {
+		if l.Required {
+			fmt.Fprintf(&b, " within one %s", l.Key)
+			break
+		}
+	}
+	const shown = 5
+	if len(tried) > 0 {
+		fmt.Fprintf(&b, "; tried %s", strings.Join(tried[:min(len(tried), shown)], ", "))
+		if len(tried) > shown {
+			fmt.Fprintf(&b, " and %d more", len(tried)-shown)
+		}
+	}
+	return b.String()
+}
+
+// memberOrder plans the hardest members first: most GPUs, then most GPU
+// compute, CPU and memory, then by name.
+func memberOrder(members []Member) []int {
+	order := make([]int, len(members))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool {
+		ra, rb := members[order[a]].Request, members[order[b]].Request
+		switch {
+		case ra.GPUs != rb.GPUs:
+			return ra.GPUs > rb.GPUs
+		case ra.TotalGPUMilli() != rb.TotalGPUMilli():
+			return ra.TotalGPUMilli() > rb.TotalGPUMilli()
+		case ra.CPUMilli != rb.CPUMilli:
+			return ra.CPUMilli > rb.CPUMilli
+		case ra.MemMiB != rb.MemMiB:
+			return ra.MemMiB > rb.MemMiB
+		}
+		return members[order[a]].Name < members[order[b]].Name
+	})
+	return order
+}
+
+// planIn places every member on the nodes of one domain, in order, each on
+// the node the policy scores best among those that fit it after the members
+// before it. It reports false when some member fits nowhere.
+func planIn(members []Member, order []int, all []Node, domain []int, p allocator.Policy) ([]Placement, bool) {
+	clones := map[int]*allocator.Node{}
+	snapshot := func(i int) *allocator.Node {
+		if c, ok := clones[i]; ok {
+			return c
+		}
+		return all[i].Node
+	}
+	placements := make([]Placement, len(members))
+	for _, mi := range order {
+		m := members[mi]
+		type candidate struct {
+			node   int
+			eval   allocator.Evaluation
+			clique allocator.GPUSet
+		}
+		var inClique, others []candidate
+		for _, ni := range domain {
+			n := snapshot(ni)
+			if allocator.Fit(n, m.Request) != allocator.Fits {
+				continue
+			}
+			c := candidate{node: ni, eval: p.Evaluate(n, m.Request)}
+			if m.Request.GPUs > 1 {
+				c.clique = cliqueSet(n, all[ni].Cliques, m.Request.GPUs)
+			}
+			if c.clique != 0 {
+				inClique = append(inClique, c)
+			} else {
+				others = append(others, c)
+			}
+		}
+		cands := inClique
+		if len(cands) == 0 {
+			if m.NVLink && m.Request.GPUs > 1 {
+				return nil, false
+			}
+			cands = others
+		}
+		if len(cands) == 0 {
+			return nil, false
+		}
+		best := cands[0]
+		for _, c := range cands[1:] {
+			if c.eval.Score > best.eval.Score || (c.eval.Score == best.eval.Score && all[c.node].Node.Name < all[best.node].Node.Name) {
+				best = c
+			}
+		}
+		gpus := best.eval.GPUs
+		if best.clique != 0 {
+			gpus = best.clique
+		}
+		n := snapshot(best.node)
+		if _, cloned := clones[best.node]; !cloned {
+			n = n.Clone()
+			clones[best.node] = n
+		}
+		if err := allocator.Apply(n, m.Request, gpus); err != nil {
+			return nil, false
+		}
+		placements[mi] = Placement{Member: m.Name, Node: n.Name, GPUs: gpus, InClique: best.clique != 0}
+	}
+	return placements, true
+}
+
+// cliqueSet returns k fully free GPUs of n inside one NVLink clique, from the
+// smallest clique that has k free (the tightest fit), or 0 when none has.
+func cliqueSet(n *allocator.Node, cliques [][]int, k int) allocator.GPUSet {
+	pos := make(map[int]int, len(n.GPUs))
+	for i, g := range n.GPUs {
+		pos[g.Index] = i
+	}
+	var best allocator.GPUSet
+	bestFree := 0
+	for _, clique := range cliques {
+		if len(clique) < k {
+			continue
+		}
+		var free allocator.GPUSet
+		for _, idx := range clique {
+			if i, ok := pos[idx]; ok && n.GPUs[i].FullyFree() {
+				free = free.With(i)
+			}
+		}
+		if free.Len() < k || (best != 0 && free.Len() >= bestFree) {
+			continue
+		}
+		var pick allocator.GPUSet
+		for _, i := range free.Positions()[:k] {
+			pick = pick.With(i)
+		}
+		best, bestFree = pick, free.Len()
+	}
+	return best
+}
