@@ -1,0 +1,228 @@
+package quota
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+func gpus(n int64) Resources { return Resources{api.ResourceGPU: n} }
+
+// twoTeams is the cluster: A and B with min 16, max 32 on 32 GPUs.
+func twoTeams(usedA, usedB int64) *State {
+	return &State{
+		Quotas: map[string]Quota{
+			"a": {Namespace: "a", Min: gpus(16), Max: gpus(32)},
+			"b": {Namespace: "b", Min: gpus(16), Max: gpus(32)},
+		},
+		Used:     map[string]Resources{"a": gpus(usedA), "b": gpus(usedB)},
+		Capacity: gpus(32),
+	}
+}
+
+func TestAdmit(t *testing.T) {
+	tests := []struct {
+		name    string
+		state   *State
+		ns      string
+		req     Resources
+		want    Decision
+		wantMsg string
+	}{
+		{name: "within min", state: twoTeams(0, 0), ns: "a", req: gpus(16), want: Decision{Allowed: true}},
+		{name: "borrows the other's idle min", state: twoTeams(16, 0), ns: "a", req: gpus(16), want: Decision{Allowed: true, Borrowing: true}},
+		{name: "above max", state: twoTeams(32, 0), ns: "a", req: gpus(8), wantMsg: "a would use 40 tessera.dev/gpu, above its max 32"},
+		{name: "nothing left to lend", state: twoTeams(16, 16), ns: "a", req: gpus(8), wantMsg: "would use 40 of 32 lendable"},
+		{name: "back to its min while the other borrows", state: twoTeams(32, 0), ns: "b", req: gpus(16), want: Decision{Allowed: true}},
+		{name: "ungoverned namespace", state: twoTeams(32, 0), ns: "c", req: gpus(64), want: Decision{Allowed: true}},
+		{
+			name:  "resource without a min is borrowed",
+			state: twoTeams(0, 0), ns: "a", req: Resources{api.ResourceGPUCore: 50},
+			wantMsg: "would use 50 of 0 lendable",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := tc.state.Admit(tc.ns, tc.req)
+			if tc.wantMsg != "" {
+				if got.Allowed || !strings.Contains(got.Reason, tc.wantMsg) {
+					t.Fatalf("Admit = %+v, want refused with %q", got, tc.wantMsg)
+				}
+				return
+			}
+			got.Reason = ""
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("Admit (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+var t0 = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+
+func workload(ns, name string, prio int32, age time.Duration, n int64) Workload {
+	return Workload{Namespace: ns, Name: name, Priority: prio, Created: t0.Add(-age), Uses: gpus(n), Pods: []string{name + "-0"}}
+}
+
+// freed is an enough func: the victims free at least n GPUs.
+func freed(n int64) func([]Workload) bool {
+	return func(v []Workload) bool {
+		var sum int64
+		for _, w := range v {
+			sum += w.Uses[api.ResourceGPU]
+		}
+		return sum >= n
+	}
+}
+
+func names(ws []Workload) []string {
+	var out []string
+	for _, w := range ws {
+		out = append(out, w.Namespace+"/"+w.Name)
+	}
+	return out
+}
+
+func TestReclaim(t *testing.T) {
+	tests := []struct {
+		name    string
+		state   *State
+		ns      string
+		req     Resources
+		running []Workload
+		want    []string
+		wantErr string
+	}{
+		{
+			name:    "A's borrowed gang goes, whole",
+			state:   twoTeams(32, 0),
+			ns:      "b",
+			req:     gpus(16),
+			running: []Workload{workload("a", "old", 0, time.Hour, 16), workload("a", "new", 0, time.Minute, 16)},
+			want:    []string{"a/new"},
+		},
+		{
+			name:    "lowest priority before newest",
+			state:   twoTeams(32, 0),
+			ns:      "b",
+			req:     gpus(16),
+			running: []Workload{workload("a", "old-low", -1, time.Hour, 16), workload("a", "new", 0, time.Minute, 16)},
+			want:    []string{"a/old-low"},
+		},
+		{
+			name:    "several small workloads",
+			state:   twoTeams(32, 0),
+			ns:      "b",
+			req:     gpus(8),
+			running: []Workload{workload("a", "base", 0, time.Hour, 16), workload("a", "x", 0, 3*time.Minute, 4), workload("a", "y", 0, 2*time.Minute, 4), workload("a", "z", 0, time.Minute, 8)},
+			want:    []string{"a/z"},
+		},
+		{
+			name:    "never under the victim's own min (no flapping)",
+			state:   twoTeams(24, 0),
+			ns:      "b",
+			req:     gpus(16),
+			running: []Workload{workload("a", "big", 0, time.Hour, 16), workload("a", "small", 0, time.Minute, 8)},
+			wantErr: "borrow too little",
+		},
+		{
+			name:    "only up to min",
+			state:   twoTeams(16, 16),
+			ns:      "b",
+			req:     gpus(8),
+			running: []Workload{workload("a", "g", 0, time.Minute, 16)},
+			wantErr: "above its min 16: only min is reclaimed",
+		},
+		{
+			name:    "own namespace's work is not a victim",
+			state:   twoTeams(16, 8),
+			ns:      "b",
+			req:     gpus(8),
+			running: []Workload{workload("b", "mine", -5, time.Minute, 8)},
+			wantErr: "borrow too little",
+		},
+		{
+			name:    "ungoverned namespace asks",
+			state:   twoTeams(32, 0),
+			ns:      "c",
+			req:     gpus(8),
+			wantErr: "has no quota",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			victims, err := tc.state.Reclaim(tc.ns, tc.req, tc.running, freed(tc.req[api.ResourceGPU]))
+			if tc.wantErr != "" {
+				var re *ReclaimError
+				if !errors.As(err, &re) || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Reclaim = %v, %v; want a ReclaimError containing %q", names(victims), err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, names(victims)); diff != "" {
+				t.Errorf("victims (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestReclaimNeedsNothingWhenRoomExists(t *testing.T) {
+	victims, err := twoTeams(16, 0).Reclaim("b", gpus(16), []Workload{workload("a", "g", 0, time.Minute, 16)}, func([]Workload) bool { return true })
+	if err != nil || len(victims) != 0 {
+		t.Fatalf("Reclaim = %v, %v; want no victims", names(victims), err)
+	}
+}
+
+func TestCanPreempt(t *testing.T) {
+	s := twoTeams(32, 0)
+	tests := []struct {
+		name string
+		ns   string
+		req  Resources
+		w    Workload
+		want bool
+	}{
+		{"borrowed work, preemptor within min", "b", gpus(16), workload("a", "g", 0, 0, 16), true},
+		{"preemptor would exceed its min", "b", gpus(24), workload("a", "g", 0, 0, 16), false},
+		{"victim would fall under its min", "b", gpus(16), workload("a", "g", 0, 0, 24), false},
+		{"same namespace", "a", gpus(8), workload("a", "g", 0, 0, 16), true},
+		{"ungoverned preemptor", "c", gpus(8), workload("a", "g", 0, 0, 16), false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, why := s.CanPreempt(tc.ns, tc.req, tc.w)
+			if got != tc.want {
+				t.Errorf("CanPreempt = %v (%s), want %v", got, why, tc.want)
+			}
+		})
+	}
+}
+
+func TestReports(t *testing.T) {
+	got := twoTeams(24, 4).Reports()
+	want := []Report{
+		{Namespace: "a", Used: gpus(24), Borrowed: gpus(8), Lent: Resources{}},
+		{Namespace: "b", Used: gpus(4), Borrowed: Resources{}, Lent: gpus(12)},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Reports (-want +got):\n%s", diff)
+	}
+}
+
+func TestCloneIsDeep(t *testing.T) {
+	s := twoTeams(8, 0)
+	c := s.Clone()
+	c.Used["a"][api.ResourceGPU] = 30
+	c.Quotas["a"].Min[api.ResourceGPU] = 0
+	if s.Used["a"][api.ResourceGPU] != 8 || s.Quotas["a"].Min[api.ResourceGPU] != 16 {
+		t.Errorf("Clone shares maps with the original: %+v", s)
+	}
+}
