@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -594,7 +595,7 @@ func (a *Agent) preferred(ctx context.Context, r corev1.ResourceName, available,
 	if err != nil {
 		return nil, err
 	}
-	klog.FromContext(ctx).V(4).Info("Preferred allocation", "resource", r, "size", size, "available", len(available), "preferred", ids)
+	a.logger.V(4).Info("Preferred allocation", "resource", r, "size", size, "available", len(available), "preferred", ids)
 	return ids, nil
 }
 
@@ -604,7 +605,8 @@ var ErrNRIRequired = errors.New("isolated GPU sharing requires the Tessera NRI p
 
 // allocateRequest implements handler.
 func (a *Agent) allocateRequest(ctx context.Context, r corev1.ResourceName, containers [][]string) ([]*pluginapi.ContainerAllocateResponse, error) {
-	logger := klog.FromContext(ctx).WithValues("resource", r)
+	// The request's context carries gRPC's, not the agent's, logger.
+	logger := a.logger.WithValues("resource", r)
 	var resps []*pluginapi.ContainerAllocateResponse
 	err := a.state.allocate(func(h devices.HealthMap, u devices.Usage) ([]devices.Allocation, error) {
 		resps = nil
@@ -623,7 +625,7 @@ func (a *Agent) allocateRequest(ctx context.Context, r corev1.ResourceName, cont
 					taken[g.UUID] = true
 				}
 				resps = append(resps, wholeResponse(a.cfg, gpus))
-				allocs = append(allocs, devices.Allocation{Resource: r, DeviceIDs: append([]string(nil), ids...)})
+				allocs = append(allocs, devices.Allocation{Resource: r, DeviceIDs: slices.Sorted(slices.Values(ids))})
 			}
 			return allocs, nil
 		}
@@ -641,7 +643,7 @@ func (a *Agent) allocateRequest(ctx context.Context, r corev1.ResourceName, cont
 				}
 			}
 			resps = append(resps, sharedResponse())
-			allocs = append(allocs, devices.Allocation{Resource: r, DeviceIDs: append([]string(nil), ids...)})
+			allocs = append(allocs, devices.Allocation{Resource: r, DeviceIDs: slices.Sorted(slices.Values(ids))})
 		}
 		return allocs, nil
 	})

@@ -133,6 +133,15 @@ func (s *state) allocate(check func(devices.HealthMap, devices.Usage) ([]devices
 	}
 	now := s.now()
 	for _, a := range allocs {
+		// The same devices allocated again (a container restarted, the
+		// kubelet re-allocating after a restart) refresh the entry.
+		i := slices.IndexFunc(s.pending, func(p pending) bool {
+			return p.Resource == a.Resource && p.SharedGPU == a.SharedGPU && slices.Equal(p.DeviceIDs, a.DeviceIDs)
+		})
+		if i >= 0 {
+			s.pending[i].at = now
+			continue
+		}
 		s.pending = append(s.pending, pending{Allocation: a, at: now})
 	}
 	s.recomputeLocked()

@@ -1,0 +1,679 @@
+package deviceplugin_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/klog/v2/ktesting"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/deviceplugin"
+	"github.com/tessera-gpu/tessera/deviceplugin/devices"
+	"github.com/tessera-gpu/tessera/deviceplugin/kube"
+	"github.com/tessera-gpu/tessera/deviceplugin/kubeletstate"
+	"github.com/tessera-gpu/tessera/gpu"
+	"github.com/tessera-gpu/tessera/gpu/nvmlmock"
+	"github.com/tessera-gpu/tessera/topology"
+)
+
+var (
+	gpuR  = api.ResourceGPU
+	memR  = api.ResourceGPUMemory
+	coreR = api.ResourceGPUCore
+)
+
+type fakeNRI struct{ connected atomic.Bool }
+
+func (f *fakeNRI) Connected() bool { return f.connected.Load() }
+
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *fakeClock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// env is an agent on a mock machine with a fake kubelet in a private
+// device-plugin directory.
+type env struct {
+	t       *testing.T
+	dir     string
+	m       *nvmlmock.Machine
+	cfg     *api.NodeAgentConfig
+	agent   *deviceplugin.Agent
+	kubelet *fakeKubelet
+	nri     *fakeNRI
+	clock   *fakeClock
+	reg     *prometheus.Registry
+	stop    func()
+}
+
+type envOption func(*deviceplugin.Options)
+
+func withPublisher(p deviceplugin.Publisher) envOption {
+	return func(o *deviceplugin.Options) { o.Publisher = p }
+}
+
+func machineTopology(t testing.TB, m *nvmlmock.Machine) (*topology.Topology, gpu.Interface) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := m.WriteSysfs(dir); err != nil {
+		t.Fatal(err)
+	}
+	lib := gpu.NewNVML(m.NVML())
+	if err := lib.Init(); err != nil {
+		t.Fatal(err)
+	}
+	topo, err := topology.Build(lib, topology.Sysfs{Root: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return topo, lib
+}
+
+// newEnv starts the agent; the fake kubelet is started first unless
+// noKubelet.
+func newEnv(t *testing.T, m *nvmlmock.Machine, mutate func(*api.NodeAgentConfig), extra ...envOption) *env {
+	t.Helper()
+	e := &env{t: t, dir: shortTempDir(t), m: m, nri: &fakeNRI{}, clock: &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}, reg: prometheus.NewRegistry()}
+	e.cfg = api.NewNodeAgentConfig()
+	e.cfg.MemoryReserveMiB = 1024
+	e.cfg.HealthCheckInterval.Duration = 20 * time.Millisecond
+	e.cfg.XIDRecoveryDelay.Duration = time.Hour
+	e.cfg.KubeletSyncInterval.Duration = 50 * time.Millisecond
+	e.cfg.AllocationGrace.Duration = time.Hour
+	if mutate != nil {
+		mutate(e.cfg)
+	}
+	topo, lib := machineTopology(t, m)
+	metrics, err := deviceplugin.NewMetrics(e.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := deviceplugin.Options{
+		Config:    e.cfg,
+		NodeName:  "n1",
+		PluginDir: e.dir,
+		Topology:  topo,
+		GPU:       lib,
+		Kubelet:   &kubeletstate.Checkpoint{Path: filepath.Join(e.dir, kubeletstate.CheckpointFile)},
+		NRI:       e.nri,
+		Metrics:   metrics,
+		Now:       e.clock.Now,
+	}
+	for _, o := range extra {
+		o(&opts)
+	}
+	e.agent, err = deviceplugin.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func (e *env) start(withKubelet bool) *env {
+	e.t.Helper()
+	if withKubelet {
+		e.kubelet = startFakeKubelet(e.t, e.dir)
+	}
+	_, ctx := ktesting.NewTestContext(e.t)
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- e.agent.Run(ctx) }()
+	var once sync.Once
+	e.stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					e.t.Errorf("Run = %v", err)
+				}
+			case <-time.After(20 * time.Second):
+				e.t.Error("Run did not return after cancel")
+			}
+		})
+	}
+	e.t.Cleanup(e.stop)
+	return e
+}
+
+func (e *env) uuid(i int) string { return e.m.UUID(i) }
+
+func (e *env) totals() map[corev1.ResourceName]int {
+	n := len(e.m.Profile().GPUs)
+	units := int((e.m.Profile().GPUs[0].MemoryMiB - e.cfg.MemoryReserveMiB) / e.cfg.MemoryUnitMiB)
+	return map[corev1.ResourceName]int{gpuR: n, memR: n * units, coreR: n * api.CoresPerGPU}
+}
+
+// healthyBut is the healthy device counts with the given GPUs' whole
+// device (gpuGone) and units (unitsGone) missing.
+func (e *env) healthyBut(gpuGone, unitsGone int) map[corev1.ResourceName]int {
+	tot := e.totals()
+	n := len(e.m.Profile().GPUs)
+	return map[corev1.ResourceName]int{
+		gpuR:  tot[gpuR] - gpuGone,
+		memR:  tot[memR] - unitsGone*tot[memR]/n,
+		coreR: tot[coreR] - unitsGone*api.CoresPerGPU,
+	}
+}
+
+// writeCheckpoint writes a device manager checkpoint holding allocs
+// (resource -> device IDs, one container each).
+func (e *env) writeCheckpoint(allocs map[corev1.ResourceName][]string) {
+	e.t.Helper()
+	type entry struct {
+		PodUID, ContainerName, ResourceName string
+		DeviceIDs                           map[string][]string
+		AllocResp                           []byte
+	}
+	var entries []entry
+	i := 0
+	for r, ids := range allocs {
+		entries = append(entries, entry{PodUID: fmt.Sprintf("uid-%d", i), ContainerName: "c", ResourceName: string(r), DeviceIDs: map[string][]string{"0": ids}})
+		i++
+	}
+	b, err := json.Marshal(map[string]any{"Data": map[string]any{"PodDeviceEntries": entries, "RegisteredDevices": map[string][]string{}}, "Checksum": 1})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	tmp := filepath.Join(e.dir, ".ckpt.tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(e.dir, kubeletstate.CheckpointFile)); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func unitsOf(r corev1.ResourceName, uuid string, n int) []string {
+	var out []string
+	for i := 0; i < n; i++ {
+		out = append(out, devices.DeviceID(r, uuid, i))
+	}
+	return out
+}
+
+func TestRegistersAllResourcesWithTopology(t *testing.T) {
+	e := newEnv(t, nvmlmock.DGXA100(), nil).start(true)
+	// dgx-a100: 8 GPUs, 8 x (40 - 1 reserved) memory units, 800 core units.
+	want := map[corev1.ResourceName]int{gpuR: 8, memR: 312, coreR: 800}
+	if diff := cmp.Diff(want, e.totals()); diff != "" {
+		t.Fatalf("test expectation drifted (-want +got):\n%s", diff)
+	}
+	e.kubelet.waitCounts("registration", e.totals(), want)
+	for _, tc := range []struct {
+		r    corev1.ResourceName
+		id   string
+		numa int64
+	}{
+		{gpuR, e.uuid(0), 0},
+		{gpuR, e.uuid(7), 1},
+		{memR, e.uuid(3) + "::mem::38", 0},
+		{coreR, e.uuid(4) + "::core::0", 1},
+	} {
+		d := e.kubelet.device(tc.r, tc.id)
+		if d == nil {
+			t.Errorf("%s device %s not listed", tc.r, tc.id)
+			continue
+		}
+		if got := d.GetTopology().GetNodes(); len(got) != 1 || got[0].ID != tc.numa {
+			t.Errorf("%s device %s topology %v, want NUMA node %d", tc.r, tc.id, got, tc.numa)
+		}
+	}
+	if d := e.kubelet.device(memR, e.uuid(0)+"::mem::39"); d != nil {
+		t.Errorf("the reserved unit %s is advertised", d.ID)
+	}
+	e.kubelet.mu.Lock()
+	for r, c := range e.kubelet.clients {
+		if !c.opts.GetPreferredAllocationAvailable || c.opts.PreStartRequired {
+			t.Errorf("%s options %v", r, c.opts)
+		}
+	}
+	e.kubelet.mu.Unlock()
+	for _, r := range api.Resources() {
+		if _, err := os.Stat(filepath.Join(e.dir, deviceplugin.SocketName(r))); err != nil {
+			t.Errorf("socket of %s: %v", r, err)
+		}
+	}
+}
+
+func TestWaitsForKubeletAndReRegistersWhenItRestarts(t *testing.T) {
+	e := newEnv(t, nvmlmock.PCIe2NUMA(), nil).start(false)
+	time.Sleep(100 * time.Millisecond) // the agent runs with no kubelet
+	e.kubelet = startFakeKubelet(t, e.dir)
+	all := e.totals()
+	e.kubelet.waitCounts("first registration", all, all)
+
+	for round := 0; round < 2; round++ {
+		e.kubelet.stop()
+		// The kubelet's device manager removes the plugin sockets on start.
+		for _, r := range api.Resources() {
+			os.Remove(filepath.Join(e.dir, deviceplugin.SocketName(r)))
+		}
+		e.kubelet = startFakeKubelet(t, e.dir)
+		// GPUs allocated whole in earlier rounds keep their units withheld.
+		e.kubelet.waitCounts(fmt.Sprintf("re-registration %d", round), all, e.healthyBut(0, round))
+		// The new kubelet reaches the plugin: an Allocate works.
+		if _, err := e.kubelet.allocate(gpuR, e.uuid(round)); err != nil {
+			t.Fatalf("Allocate after re-registration: %v", err)
+		}
+	}
+	if got := mustMetric(t, e.reg, "tessera_node_kubelet_registrations_total", map[string]string{"resource": string(gpuR), "result": "success"}); got != 3 {
+		t.Errorf("gpu registrations = %v, want 3", got)
+	}
+}
+
+func TestAllocateWholeGPUs(t *testing.T) {
+	e := newEnv(t, nvmlmock.DGXA100(), nil).start(true)
+	all := e.totals()
+	e.kubelet.waitCounts("registration", all, all)
+
+	ids, err := e.kubelet.preferred(gpuR, e.kubelet.healthyIDs(gpuR), nil, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{e.uuid(0), e.uuid(1)}, ids); diff != "" {
+		t.Errorf("preferred 2 of dgx-a100 (-want +got):\n%s", diff)
+	}
+	resp, err := e.kubelet.allocate(gpuR, e.uuid(1), e.uuid(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cdi []string
+	for _, d := range resp.CdiDevices {
+		cdi = append(cdi, d.Name)
+	}
+	if diff := cmp.Diff([]string{"nvidia.com/gpu=" + e.uuid(0), "nvidia.com/gpu=" + e.uuid(1)}, cdi); diff != "" {
+		t.Errorf("CDI devices (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(map[string]string{"NVIDIA_VISIBLE_DEVICES": "void"}, resp.Envs); diff != "" {
+		t.Errorf("envs (-want +got):\n%s", diff)
+	}
+	// GPUs 0 and 1 are whole now: their units are withheld, their gpu
+	// devices stay healthy (the kubelet knows they are allocated).
+	e.kubelet.waitCounts("units withheld", all, e.healthyBut(0, 2))
+	for _, r := range []corev1.ResourceName{memR, coreR} {
+		id := devices.DeviceID(r, e.uuid(1), 0)
+		if d := e.kubelet.device(r, id); d == nil || d.Health != pluginapi.Unhealthy {
+			t.Errorf("%s of an allocated GPU: %v, want unhealthy", id, d)
+		}
+	}
+	// Unknown and duplicate devices are refused.
+	for _, ids := range [][]string{{"GPU-nope"}, {e.uuid(2), e.uuid(2)}} {
+		if _, err := e.kubelet.allocate(gpuR, ids...); status.Code(err) != codes.FailedPrecondition {
+			t.Errorf("Allocate(%v) = %v, want FailedPrecondition", ids, err)
+		}
+	}
+}
+
+func TestSharedUnitsRefusedWithoutNRI(t *testing.T) {
+	e := newEnv(t, nvmlmock.DGXA100(), nil).start(true)
+	all := e.totals()
+	e.kubelet.waitCounts("registration", all, all)
+	for _, r := range []corev1.ResourceName{memR, coreR} {
+		_, err := e.kubelet.allocate(r, unitsOf(r, e.uuid(2), 4)...)
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "requires the Tessera NRI plugin") || !strings.Contains(err.Error(), "fail closed") {
+			t.Errorf("Allocate %s without NRI = %v, want a fail-closed NRI error", r, err)
+		}
+	}
+	// Nothing was allocated: every device stays healthy.
+	e.kubelet.waitCounts("nothing withheld", all, all)
+	if got := mustMetric(t, e.reg, "tessera_node_allocations_total", map[string]string{"resource": string(memR), "result": "error"}); got != 1 {
+		t.Errorf("memory allocation errors = %v, want 1", got)
+	}
+}
+
+func TestSharedAndWholeExcludeEachOther(t *testing.T) {
+	e := newEnv(t, nvmlmock.DGXA100(), nil)
+	e.nri.connected.Store(true)
+	e.start(true)
+	all := e.totals()
+	e.kubelet.waitCounts("registration", all, all)
+
+	// Shared units on GPU 2 withhold GPU 2 from tessera.dev/gpu.
+	ids, err := e.kubelet.preferred(memR, e.kubelet.healthyIDs(memR), nil, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byGPU := map[string]int{}
+	for _, id := range ids {
+		u, _, _ := devices.ParseDeviceID(memR, id)
+		byGPU[u]++
+	}
+	if len(byGPU) != 1 {
+		t.Errorf("preferred memory units span %d GPUs, want 1: %v", len(byGPU), ids)
+	}
+	resp, err := e.kubelet.allocate(memR, unitsOf(memR, e.uuid(2), 8)...)
+	if err != nil {
+		t.Fatalf("Allocate shared with NRI: %v", err)
+	}
+	if len(resp.CdiDevices) != 0 || len(resp.Devices) != 0 || len(resp.Mounts) != 0 || resp.Envs["NVIDIA_VISIBLE_DEVICES"] != "void" {
+		t.Errorf("shared Allocate hands out a GPU itself: %v", resp)
+	}
+	e.kubelet.waitCounts("GPU 2 withheld", all, e.healthyBut(1, 0))
+	if d := e.kubelet.device(gpuR, e.uuid(2)); d.Health != pluginapi.Unhealthy {
+		t.Errorf("GPU 2 is %s while serving shared units", d.Health)
+	}
+	if _, err := e.kubelet.allocate(gpuR, e.uuid(2)); err == nil || !strings.Contains(err.Error(), "serves shared units") {
+		t.Errorf("whole Allocate of a shared GPU = %v", err)
+	}
+	// Whole GPU 5 withholds its units; shared units of GPU 5 are refused.
+	if _, err := e.kubelet.allocate(gpuR, e.uuid(5)); err != nil {
+		t.Fatal(err)
+	}
+	e.kubelet.waitCounts("GPU 2 and GPU 5's units withheld", all, e.healthyBut(1, 1))
+	if _, err := e.kubelet.allocate(coreR, unitsOf(coreR, e.uuid(5), 10)...); err == nil || !strings.Contains(err.Error(), devices.ReasonWholeInUse) {
+		t.Errorf("shared Allocate on a whole GPU = %v", err)
+	}
+	// Preferred whole GPUs leave out the withheld GPU 2 even when offered.
+	got, err := e.kubelet.preferred(gpuR, []string{e.uuid(2), e.uuid(3)}, nil, 1)
+	if err != nil || len(got) != 1 || got[0] != e.uuid(3) {
+		t.Errorf("preferred of {2, 3} = %v, %v; want GPU 3", got, err)
+	}
+}
+
+func TestXIDMakesOneGPUUnhealthyAndItRecovers(t *testing.T) {
+	e := newEnv(t, nvmlmock.DGXA100(), nil).start(true)
+	all := e.totals()
+	e.kubelet.waitCounts("registration", all, all)
+	deadline := time.Now().Add(20 * time.Second)
+	for e.m.InjectXID(3, 79) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the agent never registered for XID events")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Exactly GPU 3 and its units drop.
+	e.kubelet.waitCounts("GPU 3 unhealthy", all, e.healthyBut(1, 1))
+	for _, r := range api.Resources() {
+		if d := e.kubelet.device(r, devices.DeviceID(r, e.uuid(3), 0)); d.Health != pluginapi.Unhealthy {
+			t.Errorf("%s of GPU 3 is %s after XID 79", r, d.Health)
+		}
+	}
+	// Allocation avoids it: preferred leaves it out, Allocate refuses it,
+	// the others still allocate.
+	got, err := e.kubelet.preferred(gpuR, []string{e.uuid(2), e.uuid(3)}, nil, 1)
+	if err != nil || len(got) != 1 || got[0] != e.uuid(2) {
+		t.Errorf("preferred of {2, 3} = %v, %v; want GPU 2", got, err)
+	}
+	if _, err := e.kubelet.allocate(gpuR, e.uuid(3)); err == nil || !strings.Contains(err.Error(), "XID 79") {
+		t.Errorf("Allocate of GPU 3 = %v, want refused for XID 79", err)
+	}
+	if _, err := e.kubelet.allocate(gpuR, e.uuid(2)); err != nil {
+		t.Errorf("Allocate of GPU 2 = %v", err)
+	}
+	// An application XID changes nothing.
+	e.m.InjectXID(4, 13)
+	// After the recovery delay a sound health check brings GPU 3 back.
+	e.clock.Add(time.Hour)
+	e.kubelet.waitCounts("GPU 3 recovered (GPU 2 whole)", all, e.healthyBut(0, 1))
+	if got := mustMetric(t, e.reg, "tessera_node_xid_events_total", map[string]string{"gpu": "3", "xid": "79", "ignored": "false"}); got != 1 {
+		t.Errorf("XID 79 count = %v, want 1", got)
+	}
+}
+
+func TestLostGPUIsUnhealthyUntilItReturns(t *testing.T) {
+	e := newEnv(t, nvmlmock.PCIe2NUMA(), nil).start(true)
+	all := e.totals()
+	e.kubelet.waitCounts("registration", all, all)
+	e.m.SetLost(1, true)
+	e.kubelet.waitCounts("GPU 1 lost", all, e.healthyBut(1, 1))
+	e.m.SetLost(1, false)
+	e.kubelet.waitCounts("GPU 1 back", all, all)
+}
+
+func TestRebuildsUsageFromTheKubeletCheckpoint(t *testing.T) {
+	e := newEnv(t, nvmlmock.DGXA100(), nil)
+	// Before the agent starts, the kubelet holds GPU 5 whole and memory
+	// units of GPU 6: a restarted agent must withhold both from its very
+	// first lists.
+	e.writeCheckpoint(map[corev1.ResourceName][]string{gpuR: {e.uuid(5)}, memR: unitsOf(memR, e.uuid(6), 3)})
+	e.start(true)
+	all := e.totals()
+	e.kubelet.waitCounts("withheld from the start", all, e.healthyBut(1, 1))
+	if d := e.kubelet.device(gpuR, e.uuid(6)); d.Health != pluginapi.Unhealthy {
+		t.Errorf("GPU 6 (shared units held) is %s", d.Health)
+	}
+	if d := e.kubelet.device(memR, e.uuid(5)+"::mem::0"); d.Health != pluginapi.Unhealthy {
+		t.Errorf("units of GPU 5 (held whole) are %s", d.Health)
+	}
+	// The pods go away: the kubelet's checkpoint no longer holds them.
+	e.writeCheckpoint(nil)
+	e.kubelet.waitCounts("released", all, all)
+}
+
+func TestPendingAllocationsSettleAndExpire(t *testing.T) {
+	e := newEnv(t, nvmlmock.DGXA100(), nil).start(true)
+	all := e.totals()
+	e.kubelet.waitCounts("registration", all, all)
+	if _, err := e.kubelet.allocate(gpuR, e.uuid(0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.kubelet.allocate(gpuR, e.uuid(1)); err != nil {
+		t.Fatal(err)
+	}
+	e.kubelet.waitCounts("pending", all, e.healthyBut(0, 2))
+	// The kubelet reports GPU 0 (settling it) but not GPU 1.
+	e.writeCheckpoint(map[corev1.ResourceName][]string{gpuR: {e.uuid(0)}})
+	time.Sleep(200 * time.Millisecond)
+	e.kubelet.waitCounts("GPU 1 still pending", all, e.healthyBut(0, 2))
+	// GPU 1 expires after the grace period; GPU 0 stays as the kubelet
+	// holds it...
+	e.clock.Add(2 * time.Hour)
+	e.kubelet.waitCounts("GPU 1 expired", all, e.healthyBut(0, 1))
+	// ...until the kubelet releases it.
+	e.writeCheckpoint(nil)
+	e.kubelet.waitCounts("GPU 0 released", all, all)
+}
+
+func TestMetrics(t *testing.T) {
+	e := newEnv(t, nvmlmock.DGXA100(), nil).start(true)
+	all := e.totals()
+	e.kubelet.waitCounts("registration", all, all)
+	if _, err := e.kubelet.allocate(gpuR, e.uuid(7)); err != nil {
+		t.Fatal(err)
+	}
+	e.kubelet.waitCounts("GPU 7 whole", all, e.healthyBut(0, 1))
+	for _, tc := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"tessera_node_devices", map[string]string{"resource": string(gpuR), "state": "healthy"}, 8},
+		{"tessera_node_devices", map[string]string{"resource": string(memR), "state": "withheld"}, 39},
+		{"tessera_node_devices", map[string]string{"resource": string(memR), "state": "healthy"}, 7 * 39},
+		{"tessera_node_devices", map[string]string{"resource": string(coreR), "state": "unhealthy"}, 0},
+		{"tessera_node_allocations_total", map[string]string{"resource": string(gpuR), "result": "success"}, 1},
+		{"tessera_node_gpu_healthy", map[string]string{"gpu": "7", "uuid": e.uuid(7)}, 1},
+	} {
+		if got := mustMetric(t, e.reg, tc.name, tc.labels); got != tc.want {
+			t.Errorf("%s%v = %v, want %v", tc.name, tc.labels, got, tc.want)
+		}
+	}
+}
+
+// mustMetric returns the value of the gathered sample of name with labels.
+func mustMetric(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range f.GetMetric() {
+			got := map[string]string{}
+			for _, l := range m.GetLabel() {
+				got[l.GetName()] = l.GetValue()
+			}
+			for k, v := range labels {
+				if got[k] != v {
+					continue next
+				}
+			}
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s%v", name, labels)
+	return 0
+}
+
+func TestPublishesInventoryAndSharedIsolationCondition(t *testing.T) {
+	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	e := newEnv(t, nvmlmock.DGXA100(), nil, withPublisher(kube.New(cs, "n1", nil))).start(true)
+	all := e.totals()
+	e.kubelet.waitCounts("registration", all, all)
+	ctx := context.Background()
+	waitNode := func(what string, cond func(*corev1.Node) bool) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			n, err := cs.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+			if err == nil && cond(n) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s: %v", what, n)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitNode("the inventory", func(n *corev1.Node) bool {
+		inv, ok, err := api.GetGPUInventory(n.Annotations)
+		if err != nil {
+			t.Fatalf("inventory annotation: %v", err)
+		}
+		return ok && len(inv.GPUs) == 8 && inv.GPUs[3].Healthy && inv.GPUs[0].MemoryUnits == 39 && inv.Links[0][1] == "NVS12" && !inv.SharedIsolation
+	})
+	waitNode("the condition", func(n *corev1.Node) bool {
+		for _, c := range n.Status.Conditions {
+			if c.Type == api.ConditionSharedGPUIsolation {
+				return c.Status == corev1.ConditionFalse && c.Reason == api.ReasonNRINotConnected && strings.Contains(c.Message, "NRI")
+			}
+		}
+		return false
+	})
+	for e.m.InjectXID(3, 48) == 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	waitNode("GPU 3 unhealthy in the inventory", func(n *corev1.Node) bool {
+		inv, _, _ := api.GetGPUInventory(n.Annotations)
+		return inv != nil && !inv.GPUs[3].Healthy && inv.GPUs[3].Reason == "XID 48"
+	})
+}
+
+func TestBuildInventory(t *testing.T) {
+	for _, name := range nvmlmock.ProfileNames() {
+		t.Run(name, func(t *testing.T) {
+			m := nvmlmock.Builtin(name)
+			topo, _ := machineTopology(t, m)
+			cfg := api.NewNodeAgentConfig()
+			var gpus []devices.GPU
+			for _, g := range topo.GPUs {
+				gpus = append(gpus, devices.GPU{Index: g.Index, UUID: g.UUID, NUMANode: g.NUMANode, MemoryMiB: g.MemoryMiB})
+			}
+			model, err := devices.New(gpus, devices.Options{Resources: cfg.Resources, MemoryUnitMiB: cfg.MemoryUnitMiB})
+			if err != nil {
+				t.Fatal(err)
+			}
+			inv := deviceplugin.BuildInventory(topo, model, cfg, devices.HealthMap{m.UUID(0): {Reason: "XID 79"}}, true)
+			if err := inv.Validate(); err != nil {
+				t.Fatalf("inventory does not validate: %v", err)
+			}
+			if inv.GPUs[0].Healthy || inv.GPUs[0].Reason != "XID 79" || !inv.GPUs[1].Healthy {
+				t.Errorf("health in inventory: %+v", inv.GPUs[:2])
+			}
+			if !inv.SharedIsolation {
+				t.Error("sharedIsolation = false with NRI connected")
+			}
+			if want := int(m.Profile().GPUs[0].MemoryMiB / 1024); inv.GPUs[0].MemoryUnits != want {
+				t.Errorf("memory units %d, want %d", inv.GPUs[0].MemoryUnits, want)
+			}
+			if b, _ := json.Marshal(inv); len(b) > 16<<10 {
+				t.Errorf("inventory of %d bytes is too large for an annotation", len(b))
+			}
+		})
+	}
+}
+
+// A machine of 8 GPUs with 192 GiB each: 1536 memory units at 1 GiB.
+func big192Machine(t testing.TB) *nvmlmock.Machine {
+	t.Helper()
+	p, err := nvmlmock.Load(nvmlmock.DGXA100Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Name = "b200-like"
+	for i := range p.GPUs {
+		p.GPUs[i].Model = "NVIDIA B200"
+		p.GPUs[i].MemoryMiB = 192 * 1024
+	}
+	m, err := nvmlmock.New(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestListAndWatchFitsTheKubeletsMessageLimit(t *testing.T) {
+	e := newEnv(t, big192Machine(t), func(c *api.NodeAgentConfig) { c.MemoryReserveMiB = 0 }).start(true)
+	want := map[corev1.ResourceName]int{gpuR: 8, memR: 1536, coreR: 800}
+	e.kubelet.waitCounts("registration", want, want)
+	e.kubelet.mu.Lock()
+	resp := &pluginapi.ListAndWatchResponse{Devices: e.kubelet.clients[memR].devices}
+	e.kubelet.mu.Unlock()
+	n := proto.Size(resp)
+	t.Logf("ListAndWatch of %d memory devices (8 x 192 GiB at 1 GiB): %d bytes (%.1f KiB); the kubelet's limit is 4 MiB", len(resp.Devices), n, float64(n)/1024)
+	if n >= 512<<10 {
+		t.Errorf("ListAndWatch message is %d bytes, want well under 4 MiB (< 512 KiB)", n)
+	}
+}
+
+func TestRunRejectsBadOptions(t *testing.T) {
+	m := nvmlmock.PCIe2NUMA()
+	topo, lib := machineTopology(t, m)
+	bad := api.NewNodeAgentConfig()
+	bad.MemoryReserveMiB = 48 * 1024
+	for _, tc := range []struct {
+		name string
+		opts deviceplugin.Options
+		want string
+	}{
+		{"no config", deviceplugin.Options{PluginDir: "/x", Topology: topo, GPU: lib}, "configuration"},
+		{"no dir", deviceplugin.Options{Config: api.NewNodeAgentConfig(), Topology: topo, GPU: lib}, "directory"},
+		{"reserve too large", deviceplugin.Options{Config: bad, PluginDir: "/x", Topology: topo, GPU: lib}, "leaves nothing"},
+	} {
+		if _, err := deviceplugin.New(tc.opts); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: New = %v, want %q", tc.name, err, tc.want)
+		}
+	}
+}
