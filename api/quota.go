@@ -1,0 +1,65 @@
+package api
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+// ElasticQuota is the part of a scheduler-plugins ElasticQuota
+// (scheduling.x-k8s.io/v1alpha1) that Tessera enforces: min is guaranteed
+// to the namespace, max caps it, borrowing included.
+type ElasticQuota struct {
+	Namespace string
+	Name      string
+	Min, Max  corev1.ResourceList
+}
+
+// QuotaResources are the resources quota governs.
+func QuotaResources() []corev1.ResourceName {
+	return []corev1.ResourceName{ResourceGPU, ResourceGPUMemory, ResourceGPUCore, ResourceNVIDIAGPU}
+}
+
+// ElasticQuotaFromUnstructured decodes an ElasticQuota object read with a
+// dynamic client. Malformed quantities are errors naming the field.
+func ElasticQuotaFromUnstructured(u *unstructured.Unstructured) (*ElasticQuota, error) {
+	q := &ElasticQuota{Namespace: u.GetNamespace(), Name: u.GetName()}
+	for _, field := range []string{"min", "max"} {
+		raw, _, err := unstructured.NestedMap(u.Object, "spec", field)
+		if err != nil {
+			return nil, fmt.Errorf("ElasticQuota %s/%s: spec.%s: %w", q.Namespace, q.Name, field, err)
+		}
+		list := corev1.ResourceList{}
+		for name, v := range raw {
+			s, ok := v.(string)
+			if !ok {
+				if n, isInt := v.(int64); isInt {
+					s = fmt.Sprint(n)
+				} else {
+					return nil, fmt.Errorf("ElasticQuota %s/%s: spec.%s.%s: %v is not a quantity", q.Namespace, q.Name, field, name, v)
+				}
+			}
+			qty, err := resource.ParseQuantity(s)
+			if err != nil {
+				return nil, fmt.Errorf("ElasticQuota %s/%s: spec.%s.%s: %q: %w", q.Namespace, q.Name, field, name, s, err)
+			}
+			if qty.Sign() < 0 {
+				return nil, fmt.Errorf("ElasticQuota %s/%s: spec.%s.%s: %q is negative", q.Namespace, q.Name, field, name, s)
+			}
+			list[corev1.ResourceName(name)] = qty
+		}
+		if field == "min" {
+			q.Min = list
+		} else {
+			q.Max = list
+		}
+	}
+	for name, min := range q.Min {
+		if max, capped := q.Max[name]; capped && min.Cmp(max) > 0 {
+			return nil, fmt.Errorf("ElasticQuota %s/%s: spec.min.%s (%s) is above spec.max.%s (%s)", q.Namespace, q.Name, name, min.String(), name, max.String())
+		}
+	}
+	return q, nil
+}
