@@ -1,0 +1,138 @@
+package extender
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// FieldManager is the field manager of the extender's API writes.
+const FieldManager = "tessera-extender"
+
+// KubePods is the PodClient of a real API server.
+type KubePods struct {
+	Client kubernetes.Interface
+}
+
+var _ PodClient = (*KubePods)(nil)
+
+// GetPod reads a pod from the API server (not from a cache: bind needs
+// its latest annotations and node).
+func (k *KubePods) GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+	return k.Client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+}
+
+// PatchAssignment sets the assignment annotation with a merge patch that
+// is conditional on the pod's UID.
+func (k *KubePods) PatchAssignment(ctx context.Context, pod *corev1.Pod, value string) error {
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{
+			"uid":         pod.UID,
+			"annotations": map[string]string{api.AnnotationAssignment: value},
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("patch for pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	_, err = k.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: FieldManager})
+	return err
+}
+
+// Bind creates the pod's Binding.
+func (k *KubePods) Bind(ctx context.Context, pod *corev1.Pod, node string) error {
+	b := &corev1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID},
+		Target:     corev1.ObjectReference{Kind: "Node", Name: node},
+	}
+	return k.Client.CoreV1().Pods(pod.Namespace).Bind(ctx, b, metav1.CreateOptions{FieldManager: FieldManager})
+}
+
+// Informers are the informers the cache is fed from.
+type Informers interface {
+	AddEventHandler(handler toolscache.ResourceEventHandler) (toolscache.ResourceEventHandlerRegistration, error)
+}
+
+// Watch feeds c from node and pod informers. Malformed assignments are
+// reported as Events on their pods (events may be nil).
+func Watch(ctx context.Context, c *Cache, nodes, pods Informers, events EventRecorder) error {
+	logger := klog.FromContext(ctx)
+	if _, err := nodes.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if n, ok := obj.(*corev1.Node); ok {
+				c.SetNode(n)
+				logNodeErr(logger, c, n.Name)
+			}
+		},
+		UpdateFunc: func(oldObj, newObj any) {
+			if n, ok := newObj.(*corev1.Node); ok {
+				c.SetNode(n)
+				if o, ok := oldObj.(*corev1.Node); !ok || o.Annotations[api.AnnotationGPUInventory] != n.Annotations[api.AnnotationGPUInventory] {
+					logNodeErr(logger, c, n.Name)
+				}
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if n, ok := obj.(*corev1.Node); ok {
+				c.DeleteNode(n.Name)
+			}
+		},
+	}); err != nil {
+		return fmt.Errorf("node informer: %w", err)
+	}
+	report := func(pod *corev1.Pod, u *PodUse) {
+		if u == nil || u.Err == nil {
+			return
+		}
+		logger.Info("Pod's GPU use cannot be read", "pod", klog.KObj(pod), "err", u.Err)
+		if events != nil {
+			events.Eventf(pod, corev1.EventTypeWarning, "MalformedGPUAssignment", "tessera-extender: %v", u.Err)
+		}
+	}
+	if _, err := pods.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if p, ok := obj.(*corev1.Pod); ok {
+				report(p, c.SetPod(p))
+			}
+		},
+		UpdateFunc: func(oldObj, newObj any) {
+			p, ok := newObj.(*corev1.Pod)
+			if !ok {
+				return
+			}
+			u := c.SetPod(p)
+			if o, ok := oldObj.(*corev1.Pod); ok && o.Annotations[api.AnnotationAssignment] == p.Annotations[api.AnnotationAssignment] && o.Spec.NodeName == p.Spec.NodeName {
+				return // already reported
+			}
+			report(p, u)
+		},
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if p, ok := obj.(*corev1.Pod); ok {
+				c.DeletePod(p.UID)
+			}
+		},
+	}); err != nil {
+		return fmt.Errorf("pod informer: %w", err)
+	}
+	return nil
+}
+
+func logNodeErr(logger klog.Logger, c *Cache, name string) {
+	if st, ok := c.Node(name); ok && st.Info.Err != nil {
+		logger.Info("Node's GPU inventory is malformed; it fits no GPU pod", "node", klog.KRef("", name), "err", st.Info.Err)
+	}
+}

@@ -1,0 +1,457 @@
+package extender
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	"github.com/tessera-gpu/tessera/allocator"
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// Paths of the extender verbs (relative to the urlPrefix).
+const (
+	PathFilter        = "/filter"
+	PathPrioritize    = "/prioritize"
+	PathPrioritizeCPU = "/prioritize-cpu"
+	PathBind          = "/bind"
+	PathPreempt       = "/preempt"
+)
+
+// maxBody bounds a request body: a full NodeList of thousands of nodes is
+// tens of MiB.
+const maxBody = 256 << 20
+
+// StateSource is the ledger as the handlers use it.
+type StateSource interface {
+	Nodes(names []string) []*NodeState
+	Node(name string) (*NodeState, bool)
+	Reserve(uid types.UID, node string, decide func(*NodeState) (*PodUse, error)) (*PodUse, error)
+	Unreserve(uid types.UID)
+}
+
+var _ StateSource = (*Cache)(nil)
+
+// PodClient reads and writes pods at the API server.
+type PodClient interface {
+	GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
+	// PatchAssignment sets the pod's assignment annotation to value.
+	PatchAssignment(ctx context.Context, pod *corev1.Pod, value string) error
+	// Bind creates the pod's Binding to node.
+	Bind(ctx context.Context, pod *corev1.Pod, node string) error
+}
+
+// EventRecorder records Kubernetes Events (record.EventRecorder fits).
+type EventRecorder interface {
+	Eventf(object runtime.Object, eventtype, reason, messageFmt string, args ...any)
+}
+
+// Server answers kube-scheduler's extender calls.
+type Server struct {
+	state   StateSource
+	policy  allocator.Policy
+	pods    PodClient
+	events  EventRecorder
+	metrics *Metrics
+}
+
+// NewServer returns a Server. events and metrics may be nil.
+func NewServer(state StateSource, policy allocator.Policy, pods PodClient, events EventRecorder, metrics *Metrics) *Server {
+	return &Server{state: state, policy: policy, pods: pods, events: events, metrics: metrics}
+}
+
+// Register adds the verb handlers to mux.
+func (s *Server) Register(mux *http.ServeMux) {
+	mux.HandleFunc("POST "+PathFilter, s.handleFilter)
+	mux.HandleFunc("POST "+PathPrioritize, s.handlePrioritize(false))
+	mux.HandleFunc("POST "+PathPrioritizeCPU, s.handlePrioritize(true))
+	mux.HandleFunc("POST "+PathBind, s.handleBind)
+	mux.HandleFunc("POST "+PathPreempt, s.handlePreempt)
+}
+
+// ErrorReply is the JSON body of an error answer of a verb whose result
+// type has no error field.
+type ErrorReply struct {
+	Error string `json:"error"`
+}
+
+func decode(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody))
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("malformed request body: %w", err)
+	}
+	return nil
+}
+
+func writeJSON(ctx context.Context, w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	if err := json.NewEncoder(w).Encode(v); err != nil {
+		klog.FromContext(ctx).V(2).Info("Writing reply failed", "err", err)
+	}
+}
+
+func (s *Server) event(pod *corev1.Pod, reason, format string, args ...any) {
+	if s.events != nil && pod != nil && pod.Name != "" {
+		s.events.Eventf(pod, corev1.EventTypeWarning, reason, format, args...)
+	}
+}
+
+// FilterArgs runs the filter verb on decoded arguments.
+func (s *Server) FilterArgs(ctx context.Context, args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFilterResult {
+	res := &extenderv1.ExtenderFilterResult{FailedNodes: extenderv1.FailedNodesMap{}, FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{}}
+	if args.Pod == nil {
+		res.Error = "filter: the request names no pod"
+		return res
+	}
+	d, err := ParseDemand(args.Pod)
+	if err != nil {
+		res.Error = err.Error()
+		s.event(args.Pod, "InvalidGPURequest", "%v", err)
+		return res
+	}
+	names := argNames(args)
+	states := s.state.Nodes(names)
+	passed := make([]bool, len(names))
+	var counts map[Reason]int
+	for i, st := range states {
+		v := Filter(st, &d)
+		if v.Fits() {
+			passed[i] = true
+			continue
+		}
+		if counts == nil {
+			counts = map[Reason]int{}
+		}
+		counts[v.Reason]++
+		if v.Reason.Unresolvable() {
+			res.FailedAndUnresolvableNodes[names[i]] = v.Message
+		} else {
+			res.FailedNodes[names[i]] = v.Message
+		}
+	}
+	for r, n := range counts {
+		s.metrics.rejected(r, n)
+	}
+	if args.NodeNames != nil {
+		out := make([]string, 0, len(names))
+		for i, n := range names {
+			if passed[i] {
+				out = append(out, n)
+			}
+		}
+		res.NodeNames = &out
+	} else if args.Nodes != nil {
+		out := &corev1.NodeList{Items: make([]corev1.Node, 0, len(names))}
+		for i := range args.Nodes.Items {
+			if passed[i] {
+				out.Items = append(out.Items, args.Nodes.Items[i])
+			}
+		}
+		res.Nodes = out
+	}
+	klog.FromContext(ctx).V(4).Info("Filtered", "pod", klog.KObj(args.Pod), "nodes", len(names), "rejected", counts)
+	return res
+}
+
+func argNames(args *extenderv1.ExtenderArgs) []string {
+	if args.NodeNames != nil {
+		return *args.NodeNames
+	}
+	if args.Nodes == nil {
+		return nil
+	}
+	names := make([]string, len(args.Nodes.Items))
+	for i := range args.Nodes.Items {
+		names[i] = args.Nodes.Items[i].Name
+	}
+	return names
+}
+
+func (s *Server) handleFilter(w http.ResponseWriter, r *http.Request) {
+	defer s.metrics.observe("filter", time.Now())
+	ctx := r.Context()
+	var args extenderv1.ExtenderArgs
+	if err := decode(r, &args); err != nil {
+		s.metrics.failed("filter")
+		writeJSON(ctx, w, http.StatusBadRequest, &extenderv1.ExtenderFilterResult{Error: err.Error()})
+		return
+	}
+	res := s.FilterArgs(ctx, &args)
+	if res.Error != "" {
+		s.metrics.failed("filter")
+	}
+	writeJSON(ctx, w, http.StatusOK, res)
+}
+
+// PrioritizeArgs runs the prioritize verb. With cpuOnly (the verb of the
+// extender entry without managedResources, called for every pod), pods
+// that use GPUs get a flat score, since the main entry scores them.
+func (s *Server) PrioritizeArgs(ctx context.Context, args *extenderv1.ExtenderArgs, cpuOnly bool) (extenderv1.HostPriorityList, error) {
+	if args.Pod == nil {
+		return nil, errors.New("prioritize: the request names no pod")
+	}
+	d, err := ParseDemand(args.Pod)
+	if err != nil {
+		return nil, err
+	}
+	names := argNames(args)
+	out := make(extenderv1.HostPriorityList, len(names))
+	if cpuOnly && d.Kind() != allocator.CPUOnly {
+		for i, n := range names {
+			out[i] = extenderv1.HostPriority{Host: n}
+		}
+		return out, nil
+	}
+	states := s.state.Nodes(names)
+	raw := make([]float64, len(names))
+	fits := make([]bool, len(names))
+	for i, st := range states {
+		raw[i], fits[i] = Score(s.policy, st, &d)
+	}
+	scores := NormalizeScores(raw, fits, extenderv1.MaxExtenderPriority)
+	for i, n := range names {
+		out[i] = extenderv1.HostPriority{Host: n, Score: scores[i]}
+	}
+	return out, nil
+}
+
+func (s *Server) handlePrioritize(cpuOnly bool) http.HandlerFunc {
+	verb := "prioritize"
+	if cpuOnly {
+		verb = "prioritize-cpu"
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		defer s.metrics.observe(verb, time.Now())
+		ctx := r.Context()
+		var args extenderv1.ExtenderArgs
+		if err := decode(r, &args); err != nil {
+			s.metrics.failed(verb)
+			writeJSON(ctx, w, http.StatusBadRequest, &ErrorReply{Error: err.Error()})
+			return
+		}
+		out, err := s.PrioritizeArgs(ctx, &args, cpuOnly)
+		if err != nil {
+			s.metrics.failed(verb)
+			writeJSON(ctx, w, http.StatusBadRequest, &ErrorReply{Error: err.Error()})
+			return
+		}
+		writeJSON(ctx, w, http.StatusOK, out)
+	}
+}
+
+// ErrPodMismatch is wrapped when the pod to bind is not the one the
+// scheduler named (it was deleted and recreated) or is already bound
+// elsewhere.
+var ErrPodMismatch = errors.New("pod changed since it was scheduled")
+
+// Bind places the pod named by args on its node: for a shared request it
+// chooses the GPU, records it in the pod's assignment annotation and
+// creates the Binding; a retry after a failure reuses the recorded choice
+// when it still fits. The placement is counted in the ledger before any
+// API write and rolled back when the Binding fails.
+func (s *Server) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs) error {
+	logger := klog.FromContext(ctx)
+	if args.PodName == "" || args.Node == "" {
+		return errors.New("bind: pod name and node are required")
+	}
+	pod, err := s.pods.GetPod(ctx, args.PodNamespace, args.PodName)
+	if err != nil {
+		return fmt.Errorf("bind %s/%s: %w", args.PodNamespace, args.PodName, err)
+	}
+	if args.PodUID != "" && pod.UID != args.PodUID {
+		return fmt.Errorf("bind %s/%s: %w: UID %s, scheduled as %s", pod.Namespace, pod.Name, ErrPodMismatch, pod.UID, args.PodUID)
+	}
+	switch pod.Spec.NodeName {
+	case args.Node:
+		logger.V(2).Info("Pod already bound", "pod", klog.KObj(pod), "node", args.Node)
+		return nil
+	case "":
+	default:
+		return fmt.Errorf("bind %s/%s to %s: %w: already bound to %s", pod.Namespace, pod.Name, args.Node, ErrPodMismatch, pod.Spec.NodeName)
+	}
+	d, err := ParseDemand(pod)
+	if err != nil {
+		s.event(pod, "InvalidGPURequest", "%v", err)
+		return fmt.Errorf("bind %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	prev, _, perr := api.GetAssignment(pod.Annotations)
+	if perr != nil {
+		// A malformed assignment is overwritten below; say so.
+		s.event(pod, "MalformedAssignment", "replacing malformed assignment: %v", perr)
+		prev = nil
+	}
+	use, err := s.state.Reserve(pod.UID, args.Node, func(st *NodeState) (*PodUse, error) {
+		if u, ok := ReuseShared(st, pod.UID, &d, prev); ok {
+			return u, nil
+		}
+		return ChoosePlacement(s.policy, st, pod.UID, &d)
+	})
+	if err != nil {
+		s.event(pod, "FailedBinding", "%v", err)
+		return fmt.Errorf("bind %s/%s to %s: %w", pod.Namespace, pod.Name, args.Node, err)
+	}
+	use.Namespace, use.Name = pod.Namespace, pod.Name
+	if len(use.Shared) > 0 {
+		a := sharedAssignment(prev, use)
+		value, err := api.EncodeAssignment(a)
+		if err != nil {
+			s.state.Unreserve(pod.UID)
+			return fmt.Errorf("bind %s/%s: %w", pod.Namespace, pod.Name, err)
+		}
+		if pod.Annotations[api.AnnotationAssignment] != value {
+			if err := s.pods.PatchAssignment(ctx, pod, value); err != nil {
+				s.state.Unreserve(pod.UID)
+				return fmt.Errorf("bind %s/%s: write assignment: %w", pod.Namespace, pod.Name, err)
+			}
+		}
+	}
+	if err := s.pods.Bind(ctx, pod, args.Node); err != nil {
+		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
+			// A retry whose first Binding went through?
+			if cur, gerr := s.pods.GetPod(ctx, pod.Namespace, pod.Name); gerr == nil && cur.UID == pod.UID && cur.Spec.NodeName == args.Node {
+				logger.V(2).Info("Binding already exists", "pod", klog.KObj(pod), "node", args.Node)
+				return nil
+			}
+		}
+		s.state.Unreserve(pod.UID)
+		s.event(pod, "FailedBinding", "binding to %s failed: %v", args.Node, err)
+		return fmt.Errorf("bind %s/%s to %s: %w", pod.Namespace, pod.Name, args.Node, err)
+	}
+	s.metrics.placed(d.Kind().String())
+	logger.V(2).Info("Bound", "pod", klog.KObj(pod), "node", args.Node, "shared", use.Shared, "wholeGPUs", use.WholePending)
+	return nil
+}
+
+// sharedAssignment returns the assignment recording use's shared slices,
+// keeping the whole GPUs prev records.
+func sharedAssignment(prev *api.Assignment, use *PodUse) *api.Assignment {
+	a := api.NewAssignment()
+	if prev != nil {
+		for _, c := range prev.Containers {
+			if len(c.GPUs) > 0 {
+				a.Containers = append(a.Containers, api.ContainerAssignment{Name: c.Name, GPUs: c.GPUs})
+			}
+		}
+	}
+	for _, sh := range use.Shared {
+		ref := api.GPURef{UUID: sh.UUID}
+		c := a.Container(sh.Container)
+		if c == nil {
+			a.Containers = append(a.Containers, api.ContainerAssignment{Name: sh.Container})
+			c = &a.Containers[len(a.Containers)-1]
+		}
+		c.Shared = &api.SharedGPU{GPU: ref, MemoryMiB: sh.MemMiB, Cores: sh.Cores}
+	}
+	return a
+}
+
+func (s *Server) handleBind(w http.ResponseWriter, r *http.Request) {
+	defer s.metrics.observe("bind", time.Now())
+	ctx := r.Context()
+	var args extenderv1.ExtenderBindingArgs
+	if err := decode(r, &args); err != nil {
+		s.metrics.failed("bind")
+		writeJSON(ctx, w, http.StatusBadRequest, &extenderv1.ExtenderBindingResult{Error: err.Error()})
+		return
+	}
+	res := &extenderv1.ExtenderBindingResult{}
+	if err := s.Bind(ctx, &args); err != nil {
+		s.metrics.failed("bind")
+		klog.FromContext(ctx).Info("Bind failed", "pod", klog.KRef(args.PodNamespace, args.PodName), "node", args.Node, "err", err)
+		res.Error = err.Error()
+	}
+	writeJSON(ctx, w, http.StatusOK, res)
+}
+
+// PreemptArgs runs the preempt verb: per node, it keeps only the victims
+// whose removal makes the pod fit at GPU level, and drops nodes where it
+// would not fit even with all of them gone.
+func (s *Server) PreemptArgs(ctx context.Context, args *extenderv1.ExtenderPreemptionArgs) (*extenderv1.ExtenderPreemptionResult, error) {
+	if args.Pod == nil {
+		return nil, errors.New("preempt: the request names no pod")
+	}
+	d, err := ParseDemand(args.Pod)
+	if err != nil {
+		s.event(args.Pod, "InvalidGPURequest", "%v", err)
+		return nil, err
+	}
+	victims := map[string][]types.UID{}
+	for node, v := range args.NodeNameToMetaVictims {
+		if v == nil {
+			continue
+		}
+		for _, p := range v.Pods {
+			if p != nil {
+				victims[node] = append(victims[node], types.UID(p.UID))
+			}
+		}
+		if _, ok := victims[node]; !ok {
+			victims[node] = nil
+		}
+	}
+	pdb := map[string]int64{}
+	for node, v := range args.NodeNameToVictims {
+		if v == nil {
+			continue
+		}
+		pdb[node] = v.NumPDBViolations
+		for _, p := range v.Pods {
+			if p != nil {
+				victims[node] = append(victims[node], p.UID)
+			}
+		}
+		if _, ok := victims[node]; !ok {
+			victims[node] = nil
+		}
+	}
+	for node, v := range args.NodeNameToMetaVictims {
+		if v != nil {
+			pdb[node] = v.NumPDBViolations
+		}
+	}
+	res := &extenderv1.ExtenderPreemptionResult{NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{}}
+	for node, vs := range victims {
+		st, _ := s.state.Node(node)
+		kept, ok := Preempt(st, &d, vs)
+		if !ok {
+			continue
+		}
+		mv := &extenderv1.MetaVictims{Pods: make([]*extenderv1.MetaPod, 0, len(kept)), NumPDBViolations: pdb[node]}
+		for _, uid := range kept {
+			mv.Pods = append(mv.Pods, &extenderv1.MetaPod{UID: string(uid)})
+		}
+		res.NodeNameToMetaVictims[node] = mv
+	}
+	klog.FromContext(ctx).V(3).Info("Preemption", "pod", klog.KObj(args.Pod), "candidates", len(victims), "kept", len(res.NodeNameToMetaVictims))
+	return res, nil
+}
+
+func (s *Server) handlePreempt(w http.ResponseWriter, r *http.Request) {
+	defer s.metrics.observe("preempt", time.Now())
+	ctx := r.Context()
+	var args extenderv1.ExtenderPreemptionArgs
+	if err := decode(r, &args); err != nil {
+		s.metrics.failed("preempt")
+		writeJSON(ctx, w, http.StatusBadRequest, &ErrorReply{Error: err.Error()})
+		return
+	}
+	res, err := s.PreemptArgs(ctx, &args)
+	if err != nil {
+		s.metrics.failed("preempt")
+		writeJSON(ctx, w, http.StatusBadRequest, &ErrorReply{Error: err.Error()})
+		return
+	}
+	writeJSON(ctx, w, http.StatusOK, res)
+}

@@ -1,0 +1,285 @@
+package extender
+
+import (
+	"fmt"
+	"sort"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/tessera-gpu/tessera/allocator"
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// GPUInfo is one GPU of a node as its inventory describes it.
+type GPUInfo struct {
+	UUID  string
+	Index int
+	Model string
+	// MemMiB is the memory the GPU shares out: its memory units times the
+	// unit size.
+	MemMiB  int64
+	Healthy bool
+	Reason  string
+}
+
+// NodeInfo is the static part of a node: its GPUs (from the inventory
+// annotation) and allocatable CPU and memory.
+type NodeInfo struct {
+	Name string
+	// Err is set when the node's inventory annotation is malformed; such a
+	// node fits no GPU pod.
+	Err error
+	// HasInventory is false for a node without the annotation (no GPUs).
+	HasInventory    bool
+	UnitMiB         int64
+	SharedIsolation bool
+	GPUs            []GPUInfo
+	// Cliques are the NVLink cliques as positions in GPUs.
+	Cliques [][]int
+	// Model is the model of the node's GPUs (the first GPU's).
+	Model    string
+	CPUMilli int64
+	MemMiB   int64
+}
+
+// position returns the position in GPUs of the GPU with uuid, or -1.
+func (n *NodeInfo) position(uuid string) int {
+	for i := range n.GPUs {
+		if n.GPUs[i].UUID == uuid {
+			return i
+		}
+	}
+	return -1
+}
+
+// gpuMemMiB is the memory of the node's GPUs used to default a core-only
+// slice's memory: the first GPU's.
+func (n *NodeInfo) gpuMemMiB() int64 {
+	if len(n.GPUs) == 0 {
+		return 0
+	}
+	return n.GPUs[0].MemMiB
+}
+
+// NewNodeInfo reads a Node: its inventory annotation and allocatable CPU
+// and memory. A malformed annotation is recorded in Err, not returned.
+func NewNodeInfo(node *corev1.Node) *NodeInfo {
+	info := &NodeInfo{Name: node.Name}
+	if q, ok := node.Status.Allocatable[corev1.ResourceCPU]; ok {
+		info.CPUMilli = q.MilliValue()
+	}
+	if q, ok := node.Status.Allocatable[corev1.ResourceMemory]; ok {
+		info.MemMiB = q.Value() >> 20
+	}
+	inv, ok, err := api.GetGPUInventory(node.Annotations)
+	if err != nil {
+		info.Err = err
+		return info
+	}
+	if !ok {
+		return info
+	}
+	if len(inv.GPUs) > allocator.MaxGPUsPerNode {
+		info.Err = fmt.Errorf("annotation %s: %d GPUs, at most %d supported", api.AnnotationGPUInventory, len(inv.GPUs), allocator.MaxGPUsPerNode)
+		return info
+	}
+	info.HasInventory = true
+	info.UnitMiB = int64(inv.MemoryUnitMiB)
+	info.SharedIsolation = inv.SharedIsolation
+	pos := map[int]int{}
+	for i, g := range inv.GPUs {
+		info.GPUs = append(info.GPUs, GPUInfo{
+			UUID: g.UUID, Index: g.Index, Model: g.Model,
+			MemMiB:  int64(g.MemoryUnits) * int64(inv.MemoryUnitMiB),
+			Healthy: g.Healthy, Reason: g.Reason,
+		})
+		pos[g.Index] = i
+	}
+	if len(info.GPUs) > 0 {
+		info.Model = info.GPUs[0].Model
+	}
+	for _, c := range inv.NVLinkCliques {
+		pc := make([]int, 0, len(c))
+		for _, idx := range c {
+			pc = append(pc, pos[idx])
+		}
+		info.Cliques = append(info.Cliques, pc)
+	}
+	return info
+}
+
+// SharedUse is one container's slice of a GPU.
+type SharedUse struct {
+	Container string
+	UUID      string
+	MemMiB    int64
+	Cores     int64
+}
+
+// PodUse is what one pod uses on its node.
+type PodUse struct {
+	UID       types.UID
+	Namespace string
+	Name      string
+	Node      string
+	Priority  int32
+	CPUMilli  int64
+	MemMiB    int64
+	Shared    []SharedUse
+	// Whole are the UUIDs of the whole GPUs the node agent recorded.
+	Whole []string
+	// WholePending is the number of whole GPUs not recorded yet: counted
+	// as "that many GPUs of the node" until the node agent names them.
+	WholePending int
+	// Err is a malformed assignment annotation (the pod's GPU use is then
+	// counted as pending whole GPUs only).
+	Err error
+}
+
+// Key is namespace/name.
+func (u *PodUse) Key() string { return u.Namespace + "/" + u.Name }
+
+// NewPodUse reads what a pod bound to a node uses from its requests and
+// its assignment annotation. Pods that use nothing of interest still
+// count their CPU and memory.
+func NewPodUse(pod *corev1.Pod) *PodUse {
+	u := &PodUse{UID: pod.UID, Namespace: pod.Namespace, Name: pod.Name, Node: pod.Spec.NodeName}
+	if pod.Spec.Priority != nil {
+		u.Priority = *pod.Spec.Priority
+	}
+	d, err := ParseDemand(pod)
+	if err != nil {
+		// Count what can be counted without the GPU part.
+		u.Err = err
+	}
+	u.CPUMilli, u.MemMiB = d.CPUMilli, d.MemMiB
+	a, ok, aerr := api.GetAssignment(pod.Annotations)
+	if aerr != nil {
+		u.Err = aerr
+		u.WholePending = d.WholeGPUs
+		return u
+	}
+	if ok {
+		for _, c := range a.Containers {
+			for _, g := range c.GPUs {
+				u.Whole = append(u.Whole, g.UUID)
+			}
+			if c.Shared != nil {
+				u.Shared = append(u.Shared, SharedUse{Container: c.Name, UUID: c.Shared.GPU.UUID, MemMiB: c.Shared.MemoryMiB, Cores: c.Shared.Cores})
+			}
+		}
+	}
+	if n := d.WholeGPUs - len(u.Whole); n > 0 {
+		u.WholePending = n
+	}
+	return u
+}
+
+// GPUState is the use of one GPU.
+type GPUState struct {
+	MemUsedMiB int64
+	CoresUsed  int64
+	// Whole counts the pods holding the GPU whole (more than one means
+	// over-commitment reported by the node).
+	Whole int
+	// Pods are the UIDs of the pods using the GPU.
+	Pods []types.UID
+}
+
+// NodeState is an immutable snapshot of one node: what it has and what is
+// used. The cache replaces it on every change; readers never see it
+// change.
+type NodeState struct {
+	Info *NodeInfo
+	GPUs []GPUState
+	// PendingWhole is the number of whole GPUs held by pods whose GPUs the
+	// node agent has not recorded yet.
+	PendingWhole int
+	CPUUsed      int64
+	MemUsed      int64
+	// Pods are the pods counted on the node, by UID.
+	Pods map[types.UID]*PodUse
+	// view is the allocator view: unhealthy and used GPUs have nothing
+	// free, PendingWhole fully free GPUs are held back.
+	view allocator.Node
+}
+
+// View returns a copy of the allocator view of the node.
+func (s *NodeState) View() *allocator.Node { return s.view.Clone() }
+
+// FreeGPUs is the number of completely free GPUs available to new pods
+// (fully free GPUs minus those held for pending whole-GPU pods).
+func (s *NodeState) FreeGPUs() int { return s.view.FullyFreeGPUs() }
+
+// BuildNodeState accounts uses (pods and reservations) on a node.
+func BuildNodeState(info *NodeInfo, uses []*PodUse) *NodeState {
+	s := &NodeState{Info: info, GPUs: make([]GPUState, len(info.GPUs)), Pods: make(map[types.UID]*PodUse, len(uses))}
+	sort.Slice(uses, func(i, j int) bool { return uses[i].UID < uses[j].UID })
+	for _, u := range uses {
+		s.Pods[u.UID] = u
+		s.CPUUsed += u.CPUMilli
+		s.MemUsed += u.MemMiB
+		s.PendingWhole += u.WholePending
+		for _, uuid := range u.Whole {
+			if p := info.position(uuid); p >= 0 {
+				s.GPUs[p].Whole++
+				s.GPUs[p].Pods = append(s.GPUs[p].Pods, u.UID)
+			} else {
+				// The GPU left the inventory: keep counting the pod.
+				s.PendingWhole++
+			}
+		}
+		for _, sh := range u.Shared {
+			if p := info.position(sh.UUID); p >= 0 {
+				g := &s.GPUs[p]
+				g.MemUsedMiB += sh.MemMiB
+				g.CoresUsed += sh.Cores
+				if len(g.Pods) == 0 || g.Pods[len(g.Pods)-1] != u.UID {
+					g.Pods = append(g.Pods, u.UID)
+				}
+			}
+		}
+	}
+	s.view = s.buildView()
+	return s
+}
+
+func (s *NodeState) buildView() allocator.Node {
+	info := s.Info
+	v := allocator.Node{
+		Name:             info.Name,
+		Model:            info.Model,
+		CPUMilliCapacity: info.CPUMilli,
+		CPUMilliFree:     max(0, info.CPUMilli-s.CPUUsed),
+		MemMiBCapacity:   info.MemMiB,
+		MemMiBFree:       max(0, info.MemMiB-s.MemUsed),
+	}
+	if info.Err != nil {
+		return v
+	}
+	v.GPUs = make([]allocator.GPU, len(info.GPUs))
+	for i, g := range info.GPUs {
+		st := s.GPUs[i]
+		ag := allocator.GPU{Index: g.Index, MemTotalMiB: g.MemMiB}
+		if g.Healthy && st.Whole == 0 {
+			ag.MilliFree = max(0, allocator.MilliPerGPU-coresToMilliUsed(st.CoresUsed))
+			ag.MemFreeMiB = max(0, g.MemMiB-st.MemUsedMiB)
+		}
+		v.GPUs[i] = ag
+	}
+	// Hold back PendingWhole fully free GPUs, from the last position.
+	hold := s.PendingWhole
+	for i := len(v.GPUs) - 1; i >= 0 && hold > 0; i-- {
+		if v.GPUs[i].FullyFree() {
+			v.GPUs[i].MilliFree, v.GPUs[i].MemFreeMiB = 0, 0
+			hold--
+		}
+	}
+	return v
+}
+
+// coresToMilliUsed maps used cores to milli without the slice cap.
+func coresToMilliUsed(cores int64) int64 {
+	return cores * (allocator.MilliPerGPU / api.CoresPerGPU)
+}
