@@ -1,0 +1,60 @@
+package api
+
+// Names the NRI plugin sets on, or reads from, the containers it isolates.
+
+// AnnotationNUMAAlignment is the pod annotation by which a pod opts out of
+// NUMA alignment: with the value "false" (or "disabled") the NRI plugin
+// leaves the cpuset of the pod's containers as the kubelet set it. Absent or
+// any other value, a container without exclusive CPUs is pinned to the CPUs
+// and memory of its GPUs' NUMA node(s).
+const AnnotationNUMAAlignment = Domain + "/numa-alignment"
+
+// NUMAAlignmentDisabled reports whether a pod's annotations opt it out of NUMA
+// alignment.
+func NUMAAlignmentDisabled(annotations map[string]string) bool {
+	switch annotations[AnnotationNUMAAlignment] {
+	case "false", "disabled":
+		return true
+	}
+	return false
+}
+
+// Environment the NVIDIA container stack and CUDA read, which the NRI plugin
+// sets.
+const (
+	// EnvNVIDIAVisibleDevices lists the GPUs (by UUID) the NVIDIA
+	// container runtime exposes.
+	EnvNVIDIAVisibleDevices = "NVIDIA_VISIBLE_DEVICES"
+	// EnvMPSPipeDirectory is where a CUDA client finds its MPS control
+	// daemon's pipes.
+	EnvMPSPipeDirectory = "CUDA_MPS_PIPE_DIRECTORY"
+	// EnvMPSPinnedDeviceMemLimit caps the device memory an MPS client may
+	// allocate, per device ordinal: "0=2048M".
+	EnvMPSPinnedDeviceMemLimit = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+	// EnvMPSActiveThreadPercentage caps the share of SMs an MPS client's
+	// kernels may use, in percent.
+	EnvMPSActiveThreadPercentage = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+)
+
+// Environment describing a container's assignment to the workload, set by
+// the NRI plugin on every container that holds Tessera resources.
+const (
+	// EnvGPUUUIDs lists the UUIDs of the container's GPUs (whole and
+	// shared), comma-separated, ordered by NVML index.
+	EnvGPUUUIDs = "TESSERA_GPU_UUIDS"
+	// EnvGPUIndices lists the node-wide NVML indices of the same GPUs.
+	EnvGPUIndices = "TESSERA_GPU_INDICES"
+	// EnvGPUShared is "true" when the container uses a slice of a shared
+	// GPU, "false" when it holds whole GPUs only.
+	EnvGPUShared = "TESSERA_GPU_SHARED"
+	// EnvGPUMemoryLimitMiB is the GPU memory the container may use on its
+	// shared GPU, in MiB (set for shared containers only).
+	EnvGPUMemoryLimitMiB = "TESSERA_GPU_MEMORY_LIMIT_MIB"
+	// EnvGPUCores is the container's share of its shared GPU's compute in
+	// percent (set for shared containers with a core limit only).
+	EnvGPUCores = "TESSERA_GPU_CORES"
+)
+
+// MPSPipeMountPath is where the NRI plugin mounts a shared GPU's MPS pipe
+// directory inside the container; EnvMPSPipeDirectory points there.
+const MPSPipeMountPath = "/run/tessera/mps"

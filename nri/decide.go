@@ -1,0 +1,503 @@
+package nri
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"k8s.io/utils/cpuset"
+
+	"github.com/tessera-gpu/tessera/allocator"
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// Device numbers of the NVIDIA driver's character devices.
+const (
+	// NVIDIAMajor is the major number of /dev/nvidia<N> and /dev/nvidiactl.
+	NVIDIAMajor = 195
+	// NVIDIACtlMinor is the minor number of /dev/nvidiactl.
+	NVIDIACtlMinor = 255
+	// UVMMinor and UVMToolsMinor are the minors of /dev/nvidia-uvm and
+	// /dev/nvidia-uvm-tools (whose major the kernel assigns at load time).
+	UVMMinor      = 0
+	UVMToolsMinor = 1
+)
+
+// Options are the static inputs of Decide.
+type Options struct {
+	// MemoryUnitMiB is the size of one tessera.dev/gpu-memory device.
+	MemoryUnitMiB uint64
+	// MemoryReserveMiB is kept back on every GPU: shared containers may
+	// use the rest.
+	MemoryReserveMiB uint64
+	// CDI makes Decide add the container's GPUs as CDI devices (kind
+	// CDIKind, named by CDIDeviceName) rather than as device nodes.
+	CDI           bool
+	CDIKind       string
+	CDIDeviceName string
+	// UVMMajor is the major number of /dev/nvidia-uvm (see UVMMajor in
+	// /proc/devices); negative when unknown, then the UVM nodes are
+	// neither added nor ruled.
+	UVMMajor int64
+	// MPSPipeDir returns the host directory of the MPS pipes of a shared
+	// GPU's control daemon.
+	MPSPipeDir func(uuid string) string
+	// Policy places the shared slice of a pod that bypassed the scheduler
+	// extender (no assignment for the container).
+	Policy allocator.Policy
+}
+
+// usage is what the other containers of the ledger use.
+type usage struct {
+	whole       map[string]Entry
+	sharedBy    map[string][]Entry
+	sharedMem   map[string]int64
+	sharedCores map[string]int64
+}
+
+func ledgerUsage(entries []Entry, except Key) usage {
+	u := usage{whole: map[string]Entry{}, sharedBy: map[string][]Entry{}, sharedMem: map[string]int64{}, sharedCores: map[string]int64{}}
+	for _, e := range entries {
+		if e.Key() == except {
+			continue
+		}
+		for _, g := range e.GPUs {
+			u.whole[g.UUID] = e
+		}
+		if s := e.Shared; s != nil {
+			u.sharedBy[s.GPU.UUID] = append(u.sharedBy[s.GPU.UUID], e)
+			u.sharedMem[s.GPU.UUID] += s.MemoryMiB
+			u.sharedCores[s.GPU.UUID] += s.Cores
+		}
+	}
+	return u
+}
+
+// Decide decides how the container of req is created on node: it returns
+// nil for a container that holds no Tessera resource (it is left alone), a
+// Decision for one that does, or a *DecisionError when the container must
+// not be created (fail closed).
+func Decide(opts Options, node *Node, req Request) (*Decision, error) {
+	if req.Devices.Empty() {
+		return nil, nil
+	}
+	pod, ctr := req.Pod, req.Container
+	fail := func(gpu, format string, args ...any) error {
+		return &DecisionError{Pod: pod.String(), Container: ctr.Name, GPU: gpu, Reason: fmt.Sprintf(format, args...)}
+	}
+	assignment, found, err := api.GetAssignment(pod.Annotations)
+	if err != nil {
+		return nil, fail("", "%v", err)
+	}
+	var ca *api.ContainerAssignment
+	if found {
+		ca = assignment.Container(ctr.Name)
+	}
+	u := ledgerUsage(node.Ledger, Key{PodUID: pod.UID, Container: ctr.Name})
+
+	if len(req.Devices.Whole) > 0 && (req.Devices.MemoryUnits > 0 || req.Devices.CoreUnits > 0) {
+		return nil, fail("", "the container holds whole GPUs (%s) and shared units (%s, %s) at once; an MPS client sees only its MPS server's GPU, so the two cannot be isolated together: put them in separate containers", api.ResourceGPU, api.ResourceGPUMemory, api.ResourceGPUCore)
+	}
+
+	// Whole GPUs: the kubelet's allocation is what the container gets.
+	var whole []GPU
+	seen := map[string]bool{}
+	for _, id := range req.Devices.Whole {
+		g, ok := node.GPU(id)
+		if !ok {
+			return nil, fail(id, "the kubelet allocated it but it is not a GPU of this node")
+		}
+		if seen[id] {
+			return nil, fail(id, "allocated twice to the container")
+		}
+		seen[id] = true
+		if reason, bad := node.Unhealthy[id]; bad {
+			return nil, fail(id, "unhealthy: %s", reason)
+		}
+		if e, used := u.whole[id]; used {
+			return nil, fail(id, "already allocated whole to %s", e)
+		}
+		if es := u.sharedBy[id]; len(es) > 0 {
+			return nil, fail(id, "serves %d shared container(s) (%s) and cannot also be used whole", len(es), es[0])
+		}
+		whole = append(whole, g)
+	}
+	sort.Slice(whole, func(i, j int) bool { return whole[i].Index < whole[j].Index })
+	if ca != nil && len(ca.GPUs) > 0 {
+		if err := sameGPUs(node, ca.GPUs, whole); err != nil {
+			return nil, fail("", "the assignment annotation and the kubelet disagree on the container's whole GPUs: %v", err)
+		}
+	}
+	if err := checkVisibleDevicesEnv(node, ctr.Env, whole); err != nil {
+		return nil, fail("", "%v", err)
+	}
+	if err := checkCDIDevices(opts, node, ctr.CDIDevices, whole); err != nil {
+		return nil, fail("", "%v", err)
+	}
+
+	// Shared slice: the extender's assignment, or a local placement.
+	var shared *api.SharedGPU
+	placed := false
+	if req.Devices.MemoryUnits > 0 || req.Devices.CoreUnits > 0 {
+		maxMem := int64(req.Devices.MemoryUnits) * int64(opts.MemoryUnitMiB)
+		maxCores := int64(req.Devices.CoreUnits)
+		if maxMem == 0 {
+			return nil, fail("", "the container holds %s but no %s; without a memory limit it could take the memory of its GPU's other tenants", api.ResourceGPUCore, api.ResourceGPUMemory)
+		}
+		var s api.SharedGPU
+		if ca != nil && ca.Shared != nil {
+			s = *ca.Shared
+			g, ok := node.GPU(s.GPU.UUID)
+			if !ok {
+				return nil, fail(s.GPU.UUID, "assigned by the annotation but not a GPU of this node")
+			}
+			if g.Index != s.GPU.Index {
+				return nil, fail(s.GPU.UUID, "the assignment says index %d but it is GPU %d on this node", s.GPU.Index, g.Index)
+			}
+			if s.MemoryMiB > maxMem {
+				return nil, fail(s.GPU.UUID, "the assignment gives %d MiB of GPU memory but the kubelet allocated only %d %s units (%d MiB)", s.MemoryMiB, req.Devices.MemoryUnits, api.ResourceGPUMemory, maxMem)
+			}
+			if s.Cores > maxCores {
+				return nil, fail(s.GPU.UUID, "the assignment gives %d%% of the GPU's compute but the kubelet allocated only %d %s units", s.Cores, maxCores, api.ResourceGPUCore)
+			}
+			if s.MemoryMiB == 0 {
+				s.MemoryMiB = maxMem
+			}
+			if s.Cores == 0 {
+				s.Cores = maxCores
+			}
+		} else {
+			g, err := placeShared(opts, node, u, maxMem, maxCores)
+			if err != nil {
+				return nil, fail("", "the pod carries no assignment for the container's shared units and none of this node's GPUs can take them: %v", err)
+			}
+			s = api.SharedGPU{GPU: api.GPURef{UUID: g.UUID, Index: g.Index}, MemoryMiB: maxMem, Cores: maxCores}
+			placed = true
+		}
+		id := s.GPU.UUID
+		g, _ := node.GPU(id)
+		if reason, bad := node.Unhealthy[id]; bad {
+			return nil, fail(id, "unhealthy: %s", reason)
+		}
+		if e, used := u.whole[id]; used {
+			return nil, fail(id, "allocated whole to %s and cannot serve shared units", e)
+		}
+		capacity := sharedCapacityMiB(opts, g)
+		if used := u.sharedMem[id]; used+s.MemoryMiB > capacity {
+			return nil, fail(id, "over-committed: %d MiB of its %d shared MiB are in use by %d container(s) and the container asks for %d MiB", used, capacity, len(u.sharedBy[id]), s.MemoryMiB)
+		}
+		if used := u.sharedCores[id]; used+s.Cores > api.CoresPerGPU {
+			return nil, fail(id, "over-committed: %d%% of its compute is in use by %d container(s) and the container asks for %d%%", used, len(u.sharedBy[id]), s.Cores)
+		}
+		shared = &s
+	}
+
+	d := &Decision{
+		Entry: Entry{
+			PodUID: pod.UID, Namespace: pod.Namespace, Pod: pod.Name,
+			Container: ctr.Name, ContainerID: ctr.ID, Shared: shared,
+		},
+		PlacedLocally: placed,
+	}
+	gpus := append([]GPU(nil), whole...)
+	for _, g := range whole {
+		d.Entry.GPUs = append(d.Entry.GPUs, api.GPURef{UUID: g.UUID, Index: g.Index})
+	}
+	if shared != nil {
+		g, _ := node.GPU(shared.GPU.UUID)
+		gpus = append(gpus, g)
+	}
+	d.Adjustment = adjustment(opts, node, pod, ctr, gpus, shared)
+	return d, nil
+}
+
+// sharedCapacityMiB is the memory of g that shared containers may use.
+func sharedCapacityMiB(opts Options, g GPU) int64 {
+	if g.MemoryMiB <= opts.MemoryReserveMiB {
+		return 0
+	}
+	return int64(g.MemoryMiB - opts.MemoryReserveMiB)
+}
+
+// placeShared places a shared slice on the node with opts.Policy, the way
+// the scheduler extender would have.
+func placeShared(opts Options, node *Node, u usage, memMiB, cores int64) (GPU, error) {
+	if opts.Policy == nil {
+		return GPU{}, fmt.Errorf("no local placement policy is configured")
+	}
+	n := &allocator.Node{Name: "local"}
+	for _, g := range node.GPUs {
+		capacity := sharedCapacityMiB(opts, g)
+		ag := allocator.GPU{Index: g.Index, MemTotalMiB: capacity}
+		_, unhealthy := node.Unhealthy[g.UUID]
+		_, whole := u.whole[g.UUID]
+		if !unhealthy && !whole {
+			ag.MemFreeMiB = max(0, capacity-u.sharedMem[g.UUID])
+			ag.MilliFree = max(0, allocator.MilliPerGPU-10*u.sharedCores[g.UUID])
+		}
+		n.GPUs = append(n.GPUs, ag)
+	}
+	r := allocator.Request{GPUMemMiB: memMiB, GPUMilli: min(10*cores, allocator.MilliPerGPU-1)}
+	set, err := allocator.Place(opts.Policy, n, r)
+	if err != nil {
+		return GPU{}, err
+	}
+	pos := set.Positions()
+	if len(pos) != 1 {
+		return GPU{}, fmt.Errorf("policy %s chose %d GPUs for one slice", opts.Policy.Name(), len(pos))
+	}
+	return node.GPUs[pos[0]], nil
+}
+
+// sameGPUs checks that the assignment's GPUs are the allocated ones.
+func sameGPUs(node *Node, refs []api.GPURef, gpus []GPU) error {
+	want := map[string]bool{}
+	for _, g := range gpus {
+		want[g.UUID] = true
+	}
+	for _, r := range refs {
+		g, ok := node.GPU(r.UUID)
+		if !ok {
+			return fmt.Errorf("GPU %s of the annotation is not a GPU of this node", r.UUID)
+		}
+		if g.Index != r.Index {
+			return fmt.Errorf("the annotation says GPU %s has index %d, this node says %d", r.UUID, r.Index, g.Index)
+		}
+		if !want[r.UUID] {
+			return fmt.Errorf("annotation %s, kubelet %s", refList(refs), gpuList(gpus))
+		}
+	}
+	if len(refs) != len(gpus) {
+		return fmt.Errorf("annotation %s, kubelet %s", refList(refs), gpuList(gpus))
+	}
+	return nil
+}
+
+func refList(refs []api.GPURef) string {
+	s := make([]string, len(refs))
+	for i, r := range refs {
+		s[i] = r.UUID
+	}
+	return "[" + strings.Join(s, ",") + "]"
+}
+
+func gpuList(gpus []GPU) string {
+	s := make([]string, len(gpus))
+	for i, g := range gpus {
+		s[i] = g.UUID
+	}
+	return "[" + strings.Join(s, ",") + "]"
+}
+
+// visibleDevicesNoList are NVIDIA_VISIBLE_DEVICES values that name no GPU
+// list: the device plugin's "void" (CDI or shared), the volume-mounts
+// directory, and what images set.
+func visibleDevicesIsList(v string) bool {
+	switch v {
+	case "", "void", "none", "all":
+		return false
+	}
+	return !strings.HasPrefix(v, "/")
+}
+
+// checkVisibleDevicesEnv cross-checks a GPU list the device plugin's
+// Allocate put in NVIDIA_VISIBLE_DEVICES with the container's whole GPUs.
+func checkVisibleDevicesEnv(node *Node, env map[string]string, whole []GPU) error {
+	v := env[api.EnvNVIDIAVisibleDevices]
+	if !visibleDevicesIsList(v) {
+		return nil
+	}
+	listed := map[string]bool{}
+	for _, tok := range strings.Split(v, ",") {
+		tok = strings.TrimSpace(tok)
+		g, ok := resolveGPU(node, tok)
+		if !ok {
+			return fmt.Errorf("%s=%s names %q, which is not a GPU of this node", api.EnvNVIDIAVisibleDevices, v, tok)
+		}
+		listed[g.UUID] = true
+	}
+	same := len(listed) == len(whole)
+	for _, g := range whole {
+		same = same && listed[g.UUID]
+	}
+	if !same {
+		return fmt.Errorf("%s=%s from the device plugin does not match the container's GPUs %s", api.EnvNVIDIAVisibleDevices, v, gpuList(whole))
+	}
+	return nil
+}
+
+// checkCDIDevices checks that every CDI device of kind opts.CDIKind the
+// container already requests is one of its whole GPUs.
+func checkCDIDevices(opts Options, node *Node, names []string, whole []GPU) error {
+	if opts.CDIKind == "" {
+		return nil
+	}
+	ok := map[string]bool{}
+	for _, g := range whole {
+		ok[g.UUID] = true
+	}
+	for _, n := range names {
+		name, isOurs := strings.CutPrefix(n, opts.CDIKind+"=")
+		if !isOurs {
+			continue
+		}
+		g, known := resolveGPU(node, name)
+		if !known {
+			return fmt.Errorf("CDI device %s is not a GPU of this node", n)
+		}
+		if !ok[g.UUID] {
+			return fmt.Errorf("CDI device %s is GPU %s, which is not one of the container's GPUs %s", n, g.UUID, gpuList(whole))
+		}
+	}
+	return nil
+}
+
+// resolveGPU finds a GPU by UUID or NVML index.
+func resolveGPU(node *Node, s string) (GPU, bool) {
+	if g, ok := node.GPU(s); ok {
+		return g, true
+	}
+	if i, err := strconv.Atoi(s); err == nil {
+		for _, g := range node.GPUs {
+			if g.Index == i {
+				return g, true
+			}
+		}
+	}
+	return GPU{}, false
+}
+
+func i64(v int64) *int64 { return &v }
+
+// adjustment builds the container's adjustment for gpus (ordered: whole by
+// index, then the shared one).
+func adjustment(opts Options, node *Node, pod Pod, ctr Container, gpus []GPU, shared *api.SharedGPU) Adjustment {
+	var a Adjustment
+	allowed := map[int64]bool{NVIDIACtlMinor: true}
+	for _, g := range gpus {
+		allowed[int64(g.Minor)] = true
+	}
+
+	// Devices: exactly the container's GPUs.
+	if opts.CDI {
+		have := map[string]bool{}
+		for _, n := range ctr.CDIDevices {
+			have[n] = true
+		}
+		for _, g := range gpus {
+			name := opts.CDIKind + "=" + g.UUID
+			if opts.CDIDeviceName == api.CDINameIndex {
+				name = opts.CDIKind + "=" + strconv.Itoa(g.Index)
+			}
+			if !have[name] {
+				a.CDIDevices = append(a.CDIDevices, name)
+			}
+		}
+	} else {
+		for _, g := range gpus {
+			a.AddDeviceNodes = append(a.AddDeviceNodes, DeviceNode{Path: "/dev/nvidia" + strconv.Itoa(g.Minor), Type: "c", Major: NVIDIAMajor, Minor: int64(g.Minor)})
+		}
+		a.AddDeviceNodes = append(a.AddDeviceNodes, DeviceNode{Path: "/dev/nvidiactl", Type: "c", Major: NVIDIAMajor, Minor: NVIDIACtlMinor})
+		if opts.UVMMajor >= 0 {
+			a.AddDeviceNodes = append(a.AddDeviceNodes,
+				DeviceNode{Path: "/dev/nvidia-uvm", Type: "c", Major: opts.UVMMajor, Minor: UVMMinor},
+				DeviceNode{Path: "/dev/nvidia-uvm-tools", Type: "c", Major: opts.UVMMajor, Minor: UVMToolsMinor})
+		}
+	}
+	for _, dn := range ctr.DeviceNodes {
+		if dn.Type == "c" && dn.Major == NVIDIAMajor && !allowed[dn.Minor] {
+			a.RemoveDeviceNodes = append(a.RemoveDeviceNodes, dn.Path)
+		}
+	}
+	sort.Strings(a.RemoveDeviceNodes)
+
+	// Device cgroup: deny every NVIDIA device, then allow the container's.
+	a.CgroupRules = append(a.CgroupRules, CgroupRule{Allow: false, Type: "c", Major: i64(NVIDIAMajor), Access: "rwm"})
+	if opts.UVMMajor >= 0 {
+		a.CgroupRules = append(a.CgroupRules, CgroupRule{Allow: false, Type: "c", Major: i64(opts.UVMMajor), Access: "rwm"})
+	}
+	for _, g := range gpus {
+		a.CgroupRules = append(a.CgroupRules, CgroupRule{Allow: true, Type: "c", Major: i64(NVIDIAMajor), Minor: i64(int64(g.Minor)), Access: "rw"})
+	}
+	a.CgroupRules = append(a.CgroupRules, CgroupRule{Allow: true, Type: "c", Major: i64(NVIDIAMajor), Minor: i64(NVIDIACtlMinor), Access: "rw"})
+	if opts.UVMMajor >= 0 {
+		a.CgroupRules = append(a.CgroupRules,
+			CgroupRule{Allow: true, Type: "c", Major: i64(opts.UVMMajor), Minor: i64(UVMMinor), Access: "rw"},
+			CgroupRule{Allow: true, Type: "c", Major: i64(opts.UVMMajor), Minor: i64(UVMToolsMinor), Access: "rw"})
+	}
+
+	// Environment.
+	uuids := make([]string, len(gpus))
+	indices := make([]string, len(gpus))
+	for i, g := range gpus {
+		uuids[i] = g.UUID
+		indices[i] = strconv.Itoa(g.Index)
+	}
+	a.Env = append(a.Env,
+		EnvVar{api.EnvNVIDIAVisibleDevices, strings.Join(uuids, ",")},
+		EnvVar{api.EnvGPUUUIDs, strings.Join(uuids, ",")},
+		EnvVar{api.EnvGPUIndices, strings.Join(indices, ",")},
+		EnvVar{api.EnvGPUShared, strconv.FormatBool(shared != nil)},
+	)
+	if shared != nil {
+		// The container sees one GPU: device ordinal 0.
+		a.Env = append(a.Env,
+			EnvVar{api.EnvMPSPipeDirectory, api.MPSPipeMountPath},
+			EnvVar{api.EnvMPSPinnedDeviceMemLimit, fmt.Sprintf("0=%dM", shared.MemoryMiB)},
+			EnvVar{api.EnvGPUMemoryLimitMiB, strconv.FormatInt(shared.MemoryMiB, 10)},
+		)
+		if shared.Cores > 0 {
+			a.Env = append(a.Env,
+				EnvVar{api.EnvMPSActiveThreadPercentage, strconv.FormatInt(shared.Cores, 10)},
+				EnvVar{api.EnvGPUCores, strconv.FormatInt(shared.Cores, 10)},
+			)
+		}
+		a.Mounts = append(a.Mounts, Mount{Source: opts.MPSPipeDir(shared.GPU.UUID), Destination: api.MPSPipeMountPath, Options: []string{"rbind", "rw"}})
+	}
+
+	// NUMA alignment.
+	if !ctr.ExclusiveCPUs && !api.NUMAAlignmentDisabled(pod.Annotations) {
+		a.CPUSetCPUs, a.CPUSetMems = numaCPUSet(node, gpus, ctr.CPUs)
+	}
+	return a
+}
+
+// numaCPUSet returns the CPUs and memory nodes of the NUMA node(s) of gpus,
+// within the container's current cpuset when it has one. It returns empty
+// strings when the GPUs' NUMA nodes are unknown or the intersection is
+// empty (the kubelet's cpuset is then kept).
+func numaCPUSet(node *Node, gpus []GPU, current string) (cpus, mems string) {
+	ids := map[int]bool{}
+	for _, g := range gpus {
+		if g.NUMANode >= 0 {
+			ids[g.NUMANode] = true
+		}
+	}
+	set := cpuset.New()
+	var nodes []int
+	for _, n := range node.NUMANodes {
+		if !ids[n.ID] {
+			continue
+		}
+		c, err := cpuset.Parse(n.CPUs)
+		if err != nil {
+			continue
+		}
+		set = set.Union(c)
+		nodes = append(nodes, n.ID)
+	}
+	if set.IsEmpty() {
+		return "", ""
+	}
+	if current != "" {
+		if cur, err := cpuset.Parse(current); err == nil {
+			set = set.Intersection(cur)
+		}
+	}
+	if set.IsEmpty() {
+		return "", ""
+	}
+	sort.Ints(nodes)
+	return set.String(), cpuset.New(nodes...).String()
+}

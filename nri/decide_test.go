@@ -1,0 +1,447 @@
+package nri
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tessera-gpu/tessera/allocator"
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/topology"
+)
+
+const (
+	uuid0 = "GPU-00000000-0000-0000-0000-000000000000"
+	uuid1 = "GPU-11111111-1111-1111-1111-111111111111"
+	uuid2 = "GPU-22222222-2222-2222-2222-222222222222"
+	uuid3 = "GPU-33333333-3333-3333-3333-333333333333"
+	uuidX = "GPU-99999999-9999-9999-9999-999999999999"
+)
+
+// testNode has four 16 GiB GPUs, two per NUMA node; minors differ from
+// indices to catch mix-ups.
+func testNode() *Node {
+	return &Node{
+		GPUs: []GPU{
+			{Index: 0, UUID: uuid0, Minor: 10, NUMANode: 0, MemoryMiB: 16384},
+			{Index: 1, UUID: uuid1, Minor: 11, NUMANode: 0, MemoryMiB: 16384},
+			{Index: 2, UUID: uuid2, Minor: 12, NUMANode: 1, MemoryMiB: 16384},
+			{Index: 3, UUID: uuid3, Minor: 13, NUMANode: 1, MemoryMiB: 16384},
+		},
+		NUMANodes: []topology.NUMANode{{ID: 0, CPUs: "0-7"}, {ID: 1, CPUs: "8-15"}},
+	}
+}
+
+func testOptions(t *testing.T) Options {
+	t.Helper()
+	p, err := allocator.NewPolicy(allocator.PolicyBestFit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Options{
+		MemoryUnitMiB:    1024,
+		MemoryReserveMiB: 1024,
+		CDIKind:          api.DefaultCDIKind,
+		CDIDeviceName:    api.CDINameUUID,
+		UVMMajor:         510,
+		MPSPipeDir:       func(uuid string) string { return "/run/tessera/mps/" + uuid + "/pipe" },
+		Policy:           p,
+	}
+}
+
+func annotate(t *testing.T, cs ...api.ContainerAssignment) map[string]string {
+	t.Helper()
+	a := api.NewAssignment()
+	a.Containers = cs
+	m := map[string]string{}
+	if err := api.SetAssignment(m, a); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func pod(ann map[string]string) Pod {
+	return Pod{Namespace: "ns", Name: "p", UID: "uid-p", Annotations: ann}
+}
+
+// Rules and nodes every GPU container gets, for the given minors.
+func gpuRules(minors ...int64) []CgroupRule {
+	rules := []CgroupRule{
+		{Allow: false, Type: "c", Major: i64(195), Access: "rwm"},
+		{Allow: false, Type: "c", Major: i64(510), Access: "rwm"},
+	}
+	for _, m := range minors {
+		rules = append(rules, CgroupRule{Allow: true, Type: "c", Major: i64(195), Minor: i64(m), Access: "rw"})
+	}
+	return append(rules,
+		CgroupRule{Allow: true, Type: "c", Major: i64(195), Minor: i64(255), Access: "rw"},
+		CgroupRule{Allow: true, Type: "c", Major: i64(510), Minor: i64(0), Access: "rw"},
+		CgroupRule{Allow: true, Type: "c", Major: i64(510), Minor: i64(1), Access: "rw"},
+	)
+}
+
+func gpuNodes(minors ...int64) []DeviceNode {
+	var out []DeviceNode
+	for _, m := range minors {
+		out = append(out, DeviceNode{Path: "/dev/nvidia" + strconv.FormatInt(m, 10), Type: "c", Major: 195, Minor: m})
+	}
+	return append(out,
+		DeviceNode{Path: "/dev/nvidiactl", Type: "c", Major: 195, Minor: 255},
+		DeviceNode{Path: "/dev/nvidia-uvm", Type: "c", Major: 510, Minor: 0},
+		DeviceNode{Path: "/dev/nvidia-uvm-tools", Type: "c", Major: 510, Minor: 1},
+	)
+}
+
+
+func sharedEnv(uuid, index, memMiB, cores string) []EnvVar {
+	env := []EnvVar{
+		{api.EnvNVIDIAVisibleDevices, uuid},
+		{api.EnvGPUUUIDs, uuid},
+		{api.EnvGPUIndices, index},
+		{api.EnvGPUShared, "true"},
+		{api.EnvMPSPipeDirectory, api.MPSPipeMountPath},
+		{api.EnvMPSPinnedDeviceMemLimit, "0=" + memMiB + "M"},
+		{api.EnvGPUMemoryLimitMiB, memMiB},
+	}
+	if cores != "" {
+		env = append(env, EnvVar{api.EnvMPSActiveThreadPercentage, cores}, EnvVar{api.EnvGPUCores, cores})
+	}
+	return env
+}
+
+func mpsMount(uuid string) []Mount {
+	return []Mount{{Source: "/run/tessera/mps/" + uuid + "/pipe", Destination: api.MPSPipeMountPath, Options: []string{"rbind", "rw"}}}
+}
+
+func TestDecide(t *testing.T) {
+	sharedOn := func(uuid string, index int, mem, cores int64) api.ContainerAssignment {
+		return api.ContainerAssignment{Name: "c", Shared: &api.SharedGPU{GPU: api.GPURef{UUID: uuid, Index: index}, MemoryMiB: mem, Cores: cores}}
+	}
+	other := func(name string, shared *api.SharedGPU, whole ...api.GPURef) Entry {
+		return Entry{PodUID: "uid-" + name, Namespace: "ns", Pod: name, Container: "c", ContainerID: "id-" + name, GPUs: whole, Shared: shared}
+	}
+	for _, tc := range []struct {
+		name    string
+		opts    func(*Options)
+		node    func(*Node)
+		req     Request
+		want    *Decision
+		wantErr string // substring of the error; "" for success
+	}{
+		{
+			name: "container without Tessera resources is left alone",
+			req:  Request{Pod: pod(nil), Container: Container{ID: "id", Name: "c"}},
+			want: nil,
+		},
+		{
+			name: "whole GPUs as device nodes, other GPU's node removed, NUMA cpuset",
+			req: Request{
+				Pod: pod(nil),
+				Container: Container{ID: "id", Name: "c",
+					Env:         map[string]string{api.EnvNVIDIAVisibleDevices: uuid2 + "," + uuid3},
+					DeviceNodes: []DeviceNode{{Path: "/dev/nvidia10", Type: "c", Major: 195, Minor: 10}, {Path: "/dev/null", Type: "c", Major: 1, Minor: 3}}},
+				Devices: Devices{Whole: []string{uuid3, uuid2}},
+			},
+			want: &Decision{
+				Entry: Entry{PodUID: "uid-p", Namespace: "ns", Pod: "p", Container: "c", ContainerID: "id",
+					GPUs: []api.GPURef{{UUID: uuid2, Index: 2}, {UUID: uuid3, Index: 3}}},
+				Adjustment: Adjustment{
+					AddDeviceNodes:    gpuNodes(12, 13),
+					RemoveDeviceNodes: []string{"/dev/nvidia10"},
+					CgroupRules:       gpuRules(12, 13),
+					Env: []EnvVar{
+						{api.EnvNVIDIAVisibleDevices, uuid2 + "," + uuid3},
+						{api.EnvGPUUUIDs, uuid2 + "," + uuid3},
+						{api.EnvGPUIndices, "2,3"},
+						{api.EnvGPUShared, "false"},
+					},
+					CPUSetCPUs: "8-15", CPUSetMems: "1",
+				},
+			},
+		},
+		{
+			name: "whole GPUs with CDI: only missing CDI devices are added; cpuset within the kubelet's",
+			opts: func(o *Options) { o.CDI = true },
+			req: Request{
+				Pod: pod(annotate(t, api.ContainerAssignment{Name: "c", GPUs: []api.GPURef{{UUID: uuid0, Index: 0}, {UUID: uuid2, Index: 2}}})),
+				Container: Container{ID: "id", Name: "c", CPUs: "4-11",
+					Env:        map[string]string{api.EnvNVIDIAVisibleDevices: "void"},
+					CDIDevices: []string{"nvidia.com/gpu=" + uuid0}},
+				Devices: Devices{Whole: []string{uuid0, uuid2}},
+			},
+			want: &Decision{
+				Entry: Entry{PodUID: "uid-p", Namespace: "ns", Pod: "p", Container: "c", ContainerID: "id",
+					GPUs: []api.GPURef{{UUID: uuid0, Index: 0}, {UUID: uuid2, Index: 2}}},
+				Adjustment: Adjustment{
+					CDIDevices:  []string{"nvidia.com/gpu=" + uuid2},
+					CgroupRules: gpuRules(10, 12),
+					Env: []EnvVar{
+						{api.EnvNVIDIAVisibleDevices, uuid0 + "," + uuid2},
+						{api.EnvGPUUUIDs, uuid0 + "," + uuid2},
+						{api.EnvGPUIndices, "0,2"},
+						{api.EnvGPUShared, "false"},
+					},
+					CPUSetCPUs: "4-11", CPUSetMems: "0-1",
+				},
+			},
+		},
+		{
+			name: "shared slice from the extender's assignment",
+			req: Request{
+				Pod:       pod(annotate(t, sharedOn(uuid1, 1, 3000, 30))),
+				Container: Container{ID: "id", Name: "c", Env: map[string]string{api.EnvNVIDIAVisibleDevices: "void"}},
+				Devices:   Devices{MemoryUnits: 3, CoreUnits: 30},
+			},
+			want: &Decision{
+				Entry: Entry{PodUID: "uid-p", Namespace: "ns", Pod: "p", Container: "c", ContainerID: "id",
+					Shared: &api.SharedGPU{GPU: api.GPURef{UUID: uuid1, Index: 1}, MemoryMiB: 3000, Cores: 30}},
+				Adjustment: Adjustment{
+					AddDeviceNodes: gpuNodes(11),
+					CgroupRules:    gpuRules(11),
+					Env:            sharedEnv(uuid1, "1", "3000", "30"),
+					Mounts:         mpsMount(uuid1),
+					CPUSetCPUs:     "0-7", CPUSetMems: "0",
+				},
+			},
+		},
+		{
+			name: "shared slice without core units: memory limit only; exclusive CPUs keep their cpuset",
+			req: Request{
+				Pod:       pod(annotate(t, sharedOn(uuid1, 1, 2048, 0))),
+				Container: Container{ID: "id", Name: "c", ExclusiveCPUs: true},
+				Devices:   Devices{MemoryUnits: 2},
+			},
+			want: &Decision{
+				Entry: Entry{PodUID: "uid-p", Namespace: "ns", Pod: "p", Container: "c", ContainerID: "id",
+					Shared: &api.SharedGPU{GPU: api.GPURef{UUID: uuid1, Index: 1}, MemoryMiB: 2048}},
+				Adjustment: Adjustment{
+					AddDeviceNodes: gpuNodes(11),
+					CgroupRules:    gpuRules(11),
+					Env:            sharedEnv(uuid1, "1", "2048", ""),
+					Mounts:         mpsMount(uuid1),
+				},
+			},
+		},
+		{
+			name: "NUMA opt-out by annotation",
+			req: Request{
+				Pod: func() Pod {
+					p := pod(annotate(t, sharedOn(uuid2, 2, 1024, 10)))
+					p.Annotations[api.AnnotationNUMAAlignment] = "false"
+					return p
+				}(),
+				Container: Container{ID: "id", Name: "c"},
+				Devices:   Devices{MemoryUnits: 1, CoreUnits: 10},
+			},
+			want: &Decision{
+				Entry: Entry{PodUID: "uid-p", Namespace: "ns", Pod: "p", Container: "c", ContainerID: "id",
+					Shared: &api.SharedGPU{GPU: api.GPURef{UUID: uuid2, Index: 2}, MemoryMiB: 1024, Cores: 10}},
+				Adjustment: Adjustment{
+					AddDeviceNodes: gpuNodes(12),
+					CgroupRules:    gpuRules(12),
+					Env:            sharedEnv(uuid2, "2", "1024", "10"),
+					Mounts:         mpsMount(uuid2),
+				},
+			},
+		},
+		{
+			name: "bypassed the extender: placed locally (best fit: the fullest GPU that fits) from the kubelet's units",
+			node: func(n *Node) {
+				n.Ledger = []Entry{
+					other("a", &api.SharedGPU{GPU: api.GPURef{UUID: uuid3, Index: 3}, MemoryMiB: 4096, Cores: 50}),
+					other("b", nil, api.GPURef{UUID: uuid0, Index: 0}),
+				}
+			},
+			req: Request{
+				Pod:       pod(nil),
+				Container: Container{ID: "id", Name: "c"},
+				Devices:   Devices{MemoryUnits: 4, CoreUnits: 20},
+			},
+			want: &Decision{
+				Entry: Entry{PodUID: "uid-p", Namespace: "ns", Pod: "p", Container: "c", ContainerID: "id",
+					Shared: &api.SharedGPU{GPU: api.GPURef{UUID: uuid3, Index: 3}, MemoryMiB: 4096, Cores: 20}},
+				PlacedLocally: true,
+				Adjustment: Adjustment{
+					AddDeviceNodes: gpuNodes(13),
+					CgroupRules:    gpuRules(13),
+					Env:            sharedEnv(uuid3, "3", "4096", "20"),
+					Mounts:         mpsMount(uuid3),
+					CPUSetCPUs:     "8-15", CPUSetMems: "1",
+				},
+			},
+		},
+		{
+			name: "the container's own earlier entry (a restart) does not count against it",
+			node: func(n *Node) {
+				n.Ledger = []Entry{{PodUID: "uid-p", Namespace: "ns", Pod: "p", Container: "c", ContainerID: "old", GPUs: []api.GPURef{{UUID: uuid1, Index: 1}}}}
+			},
+			req: Request{Pod: pod(nil), Container: Container{ID: "new", Name: "c", ExclusiveCPUs: true}, Devices: Devices{Whole: []string{uuid1}}},
+			want: &Decision{
+				Entry: Entry{PodUID: "uid-p", Namespace: "ns", Pod: "p", Container: "c", ContainerID: "new", GPUs: []api.GPURef{{UUID: uuid1, Index: 1}}},
+				Adjustment: Adjustment{
+					AddDeviceNodes: gpuNodes(11),
+					CgroupRules:    gpuRules(11),
+					Env: []EnvVar{
+						{api.EnvNVIDIAVisibleDevices, uuid1}, {api.EnvGPUUUIDs, uuid1}, {api.EnvGPUIndices, "1"}, {api.EnvGPUShared, "false"},
+					},
+				},
+			},
+		},
+
+		// Refusals.
+		{
+			name:    "whole GPU unknown on this node",
+			req:     Request{Pod: pod(nil), Container: Container{Name: "c"}, Devices: Devices{Whole: []string{uuidX}}},
+			wantErr: `container "c" of pod ns/p: GPU ` + uuidX + `: the kubelet allocated it but it is not a GPU of this node`,
+		},
+		{
+			name:    "shared GPU of the assignment unknown on this node",
+			req:     Request{Pod: pod(annotate(t, sharedOn(uuidX, 7, 1024, 10))), Container: Container{Name: "c"}, Devices: Devices{MemoryUnits: 1, CoreUnits: 10}},
+			wantErr: `container "c" of pod ns/p: GPU ` + uuidX + `: assigned by the annotation but not a GPU of this node`,
+		},
+		{
+			name:    "shared GPU unhealthy",
+			node:    func(n *Node) { n.Unhealthy = map[string]string{uuid1: "XID 79"} },
+			req:     Request{Pod: pod(annotate(t, sharedOn(uuid1, 1, 1024, 10))), Container: Container{Name: "c"}, Devices: Devices{MemoryUnits: 1, CoreUnits: 10}},
+			wantErr: `container "c" of pod ns/p: GPU ` + uuid1 + `: unhealthy: XID 79`,
+		},
+		{
+			name:    "whole GPU unhealthy",
+			node:    func(n *Node) { n.Unhealthy = map[string]string{uuid2: "lost"} },
+			req:     Request{Pod: pod(nil), Container: Container{Name: "c"}, Devices: Devices{Whole: []string{uuid2}}},
+			wantErr: `GPU ` + uuid2 + `: unhealthy: lost`,
+		},
+		{
+			name: "shared memory over-committed",
+			node: func(n *Node) {
+				n.Ledger = []Entry{other("a", &api.SharedGPU{GPU: api.GPURef{UUID: uuid1, Index: 1}, MemoryMiB: 12288, Cores: 10})}
+			},
+			req:     Request{Pod: pod(annotate(t, sharedOn(uuid1, 1, 4096, 10))), Container: Container{Name: "c"}, Devices: Devices{MemoryUnits: 4, CoreUnits: 10}},
+			wantErr: `GPU ` + uuid1 + `: over-committed: 12288 MiB of its 15360 shared MiB are in use by 1 container(s) and the container asks for 4096 MiB`,
+		},
+		{
+			name: "shared cores over-committed",
+			node: func(n *Node) {
+				n.Ledger = []Entry{
+					other("a", &api.SharedGPU{GPU: api.GPURef{UUID: uuid1, Index: 1}, MemoryMiB: 1024, Cores: 60}),
+					other("b", &api.SharedGPU{GPU: api.GPURef{UUID: uuid1, Index: 1}, MemoryMiB: 1024, Cores: 30}),
+				}
+			},
+			req:     Request{Pod: pod(annotate(t, sharedOn(uuid1, 1, 1024, 20))), Container: Container{Name: "c"}, Devices: Devices{MemoryUnits: 1, CoreUnits: 20}},
+			wantErr: `GPU ` + uuid1 + `: over-committed: 90% of its compute is in use by 2 container(s) and the container asks for 20%`,
+		},
+		{
+			name:    "whole GPU already allocated to another container",
+			node:    func(n *Node) { n.Ledger = []Entry{other("a", nil, api.GPURef{UUID: uuid1, Index: 1})} },
+			req:     Request{Pod: pod(nil), Container: Container{Name: "c"}, Devices: Devices{Whole: []string{uuid1}}},
+			wantErr: `GPU ` + uuid1 + `: already allocated whole to ns/a container c`,
+		},
+		{
+			name:    "whole GPU serving shared containers",
+			node:    func(n *Node) { n.Ledger = []Entry{other("a", &api.SharedGPU{GPU: api.GPURef{UUID: uuid1, Index: 1}, MemoryMiB: 1024})} },
+			req:     Request{Pod: pod(nil), Container: Container{Name: "c"}, Devices: Devices{Whole: []string{uuid1}}},
+			wantErr: `GPU ` + uuid1 + `: serves 1 shared container(s) (ns/a container c) and cannot also be used whole`,
+		},
+		{
+			name:    "shared GPU allocated whole to another container",
+			node:    func(n *Node) { n.Ledger = []Entry{other("a", nil, api.GPURef{UUID: uuid1, Index: 1})} },
+			req:     Request{Pod: pod(annotate(t, sharedOn(uuid1, 1, 1024, 10))), Container: Container{Name: "c"}, Devices: Devices{MemoryUnits: 1, CoreUnits: 10}},
+			wantErr: `GPU ` + uuid1 + `: allocated whole to ns/a container c and cannot serve shared units`,
+		},
+		{
+			name: "device plugin env names other GPUs than the kubelet allocated",
+			req: Request{Pod: pod(nil), Container: Container{Name: "c", Env: map[string]string{api.EnvNVIDIAVisibleDevices: uuid0}},
+				Devices: Devices{Whole: []string{uuid1}}},
+			wantErr: `NVIDIA_VISIBLE_DEVICES=` + uuid0 + ` from the device plugin does not match the container's GPUs [` + uuid1 + `]`,
+		},
+		{
+			name: "CDI device of a GPU the container was not allocated",
+			req: Request{Pod: pod(nil), Container: Container{Name: "c", CDIDevices: []string{"nvidia.com/gpu=" + uuid3}},
+				Devices: Devices{Whole: []string{uuid1}}},
+			wantErr: `CDI device nvidia.com/gpu=` + uuid3 + ` is GPU ` + uuid3 + `, which is not one of the container's GPUs [` + uuid1 + `]`,
+		},
+		{
+			name: "assignment and kubelet disagree on whole GPUs",
+			req: Request{Pod: pod(annotate(t, api.ContainerAssignment{Name: "c", GPUs: []api.GPURef{{UUID: uuid0, Index: 0}}})),
+				Container: Container{Name: "c"}, Devices: Devices{Whole: []string{uuid1}}},
+			wantErr: `the assignment annotation and the kubelet disagree on the container's whole GPUs: annotation [` + uuid0 + `], kubelet [` + uuid1 + `]`,
+		},
+		{
+			name:    "assignment gives more memory than the kubelet allocated",
+			req:     Request{Pod: pod(annotate(t, sharedOn(uuid1, 1, 4096, 10))), Container: Container{Name: "c"}, Devices: Devices{MemoryUnits: 2, CoreUnits: 10}},
+			wantErr: `GPU ` + uuid1 + `: the assignment gives 4096 MiB of GPU memory but the kubelet allocated only 2 tessera.dev/gpu-memory units (2048 MiB)`,
+		},
+		{
+			name:    "assignment index differs from the node's",
+			req:     Request{Pod: pod(annotate(t, sharedOn(uuid1, 3, 1024, 10))), Container: Container{Name: "c"}, Devices: Devices{MemoryUnits: 1, CoreUnits: 10}},
+			wantErr: `GPU ` + uuid1 + `: the assignment says index 3 but it is GPU 1 on this node`,
+		},
+		{
+			name:    "whole and shared in one container",
+			req:     Request{Pod: pod(nil), Container: Container{Name: "c"}, Devices: Devices{Whole: []string{uuid0}, MemoryUnits: 1}},
+			wantErr: `holds whole GPUs (tessera.dev/gpu) and shared units`,
+		},
+		{
+			name:    "cores without memory",
+			req:     Request{Pod: pod(annotate(t, sharedOn(uuid1, 1, 0, 10))), Container: Container{Name: "c"}, Devices: Devices{CoreUnits: 10}},
+			wantErr: `holds tessera.dev/gpu-core but no tessera.dev/gpu-memory`,
+		},
+		{
+			name:    "malformed assignment annotation",
+			req:     Request{Pod: pod(map[string]string{api.AnnotationAssignment: "{"}), Container: Container{Name: "c"}, Devices: Devices{MemoryUnits: 1}},
+			wantErr: `container "c" of pod ns/p: annotation tessera.dev/assignment: not valid JSON`,
+		},
+		{
+			name: "bypassed the extender and no GPU has room",
+			node: func(n *Node) {
+				for i, g := range n.GPUs {
+					n.Ledger = append(n.Ledger, other(string(rune('a'+i)), &api.SharedGPU{GPU: api.GPURef{UUID: g.UUID, Index: g.Index}, MemoryMiB: 15360}))
+				}
+			},
+			req:     Request{Pod: pod(nil), Container: Container{Name: "c"}, Devices: Devices{MemoryUnits: 1}},
+			wantErr: `the pod carries no assignment for the container's shared units and none of this node's GPUs can take them`,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := testOptions(t)
+			if tc.opts != nil {
+				tc.opts(&opts)
+			}
+			node := testNode()
+			if tc.node != nil {
+				tc.node(node)
+			}
+			got, err := Decide(opts, node, tc.req)
+			if tc.wantErr != "" {
+				var de *DecisionError
+				if !errors.As(err, &de) {
+					t.Fatalf("Decide = %+v, %v; want a *DecisionError containing %q", got, err, tc.wantErr)
+				}
+				if !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %q\ndoes not contain %q", err, tc.wantErr)
+				}
+				if got != nil {
+					t.Errorf("Decide returned a decision with its error: %+v", got)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Decide: %v", err)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("Decide (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestDecisionErrorNamesPodContainerGPU(t *testing.T) {
+	err := &DecisionError{Pod: "ns/p", Container: "c", GPU: uuid1, Reason: "unhealthy: XID 79"}
+	want := `tessera: refusing to create container "c" of pod ns/p: GPU ` + uuid1 + `: unhealthy: XID 79`
+	if err.Error() != want {
+		t.Errorf("Error() = %q, want %q", err.Error(), want)
+	}
+}

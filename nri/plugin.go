@@ -1,0 +1,463 @@
+package nri
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	nriapi "github.com/containerd/nri/pkg/api"
+	"github.com/containerd/nri/pkg/stub"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/topology"
+)
+
+// DefaultSocketPath is the runtime's NRI socket.
+const DefaultSocketPath = nriapi.DefaultSocketPath
+
+// Plugin name and index under which the plugin registers with the runtime.
+const (
+	DefaultPluginName = "tessera"
+	DefaultPluginIdx  = "10"
+)
+
+// ConnectionObserver is told when the plugin connects to the runtime (after
+// its Synchronize, when it receives events) and when it loses it. The device
+// plugin implements it: it refuses shared units while not connected.
+type ConnectionObserver interface {
+	SetNRIConnected(connected bool)
+}
+
+// Allocations says what the kubelet allocated to a container of Tessera
+// resources (the node agent reads its PodResources API).
+type Allocations interface {
+	ContainerDevices(ctx context.Context, pod Pod, container string) (Devices, error)
+}
+
+// AssignmentRecorder records on a pod the shared slice the plugin placed
+// locally for a container, because the pod bypassed the scheduler extender.
+// The node agent wires a client-go implementation.
+type AssignmentRecorder interface {
+	RecordShared(ctx context.Context, pod Pod, container string, shared api.SharedGPU) error
+}
+
+// Health says which GPUs are unhealthy now, by UUID, with the reason.
+type Health interface {
+	Unhealthy() map[string]string
+}
+
+// MPSController runs one MPS control daemon per GPU that has shared
+// tenants: Sync starts those missing for gpus and stops the others.
+// isolation.MPS implements it.
+type MPSController interface {
+	Sync(ctx context.Context, gpus []api.GPURef) error
+}
+
+// CPUAssignments says whether the kubelet's CPU manager gave a container
+// exclusive CPUs (CPUManagerState reads its checkpoint).
+type CPUAssignments interface {
+	HasExclusiveCPUs(podUID, container string) (bool, error)
+}
+
+// Config configures a Plugin. GPUs, StateDir, Allocations and MPS are
+// required.
+type Config struct {
+	// SocketPath is the runtime's NRI socket (DefaultSocketPath when empty).
+	SocketPath string
+	// PluginName and PluginIdx register the plugin (DefaultPluginName,
+	// DefaultPluginIdx when empty).
+	PluginName, PluginIdx string
+	// StateDir holds the ledger checkpoint.
+	StateDir string
+	// Decide are the static decision options. Decide.MPSPipeDir is
+	// required.
+	Decide Options
+	// GPUs and NUMANodes describe the node (see GPUsFromTopology).
+	GPUs      []GPU
+	NUMANodes []topology.NUMANode
+	// Allocations reads the kubelet's allocations.
+	Allocations Allocations
+	// MPS runs the MPS daemons of shared GPUs.
+	MPS MPSController
+	// Observer is told about the connection; optional.
+	Observer ConnectionObserver
+	// Recorder records locally placed assignments; optional (without it a
+	// pod that bypassed the extender is refused).
+	Recorder AssignmentRecorder
+	// Health reports unhealthy GPUs; optional (all healthy).
+	Health Health
+	// CPUs tells exclusive CPUs; optional (then no container counts as
+	// having exclusive CPUs).
+	CPUs CPUAssignments
+	// RetryInterval is the wait between connection attempts (1s when 0).
+	RetryInterval time.Duration
+}
+
+// Plugin is the NRI plugin. Create it with New and run it with Run.
+type Plugin struct {
+	cfg    Config
+	ledger *Ledger
+	logger klog.Logger
+
+	// mu serialises decisions with the ledger updates they lead to.
+	mu        sync.Mutex
+	connected atomic.Bool
+}
+
+var (
+	_ stub.SynchronizeInterface     = (*Plugin)(nil)
+	_ stub.CreateContainerInterface = (*Plugin)(nil)
+	_ stub.RemoveContainerInterface = (*Plugin)(nil)
+	_ stub.RemovePodInterface       = (*Plugin)(nil)
+	_ stub.ShutdownInterface        = (*Plugin)(nil)
+)
+
+// New validates cfg and opens the ledger from its checkpoint.
+func New(cfg Config) (*Plugin, error) {
+	if len(cfg.GPUs) == 0 {
+		return nil, errors.New("nri plugin: no GPUs")
+	}
+	if cfg.StateDir == "" {
+		return nil, errors.New("nri plugin: no state directory")
+	}
+	if cfg.Allocations == nil || cfg.MPS == nil {
+		return nil, errors.New("nri plugin: kubelet allocations and MPS controller are required")
+	}
+	if cfg.Decide.MPSPipeDir == nil {
+		return nil, errors.New("nri plugin: no MPS pipe directory")
+	}
+	if cfg.Decide.MemoryUnitMiB == 0 {
+		return nil, errors.New("nri plugin: memory unit must be greater than 0 MiB")
+	}
+	if cfg.SocketPath == "" {
+		cfg.SocketPath = DefaultSocketPath
+	}
+	if cfg.PluginName == "" {
+		cfg.PluginName = DefaultPluginName
+	}
+	if cfg.PluginIdx == "" {
+		cfg.PluginIdx = DefaultPluginIdx
+	}
+	if cfg.RetryInterval <= 0 {
+		cfg.RetryInterval = time.Second
+	}
+	l, err := OpenLedger(cfg.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("nri plugin: %w", err)
+	}
+	return &Plugin{cfg: cfg, ledger: l, logger: klog.Background().WithName("nri")}, nil
+}
+
+// Connected reports whether the plugin is connected to the runtime and
+// receives its events. (It satisfies the device plugin's NRI interface.)
+func (p *Plugin) Connected() bool { return p.connected.Load() }
+
+// Ledger returns the plugin's ledger (read it with Snapshot).
+func (p *Plugin) Ledger() *Ledger { return p.ledger }
+
+func (p *Plugin) setConnected(c bool) {
+	if p.connected.Swap(c) == c {
+		return
+	}
+	p.logger.Info("NRI connection changed", "connected", c, "socket", p.cfg.SocketPath)
+	if p.cfg.Observer != nil {
+		p.cfg.Observer.SetNRIConnected(c)
+	}
+}
+
+// Run connects to the runtime and serves its events until ctx ends,
+// reconnecting whenever the connection is lost (the runtime restarted) or
+// cannot be made yet. It returns nil when ctx ends.
+func (p *Plugin) Run(ctx context.Context) error {
+	p.logger = klog.FromContext(ctx).WithName("nri")
+	ctx = klog.NewContext(ctx, p.logger)
+	// Bring the MPS daemons in line with the ledger rebuilt from the
+	// checkpoint before the runtime reconnects.
+	if err := p.syncMPS(ctx); err != nil {
+		p.logger.Error(err, "Starting the MPS daemons of the checkpointed shared containers")
+	}
+	for {
+		closed := make(chan struct{})
+		var once sync.Once
+		st, err := stub.New(p,
+			stub.WithPluginName(p.cfg.PluginName),
+			stub.WithPluginIdx(p.cfg.PluginIdx),
+			stub.WithSocketPath(p.cfg.SocketPath),
+			// A plugin that does not answer fails the container's
+			// creation rather than letting it run unisolated.
+			stub.WithFailurePolicy(&nriapi.FailurePolicy{FailRequest: true}),
+			stub.WithOnClose(func() { once.Do(func() { close(closed) }) }),
+		)
+		if err != nil {
+			return fmt.Errorf("nri plugin: %w", err)
+		}
+		if err := st.Start(ctx); err != nil {
+			p.logger.V(2).Info("Cannot connect to the runtime's NRI socket yet; retrying", "socket", p.cfg.SocketPath, "err", err, "retryIn", p.cfg.RetryInterval)
+		} else {
+			select {
+			case <-closed:
+				p.logger.Info("The runtime closed the NRI connection; reconnecting", "socket", p.cfg.SocketPath)
+			case <-ctx.Done():
+				st.Stop()
+			}
+		}
+		p.setConnected(false)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(p.cfg.RetryInterval):
+		}
+	}
+}
+
+// Synchronize implements stub.SynchronizeInterface: it frees the ledger
+// entries of pods and containers that no longer exist, and from then on the
+// plugin receives events.
+func (p *Plugin) Synchronize(ctx context.Context, pods []*nriapi.PodSandbox, containers []*nriapi.Container) ([]*nriapi.ContainerUpdate, error) {
+	podUIDs := map[string]bool{}
+	for _, pod := range pods {
+		podUIDs[pod.GetUid()] = true
+	}
+	byID := map[string]bool{}
+	for _, c := range containers {
+		byID[c.GetId()] = true
+	}
+	p.mu.Lock()
+	err := p.ledger.Retain(func(e Entry) bool {
+		keep := podUIDs[e.PodUID] && byID[e.ContainerID]
+		if !keep {
+			p.logger.Info("Freeing the GPU use of a container that is gone", "pod", klog.KRef(e.Namespace, e.Pod), "container", e.Container)
+		}
+		return keep
+	})
+	p.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if err := p.syncMPS(ctx); err != nil {
+		p.logger.Error(err, "Syncing the MPS daemons")
+	}
+	p.setConnected(true)
+	return nil, nil
+}
+
+// Shutdown implements stub.ShutdownInterface.
+func (p *Plugin) Shutdown(context.Context) { p.setConnected(false) }
+
+// CreateContainer implements stub.CreateContainerInterface.
+func (p *Plugin) CreateContainer(ctx context.Context, sandbox *nriapi.PodSandbox, ctr *nriapi.Container) (*nriapi.ContainerAdjustment, []*nriapi.ContainerUpdate, error) {
+	pod := podOf(sandbox)
+	logger := p.logger.WithValues("pod", klog.KRef(pod.Namespace, pod.Name), "container", ctr.GetName())
+	req := Request{Pod: pod, Container: containerOf(ctr)}
+	devs, err := p.cfg.Allocations.ContainerDevices(ctx, pod, ctr.GetName())
+	if err != nil {
+		if why := gpuSigns(p.cfg.Decide, req); why != "" {
+			err = &DecisionError{Pod: pod.String(), Container: ctr.GetName(), Reason: fmt.Sprintf("cannot read what the kubelet allocated to it (%v) and %s", err, why)}
+			logger.Error(err, "Container creation refused")
+			return nil, nil, err
+		}
+		logger.V(2).Info("Cannot read the kubelet's allocations; the container shows no sign of GPUs and is left alone", "err", err)
+		return nil, nil, nil
+	}
+	req.Devices = devs
+	if devs.Empty() {
+		if why := gpuSigns(p.cfg.Decide, req); why != "" {
+			logger.Info("The kubelet allocated no Tessera resource to the container, yet "+why+"; leaving it alone", "container", ctr.GetName())
+		}
+		return nil, nil, nil
+	}
+	if p.cfg.CPUs != nil {
+		excl, err := p.cfg.CPUs.HasExclusiveCPUs(pod.UID, ctr.GetName())
+		if err != nil {
+			// Do not touch the cpuset of a container that may own its CPUs.
+			logger.Error(err, "Reading the kubelet's CPU assignments; the container's cpuset is left alone")
+			excl = true
+		}
+		req.Container.ExclusiveCPUs = excl
+	}
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	node := p.node()
+	d, err := Decide(p.cfg.Decide, node, req)
+	if err != nil {
+		logger.Error(err, "Container creation refused")
+		return nil, nil, err
+	}
+	if d.PlacedLocally {
+		if p.cfg.Recorder == nil {
+			err := &DecisionError{Pod: pod.String(), Container: ctr.GetName(), GPU: d.Entry.Shared.GPU.UUID, Reason: "the pod bypassed the scheduler extender and this node cannot record a local placement"}
+			logger.Error(err, "Container creation refused")
+			return nil, nil, err
+		}
+		if err := p.cfg.Recorder.RecordShared(ctx, pod, ctr.GetName(), *d.Entry.Shared); err != nil {
+			err = &DecisionError{Pod: pod.String(), Container: ctr.GetName(), GPU: d.Entry.Shared.GPU.UUID, Reason: fmt.Sprintf("placed locally (the pod bypassed the scheduler extender) but the assignment cannot be recorded on the pod: %v", err)}
+			logger.Error(err, "Container creation refused")
+			return nil, nil, err
+		}
+		logger.Info("Placed the shared slice of a pod that bypassed the scheduler extender", "gpu", d.Entry.Shared.GPU.UUID, "memoryMiB", d.Entry.Shared.MemoryMiB, "cores", d.Entry.Shared.Cores)
+	}
+	if d.Entry.Shared != nil {
+		gpus := sharedGPUs(append(node.Ledger, d.Entry))
+		if err := p.cfg.MPS.Sync(ctx, gpus); err != nil {
+			err = &DecisionError{Pod: pod.String(), Container: ctr.GetName(), GPU: d.Entry.Shared.GPU.UUID, Reason: fmt.Sprintf("its MPS control daemon is not running, so the container's limits could not be enforced: %v", err)}
+			logger.Error(err, "Container creation refused")
+			return nil, nil, err
+		}
+	}
+	if err := p.ledger.Put(d.Entry); err != nil {
+		err = &DecisionError{Pod: pod.String(), Container: ctr.GetName(), Reason: fmt.Sprintf("recording its GPU use: %v", err)}
+		logger.Error(err, "Container creation refused")
+		return nil, nil, err
+	}
+	logger.Info("Isolating container", "gpus", d.Entry.GPUs, "shared", d.Entry.Shared)
+	return toNRI(d.Adjustment), nil, nil
+}
+
+// RemoveContainer implements stub.RemoveContainerInterface.
+func (p *Plugin) RemoveContainer(ctx context.Context, sandbox *nriapi.PodSandbox, ctr *nriapi.Container) error {
+	p.mu.Lock()
+	err := p.ledger.RemoveContainer(sandbox.GetUid(), ctr.GetName(), ctr.GetId())
+	p.mu.Unlock()
+	if err != nil {
+		p.logger.Error(err, "Freeing a removed container's GPU use", "pod", klog.KRef(sandbox.GetNamespace(), sandbox.GetName()), "container", ctr.GetName())
+		return nil
+	}
+	if err := p.syncMPS(ctx); err != nil {
+		p.logger.Error(err, "Syncing the MPS daemons")
+	}
+	return nil
+}
+
+// RemovePodSandbox implements stub.RemovePodInterface.
+func (p *Plugin) RemovePodSandbox(ctx context.Context, sandbox *nriapi.PodSandbox) error {
+	p.mu.Lock()
+	err := p.ledger.RemovePod(sandbox.GetUid())
+	p.mu.Unlock()
+	if err != nil {
+		p.logger.Error(err, "Freeing a removed pod's GPU use", "pod", klog.KRef(sandbox.GetNamespace(), sandbox.GetName()))
+		return nil
+	}
+	if err := p.syncMPS(ctx); err != nil {
+		p.logger.Error(err, "Syncing the MPS daemons")
+	}
+	return nil
+}
+
+func (p *Plugin) syncMPS(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cfg.MPS.Sync(ctx, sharedGPUs(p.ledger.Snapshot()))
+}
+
+// node is the node state now. Call with p.mu held.
+func (p *Plugin) node() *Node {
+	n := &Node{GPUs: p.cfg.GPUs, NUMANodes: p.cfg.NUMANodes, Ledger: p.ledger.Snapshot()}
+	if p.cfg.Health != nil {
+		n.Unhealthy = p.cfg.Health.Unhealthy()
+	}
+	return n
+}
+
+// sharedGPUs lists the GPUs with shared tenants in entries, by index.
+func sharedGPUs(entries []Entry) []api.GPURef {
+	seen := map[string]bool{}
+	var out []api.GPURef
+	for _, e := range entries {
+		if e.Shared != nil && !seen[e.Shared.GPU.UUID] {
+			seen[e.Shared.GPU.UUID] = true
+			out = append(out, e.Shared.GPU)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Index < out[j].Index })
+	return out
+}
+
+// gpuSigns says why a container looks like it uses Tessera GPUs, or "".
+func gpuSigns(opts Options, req Request) string {
+	if a, found, err := api.GetAssignment(req.Pod.Annotations); err != nil {
+		return "its pod's assignment annotation is malformed"
+	} else if found && a.Container(req.Container.Name) != nil {
+		return "its pod's assignment annotation lists it"
+	}
+	if visibleDevicesIsList(req.Container.Env[api.EnvNVIDIAVisibleDevices]) {
+		return api.EnvNVIDIAVisibleDevices + " lists GPUs"
+	}
+	for _, n := range req.Container.CDIDevices {
+		if opts.CDIKind != "" && strings.HasPrefix(n, opts.CDIKind+"=") {
+			return "it requests the CDI device " + n
+		}
+	}
+	return ""
+}
+
+func podOf(s *nriapi.PodSandbox) Pod {
+	return Pod{Namespace: s.GetNamespace(), Name: s.GetName(), UID: s.GetUid(), Annotations: s.GetAnnotations()}
+}
+
+func containerOf(c *nriapi.Container) Container {
+	out := Container{ID: c.GetId(), Name: c.GetName(), Env: map[string]string{}}
+	for _, kv := range c.GetEnv() {
+		k, v, _ := strings.Cut(kv, "=")
+		out.Env[k] = v
+	}
+	for _, d := range c.GetCDIDevices() {
+		out.CDIDevices = append(out.CDIDevices, d.GetName())
+	}
+	for _, d := range c.GetLinux().GetDevices() {
+		out.DeviceNodes = append(out.DeviceNodes, DeviceNode{Path: d.GetPath(), Type: d.GetType(), Major: d.GetMajor(), Minor: d.GetMinor()})
+	}
+	out.CPUs = c.GetLinux().GetResources().GetCpu().GetCpus()
+	return out
+}
+
+// toNRI translates an Adjustment.
+func toNRI(a Adjustment) *nriapi.ContainerAdjustment {
+	adj := &nriapi.ContainerAdjustment{}
+	for _, n := range a.CDIDevices {
+		adj.AddCDIDevice(&nriapi.CDIDevice{Name: n})
+	}
+	for _, path := range a.RemoveDeviceNodes {
+		adj.RemoveDevice(path)
+	}
+	for _, d := range a.AddDeviceNodes {
+		adj.AddDevice(&nriapi.LinuxDevice{Path: d.Path, Type: d.Type, Major: d.Major, Minor: d.Minor, FileMode: nriapi.FileMode(0o666)})
+	}
+	if len(a.CgroupRules) > 0 {
+		if adj.Linux == nil {
+			adj.Linux = &nriapi.LinuxContainerAdjustment{}
+		}
+		if adj.Linux.Resources == nil {
+			adj.Linux.Resources = &nriapi.LinuxResources{}
+		}
+		for _, r := range a.CgroupRules {
+			rule := &nriapi.LinuxDeviceCgroup{Allow: r.Allow, Type: r.Type, Access: r.Access}
+			if r.Major != nil {
+				rule.Major = nriapi.Int64(*r.Major)
+			}
+			if r.Minor != nil {
+				rule.Minor = nriapi.Int64(*r.Minor)
+			}
+			adj.Linux.Resources.Devices = append(adj.Linux.Resources.Devices, rule)
+		}
+	}
+	for _, e := range a.Env {
+		adj.AddEnv(e.Name, e.Value)
+	}
+	for _, m := range a.Mounts {
+		adj.AddMount(&nriapi.Mount{Source: m.Source, Destination: m.Destination, Type: "bind", Options: m.Options})
+	}
+	if a.CPUSetCPUs != "" {
+		adj.SetLinuxCPUSetCPUs(a.CPUSetCPUs)
+	}
+	if a.CPUSetMems != "" {
+		adj.SetLinuxCPUSetMems(a.CPUSetMems)
+	}
+	return adj
+}
