@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
@@ -20,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -58,7 +60,7 @@ func (c *fakeClock) Add(d time.Duration) {
 // env is an agent on a mock machine with a fake kubelet in a private
 // device-plugin directory.
 type env struct {
-	t       *testing.T
+	t       testing.TB
 	dir     string
 	m       *nvmlmock.Machine
 	cfg     *api.NodeAgentConfig
@@ -95,7 +97,7 @@ func machineTopology(t testing.TB, m *nvmlmock.Machine) (*topology.Topology, gpu
 
 // newEnv starts the agent; the fake kubelet is started first unless
 // noKubelet.
-func newEnv(t *testing.T, m *nvmlmock.Machine, mutate func(*api.NodeAgentConfig), extra ...envOption) *env {
+func newEnv(t testing.TB, m *nvmlmock.Machine, mutate func(*api.NodeAgentConfig), extra ...envOption) *env {
 	t.Helper()
 	e := &env{t: t, dir: shortTempDir(t), m: m, nri: &fakeNRI{}, clock: &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}, reg: prometheus.NewRegistry()}
 	e.cfg = api.NewNodeAgentConfig()
@@ -138,7 +140,12 @@ func (e *env) start(withKubelet bool) *env {
 	if withKubelet {
 		e.kubelet = startFakeKubelet(e.t, e.dir)
 	}
-	_, ctx := ktesting.NewTestContext(e.t)
+	ctx := context.Background()
+	if _, ok := e.t.(*testing.B); ok {
+		ctx = klog.NewContext(ctx, logr.Discard())
+	} else {
+		_, ctx = ktesting.NewTestContext(e.t)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- e.agent.Run(ctx) }()

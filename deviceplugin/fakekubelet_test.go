@@ -23,7 +23,7 @@ import (
 // does.
 type fakeKubelet struct {
 	pluginapi.UnimplementedRegistrationServer
-	t   *testing.T
+	t   testing.TB
 	dir string
 	srv *grpc.Server
 
@@ -41,7 +41,7 @@ type pluginConn struct {
 	cancel  context.CancelFunc
 }
 
-func startFakeKubelet(t *testing.T, dir string) *fakeKubelet {
+func startFakeKubelet(t testing.TB, dir string) *fakeKubelet {
 	t.Helper()
 	k := &fakeKubelet{t: t, dir: dir, changed: make(chan struct{}), clients: map[corev1.ResourceName]*pluginConn{}}
 	lis, err := net.Listen("unix", filepath.Join(dir, "kubelet.sock"))
@@ -246,7 +246,7 @@ func (k *fakeKubelet) preferred(r corev1.ResourceName, available, must []string,
 
 // shortTempDir is a temporary directory with a path short enough for unix
 // sockets.
-func shortTempDir(t *testing.T) string {
+func shortTempDir(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "dp")
 	if err != nil {

@@ -66,6 +66,7 @@ type Model struct {
 	gpus   []GPU
 	byUUID map[string]int
 	opts   Options
+	ids    map[corev1.ResourceName][][]string // resource -> GPU position -> device IDs
 }
 
 // New builds the model of gpus (in index order after sorting).
@@ -78,7 +79,7 @@ func New(gpus []GPU, opts Options) (*Model, error) {
 			return nil, fmt.Errorf("resource %q is not a Tessera resource", r)
 		}
 	}
-	m := &Model{gpus: append([]GPU(nil), gpus...), byUUID: map[string]int{}, opts: opts}
+	m := &Model{gpus: append([]GPU(nil), gpus...), byUUID: map[string]int{}, opts: opts, ids: map[corev1.ResourceName][][]string{}}
 	m.opts.Resources = append([]corev1.ResourceName(nil), opts.Resources...)
 	sort.Slice(m.gpus, func(i, j int) bool { return m.gpus[i].Index < m.gpus[j].Index })
 	for p, g := range m.gpus {
@@ -96,11 +97,14 @@ func New(gpus []GPU, opts Options) (*Model, error) {
 			return nil, fmt.Errorf("GPU %d (%s): the memory reserve of %d MiB leaves nothing of its %d MiB", g.Index, g.UUID, opts.MemoryReserveMiB, g.MemoryMiB)
 		}
 		for _, r := range m.opts.Resources {
-			if n := m.Units(r, g); n > 0 {
-				if id := DeviceID(r, g.UUID, n-1); len(id) > MaxDeviceIDLength {
-					return nil, fmt.Errorf("GPU %d: device ID %q is longer than the kubelet's %d characters", g.Index, id, MaxDeviceIDLength)
-				}
+			ids := make([]string, m.Units(r, g))
+			for n := range ids {
+				ids[n] = DeviceID(r, g.UUID, n)
 			}
+			if n := len(ids); n > 0 && len(ids[n-1]) > MaxDeviceIDLength {
+				return nil, fmt.Errorf("GPU %d: device ID %q is longer than the kubelet's %d characters", g.Index, ids[n-1], MaxDeviceIDLength)
+			}
+			m.ids[r] = append(m.ids[r], ids)
 		}
 	}
 	return m, nil
@@ -264,10 +268,10 @@ func (m *Model) Devices(r corev1.ResourceName, health HealthMap, usage Usage) []
 		return nil
 	}
 	var out []Device
-	for _, g := range m.gpus {
+	for p, g := range m.gpus {
 		healthy, reason := m.DeviceHealth(r, g.UUID, health, usage)
-		for n := 0; n < m.Units(r, g); n++ {
-			out = append(out, Device{ID: DeviceID(r, g.UUID, n), GPU: g.UUID, NUMANode: g.NUMANode, Healthy: healthy, Reason: reason})
+		for _, id := range m.ids[r][p] {
+			out = append(out, Device{ID: id, GPU: g.UUID, NUMANode: g.NUMANode, Healthy: healthy, Reason: reason})
 		}
 	}
 	return out
