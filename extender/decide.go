@@ -240,7 +240,7 @@ func ChoosePlacement(p allocator.Policy, st *NodeState, uid types.UID, d *Demand
 		}
 		g := info.GPUs[pos[0]]
 		for _, s := range d.Shares {
-			u.Shared = append(u.Shared, SharedUse{Container: s.Name, UUID: g.UUID, MemMiB: ShareMiB(s, info.UnitMiB, info.gpuMemMiB()), Cores: s.Cores})
+			u.Shared = append(u.Shared, SharedUse{Container: s.Name, UUID: g.UUID, Index: g.Index, MemMiB: ShareMiB(s, info.UnitMiB, info.gpuMemMiB()), Cores: s.Cores})
 		}
 	}
 	return u, nil
@@ -272,6 +272,9 @@ func ReuseShared(st *NodeState, uid types.UID, d *Demand, a *api.Assignment) (*P
 	p := info.position(uuid)
 	if p < 0 {
 		return nil, false
+	}
+	for i := range u.Shared {
+		u.Shared[i].Index = info.GPUs[p].Index
 	}
 	// Check the room on that GPU, without the pod itself.
 	var others []*PodUse

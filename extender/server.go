@@ -346,7 +346,7 @@ func sharedAssignment(prev *api.Assignment, use *PodUse) *api.Assignment {
 		}
 	}
 	for _, sh := range use.Shared {
-		ref := api.GPURef{UUID: sh.UUID}
+		ref := api.GPURef{UUID: sh.UUID, Index: sh.Index}
 		c := a.Container(sh.Container)
 		if c == nil {
 			a.Containers = append(a.Containers, api.ContainerAssignment{Name: sh.Container})

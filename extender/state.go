@@ -113,6 +113,7 @@ func NewNodeInfo(node *corev1.Node) *NodeInfo {
 type SharedUse struct {
 	Container string
 	UUID      string
+	Index     int
 	MemMiB    int64
 	Cores     int64
 }
@@ -166,7 +167,7 @@ func NewPodUse(pod *corev1.Pod) *PodUse {
 				u.Whole = append(u.Whole, g.UUID)
 			}
 			if c.Shared != nil {
-				u.Shared = append(u.Shared, SharedUse{Container: c.Name, UUID: c.Shared.GPU.UUID, MemMiB: c.Shared.MemoryMiB, Cores: c.Shared.Cores})
+				u.Shared = append(u.Shared, SharedUse{Container: c.Name, UUID: c.Shared.GPU.UUID, Index: c.Shared.GPU.Index, MemMiB: c.Shared.MemoryMiB, Cores: c.Shared.Cores})
 			}
 		}
 	}

@@ -1,0 +1,202 @@
+package extender
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/tessera-gpu/tessera/allocator"
+)
+
+func mustDemand(t testing.TB, p *corev1.Pod) *Demand {
+	t.Helper()
+	d, err := ParseDemand(p)
+	if err != nil {
+		t.Fatalf("ParseDemand(%s): %v", p.Name, err)
+	}
+	return &d
+}
+
+func TestFilter(t *testing.T) {
+	a100 := "NVIDIA A100-SXM4-40GB"
+	tests := []struct {
+		name   string
+		node   *corev1.Node
+		pods   []*corev1.Pod
+		pod    *corev1.Pod
+		want   Reason
+		unres  bool
+		noNode bool
+	}{
+		{name: "shared fits", node: makeNode("n").GPUs(2, a100, 40960).Obj(), pod: makePod("p").Shared(10, 50).Obj()},
+		{name: "cpu-only fits a GPU-less node", node: makeNode("n").Obj(), pod: makePod("p").CPU("1").Obj()},
+		{name: "unknown node", pod: makePod("p").Shared(1, 0).Obj(), noNode: true, want: UnknownNode},
+		{name: "no inventory", node: makeNode("n").Obj(), pod: makePod("p").Whole(1).Obj(), want: NoGPUs, unres: true},
+		{name: "model not allowed", node: makeNode("n").GPUs(2, a100, 40960).Obj(), pod: makePod("p").Whole(1).Model("H100|V100").Obj(), want: ModelNotAllowed, unres: true},
+		{name: "model allowed", node: makeNode("n").GPUs(2, a100, 40960).Obj(), pod: makePod("p").Whole(1).Model("H100|A100").Obj()},
+		{name: "no shared isolation", node: makeNode("n").GPUs(2, a100, 40960).NoIsolation().Obj(), pod: makePod("p").Shared(1, 0).Obj(), want: NoSharedIsolation, unres: true},
+		{name: "whole GPUs without isolation", node: makeNode("n").GPUs(2, a100, 40960).NoIsolation().Obj(), pod: makePod("p").Whole(2).Obj()},
+		{name: "too few healthy GPUs", node: makeNode("n").GPUs(2, a100, 40960).Unhealthy(0).Obj(), pod: makePod("p").Whole(2).Obj(), want: TooFewGPUs, unres: true},
+		{name: "slice larger than any GPU", node: makeNode("n").GPUs(2, a100, 40960).Obj(), pod: makePod("p").Shared(41, 0).Obj(), want: SliceTooLarge, unres: true},
+		{name: "node total fits but no single GPU does", node: makeNode("n").GPUs(2, a100, 40960).Obj(),
+			pods: []*corev1.Pod{
+				makePod("a").Shared(25, 10).Node("n").On(0, 25600, 10).Obj(),
+				makePod("b").Shared(25, 10).Node("n").On(1, 25600, 10).Obj(),
+			},
+			pod: makePod("p").Shared(20, 10).Obj(), want: NoGPUForSlice},
+		{name: "memory fits but cores do not", node: makeNode("n").GPUs(1, a100, 40960).Obj(),
+			pods: []*corev1.Pod{makePod("a").Shared(1, 70).Node("n").On(0, 1024, 70).Obj()},
+			pod:  makePod("p").Shared(1, 40).Obj(), want: NoGPUForSlice},
+		{name: "core-only memory default counts", node: makeNode("n").GPUs(1, a100, 40960).Obj(),
+			pods: []*corev1.Pod{makePod("a").Shared(30, 10).Node("n").On(0, 30720, 10).Obj()},
+			pod:  makePod("p").Shared(0, 50).Obj(), want: NoGPUForSlice},
+		{name: "whole GPUs busy", node: makeNode("n").GPUs(2, a100, 40960).Obj(),
+			pods: []*corev1.Pod{makePod("a").Shared(1, 10).Node("n").On(0, 1024, 10).Obj()},
+			pod:  makePod("p").Whole(2).Obj(), want: InsufficientGPUs},
+		{name: "pending whole GPU pod keeps the last free GPU from a slice", node: makeNode("n").GPUs(2, a100, 40960).Obj(),
+			pods: []*corev1.Pod{
+				makePod("a").Shared(40, 10).Node("n").On(0, 40960, 10).Obj(),
+				makePod("w").Whole(1).Node("n").Obj(),
+			},
+			pod: makePod("p").Shared(1, 10).Obj(), want: NoGPUForSlice},
+		{name: "nvlink clique too small", node: makeNode("n").GPUs(4, a100, 40960).Cliques([]int{0, 1}, []int{2, 3}).Obj(),
+			pod: makePod("p").Whole(3).NVLink().Obj(), want: NoNVLinkClique, unres: true},
+		{name: "nvlink clique busy", node: makeNode("n").GPUs(4, a100, 40960).Cliques([]int{0, 1}, []int{2, 3}).Obj(),
+			pods: []*corev1.Pod{makePod("a").Whole(1).Node("n").Holding(0).Obj(), makePod("b").Whole(1).Node("n").Holding(2).Obj()},
+			pod:  makePod("p").Whole(2).NVLink().Obj(), want: NoFreeNVLinkClique},
+		{name: "without nvlink the same GPUs fit", node: makeNode("n").GPUs(4, a100, 40960).Cliques([]int{0, 1}, []int{2, 3}).Obj(),
+			pods: []*corev1.Pod{makePod("a").Whole(1).Node("n").Holding(0).Obj(), makePod("b").Whole(1).Node("n").Holding(2).Obj()},
+			pod:  makePod("p").Whole(2).Obj()},
+		{name: "nvlink clique free", node: makeNode("n").GPUs(4, a100, 40960).Cliques([]int{0, 1}, []int{2, 3}).Obj(),
+			pods: []*corev1.Pod{makePod("a").Whole(1).Node("n").Holding(0).Obj()},
+			pod:  makePod("p").Whole(2).NVLink().Obj()},
+		{name: "insufficient cpu", node: makeNode("n").GPUs(1, a100, 40960).CPU("1").Obj(), pod: makePod("p").Whole(1).CPU("2").Obj(), want: InsufficientCPU},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var st *NodeState
+			if !tc.noNode {
+				st = mustState(t, newTestCache(t, []*corev1.Node{tc.node}, tc.pods), "n")
+			}
+			v := Filter(st, mustDemand(t, tc.pod))
+			if v.Reason != tc.want {
+				t.Fatalf("Filter() = %q (%s), want %q", v.Reason, v.Message, tc.want)
+			}
+			if v.Reason.Unresolvable() != tc.unres {
+				t.Errorf("Unresolvable() = %v, want %v", v.Reason.Unresolvable(), tc.unres)
+			}
+			if !v.Fits() && v.Message == "" {
+				t.Error("rejection without a message")
+			}
+		})
+	}
+}
+
+func TestNormalizeScores(t *testing.T) {
+	got := NormalizeScores([]float64{-5, 5, 0, 100}, []bool{true, true, true, false}, 10)
+	if diff := cmp.Diff([]int64{0, 10, 5, 0}, got); diff != "" {
+		t.Errorf("NormalizeScores (-want +got):\n%s", diff)
+	}
+	got = NormalizeScores([]float64{3, 3}, []bool{true, true}, 10)
+	if diff := cmp.Diff([]int64{10, 10}, got); diff != "" {
+		t.Errorf("NormalizeScores equal (-want +got):\n%s", diff)
+	}
+}
+
+func testPolicy(t testing.TB, name string) allocator.Policy {
+	t.Helper()
+	p, err := NewPolicy(name, DefaultWorkload(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestBinpackPrefersUsedGPUsAndNodes checks the default policy packs: a
+// slice goes to the node and GPU already in use, leaving free nodes whole.
+func TestBinpackPrefersUsedGPUsAndNodes(t *testing.T) {
+	nodes := []*corev1.Node{makeNode("n1").GPUs(8, "A100", 40960).Obj(), makeNode("n2").GPUs(8, "A100", 40960).Obj()}
+	pods := []*corev1.Pod{makePod("a").Shared(10, 50).Node("n2").On(3, 10240, 50).Obj()}
+	c := newTestCache(t, nodes, pods)
+	p := testPolicy(t, PolicyBinpack)
+	d := mustDemand(t, makePod("p").Shared(10, 25).Obj())
+	s1, ok1 := Score(p, mustState(t, c, "n1"), d)
+	s2, ok2 := Score(p, mustState(t, c, "n2"), d)
+	if !ok1 || !ok2 {
+		t.Fatalf("Score fits = %v %v, want true true", ok1, ok2)
+	}
+	if s2 <= s1 {
+		t.Errorf("binpack scores used node %v <= empty node %v", s2, s1)
+	}
+	u, err := ChoosePlacement(p, mustState(t, c, "n2"), "uid-p", d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []SharedUse{{Container: "main", UUID: gpuUUID("n2", 3), Index: 3, MemMiB: 10240, Cores: 25}}
+	if diff := cmp.Diff(want, u.Shared); diff != "" {
+		t.Errorf("ChoosePlacement (-want +got):\n%s", diff)
+	}
+	// spread does the opposite.
+	sp := testPolicy(t, "spread")
+	s1, _ = Score(sp, mustState(t, c, "n1"), d)
+	s2, _ = Score(sp, mustState(t, c, "n2"), d)
+	if s1 <= s2 {
+		t.Errorf("spread scores empty node %v <= used node %v", s1, s2)
+	}
+}
+
+func TestChoosePlacementRefusesWhatNoLongerFits(t *testing.T) {
+	c := newTestCache(t, []*corev1.Node{makeNode("n").GPUs(1, "A100", 40960).Obj()},
+		[]*corev1.Pod{makePod("a").Shared(40, 10).Node("n").On(0, 40960, 10).Obj()})
+	_, err := ChoosePlacement(testPolicy(t, PolicyBinpack), mustState(t, c, "n"), "uid-p", mustDemand(t, makePod("p").Shared(1, 1).Obj()))
+	if err == nil {
+		t.Fatal("ChoosePlacement() on a full GPU succeeded")
+	}
+}
+
+func TestPreempt(t *testing.T) {
+	node := makeNode("n").GPUs(2, "A100", 40960).Obj()
+	pods := []*corev1.Pod{
+		makePod("g0a").Shared(20, 50).Node("n").On(0, 20480, 50).Priority(1).Obj(),
+		makePod("g0b").Shared(20, 50).Node("n").On(0, 20480, 50).Priority(2).Obj(),
+		makePod("g1").Shared(30, 30).Node("n").On(1, 30720, 30).Priority(3).Obj(),
+		makePod("cpu").CPU("1").Node("n").Obj(),
+	}
+	st := mustState(t, newTestCache(t, []*corev1.Node{node}, pods), "n")
+	uids := func(names ...string) []types.UID {
+		var out []types.UID
+		for _, n := range names {
+			out = append(out, types.UID("uid-"+n))
+		}
+		return out
+	}
+	tests := []struct {
+		name    string
+		pod     *corev1.Pod
+		victims []types.UID
+		want    []types.UID
+		ok      bool
+	}{
+		{name: "only the lowest-priority victim that frees one GPU is needed", pod: makePod("p").Shared(20, 50).Obj(),
+			victims: uids("g0a", "g0b", "g1", "cpu"), want: uids("g0a", "cpu"), ok: true},
+		{name: "victims on different GPUs do not add up", pod: makePod("p").Shared(30, 0).Obj(),
+			victims: uids("g0a", "g1"), want: uids("g1"), ok: true},
+		{name: "does not fit even with all victims gone", pod: makePod("p").Shared(35, 0).Obj(),
+			victims: uids("g0a"), ok: false},
+		{name: "whole GPU needs its GPU emptied", pod: makePod("p").Whole(1).Obj(),
+			victims: uids("g0a", "g0b", "g1"), want: uids("g0a", "g0b"), ok: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := Preempt(st, mustDemand(t, tc.pod), tc.victims)
+			if ok != tc.ok {
+				t.Fatalf("Preempt() ok = %v, want %v", ok, tc.ok)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("Preempt() victims (-want +got):\n%s", diff)
+			}
+		})
+	}
+}

@@ -1,0 +1,402 @@
+package extender
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// fakePods is an in-memory PodClient.
+type fakePods struct {
+	mu       sync.Mutex
+	pods     map[string]*corev1.Pod
+	bindErr  error
+	patchErr error
+	calls    []string
+}
+
+var _ PodClient = (*fakePods)(nil)
+
+func newFakePods(pods ...*corev1.Pod) *fakePods {
+	f := &fakePods{pods: map[string]*corev1.Pod{}}
+	for _, p := range pods {
+		f.pods[p.Namespace+"/"+p.Name] = p.DeepCopy()
+	}
+	return f
+}
+
+func (f *fakePods) GetPod(_ context.Context, ns, name string) (*corev1.Pod, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, ok := f.pods[ns+"/"+name]
+	if !ok {
+		return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "pods"}, name)
+	}
+	return p.DeepCopy(), nil
+}
+
+func (f *fakePods) PatchAssignment(_ context.Context, pod *corev1.Pod, value string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, "patch "+pod.Name)
+	if f.patchErr != nil {
+		return f.patchErr
+	}
+	f.pods[pod.Namespace+"/"+pod.Name].Annotations[api.AnnotationAssignment] = value
+	return nil
+}
+
+func (f *fakePods) Bind(_ context.Context, pod *corev1.Pod, node string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, "bind "+pod.Name+" "+node)
+	if f.bindErr != nil {
+		return f.bindErr
+	}
+	p := f.pods[pod.Namespace+"/"+pod.Name]
+	if p.Spec.NodeName != "" {
+		return apierrors.NewConflict(schema.GroupResource{Resource: "pods"}, pod.Name, errors.New("already bound"))
+	}
+	p.Spec.NodeName = node
+	return nil
+}
+
+type fakeEvents struct {
+	mu     sync.Mutex
+	events []string
+}
+
+func (f *fakeEvents) Eventf(_ runtime.Object, _, reason, format string, args ...any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.events = append(f.events, reason+": "+fmt.Sprintf(format, args...))
+}
+
+type fixture struct {
+	cache  *Cache
+	pods   *fakePods
+	events *fakeEvents
+	reg    *prometheus.Registry
+	srv    *httptest.Server
+}
+
+func newFixture(t *testing.T, nodes []*corev1.Node, bound []*corev1.Pod, pending ...*corev1.Pod) *fixture {
+	t.Helper()
+	f := &fixture{cache: newTestCache(t, nodes, bound), pods: newFakePods(pending...), events: &fakeEvents{}, reg: prometheus.NewRegistry()}
+	s := NewServer(f.cache, testPolicy(t, PolicyBinpack), f.pods, f.events, NewMetrics(f.reg))
+	mux := http.NewServeMux()
+	s.Register(mux)
+	f.srv = httptest.NewServer(mux)
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func (f *fixture) post(t *testing.T, path string, body any, out any) int {
+	t.Helper()
+	var raw []byte
+	switch b := body.(type) {
+	case string:
+		raw = []byte(b)
+	default:
+		var err error
+		if raw, err = json.Marshal(body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := http.Post(f.srv.URL+path, "application/json", bytes.NewReader(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("%s: Content-Type %q, want application/json", path, ct)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		t.Fatalf("%s: reply is not JSON: %v", path, err)
+	}
+	return resp.StatusCode
+}
+
+func TestFilterVerb(t *testing.T) {
+	nodes := []*corev1.Node{
+		makeNode("a100").GPUs(2, "NVIDIA A100-SXM4-40GB", 40960).Obj(),
+		makeNode("h100").GPUs(2, "NVIDIA H100 80GB HBM3", 81920).Obj(),
+		makeNode("cpu").Obj(),
+	}
+	bound := []*corev1.Pod{makePod("a").Shared(40, 10).Node("a100").On(0, 40960, 10).Obj()}
+	f := newFixture(t, nodes, bound)
+	pod := makePod("p").Whole(2).Model("A100|V100").Obj()
+	names := []string{"a100", "h100", "cpu", "ghost"}
+
+	var res extenderv1.ExtenderFilterResult
+	if code := f.post(t, PathFilter, &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names}, &res); code != http.StatusOK {
+		t.Fatalf("status %d", code)
+	}
+	if res.NodeNames == nil || len(*res.NodeNames) != 0 {
+		t.Errorf("NodeNames = %v, want empty", res.NodeNames)
+	}
+	gotReasons := map[string]string{}
+	for n, m := range res.FailedNodes {
+		gotReasons[n] = "resolvable: " + m[:strings.Index(m, ":")]
+	}
+	for n, m := range res.FailedAndUnresolvableNodes {
+		gotReasons[n] = "unresolvable: " + m[:strings.Index(m, ":")]
+	}
+	want := map[string]string{"a100": "resolvable: tessera", "h100": "unresolvable: tessera", "cpu": "unresolvable: tessera", "ghost": "resolvable: tessera"}
+	if diff := cmp.Diff(want, gotReasons); diff != "" {
+		t.Errorf("failed nodes (-want +got):\n%s", diff)
+	}
+	if !strings.Contains(res.FailedAndUnresolvableNodes["h100"], "H100") {
+		t.Errorf("model message %q does not name the model", res.FailedAndUnresolvableNodes["h100"])
+	}
+	if got := counterValue(t, f.reg, "rejections", string(ModelNotAllowed)); got != 1 {
+		t.Errorf("rejections{%s} = %v, want 1", ModelNotAllowed, got)
+	}
+
+	// Full Nodes mode: a shared pod fits the H100 (and the A100's free GPU).
+	shared := makePod("s").Shared(20, 0).Obj()
+	list := &corev1.NodeList{Items: []corev1.Node{*nodes[0], *nodes[1], *nodes[2]}}
+	res = extenderv1.ExtenderFilterResult{}
+	f.post(t, PathFilter, &extenderv1.ExtenderArgs{Pod: shared, Nodes: list}, &res)
+	var got []string
+	for _, n := range res.Nodes.Items {
+		got = append(got, n.Name)
+	}
+	if diff := cmp.Diff([]string{"a100", "h100"}, got); diff != "" {
+		t.Errorf("Nodes (-want +got):\n%s", diff)
+	}
+}
+
+// counterValue reads a tessera_extender_<which>_total child.
+func counterValue(t *testing.T, reg *prometheus.Registry, which, label string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "tessera_extender_"+which+"_total" {
+			for _, m := range mf.GetMetric() {
+				if m.GetLabel()[0].GetValue() == label {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+func TestMalformedRequests(t *testing.T) {
+	f := newFixture(t, []*corev1.Node{makeNode("n").GPUs(1, "A100", 40960).Obj()}, nil)
+	for _, path := range []string{PathFilter, PathPrioritize, PathPrioritizeCPU, PathBind, PathPreempt} {
+		t.Run(path, func(t *testing.T) {
+			var reply map[string]any
+			code := f.post(t, path, `{"Pod": [`, &reply)
+			if code != http.StatusBadRequest {
+				t.Errorf("status %d, want 400", code)
+			}
+			msg, _ := reply["Error"].(string)
+			if m, ok := reply["error"].(string); ok {
+				msg = m
+			}
+			if !strings.Contains(msg, "malformed request body") {
+				t.Errorf("reply %v has no error message", reply)
+			}
+		})
+	}
+	// A malformed pod annotation: a JSON error and an Event.
+	names := []string{"n"}
+	bad := makePod("bad").Whole(1).Model("|").Obj()
+	var res extenderv1.ExtenderFilterResult
+	f.post(t, PathFilter, &extenderv1.ExtenderArgs{Pod: bad, NodeNames: &names}, &res)
+	if !strings.Contains(res.Error, api.AnnotationGPUModel) {
+		t.Errorf("Error = %q, want it to name %s", res.Error, api.AnnotationGPUModel)
+	}
+	if len(f.events.events) != 1 || !strings.HasPrefix(f.events.events[0], "InvalidGPURequest") {
+		t.Errorf("events = %v, want one InvalidGPURequest", f.events.events)
+	}
+	// No pod at all.
+	res = extenderv1.ExtenderFilterResult{}
+	f.post(t, PathFilter, &extenderv1.ExtenderArgs{NodeNames: &names}, &res)
+	if res.Error == "" {
+		t.Error("filter without a pod: no error")
+	}
+}
+
+func TestPrioritizeVerb(t *testing.T) {
+	nodes := []*corev1.Node{makeNode("empty").GPUs(8, "A100", 40960).Obj(), makeNode("used").GPUs(8, "A100", 40960).Obj(), makeNode("full").GPUs(1, "A100", 40960).Obj()}
+	bound := []*corev1.Pod{
+		makePod("a").Shared(10, 50).Node("used").On(0, 10240, 50).Obj(),
+		makePod("b").Whole(1).Node("full").Holding(0).Obj(),
+	}
+	f := newFixture(t, nodes, bound)
+	names := []string{"empty", "used", "full"}
+	var got extenderv1.HostPriorityList
+	f.post(t, PathPrioritize, &extenderv1.ExtenderArgs{Pod: makePod("p").Shared(10, 25).Obj(), NodeNames: &names}, &got)
+	want := extenderv1.HostPriorityList{{Host: "empty", Score: 0}, {Host: "used", Score: 10}, {Host: "full", Score: 0}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("prioritize (-want +got):\n%s", diff)
+	}
+	// The CPU-only entry leaves GPU pods alone.
+	got = nil
+	f.post(t, PathPrioritizeCPU, &extenderv1.ExtenderArgs{Pod: makePod("p").Shared(10, 25).Obj(), NodeNames: &names}, &got)
+	for _, hp := range got {
+		if hp.Score != 0 {
+			t.Errorf("prioritize-cpu scored a GPU pod: %v", got)
+		}
+	}
+}
+
+// TestCPUOnlyPodsAvoidStrandingGPUs checks that a CPU-only pod prefers a
+// node without GPUs over one whose GPUs its CPU would strand.
+func TestCPUOnlyPodsAvoidStrandingGPUs(t *testing.T) {
+	nodes := []*corev1.Node{makeNode("gpu").GPUs(8, "A100", 40960).CPU("64").Obj(), makeNode("plain").CPU("64").Obj()}
+	f := newFixture(t, nodes, nil)
+	names := []string{"gpu", "plain"}
+	var got extenderv1.HostPriorityList
+	f.post(t, PathPrioritizeCPU, &extenderv1.ExtenderArgs{Pod: makePod("c").CPU("48").Obj(), NodeNames: &names}, &got)
+	if len(got) != 2 || got[1].Score <= got[0].Score {
+		t.Errorf("prioritize-cpu = %v, want plain above gpu", got)
+	}
+}
+
+func TestBindVerb(t *testing.T) {
+	node := makeNode("n").GPUs(2, "A100", 40960).Obj()
+	bound := []*corev1.Pod{makePod("a").Shared(10, 50).Node("n").On(1, 10240, 50).Obj()}
+	pod := makePod("p").Shared(10, 25).Obj()
+	f := newFixture(t, []*corev1.Node{node}, bound, pod)
+	args := &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "p", PodUID: pod.UID, Node: "n"}
+
+	var res extenderv1.ExtenderBindingResult
+	f.post(t, PathBind, args, &res)
+	if res.Error != "" {
+		t.Fatalf("bind error %q", res.Error)
+	}
+	got, _ := f.pods.GetPod(context.Background(), "default", "p")
+	a, ok, err := api.GetAssignment(got.Annotations)
+	if err != nil || !ok {
+		t.Fatalf("assignment: ok=%v err=%v", ok, err)
+	}
+	want := &api.Assignment{APIVersion: api.Version, Kind: api.KindAssignment, Containers: []api.ContainerAssignment{{Name: "main",
+		Shared: &api.SharedGPU{GPU: api.GPURef{UUID: gpuUUID("n", 1), Index: 1}, MemoryMiB: 10240, Cores: 25}}}}
+	if diff := cmp.Diff(want, a); diff != "" {
+		t.Errorf("assignment (-want +got):\n%s", diff)
+	}
+	if got.Spec.NodeName != "n" {
+		t.Errorf("pod bound to %q", got.Spec.NodeName)
+	}
+	if diff := cmp.Diff([]string{"patch p", "bind p n"}, f.pods.calls); diff != "" {
+		t.Errorf("API calls (-want +got):\n%s", diff)
+	}
+	// Counted before the informer shows it.
+	if free := freeOf(mustState(t, f.cache, "n")); free != "1000/40960 250/20480" {
+		t.Errorf("free after bind = %q", free)
+	}
+	// A retry is a no-op.
+	res = extenderv1.ExtenderBindingResult{}
+	f.post(t, PathBind, args, &res)
+	if res.Error != "" || len(f.pods.calls) != 2 {
+		t.Errorf("retry: error %q, calls %v", res.Error, f.pods.calls)
+	}
+}
+
+func TestBindRollsBackAndRetriesSameGPU(t *testing.T) {
+	node := makeNode("n").GPUs(2, "A100", 40960).Obj()
+	bound := []*corev1.Pod{makePod("a").Shared(10, 50).Node("n").On(1, 10240, 50).Obj()}
+	pod := makePod("p").Shared(10, 25).Obj()
+	f := newFixture(t, []*corev1.Node{node}, bound, pod)
+	args := &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "p", PodUID: pod.UID, Node: "n"}
+	f.pods.bindErr = errors.New("apiserver unavailable")
+	var res extenderv1.ExtenderBindingResult
+	f.post(t, PathBind, args, &res)
+	if !strings.Contains(res.Error, "apiserver unavailable") {
+		t.Fatalf("bind error %q", res.Error)
+	}
+	if free := freeOf(mustState(t, f.cache, "n")); free != "1000/40960 500/30720" {
+		t.Errorf("ledger not rolled back: %q", free)
+	}
+	if f.cache.Reservations() != 0 {
+		t.Error("reservation left after failed binding")
+	}
+	f.pods.bindErr = nil
+	res = extenderv1.ExtenderBindingResult{}
+	f.post(t, PathBind, args, &res)
+	if res.Error != "" {
+		t.Fatalf("retry: %q", res.Error)
+	}
+	// The recorded assignment was reused: no second patch.
+	if diff := cmp.Diff([]string{"patch p", "bind p n", "bind p n"}, f.pods.calls); diff != "" {
+		t.Errorf("API calls (-want +got):\n%s", diff)
+	}
+}
+
+func TestBindErrors(t *testing.T) {
+	node := makeNode("n").GPUs(1, "A100", 40960).Obj()
+	full := []*corev1.Pod{makePod("a").Shared(40, 50).Node("n").On(0, 40960, 50).Obj()}
+	pod := makePod("p").Shared(10, 25).Obj()
+	f := newFixture(t, []*corev1.Node{node}, full, pod)
+	tests := []struct {
+		name string
+		args extenderv1.ExtenderBindingArgs
+		want string
+	}{
+		{"unknown pod", extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "ghost", Node: "n"}, "not found"},
+		{"recreated pod", extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "p", PodUID: "other", Node: "n"}, ErrPodMismatch.Error()},
+		{"no longer fits", extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "p", PodUID: pod.UID, Node: "n"}, "does not fit"},
+		{"unknown node", extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "p", PodUID: pod.UID, Node: "x"}, ErrNoNode.Error()},
+		{"empty", extenderv1.ExtenderBindingArgs{}, "required"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var res extenderv1.ExtenderBindingResult
+			f.post(t, PathBind, &tc.args, &res)
+			if !strings.Contains(res.Error, tc.want) {
+				t.Errorf("Error = %q, want it to contain %q", res.Error, tc.want)
+			}
+		})
+	}
+	if len(f.pods.calls) != 0 {
+		t.Errorf("API writes on failed binds: %v", f.pods.calls)
+	}
+}
+
+func TestPreemptVerb(t *testing.T) {
+	node := makeNode("n").GPUs(2, "A100", 40960).Obj()
+	bound := []*corev1.Pod{
+		makePod("g0").Shared(40, 50).Node("n").On(0, 40960, 50).Obj(),
+		makePod("g1").Shared(40, 50).Node("n").On(1, 40960, 50).Priority(5).Obj(),
+	}
+	f := newFixture(t, []*corev1.Node{node}, bound)
+	args := &extenderv1.ExtenderPreemptionArgs{
+		Pod: makePod("p").Shared(30, 0).Obj(),
+		NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{
+			"n":     {Pods: []*extenderv1.MetaPod{{UID: "uid-g0"}, {UID: "uid-g1"}}, NumPDBViolations: 1},
+			"ghost": {Pods: []*extenderv1.MetaPod{{UID: "x"}}},
+		},
+	}
+	var res extenderv1.ExtenderPreemptionResult
+	if code := f.post(t, PathPreempt, args, &res); code != http.StatusOK {
+		t.Fatalf("status %d", code)
+	}
+	want := map[string]*extenderv1.MetaVictims{"n": {Pods: []*extenderv1.MetaPod{{UID: "uid-g0"}}, NumPDBViolations: 1}}
+	if diff := cmp.Diff(want, res.NodeNameToMetaVictims); diff != "" {
+		t.Errorf("preempt (-want +got):\n%s", diff)
+	}
+}
