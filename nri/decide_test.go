@@ -95,7 +95,6 @@ func gpuNodes(minors ...int64) []DeviceNode {
 	)
 }
 
-
 func sharedEnv(uuid, index, memMiB, cores string) []EnvVar {
 	env := []EnvVar{
 		{api.EnvNVIDIAVisibleDevices, uuid},
@@ -340,8 +339,10 @@ func TestDecide(t *testing.T) {
 			wantErr: `GPU ` + uuid1 + `: already allocated whole to ns/a container c`,
 		},
 		{
-			name:    "whole GPU serving shared containers",
-			node:    func(n *Node) { n.Ledger = []Entry{other("a", &api.SharedGPU{GPU: api.GPURef{UUID: uuid1, Index: 1}, MemoryMiB: 1024})} },
+			name: "whole GPU serving shared containers",
+			node: func(n *Node) {
+				n.Ledger = []Entry{other("a", &api.SharedGPU{GPU: api.GPURef{UUID: uuid1, Index: 1}, MemoryMiB: 1024})}
+			},
 			req:     Request{Pod: pod(nil), Container: Container{Name: "c"}, Devices: Devices{Whole: []string{uuid1}}},
 			wantErr: `GPU ` + uuid1 + `: serves 1 shared container(s) (ns/a container c) and cannot also be used whole`,
 		},

@@ -98,8 +98,8 @@ func (f *fakeRecorder) RecordShared(_ context.Context, pod Pod, container string
 // connected (synchronized) plugins.
 type pluginCount struct{ ch chan int }
 
-func (pluginCount) RecordPluginInvocation(string, string, error)          {}
-func (pluginCount) RecordPluginLatency(string, string, time.Duration)     {}
+func (pluginCount) RecordPluginInvocation(string, string, error)      {}
+func (pluginCount) RecordPluginLatency(string, string, time.Duration) {}
 func (pluginCount) RecordPluginAdjustments(string, string, *adaptation.ContainerAdjustment, int, int) {
 }
 func (m pluginCount) UpdatePluginCount(n int) {
@@ -605,4 +605,3 @@ func TestPluginConfigRequired(t *testing.T) {
 		}
 	}
 }
-
