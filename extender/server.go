@@ -455,3 +455,16 @@ func (s *Server) handlePreempt(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(ctx, w, http.StatusOK, res)
 }
+
+// UntilReady answers every request with 503 and a JSON error until ready
+// reports true (the informer caches have synced: before that the ledger
+// would pass GPUs that are in use), then hands over to next.
+func UntilReady(ready func() bool, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !ready() {
+			writeJSON(r.Context(), w, http.StatusServiceUnavailable, &ErrorReply{Error: "tessera-extender: caches not synced yet"})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}

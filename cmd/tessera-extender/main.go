@@ -1,0 +1,242 @@
+// Command tessera-extender is Tessera's kube-scheduler extender: an HTTP(S)
+// webhook answering the filter, prioritize, bind and preempt verbs for pods
+// that ask for tessera.dev/gpu, tessera.dev/gpu-memory or
+// tessera.dev/gpu-core. See docs/extender.md.
+//
+//	tessera-extender [--kubeconfig FILE] [--listen :8888] [--policy binpack]
+//	                 [--tls-cert FILE --tls-key FILE] [--metrics-listen ADDR]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/extender"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stderr)
+	stop()
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(os.Stderr, "tessera-extender: %v\n", err)
+		}
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	kubeconfig    string
+	listen        string
+	metricsListen string
+	tlsCert       string
+	tlsKey        string
+	policy        string
+	seed          int64
+	qps           float64
+	burst         int
+	shutdownGrace time.Duration
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("tessera-extender", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty: the in-cluster service account")
+	fs.StringVar(&o.listen, "listen", ":8888", "address of the extender verbs, /healthz, /readyz (and /metrics unless --metrics-listen)")
+	fs.StringVar(&o.metricsListen, "metrics-listen", "", "separate plain-HTTP address for /metrics; empty: served on --listen")
+	fs.StringVar(&o.tlsCert, "tls-cert", "", "serve HTTPS with this certificate (needs --tls-key)")
+	fs.StringVar(&o.tlsKey, "tls-key", "", "private key of --tls-cert")
+	fs.StringVar(&o.policy, "policy", extender.PolicyBinpack, "placement policy: "+strings.Join(extender.PolicyNames(), ", "))
+	fs.Int64Var(&o.seed, "seed", 1, "seed of the random policy")
+	fs.Float64Var(&o.qps, "kube-api-qps", 50, "API server queries per second")
+	fs.IntVar(&o.burst, "kube-api-burst", 100, "API server burst")
+	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 10*time.Second, "how long in-flight requests may finish on SIGTERM")
+	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	klogFlags.VisitAll(func(f *flag.Flag) { fs.Var(f.Value, f.Name, f.Usage) })
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if (o.tlsCert == "") != (o.tlsKey == "") {
+		return nil, errors.New("--tls-cert and --tls-key go together")
+	}
+	return o, nil
+}
+
+func restConfig(o *options) (*rest.Config, error) {
+	var cfg *rest.Config
+	var err error
+	if o.kubeconfig != "" {
+		cfg, err = loadKubeconfig(o.kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, err
+	}
+	cfg.QPS, cfg.Burst = float32(o.qps), o.burst
+	cfg.UserAgent = "tessera-extender"
+	return cfg, nil
+}
+
+// run is main without the process around it.
+func run(ctx context.Context, args []string, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	logger := klog.Background().WithName("tessera-extender")
+	ctx = klog.NewContext(ctx, logger)
+	defer klog.Flush()
+
+	policy, err := extender.NewPolicy(o.policy, extender.DefaultWorkload(), o.seed)
+	if err != nil {
+		return err
+	}
+	cfg, err := restConfig(o)
+	if err != nil {
+		return fmt.Errorf("client configuration: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("client: %w", err)
+	}
+
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: extender.FieldManager})
+
+	cache := extender.NewCache()
+	factory := informers.NewSharedInformerFactory(client, 0)
+	nodeInf := factory.Core().V1().Nodes().Informer()
+	podInf := factory.Core().V1().Pods().Informer()
+	if err := podInf.SetTransform(stripManagedFields); err != nil {
+		return fmt.Errorf("pod informer: %w", err)
+	}
+	if err := extender.Watch(ctx, cache, nodeInf, podInf, recorder); err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "tessera", Subsystem: "extender", Name: "reservations",
+		Help: "Placements decided at bind that the informers do not show yet.",
+	}, func() float64 { return float64(cache.Reservations()) }))
+	metrics := extender.NewMetrics(reg)
+	srv := extender.NewServer(cache, policy, &extender.KubePods{Client: client}, recorder, metrics)
+
+	var ready atomic.Bool
+	verbs := http.NewServeMux()
+	srv.Register(verbs)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !ready.Load() {
+			http.Error(w, "informer caches not synced", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.Handle("/", extender.UntilReady(ready.Load, verbs))
+	metricsHandler := promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
+	var servers []*http.Server
+	if o.metricsListen == "" {
+		mux.Handle("GET /metrics", metricsHandler)
+	} else {
+		mm := http.NewServeMux()
+		mm.Handle("GET /metrics", metricsHandler)
+		servers = append(servers, &http.Server{Addr: o.metricsListen, Handler: mm, ReadHeaderTimeout: 10 * time.Second})
+	}
+	apiSrv := &http.Server{Addr: o.listen, Handler: mux, ReadHeaderTimeout: 10 * time.Second,
+		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
+	servers = append([]*http.Server{apiSrv}, servers...)
+
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	go func() {
+		for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
+			if !ok {
+				logger.Info("Informer cache did not sync", "type", typ)
+				return
+			}
+		}
+		ready.Store(true)
+		logger.Info("Caches synced; ready")
+	}()
+
+	errc := make(chan error, len(servers))
+	for i, s := range servers {
+		ln, err := net.Listen("tcp", s.Addr)
+		if err != nil {
+			return fmt.Errorf("listen %s: %w", s.Addr, err)
+		}
+		tls := i == 0 && o.tlsCert != ""
+		logger.Info("Serving", "address", ln.Addr().String(), "tls", tls, "policy", policy.Name())
+		go func() {
+			var err error
+			if tls {
+				err = s.ServeTLS(ln, o.tlsCert, o.tlsKey)
+			} else {
+				err = s.Serve(ln)
+			}
+			if !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("serve %s: %w", s.Addr, err)
+			}
+		}()
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		return err
+	}
+	logger.Info("Shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownGrace)
+	defer cancel()
+	var errs []error
+	for _, s := range servers {
+		if err := s.Shutdown(sctx); err != nil {
+			errs = append(errs, fmt.Errorf("shutdown %s: %w", s.Addr, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// stripManagedFields drops managed fields from informer objects: the
+// extender never reads them and they are a large part of a pod.
+func stripManagedFields(obj any) (any, error) {
+	if a, ok := obj.(interface{ SetManagedFields([]metav1.ManagedFieldsEntry) }); ok {
+		a.SetManagedFields(nil)
+	}
+	return obj, nil
+}
