@@ -235,7 +235,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 // stripManagedFields drops managed fields from informer objects: the
 // extender never reads them and they are a large part of a pod.
 func stripManagedFields(obj any) (any, error) {
-	if a, ok := obj.(interface{ SetManagedFields([]metav1.ManagedFieldsEntry) }); ok {
+	if a, ok := obj.(interface {
+		SetManagedFields([]metav1.ManagedFieldsEntry)
+	}); ok {
 		a.SetManagedFields(nil)
 	}
 	return obj, nil
