@@ -32,6 +32,7 @@ const usage = `usage: tessera-node COMMAND [flags]
 
 Commands:
   topology   print the node's GPU topology model as JSON
+  agent      serve the kubelet device plugins (the default when flags come first)
 `
 
 // run dispatches a command line; it is main without the process around it.
@@ -43,6 +44,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	switch args[0] {
 	case "topology":
 		return runTopology(ctx, args[1:], stdout, stderr)
+	case agentCommand(args[0]):
+		return runAgent(ctx, args, stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil

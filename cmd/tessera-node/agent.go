@@ -1,0 +1,339 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/deviceplugin"
+	"github.com/tessera-gpu/tessera/deviceplugin/kube"
+	"github.com/tessera-gpu/tessera/deviceplugin/kubeletstate"
+	"github.com/tessera-gpu/tessera/gpu"
+	"github.com/tessera-gpu/tessera/topology"
+)
+
+// agentCommandName starts the node agent. It is also the default command:
+// a command line that starts with a flag runs the agent.
+const agentCommandName = "agent"
+
+// agentCommand returns arg when arg starts the agent ("agent", or a flag
+// other than a help flag), and a string no argument equals otherwise, so
+// that `case agentCommand(args[0]):` in run's switch selects the agent.
+func agentCommand(arg string) string {
+	switch {
+	case arg == agentCommandName:
+		return arg
+	case strings.HasPrefix(arg, "-") && arg != "-h" && arg != "--help" && arg != "-help":
+		return arg
+	}
+	return "\x00" + agentCommandName
+}
+
+// agentFlags are the agent's command-line settings.
+type agentFlags struct {
+	nvml               string
+	sysfsRoot          string
+	configFile         string
+	pluginDir          string
+	podResourcesSocket string
+	kubeconfig         string
+	nodeName           string
+	metricsAddr        string
+
+	// Overrides of the configuration file, applied when given.
+	resources          string
+	memoryUnitMiB      uint64
+	memoryReserveMiB   uint64
+	ignoreXIDs         string
+	deviceListStrategy string
+	cdiKind            string
+	healthInterval     time.Duration
+	xidRecoveryDelay   time.Duration
+}
+
+// newAgentFlagSet declares the agent's flags (klog's -v among them).
+func newAgentFlagSet(stderr io.Writer) (*flag.FlagSet, *agentFlags) {
+	fs := flag.NewFlagSet(agentCommandName, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	f := &agentFlags{}
+	fs.StringVar(&f.nvml, "nvml", gpu.SpecReal, `GPU backend: "real" (libnvidia-ml.so.1), "mock:NAME" (a built-in mock machine) or "mock:PATH" (a mock machine file)`)
+	fs.StringVar(&f.sysfsRoot, "sysfs-root", "", "sysfs root to read NUMA facts from (default /sys, or the mock machine's own for a mock backend)")
+	fs.StringVar(&f.configFile, "config", "", "NodeAgentConfig file (YAML or JSON); the flags below override it")
+	fs.StringVar(&f.pluginDir, "device-plugin-dir", deviceplugin.DefaultPluginDir, "the kubelet's device-plugin directory (its kubelet.sock and the plugins' sockets)")
+	fs.StringVar(&f.podResourcesSocket, "pod-resources-socket", kubeletstate.DefaultPodResourcesSocket, "the kubelet's PodResources API socket; the device manager's checkpoint is read where it cannot be reached")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the API server; in a pod the in-cluster configuration is used. With neither, or without --node-name, the agent runs without an API server")
+	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", ":9402", `address of the Prometheus /metrics and /healthz endpoint; "" turns it off`)
+	fs.StringVar(&f.resources, "resources", "", "comma-separated resources to advertise (overrides the config's resources)")
+	fs.Uint64Var(&f.memoryUnitMiB, "memory-unit-mib", 0, "size of one "+string(api.ResourceGPUMemory)+" device in MiB (overrides memoryUnitMiB)")
+	fs.Uint64Var(&f.memoryReserveMiB, "memory-reserve-mib", 0, "GPU memory per GPU not advertised, in MiB (overrides memoryReserveMiB)")
+	fs.StringVar(&f.ignoreXIDs, "ignore-xids", "", `comma-separated XIDs that do not make a GPU unhealthy (overrides ignoredXIDs; "none" ignores none)`)
+	fs.StringVar(&f.deviceListStrategy, "device-list-strategy", "", "comma-separated: cdi-cri, cdi-annotations, envvar, volume-mounts (overrides deviceListStrategy)")
+	fs.StringVar(&f.cdiKind, "cdi-kind", "", "vendor/class of CDI device names (overrides cdiKind)")
+	fs.DurationVar(&f.healthInterval, "health-check-interval", 0, "period of the NVML health check (overrides healthCheckInterval)")
+	fs.DurationVar(&f.xidRecoveryDelay, "xid-recovery-delay", 0, "how long a GPU stays unhealthy after a critical XID (overrides xidRecoveryDelay)")
+	klog.InitFlags(fs)
+	return fs, f
+}
+
+// parseAgentArgs parses the agent's command line (without the command name)
+// and returns the flags and the resolved configuration.
+func parseAgentArgs(args []string, stderr io.Writer) (*agentFlags, *api.NodeAgentConfig, error) {
+	fs, f := newAgentFlagSet(stderr)
+	if err := fs.Parse(args); err != nil {
+		return nil, nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, nil, fmt.Errorf("%s: unexpected arguments %q", agentCommandName, fs.Args())
+	}
+	cfg := api.NewNodeAgentConfig()
+	if f.configFile != "" {
+		data, err := os.ReadFile(f.configFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("reading --config: %w", err)
+		}
+		if cfg, err = api.LoadNodeAgentConfig(data, f.configFile); err != nil {
+			return nil, nil, err
+		}
+	}
+	var errs []error
+	fs.Visit(func(fl *flag.Flag) {
+		if err := f.override(cfg, fl.Name); err != nil {
+			errs = append(errs, fmt.Errorf("--%s: %w", fl.Name, err))
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return nil, nil, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, nil, fmt.Errorf("configuration after flags: %w", err)
+	}
+	return f, cfg, nil
+}
+
+// override applies the flag called name to cfg.
+func (f *agentFlags) override(cfg *api.NodeAgentConfig, name string) error {
+	switch name {
+	case "resources":
+		cfg.Resources = nil
+		for _, s := range splitList(f.resources) {
+			cfg.Resources = append(cfg.Resources, corev1.ResourceName(s))
+		}
+		if len(cfg.Resources) == 0 {
+			return errors.New("must name at least one resource")
+		}
+	case "memory-unit-mib":
+		cfg.MemoryUnitMiB = f.memoryUnitMiB
+	case "memory-reserve-mib":
+		cfg.MemoryReserveMiB = f.memoryReserveMiB
+	case "ignore-xids":
+		cfg.IgnoredXIDs = []uint64{}
+		if strings.TrimSpace(f.ignoreXIDs) == "none" {
+			return nil
+		}
+		for _, s := range splitList(f.ignoreXIDs) {
+			x, err := strconv.ParseUint(s, 10, 64)
+			if err != nil {
+				return fmt.Errorf("%q is not an XID number", s)
+			}
+			cfg.IgnoredXIDs = append(cfg.IgnoredXIDs, x)
+		}
+	case "device-list-strategy":
+		cfg.DeviceListStrategy = splitList(f.deviceListStrategy)
+	case "cdi-kind":
+		cfg.CDIKind = f.cdiKind
+	case "health-check-interval":
+		cfg.HealthCheckInterval.Duration = f.healthInterval
+	case "xid-recovery-delay":
+		cfg.XIDRecoveryDelay.Duration = f.xidRecoveryDelay
+	}
+	return nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// runAgent runs the node agent until ctx ends.
+func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == agentCommandName {
+		args = args[1:]
+	}
+	f, cfg, err := parseAgentArgs(args, stderr)
+	if err != nil {
+		return err
+	}
+	logger := klog.Background().WithName("tessera-node")
+	ctx = klog.NewContext(ctx, logger)
+
+	backend, err := gpu.Open(f.nvml)
+	if err != nil {
+		return err
+	}
+	if err := backend.Init(); err != nil {
+		return fmt.Errorf("no GPU backend: %w", err)
+	}
+	defer backend.Shutdown() //nolint:errcheck // nothing to do about it on exit
+	root, cleanup, err := sysfsRootFor(backend, f.sysfsRoot)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	topo, err := topology.Build(backend, topology.Sysfs{Root: root})
+	if err != nil {
+		return fmt.Errorf("reading the GPU topology: %w", err)
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics, err := deviceplugin.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	opts := deviceplugin.Options{
+		Config:    cfg,
+		NodeName:  f.nodeName,
+		PluginDir: f.pluginDir,
+		Topology:  topo,
+		GPU:       backend,
+		Kubelet: kubeletstate.First{
+			&kubeletstate.PodResources{Socket: f.podResourcesSocket},
+			&kubeletstate.Checkpoint{Path: f.pluginDir + "/" + kubeletstate.CheckpointFile},
+		},
+		Metrics: metrics,
+	}
+	restCfg, err := apiServerConfig(f.kubeconfig, f.nodeName)
+	if err != nil {
+		return err
+	}
+	if restCfg != nil {
+		restCfg.UserAgent = "tessera-node"
+		cs, err := kubernetes.NewForConfig(restCfg)
+		if err != nil {
+			return fmt.Errorf("API server client: %w", err)
+		}
+		opts.Publisher = kube.New(cs, f.nodeName, nil)
+		logger.Info("Publishing to the API server", "node", klog.KRef("", f.nodeName), "server", restCfg.Host)
+	} else {
+		logger.Info("Running without an API server (give --kubeconfig or run in a pod, and --node-name, to publish the GPU inventory and pods' GPUs)")
+	}
+	agent, err := deviceplugin.New(opts)
+	if err != nil {
+		return err
+	}
+	logger.Info("Starting the node agent", "gpus", len(topo.GPUs), "resources", cfg.Resources, "deviceListStrategy", cfg.DeviceListStrategy, "devicePluginDir", f.pluginDir)
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errc := make(chan error, 2)
+	if f.metricsAddr != "" {
+		srv, lis, err := metricsServer(f.metricsAddr, reg)
+		if err != nil {
+			return err
+		}
+		logger.Info("Serving metrics", "addr", lis.Addr().String())
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("metrics server: %w", err)
+				cancel()
+			}
+		}()
+		defer func() {
+			shutdown, done := context.WithTimeout(context.Background(), 5*time.Second)
+			defer done()
+			srv.Shutdown(shutdown) //nolint:errcheck // exiting anyway
+			wg.Wait()
+		}()
+	}
+	if err := agent.Run(ctx); err != nil {
+		return err
+	}
+	select {
+	case err := <-errc:
+		return err
+	default:
+	}
+	fmt.Fprintln(stdout, "tessera-node: stopped")
+	return nil
+}
+
+// sysfsRootFor returns the sysfs root to read: the flag's, /sys, or for a
+// mock backend its own machine's sysfs written to a temporary directory.
+func sysfsRootFor(backend *gpu.Backend, flagValue string) (string, func(), error) {
+	if flagValue != "" {
+		return flagValue, func() {}, nil
+	}
+	if backend.Mock == nil {
+		return topology.DefaultSysfsRoot, func() {}, nil
+	}
+	dir, err := os.MkdirTemp("", "tessera-mock-sysfs-")
+	if err != nil {
+		return "", nil, err
+	}
+	cleanup := func() { os.RemoveAll(dir) }
+	if err := backend.Mock.WriteSysfs(dir); err != nil {
+		cleanup()
+		return "", nil, err
+	}
+	return dir, cleanup, nil
+}
+
+// apiServerConfig returns the API server's configuration, or nil to run
+// without one: with --kubeconfig, that file; in a pod, the in-cluster
+// configuration. Either needs a node name.
+func apiServerConfig(kubeconfig, nodeName string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		if nodeName == "" {
+			return nil, errors.New("--kubeconfig needs --node-name (or $NODE_NAME)")
+		}
+		return loadKubeconfig(kubeconfig)
+	}
+	if nodeName == "" || os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
+		return nil, nil
+	}
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("in-cluster configuration: %w", err)
+	}
+	return cfg, nil
+}
+
+func metricsServer(addr string, reg *prometheus.Registry) (*http.Server, net.Listener, error) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--metrics-addr: %w", err)
+	}
+	return &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}, lis, nil
+}
