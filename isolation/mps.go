@@ -1,0 +1,364 @@
+// Package isolation enforces what the NRI plugin decided for shared GPUs:
+//
+//   - MPS runs and supervises one MPS control daemon per GPU with shared
+//     tenants (own pipe and log directories, the GPU in exclusive-process
+//     compute mode), and stops it when the GPU has no shared tenant left.
+//     Containers reach it through the pipe directory the NRI plugin mounts;
+//     CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+//     make the MPS server cap their memory and SMs.
+//   - Watchdog polls NVML for every process's GPU memory, maps each process
+//     to its container through /proc/PID/cgroup, and acts on containers over
+//     their limit (none, warn, kill, evict). It also exports used vs limit
+//     and per-container SM utilisation as metrics. It is best effort: it
+//     sees a process only after it has allocated.
+package isolation
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// DefaultMPSBinary is NVIDIA's MPS control program.
+const DefaultMPSBinary = "nvidia-cuda-mps-control"
+
+// ControlPipe is the pipe an MPS control daemon creates in its pipe
+// directory once it accepts clients.
+const ControlPipe = "control"
+
+// ComputeModeSetter switches a GPU between the default and the
+// exclusive-process compute mode. NVMLComputeMode implements it.
+type ComputeModeSetter interface {
+	SetComputeMode(index int, exclusiveProcess bool) error
+}
+
+// MPSConfig configures MPS.
+type MPSConfig struct {
+	// Binary is the MPS control program (DefaultMPSBinary when empty).
+	Binary string
+	// PipeBase and LogBase hold one directory per GPU UUID.
+	PipeBase, LogBase string
+	// ComputeMode sets the GPUs' compute mode; required.
+	ComputeMode ComputeModeSetter
+	// StartTimeout bounds the wait for a daemon's control pipe (10s).
+	StartTimeout time.Duration
+	// StopTimeout bounds the wait for a daemon to quit before it is
+	// killed (10s).
+	StopTimeout time.Duration
+	// RestartDelay is the wait before a daemon that exited is restarted
+	// (1s).
+	RestartDelay time.Duration
+	// Metrics records daemon restarts; optional.
+	Metrics *Metrics
+}
+
+// MPS runs one supervised MPS control daemon per shared GPU.
+type MPS struct {
+	cfg MPSConfig
+
+	mu      sync.Mutex
+	daemons map[string]*daemon
+}
+
+type daemon struct {
+	gpu     api.GPURef
+	pipeDir string
+	logDir  string
+
+	mu       sync.Mutex
+	cmd      *exec.Cmd
+	exited   chan struct{} // closed when cmd has exited
+	stopping bool
+	stopped  chan struct{} // closed when supervision ended
+	restarts int
+}
+
+// NewMPS validates cfg.
+func NewMPS(cfg MPSConfig) (*MPS, error) {
+	if cfg.PipeBase == "" || cfg.LogBase == "" {
+		return nil, errors.New("mps: pipe and log base directories are required")
+	}
+	if cfg.ComputeMode == nil {
+		return nil, errors.New("mps: no compute mode setter")
+	}
+	if cfg.Binary == "" {
+		cfg.Binary = DefaultMPSBinary
+	}
+	if cfg.StartTimeout <= 0 {
+		cfg.StartTimeout = 10 * time.Second
+	}
+	if cfg.StopTimeout <= 0 {
+		cfg.StopTimeout = 10 * time.Second
+	}
+	if cfg.RestartDelay <= 0 {
+		cfg.RestartDelay = time.Second
+	}
+	return &MPS{cfg: cfg, daemons: map[string]*daemon{}}, nil
+}
+
+// PipeDir is the pipe directory of a GPU's daemon: the NRI plugin mounts it
+// into the GPU's shared containers.
+func (m *MPS) PipeDir(uuid string) string { return filepath.Join(m.cfg.PipeBase, uuid) }
+
+// LogDir is the log directory of a GPU's daemon.
+func (m *MPS) LogDir(uuid string) string { return filepath.Join(m.cfg.LogBase, uuid) }
+
+// Running lists the UUIDs of the GPUs with a daemon, sorted.
+func (m *MPS) Running() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for u := range m.daemons {
+		out = append(out, u)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Sync makes the daemons match gpus, the GPUs with shared tenants: it stops
+// the daemons of the other GPUs and starts the missing ones (each started
+// daemon accepts clients when Sync returns). Errors of several GPUs are
+// joined; a GPU whose daemon failed to start has none.
+func (m *MPS) Sync(ctx context.Context, gpus []api.GPURef) error {
+	logger := klog.FromContext(ctx).WithName("mps")
+	want := map[string]api.GPURef{}
+	for _, g := range gpus {
+		want[g.UUID] = g
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var errs []error
+	for uuid, d := range m.daemons {
+		if _, ok := want[uuid]; ok {
+			continue
+		}
+		logger.Info("Stopping the MPS daemon of a GPU without shared tenants", "gpu", uuid)
+		if err := m.stop(d); err != nil {
+			errs = append(errs, err)
+		}
+		delete(m.daemons, uuid)
+	}
+	var uuids []string
+	for u := range want {
+		uuids = append(uuids, u)
+	}
+	sort.Strings(uuids)
+	for _, u := range uuids {
+		if _, ok := m.daemons[u]; ok {
+			continue
+		}
+		d, err := m.start(logger, want[u])
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		m.daemons[u] = d
+		logger.Info("Started the MPS daemon", "gpu", u, "index", want[u].Index, "pipeDir", d.pipeDir)
+	}
+	return errors.Join(errs...)
+}
+
+// Stop stops every daemon.
+func (m *MPS) Stop() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var errs []error
+	for uuid, d := range m.daemons {
+		errs = append(errs, m.stop(d))
+		delete(m.daemons, uuid)
+	}
+	return errors.Join(errs...)
+}
+
+func (m *MPS) env(d *daemon) []string {
+	return append(os.Environ(),
+		"CUDA_VISIBLE_DEVICES="+d.gpu.UUID,
+		api.EnvMPSPipeDirectory+"="+d.pipeDir,
+		"CUDA_MPS_LOG_DIRECTORY="+d.logDir,
+	)
+}
+
+func (m *MPS) start(logger klog.Logger, g api.GPURef) (*daemon, error) {
+	d := &daemon{gpu: g, pipeDir: m.PipeDir(g.UUID), logDir: m.LogDir(g.UUID), stopped: make(chan struct{})}
+	for _, dir := range []string{d.pipeDir, d.logDir} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("MPS daemon of GPU %s: %w", g.UUID, err)
+		}
+	}
+	// A control pipe left by a daemon that died must not pass for ours.
+	os.Remove(filepath.Join(d.pipeDir, ControlPipe))
+	if err := m.cfg.ComputeMode.SetComputeMode(g.Index, true); err != nil {
+		return nil, fmt.Errorf("MPS daemon of GPU %s: setting exclusive-process compute mode: %w", g.UUID, err)
+	}
+	if err := m.launch(d); err != nil {
+		m.resetComputeMode(logger, g)
+		return nil, err
+	}
+	if err := m.waitReady(d); err != nil {
+		m.kill(d)
+		m.resetComputeMode(logger, g)
+		return nil, err
+	}
+	go m.supervise(logger.WithValues("gpu", g.UUID), d)
+	return d, nil
+}
+
+func (m *MPS) launch(d *daemon) error {
+	cmd := exec.Command(m.cfg.Binary, "-f")
+	cmd.Env = m.env(d)
+	cmd.Dir = d.logDir
+	// Its own process group: signals meant for the agent do not reach it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("MPS daemon of GPU %s: starting %s: %w", d.gpu.UUID, m.cfg.Binary, err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	d.mu.Lock()
+	d.cmd, d.exited = cmd, exited
+	d.mu.Unlock()
+	return nil
+}
+
+func (m *MPS) waitReady(d *daemon) error {
+	d.mu.Lock()
+	exited := d.exited
+	d.mu.Unlock()
+	deadline := time.NewTimer(m.cfg.StartTimeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, err := os.Stat(filepath.Join(d.pipeDir, ControlPipe)); err == nil {
+			return nil
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("MPS daemon of GPU %s exited before it accepted clients (see %s)", d.gpu.UUID, d.logDir)
+		case <-deadline.C:
+			return fmt.Errorf("MPS daemon of GPU %s: no control pipe in %s after %s", d.gpu.UUID, d.pipeDir, m.cfg.StartTimeout)
+		case <-tick.C:
+		}
+	}
+}
+
+// supervise restarts the daemon whenever it exits until it is stopped.
+func (m *MPS) supervise(logger klog.Logger, d *daemon) {
+	defer close(d.stopped)
+	for {
+		d.mu.Lock()
+		exited := d.exited
+		d.mu.Unlock()
+		<-exited
+		d.mu.Lock()
+		stopping := d.stopping
+		d.mu.Unlock()
+		if stopping {
+			return
+		}
+		logger.Error(nil, "The MPS daemon exited; restarting it", "retryIn", m.cfg.RestartDelay)
+		for {
+			time.Sleep(m.cfg.RestartDelay)
+			d.mu.Lock()
+			stopping := d.stopping
+			d.mu.Unlock()
+			if stopping {
+				return
+			}
+			os.Remove(filepath.Join(d.pipeDir, ControlPipe))
+			err := m.launch(d)
+			if err == nil {
+				err = m.waitReady(d)
+			}
+			if err == nil {
+				d.mu.Lock()
+				d.restarts++
+				d.mu.Unlock()
+				m.cfg.Metrics.observeMPSRestart(d.gpu.UUID)
+				logger.Info("Restarted the MPS daemon")
+				break
+			}
+			logger.Error(err, "Restarting the MPS daemon failed; retrying")
+			m.kill(d)
+		}
+	}
+}
+
+// stop asks the daemon to quit (echo quit | nvidia-cuda-mps-control), kills
+// it when it does not in time, and puts the GPU back in the default compute
+// mode.
+func (m *MPS) stop(d *daemon) error {
+	d.mu.Lock()
+	d.stopping = true
+	exited := d.exited
+	d.mu.Unlock()
+	quit := exec.Command(m.cfg.Binary)
+	quit.Env = m.env(d)
+	quit.Stdin = strings.NewReader("quit\n")
+	quitErr := quit.Run()
+	select {
+	case <-exited:
+	case <-time.After(m.cfg.StopTimeout):
+		m.kill(d)
+	}
+	// A daemon the supervisor relaunched meanwhile is killed too.
+	for done := false; !done; {
+		select {
+		case <-d.stopped:
+			done = true
+		case <-time.After(50 * time.Millisecond):
+			m.kill(d)
+		}
+	}
+	var errs []error
+	if quitErr != nil {
+		errs = append(errs, fmt.Errorf("asking the MPS daemon of GPU %s to quit: %w", d.gpu.UUID, quitErr))
+	}
+	if err := m.cfg.ComputeMode.SetComputeMode(d.gpu.Index, false); err != nil {
+		errs = append(errs, fmt.Errorf("GPU %s: restoring the default compute mode: %w", d.gpu.UUID, err))
+	}
+	return errors.Join(errs...)
+}
+
+// kill kills the daemon's process group and waits for it to exit.
+func (m *MPS) kill(d *daemon) {
+	d.mu.Lock()
+	cmd, exited := d.cmd, d.exited
+	d.mu.Unlock()
+	if cmd == nil || cmd.Process == nil {
+		return
+	}
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	<-exited
+}
+
+func (m *MPS) resetComputeMode(logger klog.Logger, g api.GPURef) {
+	if err := m.cfg.ComputeMode.SetComputeMode(g.Index, false); err != nil {
+		logger.Error(err, "Restoring the default compute mode", "gpu", g.UUID)
+	}
+}
+
+// pid returns the daemon's process ID (0 when none), for tests.
+func (d *daemon) pid() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cmd == nil || d.cmd.Process == nil {
+		return 0
+	}
+	return d.cmd.Process.Pid
+}
