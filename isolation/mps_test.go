@@ -274,7 +274,6 @@ func TestNVMLComputeMode(t *testing.T) {
 	}
 }
 
-
 // metricValue is the value of the metric called name with exactly labels in
 // reg, or -1 when there is none.
 func metricValue(t *testing.T, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
