@@ -3,6 +3,7 @@ module github.com/tessera-gpu/tessera/test
 go 1.26.8
 
 require (
+	github.com/NVIDIA/go-gpuallocator v0.6.0
 	github.com/google/cadvisor v0.52.1
 	k8s.io/api v0.34.2
 	k8s.io/apimachinery v0.34.2
@@ -13,6 +14,8 @@ require (
 
 require (
 	github.com/Microsoft/go-winio v0.6.2 // indirect
+	github.com/NVIDIA/go-nvlib v0.9.0 // indirect
+	github.com/NVIDIA/go-nvml v0.13.0-1 // indirect
 	github.com/opencontainers/cgroups v0.1.0 // indirect
 	k8s.io/cri-api v0.34.2 // indirect
 	k8s.io/cri-client v0.0.0 // indirect
@@ -47,7 +50,7 @@ require (
 	github.com/google/btree v1.1.3 // indirect
 	github.com/google/cel-go v0.26.0 // indirect
 	github.com/google/gnostic-models v0.7.0 // indirect
-	github.com/google/go-cmp v0.7.0 // indirect
+	github.com/google/go-cmp v0.7.0
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/gorilla/websocket v1.5.4-0.20250319132907-e064f32e3674 // indirect
 	github.com/grpc-ecosystem/go-grpc-prometheus v1.2.0 // indirect
