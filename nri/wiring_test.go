@@ -1,0 +1,90 @@
+package nri
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/isolation"
+)
+
+func TestLedgerContainerLimits(t *testing.T) {
+	l, err := OpenLedger(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []Entry{
+		{PodUID: "u1", Namespace: "ns", Pod: "a", Container: "c", ContainerID: "id1", GPUs: []api.GPURef{{UUID: uuid0, Index: 0}, {UUID: uuid1, Index: 1}}},
+		{PodUID: "u2", Namespace: "ns", Pod: "b", Container: "c", ContainerID: "id2", Shared: &api.SharedGPU{GPU: api.GPURef{UUID: uuid2, Index: 2}, MemoryMiB: 2048, Cores: 20}},
+	} {
+		if err := l.Put(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []isolation.ContainerLimit{
+		{ContainerID: "id1", PodUID: "u1", Namespace: "ns", Pod: "a", Container: "c", GPU: api.GPURef{UUID: uuid0, Index: 0}},
+		{ContainerID: "id1", PodUID: "u1", Namespace: "ns", Pod: "a", Container: "c", GPU: api.GPURef{UUID: uuid1, Index: 1}},
+		{ContainerID: "id2", PodUID: "u2", Namespace: "ns", Pod: "b", Container: "c", GPU: api.GPURef{UUID: uuid2, Index: 2}, LimitMiB: 2048},
+	}
+	if diff := cmp.Diff(want, l.ContainerLimits()); diff != "" {
+		t.Errorf("limits (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]api.GPURef{{UUID: uuid2, Index: 2}}, l.SharedGPUs()); diff != "" {
+		t.Errorf("shared GPUs (-want +got):\n%s", diff)
+	}
+}
+
+func TestKubeRecorder(t *testing.T) {
+	whole := annotate(t, api.ContainerAssignment{Name: "train", GPUs: []api.GPURef{{UUID: uuid0, Index: 0}}})
+	cs := fake.NewSimpleClientset(
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "uid-p", Annotations: whole}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "q", UID: "uid-q"}},
+	)
+	r := KubeRecorder{Client: cs}
+	s := api.SharedGPU{GPU: api.GPURef{UUID: uuid2, Index: 2}, MemoryMiB: 2048, Cores: 10}
+	ctx := context.Background()
+	for _, name := range []string{"p", "q"} {
+		if err := r.RecordShared(ctx, Pod{Namespace: "ns", Name: name, UID: "uid-" + name}, "helper", s); err != nil {
+			t.Fatalf("RecordShared %s: %v", name, err)
+		}
+	}
+	get := func(name string) *api.Assignment {
+		p, err := cs.CoreV1().Pods("ns").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, found, err := api.GetAssignment(p.Annotations)
+		if err != nil || !found {
+			t.Fatalf("pod %s: assignment %v, %v", name, found, err)
+		}
+		return a
+	}
+	want := api.NewAssignment()
+	want.Containers = []api.ContainerAssignment{{Name: "helper", Shared: &s}, {Name: "train", GPUs: []api.GPURef{{UUID: uuid0, Index: 0}}}}
+	if diff := cmp.Diff(want, get("p")); diff != "" {
+		t.Errorf("pod p (-want +got):\n%s", diff)
+	}
+	want.Containers = []api.ContainerAssignment{{Name: "helper", Shared: &s}}
+	if diff := cmp.Diff(want, get("q")); diff != "" {
+		t.Errorf("pod q (-want +got):\n%s", diff)
+	}
+	// Recording again is idempotent; a different slice for the same
+	// container is refused; so is a pod that was replaced.
+	if err := r.RecordShared(ctx, Pod{Namespace: "ns", Name: "q", UID: "uid-q"}, "helper", s); err != nil {
+		t.Errorf("recording the same slice again: %v", err)
+	}
+	other := s
+	other.GPU = api.GPURef{UUID: uuid3, Index: 3}
+	if err := r.RecordShared(ctx, Pod{Namespace: "ns", Name: "q", UID: "uid-q"}, "helper", other); err == nil || !strings.Contains(err.Error(), "already has a shared assignment") {
+		t.Errorf("conflicting slice: %v", err)
+	}
+	if err := r.RecordShared(ctx, Pod{Namespace: "ns", Name: "q", UID: "uid-old"}, "helper", s); err == nil || !strings.Contains(err.Error(), "is now another pod") {
+		t.Errorf("replaced pod: %v", err)
+	}
+}
