@@ -99,18 +99,6 @@ func (p *plugin) stop() {
 	}
 }
 
-// stopped returns a channel closed when the current server stops.
-func (p *plugin) stopped() <-chan struct{} {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.done == nil {
-		c := make(chan struct{})
-		close(c)
-		return c
-	}
-	return p.done
-}
-
 // options are the plugin's DevicePluginOptions.
 func (p *plugin) options() *pluginapi.DevicePluginOptions {
 	return &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true}
