@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/isolation"
 )
@@ -117,4 +118,22 @@ func (k KubeRecorder) recordOnce(ctx context.Context, pod Pod, container string,
 		return fmt.Errorf("recording the assignment of pod %s: %w", pod, err)
 	}
 	return nil
+}
+
+// OptionsFromConfig derives the decision options from the node agent's
+// configuration: CDI devices when the device list strategy uses CDI, device
+// nodes otherwise. uvmMajor comes from UVMMajor, pipeDir from the MPS
+// controller (isolation.MPS.PipeDir), policy places pods that bypassed the
+// scheduler extender.
+func OptionsFromConfig(cfg *api.NodeAgentConfig, uvmMajor int64, pipeDir func(uuid string) string, policy allocator.Policy) Options {
+	return Options{
+		MemoryUnitMiB:    cfg.MemoryUnitMiB,
+		MemoryReserveMiB: cfg.MemoryReserveMiB,
+		CDI:              cfg.HasStrategy(api.DeviceListCDICRI) || cfg.HasStrategy(api.DeviceListCDIAnnotations),
+		CDIKind:          cfg.CDIKind,
+		CDIDeviceName:    cfg.CDIDeviceName,
+		UVMMajor:         uvmMajor,
+		MPSPipeDir:       pipeDir,
+		Policy:           policy,
+	}
 }

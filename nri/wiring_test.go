@@ -88,3 +88,17 @@ func TestKubeRecorder(t *testing.T) {
 		t.Errorf("replaced pod: %v", err)
 	}
 }
+
+func TestOptionsFromConfig(t *testing.T) {
+	cfg := api.NewNodeAgentConfig()
+	cfg.MemoryReserveMiB = 512
+	pipe := func(uuid string) string { return "/mps/" + uuid }
+	o := OptionsFromConfig(cfg, 508, pipe, nil)
+	if !o.CDI || o.CDIKind != api.DefaultCDIKind || o.CDIDeviceName != api.CDINameUUID || o.MemoryUnitMiB != 1024 || o.MemoryReserveMiB != 512 || o.UVMMajor != 508 || o.MPSPipeDir("x") != "/mps/x" {
+		t.Errorf("default config: %+v", o)
+	}
+	cfg.DeviceListStrategy = []string{api.DeviceListEnvvar}
+	if o := OptionsFromConfig(cfg, 508, pipe, nil); o.CDI {
+		t.Error("envvar strategy yields CDI devices; want device nodes")
+	}
+}
