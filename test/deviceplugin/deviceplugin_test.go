@@ -9,12 +9,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -354,7 +356,7 @@ func TestAllocateTwoGPUsOnDGXA100IsNUMAAligned(t *testing.T) {
 
 func TestKubeletRestartReRegistersAndHonoursTheCheckpoint(t *testing.T) {
 	dm := kubelet.StartDeviceManagerForTest(t, kubelet.Options{NUMANodes: []int{0, 1}})
-	n := startAgent(t, nvmlmock.DGXA100(), false)
+	startAgent(t, nvmlmock.DGXA100(), false)
 	expectResources(t, dm, "registration", dgxA100(0, 0))
 	before := admit(t, dm, podOf("held", map[v1.ResourceName]int64{gpuR: 2}))[string(gpuR)]
 	expectResources(t, dm, "held GPUs' units withheld", dgxA100(0, 2))
@@ -385,7 +387,6 @@ func TestKubeletRestartReRegistersAndHonoursTheCheckpoint(t *testing.T) {
 		t.Error("a ninth GPU was admitted")
 	}
 	expectResources(t, dm, "every GPU whole", dgxA100(0, 8))
-	_ = n
 }
 
 func TestXID79TakesOutExactlyOneGPUUntilItRecovers(t *testing.T) {
@@ -459,4 +460,55 @@ func TestSharedUnitsFailClosedWithoutNRI(t *testing.T) {
 	}
 	// Nothing is held: all devices stay allocatable.
 	expectResources(t, dm, "nothing allocated", dgxA100(0, 0))
+}
+
+// tesseraNodeBinary is bin/tessera-node as `make build` leaves it, or
+// $TESSERA_NODE_BIN, or a fresh build of ./cmd/tessera-node.
+func tesseraNodeBinary(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("TESSERA_NODE_BIN"); p != "" {
+		return p
+	}
+	out := filepath.Join(t.TempDir(), "tessera-node")
+	cmd := exec.Command("go", "build", "-o", out, "github.com/tessera-gpu/tessera/cmd/tessera-node")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build tessera-node: %v\n%s", err, b)
+	}
+	return out
+}
+
+// The issue's "must show": the built binary on a mock dgx-a100, with only
+// a device-plugin directory and a node name, registers with the kubelet
+// listening there and serves its allocations.
+func TestBinaryRegistersWithTheKubelet(t *testing.T) {
+	bin := tesseraNodeBinary(t)
+	dm := kubelet.StartDeviceManagerForTest(t, kubelet.Options{NUMANodes: []int{0, 1}})
+	var log strings.Builder
+	cmd := exec.Command(bin, "--nvml=mock:dgx-a100", "--device-plugin-dir", kubelet.DevicePluginDir, "--node-name", "n1",
+		"--metrics-addr=", "--pod-resources-socket", filepath.Join(t.TempDir(), "none.sock"))
+	cmd.Env = append(os.Environ(), "KUBERNETES_SERVICE_HOST=")
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		cmd.Process.Signal(syscall.SIGTERM) //nolint:errcheck // it may have exited
+		select {
+		case err := <-exited:
+			if err != nil {
+				t.Errorf("tessera-node exited with %v\n%s", err, log.String())
+			}
+		case <-time.After(wait):
+			cmd.Process.Kill() //nolint:errcheck // best effort
+			t.Errorf("tessera-node did not stop on SIGTERM\n%s", log.String())
+		}
+	}()
+	// No reserve by default: 8 x 40 memory units.
+	expectResources(t, dm, "the binary's registration", map[v1.ResourceName][2]int64{gpuR: {8, 8}, memR: {320, 320}, coreR: {800, 800}})
+	run := admit(t, dm, podOf("binary", map[v1.ResourceName]int64{gpuR: 2}))
+	if len(run[string(gpuR)]) != 2 {
+		t.Errorf("allocated %v", run)
+	}
 }
