@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -222,7 +223,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		GPU:       backend,
 		Kubelet: kubeletstate.First{
 			&kubeletstate.PodResources{Socket: f.podResourcesSocket},
-			&kubeletstate.Checkpoint{Path: f.pluginDir + "/" + kubeletstate.CheckpointFile},
+			&kubeletstate.Checkpoint{Path: filepath.Join(f.pluginDir, kubeletstate.CheckpointFile)},
 		},
 		Metrics: metrics,
 	}
