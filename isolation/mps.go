@@ -21,6 +21,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -62,6 +63,9 @@ type MPSConfig struct {
 	RestartDelay time.Duration
 	// Metrics records daemon restarts; optional.
 	Metrics *Metrics
+	// ProcRoot is where /proc is mounted ("/proc" when empty); it is read
+	// to adopt the daemons a previous agent left running.
+	ProcRoot string
 }
 
 // MPS runs one supervised MPS control daemon per shared GPU.
@@ -78,8 +82,8 @@ type daemon struct {
 	logDir  string
 
 	mu       sync.Mutex
-	cmd      *exec.Cmd
-	exited   chan struct{} // closed when cmd has exited
+	pidv     int           // the daemon process (its own process group)
+	exited   chan struct{} // closed when the process has exited
 	stopping bool
 	stopped  chan struct{} // closed when supervision ended
 	restarts int
@@ -104,6 +108,9 @@ func NewMPS(cfg MPSConfig) (*MPS, error) {
 	}
 	if cfg.RestartDelay <= 0 {
 		cfg.RestartDelay = time.Second
+	}
+	if cfg.ProcRoot == "" {
+		cfg.ProcRoot = "/proc"
 	}
 	return &MPS{cfg: cfg, daemons: map[string]*daemon{}}, nil
 }
@@ -197,11 +204,18 @@ func (m *MPS) start(logger klog.Logger, g api.GPURef) (*daemon, error) {
 			return nil, fmt.Errorf("MPS daemon of GPU %s: %w", g.UUID, err)
 		}
 	}
-	// A control pipe left by a daemon that died must not pass for ours.
-	os.Remove(filepath.Join(d.pipeDir, ControlPipe))
 	if err := m.cfg.ComputeMode.SetComputeMode(g.Index, true); err != nil {
 		return nil, fmt.Errorf("MPS daemon of GPU %s: setting exclusive-process compute mode: %w", g.UUID, err)
 	}
+	if pid := m.adoptable(d); pid > 0 {
+		// Its clients keep their server across the agent's restart.
+		logger.Info("Adopting the running MPS daemon of a previous agent", "gpu", g.UUID, "pid", pid)
+		m.adopt(d, pid)
+		go m.supervise(logger.WithValues("gpu", g.UUID), d)
+		return d, nil
+	}
+	// A control pipe left by a daemon that died must not pass for ours.
+	os.Remove(filepath.Join(d.pipeDir, ControlPipe))
 	if err := m.launch(d); err != nil {
 		m.resetComputeMode(logger, g)
 		return nil, err
@@ -230,9 +244,67 @@ func (m *MPS) launch(d *daemon) error {
 		close(exited)
 	}()
 	d.mu.Lock()
-	d.cmd, d.exited = cmd, exited
+	d.pidv, d.exited = cmd.Process.Pid, exited
 	d.mu.Unlock()
+	// The pid file lets an agent that restarts adopt the daemon rather than
+	// start a second one on the same pipe directory.
+	pidFile := filepath.Join(d.logDir, mpsPidFile)
+	if err := os.WriteFile(pidFile, []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o644); err != nil {
+		return fmt.Errorf("MPS daemon of GPU %s: writing %s: %w", d.gpu.UUID, pidFile, err)
+	}
 	return nil
+}
+
+// mpsPidFile holds the daemon's PID in its log directory (which, unlike the
+// pipe directory, no container sees).
+const mpsPidFile = "tessera-mps-control.pid"
+
+// adoptable returns the PID of a daemon of d's GPU that a previous agent
+// started and that still serves the pipe directory, or 0.
+func (m *MPS) adoptable(d *daemon) int {
+	b, err := os.ReadFile(filepath.Join(d.logDir, mpsPidFile))
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	cmdline, err := os.ReadFile(filepath.Join(m.cfg.ProcRoot, strconv.Itoa(pid), "cmdline"))
+	if err != nil || !strings.Contains(string(cmdline), filepath.Base(m.cfg.Binary)) {
+		return 0
+	}
+	if _, err := os.Stat(filepath.Join(d.pipeDir, ControlPipe)); err != nil {
+		return 0
+	}
+	return pid
+}
+
+// adopt supervises a running daemon that this process did not start.
+func (m *MPS) adopt(d *daemon, pid int) {
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		for {
+			if _, err := os.Stat(filepath.Join(m.cfg.ProcRoot, strconv.Itoa(pid))); err != nil {
+				return
+			}
+			if st, err := os.ReadFile(filepath.Join(m.cfg.ProcRoot, strconv.Itoa(pid), "stat")); err == nil && zombie(st) {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	d.mu.Lock()
+	d.pidv, d.exited = pid, exited
+	d.mu.Unlock()
+}
+
+// zombie reports whether a /proc/PID/stat line is a zombie's (state Z).
+func zombie(stat []byte) bool {
+	s := string(stat)
+	i := strings.LastIndexByte(s, ')')
+	return i >= 0 && i+2 < len(s) && s[i+2] == 'Z'
 }
 
 func (m *MPS) waitReady(d *daemon) error {
@@ -338,12 +410,12 @@ func (m *MPS) stop(d *daemon) error {
 // kill kills the daemon's process group and waits for it to exit.
 func (m *MPS) kill(d *daemon) {
 	d.mu.Lock()
-	cmd, exited := d.cmd, d.exited
+	pid, exited := d.pidv, d.exited
 	d.mu.Unlock()
-	if cmd == nil || cmd.Process == nil {
+	if pid <= 0 {
 		return
 	}
-	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	_ = syscall.Kill(-pid, syscall.SIGKILL)
 	<-exited
 }
 
@@ -357,8 +429,5 @@ func (m *MPS) resetComputeMode(logger klog.Logger, g api.GPURef) {
 func (d *daemon) pid() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.cmd == nil || d.cmd.Process == nil {
-		return 0
-	}
-	return d.cmd.Process.Pid
+	return d.pidv
 }

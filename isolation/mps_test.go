@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -303,4 +305,65 @@ func metricValue(t *testing.T, reg prometheus.Gatherer, name string, labels map[
 		}
 	}
 	return -1
+}
+
+// An agent that restarts adopts the daemon its predecessor left running
+// (its clients keep their server) rather than starting a second one; a pid
+// file of a daemon that is gone is ignored.
+func TestMPSAdoptsRunningDaemon(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	cm := &fakeComputeMode{}
+	m := newTestMPS(t, cm, nil)
+	pipe, log := m.PipeDir(gpu5.UUID), m.LogDir(gpu5.UUID)
+	for _, d := range []string{pipe, log} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The previous agent's daemon.
+	prev := exec.Command(fakeBinary(t), "-f")
+	prev.Env = append(os.Environ(), "CUDA_VISIBLE_DEVICES="+gpu5.UUID, "CUDA_MPS_PIPE_DIRECTORY="+pipe, "CUDA_MPS_LOG_DIRECTORY="+log)
+	prev.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := prev.Start(); err != nil {
+		t.Fatal(err)
+	}
+	prevDone := make(chan error, 1)
+	go func() { prevDone <- prev.Wait() }()
+	eventually(t, "the previous daemon's control pipe", func() bool {
+		_, err := os.Stat(filepath.Join(pipe, ControlPipe))
+		return err == nil
+	})
+	if err := os.WriteFile(filepath.Join(log, mpsPidFile), []byte(strconv.Itoa(prev.Process.Pid)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := m.Sync(ctx, []api.GPURef{gpu5}); err != nil {
+		t.Fatalf("Sync: %v", err)
+	}
+	if n := len(readLines(t, filepath.Join(log, "started"))); n != 1 {
+		t.Fatalf("daemon started %d times; want the running one adopted", n)
+	}
+	// No tenants left: the adopted daemon is told to quit.
+	if err := m.Sync(ctx, nil); err != nil {
+		t.Fatalf("Sync: %v", err)
+	}
+	select {
+	case err := <-prevDone:
+		if err != nil {
+			t.Errorf("adopted daemon exited with %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the adopted daemon did not quit")
+	}
+
+	// Its pid file now names a process that is gone: a new daemon starts.
+	if err := m.Sync(ctx, []api.GPURef{gpu5}); err != nil {
+		t.Fatalf("Sync: %v", err)
+	}
+	if n := len(readLines(t, filepath.Join(log, "started"))); n != 2 {
+		t.Fatalf("daemon started %d times, want a new one after the stale pid file", n)
+	}
+	if diff := cmp.Diff([]string{"5=exclusive-process", "5=default", "5=exclusive-process"}, cm.take()); diff != "" {
+		t.Errorf("compute mode calls (-want +got):\n%s", diff)
+	}
 }
