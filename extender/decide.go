@@ -49,100 +49,133 @@ func (r Reason) Unresolvable() bool {
 // Verdict is the filter's answer for one node.
 type Verdict struct {
 	Reason Reason
-	// Message explains the reason with the numbers involved.
+	// Message explains the reason. It depends on the pod's demand and the
+	// node's GPU model only, so that kube-scheduler's summary ("3 nodes:
+	// <message>") groups nodes rejected for the same reason.
 	Message string
 }
 
 // Fits reports whether the pod fits.
 func (v Verdict) Fits() bool { return v.Reason == Fits }
 
-func reject(r Reason, format string, args ...any) Verdict {
-	return Verdict{Reason: r, Message: "tessera: " + fmt.Sprintf(format, args...)}
-}
-
-// Filter decides whether demand d fits node state st (nil: unknown node).
+// Filter decides whether demand d fits node state st (nil: unknown node)
+// and explains a rejection.
 func Filter(st *NodeState, d *Demand) Verdict {
-	if st == nil {
-		return reject(UnknownNode, "node not (yet) known to the extender")
-	}
-	if d.Kind() == allocator.CPUOnly {
+	r := Check(st, d)
+	if r == Fits {
 		return Verdict{}
 	}
+	return Verdict{Reason: r, Message: Explain(r, st, d)}
+}
+
+// Check decides whether demand d fits node state st (nil: unknown node).
+// It does not allocate.
+func Check(st *NodeState, d *Demand) Reason {
+	if st == nil {
+		return UnknownNode
+	}
+	kind := d.Kind()
+	if kind == allocator.CPUOnly {
+		return Fits
+	}
 	info := st.Info
-	if info.Err != nil {
-		return reject(BadInventory, "node GPU inventory is malformed: %v", info.Err)
-	}
-	if !info.HasInventory || len(info.GPUs) == 0 {
-		return reject(NoGPUs, "node publishes no GPUs (no %s annotation)", api.AnnotationGPUInventory)
-	}
-	if len(d.Models) > 0 && !modelAllowed(info.Model, d.Models) {
-		return reject(ModelNotAllowed, "GPU model %q is not one of %s", info.Model, strings.Join(d.Models, "|"))
-	}
-	if d.Kind() == allocator.Shared && !info.SharedIsolation {
-		return reject(NoSharedIsolation, "node cannot isolate shared GPUs (NRI plugin not connected)")
+	switch {
+	case info.Err != nil:
+		return BadInventory
+	case !info.HasInventory || len(info.GPUs) == 0:
+		return NoGPUs
+	case len(d.Models) > 0 && !modelAllowed(info.Model, d.Models):
+		return ModelNotAllowed
+	case kind == allocator.Shared && !info.SharedIsolation:
+		return NoSharedIsolation
 	}
 	req := d.Request(info.UnitMiB, info.gpuMemMiB())
-	if err := req.Validate(); err != nil {
-		return reject(InvalidRequest, "%v", err)
+	if req.Validate() != nil {
+		return InvalidRequest
 	}
-	switch d.Kind() {
+	switch kind {
 	case allocator.Whole:
-		healthy := 0
-		for _, g := range info.GPUs {
-			if g.Healthy {
-				healthy++
-			}
-		}
-		if healthy < d.WholeGPUs {
-			return reject(TooFewGPUs, "pod needs %d whole GPUs, node has %d healthy GPUs", d.WholeGPUs, healthy)
+		if info.healthy() < d.WholeGPUs {
+			return TooFewGPUs
 		}
 		if d.NVLink && d.WholeGPUs > 1 && largestClique(info, func(p int) bool { return info.GPUs[p].Healthy }) < d.WholeGPUs {
-			return reject(NoNVLinkClique, "pod needs %d whole GPUs in one NVLink clique, the node's largest healthy clique has %d", d.WholeGPUs,
-				largestClique(info, func(p int) bool { return info.GPUs[p].Healthy }))
+			return NoNVLinkClique
 		}
 	case allocator.Shared:
-		var maxMem int64
-		for _, g := range info.GPUs {
-			if g.Healthy {
-				maxMem = max(maxMem, g.MemMiB)
-			}
-		}
-		if req.GPUMemMiB > maxMem {
-			return reject(SliceTooLarge, "pod needs %d MiB of one GPU, the node's largest healthy GPU shares %d MiB", req.GPUMemMiB, maxMem)
+		if req.GPUMemMiB > info.maxHealthyMemMiB() {
+			return SliceTooLarge
 		}
 	}
 	v := &st.view
 	switch allocator.Fit(v, req) {
 	case allocator.Fits:
 	case allocator.InsufficientCPU:
-		return reject(InsufficientCPU, "pod needs %dm CPU, node has %dm free", req.CPUMilli, v.CPUMilliFree)
+		return InsufficientCPU
 	case allocator.InsufficientMemory:
-		return reject(InsufficientMemory, "pod needs %d MiB memory, node has %d MiB free", req.MemMiB, v.MemMiBFree)
+		return InsufficientMemory
 	case allocator.InsufficientWholeGPUs:
-		return reject(InsufficientGPUs, "pod needs %d whole GPUs, node has %d free (%d held for pending whole-GPU pods)", req.GPUs, st.FreeGPUs(), st.PendingWhole)
+		return InsufficientGPUs
 	case allocator.NoGPUForSlice:
-		var bestMem, bestMilli int64
-		for _, g := range v.GPUs {
-			bestMem, bestMilli = max(bestMem, g.MemFreeMiB), max(bestMilli, g.MilliFree)
-		}
-		_, cores := d.SharedTotals()
-		return reject(NoGPUForSlice, "pod needs %d MiB and %d cores of one GPU; no GPU has both free (most free: %d MiB, %d cores)",
-			req.GPUMemMiB, cores, bestMem, bestMilli/(allocator.MilliPerGPU/api.CoresPerGPU))
+		return NoGPUForSlice
 	case allocator.ModelNotAllowed:
-		return reject(ModelNotAllowed, "GPU model %q is not allowed", info.Model)
+		return ModelNotAllowed
 	case allocator.NoGPUs:
-		return reject(NoGPUs, "node has no GPUs")
+		return NoGPUs
 	case allocator.InvalidRequest:
-		return reject(InvalidRequest, "invalid request %s", req)
+		return InvalidRequest
 	default:
-		return reject(reasonAllocatorOther, "does not fit")
+		return reasonAllocatorOther
 	}
-	if d.Kind() == allocator.Whole && d.NVLink && d.WholeGPUs > 1 {
-		if free := largestClique(info, func(p int) bool { return v.GPUs[p].FullyFree() }); free < d.WholeGPUs {
-			return reject(NoFreeNVLinkClique, "pod needs %d free GPUs in one NVLink clique, the node has at most %d", d.WholeGPUs, free)
-		}
+	if kind == allocator.Whole && d.NVLink && d.WholeGPUs > 1 &&
+		largestClique(info, func(p int) bool { return v.GPUs[p].FullyFree() }) < d.WholeGPUs {
+		return NoFreeNVLinkClique
 	}
-	return Verdict{}
+	return Fits
+}
+
+// Explain renders reason r (from Check(st, d)) as a sentence.
+func Explain(r Reason, st *NodeState, d *Demand) string {
+	var req allocator.Request
+	model := ""
+	if st != nil {
+		req = d.Request(st.Info.UnitMiB, st.Info.gpuMemMiB())
+		model = st.Info.Model
+	}
+	_, cores := d.SharedTotals()
+	var m string
+	switch r {
+	case UnknownNode:
+		m = "node not (yet) known to the extender"
+	case BadInventory:
+		m = fmt.Sprintf("node's %s annotation is malformed", api.AnnotationGPUInventory)
+	case NoGPUs:
+		m = fmt.Sprintf("node publishes no GPUs (no %s annotation)", api.AnnotationGPUInventory)
+	case ModelNotAllowed:
+		m = fmt.Sprintf("GPU model %q is not one of %s", model, strings.Join(d.Models, "|"))
+	case NoSharedIsolation:
+		m = "node cannot isolate shared GPU slices (NRI plugin not connected)"
+	case InvalidRequest:
+		m = fmt.Sprintf("invalid request: %v", req.Validate())
+	case TooFewGPUs:
+		m = fmt.Sprintf("node has fewer than %d healthy GPUs", d.WholeGPUs)
+	case NoNVLinkClique:
+		m = fmt.Sprintf("node has no NVLink clique of %d healthy GPUs", d.WholeGPUs)
+	case SliceTooLarge:
+		m = fmt.Sprintf("no GPU of the node shares %d MiB", req.GPUMemMiB)
+	case InsufficientCPU:
+		m = fmt.Sprintf("less than the pod's %dm CPU free", req.CPUMilli)
+	case InsufficientMemory:
+		m = fmt.Sprintf("less than the pod's %d MiB memory free", req.MemMiB)
+	case InsufficientGPUs:
+		m = fmt.Sprintf("fewer than %d whole GPUs free (GPUs held for pending whole-GPU pods count as used)", d.WholeGPUs)
+	case NoGPUForSlice:
+		m = fmt.Sprintf("no single GPU has %d MiB and %d cores free", req.GPUMemMiB, cores)
+	case NoFreeNVLinkClique:
+		m = fmt.Sprintf("no NVLink clique has %d free GPUs", d.WholeGPUs)
+	default:
+		m = "does not fit"
+	}
+	return "tessera: " + m
 }
 
 // modelAllowed reports whether model matches one of want.
@@ -182,11 +215,70 @@ func largestClique(info *NodeInfo, ok func(pos int) bool) int {
 // Score evaluates node st for demand d with policy p. ok is false when d
 // does not fit st.
 func Score(p allocator.Policy, st *NodeState, d *Demand) (score float64, ok bool) {
-	if !Filter(st, d).Fits() {
+	if Check(st, d) != Fits {
 		return 0, false
 	}
 	req := d.Request(st.Info.UnitMiB, st.Info.gpuMemMiB())
 	return p.Evaluate(&st.view, req).Score, true
+}
+
+// Query is one pod's demand prepared for many nodes: Check and Score
+// results are memoised on each (immutable) node state, keyed by the
+// demand, so that pods of the same shape re-evaluate only the nodes that
+// changed since.
+type Query struct {
+	D   *Demand
+	key string
+}
+
+// NewQuery prepares d.
+func NewQuery(d *Demand) *Query {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d/%d/%d/%t/%s", d.CPUMilli, d.MemMiB, d.WholeGPUs, d.NVLink, strings.Join(d.Models, "|"))
+	for _, s := range d.Shares {
+		fmt.Fprintf(&b, "/%d:%d", s.MemUnits, s.Cores)
+	}
+	return &Query{D: d, key: b.String()}
+}
+
+// Check is Check(st, q.D), memoised.
+func (q *Query) Check(st *NodeState) Reason {
+	if st == nil {
+		return UnknownNode
+	}
+	if e, ok := st.recall(q.key); ok {
+		return e.reason
+	}
+	r := Check(st, q.D)
+	st.remember(memoEntry{demand: q.key, reason: r})
+	return r
+}
+
+// Score is Score(p, st, q.D), memoised unless p is randomized.
+func (q *Query) Score(p allocator.Policy, st *NodeState) (float64, bool) {
+	if st == nil {
+		return 0, false
+	}
+	if allocator.IsRandomized(p) {
+		return Score(p, st, q.D)
+	}
+	e, ok := st.recall(q.key)
+	if !ok {
+		e = memoEntry{demand: q.key, reason: Check(st, q.D)}
+	}
+	if e.reason != Fits {
+		if !ok {
+			st.remember(e)
+		}
+		return 0, false
+	}
+	if e.policy == p {
+		return e.score, true
+	}
+	req := q.D.Request(st.Info.UnitMiB, st.Info.gpuMemMiB())
+	e.policy, e.score = p, p.Evaluate(&st.view, req).Score
+	st.remember(e)
+	return e.score, true
 }
 
 // NormalizeScores maps raw policy scores to 0..10 (min-max over the nodes

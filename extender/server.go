@@ -124,21 +124,40 @@ func (s *Server) FilterArgs(ctx context.Context, args *extenderv1.ExtenderArgs) 
 	names := argNames(args)
 	states := s.state.Nodes(names)
 	passed := make([]bool, len(names))
+	reasons := make([]Reason, len(names))
+	q := NewQuery(&d)
+	parallelFor(len(names), func(i int) {
+		reasons[i] = q.Check(states[i])
+		passed[i] = reasons[i] == Fits
+	})
 	var counts map[Reason]int
-	for i, st := range states {
-		v := Filter(st, &d)
-		if v.Fits() {
-			passed[i] = true
+	type msgKey struct {
+		r              Reason
+		model          string
+		unit, gpuMemMi int64
+	}
+	msgs := map[msgKey]string{}
+	for i, r := range reasons {
+		if r == Fits {
 			continue
 		}
 		if counts == nil {
 			counts = map[Reason]int{}
 		}
-		counts[v.Reason]++
-		if v.Reason.Unresolvable() {
-			res.FailedAndUnresolvableNodes[names[i]] = v.Message
+		counts[r]++
+		k := msgKey{r: r}
+		if st := states[i]; st != nil {
+			k.model, k.unit, k.gpuMemMi = st.Info.Model, st.Info.UnitMiB, st.Info.gpuMemMiB()
+		}
+		m, ok := msgs[k]
+		if !ok {
+			m = Explain(r, states[i], &d)
+			msgs[k] = m
+		}
+		if r.Unresolvable() {
+			res.FailedAndUnresolvableNodes[names[i]] = m
 		} else {
-			res.FailedNodes[names[i]] = v.Message
+			res.FailedNodes[names[i]] = m
 		}
 	}
 	for r, n := range counts {
@@ -217,9 +236,10 @@ func (s *Server) PrioritizeArgs(ctx context.Context, args *extenderv1.ExtenderAr
 	states := s.state.Nodes(names)
 	raw := make([]float64, len(names))
 	fits := make([]bool, len(names))
-	for i, st := range states {
-		raw[i], fits[i] = Score(s.policy, st, &d)
-	}
+	q := NewQuery(&d)
+	parallelFor(len(states), func(i int) {
+		raw[i], fits[i] = q.Score(s.policy, states[i])
+	})
 	scores := NormalizeScores(raw, fits, extenderv1.MaxExtenderPriority)
 	for i, n := range names {
 		out[i] = extenderv1.HostPriority{Host: n, Score: scores[i]}

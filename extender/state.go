@@ -3,6 +3,7 @@ package extender
 import (
 	"fmt"
 	"sort"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -51,6 +52,28 @@ func (n *NodeInfo) position(uuid string) int {
 		}
 	}
 	return -1
+}
+
+// healthy counts the healthy GPUs.
+func (n *NodeInfo) healthy() int {
+	c := 0
+	for i := range n.GPUs {
+		if n.GPUs[i].Healthy {
+			c++
+		}
+	}
+	return c
+}
+
+// maxHealthyMemMiB is the largest memory a healthy GPU shares.
+func (n *NodeInfo) maxHealthyMemMiB() int64 {
+	var m int64
+	for i := range n.GPUs {
+		if n.GPUs[i].Healthy {
+			m = max(m, n.GPUs[i].MemMiB)
+		}
+	}
+	return m
 }
 
 // gpuMemMiB is the memory of the node's GPUs used to default a core-only
@@ -204,6 +227,49 @@ type NodeState struct {
 	// view is the allocator view: unhealthy and used GPUs have nothing
 	// free, PendingWhole fully free GPUs are held back.
 	view allocator.Node
+	// memo caches Check and Score results of this state (see Query): a
+	// ring of the last maxMemo demands, inline to spare a pointer chase.
+	memoMu   sync.Mutex
+	memo     [maxMemo]memoEntry
+	memoNext int
+}
+
+// maxMemo bounds the results memoised per node state.
+const maxMemo = 8
+
+// memoEntry is what is known of one demand on a node state.
+type memoEntry struct {
+	demand string // "": unused
+	reason Reason
+	policy allocator.Policy // nil: not scored yet
+	score  float64
+}
+
+// recall returns the memo entry of demand.
+func (s *NodeState) recall(demand string) (memoEntry, bool) {
+	s.memoMu.Lock()
+	defer s.memoMu.Unlock()
+	for i := range s.memo {
+		if s.memo[i].demand == demand {
+			return s.memo[i], true
+		}
+	}
+	return memoEntry{}, false
+}
+
+// remember stores e, replacing the entry of the same demand or else the
+// oldest.
+func (s *NodeState) remember(e memoEntry) {
+	s.memoMu.Lock()
+	defer s.memoMu.Unlock()
+	for i := range s.memo {
+		if s.memo[i].demand == e.demand {
+			s.memo[i] = e
+			return
+		}
+	}
+	s.memo[s.memoNext] = e
+	s.memoNext = (s.memoNext + 1) % maxMemo
 }
 
 // View returns a copy of the allocator view of the node.
