@@ -135,6 +135,9 @@ func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 	if err := checkCDIDevices(opts, node, ctr.CDIDevices, whole); err != nil {
 		return nil, fail("", "%v", err)
 	}
+	if err := checkVolumeMountList(node, ctr.MountDestinations, whole); err != nil {
+		return nil, fail("", "%v", err)
+	}
 
 	// Shared slice: the extender's assignment, or a local placement.
 	var shared *api.SharedGPU
@@ -348,6 +351,33 @@ func checkCDIDevices(opts Options, node *Node, names []string, whole []GPU) erro
 		}
 		if !ok[g.UUID] {
 			return fmt.Errorf("CDI device %s is GPU %s, which is not one of the container's GPUs %s", n, g.UUID, gpuList(whole))
+		}
+	}
+	return nil
+}
+
+// VolumeMountsDir is where the NVIDIA container runtime's volume-mounts
+// device list strategy lists GPUs, one mount per GPU.
+const VolumeMountsDir = "/var/run/nvidia-container-devices"
+
+// checkVolumeMountList checks that every GPU the device plugin listed as a
+// volume mount under VolumeMountsDir is one of the container's whole GPUs.
+func checkVolumeMountList(node *Node, destinations []string, whole []GPU) error {
+	ok := map[string]bool{}
+	for _, g := range whole {
+		ok[g.UUID] = true
+	}
+	for _, d := range destinations {
+		name, listed := strings.CutPrefix(d, VolumeMountsDir+"/")
+		if !listed {
+			continue
+		}
+		g, known := resolveGPU(node, name)
+		if !known {
+			return fmt.Errorf("the device list mount %s names %q, which is not a GPU of this node", d, name)
+		}
+		if !ok[g.UUID] {
+			return fmt.Errorf("the device list mount %s names GPU %s, which is not one of the container's GPUs %s", d, g.UUID, gpuList(whole))
 		}
 	}
 	return nil

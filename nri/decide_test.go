@@ -140,8 +140,9 @@ func TestDecide(t *testing.T) {
 			req: Request{
 				Pod: pod(nil),
 				Container: Container{ID: "id", Name: "c",
-					Env:         map[string]string{api.EnvNVIDIAVisibleDevices: uuid2 + "," + uuid3},
-					DeviceNodes: []DeviceNode{{Path: "/dev/nvidia10", Type: "c", Major: 195, Minor: 10}, {Path: "/dev/null", Type: "c", Major: 1, Minor: 3}}},
+					Env:               map[string]string{api.EnvNVIDIAVisibleDevices: uuid2 + "," + uuid3},
+					MountDestinations: []string{VolumeMountsDir + "/" + uuid3, VolumeMountsDir + "/" + uuid2},
+					DeviceNodes:       []DeviceNode{{Path: "/dev/nvidia10", Type: "c", Major: 195, Minor: 10}, {Path: "/dev/null", Type: "c", Major: 1, Minor: 3}}},
 				Devices: Devices{Whole: []string{uuid3, uuid2}},
 			},
 			want: &Decision{
@@ -363,6 +364,14 @@ func TestDecide(t *testing.T) {
 			req: Request{Pod: pod(nil), Container: Container{Name: "c", CDIDevices: []string{"nvidia.com/gpu=" + uuid3}},
 				Devices: Devices{Whole: []string{uuid1}}},
 			wantErr: `CDI device nvidia.com/gpu=` + uuid3 + ` is GPU ` + uuid3 + `, which is not one of the container's GPUs [` + uuid1 + `]`,
+		},
+		{
+			name: "volume-mounts device list names a GPU the container was not allocated",
+			req: Request{Pod: pod(nil), Container: Container{Name: "c",
+				Env:               map[string]string{api.EnvNVIDIAVisibleDevices: VolumeMountsDir},
+				MountDestinations: []string{"/data", VolumeMountsDir + "/" + uuid1, VolumeMountsDir + "/" + uuid2}},
+				Devices: Devices{Whole: []string{uuid1}}},
+			wantErr: `the device list mount ` + VolumeMountsDir + "/" + uuid2 + ` names GPU ` + uuid2 + `, which is not one of the container's GPUs [` + uuid1 + `]`,
 		},
 		{
 			name: "assignment and kubelet disagree on whole GPUs",

@@ -413,6 +413,9 @@ func containerOf(c *nriapi.Container) Container {
 	for _, d := range c.GetLinux().GetDevices() {
 		out.DeviceNodes = append(out.DeviceNodes, DeviceNode{Path: d.GetPath(), Type: d.GetType(), Major: d.GetMajor(), Minor: d.GetMinor()})
 	}
+	for _, m := range c.GetMounts() {
+		out.MountDestinations = append(out.MountDestinations, m.GetDestination())
+	}
 	out.CPUs = c.GetLinux().GetResources().GetCpu().GetCpus()
 	return out
 }

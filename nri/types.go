@@ -82,6 +82,8 @@ type Container struct {
 	CDIDevices []string
 	// DeviceNodes are the device nodes already in the container.
 	DeviceNodes []DeviceNode
+	// MountDestinations are the container paths of its mounts.
+	MountDestinations []string
 	// CPUs is the cpuset the kubelet gave the container ("" when none).
 	CPUs string
 	// ExclusiveCPUs is true when the kubelet's CPU manager pinned the
