@@ -17,22 +17,22 @@ TEST_GO          ?= go
 TEST_K8S_BIN_DIR ?= $(CURDIR)/bin/k8s
 # etcd binary the tests run (a name looked up on PATH, or a path).
 TEST_ETCD        ?= etcd
-# Measured on 2 cores: -race roughly doubles the test compile time but the
-# whole target stays within a few minutes (see test/README.md). Set
-# TEST_RACE= to drop it.
-TEST_RACE        ?= -race
+# Off by default: with a cold build cache -race recompiles every Kubernetes
+# package the tests import (minutes on 2 cores, see test/README.md).
+# Use TEST_RACE=-race when the cache is warm.
+TEST_RACE        ?=
 TEST_TIMEOUT     ?= 15m
 TEST_PKGS        ?= ./...
 TEST_FLAGS       ?= -count=1
 TEST_APT_GET     ?= apt-get
 
-.PHONY: k8s-bins test-deps test-etcd test-integration
+.PHONY: k8s-bins test-deps test-etcd test-integration test-vet
 
-k8s-bins:
+k8s-bins: ## build kube-apiserver and kube-scheduler (test/go.mod's version) into bin/k8s
 	@$(TEST_DIR)/hack/build-k8s-bins.sh $(TEST_K8S_BIN_DIR)
 
 # Installs Debian's etcd-server (etcd 3.4) when no etcd is on PATH. Needs root.
-test-etcd:
+test-etcd: ## install etcd-server with apt-get when etcd is not on PATH
 	@if command -v $(TEST_ETCD) >/dev/null 2>&1; then \
 		echo "test-etcd: using $$(command -v $(TEST_ETCD)) ($$($(TEST_ETCD) --version 2>/dev/null | head -n1))"; \
 	else \
@@ -41,12 +41,20 @@ test-etcd:
 		DEBIAN_FRONTEND=noninteractive $(TEST_APT_GET) install -y -qq --no-install-recommends etcd-server; \
 	fi
 
-test-deps: k8s-bins test-etcd
+test-deps: k8s-bins test-etcd ## everything the integration tests run: k8s-bins and etcd
 
-# The device-manager tests re-exec themselves under `unshare -m` (see
+# The device-manager tests re-exec themselves in a new mount namespace, like
+# `unshare -m --propagation private` (see
 # test/framework/kubelet/mountns.go), so they need root (or CAP_SYS_ADMIN).
-test-integration: test-deps
+test-integration: test-deps ## go test in test/ against real etcd, kube-apiserver, kube-scheduler and device manager
 	cd $(TEST_DIR) && \
 		TESSERA_TEST_K8S_BIN_DIR=$(TEST_K8S_BIN_DIR) \
 		TESSERA_TEST_ETCD=$(TEST_ETCD) \
 		$(TEST_GO) test $(TEST_RACE) $(TEST_FLAGS) -timeout $(TEST_TIMEOUT) $(TEST_PKGS)
+
+# gofmt and go vet for the test module (the root lint's go vet stops at the
+# module boundary).
+test-vet: ## gofmt and go vet of the test/ module
+	@out=$$(cd $(TEST_DIR) && gofmt -l .); \
+		if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	cd $(TEST_DIR) && $(TEST_GO) vet ./...

@@ -129,7 +129,7 @@ func fileTail(path string, maxBytes int64) string {
 		if i := bytes.IndexByte(buf, '\n'); i >= 0 {
 			buf = buf[i+1:]
 		}
-		return fmt.Sprintf("[... %d bytes skipped, full log in %s]\n%s", off, path, buf)
+		return fmt.Sprintf("[... first %d bytes of %s skipped]\n%s", off, path, buf)
 	}
 	return string(buf)
 }
