@@ -493,6 +493,31 @@ func adjustment(opts Options, node *Node, pod Pod, ctr Container, gpus []GPU, sh
 	return a
 }
 
+// Realign returns the cpuset to give a container of the ledger whose CPUs
+// the runtime is asked to change to cpus (the kubelet's CPU manager
+// reconciles the shared pool): cpus narrowed to its GPUs' NUMA node(s), or
+// empty strings when nothing is to change.
+func Realign(node *Node, e Entry, cpus string) (alignedCPUs, mems string) {
+	var gpus []GPU
+	refs := append([]api.GPURef(nil), e.GPUs...)
+	if e.Shared != nil {
+		refs = append(refs, e.Shared.GPU)
+	}
+	for _, r := range refs {
+		if g, ok := node.GPU(r.UUID); ok {
+			gpus = append(gpus, g)
+		}
+	}
+	if cpus == "" || len(gpus) == 0 {
+		return "", ""
+	}
+	c, m := numaCPUSet(node, gpus, cpus)
+	if c == cpus {
+		return "", ""
+	}
+	return c, m
+}
+
 // numaCPUSet returns the CPUs and memory nodes of the NUMA node(s) of gpus,
 // within the container's current cpuset when it has one. It returns empty
 // strings when the GPUs' NUMA nodes are unknown or the intersection is

@@ -113,6 +113,7 @@ type Plugin struct {
 var (
 	_ stub.SynchronizeInterface     = (*Plugin)(nil)
 	_ stub.CreateContainerInterface = (*Plugin)(nil)
+	_ stub.UpdateContainerInterface = (*Plugin)(nil)
 	_ stub.RemoveContainerInterface = (*Plugin)(nil)
 	_ stub.RemovePodInterface       = (*Plugin)(nil)
 	_ stub.ShutdownInterface        = (*Plugin)(nil)
@@ -318,6 +319,43 @@ func (p *Plugin) CreateContainer(ctx context.Context, sandbox *nriapi.PodSandbox
 	}
 	logger.Info("Isolating container", "gpus", d.Entry.GPUs, "shared", d.Entry.Shared)
 	return toNRI(d.Adjustment), nil, nil
+}
+
+// UpdateContainer implements stub.UpdateContainerInterface: a cpuset the
+// kubelet's CPU manager reconciles for an aligned container is narrowed to
+// its GPUs' NUMA node(s) again.
+func (p *Plugin) UpdateContainer(_ context.Context, sandbox *nriapi.PodSandbox, ctr *nriapi.Container, res *nriapi.LinuxResources) ([]*nriapi.ContainerUpdate, error) {
+	pod := podOf(sandbox)
+	cpus := res.GetCpu().GetCpus()
+	if cpus == "" || api.NUMAAlignmentDisabled(pod.Annotations) {
+		return nil, nil
+	}
+	p.mu.Lock()
+	node := p.node()
+	p.mu.Unlock()
+	var entry *Entry
+	for i, e := range node.Ledger {
+		if e.Key() == (Key{PodUID: pod.UID, Container: ctr.GetName()}) && e.ContainerID == ctr.GetId() {
+			entry = &node.Ledger[i]
+		}
+	}
+	if entry == nil {
+		return nil, nil
+	}
+	if p.cfg.CPUs != nil {
+		if excl, err := p.cfg.CPUs.HasExclusiveCPUs(pod.UID, ctr.GetName()); err != nil || excl {
+			return nil, nil
+		}
+	}
+	aligned, mems := Realign(node, *entry, cpus)
+	if aligned == "" {
+		return nil, nil
+	}
+	u := &nriapi.ContainerUpdate{ContainerId: ctr.GetId()}
+	u.SetLinuxCPUSetCPUs(aligned)
+	u.SetLinuxCPUSetMems(mems)
+	p.logger.V(2).Info("Keeping a container on its GPUs' NUMA node(s)", "pod", klog.KRef(pod.Namespace, pod.Name), "container", ctr.GetName(), "requested", cpus, "cpus", aligned)
+	return []*nriapi.ContainerUpdate{u}, nil
 }
 
 // RemoveContainer implements stub.RemoveContainerInterface.

@@ -484,6 +484,38 @@ func TestPluginOverNRI(t *testing.T) {
 		t.Errorf("MPS daemons = %v, want %v", got, want)
 	}
 
+	t.Run("a cpuset update by the kubelet is narrowed to the GPUs' NUMA node again", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		resp, err := rt.UpdateContainer(ctx, &adaptation.UpdateContainerRequest{
+			Pod: sharedPod, Container: sharedCtr,
+			LinuxResources: &adaptation.LinuxResources{Cpu: &adaptation.LinuxCPU{Cpus: "60-70,200"}},
+		})
+		if err != nil {
+			t.Fatalf("UpdateContainer: %v", err)
+		}
+		var got []string
+		for _, u := range resp.GetUpdate() {
+			got = append(got, u.GetContainerId()+" "+u.GetLinux().GetResources().GetCpu().GetCpus()+" mems "+u.GetLinux().GetResources().GetCpu().GetMems())
+		}
+		if diff := cmp.Diff([]string{sharedCtr.Id + " 64-70,200 mems 1"}, got); diff != "" {
+			t.Errorf("updates (-want +got):\n%s", diff)
+		}
+		// A container without GPUs is left alone.
+		resp, err = rt.UpdateContainer(ctx, &adaptation.UpdateContainerRequest{
+			Pod: plainPod, Container: plainCtr,
+			LinuxResources: &adaptation.LinuxResources{Cpu: &adaptation.LinuxCPU{Cpus: "60-70"}},
+		})
+		if err != nil {
+			t.Fatalf("UpdateContainer: %v", err)
+		}
+		for _, u := range resp.GetUpdate() {
+			if c := u.GetLinux().GetResources().GetCpu().GetCpus(); c != "" && c != "60-70" {
+				t.Errorf("a container without GPUs was moved to CPUs %q", c)
+			}
+		}
+	})
+
 	t.Run("invalid assignments are refused with the pod, the GPU and the reason", func(t *testing.T) {
 		over := sandbox("greedy", sharedAssignment(t, "c", g[5], 30000, 10))
 		h.allocs.set(over.Uid, "c", Devices{MemoryUnits: 30, CoreUnits: 10})
