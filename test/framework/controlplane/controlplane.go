@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -99,10 +100,25 @@ type ControlPlane struct {
 // Start runs etcd and kube-apiserver (and kube-scheduler when
 // opts.Scheduler is set) and waits until each reports ready. On error,
 // everything already started is stopped again. The caller must call Stop.
+//
+// Ports are picked free just before each process starts; should another
+// process grab one in between ("address already in use" in a log), Start
+// tries again from scratch, at most three times in all.
 func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
 	if err := opts.Binaries.validate(opts.Scheduler != nil); err != nil {
 		return nil, err
 	}
+	const attempts = 3
+	for i := 1; ; i++ {
+		cp, err := startOnce(ctx, opts)
+		if err == nil || i == attempts || !strings.Contains(err.Error(), "address already in use") || ctx.Err() != nil {
+			return cp, err
+		}
+		klog.InfoS("Control plane port was taken, starting again", "attempt", i, "err", err)
+	}
+}
+
+func startOnce(ctx context.Context, opts Options) (*ControlPlane, error) {
 	dir, err := os.MkdirTemp(opts.BaseDir, "tessera-controlplane-")
 	if err != nil {
 		return nil, fmt.Errorf("create control plane directory: %w", err)
