@@ -95,8 +95,11 @@ type Config struct {
 	// CPUs tells exclusive CPUs; optional (then no container counts as
 	// having exclusive CPUs).
 	CPUs CPUAssignments
-	// RetryInterval is the wait between connection attempts (1s when 0).
-	RetryInterval time.Duration
+	// RetryInterval is the first wait between connection attempts (1s
+	// when 0); it doubles up to MaxRetryInterval (30s when 0) while the
+	// runtime stays unreachable.
+	RetryInterval    time.Duration
+	MaxRetryInterval time.Duration
 }
 
 // Plugin is the NRI plugin. Create it with New and run it with Run.
@@ -148,6 +151,9 @@ func New(cfg Config) (*Plugin, error) {
 	if cfg.RetryInterval <= 0 {
 		cfg.RetryInterval = time.Second
 	}
+	if cfg.MaxRetryInterval < cfg.RetryInterval {
+		cfg.MaxRetryInterval = max(30*time.Second, cfg.RetryInterval)
+	}
 	l, err := OpenLedger(cfg.StateDir)
 	if err != nil {
 		return nil, fmt.Errorf("nri plugin: %w", err)
@@ -183,6 +189,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 	if err := p.syncMPS(ctx); err != nil {
 		p.logger.Error(err, "Starting the MPS daemons of the checkpointed shared containers")
 	}
+	wait := p.cfg.RetryInterval
 	for {
 		closed := make(chan struct{})
 		var once sync.Once
@@ -194,13 +201,15 @@ func (p *Plugin) Run(ctx context.Context) error {
 			// creation rather than letting it run unisolated.
 			stub.WithFailurePolicy(&nriapi.FailurePolicy{FailRequest: true}),
 			stub.WithOnClose(func() { once.Do(func() { close(closed) }) }),
+			stub.WithLogger(stubLogger{p.logger.WithName("stub")}),
 		)
 		if err != nil {
 			return fmt.Errorf("nri plugin: %w", err)
 		}
 		if err := st.Start(ctx); err != nil {
-			p.logger.V(2).Info("Cannot connect to the runtime's NRI socket yet; retrying", "socket", p.cfg.SocketPath, "err", err, "retryIn", p.cfg.RetryInterval)
+			p.logger.V(2).Info("Cannot connect to the runtime's NRI socket yet; retrying", "socket", p.cfg.SocketPath, "err", err, "retryIn", wait)
 		} else {
+			wait = p.cfg.RetryInterval
 			select {
 			case <-closed:
 				p.logger.Info("The runtime closed the NRI connection; reconnecting", "socket", p.cfg.SocketPath)
@@ -212,9 +221,30 @@ func (p *Plugin) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(p.cfg.RetryInterval):
+		case <-time.After(wait):
 		}
+		wait = min(2*wait, p.cfg.MaxRetryInterval)
 	}
+}
+
+// stubLogger routes the NRI stub's logs to klog: its routine messages at
+// verbosity 2.
+type stubLogger struct{ l klog.Logger }
+
+func (s stubLogger) Debugf(_ context.Context, format string, args ...interface{}) {
+	s.l.V(4).Info(fmt.Sprintf(format, args...))
+}
+
+func (s stubLogger) Infof(_ context.Context, format string, args ...interface{}) {
+	s.l.V(2).Info(fmt.Sprintf(format, args...))
+}
+
+func (s stubLogger) Warnf(_ context.Context, format string, args ...interface{}) {
+	s.l.Info("WARNING: " + fmt.Sprintf(format, args...))
+}
+
+func (s stubLogger) Errorf(_ context.Context, format string, args ...interface{}) {
+	s.l.Error(nil, fmt.Sprintf(format, args...))
 }
 
 // Synchronize implements stub.SynchronizeInterface: it frees the ledger

@@ -322,11 +322,12 @@ func newHarness(t *testing.T) *harness {
 			Policy:     policy,
 		},
 		GPUs: gpus, NUMANodes: numa,
-		Allocations:   h.allocs,
-		MPS:           h.mps,
-		Observer:      h.observer,
-		Recorder:      h.recorder,
-		RetryInterval: 20 * time.Millisecond,
+		Allocations:      h.allocs,
+		MPS:              h.mps,
+		Observer:         h.observer,
+		Recorder:         h.recorder,
+		RetryInterval:    20 * time.Millisecond,
+		MaxRetryInterval: 200 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)
