@@ -56,11 +56,7 @@ func TestStrategiesOnAPartialGang(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(string(tc.st), func(t *testing.T) {
 			r := run(t, jobs, twoNodes(tc.st))
-			var got []float64
-			for _, h := range r.jctSeconds() {
-				got = append(got, h)
-			}
-			if diff := cmp.Diff(tc.want.jct, got); diff != "" {
+			if diff := cmp.Diff(tc.want.jct, r.jctSeconds()); diff != "" {
 				t.Errorf("job completion times in seconds (-want +got):\n%s", diff)
 			}
 			if r.WastedGPUHours != hours(tc.want.wasted) {
