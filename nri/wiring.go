@@ -137,3 +137,17 @@ func OptionsFromConfig(cfg *api.NodeAgentConfig, uvmMajor int64, pipeDir func(uu
 		Policy:           policy,
 	}
 }
+
+// HealthFromInventory reads GPU health from an inventory source, such as
+// the device plugin agent's Inventory method.
+func HealthFromInventory(inventory func() *api.GPUInventory) Health {
+	return HealthFunc(func() map[string]string {
+		out := map[string]string{}
+		for _, g := range inventory().GPUs {
+			if !g.Healthy {
+				out[g.UUID] = g.Reason
+			}
+		}
+		return out
+	})
+}

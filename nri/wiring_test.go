@@ -102,3 +102,11 @@ func TestOptionsFromConfig(t *testing.T) {
 		t.Error("envvar strategy yields CDI devices; want device nodes")
 	}
 }
+
+func TestHealthFromInventory(t *testing.T) {
+	inv := &api.GPUInventory{GPUs: []api.InventoryGPU{{UUID: uuid0, Healthy: true}, {UUID: uuid1, Reason: "XID 79"}}}
+	got := HealthFromInventory(func() *api.GPUInventory { return inv }).Unhealthy()
+	if diff := cmp.Diff(map[string]string{uuid1: "XID 79"}, got); diff != "" {
+		t.Errorf("unhealthy (-want +got):\n%s", diff)
+	}
+}
