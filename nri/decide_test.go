@@ -455,3 +455,28 @@ func TestDecisionErrorNamesPodContainerGPU(t *testing.T) {
 		t.Errorf("Error() = %q, want %q", err.Error(), want)
 	}
 }
+
+// BenchmarkDecide measures one shared-container decision on a node whose
+// ledger holds 64 other containers (it runs on every CreateContainer, under
+// the runtime's plugin request timeout).
+func BenchmarkDecide(b *testing.B) {
+	p, err := allocator.NewPolicy(allocator.PolicyBestFit)
+	if err != nil {
+		b.Fatal(err)
+	}
+	opts := Options{MemoryUnitMiB: 256, MemoryReserveMiB: 1024, UVMMajor: 510, CDIKind: api.DefaultCDIKind,
+		MPSPipeDir: func(uuid string) string { return "/mps/" + uuid }, Policy: p}
+	node := testNode()
+	for i := 0; i < 64; i++ {
+		g := node.GPUs[i%len(node.GPUs)]
+		node.Ledger = append(node.Ledger, Entry{PodUID: "u" + strconv.Itoa(i), Namespace: "ns", Pod: "p" + strconv.Itoa(i), Container: "c",
+			Shared: &api.SharedGPU{GPU: api.GPURef{UUID: g.UUID, Index: g.Index}, MemoryMiB: 256, Cores: 1}})
+	}
+	req := Request{Pod: Pod{Namespace: "ns", Name: "new", UID: "new"}, Container: Container{ID: "id", Name: "c"}, Devices: Devices{MemoryUnits: 2, CoreUnits: 5}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Decide(opts, node, req); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
