@@ -111,6 +111,10 @@ type Plugin struct {
 	// mu serialises decisions with the ledger updates they lead to.
 	mu        sync.Mutex
 	connected atomic.Bool
+	// wg tracks background work (accountUnknown) that Run waits for; bg
+	// is its context, which ends with Run's.
+	wg sync.WaitGroup
+	bg context.Context
 }
 
 var (
@@ -158,7 +162,7 @@ func New(cfg Config) (*Plugin, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nri plugin: %w", err)
 	}
-	return &Plugin{cfg: cfg, ledger: l, logger: klog.Background().WithName("nri")}, nil
+	return &Plugin{cfg: cfg, ledger: l, logger: klog.Background().WithName("nri"), bg: context.Background()}, nil
 }
 
 // Connected reports whether the plugin is connected to the runtime and
@@ -184,6 +188,7 @@ func (p *Plugin) setConnected(c bool) {
 func (p *Plugin) Run(ctx context.Context) error {
 	p.logger = klog.FromContext(ctx).WithName("nri")
 	ctx = klog.NewContext(ctx, p.logger)
+	p.bg = ctx
 	// Bring the MPS daemons in line with the ledger rebuilt from the
 	// checkpoint before the runtime reconnects.
 	if err := p.syncMPS(ctx); err != nil {
@@ -220,6 +225,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 		p.setConnected(false)
 		select {
 		case <-ctx.Done():
+			p.wg.Wait()
 			return nil
 		case <-time.After(wait):
 		}
@@ -274,8 +280,78 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*nriapi.PodSandbox, con
 	if err := p.syncMPS(ctx); err != nil {
 		p.logger.Error(err, "Syncing the MPS daemons")
 	}
+	// Containers the runtime created while the plugin was away are
+	// accounted in the background: the runtime waits for this reply.
+	bySandbox := map[string]*nriapi.PodSandbox{}
+	for _, pod := range pods {
+		bySandbox[pod.GetId()] = pod
+	}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		p.accountUnknown(p.bg, bySandbox, containers)
+	}()
 	p.setConnected(true)
 	return nil, nil
+}
+
+// accountUnknown records in the ledger the GPU use of running containers it
+// has no entry for: containers the runtime created while the plugin was not
+// connected (they run without the plugin's adjustment, which is logged), so
+// that later decisions do not hand their GPUs out again.
+func (p *Plugin) accountUnknown(ctx context.Context, sandboxes map[string]*nriapi.PodSandbox, containers []*nriapi.Container) {
+	changed := false
+	for _, c := range containers {
+		if ctx.Err() != nil {
+			return
+		}
+		if c.GetState() == nriapi.ContainerState_CONTAINER_STOPPED {
+			continue
+		}
+		sb := sandboxes[c.GetPodSandboxId()]
+		if sb == nil {
+			continue
+		}
+		known := false
+		for _, e := range p.ledger.Snapshot() {
+			known = known || e.ContainerID == c.GetId()
+		}
+		if known {
+			continue
+		}
+		pod := podOf(sb)
+		logger := p.logger.WithValues("pod", klog.KRef(pod.Namespace, pod.Name), "container", c.GetName())
+		devs, err := p.cfg.Allocations.ContainerDevices(ctx, pod, c.GetName())
+		if err != nil {
+			logger.Error(err, "Reading the kubelet's allocations of a running container the plugin has not seen")
+			continue
+		}
+		if devs.Empty() {
+			continue
+		}
+		req := Request{Pod: pod, Container: containerOf(c), Devices: devs}
+		p.mu.Lock()
+		d, err := Decide(p.cfg.Decide, p.node(), req)
+		switch {
+		case err != nil:
+			logger.Error(err, "A running container the plugin has not seen conflicts with the ledger; it runs without isolation")
+		case d.PlacedLocally:
+			// No assignment: the device plugin gave it no GPU.
+		default:
+			if err := p.ledger.Put(d.Entry); err != nil {
+				logger.Error(err, "Recording a running container the plugin has not seen")
+			} else {
+				changed = true
+				logger.Info("WARNING: the container was created while the NRI plugin was not connected: it runs without Tessera's device rules and limits until it restarts; its GPU use is now accounted", "gpus", d.Entry.GPUs, "shared", d.Entry.Shared)
+			}
+		}
+		p.mu.Unlock()
+	}
+	if changed {
+		if err := p.syncMPS(ctx); err != nil {
+			p.logger.Error(err, "Syncing the MPS daemons")
+		}
+	}
 }
 
 // Shutdown implements stub.ShutdownInterface.

@@ -580,13 +580,27 @@ func TestPluginOverNRI(t *testing.T) {
 		rt.Stop()
 		h.observer.want(t, false)
 		// The restarted runtime still runs the mixed pod's train container
-		// only: the whole pod went away while it was down.
-		rt2 := startRuntime(t, h.dir, []*adaptation.PodSandbox{mixedPod}, []*adaptation.Container{mixedTrain})
+		// only: the whole pod went away while it was down. It also runs a
+		// container it created while the plugin was away, on GPU 3.
+		latePod := sandbox("late", nil)
+		lateCtr := container(latePod, "c")
+		h.allocs.set(latePod.Uid, "c", Devices{Whole: []string{g[3].UUID}})
+		rt2 := startRuntime(t, h.dir, []*adaptation.PodSandbox{mixedPod, latePod}, []*adaptation.Container{mixedTrain, lateCtr})
 		t.Cleanup(rt2.Stop)
 		rt2.waitPlugin(t)
 		h.observer.want(t, true)
-		if diff := cmp.Diff([]string{"ns/mixed train"}, ledgerNames(h.plugin.Ledger().Snapshot())); diff != "" {
+		eventually := time.Now().Add(10 * time.Second)
+		for len(h.plugin.Ledger().Snapshot()) != 2 && time.Now().Before(eventually) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if diff := cmp.Diff([]string{"ns/late c", "ns/mixed train"}, ledgerNames(h.plugin.Ledger().Snapshot())); diff != "" {
 			t.Errorf("ledger after resync (-want +got):\n%s", diff)
+		}
+		// GPU 3 is accounted: nobody else gets it.
+		thief := sandbox("thief", nil)
+		h.allocs.set(thief.Uid, "c", Devices{Whole: []string{g[3].UUID}})
+		if _, err := create(t, rt2, thief, container(thief, "c")); err == nil || !strings.Contains(err.Error(), "already allocated whole to ns/late container c") {
+			t.Errorf("CreateContainer on a GPU a container created while disconnected holds: %v", err)
 		}
 		// GPU 0 was freed by the resync: another pod may now have it.
 		sb := sandbox("next", nil)
