@@ -15,10 +15,9 @@ type Metrics struct {
 	pollFailures *prometheus.CounterVec
 }
 
-var containerLabels = []string{"namespace", "pod", "container", "gpu"}
-
 // NewMetrics creates the metrics and registers them with reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	containerLabels := []string{"namespace", "pod", "container", "gpu"}
 	m := &Metrics{
 		memoryUsed: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tessera_container_gpu_memory_used_bytes",
