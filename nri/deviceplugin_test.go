@@ -143,3 +143,6 @@ func TestDevicePluginSharedAllocateFollowsNRIConnection(t *testing.T) {
 		t.Fatalf("shared Allocate after the runtime went away = %v, want a refusal", err)
 	}
 }
+
+// The plugin is what the device plugin agent asks whether NRI is connected.
+var _ deviceplugin.NRI = (*Plugin)(nil)
