@@ -115,7 +115,9 @@ func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 		if reason, bad := node.Unhealthy[id]; bad {
 			return nil, fail(id, "unhealthy: %s", reason)
 		}
-		if e, used := u.whole[id]; used {
+		// The kubelet reuses an init container's devices for the app
+		// containers of its pod.
+		if e, used := u.whole[id]; used && e.PodUID != pod.UID {
 			return nil, fail(id, "already allocated whole to %s", e)
 		}
 		if es := u.sharedBy[id]; len(es) > 0 {

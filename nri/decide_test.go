@@ -291,6 +291,24 @@ func TestDecide(t *testing.T) {
 			},
 		},
 
+		{
+			name: "a whole GPU of an init container of the same pod is reused",
+			node: func(n *Node) {
+				n.Ledger = []Entry{{PodUID: "uid-p", Namespace: "ns", Pod: "p", Container: "init", ContainerID: "init", GPUs: []api.GPURef{{UUID: uuid1, Index: 1}}}}
+			},
+			req: Request{Pod: pod(nil), Container: Container{ID: "app", Name: "c", ExclusiveCPUs: true}, Devices: Devices{Whole: []string{uuid1}}},
+			want: &Decision{
+				Entry: Entry{PodUID: "uid-p", Namespace: "ns", Pod: "p", Container: "c", ContainerID: "app", GPUs: []api.GPURef{{UUID: uuid1, Index: 1}}},
+				Adjustment: Adjustment{
+					AddDeviceNodes: gpuNodes(11),
+					CgroupRules:    gpuRules(11),
+					Env: []EnvVar{
+						{api.EnvNVIDIAVisibleDevices, uuid1}, {api.EnvGPUUUIDs, uuid1}, {api.EnvGPUIndices, "1"}, {api.EnvGPUShared, "false"},
+					},
+				},
+			},
+		},
+
 		// Refusals.
 		{
 			name:    "whole GPU unknown on this node",

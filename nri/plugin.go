@@ -121,6 +121,7 @@ var (
 	_ stub.SynchronizeInterface     = (*Plugin)(nil)
 	_ stub.CreateContainerInterface = (*Plugin)(nil)
 	_ stub.UpdateContainerInterface = (*Plugin)(nil)
+	_ stub.StopContainerInterface   = (*Plugin)(nil)
 	_ stub.RemoveContainerInterface = (*Plugin)(nil)
 	_ stub.RemovePodInterface       = (*Plugin)(nil)
 	_ stub.ShutdownInterface        = (*Plugin)(nil)
@@ -254,16 +255,19 @@ func (s stubLogger) Errorf(_ context.Context, format string, args ...interface{}
 }
 
 // Synchronize implements stub.SynchronizeInterface: it frees the ledger
-// entries of pods and containers that no longer exist, and from then on the
-// plugin receives events.
+// entries of pods and containers that no longer exist or have stopped,
+// accounts running containers it has not seen, and from then on the plugin
+// receives events.
 func (p *Plugin) Synchronize(ctx context.Context, pods []*nriapi.PodSandbox, containers []*nriapi.Container) ([]*nriapi.ContainerUpdate, error) {
 	podUIDs := map[string]bool{}
 	for _, pod := range pods {
 		podUIDs[pod.GetUid()] = true
 	}
-	byID := map[string]bool{}
+	byID := map[string]bool{} // containers that may use a GPU
 	for _, c := range containers {
-		byID[c.GetId()] = true
+		if c.GetState() != nriapi.ContainerState_CONTAINER_STOPPED {
+			byID[c.GetId()] = true
+		}
 	}
 	p.mu.Lock()
 	err := p.ledger.Retain(func(e Entry) bool {
@@ -462,6 +466,13 @@ func (p *Plugin) UpdateContainer(_ context.Context, sandbox *nriapi.PodSandbox, 
 	u.SetLinuxCPUSetMems(mems)
 	p.logger.V(2).Info("Keeping a container on its GPUs' NUMA node(s)", "pod", klog.KRef(pod.Namespace, pod.Name), "container", ctr.GetName(), "requested", cpus, "cpus", aligned)
 	return []*nriapi.ContainerUpdate{u}, nil
+}
+
+// StopContainer implements stub.StopContainerInterface: a stopped container
+// (an init container that completed, one that exited) uses no GPU; its
+// entry is freed. If it restarts, CreateContainer records it again.
+func (p *Plugin) StopContainer(ctx context.Context, sandbox *nriapi.PodSandbox, ctr *nriapi.Container) ([]*nriapi.ContainerUpdate, error) {
+	return nil, p.RemoveContainer(ctx, sandbox, ctr)
 }
 
 // RemoveContainer implements stub.RemoveContainerInterface.

@@ -558,13 +558,14 @@ func TestPluginOverNRI(t *testing.T) {
 		}
 	})
 
-	t.Run("pod removal frees the ledger and stops an MPS daemon without tenants", func(t *testing.T) {
+	t.Run("pod removal and container stop free the ledger and stop an MPS daemon without tenants", func(t *testing.T) {
 		for _, name := range []string{"shared", "bypass"} {
 			if err := rt.RemovePodSandbox(context.Background(), &adaptation.RemovePodSandboxRequest{Pod: sandbox(name, nil)}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if err := rt.RemoveContainer(context.Background(), &adaptation.RemoveContainerRequest{Pod: mixedPod, Container: mixedHelper}); err != nil {
+		// The helper container exits: stopping it frees its slice.
+		if _, err := rt.StopContainer(context.Background(), &adaptation.StopContainerRequest{Pod: mixedPod, Container: mixedHelper}); err != nil {
 			t.Fatal(err)
 		}
 		want := []string{"ns/mixed train", "ns/whole train"}
