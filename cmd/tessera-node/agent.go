@@ -28,6 +28,7 @@ import (
 	"github.com/tessera-gpu/tessera/deviceplugin/kube"
 	"github.com/tessera-gpu/tessera/deviceplugin/kubeletstate"
 	"github.com/tessera-gpu/tessera/gpu"
+	"github.com/tessera-gpu/tessera/internal/kubeclient"
 	"github.com/tessera-gpu/tessera/topology"
 )
 
@@ -310,20 +311,17 @@ func sysfsRootFor(backend *gpu.Backend, flagValue string) (string, func(), error
 // without one: with --kubeconfig, that file; in a pod, the in-cluster
 // configuration. Either needs a node name.
 func apiServerConfig(kubeconfig, nodeName string) (*rest.Config, error) {
-	if kubeconfig != "" {
-		if nodeName == "" {
-			return nil, errors.New("--kubeconfig needs --node-name (or $NODE_NAME)")
-		}
-		return loadKubeconfig(kubeconfig)
+	if kubeconfig != "" && nodeName == "" {
+		return nil, errors.New("--kubeconfig needs --node-name (or $NODE_NAME)")
 	}
-	if nodeName == "" || os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
+	if kubeconfig == "" && nodeName == "" {
 		return nil, nil
 	}
-	cfg, err := rest.InClusterConfig()
-	if err != nil {
-		return nil, fmt.Errorf("in-cluster configuration: %w", err)
+	cfg, err := kubeclient.Config(kubeconfig)
+	if errors.Is(err, kubeclient.ErrNotInCluster) {
+		return nil, nil
 	}
-	return cfg, nil
+	return cfg, err
 }
 
 func metricsServer(addr string, reg *prometheus.Registry) (*http.Server, net.Listener, error) {
