@@ -99,7 +99,8 @@ func TestScenarios(t *testing.T) {
 		}
 		// The H100 node is full; the A100 node's GPUs are free but not allowed.
 		e.createPod(t, podSpec{name: "model-h-2", gpus: 1, model: "H100", selector: sel("model")})
-		e.waitPendingWith(t, "model-h-2", "fewer than 1 whole GPUs free", time.Minute)
+		// (kube-scheduler's own count check rejects the full H100 node.)
+		e.waitPendingWith(t, "model-h-2", `GPU model "NVIDIA A100-SXM4-40GB" is not one of H100`, time.Minute)
 		e.createPod(t, podSpec{name: "model-v100", gpus: 1, model: "V100", selector: sel("model")})
 		e.waitPendingWith(t, "model-v100", "is not one of V100", time.Minute)
 	})

@@ -352,8 +352,12 @@ func (e *env) createNode(t testing.TB, s nodeSpec) {
 		api.ResourceGPUMemory: q(s.gpus * (s.memMiB / 1024)),
 		api.ResourceGPUCore:   q(s.gpus * api.CoresPerGPU),
 	}
-	if _, err := e.cp.CreateReadyNode(t.Context(), controlplane.NodeOptions{Name: s.name, Labels: s.labels, Annotations: ann, Capacity: capacity}); err != nil {
+	n, err := e.cp.CreateReadyNode(t.Context(), controlplane.NodeOptions{Name: s.name, Labels: s.labels, Annotations: ann, Capacity: capacity})
+	if err != nil {
 		t.Fatal(err)
+	}
+	if len(n.Spec.Taints) > 0 {
+		t.Fatalf("node %s has taints %v", s.name, n.Spec.Taints)
 	}
 }
 
@@ -412,9 +416,22 @@ func (e *env) waitBound(t testing.TB, name string, timeout time.Duration) *v1.Po
 	t.Helper()
 	p, err := e.cp.WaitForPod(t.Context(), ns, name, "bound", timeout, func(p *v1.Pod) (bool, error) { return p.Spec.NodeName != "", nil })
 	if err != nil {
-		t.Fatalf("%v\nevents: %s", err, e.events(t, name))
+		t.Fatalf("%v\nevents: %s\nnodes: %s", err, e.events(t, name), e.nodeTaints(t))
 	}
 	return p
+}
+
+// nodeTaints describes the taints of every node, for failure messages.
+func (e *env) nodeTaints(t testing.TB) string {
+	nodes, err := e.client.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	for _, n := range nodes.Items {
+		fmt.Fprintf(&b, "%s %v; ", n.Name, n.Spec.Taints)
+	}
+	return b.String()
 }
 
 // events returns the messages of the pod's events.
