@@ -367,3 +367,38 @@ func TestMPSAdoptsRunningDaemon(t *testing.T) {
 		t.Errorf("compute mode calls (-want +got):\n%s", diff)
 	}
 }
+
+func TestNVMLUtilization(t *testing.T) {
+	var asked []uint64
+	samples := []nvml.ProcessUtilizationSample{
+		{Pid: 7, TimeStamp: 100, SmUtil: 10},
+		{Pid: 7, TimeStamp: 300, SmUtil: 40},
+		{Pid: 9, TimeStamp: 200, SmUtil: 5},
+	}
+	ret := nvml.SUCCESS
+	dev := &mock.Device{GetProcessUtilizationFunc: func(since uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+		asked = append(asked, since)
+		return samples, ret
+	}}
+	lib := &mock.Interface{DeviceGetHandleByIndexFunc: func(int) (nvml.Device, nvml.Return) { return dev, nvml.SUCCESS }}
+	u := &NVMLUtilization{Lib: lib}
+	got, err := u.ProcessUtilization(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]ProcessUtilization{{PID: 7, SMPercent: 40}, {PID: 9, SMPercent: 5}}, got); diff != "" {
+		t.Errorf("samples (-want +got):\n%s", diff)
+	}
+	// The next call asks only for newer samples; none is no error.
+	ret = nvml.ERROR_NOT_FOUND
+	if got, err := u.ProcessUtilization(0); err != nil || len(got) != 0 {
+		t.Errorf("no new samples: %v, %v", got, err)
+	}
+	if diff := cmp.Diff([]uint64{0, 300}, asked); diff != "" {
+		t.Errorf("timestamps asked (-want +got):\n%s", diff)
+	}
+	ret = nvml.ERROR_NOT_SUPPORTED
+	if _, err := u.ProcessUtilization(0); err == nil {
+		t.Error("an NVML failure yielded no error")
+	}
+}
