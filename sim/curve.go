@@ -127,8 +127,8 @@ type Stats struct {
 	N        int
 }
 
-// Summarize returns the mean and sample standard deviation of xs.
-func Summarize(xs []float64) Stats {
+// MeanSD returns the mean and sample standard deviation of xs.
+func MeanSD(xs []float64) Stats {
 	s := Stats{N: len(xs)}
 	if s.N == 0 {
 		return s

@@ -41,13 +41,10 @@ type Result struct {
 	Pods   int
 	Placed int
 	Events []Event
+	// Curve is Events binned by arrived workload (see BinEvents).
+	Curve []Point
 	// Evaluations counts policy evaluations (cache misses), for profiling.
 	Evaluations int64
-}
-
-// Curve bins the run's events by arrived workload (see BinEvents).
-func (r *Result) Curve() []Point {
-	return BinEvents(r.Events, r.TotalGPUs)
 }
 
 // TargetWorkload builds the FGD target workload of a trace: the most
@@ -65,6 +62,17 @@ func TargetWorkload(t *Trace, popularity float64) (allocator.Workload, error) {
 		return allocator.Workload{}, fmt.Errorf("target workload of %s: %w", t.Workload, err)
 	}
 	return w, nil
+}
+
+// ModelCapacity counts the GPUs of each model.
+func ModelCapacity(nodes []NodeSpec) map[string]int {
+	out := make(map[string]int)
+	for _, n := range nodes {
+		if n.GPUs > 0 {
+			out[n.Model] += n.GPUs
+		}
+	}
+	return out
 }
 
 // NewNodes builds empty node snapshots from node specs.
@@ -108,7 +116,11 @@ func Run(t *Trace, cfg Config) (*Result, error) {
 	}
 	opts := []allocator.Option{allocator.WithWorkload(workload), allocator.WithRand(plan.Rand)}
 	if cfg.Tessera != nil {
-		opts = append(opts, allocator.WithTesseraConfig(*cfg.Tessera))
+		tc := *cfg.Tessera
+		if tc.ModelCapacity == nil {
+			tc.ModelCapacity = ModelCapacity(t.Nodes)
+		}
+		opts = append(opts, allocator.WithTesseraConfig(tc))
 	}
 	policy, err := allocator.NewPolicy(cfg.Policy, opts...)
 	if err != nil {
@@ -213,6 +225,7 @@ func replay(plan *Plan, policy allocator.Policy, meter *allocator.FragMeter, t *
 		}
 		res.Events = append(res.Events, Event{ArrivedMilli: arrived, UsedMilli: used, FragMilli: clusterFrag})
 	}
+	res.Curve = BinEvents(res.Events, res.TotalGPUs)
 	return res, nil
 }
 

@@ -1,0 +1,191 @@
+// Command tessera-sim replays the Alibaba GPU trace (cluster-trace-gpu-v2023)
+// under Tessera's placement policies, following the protocol of the FGD
+// paper (USENIX ATC'23) and its artifact. See docs/sim.md.
+//
+//	tessera-sim --nodes openb_node_list_gpu_node.csv --pods openb_pod_list_default.csv \
+//	    --policy random,bestfit,fgd,tessera --seeds 42-51 --workers 2 --format table --plot out.svg
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"github.com/tessera-gpu/tessera/allocator"
+	"github.com/tessera-gpu/tessera/sim"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "tessera-sim:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	nodes, pods, policies, seeds, format, plot, tieBreak, expected string
+	workers                                                        int
+	ratio                                                          float64
+	quiet                                                          bool
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("tessera-sim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.nodes, "nodes", "", "node list CSV (openb_node_list_gpu_node.csv)")
+	fs.StringVar(&o.pods, "pods", "", "pod list CSV(s), comma-separated (openb_pod_list_*.csv)")
+	fs.StringVar(&o.policies, "policy", "random,dotprod,gpuclustering,gpupacking,bestfit,fgd,tessera", "comma-separated policies: "+strings.Join(allocator.PolicyNames(), ", "))
+	fs.StringVar(&o.seeds, "seeds", "42-51", "seeds, e.g. 42-51 or 42,45")
+	fs.IntVar(&o.workers, "workers", 1, "simulations run in parallel")
+	fs.StringVar(&o.format, "format", "table", "output format: table, json or csv")
+	fs.StringVar(&o.plot, "plot", "", "write an SVG plot of unallocated GPU % vs arrived workload to this file")
+	fs.StringVar(&o.tieBreak, "tie-break", "artifact", "tie-break between equal scores: artifact (the artifact's seed-permuted node names) or name (smallest node name)")
+	fs.Float64Var(&o.ratio, "ratio", sim.DefaultRatio, "workload size as a multiple of the cluster's GPU capacity")
+	fs.StringVar(&o.expected, "expected", "", "the artifact's published analysis_allo_discrete.csv, to show published values in the table")
+	fs.BoolVar(&o.quiet, "quiet", false, "no progress on stderr")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: tessera-sim --nodes NODES.csv --pods PODS.csv[,PODS2.csv] [flags]")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	switch {
+	case o.nodes == "":
+		return nil, errors.New("--nodes is required")
+	case o.pods == "":
+		return nil, errors.New("--pods is required")
+	case o.workers < 1:
+		return nil, fmt.Errorf("--workers %d: want at least 1", o.workers)
+	case o.ratio <= 0:
+		return nil, fmt.Errorf("--ratio %v: want > 0", o.ratio)
+	}
+	switch o.format {
+	case "table", "json", "csv":
+	default:
+		return nil, fmt.Errorf("--format %q: want table, json or csv", o.format)
+	}
+	return o, nil
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	policies, err := sim.ParsePolicies(o.policies)
+	if err != nil {
+		return fmt.Errorf("--policy: %w", err)
+	}
+	seeds, err := sim.ParseSeeds(o.seeds)
+	if err != nil {
+		return fmt.Errorf("--seeds: %w", err)
+	}
+	tie, err := sim.ParseTieBreak(o.tieBreak)
+	if err != nil {
+		return fmt.Errorf("--tie-break: %w", err)
+	}
+	nodes, err := sim.LoadNodes(o.nodes)
+	if err != nil {
+		return err
+	}
+	var traces []*sim.Trace
+	for _, p := range strings.Split(o.pods, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		pods, err := sim.LoadPods(p)
+		if err != nil {
+			return err
+		}
+		traces = append(traces, &sim.Trace{Workload: sim.WorkloadName(p), Nodes: nodes, Pods: pods})
+	}
+	var published map[[2]string]sim.Stats
+	if o.expected != "" {
+		curves, err := sim.LoadPublished(o.expected)
+		if err != nil {
+			return err
+		}
+		published = sim.PublishedAt100(curves)
+	}
+
+	jobs := sim.Jobs(traces, policies, seeds, sim.Config{Plan: sim.PlanOptions{Ratio: o.ratio, TieBreak: tie}})
+	start := time.Now()
+	var progress sim.Progress
+	if !o.quiet {
+		progress = func(done, total int, r *sim.Result) {
+			u := "-"
+			if p, ok := sim.At(r.Curve, 100); ok {
+				u = fmt.Sprintf("%.2f%%", p.UnallocatedPct)
+			}
+			fmt.Fprintf(stderr, "[%d/%d %s] %s %s seed %d: %d/%d pods placed, unallocated@100 %s\n",
+				done, total, time.Since(start).Round(time.Second), r.Workload, r.Policy, r.Seed, r.Placed, r.Pods, u)
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	results, err := sim.RunAll(ctx, jobs, o.workers, progress)
+	if err != nil {
+		return err
+	}
+	if !o.quiet {
+		fmt.Fprintf(stderr, "%d simulations in %s\n", len(results), time.Since(start).Round(time.Millisecond))
+	}
+
+	out := bufio.NewWriter(stdout)
+	sums := sim.Summarize(results)
+	switch o.format {
+	case "json":
+		err = sim.WriteJSON(out, results)
+	case "csv":
+		err = sim.WriteCSV(out, results)
+	default:
+		err = sim.WriteTable(out, sums, published)
+	}
+	if err != nil {
+		return err
+	}
+	if err := out.Flush(); err != nil {
+		return fmt.Errorf("write output: %w", err)
+	}
+	if o.plot != "" {
+		if err := writePlot(o.plot, sums); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func writePlot(path string, sums []sim.Summary) (err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("plot: %w", err)
+	}
+	defer func() {
+		if cerr := f.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("plot: %w", cerr)
+		}
+	}()
+	w := bufio.NewWriter(f)
+	if err := sim.WriteSVG(w, sums); err != nil {
+		return fmt.Errorf("plot %s: %w", path, err)
+	}
+	if err := w.Flush(); err != nil {
+		return fmt.Errorf("plot %s: %w", path, err)
+	}
+	return nil
+}
