@@ -1,6 +1,7 @@
 package api
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -196,4 +197,65 @@ func HasGangGate(pod *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// AnnotationGangPlan records where the gang planner placed a member: the
+// node, and for a shared member the GPU. The extender counts a planned pod
+// on its node from this annotation (so a plan survives restarts, rebuilt from
+// the API server), filter passes only that node, and bind checks it.
+const AnnotationGangPlan = Domain + "/gang-plan"
+
+// KindGangPlan is the kind of a GangPlan.
+const KindGangPlan = "GangPlan"
+
+// GangPlan is the value of AnnotationGangPlan.
+type GangPlan struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	// Gang is the gang's name; Node the member's planned node.
+	Gang string `json:"gang"`
+	Node string `json:"node"`
+	// GPU is the planned GPU of a shared member (nil for whole GPUs, which
+	// the node's device plugin picks).
+	GPU *GPURef `json:"gpu,omitempty"`
+	// Expires is when the plan is released if the gang has not bound
+	// (RFC 3339).
+	Expires time.Time `json:"expires"`
+}
+
+// GetGangPlan reads AnnotationGangPlan; ok is false when it is absent.
+func GetGangPlan(annotations map[string]string) (p *GangPlan, ok bool, err error) {
+	v, ok := annotations[AnnotationGangPlan]
+	if !ok {
+		return nil, false, nil
+	}
+	p = &GangPlan{}
+	if err := decodeStrict(v, p); err != nil {
+		return nil, true, fmt.Errorf("annotation %s: %w", AnnotationGangPlan, err)
+	}
+	switch {
+	case p.APIVersion != Version || p.Kind != KindGangPlan:
+		return nil, true, fmt.Errorf("annotation %s: want apiVersion %s kind %s, got %q %q", AnnotationGangPlan, Version, KindGangPlan, p.APIVersion, p.Kind)
+	case p.Gang == "" || p.Node == "":
+		return nil, true, fmt.Errorf("annotation %s: gang and node must be set", AnnotationGangPlan)
+	case p.Expires.IsZero():
+		return nil, true, fmt.Errorf("annotation %s: expires must be set", AnnotationGangPlan)
+	}
+	if p.GPU != nil {
+		if err := p.GPU.validate(); err != nil {
+			return nil, true, fmt.Errorf("annotation %s: gpu: %w", AnnotationGangPlan, err)
+		}
+	}
+	return p, true, nil
+}
+
+// SetGangPlan writes p (apiVersion and kind filled in) to annotations.
+func SetGangPlan(annotations map[string]string, p GangPlan) error {
+	p.APIVersion, p.Kind = Version, KindGangPlan
+	b, err := json.Marshal(p)
+	if err != nil {
+		return fmt.Errorf("encoding %s: %w", AnnotationGangPlan, err)
+	}
+	annotations[AnnotationGangPlan] = string(b)
+	return nil
 }

@@ -124,3 +124,34 @@ func TestHasGangGate(t *testing.T) {
 		t.Error("the gang gate is not seen")
 	}
 }
+
+func TestGangPlanRoundTrip(t *testing.T) {
+	expires := time.Date(2026, 11, 22, 1, 0, 0, 0, time.UTC)
+	ann := map[string]string{}
+	in := GangPlan{Gang: "train", Node: "n1", GPU: &GPURef{UUID: "GPU-11111111-2222-3333-4444-555555555555", Index: 3}, Expires: expires}
+	if err := SetGangPlan(ann, in); err != nil {
+		t.Fatal(err)
+	}
+	out, ok, err := GetGangPlan(ann)
+	if err != nil || !ok {
+		t.Fatalf("GetGangPlan = %v, %v", ok, err)
+	}
+	in.APIVersion, in.Kind = Version, KindGangPlan
+	if diff := cmp.Diff(&in, out); diff != "" {
+		t.Errorf("round trip (-want +got):\n%s", diff)
+	}
+	if _, ok, err := GetGangPlan(map[string]string{}); ok || err != nil {
+		t.Errorf("absent plan = %v, %v", ok, err)
+	}
+	for name, v := range map[string]string{
+		"garbage":       "{",
+		"wrong kind":    `{"apiVersion":"tessera.dev/v1alpha1","kind":"Assignment","gang":"g","node":"n","expires":"2026-11-22T01:00:00Z"}`,
+		"no node":       `{"apiVersion":"tessera.dev/v1alpha1","kind":"GangPlan","gang":"g","expires":"2026-11-22T01:00:00Z"}`,
+		"no expiry":     `{"apiVersion":"tessera.dev/v1alpha1","kind":"GangPlan","gang":"g","node":"n"}`,
+		"unknown field": `{"apiVersion":"tessera.dev/v1alpha1","kind":"GangPlan","gang":"g","node":"n","expires":"2026-11-22T01:00:00Z","extra":1}`,
+	} {
+		if _, ok, err := GetGangPlan(map[string]string{AnnotationGangPlan: v}); !ok || err == nil || !strings.Contains(err.Error(), AnnotationGangPlan) {
+			t.Errorf("%s: GetGangPlan = %v, %v; want an error naming the annotation", name, ok, err)
+		}
+	}
+}

@@ -1,0 +1,132 @@
+// Package admission is the extender's mutating admission webhook for gangs:
+// a pod that declares a gang (api.GangOf) is created with the scheduling
+// gate api.SchedulingGateGang, so kube-scheduler leaves it alone until the
+// gang planner has placed the whole gang and lifts the gate. A malformed
+// gang declaration is refused at creation with the reason.
+//
+// The HTTP handler decodes, calls the pure Review, and encodes.
+package admission
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// patchOp is one JSON Patch (RFC 6902) operation.
+type patchOp struct {
+	Op    string `json:"op"`
+	Path  string `json:"path"`
+	Value any    `json:"value,omitempty"`
+}
+
+var podResource = metav1.GroupVersionResource{Version: "v1", Resource: "pods"}
+
+// Review decides one admission request. It never fails: a request it cannot
+// read is refused with the reason.
+func Review(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
+	if req.Resource != podResource || req.Operation != admissionv1.Create {
+		return resp
+	}
+	var pod corev1.Pod
+	if err := json.Unmarshal(req.Object.Raw, &pod); err != nil {
+		return deny(resp, http.StatusBadRequest, fmt.Sprintf("decoding the pod: %v", err))
+	}
+	if pod.Namespace == "" {
+		pod.Namespace = req.Namespace
+	}
+	if pod.Name == "" {
+		pod.Name = req.Name
+	}
+	_, member, err := api.GangOf(&pod)
+	if err != nil {
+		return deny(resp, http.StatusUnprocessableEntity, err.Error())
+	}
+	if !member || api.HasGangGate(&pod) {
+		return resp
+	}
+	gate := corev1.PodSchedulingGate{Name: api.SchedulingGateGang}
+	op := patchOp{Op: "add", Path: "/spec/schedulingGates/-", Value: gate}
+	if len(pod.Spec.SchedulingGates) == 0 {
+		op = patchOp{Op: "add", Path: "/spec/schedulingGates", Value: []corev1.PodSchedulingGate{gate}}
+	}
+	patch, err := json.Marshal([]patchOp{op})
+	if err != nil {
+		return deny(resp, http.StatusInternalServerError, fmt.Sprintf("encoding the patch: %v", err))
+	}
+	pt := admissionv1.PatchTypeJSONPatch
+	resp.Patch, resp.PatchType = patch, &pt
+	return resp
+}
+
+func deny(resp *admissionv1.AdmissionResponse, code int32, msg string) *admissionv1.AdmissionResponse {
+	resp.Allowed = false
+	resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: code, Message: msg}
+	return resp
+}
+
+// maxBody bounds an AdmissionReview (the API server sends at most a few
+// MiB: the object and its old version).
+const maxBody = 8 << 20
+
+// Handler serves Review over HTTP as the API server calls webhooks.
+type Handler struct{}
+
+var _ http.Handler = Handler{}
+
+type errorReply struct {
+	Error string `json:"error"`
+}
+
+func (Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	logger := klog.FromContext(r.Context())
+	fail := func(code int, msg string) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		_ = json.NewEncoder(w).Encode(errorReply{Error: msg})
+	}
+	if r.Method != http.MethodPost {
+		fail(http.StatusMethodNotAllowed, "admission reviews are POSTed")
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		fail(http.StatusBadRequest, fmt.Sprintf("reading the request: %v", err))
+		return
+	}
+	if len(body) > maxBody {
+		fail(http.StatusRequestEntityTooLarge, fmt.Sprintf("admission review larger than %d bytes", maxBody))
+		return
+	}
+	var review admissionv1.AdmissionReview
+	if err := json.Unmarshal(body, &review); err != nil {
+		fail(http.StatusBadRequest, fmt.Sprintf("decoding the admission review: %v", err))
+		return
+	}
+	if review.Request == nil {
+		fail(http.StatusBadRequest, errors.New("admission review without a request").Error())
+		return
+	}
+	resp := Review(review.Request)
+	if !resp.Allowed {
+		logger.Info("Refused a pod's gang declaration", "pod", klog.KRef(review.Request.Namespace, review.Request.Name), "reason", resp.Result.Message)
+	}
+	out := admissionv1.AdmissionReview{TypeMeta: review.TypeMeta, Response: resp}
+	if out.APIVersion == "" {
+		out.APIVersion, out.Kind = "admission.k8s.io/v1", "AdmissionReview"
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if err := json.NewEncoder(w).Encode(out); err != nil {
+		logger.Error(err, "Writing the admission response")
+	}
+}

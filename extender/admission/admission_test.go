@@ -1,0 +1,135 @@
+package admission
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+type podBuilder struct{ pod corev1.Pod }
+
+func makePod() *podBuilder {
+	return &podBuilder{pod: corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "w-0"}}}
+}
+
+func (b *podBuilder) Gang(name, min string) *podBuilder {
+	if b.pod.Annotations == nil {
+		b.pod.Annotations = map[string]string{}
+	}
+	b.pod.Annotations[api.AnnotationGang] = name
+	if min != "" {
+		b.pod.Annotations[api.AnnotationGangMinMember] = min
+	}
+	return b
+}
+
+func (b *podBuilder) PodGroup(name string) *podBuilder {
+	b.pod.Labels = map[string]string{api.LabelPodGroup: name}
+	return b
+}
+
+func (b *podBuilder) Gates(names ...string) *podBuilder {
+	for _, n := range names {
+		b.pod.Spec.SchedulingGates = append(b.pod.Spec.SchedulingGates, corev1.PodSchedulingGate{Name: n})
+	}
+	return b
+}
+
+func (b *podBuilder) Request(op admissionv1.Operation) *admissionv1.AdmissionRequest {
+	raw, _ := json.Marshal(b.pod)
+	return &admissionv1.AdmissionRequest{UID: "uid-1", Resource: podResource, Operation: op, Namespace: "ml", Name: "w-0", Object: runtime.RawExtension{Raw: raw}}
+}
+
+func TestReview(t *testing.T) {
+	gate := `{"name":"tessera.dev/gang"}`
+	tests := []struct {
+		name      string
+		req       *admissionv1.AdmissionRequest
+		wantPatch string // "" for none
+		wantDeny  string
+	}{
+		{name: "not a gang member", req: makePod().Request(admissionv1.Create)},
+		{name: "annotated member", req: makePod().Gang("train", "4").Request(admissionv1.Create), wantPatch: `[{"op":"add","path":"/spec/schedulingGates","value":[` + gate + `]}]`},
+		{name: "PodGroup member with other gates", req: makePod().PodGroup("train").Gates("other").Request(admissionv1.Create), wantPatch: `[{"op":"add","path":"/spec/schedulingGates/-","value":` + gate + `}]`},
+		{name: "already gated", req: makePod().Gang("train", "4").Gates(api.SchedulingGateGang).Request(admissionv1.Create)},
+		{name: "update passes", req: makePod().Gang("train", "4").Request(admissionv1.Update)},
+		{name: "malformed declaration", req: makePod().Gang("train", "").Request(admissionv1.Create), wantDeny: "ml/w-0: invalid gang declaration: tessera.dev/gang-min-member is required"},
+		{name: "garbage object", req: &admissionv1.AdmissionRequest{UID: "u", Resource: podResource, Operation: admissionv1.Create, Object: runtime.RawExtension{Raw: []byte("{")}}, wantDeny: "decoding the pod"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := Review(tc.req)
+			if resp.UID != tc.req.UID {
+				t.Errorf("UID = %q, want %q", resp.UID, tc.req.UID)
+			}
+			if tc.wantDeny != "" {
+				if resp.Allowed || resp.Result == nil || !strings.Contains(resp.Result.Message, tc.wantDeny) {
+					t.Fatalf("response = %+v, want a refusal containing %q", resp, tc.wantDeny)
+				}
+				return
+			}
+			if !resp.Allowed {
+				t.Fatalf("refused: %+v", resp.Result)
+			}
+			if diff := cmp.Diff(tc.wantPatch, string(resp.Patch)); diff != "" {
+				t.Errorf("patch (-want +got):\n%s", diff)
+			}
+			if (resp.PatchType != nil) != (tc.wantPatch != "") {
+				t.Errorf("patch type = %v with patch %q", resp.PatchType, resp.Patch)
+			}
+		})
+	}
+}
+
+func TestHandler(t *testing.T) {
+	srv := httptest.NewServer(Handler{})
+	defer srv.Close()
+	review := admissionv1.AdmissionReview{
+		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+		Request:  makePod().Gang("train", "2").Request(admissionv1.Create),
+	}
+	body, _ := json.Marshal(review)
+	resp, err := http.Post(srv.URL, "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out admissionv1.AdmissionReview
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatal(err)
+	}
+	if out.Response == nil || !out.Response.Allowed || out.Response.UID != "uid-1" || len(out.Response.Patch) == 0 || out.Kind != "AdmissionReview" {
+		t.Errorf("response = %+v", out)
+	}
+	for name, tc := range map[string]struct {
+		method, body string
+		code         int
+	}{
+		"garbage":    {http.MethodPost, "not json", http.StatusBadRequest},
+		"no request": {http.MethodPost, `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`, http.StatusBadRequest},
+		"GET":        {http.MethodGet, "", http.StatusMethodNotAllowed},
+	} {
+		req, _ := http.NewRequest(tc.method, srv.URL, strings.NewReader(tc.body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var reply errorReply
+		err = json.NewDecoder(resp.Body).Decode(&reply)
+		resp.Body.Close()
+		if resp.StatusCode != tc.code || err != nil || reply.Error == "" {
+			t.Errorf("%s: status %d, JSON error %q (%v); want %d with a JSON error", name, resp.StatusCode, reply.Error, err, tc.code)
+		}
+	}
+}
