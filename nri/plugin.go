@@ -95,6 +95,8 @@ type Config struct {
 	// CPUs tells exclusive CPUs; optional (then no container counts as
 	// having exclusive CPUs).
 	CPUs CPUAssignments
+	// Metrics records metrics; optional.
+	Metrics *Metrics
 	// RetryInterval is the first wait between connection attempts (1s
 	// when 0); it doubles up to MaxRetryInterval (30s when 0) while the
 	// runtime stays unreachable.
@@ -178,6 +180,7 @@ func (p *Plugin) setConnected(c bool) {
 		return
 	}
 	p.logger.Info("NRI connection changed", "connected", c, "socket", p.cfg.SocketPath)
+	p.cfg.Metrics.setConnected(c)
 	if p.cfg.Observer != nil {
 		p.cfg.Observer.SetNRIConnected(c)
 	}
@@ -371,6 +374,7 @@ func (p *Plugin) CreateContainer(ctx context.Context, sandbox *nriapi.PodSandbox
 		if why := gpuSigns(p.cfg.Decide, req); why != "" {
 			err = &DecisionError{Pod: pod.String(), Container: ctr.GetName(), Reason: fmt.Sprintf("cannot read what the kubelet allocated to it (%v) and %s", err, why)}
 			logger.Error(err, "Container creation refused")
+			p.cfg.Metrics.observeDecision(ResultRefused)
 			return nil, nil, err
 		}
 		logger.V(2).Info("Cannot read the kubelet's allocations; the container shows no sign of GPUs and is left alone", "err", err)
@@ -399,17 +403,20 @@ func (p *Plugin) CreateContainer(ctx context.Context, sandbox *nriapi.PodSandbox
 	d, err := Decide(p.cfg.Decide, node, req)
 	if err != nil {
 		logger.Error(err, "Container creation refused")
+		p.cfg.Metrics.observeDecision(ResultRefused)
 		return nil, nil, err
 	}
 	if d.PlacedLocally {
 		if p.cfg.Recorder == nil {
 			err := &DecisionError{Pod: pod.String(), Container: ctr.GetName(), GPU: d.Entry.Shared.GPU.UUID, Reason: "the pod bypassed the scheduler extender and this node cannot record a local placement"}
 			logger.Error(err, "Container creation refused")
+			p.cfg.Metrics.observeDecision(ResultRefused)
 			return nil, nil, err
 		}
 		if err := p.cfg.Recorder.RecordShared(ctx, pod, ctr.GetName(), *d.Entry.Shared); err != nil {
 			err = &DecisionError{Pod: pod.String(), Container: ctr.GetName(), GPU: d.Entry.Shared.GPU.UUID, Reason: fmt.Sprintf("placed locally (the pod bypassed the scheduler extender) but the assignment cannot be recorded on the pod: %v", err)}
 			logger.Error(err, "Container creation refused")
+			p.cfg.Metrics.observeDecision(ResultRefused)
 			return nil, nil, err
 		}
 		logger.Info("Placed the shared slice of a pod that bypassed the scheduler extender", "gpu", d.Entry.Shared.GPU.UUID, "memoryMiB", d.Entry.Shared.MemoryMiB, "cores", d.Entry.Shared.Cores)
@@ -419,14 +426,18 @@ func (p *Plugin) CreateContainer(ctx context.Context, sandbox *nriapi.PodSandbox
 		if err := p.cfg.MPS.Sync(ctx, gpus); err != nil {
 			err = &DecisionError{Pod: pod.String(), Container: ctr.GetName(), GPU: d.Entry.Shared.GPU.UUID, Reason: fmt.Sprintf("its MPS control daemon is not running, so the container's limits could not be enforced: %v", err)}
 			logger.Error(err, "Container creation refused")
+			p.cfg.Metrics.observeDecision(ResultRefused)
 			return nil, nil, err
 		}
 	}
 	if err := p.ledger.Put(d.Entry); err != nil {
 		err = &DecisionError{Pod: pod.String(), Container: ctr.GetName(), Reason: fmt.Sprintf("recording its GPU use: %v", err)}
 		logger.Error(err, "Container creation refused")
+		p.cfg.Metrics.observeDecision(ResultRefused)
 		return nil, nil, err
 	}
+	p.cfg.Metrics.observeDecision(ResultIsolated)
+	p.cfg.Metrics.setLedger(len(p.ledger.Snapshot()))
 	logger.Info("Isolating container", "gpus", d.Entry.GPUs, "shared", d.Entry.Shared)
 	return toNRI(d.Adjustment), nil, nil
 }
@@ -508,7 +519,9 @@ func (p *Plugin) RemovePodSandbox(ctx context.Context, sandbox *nriapi.PodSandbo
 func (p *Plugin) syncMPS(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.cfg.MPS.Sync(ctx, sharedGPUs(p.ledger.Snapshot()))
+	entries := p.ledger.Snapshot()
+	p.cfg.Metrics.setLedger(len(entries))
+	return p.cfg.MPS.Sync(ctx, sharedGPUs(entries))
 }
 
 // node is the node state now. Call with p.mu held.

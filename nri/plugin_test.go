@@ -15,6 +15,7 @@ import (
 
 	"github.com/containerd/nri/pkg/adaptation"
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/tessera-gpu/tessera/allocator"
@@ -279,6 +280,7 @@ func machine(t *testing.T) ([]GPU, []topology.NUMANode) {
 }
 
 type harness struct {
+	reg      *prometheus.Registry
 	dir      string
 	gpus     []GPU
 	plugin   *Plugin
@@ -303,8 +305,13 @@ func newHarness(t *testing.T) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
+	reg := prometheus.NewPedanticRegistry()
+	metrics, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	h := &harness{
-		dir: dir, gpus: gpus,
+		reg: reg, dir: dir, gpus: gpus,
 		allocs:   &fakeAllocations{m: map[string]Devices{}},
 		mps:      &fakeMPS{},
 		observer: &fakeObserver{ch: make(chan bool, 16)},
@@ -326,6 +333,7 @@ func newHarness(t *testing.T) *harness {
 		MPS:              h.mps,
 		Observer:         h.observer,
 		Recorder:         h.recorder,
+		Metrics:          metrics,
 		RetryInterval:    20 * time.Millisecond,
 		MaxRetryInterval: 200 * time.Millisecond,
 	})
@@ -614,6 +622,51 @@ func TestPluginOverNRI(t *testing.T) {
 			t.Errorf("cgroup rules (-want +got):\n%s", diff)
 		}
 	})
+
+	// whole, shared, mixed x2, bypass, next; greedy, lost, taken, thief.
+	for _, m := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"tessera_nri_container_decisions_total", map[string]string{"result": ResultIsolated}, 6},
+		{"tessera_nri_container_decisions_total", map[string]string{"result": ResultRefused}, 4},
+		{"tessera_nri_connected", map[string]string{}, 1},
+		{"tessera_nri_ledger_containers", map[string]string{}, 3},
+	} {
+		if got := gathered(t, h.reg, m.name, m.labels); got != m.want {
+			t.Errorf("%s%v = %v, want %v", m.name, m.labels, got, m.want)
+		}
+	}
+}
+
+// gathered is the value of the counter or gauge called name with exactly
+// labels in reg, or -1.
+func gathered(t *testing.T, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			got := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				got[lp.GetName()] = lp.GetValue()
+			}
+			if !cmp.Equal(got, labels) {
+				continue
+			}
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return -1
 }
 
 func ledgerNames(es []Entry) []string {
