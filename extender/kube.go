@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	corev1listers "k8s.io/client-go/listers/core/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
@@ -21,23 +22,40 @@ const FieldManager = "tessera-extender"
 // KubePods is the PodClient of a real API server.
 type KubePods struct {
 	Client kubernetes.Interface
+	// Lister, when set, serves GetPod from the informer's cache, sparing
+	// an API request per bind; a pod it does not have is read from the API
+	// server. A stale copy is harmless: the assignment patch is
+	// conditional on the UID, and a Binding for a pod already bound fails
+	// and is then checked against a fresh read (see Server.Bind).
+	Lister corev1listers.PodLister
 }
 
 var _ PodClient = (*KubePods)(nil)
 
-// GetPod reads a pod from the API server (not from a cache: bind needs
-// its latest annotations and node).
+// GetPod reads a pod.
 func (k *KubePods) GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+	if k.Lister != nil {
+		if p, err := k.Lister.Pods(namespace).Get(name); err == nil {
+			return p.DeepCopy(), nil
+		}
+	}
+	return k.Client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+}
+
+// GetFreshPod reads a pod from the API server.
+func (k *KubePods) GetFreshPod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
 	return k.Client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 }
 
 // PatchAssignment sets the assignment annotation with a merge patch that
-// is conditional on the pod's UID.
+// is conditional on the pod's UID and resourceVersion: a pod that changed
+// since it was read (bound meanwhile, say) is a Conflict.
 func (k *KubePods) PatchAssignment(ctx context.Context, pod *corev1.Pod, value string) error {
 	patch, err := json.Marshal(map[string]any{
 		"metadata": map[string]any{
-			"uid":         pod.UID,
-			"annotations": map[string]string{api.AnnotationAssignment: value},
+			"uid":             pod.UID,
+			"resourceVersion": pod.ResourceVersion,
+			"annotations":     map[string]string{api.AnnotationAssignment: value},
 		},
 	})
 	if err != nil {

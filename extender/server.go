@@ -45,8 +45,12 @@ var _ StateSource = (*Cache)(nil)
 
 // PodClient reads and writes pods at the API server.
 type PodClient interface {
+	// GetPod reads a pod, possibly from a cache.
 	GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
-	// PatchAssignment sets the pod's assignment annotation to value.
+	// GetFreshPod reads a pod from the API server.
+	GetFreshPod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
+	// PatchAssignment sets the pod's assignment annotation to value,
+	// provided the pod is still at pod's resourceVersion (else a Conflict).
 	PatchAssignment(ctx context.Context, pod *corev1.Pod, value string) error
 	// Bind creates the pod's Binding to node.
 	Bind(ctx context.Context, pod *corev1.Pod, node string) error
@@ -282,11 +286,23 @@ var ErrPodMismatch = errors.New("pod changed since it was scheduled")
 // when it still fits. The placement is counted in the ledger before any
 // API write and rolled back when the Binding fails.
 func (s *Server) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs) error {
-	logger := klog.FromContext(ctx)
 	if args.PodName == "" || args.Node == "" {
 		return errors.New("bind: pod name and node are required")
 	}
-	pod, err := s.pods.GetPod(ctx, args.PodNamespace, args.PodName)
+	err := s.bind(ctx, args, s.pods.GetPod)
+	if errors.Is(err, errStalePod) {
+		// The cached copy was stale: once more with a fresh one.
+		err = s.bind(ctx, args, s.pods.GetFreshPod)
+	}
+	return err
+}
+
+// errStalePod is returned by bind when the pod changed since it was read.
+var errStalePod = errors.New("pod changed since it was read")
+
+func (s *Server) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs, get func(context.Context, string, string) (*corev1.Pod, error)) error {
+	logger := klog.FromContext(ctx)
+	pod, err := get(ctx, args.PodNamespace, args.PodName)
 	if err != nil {
 		return fmt.Errorf("bind %s/%s: %w", args.PodNamespace, args.PodName, err)
 	}
@@ -333,6 +349,9 @@ func (s *Server) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs)
 		if pod.Annotations[api.AnnotationAssignment] != value {
 			if err := s.pods.PatchAssignment(ctx, pod, value); err != nil {
 				s.state.Unreserve(pod.UID)
+				if apierrors.IsConflict(err) {
+					return fmt.Errorf("bind %s/%s: %w: %w", pod.Namespace, pod.Name, errStalePod, err)
+				}
 				return fmt.Errorf("bind %s/%s: write assignment: %w", pod.Namespace, pod.Name, err)
 			}
 		}
@@ -340,7 +359,7 @@ func (s *Server) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs)
 	if err := s.pods.Bind(ctx, pod, args.Node); err != nil {
 		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
 			// A retry whose first Binding went through?
-			if cur, gerr := s.pods.GetPod(ctx, pod.Namespace, pod.Name); gerr == nil && cur.UID == pod.UID && cur.Spec.NodeName == args.Node {
+			if cur, gerr := s.pods.GetFreshPod(ctx, pod.Namespace, pod.Name); gerr == nil && cur.UID == pod.UID && cur.Spec.NodeName == args.Node {
 				logger.V(2).Info("Binding already exists", "pod", klog.KObj(pod), "node", args.Node)
 				return nil
 			}

@@ -30,6 +30,8 @@ type fakePods struct {
 	bindErr  error
 	patchErr error
 	calls    []string
+	// stale, when set, is what GetPod (the cached read) returns.
+	stale map[string]*corev1.Pod
 }
 
 var _ PodClient = (*fakePods)(nil)
@@ -46,10 +48,22 @@ func (f *fakePods) GetPod(_ context.Context, ns, name string) (*corev1.Pod, erro
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	p, ok := f.pods[ns+"/"+name]
+	if sp, isStale := f.stale[ns+"/"+name]; isStale {
+		p, ok = sp, true
+	}
 	if !ok {
 		return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "pods"}, name)
 	}
 	return p.DeepCopy(), nil
+}
+
+func (f *fakePods) GetFreshPod(ctx context.Context, ns, name string) (*corev1.Pod, error) {
+	f.mu.Lock()
+	stale := f.stale
+	f.stale = nil
+	f.mu.Unlock()
+	defer func() { f.mu.Lock(); f.stale = stale; f.mu.Unlock() }()
+	return f.GetPod(ctx, ns, name)
 }
 
 func (f *fakePods) PatchAssignment(_ context.Context, pod *corev1.Pod, value string) error {
@@ -59,7 +73,12 @@ func (f *fakePods) PatchAssignment(_ context.Context, pod *corev1.Pod, value str
 	if f.patchErr != nil {
 		return f.patchErr
 	}
-	f.pods[pod.Namespace+"/"+pod.Name].Annotations[api.AnnotationAssignment] = value
+	cur := f.pods[pod.Namespace+"/"+pod.Name]
+	if cur.ResourceVersion != pod.ResourceVersion {
+		return apierrors.NewConflict(schema.GroupResource{Resource: "pods"}, pod.Name, errors.New("resourceVersion changed"))
+	}
+	cur.Annotations[api.AnnotationAssignment] = value
+	cur.ResourceVersion += "+"
 	return nil
 }
 
@@ -75,6 +94,7 @@ func (f *fakePods) Bind(_ context.Context, pod *corev1.Pod, node string) error {
 		return apierrors.NewConflict(schema.GroupResource{Resource: "pods"}, pod.Name, errors.New("already bound"))
 	}
 	p.Spec.NodeName = node
+	p.ResourceVersion += "+"
 	return nil
 }
 
@@ -398,5 +418,33 @@ func TestPreemptVerb(t *testing.T) {
 	want := map[string]*extenderv1.MetaVictims{"n": {Pods: []*extenderv1.MetaPod{{UID: "uid-g0"}}, NumPDBViolations: 1}}
 	if diff := cmp.Diff(want, res.NodeNameToMetaVictims); diff != "" {
 		t.Errorf("preempt (-want +got):\n%s", diff)
+	}
+}
+
+// TestBindStaleCacheNeverOverwrites checks that a bind working from a
+// stale cached pod (it was bound elsewhere meanwhile) does not touch the
+// pod's assignment and fails.
+func TestBindStaleCacheNeverOverwrites(t *testing.T) {
+	node := makeNode("n").GPUs(1, "A100", 40960).Obj()
+	pod := makePod("p").Shared(10, 25).Obj()
+	pod.ResourceVersion = "1"
+	boundElsewhere := makePod("p").Shared(10, 25).Node("m").On(0, 10240, 25).Obj()
+	boundElsewhere.ResourceVersion = "2"
+	f := newFixture(t, []*corev1.Node{node}, nil, boundElsewhere)
+	f.pods.stale = map[string]*corev1.Pod{"default/p": pod}
+	var res extenderv1.ExtenderBindingResult
+	f.post(t, PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "p", PodUID: pod.UID, Node: "n"}, &res)
+	if !strings.Contains(res.Error, ErrPodMismatch.Error()) {
+		t.Errorf("Error = %q, want %v", res.Error, ErrPodMismatch)
+	}
+	got, _ := f.pods.GetFreshPod(context.Background(), "default", "p")
+	if diff := cmp.Diff(boundElsewhere.Annotations, got.Annotations); diff != "" {
+		t.Errorf("annotations changed (-want +got):\n%s", diff)
+	}
+	if f.cache.Reservations() != 0 {
+		t.Error("reservation left behind")
+	}
+	if diff := cmp.Diff([]string{"patch p"}, f.pods.calls); diff != "" {
+		t.Errorf("API calls (-want +got):\n%s", diff)
 	}
 }

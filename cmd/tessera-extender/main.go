@@ -74,8 +74,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.tlsKey, "tls-key", "", "private key of --tls-cert")
 	fs.StringVar(&o.policy, "policy", extender.PolicyBinpack, "placement policy: "+strings.Join(extender.PolicyNames(), ", "))
 	fs.Int64Var(&o.seed, "seed", 1, "seed of the random policy")
-	fs.Float64Var(&o.qps, "kube-api-qps", 50, "API server queries per second")
-	fs.IntVar(&o.burst, "kube-api-burst", 100, "API server burst")
+	fs.Float64Var(&o.qps, "kube-api-qps", 100, "API server queries per second (each bind of a shared pod makes two: the assignment patch and the Binding)")
+	fs.IntVar(&o.burst, "kube-api-burst", 200, "API server burst")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 10*time.Second, "how long in-flight requests may finish on SIGTERM")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
@@ -154,7 +154,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		Help: "Placements decided at bind that the informers do not show yet.",
 	}, func() float64 { return float64(cache.Reservations()) }))
 	metrics := extender.NewMetrics(reg)
-	srv := extender.NewServer(cache, policy, &extender.KubePods{Client: client}, recorder, metrics)
+	srv := extender.NewServer(cache, policy, &extender.KubePods{Client: client, Lister: factory.Core().V1().Pods().Lister()}, recorder, metrics)
 
 	var ready atomic.Bool
 	verbs := http.NewServeMux()

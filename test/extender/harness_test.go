@@ -477,7 +477,12 @@ func (e *env) waitPendingWith(t testing.TB, pod, want string, timeout time.Durat
 type fakeAgent struct {
 	client kubernetes.Interface
 	mu     sync.Mutex
-	errs   []string
+	// errs are the pods it could not find GPUs for at its last look. A
+	// stale shared claim (a pod whose Binding never happened, e.g. when the
+	// extender was killed between the assignment patch and the Binding)
+	// can cause that until the pod is rescheduled; an error that persists
+	// until the end is an over-commitment.
+	errs map[string]string
 	// recorded counts whole-GPU pods recorded.
 	recorded int
 }
@@ -485,7 +490,12 @@ type fakeAgent struct {
 func (a *fakeAgent) errors() []string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return append([]string(nil), a.errs...)
+	var out []string
+	for _, e := range a.errs {
+		out = append(out, e)
+	}
+	sort.Strings(out)
+	return out
 }
 
 func (a *fakeAgent) run(ctx context.Context) {
@@ -563,7 +573,10 @@ func (a *fakeAgent) pass(ctx context.Context) {
 		}
 		if pick == nil {
 			a.mu.Lock()
-			a.errs = append(a.errs, fmt.Sprintf("no %d free GPUs for pod %s on node %s", want, p.Name, p.Spec.NodeName))
+			if a.errs == nil {
+				a.errs = map[string]string{}
+			}
+			a.errs[p.Name] = fmt.Sprintf("no %d free GPUs for pod %s on node %s", want, p.Name, p.Spec.NodeName)
 			a.mu.Unlock()
 			continue
 		}
@@ -583,6 +596,7 @@ func (a *fakeAgent) pass(ctx context.Context) {
 		if _, err := a.client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err == nil {
 			a.mu.Lock()
 			a.recorded++
+			delete(a.errs, p.Name)
 			a.mu.Unlock()
 		}
 	}
