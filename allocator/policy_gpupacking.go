@@ -1,7 +1,5 @@
 package allocator
 
-import "sort"
-
 // gpuPackingPolicy is the artifact's GpuPacking policy. From best to worst:
 // (1) a slice on an already shared GPU, the fuller the better, in [50, 100];
 // (2) fully free GPUs on a node already in use, fewer is better, in [33, 50];
@@ -30,7 +28,12 @@ func (gpuPackingPolicy) Evaluate(n *Node, r Request) Evaluation {
 	for i := range order {
 		order[i] = i
 	}
-	sort.SliceStable(order, func(a, b int) bool { return n.GPUs[order[a]].MilliFree < n.GPUs[order[b]].MilliFree })
+	// Stable insertion sort by free compute, smallest first (no allocation).
+	for i := 1; i < len(order); i++ {
+		for j := i; j > 0 && n.GPUs[order[j]].MilliFree < n.GPUs[order[j-1]].MilliFree; j-- {
+			order[j], order[j-1] = order[j-1], order[j]
+		}
+	}
 	need := r.gpuCount()
 	usedFree := int64(0)
 	var freeRatio int64
