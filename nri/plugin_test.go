@@ -588,6 +588,9 @@ func TestPluginOverNRI(t *testing.T) {
 	t.Run("runtime restart: the plugin reconnects and resynchronizes", func(t *testing.T) {
 		rt.Stop()
 		h.observer.want(t, false)
+		if got := gathered(t, h.reg, "tessera_nri_connected", map[string]string{}); got != 0 {
+			t.Errorf("tessera_nri_connected = %v after the runtime stopped, want 0", got)
+		}
 		// The restarted runtime still runs the mixed pod's train container
 		// only: the whole pod went away while it was down. It also runs a
 		// container it created while the plugin was away, on GPU 3.
@@ -598,6 +601,9 @@ func TestPluginOverNRI(t *testing.T) {
 		t.Cleanup(rt2.Stop)
 		rt2.waitPlugin(t)
 		h.observer.want(t, true)
+		if got := gathered(t, h.reg, "tessera_nri_connected", map[string]string{}); got != 1 {
+			t.Errorf("tessera_nri_connected = %v after reconnecting, want 1", got)
+		}
 		eventually := time.Now().Add(10 * time.Second)
 		for len(h.plugin.Ledger().Snapshot()) != 2 && time.Now().Before(eventually) {
 			time.Sleep(10 * time.Millisecond)
@@ -631,7 +637,6 @@ func TestPluginOverNRI(t *testing.T) {
 	}{
 		{"tessera_nri_container_decisions_total", map[string]string{"result": ResultIsolated}, 6},
 		{"tessera_nri_container_decisions_total", map[string]string{"result": ResultRefused}, 4},
-		{"tessera_nri_connected", map[string]string{}, 1},
 		{"tessera_nri_ledger_containers", map[string]string{}, 3},
 	} {
 		if got := gathered(t, h.reg, m.name, m.labels); got != m.want {
