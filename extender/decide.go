@@ -106,7 +106,7 @@ func Check(st *NodeState, d *Demand) Reason {
 			return SliceTooLarge
 		}
 	}
-	v := &st.view
+	v := st.viewFor(kind)
 	switch allocator.Fit(v, req) {
 	case allocator.Fits:
 	case allocator.InsufficientCPU:
@@ -219,7 +219,7 @@ func Score(p allocator.Policy, st *NodeState, d *Demand) (score float64, ok bool
 		return 0, false
 	}
 	req := d.Request(st.Info.UnitMiB, st.Info.gpuMemMiB())
-	return p.Evaluate(&st.view, req).Score, true
+	return p.Evaluate(st.viewFor(d.Kind()), req).Score, true
 }
 
 // Query is one pod's demand prepared for many nodes: Check and Score
@@ -276,7 +276,7 @@ func (q *Query) Score(p allocator.Policy, st *NodeState) (float64, bool) {
 		return e.score, true
 	}
 	req := q.D.Request(st.Info.UnitMiB, st.Info.gpuMemMiB())
-	e.policy, e.score = p, p.Evaluate(&st.view, req).Score
+	e.policy, e.score = p, p.Evaluate(st.viewFor(q.D.Kind()), req).Score
 	st.remember(e)
 	return e.score, true
 }
@@ -322,7 +322,7 @@ func ChoosePlacement(p allocator.Policy, st *NodeState, uid types.UID, d *Demand
 	case allocator.Shared:
 		info := st.Info
 		req := d.Request(info.UnitMiB, info.gpuMemMiB())
-		set, err := allocator.Place(p, &st.view, req)
+		set, err := allocator.Place(p, st.viewFor(allocator.Shared), req)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrNoFit, err)
 		}
@@ -377,7 +377,7 @@ func ReuseShared(st *NodeState, uid types.UID, d *Demand, a *api.Assignment) (*P
 	}
 	without := BuildNodeState(info, others)
 	req := d.Request(info.UnitMiB, info.gpuMemMiB())
-	g := without.view.GPUs[p]
+	g := without.viewFor(allocator.Shared).GPUs[p]
 	if g.MilliFree < req.GPUMilli || g.MemFreeMiB < req.GPUMemMiB {
 		return nil, false
 	}

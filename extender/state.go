@@ -224,9 +224,16 @@ type NodeState struct {
 	MemUsed      int64
 	// Pods are the pods counted on the node, by UID.
 	Pods map[types.UID]*PodUse
-	// view is the allocator view: unhealthy and used GPUs have nothing
-	// free, PendingWhole fully free GPUs are held back.
+	// view is the allocator view for whole-GPU and CPU-only pods:
+	// unhealthy and used GPUs have nothing free, and PendingWhole fully
+	// free GPUs are held back.
 	view allocator.Node
+	// sharedView is the view for shared slices. While PendingWhole > 0 it
+	// holds back every fully free GPU: the node agent has not said which
+	// GPUs the pending pods got, and a slice put on a free GPU could be put
+	// on one of them (the count rule, "enough free GPUs remain", cannot
+	// know which). Slices still go to GPUs already in use.
+	sharedView allocator.Node
 	// memo caches Check and Score results of this state (see Query): a
 	// ring of the last maxMemo demands, inline to spare a pointer chase.
 	memoMu   sync.Mutex
@@ -272,8 +279,16 @@ func (s *NodeState) remember(e memoEntry) {
 	s.memoNext = (s.memoNext + 1) % maxMemo
 }
 
-// View returns a copy of the allocator view of the node.
-func (s *NodeState) View() *allocator.Node { return s.view.Clone() }
+// View returns a copy of the allocator view of the node for pods of
+// kind.
+func (s *NodeState) View(kind allocator.Kind) *allocator.Node { return s.viewFor(kind).Clone() }
+
+func (s *NodeState) viewFor(kind allocator.Kind) *allocator.Node {
+	if kind == allocator.Shared {
+		return &s.sharedView
+	}
+	return &s.view
+}
 
 // FreeGPUs is the number of completely free GPUs available to new pods
 // (fully free GPUs minus those held for pending whole-GPU pods).
@@ -308,11 +323,17 @@ func BuildNodeState(info *NodeInfo, uses []*PodUse) *NodeState {
 			}
 		}
 	}
-	s.view = s.buildView()
+	s.view = s.buildView(s.PendingWhole)
+	s.sharedView = s.view
+	if s.PendingWhole > 0 {
+		s.sharedView = s.buildView(len(info.GPUs))
+	}
 	return s
 }
 
-func (s *NodeState) buildView() allocator.Node {
+// buildView builds an allocator view that holds back hold fully free
+// GPUs (from the last position).
+func (s *NodeState) buildView(hold int) allocator.Node {
 	info := s.Info
 	v := allocator.Node{
 		Name:             info.Name,
@@ -335,8 +356,6 @@ func (s *NodeState) buildView() allocator.Node {
 		}
 		v.GPUs[i] = ag
 	}
-	// Hold back PendingWhole fully free GPUs, from the last position.
-	hold := s.PendingWhole
 	for i := len(v.GPUs) - 1; i >= 0 && hold > 0; i-- {
 		if v.GPUs[i].FullyFree() {
 			v.GPUs[i].MilliFree, v.GPUs[i].MemFreeMiB = 0, 0

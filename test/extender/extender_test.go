@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
+	"strings"
 	"testing"
 	"time"
 
@@ -278,6 +279,11 @@ func runRandom(t *testing.T, e *env, seed int64, n int, kill func()) {
 	checkNoOvercommit(t, e.client)
 	if errs := e.agent.errors(); len(errs) > 0 {
 		t.Errorf("node agent stand-in found over-committed nodes: %v", errs)
+	}
+	if t.Failed() {
+		e.agent.mu.Lock()
+		t.Logf("node agent stand-in:\n%s", strings.Join(e.agent.log, "\n"))
+		e.agent.mu.Unlock()
 	}
 }
 

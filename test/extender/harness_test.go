@@ -250,6 +250,9 @@ func startEnv(t *testing.T) *env {
 		ext.stop()
 		if t.Failed() {
 			t.Logf("extender log:\n%s", ext.logTail())
+			if b, err := os.ReadFile(ext.logPath); err == nil {
+				_ = os.WriteFile(filepath.Join(os.TempDir(), "tessera-extender-failed.log"), b, 0o600)
+			}
 		}
 	})
 
@@ -485,6 +488,7 @@ type fakeAgent struct {
 	errs map[string]string
 	// recorded counts whole-GPU pods recorded.
 	recorded int
+	log      []string
 }
 
 func (a *fakeAgent) errors() []string {
@@ -596,6 +600,7 @@ func (a *fakeAgent) pass(ctx context.Context) {
 		if _, err := a.client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err == nil {
 			a.mu.Lock()
 			a.recorded++
+			a.log = append(a.log, fmt.Sprintf("%s %s on %s: GPUs %v", time.Now().Format("15:04:05.000"), p.Name, p.Spec.NodeName, pick))
 			delete(a.errs, p.Name)
 			a.mu.Unlock()
 		}
@@ -632,6 +637,7 @@ func checkNoOvercommit(t testing.TB, client kubernetes.Interface) (bound int) {
 		cores           int64
 		whole, sharedBy int
 		clique          int
+		pods            []string
 	}
 	gpus := map[string]*gpuUse{}
 	for i := range nodes.Items {
@@ -706,6 +712,7 @@ func checkNoOvercommit(t testing.TB, client kubernetes.Interface) (bound int) {
 			g.mem += c.Shared.MemoryMiB
 			g.cores += c.Shared.Cores
 			g.sharedBy++
+			g.pods = append(g.pods, p.Name)
 			checkModel(g)
 		case whole > 0:
 			if as == nil {
@@ -725,6 +732,7 @@ func checkNoOvercommit(t testing.TB, client kubernetes.Interface) (bound int) {
 					continue
 				}
 				g.whole++
+				g.pods = append(g.pods, p.Name+"(whole)")
 				cliques[g.clique] = true
 				checkModel(g)
 			}
@@ -736,9 +744,9 @@ func checkNoOvercommit(t testing.TB, client kubernetes.Interface) (bound int) {
 	for uuid, g := range gpus {
 		switch {
 		case g.whole > 1:
-			t.Errorf("GPU %s of %s is held whole by %d pods", uuid, g.node, g.whole)
+			t.Errorf("GPU %s of %s is held whole by %d pods: %v", uuid, g.node, g.whole, g.pods)
 		case g.whole == 1 && g.sharedBy > 0:
-			t.Errorf("GPU %s of %s is held whole and shared by %d pods", uuid, g.node, g.sharedBy)
+			t.Errorf("GPU %s of %s is held whole and shared by %d pods: %v", uuid, g.node, g.sharedBy, g.pods)
 		case g.mem > g.memMiB:
 			t.Errorf("GPU %s of %s: %d MiB assigned, %d MiB shared out", uuid, g.node, g.mem, g.memMiB)
 		case g.cores > api.CoresPerGPU:
