@@ -223,3 +223,33 @@ func TestWatchXIDs(t *testing.T) {
 		t.Errorf("event set still registered after WatchXIDs returned (%d deliveries)", n)
 	}
 }
+
+func TestMockComputeModeAndUtilization(t *testing.T) {
+	m := nvmlmock.DGXA100()
+	dev, ret := m.NVML().DeviceGetHandleByIndex(2)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	if ret := dev.SetComputeMode(nvml.COMPUTEMODE_EXCLUSIVE_PROCESS); ret != nvml.SUCCESS {
+		t.Fatalf("SetComputeMode = %v", ret)
+	}
+	if got := m.ComputeMode(2); got != nvml.COMPUTEMODE_EXCLUSIVE_PROCESS {
+		t.Errorf("ComputeMode(2) = %v, want exclusive process", got)
+	}
+	if got := m.ComputeMode(1); got != nvml.COMPUTEMODE_DEFAULT {
+		t.Errorf("ComputeMode(1) = %v, want default", got)
+	}
+	if _, ret := dev.GetProcessUtilization(0); ret != nvml.ERROR_NOT_FOUND {
+		t.Errorf("utilisation without processes = %v, want ERROR_NOT_FOUND", ret)
+	}
+	m.SetProcesses(2, []nvml.ProcessInfo{{Pid: 7, UsedGpuMemory: 1 << 30}, {Pid: 8}})
+	m.SetProcessUtilization(2, 7, 65)
+	samples, ret := dev.GetProcessUtilization(0)
+	if ret != nvml.SUCCESS || len(samples) != 2 || samples[0].Pid != 7 || samples[0].SmUtil != 65 || samples[1].SmUtil != 0 {
+		t.Errorf("GetProcessUtilization = %+v, %v", samples, ret)
+	}
+	m.SetLost(2, true)
+	if ret := dev.SetComputeMode(nvml.COMPUTEMODE_DEFAULT); ret != nvml.ERROR_GPU_IS_LOST {
+		t.Errorf("SetComputeMode on a lost GPU = %v", ret)
+	}
+}

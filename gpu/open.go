@@ -12,6 +12,9 @@ import (
 // Backend is an opened GPU backend.
 type Backend struct {
 	Interface
+	// NVML is the library Interface adapts, for the few callers that need
+	// NVML calls beyond Interface (compute mode, process utilisation).
+	NVML nvml.Interface
 	// Mock is the machine behind a mock backend; nil for the real driver.
 	Mock *nvmlmock.Machine
 }
@@ -29,7 +32,8 @@ const specMockPrefix = "mock:"
 func Open(spec string) (*Backend, error) {
 	switch {
 	case spec == "" || spec == SpecReal:
-		return &Backend{Interface: NewNVML(nvml.New())}, nil
+		lib := nvml.New()
+		return &Backend{Interface: NewNVML(lib), NVML: lib}, nil
 	case strings.HasPrefix(spec, specMockPrefix):
 		profile, err := nvmlmock.Load(strings.TrimPrefix(spec, specMockPrefix))
 		if err != nil {
@@ -39,7 +43,7 @@ func Open(spec string) (*Backend, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &Backend{Interface: NewNVML(m.NVML()), Mock: m}, nil
+		return &Backend{Interface: NewNVML(m.NVML()), NVML: m.NVML(), Mock: m}, nil
 	}
 	return nil, fmt.Errorf("--nvml=%q: want %q, %sNAME (one of %s) or %sPATH", spec, SpecReal, specMockPrefix, strings.Join(nvmlmock.ProfileNames(), ", "), specMockPrefix)
 }

@@ -36,6 +36,8 @@ type gpuState struct {
 	lost    bool
 	baseUse uint64 // bytes in use that no listed process accounts for
 	procs   []nvml.ProcessInfo
+	mode    nvml.ComputeMode
+	smUtil  map[uint32]uint32 // PID -> SM utilisation percent
 }
 
 type mockLink struct {
@@ -123,6 +125,24 @@ func (m *Machine) SetProcesses(i int, procs []nvml.ProcessInfo) {
 	m.gpus[i].procs = append([]nvml.ProcessInfo(nil), procs...)
 }
 
+// SetProcessUtilization sets the SM utilisation (percent) NVML reports for
+// process pid on GPU i.
+func (m *Machine) SetProcessUtilization(i int, pid uint32, smPercent uint32) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.gpus[i].smUtil == nil {
+		m.gpus[i].smUtil = map[uint32]uint32{}
+	}
+	m.gpus[i].smUtil[pid] = smPercent
+}
+
+// ComputeMode returns GPU i's compute mode, as last set through NVML.
+func (m *Machine) ComputeMode(i int) nvml.ComputeMode {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.gpus[i].mode
+}
+
 // InjectXID raises XID error xid on GPU i: every event set that registered GPU
 // i for XID events receives it. It reports how many event sets did.
 func (m *Machine) InjectXID(i int, xid uint64) int {
@@ -171,8 +191,16 @@ func (m *Machine) WriteSysfs(root string) error {
 func (m *Machine) state(i int) (gpuState, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	g := m.gpus[i]
-	return *g, g.lost
+	g := *m.gpus[i]
+	g.procs = append([]nvml.ProcessInfo(nil), g.procs...)
+	if g.smUtil != nil {
+		util := make(map[uint32]uint32, len(g.smUtil))
+		for pid, v := range g.smUtil {
+			util[pid] = v
+		}
+		g.smUtil = util
+	}
+	return g, g.lost
 }
 
 func (m *Machine) newInterface() *mock.Interface {
@@ -298,6 +326,39 @@ func (m *Machine) newDevice(g *gpuState) *mock.Device {
 			return nil, r
 		}
 		return append([]nvml.ProcessInfo(nil), st.procs...), r
+	}
+	d.GetComputeModeFunc = func() (nvml.ComputeMode, nvml.Return) {
+		st, r := live()
+		return st.mode, r
+	}
+	d.SetComputeModeFunc = func(mode nvml.ComputeMode) nvml.Return {
+		if _, r := live(); r != nvml.SUCCESS {
+			return r
+		}
+		switch mode {
+		case nvml.COMPUTEMODE_DEFAULT, nvml.COMPUTEMODE_EXCLUSIVE_THREAD, nvml.COMPUTEMODE_PROHIBITED, nvml.COMPUTEMODE_EXCLUSIVE_PROCESS:
+		default:
+			return nvml.ERROR_INVALID_ARGUMENT
+		}
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		m.gpus[i].mode = mode
+		return nvml.SUCCESS
+	}
+	d.GetProcessUtilizationFunc = func(lastSeen uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+		st, r := live()
+		if r != nvml.SUCCESS {
+			return nil, r
+		}
+		now := uint64(time.Now().UnixMicro())
+		var out []nvml.ProcessUtilizationSample
+		for _, p := range st.procs {
+			out = append(out, nvml.ProcessUtilizationSample{Pid: p.Pid, TimeStamp: now, SmUtil: st.smUtil[p.Pid]})
+		}
+		if len(out) == 0 {
+			return nil, nvml.ERROR_NOT_FOUND
+		}
+		return out, nvml.SUCCESS
 	}
 	d.GetNvLinkStateFunc = func(link int) (nvml.EnableState, nvml.Return) {
 		if _, r := live(); r != nvml.SUCCESS {
