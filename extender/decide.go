@@ -34,6 +34,7 @@ const (
 	InsufficientGPUs     Reason = "insufficient-free-gpus"
 	NoGPUForSlice        Reason = "no-gpu-for-slice"
 	NoFreeNVLinkClique   Reason = "no-free-nvlink-clique"
+	PendingNVLinkPod     Reason = "nvlink-pod-pending"
 	reasonAllocatorOther Reason = "other"
 )
 
@@ -126,9 +127,19 @@ func Check(st *NodeState, d *Demand) Reason {
 	default:
 		return reasonAllocatorOther
 	}
-	if kind == allocator.Whole && d.NVLink && d.WholeGPUs > 1 &&
-		largestClique(info, func(p int) bool { return v.GPUs[p].FullyFree() }) < d.WholeGPUs {
-		return NoFreeNVLinkClique
+	if kind == allocator.Whole {
+		// Which GPUs pending whole-GPU pods get is the node's choice. An
+		// NVLink pod still waiting for its GPUs needs a clique that another
+		// whole-GPU pod must not break: wait until it is recorded. And a
+		// new NVLink pod needs a clique with room for itself and for every
+		// pending GPU, wherever those land.
+		if st.PendingNVLink > 0 {
+			return PendingNVLinkPod
+		}
+		if d.NVLink && d.WholeGPUs > 1 &&
+			largestClique(info, st.rawFree) < d.WholeGPUs+st.PendingWhole {
+			return NoFreeNVLinkClique
+		}
 	}
 	return Fits
 }
@@ -172,6 +183,11 @@ func Explain(r Reason, st *NodeState, d *Demand) string {
 		m = fmt.Sprintf("no single GPU has %d MiB and %d cores free", req.GPUMemMiB, cores)
 	case NoFreeNVLinkClique:
 		m = fmt.Sprintf("no NVLink clique has %d free GPUs", d.WholeGPUs)
+		if st != nil && st.PendingWhole > 0 {
+			m += fmt.Sprintf(" besides %d GPUs of whole-GPU pods the node agent has not recorded yet", st.PendingWhole)
+		}
+	case PendingNVLinkPod:
+		m = "an NVLink whole-GPU pod on the node waits for the node agent to record its GPUs"
 	default:
 		m = "does not fit"
 	}
@@ -319,6 +335,7 @@ func ChoosePlacement(p allocator.Policy, st *NodeState, uid types.UID, d *Demand
 	switch d.Kind() {
 	case allocator.Whole:
 		u.WholePending = d.WholeGPUs
+		u.NVLink = d.NVLink
 	case allocator.Shared:
 		info := st.Info
 		req := d.Request(info.UnitMiB, info.gpuMemMiB())

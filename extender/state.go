@@ -156,6 +156,9 @@ type PodUse struct {
 	// WholePending is the number of whole GPUs not recorded yet: counted
 	// as "that many GPUs of the node" until the node agent names them.
 	WholePending int
+	// NVLink is set when the pending whole GPUs must be in one NVLink
+	// clique.
+	NVLink bool
 	// Err is a malformed assignment annotation (the pod's GPU use is then
 	// counted as pending whole GPUs only).
 	Err error
@@ -196,6 +199,7 @@ func NewPodUse(pod *corev1.Pod) *PodUse {
 	}
 	if n := d.WholeGPUs - len(u.Whole); n > 0 {
 		u.WholePending = n
+		u.NVLink = d.NVLink
 	}
 	return u
 }
@@ -220,8 +224,11 @@ type NodeState struct {
 	// PendingWhole is the number of whole GPUs held by pods whose GPUs the
 	// node agent has not recorded yet.
 	PendingWhole int
-	CPUUsed      int64
-	MemUsed      int64
+	// PendingNVLink counts the pending whole-GPU pods that need one NVLink
+	// clique.
+	PendingNVLink int
+	CPUUsed       int64
+	MemUsed       int64
 	// Pods are the pods counted on the node, by UID.
 	Pods map[types.UID]*PodUse
 	// view is the allocator view for whole-GPU and CPU-only pods:
@@ -279,6 +286,13 @@ func (s *NodeState) remember(e memoEntry) {
 	s.memoNext = (s.memoNext + 1) % maxMemo
 }
 
+// rawFree reports whether the GPU at position p is healthy and unused,
+// pending whole-GPU pods aside.
+func (s *NodeState) rawFree(p int) bool {
+	g := s.GPUs[p]
+	return s.Info.GPUs[p].Healthy && g.Whole == 0 && g.MemUsedMiB == 0 && g.CoresUsed == 0
+}
+
 // View returns a copy of the allocator view of the node for pods of
 // kind.
 func (s *NodeState) View(kind allocator.Kind) *allocator.Node { return s.viewFor(kind).Clone() }
@@ -303,6 +317,9 @@ func BuildNodeState(info *NodeInfo, uses []*PodUse) *NodeState {
 		s.CPUUsed += u.CPUMilli
 		s.MemUsed += u.MemMiB
 		s.PendingWhole += u.WholePending
+		if u.WholePending > 0 && u.NVLink {
+			s.PendingNVLink++
+		}
 		for _, uuid := range u.Whole {
 			if p := info.position(uuid); p >= 0 {
 				s.GPUs[p].Whole++
