@@ -69,6 +69,8 @@ type agentFlags struct {
 	cdiKind            string
 	healthInterval     time.Duration
 	xidRecoveryDelay   time.Duration
+
+	iso isolationFlags
 }
 
 // newAgentFlagSet declares the agent's flags (klog's -v among them).
@@ -92,6 +94,7 @@ func newAgentFlagSet(stderr io.Writer) (*flag.FlagSet, *agentFlags) {
 	fs.StringVar(&f.cdiKind, "cdi-kind", "", "vendor/class of CDI device names (overrides cdiKind)")
 	fs.DurationVar(&f.healthInterval, "health-check-interval", 0, "period of the NVML health check (overrides healthCheckInterval)")
 	fs.DurationVar(&f.xidRecoveryDelay, "xid-recovery-delay", 0, "how long a GPU stays unhealthy after a critical XID (overrides xidRecoveryDelay)")
+	f.iso.register(fs)
 	klog.InitFlags(fs)
 	return fs, f
 }
@@ -216,26 +219,27 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	kubelet := kubeletstate.First{
+		&kubeletstate.PodResources{Socket: f.podResourcesSocket},
+		&kubeletstate.Checkpoint{Path: filepath.Join(f.pluginDir, kubeletstate.CheckpointFile)},
+	}
 	opts := deviceplugin.Options{
 		Config:    cfg,
 		NodeName:  f.nodeName,
 		PluginDir: f.pluginDir,
 		Topology:  topo,
 		GPU:       backend,
-		Kubelet: kubeletstate.First{
-			&kubeletstate.PodResources{Socket: f.podResourcesSocket},
-			&kubeletstate.Checkpoint{Path: filepath.Join(f.pluginDir, kubeletstate.CheckpointFile)},
-		},
-		Metrics: metrics,
+		Kubelet:   kubelet,
+		Metrics:   metrics,
 	}
 	restCfg, err := apiServerConfig(f.kubeconfig, f.nodeName)
 	if err != nil {
 		return err
 	}
+	var cs kubernetes.Interface
 	if restCfg != nil {
 		restCfg.UserAgent = "tessera-node"
-		cs, err := kubernetes.NewForConfig(restCfg)
-		if err != nil {
+		if cs, err = kubernetes.NewForConfig(restCfg); err != nil {
 			return fmt.Errorf("API server client: %w", err)
 		}
 		opts.Publisher = kube.New(cs, f.nodeName, nil)
@@ -243,7 +247,27 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	} else {
 		logger.Info("Running without an API server (give --kubeconfig or run in a pod, and --node-name, to publish the GPU inventory and pods' GPUs)")
 	}
-	agent, err := deviceplugin.New(opts)
+	events, stopEvents := eventRecorder(ctx, cs, f.nodeName)
+	defer stopEvents()
+
+	// The agent is built after the NRI plugin it is given; the plugin reads
+	// GPU health from the agent's inventory once both run.
+	var agent *deviceplugin.Agent
+	var iso *nodeIsolation
+	if f.iso.nriSocket != "" {
+		iso, err = newIsolation(isolationDeps{
+			flags: &f.iso, cfg: cfg, backend: backend, topo: topo, kubelet: kubelet,
+			client: cs, events: events, reg: reg,
+			inventory: func() *api.GPUInventory { return agent.Inventory() },
+		})
+		if err != nil {
+			return fmt.Errorf("isolation: %w", err)
+		}
+		opts.NRI = iso.plugin
+	} else {
+		logger.Info("WARNING: --nri-socket is empty: no NRI plugin, so shared GPU units are refused (isolated sharing requires NRI)")
+	}
+	agent, err = deviceplugin.New(opts)
 	if err != nil {
 		return err
 	}
@@ -272,6 +296,19 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			defer done()
 			srv.Shutdown(shutdown) //nolint:errcheck // exiting anyway
 			wg.Wait()
+		}()
+	}
+	if iso != nil {
+		isoDone := make(chan struct{})
+		go func() {
+			defer close(isoDone)
+			iso.run(ctx)
+		}()
+		// The NRI plugin and watchdog stop, and the MPS daemons with them,
+		// before the agent returns.
+		defer func() {
+			cancel()
+			<-isoDone
 		}()
 	}
 	if err := agent.Run(ctx); err != nil {

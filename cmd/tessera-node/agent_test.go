@@ -148,7 +148,9 @@ func TestRunAgentRegistersWithTheKubelet(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"--nvml=mock:dgx-a100", "--device-plugin-dir", dir, "--node-name", "n1", "--metrics-addr", addr,
-			"--pod-resources-socket", filepath.Join(dir, "no-pod-resources.sock")}, &stdout, &stderr)
+			"--pod-resources-socket", filepath.Join(dir, "no-pod-resources.sock"),
+			// No runtime listens there: the NRI plugin keeps retrying.
+			"--nri-socket", filepath.Join(dir, "nri.sock"), "--state-dir", filepath.Join(dir, "state")}, &stdout, &stderr)
 	}()
 	want := []string{
 		"tessera.dev/gpu tessera-gpu.sock",

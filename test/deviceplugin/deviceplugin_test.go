@@ -470,7 +470,10 @@ func tesseraNodeBinary(t *testing.T) string {
 		return p
 	}
 	out := filepath.Join(t.TempDir(), "tessera-node")
-	cmd := exec.Command("go", "build", "-o", out, "github.com/tessera-gpu/tessera/cmd/tessera-node")
+	// Built in the main module (the repository root), with its go.mod, as
+	// `make build` builds it: not with this test module's dependency set.
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/tessera-node")
+	cmd.Dir = filepath.Join("..", "..")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build tessera-node: %v\n%s", err, b)
 	}
@@ -485,7 +488,8 @@ func TestBinaryRegistersWithTheKubelet(t *testing.T) {
 	dm := kubelet.StartDeviceManagerForTest(t, kubelet.Options{NUMANodes: []int{0, 1}})
 	var log strings.Builder
 	cmd := exec.Command(bin, "--nvml=mock:dgx-a100", "--device-plugin-dir", kubelet.DevicePluginDir, "--node-name", "n1",
-		"--metrics-addr=", "--pod-resources-socket", filepath.Join(t.TempDir(), "none.sock"))
+		"--metrics-addr=", "--pod-resources-socket", filepath.Join(t.TempDir(), "none.sock"),
+		"--nri-socket", filepath.Join(t.TempDir(), "no-runtime.sock"), "--state-dir", t.TempDir())
 	cmd.Env = append(os.Environ(), "KUBERNETES_SERVICE_HOST=")
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if err := cmd.Start(); err != nil {
