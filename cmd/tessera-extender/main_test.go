@@ -2,11 +2,25 @@ package main
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"flag"
 	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tessera-gpu/tessera/allocator"
 )
@@ -32,5 +46,111 @@ func TestRunRejectsBadFlags(t *testing.T) {
 	}
 	if err := run(context.Background(), []string{"--help"}, io.Discard); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("--help: %v, want flag.ErrHelp", err)
+	}
+}
+
+func writeSelfSigned(t *testing.T, dir string) (certPath, keyPath string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPath, keyPath = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	if err := os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certPath, keyPath
+}
+
+// TestServesTLSAndRefusesVerbsUntilSynced runs the command against an API
+// server that does not answer: it serves HTTPS, is healthy, is not ready,
+// answers verbs with a JSON 503, and shuts down cleanly.
+func TestServesTLSAndRefusesVerbsUntilSynced(t *testing.T) {
+	dir := t.TempDir()
+	cert, key := writeSelfSigned(t, dir)
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}
+users:
+- name: u
+  user: {token: t}
+contexts:
+- name: x
+  context: {cluster: c, user: u}
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--kubeconfig=" + kubeconfig, "--listen=" + addr, "--tls-cert=" + cert, "--tls-key=" + key, "--shutdown-grace=2s"}, io.Discard)
+	}()
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // self-signed test server
+	var resp *http.Response
+	for i := 0; i < 100; i++ {
+		if resp, err = hc.Get("https://" + addr + "/healthz"); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("healthz over TLS: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("healthz: %d", resp.StatusCode)
+	}
+	if resp, err := hc.Get("https://" + addr + "/readyz"); err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("readyz before sync: %v %v, want 503", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	resp, err = hc.Post("https://"+addr+"/filter", "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reply map[string]string
+	if err := json.NewDecoder(resp.Body).Decode(&reply); err != nil || resp.StatusCode != http.StatusServiceUnavailable || reply["error"] == "" {
+		t.Errorf("filter before sync: status %d, reply %v (%v), want a JSON 503", resp.StatusCode, reply, err)
+	}
+	resp.Body.Close()
+	if resp, err := http.Get("http://" + addr + "/healthz"); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			t.Error("plain HTTP served on a TLS listener")
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("run() after shutdown: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("run() did not return after cancel")
 	}
 }
