@@ -77,6 +77,7 @@ type options struct {
 	rng        *rand.Rand
 	tesseraCfg TesseraConfig
 	tesseraSet bool
+	capacity   map[string]int
 }
 
 // WithWorkload gives fragmentation-aware policies (fgd, tessera) their
@@ -89,6 +90,17 @@ func WithWorkload(w Workload) Option {
 // NewPolicy("random") fails: randomness is always explicit.
 func WithRand(r *rand.Rand) Option {
 	return func(o *options) { o.rng = r }
+}
+
+// WithModelCapacity tells the tessera policy how many GPUs of each model
+// the cluster has (for its model-pressure term). Without it, that term is 0.
+func WithModelCapacity(gpusPerModel map[string]int) Option {
+	return func(o *options) {
+		o.capacity = make(map[string]int, len(gpusPerModel))
+		for k, v := range gpusPerModel {
+			o.capacity[k] = v
+		}
+	}
 }
 
 // WithTesseraConfig overrides the tessera policy's tuning.
@@ -142,7 +154,7 @@ func NewPolicy(name string, opts ...Option) (Policy, error) {
 		if o.tesseraSet {
 			cfg = o.tesseraCfg
 		}
-		return newTesseraPolicy(m, cfg), nil
+		return newTesseraPolicy(m, cfg, o.capacity), nil
 	}
 	return nil, fmt.Errorf("%w %q (known: %s)", ErrUnknownPolicy, name, strings.Join(PolicyNames(), ", "))
 }

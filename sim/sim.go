@@ -24,8 +24,9 @@ type Config struct {
 	Policy string
 	Seed   int64
 	Plan   PlanOptions
-	// Popularity is the share of pods the target workload covers
-	// (allocator.DefaultPopularity when 0).
+	// Popularity is the share of pods the FGD target workload covers
+	// (allocator.DefaultPopularity, the artifact's 95%, when 0). The tessera
+	// policy is always given every pod shape (popularity 1).
 	Popularity float64
 	// Tessera, when set, overrides the tessera policy's tuning.
 	Tessera *allocator.TesseraConfig
@@ -114,13 +115,19 @@ func Run(t *Trace, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := []allocator.Option{allocator.WithWorkload(workload), allocator.WithRand(plan.Rand)}
-	if cfg.Tessera != nil {
-		tc := *cfg.Tessera
-		if tc.ModelCapacity == nil {
-			tc.ModelCapacity = ModelCapacity(t.Nodes)
+	policyWorkload := workload
+	if strings.EqualFold(strings.TrimSpace(cfg.Policy), allocator.PolicyTessera) {
+		if policyWorkload, err = TargetWorkload(t, 1); err != nil {
+			return nil, err
 		}
-		opts = append(opts, allocator.WithTesseraConfig(tc))
+	}
+	opts := []allocator.Option{
+		allocator.WithWorkload(policyWorkload),
+		allocator.WithRand(plan.Rand),
+		allocator.WithModelCapacity(ModelCapacity(t.Nodes)),
+	}
+	if cfg.Tessera != nil {
+		opts = append(opts, allocator.WithTesseraConfig(*cfg.Tessera))
 	}
 	policy, err := allocator.NewPolicy(cfg.Policy, opts...)
 	if err != nil {

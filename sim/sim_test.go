@@ -20,9 +20,11 @@ func referenceReplay(t *testing.T, tr *Trace, policy string, seed int64) []Event
 	if err != nil {
 		t.Fatal(err)
 	}
-	tc := allocator.DefaultTesseraConfig()
-	tc.ModelCapacity = ModelCapacity(tr.Nodes)
-	p, err := allocator.NewPolicy(policy, allocator.WithWorkload(w), allocator.WithRand(plan.Rand), allocator.WithTesseraConfig(tc))
+	pw := w
+	if policy == "tessera" {
+		pw, _ = TargetWorkload(tr, 1)
+	}
+	p, err := allocator.NewPolicy(policy, allocator.WithWorkload(pw), allocator.WithRand(plan.Rand), allocator.WithModelCapacity(ModelCapacity(tr.Nodes)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,8 +60,7 @@ func TestRunMatchesUncachedReference(t *testing.T) {
 	tr := synthTrace(7)
 	for _, policy := range allocator.PolicyNames() {
 		t.Run(policy, func(t *testing.T) {
-			tc := allocator.DefaultTesseraConfig()
-			res, err := Run(tr, Config{Policy: policy, Seed: 3, Tessera: &tc})
+			res, err := Run(tr, Config{Policy: policy, Seed: 3})
 			if err != nil {
 				t.Fatal(err)
 			}
