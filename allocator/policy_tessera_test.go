@@ -1,0 +1,83 @@
+package allocator
+
+import (
+	"math"
+	"testing"
+)
+
+func tessera(t *testing.T, w Workload, opts ...Option) Policy {
+	t.Helper()
+	p, err := NewPolicy("tessera", append([]Option{WithWorkload(w)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestTesseraCPUStranding(t *testing.T) {
+	// GPU pods need 10 cores per GPU. A 32-core CPU-only pod would leave
+	// the 8-GPU node 64 cores for 8 GPUs (1.6 GPUs stranded); the 2-GPU
+	// node keeps plenty.
+	w := Workload{Shapes: []Shape{{Request: wholeReq(10000, 1), Freq: 0.5}, {Request: cpuReq(8000), Freq: 0.5}}}
+	p := tessera(t, w)
+	big := makeNode().Name("big").CPU(96000, 96000).GPUs(8).Obj()
+	small := makeNode().Name("small").CPU(104000, 104000).GPUs(2).Obj()
+	r := cpuReq(32000)
+	eb, es := p.Evaluate(big, r), p.Evaluate(small, r)
+	want := -DefaultTesseraConfig().StrandWeight * (8000 - 64000.0/10)
+	if math.Abs(eb.Score-want) > 1e-9 || es.Score != 0 {
+		t.Errorf("scores big %v small %v, want %v and 0", eb.Score, es.Score, want)
+	}
+	// FGD sees no difference: neither node lacks CPU for a typical pod yet.
+	f, _ := NewPolicy("fgd", WithWorkload(w))
+	if fb, fs := f.Evaluate(big, r), f.Evaluate(small, r); fb.Score != fs.Score {
+		t.Errorf("fgd scores differ (%v, %v); the test no longer shows what stranding adds", fb.Score, fs.Score)
+	}
+}
+
+func TestTesseraGapWaste(t *testing.T) {
+	// Half the pods are 470m slices, half whole GPUs: a 470m slice should
+	// complete a GPU with 530m free (leaving 60m) rather than open a free
+	// GPU, on whichever node.
+	w := Workload{Shapes: []Shape{{Request: sliceReq(1000, 470), Freq: 0.5}, {Request: wholeReq(1000, 1), Freq: 0.5}}}
+	p := tessera(t, w)
+	partly := makeNode().Name("partly").Free(1000, 530).Obj()
+	free := makeNode().Name("free").Free(1000, 1000).Obj()
+	r := sliceReq(1000, 470)
+	ep, ef := p.Evaluate(partly, r), p.Evaluate(free, r)
+	if ep.GPUs != set(1) || !(ep.Score > ef.Score) {
+		t.Errorf("partly used node: %+v, free node: %+v; want GPU 1 of the partly used node, scoring higher", ep, ef)
+	}
+	tp := p.(*tesseraPolicy)
+	for g := 1; g < MilliPerGPU; g++ {
+		if v := tp.gapWaste[g]; v < 0 || v > float64(g) {
+			t.Fatalf("expected waste of a %dm gap is %v, outside [0, %d]", g, v, g)
+		}
+	}
+	if tp.gapWaste[469] != 469 {
+		t.Errorf("no slice fits a 469m gap, its waste should be all of it, got %v", tp.gapWaste[469])
+	}
+	if !(tp.gapWaste[530] < 530) {
+		t.Errorf("a 530m gap fits a 470m slice, its expected waste should be below 530, got %v", tp.gapWaste[530])
+	}
+}
+
+func TestTesseraModelPressure(t *testing.T) {
+	// Half the GPU demand can only run on T4, which is 2 of the cluster's
+	// 10 GPUs: T4 pressure = 0.5 / 0.2 = 2.5, A100 pressure 0.
+	w := Workload{Shapes: []Shape{{Request: withModels(wholeReq(1000, 1), "T4"), Freq: 0.5}, {Request: wholeReq(1000, 1), Freq: 0.5}}}
+	with := tessera(t, w, WithModelCapacity(map[string]int{"T4": 2, "A100": 8}))
+	without := tessera(t, w)
+	t4 := makeNode().Model("T4").GPUs(2).Obj()
+	a100 := makeNode().Model("A100").GPUs(8).Obj()
+	r := wholeReq(1000, 1)
+	if d, want := with.Evaluate(t4, r).Score-without.Evaluate(t4, r).Score, -DefaultTesseraConfig().ModelWeight*2.5*1000; math.Abs(d-want) > 1e-9 {
+		t.Errorf("T4 pressure changes the score by %v, want %v", d, want)
+	}
+	if d := with.Evaluate(a100, r).Score - without.Evaluate(a100, r).Score; d != 0 {
+		t.Errorf("A100 has no pressure but its score changed by %v", d)
+	}
+	if !(with.Evaluate(a100, r).Score > with.Evaluate(t4, r).Score) {
+		t.Errorf("an unconstrained pod should prefer the A100 node")
+	}
+}
