@@ -83,6 +83,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 }
 
 func run(args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == jobsCommand {
+		return runJobs(args[1:], stdout, stderr)
+	}
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		return err

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/tessera-gpu/tessera/allocator"
+	"github.com/tessera-gpu/tessera/sim/jobs"
+)
+
+// jobsCommand replays training-job traces (tessera-sim jobs ...).
+const jobsCommand = "jobs"
+
+type jobsOptions struct {
+	traces       string
+	nodes        int
+	gpusPerNode  int
+	strategies   string
+	policy       string
+	teams        int
+	holdAfter    time.Duration
+	reclaimAfter time.Duration
+	sampleEvery  time.Duration
+	format       string
+	series       string
+}
+
+func parseJobsFlags(args []string, stderr io.Writer) (*jobsOptions, error) {
+	fs := flag.NewFlagSet("tessera-sim jobs", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o := &jobsOptions{}
+	def := jobs.DefaultConfig()
+	fs.StringVar(&o.traces, "trace", "", "comma-separated job trace CSVs (job_id, submission_time, duration, num_gpu), e.g. ../shared/traces/microsoft-itp/cluster01.csv")
+	fs.IntVar(&o.nodes, "nodes", def.Nodes, "nodes in the simulated cluster")
+	fs.IntVar(&o.gpusPerNode, "gpus-per-node", def.GPUsPerNode, "GPUs per node (NVSwitch-connected)")
+	fs.StringVar(&o.strategies, "strategy", "gang,nogang,fifo", "comma-separated strategies: gang (Tessera), nogang, fifo")
+	fs.StringVar(&o.policy, "policy", def.Policy, "node policy: "+strings.Join(allocator.PolicyNames(), ", "))
+	fs.IntVar(&o.teams, "teams", 0, "spread jobs over this many namespaces with ElasticQuota min=capacity/teams, max=capacity (gang only); 0: no quota")
+	fs.DurationVar(&o.holdAfter, "hold-after", 0, "gang: hold draining nodes for a blocked job once it has waited this long (0: never, pure backfill)")
+	fs.DurationVar(&o.reclaimAfter, "reclaim-after", 0, "gang with --teams: wait this long before evicting borrowed jobs for a job within its min")
+	fs.DurationVar(&o.sampleEvery, "sample-every", time.Hour, "period of the utilisation series")
+	fs.StringVar(&o.format, "format", "table", "table or json (one object per trace and strategy)")
+	fs.StringVar(&o.series, "series", "", "write GPU use over time (trace, strategy, hours, running, held) as CSV to this file")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("jobs: unexpected arguments %q", fs.Args())
+	}
+	if o.traces == "" {
+		return nil, fmt.Errorf("jobs: --trace is required")
+	}
+	if o.format != "table" && o.format != "json" {
+		return nil, fmt.Errorf("jobs: --format %q: want table or json", o.format)
+	}
+	return o, nil
+}
+
+// jobsRow is one trace and strategy's result.
+type jobsRow struct {
+	Trace   string `json:"trace"`
+	Variant string `json:"variant"`
+	Nodes   int    `json:"nodes"`
+	*jobs.Result
+}
+
+func runJobs(args []string, stdout, stderr io.Writer) error {
+	o, err := parseJobsFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	var strategies []jobs.Strategy
+	for _, s := range strings.Split(o.strategies, ",") {
+		strategies = append(strategies, jobs.Strategy(strings.TrimSpace(s)))
+	}
+	var rows []jobsRow
+	for _, path := range strings.Split(o.traces, ",") {
+		path = strings.TrimSpace(path)
+		trace, err := jobs.ReadTrace(path)
+		if err != nil {
+			return err
+		}
+		name := strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
+		for _, st := range strategies {
+			cfg := jobs.Config{
+				Strategy: st, Nodes: o.nodes, GPUsPerNode: o.gpusPerNode, Policy: o.policy,
+				MaxBackfillWait: int64(o.holdAfter / time.Second), ReclaimAfter: int64(o.reclaimAfter / time.Second),
+				SampleEvery: int64(o.sampleEvery / time.Second),
+			}
+			if st == jobs.StrategyGang {
+				cfg.Teams = o.teams
+			}
+			start := time.Now()
+			res, err := jobs.Run(trace, cfg)
+			if err != nil {
+				return fmt.Errorf("%s, %s: %w", name, st, err)
+			}
+			fmt.Fprintf(stderr, "%s %s: %d jobs in %s\n", name, st, len(trace), time.Since(start).Round(time.Millisecond))
+			rows = append(rows, jobsRow{Trace: name, Variant: variant(cfg), Nodes: o.nodes, Result: res})
+		}
+	}
+	if o.series != "" {
+		if err := writeSeries(o.series, rows); err != nil {
+			return err
+		}
+	}
+	if o.format == "json" {
+		enc := json.NewEncoder(stdout)
+		for _, r := range rows {
+			series := r.Series
+			r.Series = nil
+			if err := enc.Encode(r); err != nil {
+				return err
+			}
+			r.Series = series
+		}
+		return nil
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "trace\tstrategy\tjobs\tfinished\tmean JCT h\tp95 JCT h\tmax JCT h\tmean queue h\tutil %\tpartial-gang GPU-h\theld idle GPU-h\tevictions\tlost GPU-h\t")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2f\t%.2f\t%.1f\t%.2f\t%.1f\t%.0f\t%.0f\t%d\t%.0f\t\n", r.Trace, r.Variant, r.Jobs, r.Finished,
+			r.MeanJCTHours, r.P95JCTHours, r.MaxJCTHours, r.MeanQueueHours, r.UtilizationPct, r.WastedGPUHours, r.ReservedIdleGPUHours, r.Evictions, r.LostGPUHours)
+	}
+	return tw.Flush()
+}
+
+// variant names a strategy with its settings, e.g. "gang+quota4".
+func variant(cfg jobs.Config) string {
+	v := string(cfg.Strategy)
+	if cfg.Strategy != jobs.StrategyGang {
+		return v
+	}
+	if cfg.MaxBackfillWait > 0 {
+		v += "+hold" + (time.Duration(cfg.MaxBackfillWait) * time.Second).String()
+	}
+	if cfg.Teams > 0 {
+		v += "+quota" + strconv.Itoa(cfg.Teams)
+	}
+	return v
+}
+
+func writeSeries(path string, rows []jobsRow) (err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--series: %w", err)
+	}
+	defer func() {
+		if cerr := f.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("--series: %w", cerr)
+		}
+	}()
+	w := csv.NewWriter(f)
+	if err := w.Write([]string{"trace", "strategy", "hours", "running_gpus", "held_gpus"}); err != nil {
+		return err
+	}
+	for _, r := range rows {
+		for _, s := range r.Series {
+			rec := []string{r.Trace, r.Variant, strconv.FormatFloat(float64(s.Time)/3600, 'f', 2, 64), strconv.Itoa(s.Running), strconv.Itoa(s.Held)}
+			if err := w.Write(rec); err != nil {
+				return err
+			}
+		}
+	}
+	w.Flush()
+	return w.Error()
+}

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// partialGangTrace: j1 holds a node, j2 needs both, j3 is short (see
+// sim/jobs' TestStrategiesOnAPartialGang for the worked times).
+const partialGangTrace = "job_id,submission_time,duration,num_gpu\nj1,0,100,8\nj2,1,100,16\nj3,2,10,8\n"
+
+func TestJobsCommand(t *testing.T) {
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "tiny.csv")
+	if err := os.WriteFile(trace, []byte(partialGangTrace), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	series := filepath.Join(dir, "series.csv")
+	var out, errOut bytes.Buffer
+	args := []string{"jobs", "--trace", trace, "--nodes", "2", "--format", "json", "--sample-every", "50s", "--series", series}
+	if err := run(args, &out, &errOut); err != nil {
+		t.Fatalf("jobs: %v\n%s", err, errOut.String())
+	}
+	type row struct {
+		Trace          string  `json:"trace"`
+		Variant        string  `json:"variant"`
+		Finished       int     `json:"finished"`
+		WastedGPUHours float64 `json:"wastedGPUHours"`
+		EndTime        int64   `json:"endTime"`
+	}
+	var rows []row
+	dec := json.NewDecoder(&out)
+	for dec.More() {
+		var r row
+		if err := dec.Decode(&r); err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, r)
+	}
+	if len(rows) != 3 {
+		t.Fatalf("%d rows, want one per strategy", len(rows))
+	}
+	want := map[string]row{
+		"gang":   {Trace: "tiny", Variant: "gang", Finished: 3, EndTime: 200},
+		"nogang": {Trace: "tiny", Variant: "nogang", Finished: 3, WastedGPUHours: 8 * 99.0 / 3600, EndTime: 210},
+		"fifo":   {Trace: "tiny", Variant: "fifo", Finished: 3, EndTime: 210},
+	}
+	for _, r := range rows {
+		if r != want[r.Variant] {
+			t.Errorf("row %+v, want %+v", r, want[r.Variant])
+		}
+	}
+	csv, err := os.ReadFile(series)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(csv), "trace,strategy,hours,running_gpus,held_gpus\n") || !strings.Contains(string(csv), "tiny,nogang,0.01,8,8\n") {
+		t.Errorf("series:\n%s", csv)
+	}
+
+	out.Reset()
+	if err := run([]string{"jobs", "--trace", trace, "--nodes", "2", "--teams", "2", "--hold-after", "1h", "--strategy", "gang"}, &out, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "gang+hold1h0m0s+quota2") || !strings.Contains(out.String(), "mean JCT h") {
+		t.Errorf("table:\n%s", out.String())
+	}
+	for name, tc := range map[string]struct {
+		args []string
+		want string
+	}{
+		"no trace":         {[]string{"jobs"}, "--trace is required"},
+		"missing trace":    {[]string{"jobs", "--trace", filepath.Join(dir, "nope.csv")}, "nope.csv"},
+		"unknown strategy": {[]string{"jobs", "--trace", trace, "--nodes", "2", "--strategy", "lottery"}, `unknown strategy "lottery"`},
+		"bad format":       {[]string{"jobs", "--trace", trace, "--format", "xml"}, `--format "xml"`},
+		"too small":        {[]string{"jobs", "--trace", trace, "--nodes", "1"}, "more than the cluster's 8"},
+	} {
+		if err := run(tc.args, &bytes.Buffer{}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error containing %q", name, err, tc.want)
+		}
+	}
+}
