@@ -14,6 +14,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
@@ -146,6 +147,57 @@ func TestScenarios(t *testing.T) {
 				t.Errorf("8-GPU pod bound to %s, which runs small pods", p.Spec.NodeName)
 			}
 			used[p.Spec.NodeName] = true
+		}
+	})
+
+	t.Run("preemption only when it makes the pod fit on one GPU", func(t *testing.T) {
+		for name, value := range map[string]int32{"low-1": 1, "low-2": 2, "low-3": 3, "high": 1000} {
+			pc := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Value: value}
+			if _, err := e.client.SchedulingV1().PriorityClasses().Create(t.Context(), pc, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// 10 GiB free: kube-scheduler's own dry run keeps the more important
+		// pods and picks B (20 GiB on GPU 0) as the victim, which would
+		// leave 30 GiB free on the node but 20 and 10 GiB on the GPUs. The
+		// extender drops the node: no candidate, nobody preempted.
+		e.createNode(t, nodeSpec{name: "pre1", gpus: 2, model: a100, memMiB: 40960, labels: sel("pre1")})
+		e.createPod(t, podSpec{name: "pre1-a", memUnits: 20, priorityClass: "low-3", node: "pre1", assign: sharedOn("pre1", 0, 20480, 0)})
+		e.createPod(t, podSpec{name: "pre1-b", memUnits: 20, priorityClass: "low-1", node: "pre1", assign: sharedOn("pre1", 0, 20480, 0)})
+		e.createPod(t, podSpec{name: "pre1-c", memUnits: 30, priorityClass: "low-2", node: "pre1", assign: sharedOn("pre1", 1, 30720, 0)})
+		e.createPod(t, podSpec{name: "pre1-hi", memUnits: 30, priorityClass: "high", selector: sel("pre1")})
+		e.waitPendingWith(t, "pre1-hi", "preemption: no candidate node for preemption", time.Minute)
+		// Give a (wrong) preemption time to show.
+		time.Sleep(3 * time.Second)
+		for _, n := range []string{"pre1-a", "pre1-b", "pre1-c"} {
+			p, err := e.client.CoreV1().Pods(ns).Get(t.Context(), n, metav1.GetOptions{})
+			if err != nil || p.DeletionTimestamp != nil {
+				t.Errorf("pod %s preempted (err %v) although that cannot make pre1-hi fit one GPU", n, err)
+			}
+		}
+
+		// Here the scheduler's victim C (35 GiB on GPU 1) frees a GPU: kept.
+		e.createNode(t, nodeSpec{name: "pre2", gpus: 2, model: a100, memMiB: 40960, labels: sel("pre2")})
+		e.createPod(t, podSpec{name: "pre2-a", memUnits: 20, priorityClass: "low-3", node: "pre2", assign: sharedOn("pre2", 0, 20480, 0)})
+		e.createPod(t, podSpec{name: "pre2-b", memUnits: 20, priorityClass: "low-1", node: "pre2", assign: sharedOn("pre2", 0, 20480, 0)})
+		e.createPod(t, podSpec{name: "pre2-c", memUnits: 35, priorityClass: "low-2", node: "pre2", assign: sharedOn("pre2", 1, 35840, 0)})
+		e.createPod(t, podSpec{name: "pre2-hi", memUnits: 30, priorityClass: "high", selector: sel("pre2")})
+		victim, err := e.cp.WaitForPod(t.Context(), ns, "pre2-c", "preempted", time.Minute, func(p *v1.Pod) (bool, error) { return p.DeletionTimestamp != nil, nil })
+		if err != nil {
+			t.Fatalf("%v\nevents of pre2-hi: %s", err, e.events(t, "pre2-hi"))
+		}
+		for _, n := range []string{"pre2-a", "pre2-b"} {
+			if p, err := e.client.CoreV1().Pods(ns).Get(t.Context(), n, metav1.GetOptions{}); err != nil || p.DeletionTimestamp != nil {
+				t.Errorf("pod %s preempted (err %v), only pre2-c had to go", n, err)
+			}
+		}
+		// No kubelet: finish the victim's termination as it would.
+		zero := int64(0)
+		if err := e.client.CoreV1().Pods(ns).Delete(t.Context(), victim.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+			t.Fatal(err)
+		}
+		if g := sharedGPU(t, e.waitBound(t, "pre2-hi", time.Minute)); g != gpuUUID("pre2", 1) {
+			t.Errorf("pre2-hi on GPU %s, want the freed GPU 1 (%s)", g, gpuUUID("pre2", 1))
 		}
 	})
 

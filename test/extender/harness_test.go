@@ -375,6 +375,8 @@ type podSpec struct {
 	// node and assign pre-bind the pod (an existing workload).
 	node   string
 	assign *api.Assignment
+	// priorityClass names a PriorityClass.
+	priorityClass string
 }
 
 func (e *env) createPod(t testing.TB, s podSpec) *v1.Pod {
@@ -391,8 +393,9 @@ func (e *env) createPod(t testing.TB, s podSpec) *v1.Pod {
 	p := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns, Annotations: map[string]string{}},
 		Spec: v1.PodSpec{
-			NodeSelector: s.selector,
-			NodeName:     s.node,
+			NodeSelector:      s.selector,
+			NodeName:          s.node,
+			PriorityClassName: s.priorityClass,
 			Containers: []v1.Container{{Name: "main", Image: "registry.k8s.io/pause:3.10",
 				Resources: v1.ResourceRequirements{Limits: limits, Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse("100m")}}}},
 		},
@@ -451,17 +454,33 @@ func (e *env) events(t testing.TB, pod string) string {
 	return b.String()
 }
 
-// waitPendingWith waits for a FailedScheduling event on pod containing
-// want, and checks the pod is still not bound.
+// waitPendingWith waits until pod's FailedScheduling event or its
+// PodScheduled condition (kube-scheduler writes both) contains want, and
+// checks the pod is still not bound.
 func (e *env) waitPendingWith(t testing.TB, pod, want string, timeout time.Duration) {
 	t.Helper()
 	var last string
-	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		last = e.events(t, pod)
-		return strings.Contains(last, "FailedScheduling") && strings.Contains(last, want), nil
+		if strings.Contains(last, "FailedScheduling") && strings.Contains(last, want) {
+			return true, nil
+		}
+		p, err := e.client.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse {
+				last += "[condition] " + c.Message + "\n"
+				if strings.Contains(c.Message, want) {
+					return true, nil
+				}
+			}
+		}
+		return false, nil
 	})
 	if err != nil {
-		t.Fatalf("pod %s: no FailedScheduling event with %q: %v; events:\n%s", pod, want, err, last)
+		t.Fatalf("pod %s: no FailedScheduling event or condition with %q: %v; saw:\n%s", pod, want, err, last)
 	}
 	p, err := e.client.CoreV1().Pods(ns).Get(t.Context(), pod, metav1.GetOptions{})
 	if err != nil {
