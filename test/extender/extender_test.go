@@ -84,6 +84,13 @@ func TestScenarios(t *testing.T) {
 		// 20 GiB are free on the node, 10 on each GPU.
 		e.createPod(t, podSpec{name: "frag-big", memUnits: 16, selector: sel("frag")})
 		e.waitPendingWith(t, "frag-big", "no single GPU has 16384 MiB and 0 cores free", time.Minute)
+		// The reason is in the pod's events, not only in its condition.
+		if err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+			ev := e.events(t, "frag-big")
+			return strings.Contains(ev, "FailedScheduling") && strings.Contains(ev, "tessera: no single GPU has 16384 MiB and 0 cores free"), nil
+		}); err != nil {
+			t.Errorf("frag-big: reason not in events: %v\n%s", err, e.events(t, "frag-big"))
+		}
 		// A slice that fits one GPU's rest is placed.
 		e.createPod(t, podSpec{name: "frag-small", memUnits: 8, selector: sel("frag")})
 		e.waitBound(t, "frag-small", time.Minute)
