@@ -274,6 +274,13 @@ func TestPrioritizeVerb(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("prioritize (-want +got):\n%s", diff)
 	}
+	// Full Nodes mode scores the same.
+	got = nil
+	list := &corev1.NodeList{Items: []corev1.Node{*nodes[0], *nodes[1], *nodes[2]}}
+	f.post(t, PathPrioritize, &extenderv1.ExtenderArgs{Pod: makePod("p").Shared(10, 25).Obj(), Nodes: list}, &got)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("prioritize with Nodes (-want +got):\n%s", diff)
+	}
 	// The CPU-only entry leaves GPU pods alone.
 	got = nil
 	f.post(t, PathPrioritizeCPU, &extenderv1.ExtenderArgs{Pod: makePod("p").Shared(10, 25).Obj(), NodeNames: &names}, &got)
