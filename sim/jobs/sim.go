@@ -116,6 +116,12 @@ type jobState struct {
 	order  int // arrival order, the queue's sort key
 }
 
+// shapeKey identifies the job's pod shapes (and whether it may use held
+// nodes) for the no-room memo.
+func (j *jobState) shapeKey(holder bool) string {
+	return fmt.Sprint(j.sizes, holder)
+}
+
 func (j *jobState) request(i int) allocator.Request {
 	return allocator.Request{GPUs: j.sizes[i]}
 }
@@ -153,6 +159,8 @@ type sim struct {
 	nodes   []gang.Node
 	queue   []*jobState
 	evicted []*jobState
+	// noRoom holds the pod shapes that found no room in this pass.
+	noRoom map[string]bool
 	// reservedFor is the starving job nodes are held for; idleGPUs are
 	// the free GPUs on those nodes.
 	reservedFor *jobState
@@ -338,6 +346,7 @@ func (s *sim) schedule() error {
 // closest to holding it are reserved for it, and other jobs backfill only on
 // the rest, so the reserved nodes drain for the gang.
 func (s *sim) scheduleWhole(strict bool) error {
+	s.noRoom = map[string]bool{}
 	kept := s.queue[:0]
 	blocked := false
 	for idx, j := range s.queue {
@@ -352,6 +361,7 @@ func (s *sim) scheduleWhole(strict bool) error {
 		if started {
 			if s.reservedFor == j {
 				s.reservedFor = nil
+				s.noRoom = map[string]bool{} // held nodes it did not use are free to others
 			}
 			continue
 		}
@@ -445,7 +455,17 @@ func (s *sim) tryStart(j *jobState) (bool, error) {
 			return false, nil
 		}
 	}
-	plan, err := gang.PlanGroup(s.group(j), s.candidates(j), s.policy)
+	// Within a pass free room only shrinks (until an eviction), so a shape
+	// that found no room finds none again: skip planning it.
+	var plan *gang.Plan
+	err := error(&gang.Error{Kind: gang.ErrNoRoom})
+	key := j.shapeKey(s.reservedFor == j)
+	if !s.noRoom[key] {
+		plan, err = gang.PlanGroup(s.group(j), s.candidates(j), s.policy)
+		if errors.Is(err, gang.ErrNoRoom) {
+			s.noRoom[key] = true
+		}
+	}
 	if errors.Is(err, gang.ErrNoRoom) && s.quota != nil && s.now-j.job.Submit >= s.cfg.ReclaimAfter {
 		plan, err = s.reclaimFor(j, req)
 	}
@@ -546,6 +566,7 @@ func (s *sim) evict(j *jobState) {
 		}
 	}
 	s.res.Evictions++
+	s.noRoom = map[string]bool{} // the eviction freed room
 	s.res.LostGPUHours += float64(s.now-j.start) * float64(j.job.GPUs) / 3600
 	s.runGPUs -= j.job.GPUs
 	s.release(j)
