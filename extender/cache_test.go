@@ -44,6 +44,9 @@ func TestNodeStateAccounting(t *testing.T) {
 			makePod("a").Shared(30, 80).Node("n1").On(0, 30720, 80).Obj(),
 			makePod("b").Shared(30, 80).Node("n1").On(0, 30720, 80).Obj(),
 		}, want: "0/0 1000/40960 1000/40960 0/0"},
+		{name: "a bound slice without an assignment holds a GPU", pods: []*corev1.Pod{
+			makePod("a").Shared(10, 10).Node("n1").Obj(),
+		}, want: "1000/40960 1000/40960 0/0 0/0", pending: 1},
 		{name: "malformed assignment counts whole GPUs as pending", pods: []*corev1.Pod{
 			makePod("a").Whole(1).Node("n1").RawAssignment("{").Obj(),
 		}, want: "1000/40960 1000/40960 0/0 0/0", pending: 1},

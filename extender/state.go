@@ -185,6 +185,9 @@ func NewPodUse(pod *corev1.Pod) *PodUse {
 	if aerr != nil {
 		u.Err = aerr
 		u.WholePending = d.WholeGPUs
+		if len(d.Shares) > 0 {
+			u.WholePending = 1 // its slice is somewhere: hold a GPU
+		}
 		return u
 	}
 	if ok {
@@ -200,6 +203,12 @@ func NewPodUse(pod *corev1.Pod) *PodUse {
 	if n := d.WholeGPUs - len(u.Whole); n > 0 {
 		u.WholePending = n
 		u.NVLink = d.NVLink
+	}
+	if len(d.Shares) > 0 && len(u.Shared) == 0 {
+		// A bound shared pod without a recorded slice (bound without the
+		// extender, e.g. created with spec.nodeName): its GPU is unknown,
+		// so it holds one GPU of the node, like a pending whole-GPU pod.
+		u.WholePending = 1
 	}
 	return u
 }
