@@ -88,8 +88,11 @@ func TestReproDefault(t *testing.T) {
 	got := runGrid(t, "default", policies)
 	for _, p := range policies {
 		s := unallocAt100(t, got[p])
-		ps := pub[[2]string{"openb_pod_list_default", p}]
-		t.Logf("default %-13s unallocated@100 %.2f ± %.2f (published %.2f ± %.2f)", p, s.Mean, s.SD, ps.Mean, ps.SD)
+		if ps, ok := pub[[2]string{"openb_pod_list_default", p}]; ok {
+			t.Logf("default %-13s unallocated@100 %.2f ± %.2f (published %.2f ± %.2f)", p, s.Mean, s.SD, ps.Mean, ps.SD)
+		} else {
+			t.Logf("default %-13s unallocated@100 %.2f ± %.2f", p, s.Mean, s.SD)
+		}
 	}
 	targets := []struct {
 		policy    string
@@ -107,8 +110,17 @@ func TestReproDefault(t *testing.T) {
 	if ours.Mean >= fgd.Mean {
 		t.Errorf("tessera %.2f is not below fgd %.2f", ours.Mean, fgd.Mean)
 	}
-	if ours.Mean > tesseraGoal {
-		t.Errorf("tessera unallocated@100 %.2f ± %.2f, goal <= %.1f", ours.Mean, ours.SD, tesseraGoal)
+}
+
+// TestReproTesseraGoal checks our policy against its goal on the default
+// trace: at most 4.0% unallocated GPU at 100% arrived, mean of seeds
+// 42..51. (It fails today: tessera reaches 4.07; see docs/sim.md.)
+func TestReproTesseraGoal(t *testing.T) {
+	got := runGrid(t, "default", []string{"tessera"})
+	s := unallocAt100(t, got["tessera"])
+	t.Logf("tessera unallocated@100 %.2f ± %.2f, goal <= %.1f", s.Mean, s.SD, tesseraGoal)
+	if s.Mean > tesseraGoal {
+		t.Errorf("tessera unallocated@100 %.2f ± %.2f, goal <= %.1f", s.Mean, s.SD, tesseraGoal)
 	}
 }
 
