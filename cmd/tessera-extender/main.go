@@ -36,6 +36,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/extender"
+	"github.com/tessera-gpu/tessera/internal/kubeclient"
 )
 
 func main() {
@@ -93,13 +94,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 }
 
 func restConfig(o *options) (*rest.Config, error) {
-	var cfg *rest.Config
-	var err error
-	if o.kubeconfig != "" {
-		cfg, err = loadKubeconfig(o.kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
-	}
+	cfg, err := kubeclient.Config(o.kubeconfig)
 	if err != nil {
 		return nil, err
 	}
