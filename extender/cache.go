@@ -1,11 +1,14 @@
 package extender
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/tessera-gpu/tessera/api"
 )
 
 // Cache is the extender's ledger: the nodes' GPUs and what pods and
@@ -79,8 +82,16 @@ func (c *Cache) DeleteNode(name string) {
 // caller can report a malformed assignment.
 func (c *Cache) SetPod(pod *corev1.Pod) *PodUse {
 	var u *PodUse
-	if pod.Spec.NodeName != "" && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+	finished := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+	switch {
+	case finished:
+	case pod.Spec.NodeName != "":
 		u = NewPodUse(pod)
+	default:
+		// A gang member planned but not bound holds its planned place.
+		if plan, ok, err := api.GetGangPlan(pod.Annotations); ok && err == nil {
+			u = PlannedPodUse(pod, plan)
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -146,37 +157,117 @@ func (c *Cache) removePodLocked(uid types.UID) {
 var ErrNoNode = fmt.Errorf("node not in the extender's cache")
 
 // Reserve atomically decides a placement on a node and counts it. decide
-// gets the node's current state and returns the pod's use (with Node set
-// to node), or an error, which Reserve returns unchanged. A reservation
-// the pod already holds is replaced.
+// gets the node's current state, without anything the pod itself holds
+// (a reservation or the place of its gang plan), and returns the pod's use
+// (with Node set to node), or an error, which Reserve returns unchanged. A
+// reservation the pod already holds is replaced.
 func (c *Cache) Reserve(uid types.UID, node string, decide func(*NodeState) (*PodUse, error)) (*PodUse, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	prev, hadPrev := c.reservations[uid]
+	// A placeholder reservation of nothing keeps the pod's own counted use
+	// (its planned place) out of the state decide sees.
+	c.reservations[uid] = &PodUse{UID: uid, Node: node}
+	touched := []string{node}
 	if hadPrev {
-		delete(c.reservations, uid)
-		c.rebuild(prev.Node)
+		touched = append(touched, prev.Node)
+	}
+	if own, ok := c.pods[uid]; ok {
+		touched = append(touched, own.Node)
+	}
+	c.rebuildAll(touched)
+	restore := func() {
+		if hadPrev {
+			c.reservations[uid] = prev
+		} else {
+			delete(c.reservations, uid)
+		}
+		c.rebuildAll(touched)
 	}
 	st, ok := c.states[node]
 	if !ok {
-		if hadPrev {
-			c.reservations[uid] = prev
-			c.rebuild(prev.Node)
-		}
+		restore()
 		return nil, fmt.Errorf("%w: %s", ErrNoNode, node)
 	}
 	u, err := decide(st)
 	if err != nil {
-		if hadPrev {
-			c.reservations[uid] = prev
-			c.rebuild(prev.Node)
-		}
+		restore()
 		return nil, err
 	}
 	u.Node = node
 	c.reservations[uid] = u
-	c.rebuild(node)
+	c.rebuildAll(touched)
 	return u, nil
+}
+
+// rebuildAll rebuilds each named node once. Callers hold mu.
+func (c *Cache) rebuildAll(names []string) {
+	for i, n := range names {
+		seen := false
+		for _, m := range names[:i] {
+			seen = seen || m == n
+		}
+		if !seen {
+			c.rebuild(n)
+		}
+	}
+}
+
+// Snapshot returns the state of every node, by name. The states are
+// immutable; ReserveGang uses them to detect a change since.
+func (c *Cache) Snapshot() map[string]*NodeState {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make(map[string]*NodeState, len(c.states))
+	for n, st := range c.states {
+		out[n] = st
+	}
+	return out
+}
+
+// ErrStaleSnapshot is returned by ReserveGang when a node changed since
+// the snapshot the plan was made on.
+var ErrStaleSnapshot = errors.New("a planned node changed since the plan was made")
+
+// ReserveGang counts the uses of a planned gang (each with Node set) as
+// reservations, all or none: when the state of any of their nodes is no
+// longer the one in snap, nothing is reserved and ErrStaleSnapshot is
+// returned, so that a plan is never reserved over a placement made
+// meanwhile. The reservations last until the informer shows the pods bound
+// (their plan annotations count them after that too) or ReleaseGang.
+func (c *Cache) ReserveGang(snap map[string]*NodeState, uses []*PodUse) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var nodes []string
+	for _, u := range uses {
+		if st, ok := c.states[u.Node]; !ok || st != snap[u.Node] {
+			return fmt.Errorf("%w: %s", ErrStaleSnapshot, u.Node)
+		}
+		nodes = append(nodes, u.Node)
+	}
+	for _, u := range uses {
+		if prev, ok := c.reservations[u.UID]; ok {
+			nodes = append(nodes, prev.Node)
+		}
+		c.reservations[u.UID] = u
+	}
+	c.rebuildAll(nodes)
+	return nil
+}
+
+// ReleaseGang drops the reservations of the pods uids hold (a released
+// plan).
+func (c *Cache) ReleaseGang(uids []types.UID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var nodes []string
+	for _, uid := range uids {
+		if r, ok := c.reservations[uid]; ok {
+			delete(c.reservations, uid)
+			nodes = append(nodes, r.Node)
+		}
+	}
+	c.rebuildAll(nodes)
 }
 
 // Unreserve drops a pod's reservation (when its Binding failed).

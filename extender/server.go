@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -119,6 +120,15 @@ func (s *Server) FilterArgs(ctx context.Context, args *extenderv1.ExtenderArgs) 
 		res.Error = "filter: the request names no pod"
 		return res
 	}
+	if plan, ok, err := api.GetGangPlan(args.Pod.Annotations); ok {
+		if err != nil {
+			res.Error = err.Error()
+			s.event(args.Pod, "InvalidGangPlan", "%v", err)
+			return res
+		}
+		s.filterPlanned(ctx, args, plan, res)
+		return res
+	}
 	d, err := ParseDemand(args.Pod)
 	if err != nil {
 		res.Error = err.Error()
@@ -186,6 +196,45 @@ func (s *Server) FilterArgs(ctx context.Context, args *extenderv1.ExtenderArgs) 
 	}
 	klog.FromContext(ctx).V(4).Info("Filtered", "pod", klog.KObj(args.Pod), "nodes", len(names), "rejected", counts)
 	return res
+}
+
+// filterPlanned passes only the node of a gang member's plan: the planner
+// reserved the member's place there for the whole gang, so the GPU check
+// is not repeated (the ledger counts the member itself on that node).
+func (s *Server) filterPlanned(ctx context.Context, args *extenderv1.ExtenderArgs, plan *api.GangPlan, res *extenderv1.ExtenderFilterResult) {
+	names := argNames(args)
+	passed := make([]bool, len(names))
+	other := fmt.Sprintf("tessera: gang %s planned this pod on node %s", plan.Gang, plan.Node)
+	for i, n := range names {
+		switch {
+		case n != plan.Node:
+			res.FailedAndUnresolvableNodes[n] = other
+		default:
+			if _, known := s.state.Node(n); !known {
+				res.FailedNodes[n] = Explain(UnknownNode, nil, &Demand{})
+				continue
+			}
+			passed[i] = true
+		}
+	}
+	if args.NodeNames != nil {
+		out := []string{}
+		for i, n := range names {
+			if passed[i] {
+				out = append(out, n)
+			}
+		}
+		res.NodeNames = &out
+	} else if args.Nodes != nil {
+		out := &corev1.NodeList{}
+		for i := range args.Nodes.Items {
+			if passed[i] {
+				out.Items = append(out.Items, args.Nodes.Items[i])
+			}
+		}
+		res.Nodes = out
+	}
+	klog.FromContext(ctx).V(4).Info("Filtered a planned gang member", "pod", klog.KObj(args.Pod), "gang", plan.Gang, "node", plan.Node, "passed", slices.Contains(passed, true))
 }
 
 func argNames(args *extenderv1.ExtenderArgs) []string {
@@ -297,6 +346,20 @@ func (s *Server) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs)
 	return err
 }
 
+// ErrNotPlannedNode is wrapped when a gang member is bound to a node other
+// than its plan's.
+var ErrNotPlannedNode = errors.New("not the node of the pod's gang plan")
+
+// plannedAssignment is the assignment that puts every shared container of
+// d on the planned GPU of a node described by info.
+func plannedAssignment(info *NodeInfo, d *Demand, gpu *api.GPURef) *api.Assignment {
+	a := api.NewAssignment()
+	for _, sh := range d.Shares {
+		a.Containers = append(a.Containers, api.ContainerAssignment{Name: sh.Name, Shared: &api.SharedGPU{GPU: *gpu, MemoryMiB: ShareMiB(sh, info.UnitMiB, info.gpuMemMiB()), Cores: sh.Cores}})
+	}
+	return a
+}
+
 // errStalePod is returned by bind when the pod changed since it was read.
 var errStalePod = errors.New("pod changed since it was read")
 
@@ -317,6 +380,14 @@ func (s *Server) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs,
 	default:
 		return fmt.Errorf("bind %s/%s to %s: %w: already bound to %s", pod.Namespace, pod.Name, args.Node, ErrPodMismatch, pod.Spec.NodeName)
 	}
+	plan, planned, err := api.GetGangPlan(pod.Annotations)
+	switch {
+	case err != nil:
+		s.event(pod, "InvalidGangPlan", "%v", err)
+		return fmt.Errorf("bind %s/%s: %w", pod.Namespace, pod.Name, err)
+	case planned && plan.Node != args.Node:
+		return fmt.Errorf("bind %s/%s to %s: %w: gang %s planned it on %s", pod.Namespace, pod.Name, args.Node, ErrNotPlannedNode, plan.Gang, plan.Node)
+	}
 	d, err := ParseDemand(pod)
 	if err != nil {
 		s.event(pod, "InvalidGPURequest", "%v", err)
@@ -331,6 +402,13 @@ func (s *Server) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs,
 	use, err := s.state.Reserve(pod.UID, args.Node, func(st *NodeState) (*PodUse, error) {
 		if u, ok := ReuseShared(st, pod.UID, &d, prev); ok {
 			return u, nil
+		}
+		if planned && plan.GPU != nil {
+			// A shared member goes to its planned GPU or not at all.
+			if u, ok := ReuseShared(st, pod.UID, &d, plannedAssignment(st.Info, &d, plan.GPU)); ok {
+				return u, nil
+			}
+			return nil, fmt.Errorf("%w: gang %s planned it on GPU %s, which no longer has room", ErrNoFit, plan.Gang, plan.GPU.UUID)
 		}
 		return ChoosePlacement(s.policy, st, pod.UID, &d)
 	})

@@ -42,6 +42,8 @@ type NodeInfo struct {
 	Model    string
 	CPUMilli int64
 	MemMiB   int64
+	// Labels are the node's labels (topology levels of gang planning).
+	Labels map[string]string
 }
 
 // position returns the position in GPUs of the GPU with uuid, or -1.
@@ -88,7 +90,7 @@ func (n *NodeInfo) gpuMemMiB() int64 {
 // NewNodeInfo reads a Node: its inventory annotation and allocatable CPU
 // and memory. A malformed annotation is recorded in Err, not returned.
 func NewNodeInfo(node *corev1.Node) *NodeInfo {
-	info := &NodeInfo{Name: node.Name}
+	info := &NodeInfo{Name: node.Name, Labels: node.Labels}
 	if q, ok := node.Status.Allocatable[corev1.ResourceCPU]; ok {
 		info.CPUMilli = q.MilliValue()
 	}
@@ -162,6 +164,14 @@ type PodUse struct {
 	// Err is a malformed assignment annotation (the pod's GPU use is then
 	// counted as pending whole GPUs only).
 	Err error
+	// Planned marks a gang member not bound yet, counted on the node of its
+	// gang plan (api.AnnotationGangPlan).
+	Planned bool
+	// PlannedShares are the shared slices of a planned member, on the GPU
+	// PlannedGPU; they are sized against the node's inventory when the node
+	// state is built.
+	PlannedShares []ContainerShare
+	PlannedGPU    string
 }
 
 // Key is namespace/name.
@@ -211,6 +221,51 @@ func NewPodUse(pod *corev1.Pod) *PodUse {
 		u.WholePending = 1
 	}
 	return u
+}
+
+// PlannedPodUse is what an unbound gang member holds on the node of its
+// plan: its CPU and memory, its whole GPUs (pending: the node's device
+// plugin picks them) or its shared slices on the planned GPU (a shared
+// member planned without a GPU holds one GPU of the node).
+func PlannedPodUse(pod *corev1.Pod, plan *api.GangPlan) *PodUse {
+	u := &PodUse{UID: pod.UID, Namespace: pod.Namespace, Name: pod.Name, Node: plan.Node, Planned: true}
+	if pod.Spec.Priority != nil {
+		u.Priority = *pod.Spec.Priority
+	}
+	d, err := ParseDemand(pod)
+	if err != nil {
+		u.Err = err
+	}
+	u.CPUMilli, u.MemMiB = d.CPUMilli, d.MemMiB
+	switch d.Kind() {
+	case allocator.Whole:
+		u.WholePending, u.NVLink = d.WholeGPUs, d.NVLink
+	case allocator.Shared:
+		if plan.GPU == nil {
+			u.WholePending = 1
+		} else {
+			u.PlannedShares, u.PlannedGPU = d.Shares, plan.GPU.UUID
+		}
+	}
+	return u
+}
+
+// sharedOn returns u's shared slices on a node described by info: its
+// recorded slices, or for a planned member its planned slices sized with
+// the node's memory unit.
+func (u *PodUse) sharedOn(info *NodeInfo) []SharedUse {
+	if len(u.PlannedShares) == 0 {
+		return u.Shared
+	}
+	p := info.position(u.PlannedGPU)
+	if p < 0 {
+		return nil
+	}
+	out := make([]SharedUse, 0, len(u.PlannedShares))
+	for _, sh := range u.PlannedShares {
+		out = append(out, SharedUse{Container: sh.Name, UUID: u.PlannedGPU, Index: info.GPUs[p].Index, MemMiB: ShareMiB(sh, info.UnitMiB, info.gpuMemMiB()), Cores: sh.Cores})
+	}
+	return out
 }
 
 // GPUState is the use of one GPU.
@@ -338,7 +393,11 @@ func BuildNodeState(info *NodeInfo, uses []*PodUse) *NodeState {
 				s.PendingWhole++
 			}
 		}
-		for _, sh := range u.Shared {
+		if len(u.PlannedShares) > 0 && info.position(u.PlannedGPU) < 0 {
+			// The planned GPU left the inventory: hold a GPU of the node.
+			s.PendingWhole++
+		}
+		for _, sh := range u.sharedOn(info) {
 			if p := info.position(sh.UUID); p >= 0 {
 				g := &s.GPUs[p]
 				g.MemUsedMiB += sh.MemMiB

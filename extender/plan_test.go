@@ -1,0 +1,155 @@
+package extender
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// withPlan returns pod with a gang plan on node (and GPU position gpu of
+// that node for a shared member; -1: none).
+func withPlan(t testing.TB, pod *corev1.Pod, node string, gpu int) *corev1.Pod {
+	t.Helper()
+	p := pod.DeepCopy()
+	plan := api.GangPlan{Gang: "g", Node: node, Expires: time.Now().Add(time.Hour)}
+	if gpu >= 0 {
+		plan.GPU = &api.GPURef{UUID: gpuUUID(node, gpu), Index: gpu}
+	}
+	if err := api.SetGangPlan(p.Annotations, plan); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestLedgerCountsPlannedMembers(t *testing.T) {
+	nodes := []*corev1.Node{makeNode("a").GPUs(4, "A100", 40960).Obj(), makeNode("b").GPUs(4, "A100", 40960).Obj()}
+	whole := withPlan(t, makePod("w").Whole(3).Obj(), "a", -1)
+	shared := withPlan(t, makePod("s").Shared(10, 50).Obj(), "b", 2)
+	plain := makePod("unplanned").Whole(4).Obj() // pending, no plan: not counted
+	c := newTestCache(t, nodes, []*corev1.Pod{whole, shared, plain})
+	if st := mustState(t, c, "a"); st.FreeGPUs() != 1 || st.PendingWhole != 3 {
+		t.Errorf("node a: %d free GPUs, %d pending, want 1 and 3", st.FreeGPUs(), st.PendingWhole)
+	}
+	if got := freeOf(mustState(t, c, "b")); got != "1000/40960 1000/40960 500/30720 1000/40960" {
+		t.Errorf("node b free = %q: the shared member's slice must be on GPU 2", got)
+	}
+	// Deleting the plan annotation (a released plan) frees the room.
+	released := whole.DeepCopy()
+	delete(released.Annotations, api.AnnotationGangPlan)
+	c.SetPod(released)
+	if st := mustState(t, c, "a"); st.FreeGPUs() != 4 {
+		t.Errorf("after release node a has %d free GPUs, want 4", st.FreeGPUs())
+	}
+	// A malformed plan is not counted (and does not crash).
+	bad := makePod("bad").Whole(2).Obj()
+	bad.Annotations[api.AnnotationGangPlan] = `{"apiVersion":"x"}`
+	if u := c.SetPod(bad); u != nil {
+		t.Errorf("malformed plan counted: %+v", u)
+	}
+}
+
+func TestFilterPassesOnlyPlannedNode(t *testing.T) {
+	nodes := []*corev1.Node{makeNode("a").GPUs(8, "A100", 40960).Obj(), makeNode("b").GPUs(8, "A100", 40960).Obj(), makeNode("c").GPUs(8, "A100", 40960).Obj()}
+	// The member fills node b exactly: filter must not count it against
+	// itself.
+	pod := withPlan(t, makePod("m").Whole(8).Obj(), "b", -1)
+	f := newFixture(t, nodes, []*corev1.Pod{pod}, pod)
+	names := []string{"a", "b", "c"}
+	var res extenderv1.ExtenderFilterResult
+	f.post(t, PathFilter, &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names}, &res)
+	if res.Error != "" || res.NodeNames == nil || strings.Join(*res.NodeNames, ",") != "b" {
+		t.Fatalf("filter passed %v (error %q), want only b", res.NodeNames, res.Error)
+	}
+	for _, n := range []string{"a", "c"} {
+		if msg := res.FailedAndUnresolvableNodes[n]; !strings.Contains(msg, "planned this pod on node b") {
+			t.Errorf("node %s: reason %q", n, msg)
+		}
+	}
+	// A malformed plan is an error, not a pass.
+	bad := pod.DeepCopy()
+	bad.Annotations[api.AnnotationGangPlan] = "{"
+	res = extenderv1.ExtenderFilterResult{}
+	f.post(t, PathFilter, &extenderv1.ExtenderArgs{Pod: bad, NodeNames: &names}, &res)
+	if res.Error == "" {
+		t.Error("malformed plan: no error")
+	}
+}
+
+func TestBindChecksPlan(t *testing.T) {
+	nodes := []*corev1.Node{makeNode("a").GPUs(8, "A100", 40960).Obj(), makeNode("b").GPUs(8, "A100", 40960).Obj()}
+	pod := withPlan(t, makePod("m").Whole(8).Obj(), "b", -1)
+	f := newFixture(t, nodes, []*corev1.Pod{pod}, pod)
+	var res extenderv1.ExtenderBindingResult
+	f.post(t, PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "m", PodUID: pod.UID, Node: "a"}, &res)
+	if !strings.Contains(res.Error, ErrNotPlannedNode.Error()) {
+		t.Errorf("bind to the wrong node: error %q", res.Error)
+	}
+	if st := mustState(t, f.cache, "a"); st.FreeGPUs() != 8 {
+		t.Errorf("a failed bind left %d free GPUs on a", st.FreeGPUs())
+	}
+	res = extenderv1.ExtenderBindingResult{}
+	f.post(t, PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "m", PodUID: pod.UID, Node: "b"}, &res)
+	if res.Error != "" {
+		t.Fatalf("bind to the planned node (which the member fills exactly): %q", res.Error)
+	}
+	if st := mustState(t, f.cache, "b"); st.FreeGPUs() != 0 || st.PendingWhole != 8 {
+		t.Errorf("node b after bind: %d free, %d pending; want 0 and 8 (counted once)", st.FreeGPUs(), st.PendingWhole)
+	}
+}
+
+func TestBindSharedMemberUsesPlannedGPU(t *testing.T) {
+	node := makeNode("n").GPUs(4, "A100", 40960).Obj()
+	pod := withPlan(t, makePod("s").Shared(10, 50).Obj(), "n", 3)
+	f := newFixture(t, []*corev1.Node{node}, []*corev1.Pod{pod}, pod)
+	var res extenderv1.ExtenderBindingResult
+	f.post(t, PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "s", PodUID: pod.UID, Node: "n"}, &res)
+	if res.Error != "" {
+		t.Fatalf("bind: %q", res.Error)
+	}
+	got, _ := f.pods.GetPod(context.Background(), "default", "s")
+	a, ok, err := api.GetAssignment(got.Annotations)
+	if err != nil || !ok || a.Containers[0].Shared == nil || a.Containers[0].Shared.GPU.UUID != gpuUUID("n", 3) {
+		t.Fatalf("assignment %+v (ok %v, err %v), want the planned GPU 3", a, ok, err)
+	}
+	if got := freeOf(mustState(t, f.cache, "n")); got != "1000/40960 1000/40960 1000/40960 500/30720" {
+		t.Errorf("free = %q, want the slice counted once on GPU 3", got)
+	}
+}
+
+func TestReserveGangAllOrNothing(t *testing.T) {
+	nodes := []*corev1.Node{makeNode("a").GPUs(8, "A100", 40960).Obj(), makeNode("b").GPUs(8, "A100", 40960).Obj()}
+	c := newTestCache(t, nodes, nil)
+	snap := c.Snapshot()
+	// A bind on b after the snapshot makes the gang's plan stale.
+	if _, err := c.Reserve("other", "b", func(st *NodeState) (*PodUse, error) {
+		return &PodUse{UID: "other", WholePending: 1}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	uses := []*PodUse{{UID: "g1", Node: "a", WholePending: 8}, {UID: "g2", Node: "b", WholePending: 8}}
+	if err := c.ReserveGang(snap, uses); !errors.Is(err, ErrStaleSnapshot) {
+		t.Fatalf("ReserveGang on a stale snapshot: %v", err)
+	}
+	if mustState(t, c, "a").FreeGPUs() != 8 {
+		t.Error("a stale gang reserved part of itself")
+	}
+	uses[1].WholePending = 7
+	if err := c.ReserveGang(c.Snapshot(), uses); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := mustState(t, c, "a").FreeGPUs(), mustState(t, c, "b").FreeGPUs(); a != 0 || b != 0 {
+		t.Errorf("after ReserveGang: %d and %d free, want 0 and 0", a, b)
+	}
+	c.ReleaseGang([]types.UID{"g1", "g2"})
+	if a, b := mustState(t, c, "a").FreeGPUs(), mustState(t, c, "b").FreeGPUs(); a != 8 || b != 7 {
+		t.Errorf("after ReleaseGang: %d and %d free, want 8 and 7", a, b)
+	}
+}
