@@ -1,0 +1,532 @@
+package extender
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/allocator"
+	"github.com/tessera-gpu/tessera/allocator/gang"
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// GangClient is what the gang planner writes and reads at the API server.
+type GangClient interface {
+	// SetPlan writes the pod's plan annotation (value "" removes it),
+	// provided the pod still has pod's UID.
+	SetPlan(ctx context.Context, pod *corev1.Pod, value string) error
+	// RemoveGate removes api.SchedulingGateGang from the pod.
+	RemoveGate(ctx context.Context, pod *corev1.Pod) error
+	// Evict evicts the pod through the Eviction API.
+	Evict(ctx context.Context, pod *corev1.Pod) error
+	// GetPodGroup reads a PodGroup (scheduling.x-k8s.io/v1alpha1).
+	GetPodGroup(ctx context.Context, namespace, name string) (*unstructured.Unstructured, error)
+}
+
+// KubeGang is the GangClient of a real API server. Dynamic may be nil:
+// PodGroup-declared gangs then need their minMember in a pod annotation.
+type KubeGang struct {
+	Client  kubernetes.Interface
+	Dynamic dynamic.Interface
+}
+
+var _ GangClient = (*KubeGang)(nil)
+
+// SetPlan writes or removes the plan annotation with a merge patch
+// conditional on the UID.
+func (k *KubeGang) SetPlan(ctx context.Context, pod *corev1.Pod, value string) error {
+	var v any = value
+	if value == "" {
+		v = nil
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"uid":         pod.UID,
+		"annotations": map[string]any{api.AnnotationGangPlan: v},
+	}})
+	if err != nil {
+		return fmt.Errorf("plan patch for pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	_, err = k.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: FieldManager})
+	return err
+}
+
+// RemoveGate removes the gang gate with a JSON patch that first tests the
+// gate is where pod has it, so a concurrent change fails instead of
+// removing another gate.
+func (k *KubeGang) RemoveGate(ctx context.Context, pod *corev1.Pod) error {
+	i := -1
+	for j, g := range pod.Spec.SchedulingGates {
+		if g.Name == api.SchedulingGateGang {
+			i = j
+		}
+	}
+	if i < 0 {
+		return nil
+	}
+	path := fmt.Sprintf("/spec/schedulingGates/%d", i)
+	patch, err := json.Marshal([]map[string]any{
+		{"op": "test", "path": "/metadata/uid", "value": pod.UID},
+		{"op": "test", "path": path + "/name", "value": api.SchedulingGateGang},
+		{"op": "remove", "path": path},
+	})
+	if err != nil {
+		return fmt.Errorf("gate patch for pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	_, err = k.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.JSONPatchType, patch, metav1.PatchOptions{FieldManager: FieldManager})
+	return err
+}
+
+// Evict evicts the pod (honouring PodDisruptionBudgets).
+func (k *KubeGang) Evict(ctx context.Context, pod *corev1.Pod) error {
+	uid := pod.UID
+	ev := &policyv1.Eviction{
+		ObjectMeta:    metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name},
+		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}},
+	}
+	return k.Client.CoreV1().Pods(pod.Namespace).EvictV1(ctx, ev)
+}
+
+// ErrNoPodGroupClient is returned by GetPodGroup without a dynamic client.
+var ErrNoPodGroupClient = errors.New("the extender reads no PodGroup objects (no dynamic client)")
+
+// GetPodGroup reads a PodGroup.
+func (k *KubeGang) GetPodGroup(ctx context.Context, namespace, name string) (*unstructured.Unstructured, error) {
+	if k.Dynamic == nil {
+		return nil, ErrNoPodGroupClient
+	}
+	return k.Dynamic.Resource(api.PodGroupGVR).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
+}
+
+// GangPlanner plans gangs all-or-nothing: it holds gated members until
+// minMember of them exist and the whole group fits, then reserves the
+// group's capacity in the ledger at once (against the snapshot it planned
+// on), records each member's node in its plan annotation and only then
+// removes the members' gates. Gangs are planned one at a time, oldest
+// first, each against a ledger that counts the plans before it, so two
+// gangs that fit only alone never split the room: one is planned, the
+// other waits whole. A plan whose members have not all bound when it
+// expires is released: every member is evicted (its controller recreates
+// it, gated again) and an Event says why.
+//
+// Sync is not safe for concurrent use: run it from one goroutine (Run).
+type GangPlanner struct {
+	cache  *Cache
+	client GangClient
+	pods   func() ([]*corev1.Pod, error)
+	policy allocator.Policy
+	levels []gang.Level
+	events EventRecorder
+	now    func() time.Time
+	// waiting is the last reason reported per waiting gang, so that an
+	// Event is emitted when the reason changes, not on every pass.
+	waiting map[string]string
+}
+
+// GangPlannerConfig configures a GangPlanner.
+type GangPlannerConfig struct {
+	Cache  *Cache
+	Client GangClient
+	// Pods lists the pods (from the informer's cache).
+	Pods   func() ([]*corev1.Pod, error)
+	Policy allocator.Policy
+	// Levels are the cluster's topology levels (node label keys), lowest
+	// first; a gang's api.AnnotationGangTopology overrides them.
+	Levels []api.TopologyLevel
+	// Events may be nil.
+	Events EventRecorder
+	// Now defaults to time.Now.
+	Now func() time.Time
+}
+
+// NewGangPlanner returns a planner.
+func NewGangPlanner(cfg GangPlannerConfig) *GangPlanner {
+	p := &GangPlanner{cache: cfg.Cache, client: cfg.Client, pods: cfg.Pods, policy: cfg.Policy, events: cfg.Events, now: cfg.Now, waiting: map[string]string{}}
+	if p.now == nil {
+		p.now = time.Now
+	}
+	p.levels = toGangLevels(cfg.Levels)
+	return p
+}
+
+func toGangLevels(levels []api.TopologyLevel) []gang.Level {
+	out := make([]gang.Level, 0, len(levels))
+	for _, l := range levels {
+		out = append(out, gang.Level{Key: l.Key, Required: l.Required})
+	}
+	return out
+}
+
+// Run calls Sync on every signal of trigger and every period until ctx is
+// done.
+func (p *GangPlanner) Run(ctx context.Context, trigger <-chan struct{}, period time.Duration) {
+	logger := klog.FromContext(ctx)
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		if err := p.Sync(ctx); err != nil {
+			logger.Info("Gang planning pass failed; retrying", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-trigger:
+		case <-t.C:
+		}
+	}
+}
+
+// group is one gang and its live members.
+type group struct {
+	gang    *api.Gang
+	members []*corev1.Pod
+	oldest  time.Time
+}
+
+// Sync makes one pass over every gang. Errors of single gangs are
+// collected; the other gangs still get their turn.
+func (p *GangPlanner) Sync(ctx context.Context) error {
+	pods, err := p.pods()
+	if err != nil {
+		return fmt.Errorf("listing pods: %w", err)
+	}
+	groups := map[string]*group{}
+	malformed := map[string]bool{}
+	for _, pod := range pods {
+		if pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		g, ok, err := api.GangOf(pod)
+		if !ok {
+			continue
+		}
+		if err != nil {
+			if api.HasGangGate(pod) {
+				key := "pod " + pod.Namespace + "/" + pod.Name
+				malformed[key] = true
+				p.wait(key, []*corev1.Pod{pod}, err.Error())
+			}
+			continue
+		}
+		gr := groups[g.Key()]
+		if gr == nil {
+			gr = &group{gang: g, oldest: pod.CreationTimestamp.Time}
+			groups[g.Key()] = gr
+		}
+		gr.members = append(gr.members, pod)
+		if pod.CreationTimestamp.Time.Before(gr.oldest) {
+			gr.oldest = pod.CreationTimestamp.Time
+		}
+		if g.MinMember > gr.gang.MinMember {
+			gr.gang.MinMember = g.MinMember
+		}
+	}
+	order := make([]*group, 0, len(groups))
+	for _, gr := range groups {
+		sort.Slice(gr.members, func(i, j int) bool { return gr.members[i].Name < gr.members[j].Name })
+		order = append(order, gr)
+	}
+	// Oldest gang first: a gang that waits is not overtaken forever by
+	// newer ones that fit in what it leaves.
+	sort.Slice(order, func(i, j int) bool {
+		if !order[i].oldest.Equal(order[j].oldest) {
+			return order[i].oldest.Before(order[j].oldest)
+		}
+		return order[i].gang.Key() < order[j].gang.Key()
+	})
+	var errs []error
+	for _, gr := range order {
+		if err := p.syncGroup(ctx, gr); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for key := range p.waiting {
+		if _, live := groups[key]; !live && !malformed[key] {
+			delete(p.waiting, key)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
+	logger := klog.FromContext(ctx)
+	g := gr.gang
+	if g.Source == api.GangFromPodGroup {
+		pg, err := p.client.GetPodGroup(ctx, g.Namespace, g.Name)
+		switch {
+		case err == nil:
+			if err := g.ApplyPodGroup(pg, gr.members[0]); err != nil {
+				p.wait(g.Key(), gatedOf(gr.members), err.Error())
+				return nil
+			}
+		case g.MinMember == 0:
+			p.wait(g.Key(), gatedOf(gr.members), fmt.Sprintf("PodGroup %s cannot be read: %v", g.Key(), err))
+			return nil
+		}
+	}
+	var planned, gated []*corev1.Pod
+	var expires time.Time
+	allBound := true
+	for _, m := range gr.members {
+		plan, ok, err := api.GetGangPlan(m.Annotations)
+		switch {
+		case ok && err == nil && plan.Gang == g.Name:
+			planned = append(planned, m)
+			if expires.IsZero() || plan.Expires.Before(expires) {
+				expires = plan.Expires
+			}
+			if m.Spec.NodeName == "" {
+				allBound = false
+			}
+		case ok:
+			// A malformed or foreign plan: the member is planned anew.
+			gated = append(gated, m)
+		case api.HasGangGate(m):
+			gated = append(gated, m)
+		}
+	}
+	if len(planned) > 0 {
+		if len(planned) < g.MinMember && !anyBound(planned) {
+			// An interrupted plan (some annotations written, then a
+			// failure): release it and plan again.
+			logger.Info("Releasing an incomplete gang plan", "gang", g.Key(), "planned", len(planned), "minMember", g.MinMember)
+			return p.clearPlans(ctx, planned)
+		}
+		if !allBound && p.now().After(expires) {
+			return p.expire(ctx, gr, planned)
+		}
+		var errs []error
+		for _, m := range planned {
+			if api.HasGangGate(m) {
+				if err := p.client.RemoveGate(ctx, m); err != nil {
+					errs = append(errs, fmt.Errorf("pod %s/%s: removing gate: %w", m.Namespace, m.Name, err))
+				}
+			}
+		}
+		if len(gated) > 0 && len(errs) == 0 {
+			// Members beyond minMember that came later join the running
+			// gang one plan at a time.
+			errs = append(errs, p.plan(ctx, g, gated, len(gated)))
+		}
+		return errors.Join(errs...)
+	}
+	if len(gated) == 0 {
+		return nil // members not gated: the scheduler places them as it will
+	}
+	if len(gated) < g.MinMember {
+		p.wait(g.Key(), gated, fmt.Sprintf("gang %s: %d of %d members exist (gated)", g.Key(), len(gated), g.MinMember))
+		return nil
+	}
+	return p.plan(ctx, g, gated, g.MinMember)
+}
+
+func anyBound(pods []*corev1.Pod) bool {
+	for _, m := range pods {
+		if m.Spec.NodeName != "" {
+			return true
+		}
+	}
+	return false
+}
+
+func gatedOf(pods []*corev1.Pod) []*corev1.Pod {
+	var out []*corev1.Pod
+	for _, m := range pods {
+		if api.HasGangGate(m) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// wait records that gang key waits for reason, with an Event on each of
+// pods when the reason changed.
+func (p *GangPlanner) wait(key string, pods []*corev1.Pod, reason string) {
+	if p.waiting[key] == reason {
+		return
+	}
+	p.waiting[key] = reason
+	if p.events == nil {
+		return
+	}
+	for _, m := range pods {
+		p.events.Eventf(m, corev1.EventTypeNormal, "GangWaiting", "tessera: %s", reason)
+	}
+}
+
+// plan plans members (at least minMember of them) as one group and, when
+// the whole group fits, reserves, records and releases it.
+func (p *GangPlanner) plan(ctx context.Context, g *api.Gang, members []*corev1.Pod, minMember int) error {
+	logger := klog.FromContext(ctx)
+	demands := make([]Demand, len(members))
+	shared := false
+	for i, m := range members {
+		d, err := ParseDemand(m)
+		if err != nil {
+			p.wait(g.Key(), members, fmt.Sprintf("gang %s: member %s: %v", g.Key(), m.Name, err))
+			return nil
+		}
+		demands[i] = d
+		shared = shared || d.Kind() == allocator.Shared
+	}
+	snap := p.cache.Snapshot()
+	names := make([]string, 0, len(snap))
+	for n := range snap {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	kind := allocator.Whole
+	if shared {
+		kind = allocator.Shared
+	}
+	var nodes []gang.Node
+	var unitMiB, gpuMemMiB int64
+	for _, n := range names {
+		st := snap[n]
+		info := st.Info
+		if info.Err != nil || (shared && !info.SharedIsolation) {
+			continue
+		}
+		if unitMiB == 0 && info.HasInventory {
+			unitMiB, gpuMemMiB = info.UnitMiB, info.gpuMemMiB()
+		}
+		if st.PendingNVLink > 0 {
+			continue // its clique is not known yet (see Check)
+		}
+		cliques := make([][]int, 0, len(info.Cliques))
+		for _, c := range info.Cliques {
+			idx := make([]int, 0, len(c))
+			for _, pos := range c {
+				idx = append(idx, info.GPUs[pos].Index)
+			}
+			cliques = append(cliques, idx)
+		}
+		nodes = append(nodes, gang.Node{Node: st.View(kind), Labels: info.Labels, Cliques: cliques})
+	}
+	grp := gang.Group{Namespace: g.Namespace, Name: g.Name, MinMember: minMember, Levels: p.levels}
+	if g.Levels != nil {
+		grp.Levels = toGangLevels(g.Levels)
+	}
+	for i, m := range members {
+		// Shared slices are sized with the memory unit of the cluster's
+		// first GPU node: nodes with another unit may be misjudged.
+		r := demands[i].Request(unitMiB, gpuMemMiB)
+		r.Models = demands[i].Models
+		grp.Members = append(grp.Members, gang.Member{Name: m.Name, Request: r, NVLink: demands[i].NVLink})
+	}
+	res, err := gang.PlanGroup(grp, nodes, p.policy)
+	if err != nil {
+		p.wait(g.Key(), members, err.Error())
+		return nil
+	}
+	expires := p.now().Add(g.Timeout).UTC().Truncate(time.Second)
+	uses := make([]*PodUse, len(members))
+	values := make([]string, len(members))
+	for i, pl := range res.Placements {
+		plan := api.GangPlan{Gang: g.Name, Node: pl.Node, Expires: expires}
+		if demands[i].Kind() == allocator.Shared {
+			pos := pl.GPUs.Positions()
+			if len(pos) != 1 {
+				return fmt.Errorf("gang %s: member %s planned on %d GPUs for a slice", g.Key(), members[i].Name, len(pos))
+			}
+			gi := snap[pl.Node].Info.GPUs[pos[0]]
+			plan.GPU = &api.GPURef{UUID: gi.UUID, Index: gi.Index}
+		}
+		ann := map[string]string{}
+		if err := api.SetGangPlan(ann, plan); err != nil {
+			return fmt.Errorf("gang %s: %w", g.Key(), err)
+		}
+		values[i] = ann[api.AnnotationGangPlan]
+		uses[i] = PlannedPodUse(members[i], &plan)
+	}
+	if err := p.cache.ReserveGang(snap, uses); err != nil {
+		return fmt.Errorf("gang %s: %w (planned again on the next pass)", g.Key(), err)
+	}
+	uids := make([]types.UID, len(members))
+	for i, m := range members {
+		uids[i] = m.UID
+	}
+	// API writes, outside any lock: every plan first, then the gates, so
+	// that no member is released before the whole gang is recorded.
+	for i, m := range members {
+		if err := p.client.SetPlan(ctx, m, values[i]); err != nil {
+			p.cache.ReleaseGang(uids)
+			return errors.Join(fmt.Errorf("gang %s: writing the plan of %s: %w", g.Key(), m.Name, err), p.clearPlans(ctx, members[:i]))
+		}
+	}
+	var errs []error
+	for _, m := range members {
+		if err := p.client.RemoveGate(ctx, m); err != nil {
+			errs = append(errs, fmt.Errorf("gang %s: removing the gate of %s: %w", g.Key(), m.Name, err))
+		}
+	}
+	delete(p.waiting, g.Key())
+	where := "the cluster"
+	if res.Level != "" {
+		where = res.Level + "=" + res.Domain
+	}
+	logger.Info("Planned gang", "gang", g.Key(), "members", len(members), "domain", where, "expires", expires)
+	if p.events != nil {
+		for i, m := range members {
+			p.events.Eventf(m, corev1.EventTypeNormal, "GangPlanned", "tessera: gang %s planned in %s: this member on node %s", g.Key(), where, res.Placements[i].Node)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// clearPlans removes the plan annotations of pods (best effort: every pod
+// is tried).
+func (p *GangPlanner) clearPlans(ctx context.Context, pods []*corev1.Pod) error {
+	var errs []error
+	uids := make([]types.UID, 0, len(pods))
+	for _, m := range pods {
+		uids = append(uids, m.UID)
+		if err := p.client.SetPlan(ctx, m, ""); err != nil {
+			errs = append(errs, fmt.Errorf("pod %s/%s: clearing the plan: %w", m.Namespace, m.Name, err))
+		}
+	}
+	p.cache.ReleaseGang(uids)
+	return errors.Join(errs...)
+}
+
+// expire releases a plan whose members did not all bind in time: every
+// member of the gang, bound or not, is evicted, so that the gang is
+// retried together, and each gets an Event naming the members that did not
+// bind.
+func (p *GangPlanner) expire(ctx context.Context, gr *group, planned []*corev1.Pod) error {
+	g := gr.gang
+	var unbound []string
+	for _, m := range planned {
+		if m.Spec.NodeName == "" {
+			unbound = append(unbound, m.Name)
+		}
+	}
+	msg := fmt.Sprintf("tessera: gang %s: plan expired after %s with %d of %d planned members unbound (%s); evicting all %d members to retry the gang together",
+		g.Key(), g.Timeout, len(unbound), len(planned), strings.Join(unbound, ", "), len(gr.members))
+	klog.FromContext(ctx).Info("Gang plan expired", "gang", g.Key(), "unbound", unbound, "members", len(gr.members))
+	var errs []error
+	uids := make([]types.UID, 0, len(gr.members))
+	for _, m := range gr.members {
+		uids = append(uids, m.UID)
+		if p.events != nil {
+			p.events.Eventf(m, corev1.EventTypeWarning, "GangTimeout", "%s", msg)
+		}
+		if err := p.client.Evict(ctx, m); err != nil {
+			errs = append(errs, fmt.Errorf("evicting %s/%s: %w", m.Namespace, m.Name, err))
+		}
+	}
+	p.cache.ReleaseGang(uids)
+	return errors.Join(errs...)
+}

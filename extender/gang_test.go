@@ -1,0 +1,276 @@
+package extender
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// gangFixture runs a GangPlanner against a fake clientset, feeding the
+// ledger from the clientset's pods as the informer would.
+type gangFixture struct {
+	t       *testing.T
+	client  *fake.Clientset
+	cache   *Cache
+	events  *fakeEvents
+	planner *GangPlanner
+	now     time.Time
+	mu      sync.Mutex
+	evicted []string
+}
+
+func newGangFixture(t *testing.T, nodes ...*corev1.Node) *gangFixture {
+	t.Helper()
+	f := &gangFixture{t: t, client: fake.NewClientset(), cache: NewCache(), events: &fakeEvents{}, now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	for _, n := range nodes {
+		f.cache.SetNode(n)
+	}
+	f.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "eviction" {
+			return false, nil, nil
+		}
+		ca := a.(k8stesting.CreateAction)
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.evicted = append(f.evicted, ca.GetObject().(metav1.Object).GetName())
+		return true, nil, nil
+	})
+	f.planner = NewGangPlanner(GangPlannerConfig{
+		Cache: f.cache, Client: &KubeGang{Client: f.client}, Pods: f.list,
+		Policy: testPolicy(t, PolicyBinpack), Events: f.events, Now: func() time.Time { return f.now },
+	})
+	return f
+}
+
+func (f *gangFixture) list() ([]*corev1.Pod, error) {
+	l, err := f.client.CoreV1().Pods("").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*corev1.Pod, len(l.Items))
+	for i := range l.Items {
+		out[i] = &l.Items[i]
+	}
+	return out, nil
+}
+
+// member creates a gated gang member asking for gpus whole GPUs.
+func (f *gangFixture) member(gangName string, minMember, i, gpus int, created time.Time) *corev1.Pod {
+	f.t.Helper()
+	p := makePod(fmt.Sprintf("%s-%d", gangName, i)).Whole(int64(gpus)).Obj()
+	p.Annotations[api.AnnotationGang] = gangName
+	p.Annotations[api.AnnotationGangMinMember] = fmt.Sprint(minMember)
+	p.Annotations[api.AnnotationGangTimeout] = "60"
+	p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "other.example/gate"}, {Name: api.SchedulingGateGang}}
+	p.CreationTimestamp = metav1.NewTime(created)
+	if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		f.t.Fatal(err)
+	}
+	return p
+}
+
+// sync runs one planner pass and feeds the ledger as the informer would.
+func (f *gangFixture) sync() {
+	f.t.Helper()
+	if err := f.planner.Sync(context.Background()); err != nil {
+		f.t.Fatalf("Sync: %v", err)
+	}
+	pods, _ := f.list()
+	for _, p := range pods {
+		f.cache.SetPod(p)
+	}
+}
+
+type memberState struct {
+	planned, gated bool
+	node           string
+}
+
+func (f *gangFixture) state(prefix string) map[string]memberState {
+	f.t.Helper()
+	pods, _ := f.list()
+	out := map[string]memberState{}
+	for _, p := range pods {
+		if !strings.HasPrefix(p.Name, prefix) {
+			continue
+		}
+		plan, ok, err := api.GetGangPlan(p.Annotations)
+		if err != nil {
+			f.t.Fatalf("pod %s: %v", p.Name, err)
+		}
+		s := memberState{planned: ok, gated: api.HasGangGate(p)}
+		if ok {
+			s.node = plan.Node
+		}
+		if len(p.Spec.SchedulingGates) == 0 || p.Spec.SchedulingGates[0].Name != "other.example/gate" {
+			f.t.Errorf("pod %s: the other gate was touched: %v", p.Name, p.Spec.SchedulingGates)
+		}
+		out[p.Name] = s
+	}
+	return out
+}
+
+func eightGPUNodes(n int) []*corev1.Node {
+	var out []*corev1.Node
+	for i := range n {
+		out = append(out, makeNode(fmt.Sprintf("n%d", i)).GPUs(8, "H100", 81920).Obj())
+	}
+	return out
+}
+
+func TestGangWaitsWholeUntilItFits(t *testing.T) {
+	f := newGangFixture(t, eightGPUNodes(3)...)
+	t0 := f.now
+	for i := range 3 {
+		f.member("g", 4, i, 8, t0)
+	}
+	f.sync()
+	if !strings.Contains(strings.Join(f.events.events, "\n"), "3 of 4 members exist") {
+		t.Errorf("events %q: want the incomplete gang's reason", f.events.events)
+	}
+	f.member("g", 4, 3, 8, t0)
+	f.sync()
+	for name, s := range f.state("g-") {
+		if s.planned || !s.gated {
+			t.Errorf("24 GPUs for 32: member %s planned=%v gated=%v; want the whole gang held", name, s.planned, s.gated)
+		}
+	}
+	if ev := strings.Join(f.events.events, "\n"); !strings.Contains(ev, "no room for the whole group") {
+		t.Errorf("events %q: want the no-room reason", ev)
+	}
+	f.cache.SetNode(makeNode("n3").GPUs(8, "H100", 81920).Obj())
+	f.sync()
+	nodes := map[string]bool{}
+	for name, s := range f.state("g-") {
+		if !s.planned || s.gated {
+			t.Errorf("32 GPUs: member %s planned=%v gated=%v; want planned and released", name, s.planned, s.gated)
+		}
+		nodes[s.node] = true
+	}
+	if len(nodes) != 4 {
+		t.Errorf("members planned on %v, want 4 distinct nodes", nodes)
+	}
+	for i := range 4 {
+		if free := mustState(t, f.cache, fmt.Sprintf("n%d", i)).FreeGPUs(); free != 0 {
+			t.Errorf("n%d has %d free GPUs after the plan, want 0", i, free)
+		}
+	}
+	// A planner restarted with an empty memory keeps the plan (it lives on
+	// the pods) and plans nothing twice.
+	before := f.state("g-")
+	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: &KubeGang{Client: f.client}, Pods: f.list, Policy: testPolicy(t, PolicyBinpack), Now: func() time.Time { return f.now }})
+	f.sync()
+	for name, s := range f.state("g-") {
+		if s != before[name] {
+			t.Errorf("after a restart member %s is %+v, was %+v", name, s, before[name])
+		}
+	}
+}
+
+func TestTwoGangsThatFitOnlyAloneDoNotDeadlock(t *testing.T) {
+	f := newGangFixture(t, eightGPUNodes(4)...)
+	t0 := f.now
+	// Interleaved creation: both gangs complete in the same pass.
+	for i := range 4 {
+		f.member("b", 4, i, 8, t0.Add(time.Second))
+		f.member("a", 4, i, 8, t0)
+	}
+	for range 3 {
+		f.sync()
+	}
+	a, b := f.state("a-"), f.state("b-")
+	for name, s := range a {
+		if !s.planned || s.gated {
+			t.Errorf("older gang a: member %s planned=%v gated=%v", name, s.planned, s.gated)
+		}
+	}
+	for name, s := range b {
+		if s.planned || !s.gated {
+			t.Errorf("gang b must wait whole: member %s planned=%v gated=%v", name, s.planned, s.gated)
+		}
+	}
+}
+
+func TestGangPlanExpiresAndEvictsAll(t *testing.T) {
+	f := newGangFixture(t, eightGPUNodes(2)...)
+	for i := range 2 {
+		f.member("g", 2, i, 8, f.now)
+	}
+	f.sync()
+	// One member binds, the other never does.
+	p, err := f.client.CoreV1().Pods("default").Get(context.Background(), "g-0", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Spec.NodeName = f.state("g-")["g-0"].node
+	if _, err := f.client.CoreV1().Pods("default").Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.now = f.now.Add(59 * time.Second)
+	f.sync()
+	if len(f.evicted) != 0 {
+		t.Fatalf("evicted %v before the timeout", f.evicted)
+	}
+	f.now = f.now.Add(2 * time.Second)
+	f.sync()
+	if got := strings.Join(f.evicted, ","); got != "g-0,g-1" {
+		t.Errorf("evicted %q, want every member g-0,g-1", got)
+	}
+	ev := strings.Join(f.events.events, "\n")
+	if !strings.Contains(ev, "GangTimeout") || !strings.Contains(ev, "1 of 2 planned members unbound (g-1)") {
+		t.Errorf("events %q: want a GangTimeout naming g-1", ev)
+	}
+}
+
+func TestInterruptedPlanIsReleased(t *testing.T) {
+	f := newGangFixture(t, eightGPUNodes(2)...)
+	for i := range 2 {
+		f.member("g", 2, i, 8, f.now)
+	}
+	// A crash after writing one member's plan only.
+	p, _ := f.client.CoreV1().Pods("default").Get(context.Background(), "g-0", metav1.GetOptions{})
+	if err := api.SetGangPlan(p.Annotations, api.GangPlan{Gang: "g", Node: "n0", Expires: f.now.Add(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.client.CoreV1().Pods("default").Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.sync() // releases the partial plan; no gate is removed
+	for name, s := range f.state("g-") {
+		if !s.gated {
+			t.Errorf("member %s released from an incomplete plan", name)
+		}
+	}
+	f.sync()
+	for name, s := range f.state("g-") {
+		if !s.planned || s.gated {
+			t.Errorf("after replanning member %s planned=%v gated=%v", name, s.planned, s.gated)
+		}
+	}
+}
+
+func TestMalformedGangDeclarationWaitsWithReason(t *testing.T) {
+	f := newGangFixture(t, eightGPUNodes(1)...)
+	p := makePod("bad").Whole(1).Obj()
+	p.Annotations[api.AnnotationGang] = "g"
+	p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "other.example/gate"}, {Name: api.SchedulingGateGang}}
+	if _, err := f.client.CoreV1().Pods("default").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.sync()
+	f.sync()
+	if len(f.events.events) != 1 || !strings.Contains(f.events.events[0], api.AnnotationGangMinMember) {
+		t.Errorf("events %q: want one event naming the missing minMember", f.events.events)
+	}
+}
