@@ -1,9 +1,6 @@
 package allocator
 
-import (
-	"math/rand"
-	"testing"
-)
+import "testing"
 
 func TestSelect(t *testing.T) {
 	p := mustPolicy(t, "bestfit")
@@ -48,5 +45,4 @@ func TestSelect(t *testing.T) {
 	if sel.Node != 5 {
 		t.Errorf("chose %d, want the best-fit node 5", sel.Node)
 	}
-	_ = rand.Int
 }
