@@ -1,0 +1,378 @@
+// Command bench measures kube-scheduler's GPU pod throughput with and
+// without tessera-extender on a local control plane (etcd, kube-apiserver,
+// kube-scheduler as real processes) with fake 8-GPU nodes (Node objects
+// only), and the extender's per-verb latency from its /metrics. See
+// docs/bench.md; `make bench-scheduler` runs it.
+//
+// For each node count it creates the nodes, then runs the same pod mix
+// twice: kube-scheduler with deploy/extender/scheduler-config.yaml minus
+// its extenders, and with that file as deployed (the extender running as
+// its own process). Rate is pods / (first create -> last pod seen bound by
+// a watch). Pods are deleted between runs; each run gets a fresh
+// kube-scheduler (and extender).
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/tessera-gpu/tessera/test/framework/controlplane"
+)
+
+type config struct {
+	repo          string
+	nodes         []int
+	pods          int
+	schedulerName string
+	podWorkers    int
+	nodeWorkers   int
+	runTimeout    time.Duration
+	settle        time.Duration
+	keepLogs      string
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		}
+		os.Exit(1)
+	}
+}
+
+func parseFlags(args []string, stderr io.Writer) (*config, error) {
+	c := &config{}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	nodes := fs.String("nodes", "1000,5000", "comma-separated node counts, ascending (nodes are added, never removed)")
+	fs.StringVar(&c.repo, "repo", "", "repository root (default: the directory above that holds test/test.mk)")
+	fs.IntVar(&c.pods, "pods", 1000, "GPU pods per run")
+	fs.StringVar(&c.schedulerName, "scheduler-name", "tessera-scheduler", "profile the pods name in spec.schedulerName (deploy/'s config has default-scheduler and tessera-scheduler)")
+	fs.IntVar(&c.podWorkers, "pod-workers", 16, "parallel pod creators")
+	fs.IntVar(&c.nodeWorkers, "node-workers", 16, "parallel node creators")
+	fs.DurationVar(&c.runTimeout, "run-timeout", 5*time.Minute, "limit of one run (create to last bound)")
+	fs.DurationVar(&c.settle, "settle", 3*time.Second, "pause before each run, after the scheduler (and extender) are ready")
+	fs.StringVar(&c.keepLogs, "logs", "", "copy the component logs into this directory at the end")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	prev := 0
+	for _, f := range strings.Split(*nodes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= prev {
+			return nil, fmt.Errorf("--nodes %q: want ascending positive counts", *nodes)
+		}
+		c.nodes = append(c.nodes, n)
+		prev = n
+	}
+	if c.pods <= 0 || c.podWorkers <= 0 || c.nodeWorkers <= 0 {
+		return nil, errors.New("--pods, --pod-workers and --node-workers must be positive")
+	}
+	if c.repo == "" {
+		root, err := findRepo()
+		if err != nil {
+			return nil, err
+		}
+		c.repo = root
+	}
+	return c, nil
+}
+
+func findRepo() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("working directory: %w", err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "test", "test.mk")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no test/test.mk above the working directory; pass --repo")
+		}
+		dir = parent
+	}
+}
+
+// phase is one node count's pair of runs.
+type phase struct {
+	nodes      int
+	nodesIn    time.Duration
+	without    runResult
+	with       runResult
+	latency    map[string]*histogram
+	errors     map[string]float64
+	placements float64
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	c, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	logf := func(format string, a ...any) {
+		fmt.Fprintf(stderr, "%s "+format+"\n", append([]any{time.Now().UTC().Format("15:04:05")}, a...)...)
+	}
+	began := time.Now()
+	load0 := loadavg()
+
+	dir, err := os.MkdirTemp("", "tessera-bench-")
+	if err != nil {
+		return fmt.Errorf("temp dir: %w", err)
+	}
+	defer os.RemoveAll(dir)
+
+	logf("building tessera-extender")
+	bin, err := buildExtender(ctx, c.repo, dir)
+	if err != nil {
+		return err
+	}
+	bins, err := controlplane.BinariesFromEnv()
+	if err != nil {
+		return err
+	}
+	user := &controlplane.User{Name: extenderUser}
+	logf("starting etcd and kube-apiserver")
+	cp, err := controlplane.Start(ctx, controlplane.Options{Binaries: bins, BaseDir: dir, Users: []*controlplane.User{user}})
+	if err != nil {
+		return fmt.Errorf("start control plane: %w", err)
+	}
+	defer func() {
+		if c.keepLogs != "" {
+			copyLogs(cp, c.keepLogs, logf)
+		}
+		if err := cp.Stop(); err != nil {
+			logf("stop control plane: %v", err)
+		}
+	}()
+	rc := cp.RESTConfig()
+	rc.QPS, rc.Burst = 5000, 5000
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("client: %w", err)
+	}
+	const ns = "bench"
+	if err := cp.EnsureNamespace(ctx, ns); err != nil {
+		return err
+	}
+	kubeconfig, err := setupExtenderAccess(ctx, cp, client, user, c.repo, dir)
+	if err != nil {
+		return err
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	withCfg, withoutCfg, err := schedulerConfigs(c.repo, dir, addr)
+	if err != nil {
+		return err
+	}
+
+	var phases []*phase
+	have := 0
+	for _, n := range c.nodes {
+		ph := &phase{nodes: n}
+		logf("creating nodes %d..%d", have, n-1)
+		t0 := time.Now()
+		if err := createNodes(ctx, client, have, n, c.nodeWorkers); err != nil {
+			return err
+		}
+		ph.nodesIn = time.Since(t0)
+		have = n
+		logf("%d nodes (created in %s)", n, ph.nodesIn.Round(time.Millisecond))
+
+		for _, withExt := range []bool{false, true} {
+			var ext *extenderProc
+			cfg := withoutCfg
+			if withExt {
+				cfg = withCfg
+				ext, err = startExtender(ctx, bin, kubeconfig, addr, filepath.Join(dir, fmt.Sprintf("extender-%d.log", n)), 2*time.Minute)
+				if err != nil {
+					return err
+				}
+			}
+			err := func() error {
+				defer ext.stop()
+				if err := cp.StartScheduler(ctx, controlplane.SchedulerOptions{ConfigFile: cfg}); err != nil {
+					return fmt.Errorf("start kube-scheduler: %w", err)
+				}
+				defer func() {
+					if err := cp.StopScheduler(); err != nil {
+						logf("stop kube-scheduler: %v", err)
+					}
+				}()
+				select {
+				case <-time.After(c.settle):
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				logf("%d nodes, extender=%v: creating %d pods", n, withExt, c.pods)
+				run := fmt.Sprintf("n%d-without", n)
+				if withExt {
+					run = fmt.Sprintf("n%d-with", n)
+				}
+				res, err := measure(ctx, client, ns, c.schedulerName, run, c.pods, c.podWorkers, c.runTimeout)
+				if err != nil {
+					return fmt.Errorf("%d nodes, extender=%v: %w\nkube-scheduler log tail:\n%s", n, withExt, err, schedulerLogTail(cp))
+				}
+				logf("%d nodes, extender=%v: %d pods bound in %s: %.1f pods/s", n, withExt, res.pods, res.boundIn.Round(time.Millisecond), res.podsPerSecond())
+				if !withExt {
+					ph.without = res
+					return nil
+				}
+				ph.with = res
+				text, err := ext.metrics(ctx)
+				if err != nil {
+					return err
+				}
+				if ph.latency, err = parseHistograms(bytes.NewReader(text), latencyMetric, "verb"); err != nil {
+					return err
+				}
+				if ph.errors, err = parseCounters(bytes.NewReader(text), "tessera_extender_errors_total", "verb"); err != nil {
+					return err
+				}
+				placements, err := parseCounters(bytes.NewReader(text), "tessera_extender_placements_total", "")
+				if err != nil {
+					return err
+				}
+				ph.placements = placements[""]
+				return nil
+			}()
+			if err != nil {
+				return err
+			}
+			if err := deletePods(ctx, client, ns, 2*time.Minute); err != nil {
+				return err
+			}
+		}
+		phases = append(phases, ph)
+	}
+	report(stdout, c, phases, load0, loadavg(), time.Since(began))
+	return nil
+}
+
+func report(w io.Writer, c *config, phases []*phase, load0, load1 string, took time.Duration) {
+	fmt.Fprintf(w, "\nkube-scheduler GPU pod throughput: %d pods per run (mix: 1,1,2,4 whole GPUs and 4 shared slices), profile %s, %d CPUs\n",
+		c.pods, c.schedulerName, runtime.NumCPU())
+	fmt.Fprintf(w, "load average at start: %s; at end: %s; total run time %s\n\n", load0, load1, took.Round(time.Second))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "nodes\tnodes created in\twithout extender pods/s\twith extender pods/s\tratio\tgoal >= 0.80\t")
+	for _, p := range phases {
+		ratio := p.with.podsPerSecond() / p.without.podsPerSecond()
+		ok := "met"
+		if ratio < 0.8 {
+			ok = "NOT met"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%.1f\t%.1f\t%.2f\t%s\t\n", p.nodes, p.nodesIn.Round(100*time.Millisecond),
+			p.without.podsPerSecond(), p.with.podsPerSecond(), ratio, ok)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "nodes\textender\tpods\tcreated in\tfirst bound\tlast bound\tpods/s\t")
+	for _, p := range phases {
+		for _, r := range []struct {
+			name string
+			res  runResult
+		}{{"without", p.without}, {"with", p.with}} {
+			fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%.1f\t\n", p.nodes, r.name, r.res.pods, r.res.createdIn.Round(time.Millisecond),
+				r.res.firstBoundIn.Round(time.Millisecond), r.res.boundIn.Round(time.Millisecond), r.res.podsPerSecond())
+		}
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "extender per-verb latency (its tessera_extender_request_duration_seconds histogram; p50/p99 interpolated within buckets that double from 0.1ms)")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "nodes\tverb\tcalls\terrors\tmean\tp50\tp99\t")
+	for _, p := range phases {
+		verbs := make([]string, 0, len(p.latency))
+		for v := range p.latency {
+			verbs = append(verbs, v)
+		}
+		sort.Strings(verbs)
+		for _, v := range verbs {
+			h := p.latency[v]
+			fmt.Fprintf(tw, "%d\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t\n", p.nodes, v, h.count, p.errors[v], ms(h.mean()), ms(h.quantile(0.5)), ms(h.quantile(0.99)))
+		}
+	}
+	tw.Flush()
+	for _, p := range phases {
+		fmt.Fprintf(w, "extender placements at %d nodes: %.0f\n", p.nodes, p.placements)
+	}
+}
+
+func ms(s float64) string {
+	if math.IsNaN(s) {
+		return "-"
+	}
+	return fmt.Sprintf("%.2fms", s*1000)
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+func schedulerLogTail(cp *controlplane.ControlPlane) string {
+	var names []string
+	for name := range cp.LogFiles() {
+		if strings.HasPrefix(name, "kube-scheduler") {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	if len(names) == 0 {
+		return "(no kube-scheduler log)"
+	}
+	return tail(cp.LogFiles()[names[len(names)-1]])
+}
+
+func copyLogs(cp *controlplane.ControlPlane, to string, logf func(string, ...any)) {
+	if err := os.MkdirAll(to, 0o755); err != nil {
+		logf("logs: %v", err)
+		return
+	}
+	cpLogs, _ := filepath.Glob(filepath.Join(cp.Dir(), "*.log"))
+	extLogs, _ := filepath.Glob(filepath.Join(filepath.Dir(cp.Dir()), "extender-*.log"))
+	for _, path := range append(cpLogs, extLogs...) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			logf("logs: %v", err)
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(to, filepath.Base(path)), b, 0o644); err != nil {
+			logf("logs: %v", err)
+		}
+	}
+}
