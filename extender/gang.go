@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/allocator"
@@ -529,4 +530,37 @@ func (p *GangPlanner) expire(ctx context.Context, gr *group, planned []*corev1.P
 	}
 	p.cache.ReleaseGang(uids)
 	return errors.Join(errs...)
+}
+
+// GangTrigger is a pod informer handler that signals trigger (without
+// blocking) when a gang member is added, changes or goes, so that the
+// planner makes a pass.
+func GangTrigger(trigger chan<- struct{}) toolscache.ResourceEventHandler {
+	signal := func(obj any) {
+		if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		pod, ok := obj.(*corev1.Pod)
+		if !ok {
+			return
+		}
+		_, isGang := pod.Annotations[api.AnnotationGang]
+		_, isGroup := pod.Labels[api.LabelPodGroup]
+		_, planned := pod.Annotations[api.AnnotationGangPlan]
+		if !isGang && !isGroup && !planned {
+			// A pod leaving frees room a waiting gang may need: only
+			// deletions and completions of other pods matter, and the
+			// periodic pass sees those soon enough.
+			return
+		}
+		select {
+		case trigger <- struct{}{}:
+		default:
+		}
+	}
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    signal,
+		UpdateFunc: func(_, obj any) { signal(obj) },
+		DeleteFunc: signal,
+	}
 }

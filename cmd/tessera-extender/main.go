@@ -27,6 +27,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -35,9 +37,15 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/extender"
+	"github.com/tessera-gpu/tessera/extender/admission"
 	"github.com/tessera-gpu/tessera/internal/kubeclient"
 )
+
+// pathAdmissionGang is where the mutating webhook that gates gang members
+// is served.
+const pathAdmissionGang = "/admission/gang"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -62,6 +70,9 @@ type options struct {
 	qps           float64
 	burst         int
 	shutdownGrace time.Duration
+	gangLevels    []api.TopologyLevel
+	gangResync    time.Duration
+	gangPlanner   bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -78,6 +89,16 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.qps, "kube-api-qps", 100, "API server queries per second (each bind of a shared pod makes two: the assignment patch and the Binding)")
 	fs.IntVar(&o.burst, "kube-api-burst", 200, "API server burst")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 10*time.Second, "how long in-flight requests may finish on SIGTERM")
+	fs.BoolVar(&o.gangPlanner, "gang-planner", true, "plan gated gang members (see docs/gang-quota.md); the admission webhook is served at "+pathAdmissionGang+" either way")
+	fs.Func("gang-levels", "topology levels of gang planning: node label keys, lowest first, each optionally :required, e.g. nvidia.com/gpu.clique,topology.kubernetes.io/rack:required", func(v string) error {
+		levels, err := api.ParseTopologyLevels(v)
+		if err != nil {
+			return err
+		}
+		o.gangLevels = levels
+		return nil
+	})
+	fs.DurationVar(&o.gangResync, "gang-resync", 2*time.Second, "how often the gang planner makes a pass besides pod changes (plan timeouts, room freed by nodes)")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	klogFlags.VisitAll(func(f *flag.Flag) { fs.Var(f.Value, f.Name, f.Usage) })
@@ -86,6 +107,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.gangResync <= 0 {
+		return nil, fmt.Errorf("--gang-resync must be positive, got %s", o.gangResync)
 	}
 	if (o.tlsCert == "") != (o.tlsKey == "") {
 		return nil, errors.New("--tls-cert and --tls-key go together")
@@ -155,6 +179,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	verbs := http.NewServeMux()
 	srv.Register(verbs)
 	mux := http.NewServeMux()
+	// The webhook needs no cache: it only looks at the pod under review.
+	mux.Handle("POST "+pathAdmissionGang, admission.Handler{})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !ready.Load() {
@@ -177,6 +203,23 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
 	servers = append([]*http.Server{apiSrv}, servers...)
 
+	var planner *extender.GangPlanner
+	trigger := make(chan struct{}, 1)
+	if o.gangPlanner {
+		dyn, err := dynamic.NewForConfig(cfg)
+		if err != nil {
+			return fmt.Errorf("dynamic client: %w", err)
+		}
+		lister := factory.Core().V1().Pods().Lister()
+		planner = extender.NewGangPlanner(extender.GangPlannerConfig{
+			Cache: cache, Client: &extender.KubeGang{Client: client, Dynamic: dyn},
+			Pods:   func() ([]*corev1.Pod, error) { return lister.List(labels.Everything()) },
+			Policy: policy, Levels: o.gangLevels, Events: recorder,
+		})
+		if _, err := podInf.AddEventHandler(extender.GangTrigger(trigger)); err != nil {
+			return fmt.Errorf("pod informer: %w", err)
+		}
+	}
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
 	go func() {
@@ -188,6 +231,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		ready.Store(true)
 		logger.Info("Caches synced; ready")
+		if planner != nil {
+			planner.Run(ctx, trigger, o.gangResync)
+		}
 	}()
 
 	errc := make(chan error, len(servers))

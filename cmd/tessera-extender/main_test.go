@@ -35,6 +35,9 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{"unknown policy", []string{"--policy=nope", "--kubeconfig=/nonexistent"}, allocator.ErrUnknownPolicy.Error()},
 		{"missing kubeconfig", []string{"--kubeconfig=/nonexistent/kubeconfig"}, "kubeconfig"},
 		{"stray argument", []string{"extra"}, "unexpected arguments"},
+		{"bad gang level mode", []string{"--gang-levels=rack:maybe"}, "neither required nor preferred"},
+		{"repeated gang level", []string{"--gang-levels=rack,rack"}, "empty or repeated"},
+		{"zero gang resync", []string{"--gang-resync=0s"}, "must be positive"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -136,6 +139,17 @@ current-context: x
 	var reply map[string]string
 	if err := json.NewDecoder(resp.Body).Decode(&reply); err != nil || resp.StatusCode != http.StatusServiceUnavailable || reply["error"] == "" {
 		t.Errorf("filter before sync: status %d, reply %v (%v), want a JSON 503", resp.StatusCode, reply, err)
+	}
+	resp.Body.Close()
+	// The gang admission webhook needs no cache: it answers before sync
+	// (here: refusing a review without a request).
+	resp, err = hc.Post("https://"+addr+"/admission/gang", "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reply = nil
+	if err := json.NewDecoder(resp.Body).Decode(&reply); err != nil || resp.StatusCode != http.StatusBadRequest || !strings.Contains(reply["error"], "without a request") {
+		t.Errorf("admission webhook before sync: status %d, reply %v (%v), want the webhook's 400", resp.StatusCode, reply, err)
 	}
 	resp.Body.Close()
 	if resp, err := http.Get("http://" + addr + "/healthz"); err == nil {
