@@ -61,6 +61,7 @@ unit: deps ## unit tests of the main module with the race detector
 # kube-scheduler, etcd and the kubelet's device manager (built or installed
 # on first use).
 include test/test.mk
+include test/bench.mk
 
 .PHONY: test-more
 test-more: test-integration
@@ -77,8 +78,10 @@ $(STATICCHECK):
 	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 	mv $(TOOLS)/staticcheck $@
 
-.PHONY: bench
-bench: ## Go benchmarks of the main module
+.PHONY: bench bench-go
+bench: bench-go bench-scheduler ## Go benchmarks, then kube-scheduler throughput with and without the extender (test/bench.mk)
+
+bench-go: ## Go benchmarks of the main module (allocation, scoring, extender verbs, device plugin)
 	$(GO) test -run='^$$' -bench=. -benchmem ./...
 
 .PHONY: image
