@@ -245,9 +245,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 					return nil
 				}
 				ph.with = res
-				text, err := ext.metrics(ctx)
-				if err != nil {
-					return err
+				// The informer can see the last Binding before the extender's
+				// bind handler has recorded its latency: wait (at most 10s)
+				// until every placement is counted.
+				var text []byte
+				for deadline := time.Now().Add(10 * time.Second); ; {
+					if text, err = ext.metrics(ctx); err != nil {
+						return err
+					}
+					placements, err := parseCounters(bytes.NewReader(text), "tessera_extender_placements_total", "")
+					if err != nil {
+						return err
+					}
+					ph.placements = placements[""]
+					if int(ph.placements) >= c.pods || time.Now().After(deadline) {
+						break
+					}
+					time.Sleep(200 * time.Millisecond)
 				}
 				if ph.latency, err = parseHistograms(bytes.NewReader(text), latencyMetric, "verb"); err != nil {
 					return err
@@ -255,11 +269,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				if ph.errors, err = parseCounters(bytes.NewReader(text), "tessera_extender_errors_total", "verb"); err != nil {
 					return err
 				}
-				placements, err := parseCounters(bytes.NewReader(text), "tessera_extender_placements_total", "")
-				if err != nil {
-					return err
-				}
-				ph.placements = placements[""]
 				return nil
 			}()
 			if err != nil {
