@@ -1,10 +1,11 @@
 //go:build simrepro
 
 // The full reproduction of the FGD paper's experiments on the Alibaba GPU
-// trace. It runs hundreds of simulations (a few minutes on 2 cores), so it
-// is behind the simrepro build tag:
+// trace. It runs 280 simulations (about 5 minutes on 2 lightly loaded cores), so it
+// is behind the simrepro build tag and needs a longer timeout than go
+// test's default 10 minutes on a busy machine:
 //
-//	go test -tags simrepro -run Repro -v ./sim/
+//	go test -tags simrepro -run Repro -timeout 30m -v ./sim/
 package sim
 
 import (
@@ -107,21 +108,18 @@ func TestReproDefault(t *testing.T) {
 		checkExact(t, published, "default", got[p])
 	}
 	fgd, ours := unallocAt100(t, got["fgd"]), unallocAt100(t, got["tessera"])
-	if ours.Mean >= fgd.Mean {
-		t.Errorf("tessera %.2f is not below fgd %.2f", ours.Mean, fgd.Mean)
-	}
-}
-
-// TestReproTesseraGoal checks our policy against its goal on the default
-// trace: at most 4.0% unallocated GPU at 100% arrived, mean of seeds
-// 42..51. (It fails today: tessera reaches 4.07; see docs/sim.md.)
-func TestReproTesseraGoal(t *testing.T) {
-	got := runGrid(t, "default", []string{"tessera"})
-	s := unallocAt100(t, got["tessera"])
-	t.Logf("tessera unallocated@100 %.2f ± %.2f, goal <= %.1f", s.Mean, s.SD, tesseraGoal)
-	if s.Mean > tesseraGoal {
-		t.Errorf("tessera unallocated@100 %.2f ± %.2f, goal <= %.1f", s.Mean, s.SD, tesseraGoal)
-	}
+	t.Run("tessera below fgd", func(t *testing.T) {
+		if ours.Mean >= fgd.Mean {
+			t.Errorf("tessera %.2f is not below fgd %.2f", ours.Mean, fgd.Mean)
+		}
+	})
+	// Our goal: at most 4.0% unallocated GPU at 100% arrived. It fails
+	// today (tessera reaches 4.07); see docs/sim.md.
+	t.Run("tessera goal", func(t *testing.T) {
+		if ours.Mean > tesseraGoal {
+			t.Errorf("tessera unallocated@100 %.2f ± %.2f, goal <= %.1f", ours.Mean, ours.SD, tesseraGoal)
+		}
+	})
 }
 
 // TestReproVariants checks, on every trace variant, that FGD and BestFit
