@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -66,8 +67,24 @@ func (k *KubeGang) SetPlan(ctx context.Context, pod *corev1.Pod, value string) e
 
 // RemoveGate removes the gang gate with a JSON patch that first tests the
 // gate is where pod has it, so a concurrent change fails instead of
-// removing another gate.
+// removing another gate. When pod is stale (the informer's copy, say) the
+// test fails: the pod is read afresh and the removal tried once more.
 func (k *KubeGang) RemoveGate(ctx context.Context, pod *corev1.Pod) error {
+	err := k.removeGate(ctx, pod)
+	if err == nil || apierrors.IsNotFound(err) {
+		return err
+	}
+	fresh, gerr := k.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	if gerr != nil {
+		return errors.Join(err, gerr)
+	}
+	if fresh.UID != pod.UID {
+		return fmt.Errorf("pod %s/%s was replaced: %w", pod.Namespace, pod.Name, err)
+	}
+	return k.removeGate(ctx, fresh)
+}
+
+func (k *KubeGang) removeGate(ctx context.Context, pod *corev1.Pod) error {
 	i := -1
 	for j, g := range pod.Spec.SchedulingGates {
 		if g.Name == api.SchedulingGateGang {

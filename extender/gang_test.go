@@ -274,3 +274,23 @@ func TestMalformedGangDeclarationWaitsWithReason(t *testing.T) {
 		t.Errorf("events %q: want one event naming the missing minMember", f.events.events)
 	}
 }
+
+func TestRemoveGateFromStaleCopy(t *testing.T) {
+	f := newGangFixture(t)
+	stale := f.member("g", 1, 0, 1, f.now) // gates: other, gang
+	fresh, err := f.client.CoreV1().Pods("default").Get(context.Background(), stale.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh.Spec.SchedulingGates = fresh.Spec.SchedulingGates[1:] // the other gate went: ours moved to 0
+	if _, err := f.client.CoreV1().Pods("default").Update(context.Background(), fresh, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := (&KubeGang{Client: f.client}).RemoveGate(context.Background(), stale); err != nil {
+		t.Fatalf("RemoveGate from a stale copy: %v", err)
+	}
+	got, _ := f.client.CoreV1().Pods("default").Get(context.Background(), stale.Name, metav1.GetOptions{})
+	if len(got.Spec.SchedulingGates) != 0 {
+		t.Errorf("gates left: %v", got.Spec.SchedulingGates)
+	}
+}
