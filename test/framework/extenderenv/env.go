@@ -1,0 +1,364 @@
+// Package extenderenv runs tessera-extender against the real kube-scheduler
+// for tests: a control plane (etcd, kube-apiserver) from
+// framework/controlplane, the extender built from cmd/tessera-extender and
+// run as its own process under the identity and ClusterRole of
+// deploy/extender/rbac.yaml, and kube-scheduler configured by
+// deploy/extender/scheduler-config.yaml (only the extender's address
+// replaced). Helpers create fake GPU Nodes (the inventory annotation and
+// the extended resources a node agent publishes), pods and gang members,
+// wait for bindings, read Events and watch every Binding.
+//
+//	e := extenderenv.Start(t, extenderenv.Options{ExtenderArgs: []string{"--gang-resync=500ms"}})
+//	e.CreateNode(t, extenderenv.NodeSpec{Name: "n0", GPUs: 8})
+//	e.CreatePod(t, extenderenv.PodSpec{Name: "p", GPUs: 8, Gang: "g", GangMinMember: 1})
+//	e.WaitBound(t, "default", "p", time.Minute)
+//
+// Every helper fails the test (t.Fatal) on an API error. Missing binaries
+// (kube-apiserver, kube-scheduler, etcd, or a tessera-extender that does
+// not build) fail the test; nothing is skipped.
+package extenderenv
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/yaml"
+
+	"github.com/tessera-gpu/tessera/test/framework/controlplane"
+)
+
+const (
+	// DeployURL is the urlPrefix of deploy/extender/scheduler-config.yaml;
+	// Start replaces it with the address of the extender it runs.
+	DeployURL = "http://tessera-extender.kube-system.svc:8888"
+	// ExtenderUser is the identity the extender runs as, bound to the
+	// ClusterRole of deploy/extender/rbac.yaml.
+	ExtenderUser = "tessera-extender"
+	// DefaultNamespace is where pods go when PodSpec.Namespace is empty.
+	DefaultNamespace = "default"
+)
+
+// Options configure Start.
+type Options struct {
+	// ExtenderArgs are appended to the extender's flags, after
+	// --kubeconfig, --listen, --policy=binpack and --v=2 (a later flag
+	// wins), e.g. "--gang-levels=rack", "--gang-resync=500ms".
+	ExtenderArgs []string
+	// Agent runs FakeAgent, the stand-in for the node agents that records
+	// the GPUs of every bound whole-GPU pod in its assignment annotation.
+	Agent bool
+	// Users are further identities of the control plane (see
+	// controlplane.Options.Users).
+	Users []*controlplane.User
+}
+
+// Env is a running control plane, extender and kube-scheduler.
+type Env struct {
+	CP     *controlplane.ControlPlane
+	Client kubernetes.Interface // admin (system:masters)
+	Ext    *Extender
+	Agent  *FakeAgent // nil unless Options.Agent
+}
+
+// Start starts everything for t and registers its cleanup. When t has
+// failed, the cleanup logs the extender log's tail and, with
+// $TESSERA_TEST_ARTIFACTS set, copies the whole log there (next to the
+// control plane's logs).
+func Start(t testing.TB, opts Options) *Env {
+	t.Helper()
+	user := &controlplane.User{Name: ExtenderUser}
+	cp := controlplane.StartForTest(t, controlplane.Options{Users: append([]*controlplane.User{user}, opts.Users...)})
+	ctx := t.Context()
+	client := cp.Client()
+
+	// RBAC exactly as deployed, bound to the test's extender identity.
+	var role rbacv1.ClusterRole
+	ReadDeploy(t, "rbac.yaml", "ClusterRole", &role)
+	if _, err := client.RbacV1().ClusterRoles().Create(ctx, &role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "tessera-extender-test"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: ExtenderUser}},
+	}
+	if _, err := client.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "extender.kubeconfig")
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["test"] = &clientcmdapi.Cluster{Server: cp.APIServerURL, CertificateAuthority: cp.CAFile()}
+	kc.AuthInfos[ExtenderUser] = &clientcmdapi.AuthInfo{Token: user.Token}
+	kc.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: ExtenderUser}
+	kc.CurrentContext = "test"
+	if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	ext := &Extender{t: t, bin: ExtenderBinary(t), kubeconfig: kubeconfig, addr: FreeAddr(t),
+		logPath: filepath.Join(dir, "extender.log"), args: opts.ExtenderArgs}
+	ext.Start(ctx)
+	t.Cleanup(func() {
+		ext.Stop()
+		if t.Failed() {
+			t.Logf("extender log (%s):\n%s", ext.logPath, ext.LogTail())
+			if dst := os.Getenv(controlplane.EnvArtifactsDir); dst != "" {
+				d := filepath.Join(dst, filepath.Clean("/" + t.Name())[1:])
+				if b, err := os.ReadFile(ext.logPath); err == nil && os.MkdirAll(d, 0o755) == nil {
+					_ = os.WriteFile(filepath.Join(d, "tessera-extender.log"), b, 0o644)
+				}
+			}
+		}
+	})
+
+	// The scheduler configuration exactly as deployed, but for the address.
+	raw, err := os.ReadFile(filepath.Join(RepoRoot(t), "deploy", "extender", "scheduler-config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(raw, []byte(DeployURL)) {
+		t.Fatalf("scheduler-config.yaml does not use %s", DeployURL)
+	}
+	cfg := filepath.Join(dir, "scheduler-config.yaml")
+	if err := os.WriteFile(cfg, bytes.ReplaceAll(raw, []byte(DeployURL), []byte("http://"+ext.addr)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.StartScheduler(ctx, controlplane.SchedulerOptions{ConfigFile: cfg}); err != nil {
+		t.Fatal(err)
+	}
+	e := &Env{CP: cp, Client: client, Ext: ext}
+	if opts.Agent {
+		e.Agent = &FakeAgent{Client: client}
+		actx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); e.Agent.Run(actx) }()
+		t.Cleanup(func() {
+			cancel()
+			<-done
+		})
+	}
+	return e
+}
+
+// EnsureNamespace creates namespace ns (and its default ServiceAccount)
+// unless it exists.
+func (e *Env) EnsureNamespace(t testing.TB, ns string) {
+	t.Helper()
+	if err := e.CP.EnsureNamespace(t.Context(), ns); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// RepoRoot is the repository root: the directory above the working
+// directory that holds test/test.mk.
+func RepoRoot(t testing.TB) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "test", "test.mk")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("no directory above the working directory holds test/test.mk")
+		}
+		dir = parent
+	}
+}
+
+var (
+	buildOnce sync.Once
+	buildBin  string
+	buildErr  error
+)
+
+// ExtenderBinary builds cmd/tessera-extender once per test binary and
+// returns its path.
+func ExtenderBinary(t testing.TB) string {
+	t.Helper()
+	root := RepoRoot(t)
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "tessera-extender-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		buildBin = filepath.Join(dir, "tessera-extender")
+		cmd := exec.Command("go", "build", "-o", buildBin, "./cmd/tessera-extender")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build tessera-extender: %w\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return buildBin
+}
+
+// FreeAddr returns a loopback address with a port free at the time.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// ReadDeploy reads the YAML document of kind from deploy/extender/file
+// into into (strictly: unknown fields fail).
+func ReadDeploy(t testing.TB, file, kind string, into any) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(RepoRoot(t), "deploy", "extender", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, doc := range strings.Split(string(raw), "\n---\n") {
+		var meta metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		if meta.Kind == kind {
+			if err := yaml.UnmarshalStrict([]byte(doc), into); err != nil {
+				t.Fatalf("%s %s: %v", file, kind, err)
+			}
+			return
+		}
+	}
+	t.Fatalf("%s has no %s", file, kind)
+}
+
+// Extender is tessera-extender running as its own process. Its log (all
+// starts appended) is LogPath.
+type Extender struct {
+	t          testing.TB
+	bin        string
+	kubeconfig string
+	addr       string
+	logPath    string
+	args       []string
+	mu         sync.Mutex
+	cmd        *exec.Cmd
+	done       chan struct{}
+	starts     int
+}
+
+// Addr is the extender's host:port.
+func (x *Extender) Addr() string { return x.addr }
+
+// LogPath is the extender's log file.
+func (x *Extender) LogPath() string { return x.logPath }
+
+// Start starts the process and waits until /readyz answers 200 (its
+// caches synced). Start after Stop or Kill restarts it on the same address.
+func (x *Extender) Start(ctx context.Context) {
+	x.t.Helper()
+	x.mu.Lock()
+	x.starts++
+	logf, err := os.OpenFile(x.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		x.mu.Unlock()
+		x.t.Fatal(err)
+	}
+	fmt.Fprintf(logf, "==== start %d at %s\n", x.starts, time.Now().Format(time.RFC3339Nano))
+	args := append([]string{"--kubeconfig=" + x.kubeconfig, "--listen=" + x.addr, "--policy=binpack", "--v=2"}, x.args...)
+	cmd := exec.Command(x.bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		x.mu.Unlock()
+		logf.Close()
+		x.t.Fatalf("start extender: %v", err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
+	x.cmd, x.done = cmd, done
+	x.mu.Unlock()
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		select {
+		case <-done:
+			return false, errors.New("extender exited")
+		default:
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+x.addr+"/readyz", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false, nil
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+	if err != nil {
+		x.t.Fatalf("extender not ready: %v\n%s", err, x.LogTail())
+	}
+}
+
+// Kill sends SIGKILL: no graceful shutdown, what is in memory is lost.
+func (x *Extender) Kill() {
+	x.mu.Lock()
+	cmd, done := x.cmd, x.done
+	x.cmd = nil
+	x.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	<-done
+}
+
+// Stop sends SIGTERM and waits (SIGKILL after 15s).
+func (x *Extender) Stop() {
+	x.mu.Lock()
+	cmd, done := x.cmd, x.done
+	x.cmd = nil
+	x.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+	}
+}
+
+// LogTail is the last 32 KiB of the extender's log.
+func (x *Extender) LogTail() string {
+	b, _ := os.ReadFile(x.logPath)
+	if len(b) > 32<<10 {
+		b = b[len(b)-32<<10:]
+	}
+	return string(b)
+}
+
+// Log is the extender's whole log.
+func (x *Extender) Log() string {
+	b, _ := os.ReadFile(x.logPath)
+	return string(b)
+}
