@@ -1,0 +1,173 @@
+// Package gang_test runs the gang planner of tessera-extender against the
+// real kube-scheduler (see framework/extenderenv): gangs wait whole, bind
+// together, never split room with another gang, land in one topology
+// domain, and release their reservation when their plan expires.
+package gang_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/test/framework/extenderenv"
+)
+
+const ns = extenderenv.DefaultNamespace
+
+// start runs the extender with the gang planner on a short resync (plan
+// timeouts and freed room are noticed within half a second) and extra
+// flags.
+func start(t *testing.T, extra ...string) *extenderenv.Env {
+	t.Helper()
+	return extenderenv.Start(t, extenderenv.Options{
+		ExtenderArgs: append([]string{"--gang-planner=true", "--gang-resync=500ms"}, extra...),
+	})
+}
+
+// createMember creates member i of gang (named gang-i) asking for gpus
+// whole GPUs, held by the gang gate.
+func createMember(t testing.TB, e *extenderenv.Env, gang string, minMember, i int, gpus int64) {
+	t.Helper()
+	e.CreatePod(t, extenderenv.PodSpec{Name: fmt.Sprintf("%s-%d", gang, i), GPUs: gpus, Gang: gang, GangMinMember: minMember})
+}
+
+func h100Node(name string, labels map[string]string) extenderenv.NodeSpec {
+	return extenderenv.NodeSpec{Name: name, GPUs: 8, Model: extenderenv.H100, Labels: labels}
+}
+
+// waitWhole waits until all n members of gang (gang-0 .. gang-n-1) are
+// seen bound, and returns their bind times.
+func waitWhole(t *testing.T, e *extenderenv.Env, w *extenderenv.PodWatch, gang string, n int, timeout time.Duration) map[string]time.Time {
+	t.Helper()
+	for i := range n {
+		e.WaitBound(t, ns, fmt.Sprintf("%s-%d", gang, i), timeout)
+	}
+	// The watch may lag the reads above by a little.
+	var times map[string]time.Time
+	_ = wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+		times = w.BoundNow(ns, gang+"-")
+		return len(times) == n, nil
+	})
+	if len(times) != n {
+		t.Fatalf("the watch saw %d of %d members of %s bound", len(times), n, gang)
+	}
+	return times
+}
+
+// TestGangOfFourWaitsForRoomThenBindsTogether: 4 members of 8 GPUs on 24
+// free GPUs stay gated with the planner's reason in an Event; a fourth
+// node makes room and all four bind, on four nodes, each on its planned
+// node, within a few seconds of each other.
+func TestGangOfFourWaitsForRoomThenBindsTogether(t *testing.T) {
+	e := start(t)
+	w := e.WatchPods(t)
+	for i := range 3 {
+		e.CreateNode(t, h100Node(fmt.Sprintf("n%d", i), nil))
+	}
+	for i := range 4 {
+		createMember(t, e, "g", 4, i, 8)
+	}
+	ev := e.WaitEvent(t, ns, "g-0", "GangWaiting", "no room for the whole group", 30*time.Second)
+	t.Logf("waiting reason: %s", strings.TrimSpace(ev))
+	time.Sleep(2 * time.Second) // several planner passes
+	for i := range 4 {
+		p := e.GetPod(t, ns, fmt.Sprintf("g-%d", i))
+		if !api.HasGangGate(p) || p.Spec.NodeName != "" || p.Annotations[api.AnnotationGangPlan] != "" {
+			t.Errorf("24 free GPUs: member %s gated=%v node=%q plan=%q; want it held whole", p.Name, api.HasGangGate(p), p.Spec.NodeName, p.Annotations[api.AnnotationGangPlan])
+		}
+	}
+	if b := w.Binds(); len(b) != 0 {
+		t.Fatalf("pods bound while the gang cannot fit: %+v", b)
+	}
+	roomAt := time.Now()
+	e.CreateNode(t, h100Node("n3", nil))
+	times := waitWhole(t, e, w, "g", 4, 60*time.Second)
+	nodes := map[string]bool{}
+	for i := range 4 {
+		p := e.GetPod(t, ns, fmt.Sprintf("g-%d", i))
+		plan, ok, err := api.GetGangPlan(p.Annotations)
+		if !ok || err != nil || plan.Node != p.Spec.NodeName {
+			t.Errorf("member %s bound to %s, plan %+v (ok %v, err %v)", p.Name, p.Spec.NodeName, plan, ok, err)
+		}
+		nodes[p.Spec.NodeName] = true
+	}
+	if len(nodes) != 4 {
+		t.Errorf("members on %v, want 4 distinct nodes", nodes)
+	}
+	var last time.Time
+	for _, at := range times {
+		if at.After(last) {
+			last = at
+		}
+	}
+	spread := extenderenv.Spread(times)
+	t.Logf("room made -> all 4 bound: %s; spread of the 4 bind times: %s", last.Sub(roomAt).Round(time.Millisecond), spread.Round(time.Millisecond))
+	if spread > 5*time.Second {
+		t.Errorf("the 4 members bound %s apart, want within 5s of each other", spread)
+	}
+}
+
+// TestTwoGangsForRoomOfOne: two gangs of 4 x 8 GPUs on 32 GPUs. Exactly one
+// runs; no member of the other is ever bound; when the first goes, the
+// second runs whole.
+func TestTwoGangsForRoomOfOne(t *testing.T) {
+	e := start(t)
+	w := e.WatchPods(t)
+	for i := range 4 {
+		e.CreateNode(t, h100Node(fmt.Sprintf("n%d", i), nil))
+	}
+	for i := range 4 {
+		createMember(t, e, "a", 4, i, 8)
+		createMember(t, e, "b", 4, i, 8)
+	}
+	var winner, loser string
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
+		a, b := len(w.BoundNow(ns, "a-")), len(w.BoundNow(ns, "b-"))
+		switch {
+		case a == 4:
+			winner, loser = "a", "b"
+		case b == 4:
+			winner, loser = "b", "a"
+		}
+		return winner != "", nil
+	})
+	if err != nil {
+		t.Fatalf("no gang bound whole: a %d, b %d bound", len(w.BoundNow(ns, "a-")), len(w.BoundNow(ns, "b-")))
+	}
+	time.Sleep(3 * time.Second) // several planner passes and scheduling cycles
+	if n := len(w.BindsOf(ns, loser+"-")); n != 0 {
+		t.Fatalf("gang %s has had %d members bound while %s runs: a partial gang", loser, n, winner)
+	}
+	for i := range 4 {
+		p := e.GetPod(t, ns, fmt.Sprintf("%s-%d", loser, i))
+		if !api.HasGangGate(p) || p.Annotations[api.AnnotationGangPlan] != "" {
+			t.Errorf("waiting gang member %s: gated=%v plan=%q", p.Name, api.HasGangGate(p), p.Annotations[api.AnnotationGangPlan])
+		}
+	}
+	t.Logf("gang %s runs, gang %s waits whole; waiting reason: %s", winner, loser, strings.TrimSpace(e.Events(t, ns, loser+"-0")))
+	for i := range 4 {
+		e.DeletePod(t, ns, fmt.Sprintf("%s-%d", winner, i))
+	}
+	times := waitWhole(t, e, w, loser, 4, 60*time.Second)
+	t.Logf("gang %s bound after %s left; spread %s", loser, winner, extenderenv.Spread(times).Round(time.Millisecond))
+	// Every bind of the whole test: 4 of the winner, then 4 of the loser,
+	// never a mix before the winner left.
+	binds := w.Binds()
+	if len(binds) != 8 {
+		t.Errorf("%d binds, want 8: %+v", len(binds), binds)
+	}
+	for i, b := range binds {
+		want := winner
+		if i >= 4 {
+			want = loser
+		}
+		if !strings.HasPrefix(b.Name, want+"-") {
+			t.Errorf("bind %d is %s, want a member of %s", i, b.Name, want)
+		}
+	}
+}
