@@ -63,3 +63,19 @@ func ElasticQuotaFromUnstructured(u *unstructured.Unstructured) (*ElasticQuota, 
 	}
 	return q, nil
 }
+
+// Event reasons of quota enforcement (on pods).
+const (
+	// EventQuotaExceeded: the pod (or its gang) would take its namespace
+	// above its ElasticQuota max, or borrow beyond what can be lent.
+	EventQuotaExceeded = "QuotaExceeded"
+	// EventQuotaReclaiming: on the pods that wait within their namespace's
+	// min, naming the workloads evicted to give them room.
+	EventQuotaReclaiming = "QuotaReclaiming"
+	// EventReclaimed: on each evicted pod, naming who needed the room and
+	// why the pod's workload was chosen.
+	EventReclaimed = "Reclaimed"
+	// EventReclaimBlocked: a chosen workload could not be evicted (a
+	// PodDisruptionBudget refused it); reclaim tries others.
+	EventReclaimBlocked = "ReclaimBlocked"
+)

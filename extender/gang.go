@@ -151,6 +151,9 @@ type GangPlanner struct {
 	// waiting is the last reason reported per waiting gang, so that an
 	// Event is emitted when the reason changes, not on every pass.
 	waiting map[string]string
+	// quota, when set, admits each gang whole and reclaims room for a
+	// gang within its namespace's min.
+	quota GangQuota
 }
 
 // GangPlannerConfig configures a GangPlanner.
@@ -167,11 +170,13 @@ type GangPlannerConfig struct {
 	Events EventRecorder
 	// Now defaults to time.Now.
 	Now func() time.Time
+	// Quota may be nil: no quota.
+	Quota GangQuota
 }
 
 // NewGangPlanner returns a planner.
 func NewGangPlanner(cfg GangPlannerConfig) *GangPlanner {
-	p := &GangPlanner{cache: cfg.Cache, client: cfg.Client, pods: cfg.Pods, policy: cfg.Policy, events: cfg.Events, now: cfg.Now, waiting: map[string]string{}}
+	p := &GangPlanner{cache: cfg.Cache, client: cfg.Client, pods: cfg.Pods, policy: cfg.Policy, events: cfg.Events, now: cfg.Now, waiting: map[string]string{}, quota: cfg.Quota}
 	if p.now == nil {
 		p.now = time.Now
 	}
@@ -384,6 +389,16 @@ func (p *GangPlanner) wait(key string, pods []*corev1.Pod, reason string) {
 	}
 }
 
+// waitQuota is wait for a quota refusal, with a QuotaExceeded Event too.
+func (p *GangPlanner) waitQuota(key string, pods []*corev1.Pod, reason string) {
+	if p.waiting[key] != reason && p.events != nil {
+		for _, m := range pods {
+			p.events.Eventf(m, corev1.EventTypeWarning, api.EventQuotaExceeded, "%s", reason)
+		}
+	}
+	p.wait(key, pods, reason)
+}
+
 // plan plans members (at least minMember of them) as one group and, when
 // the whole group fits, reserves, records and releases it.
 func (p *GangPlanner) plan(ctx context.Context, g *api.Gang, members []*corev1.Pod, minMember int) error {
@@ -399,54 +414,34 @@ func (p *GangPlanner) plan(ctx context.Context, g *api.Gang, members []*corev1.P
 		demands[i] = d
 		shared = shared || d.Kind() == allocator.Shared
 	}
+	if p.quota != nil {
+		if v := p.quota.AdmitGang(ctx, g.Namespace, members); !v.Allowed {
+			p.waitQuota(g.Key(), members, v.Message)
+			return nil
+		}
+	}
 	snap := p.cache.Snapshot()
-	names := make([]string, 0, len(snap))
-	for n := range snap {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	kind := allocator.Whole
-	if shared {
-		kind = allocator.Shared
-	}
-	var nodes []gang.Node
-	var unitMiB, gpuMemMiB int64
-	for _, n := range names {
-		st := snap[n]
-		info := st.Info
-		if info.Err != nil || (shared && !info.SharedIsolation) {
-			continue
-		}
-		if unitMiB == 0 && info.HasInventory {
-			unitMiB, gpuMemMiB = info.UnitMiB, info.gpuMemMiB()
-		}
-		if st.PendingNVLink > 0 {
-			continue // its clique is not known yet (see Check)
-		}
-		cliques := make([][]int, 0, len(info.Cliques))
-		for _, c := range info.Cliques {
-			idx := make([]int, 0, len(c))
-			for _, pos := range c {
-				idx = append(idx, info.GPUs[pos].Index)
-			}
-			cliques = append(cliques, idx)
-		}
-		nodes = append(nodes, gang.Node{Node: st.View(kind), Labels: info.Labels, Cliques: cliques})
-	}
-	grp := gang.Group{Namespace: g.Namespace, Name: g.Name, MinMember: minMember, Levels: p.levels}
-	if g.Levels != nil {
-		grp.Levels = toGangLevels(g.Levels)
-	}
-	for i, m := range members {
-		// Shared slices are sized with the memory unit of the cluster's
-		// first GPU node: nodes with another unit may be misjudged.
-		r := demands[i].Request(unitMiB, gpuMemMiB)
-		r.Models = demands[i].Models
-		grp.Members = append(grp.Members, gang.Member{Name: m.Name, Request: r, NVLink: demands[i].NVLink})
-	}
+	grp, nodes := p.gangInput(snap, g, members, demands, minMember, shared)
 	res, err := gang.PlanGroup(grp, nodes, p.policy)
 	if err != nil {
-		p.wait(g.Key(), members, err.Error())
+		reason := err.Error()
+		if p.quota != nil && errors.Is(err, gang.ErrNoRoom) {
+			// Within its namespace's min, the gang may get room by
+			// reclaim; the planner tries again on its next pass.
+			fits := func(s map[string]*NodeState) bool {
+				grp, nodes := p.gangInput(s, g, members, demands, minMember, shared)
+				_, err := gang.PlanGroup(grp, nodes, p.policy)
+				return err == nil
+			}
+			msg, rerr := p.quota.ReclaimFor(ctx, g.Namespace, members, fits)
+			switch {
+			case rerr == nil && msg != "":
+				reason += "; quota reclaim: " + msg
+			case rerr != nil && !errors.Is(rerr, ErrNothingGuaranteed):
+				reason += "; quota reclaim: " + rerr.Error()
+			}
+		}
+		p.wait(g.Key(), members, reason)
 		return nil
 	}
 	expires := p.now().Add(g.Timeout).UTC().Truncate(time.Second)
@@ -502,6 +497,55 @@ func (p *GangPlanner) plan(ctx context.Context, g *api.Gang, members []*corev1.P
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// gangInput is the planning input of members on the node states snap.
+func (p *GangPlanner) gangInput(snap map[string]*NodeState, g *api.Gang, members []*corev1.Pod, demands []Demand, minMember int, shared bool) (gang.Group, []gang.Node) {
+	names := make([]string, 0, len(snap))
+	for n := range snap {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	kind := allocator.Whole
+	if shared {
+		kind = allocator.Shared
+	}
+	var nodes []gang.Node
+	var unitMiB, gpuMemMiB int64
+	for _, n := range names {
+		st := snap[n]
+		info := st.Info
+		if info.Err != nil || (shared && !info.SharedIsolation) {
+			continue
+		}
+		if unitMiB == 0 && info.HasInventory {
+			unitMiB, gpuMemMiB = info.UnitMiB, info.gpuMemMiB()
+		}
+		if st.PendingNVLink > 0 {
+			continue // its clique is not known yet (see Check)
+		}
+		cliques := make([][]int, 0, len(info.Cliques))
+		for _, c := range info.Cliques {
+			idx := make([]int, 0, len(c))
+			for _, pos := range c {
+				idx = append(idx, info.GPUs[pos].Index)
+			}
+			cliques = append(cliques, idx)
+		}
+		nodes = append(nodes, gang.Node{Node: st.View(kind), Labels: info.Labels, Cliques: cliques})
+	}
+	grp := gang.Group{Namespace: g.Namespace, Name: g.Name, MinMember: minMember, Levels: p.levels}
+	if g.Levels != nil {
+		grp.Levels = toGangLevels(g.Levels)
+	}
+	for i, m := range members {
+		// Shared slices are sized with the memory unit of the cluster's
+		// first GPU node: nodes with another unit may be misjudged.
+		r := demands[i].Request(unitMiB, gpuMemMiB)
+		r.Models = demands[i].Models
+		grp.Members = append(grp.Members, gang.Member{Name: m.Name, Request: r, NVLink: demands[i].NVLink})
+	}
+	return grp, nodes
 }
 
 // clearPlans removes the plan annotations of pods (best effort: every pod

@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tessera-gpu/tessera/allocator/quota"
 )
 
 // Metrics are the extender's Prometheus metrics, on their own registry.
@@ -12,6 +14,8 @@ type Metrics struct {
 	placements *prometheus.CounterVec
 	rejections *prometheus.CounterVec
 	errors     *prometheus.CounterVec
+	evictions  *prometheus.CounterVec
+	blocked    *prometheus.CounterVec
 }
 
 // NewMetrics registers the extender's metrics on reg.
@@ -35,7 +39,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Verb calls answered with an error, by verb.",
 		}, []string{"verb"}),
 	}
-	reg.MustRegister(m.latency, m.placements, m.rejections, m.errors)
+	m.evictions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "tessera", Subsystem: "extender", Name: "quota_reclaim_evictions_total",
+		Help: "Pods evicted to reclaim quota, by the namespace they were taken from.",
+	}, []string{"namespace"})
+	m.blocked = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "tessera", Subsystem: "extender", Name: "quota_reclaim_blocked_total",
+		Help: "Workloads chosen for reclaim whose eviction a PodDisruptionBudget refused, by namespace.",
+	}, []string{"namespace"})
+	reg.MustRegister(m.latency, m.placements, m.rejections, m.errors, m.evictions, m.blocked)
 	return m
 }
 
@@ -60,5 +72,76 @@ func (m *Metrics) rejected(r Reason, n int) {
 func (m *Metrics) failed(verb string) {
 	if m != nil {
 		m.errors.WithLabelValues(verb).Inc()
+	}
+}
+
+func (m *Metrics) reclaimEvicted(ns string) {
+	if m != nil {
+		m.evictions.WithLabelValues(ns).Inc()
+	}
+}
+
+func (m *Metrics) reclaimBlocked(ns string) {
+	if m != nil {
+		m.blocked.WithLabelValues(ns).Inc()
+	}
+}
+
+// QuotaCollector exports, on every scrape, each governed namespace's
+// quota per resource: tessera_extender_quota_{used,min,max,borrowed,lent}
+// {namespace,resource}. State is built afresh from the informers.
+type QuotaCollector struct {
+	// State returns the current quota state.
+	State func() (*quota.State, error)
+}
+
+var quotaDescs = func() map[string]*prometheus.Desc {
+	out := map[string]*prometheus.Desc{}
+	for name, help := range map[string]string{
+		"used":     "What the namespace's running and planned pods use.",
+		"min":      "The namespace's ElasticQuota min (guaranteed).",
+		"max":      "The namespace's ElasticQuota max (absent: uncapped).",
+		"borrowed": "Use above min.",
+		"lent":     "Min left unused, which other namespaces may borrow.",
+	} {
+		out[name] = prometheus.NewDesc("tessera_extender_quota_"+name, help, []string{"namespace", "resource"}, nil)
+	}
+	return out
+}()
+
+// Describe implements prometheus.Collector.
+func (c *QuotaCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range quotaDescs {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *QuotaCollector) Collect(ch chan<- prometheus.Metric) {
+	st, err := c.State()
+	if err != nil || st == nil {
+		return
+	}
+	emit := func(name, ns string, r quota.Resources) {
+		for res, v := range r {
+			ch <- prometheus.MustNewConstMetric(quotaDescs[name], prometheus.GaugeValue, float64(v), ns, string(res))
+		}
+	}
+	for _, rep := range st.Reports() {
+		q := st.Quotas[rep.Namespace]
+		// Every resource the quota names gets used, borrowed and lent,
+		// zero included, so that dashboards see zeros, not gaps.
+		zero := quota.Resources{}
+		for k := range q.Min {
+			zero[k] = 0
+		}
+		for k := range q.Max {
+			zero[k] = 0
+		}
+		emit("used", rep.Namespace, zero.Add(rep.Used))
+		emit("borrowed", rep.Namespace, zero.Add(rep.Borrowed))
+		emit("lent", rep.Namespace, zero.Add(rep.Lent))
+		emit("min", rep.Namespace, q.Min)
+		emit("max", rep.Namespace, q.Max)
 	}
 }

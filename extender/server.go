@@ -69,12 +69,17 @@ type Server struct {
 	pods    PodClient
 	events  EventRecorder
 	metrics *Metrics
+	quota   QuotaHooks
 }
 
 // NewServer returns a Server. events and metrics may be nil.
 func NewServer(state StateSource, policy allocator.Policy, pods PodClient, events EventRecorder, metrics *Metrics) *Server {
 	return &Server{state: state, policy: policy, pods: pods, events: events, metrics: metrics}
 }
+
+// SetQuota makes filter and preempt enforce quota (nil: none). Call it
+// before serving.
+func (s *Server) SetQuota(q QuotaHooks) { s.quota = q }
 
 // Register adds the verb handlers to mux.
 func (s *Server) Register(mux *http.ServeMux) {
@@ -136,6 +141,13 @@ func (s *Server) FilterArgs(ctx context.Context, args *extenderv1.ExtenderArgs) 
 		return res
 	}
 	names := argNames(args)
+	var qv QuotaVerdict
+	if s.quota != nil {
+		if qv = s.quota.AdmitPod(ctx, args.Pod); !qv.Allowed {
+			s.rejectByQuota(args, qv, res)
+			return res
+		}
+	}
 	states := s.state.Nodes(names)
 	passed := make([]bool, len(names))
 	reasons := make([]Reason, len(names))
@@ -194,8 +206,33 @@ func (s *Server) FilterArgs(ctx context.Context, args *extenderv1.ExtenderArgs) 
 		}
 		res.Nodes = out
 	}
+	if qv.WithinMin && len(names) > 0 && !slices.Contains(passed, true) {
+		// Within its min and no room: reclaim may make some.
+		s.quota.NoRoom(args.Pod)
+	}
 	klog.FromContext(ctx).V(4).Info("Filtered", "pod", klog.KObj(args.Pod), "nodes", len(names), "rejected", counts)
 	return res
+}
+
+// rejectByQuota rejects every node for a pod quota refuses.
+func (s *Server) rejectByQuota(args *extenderv1.ExtenderArgs, v QuotaVerdict, res *extenderv1.ExtenderFilterResult) {
+	names := argNames(args)
+	for _, n := range names {
+		if v.Unresolvable {
+			res.FailedAndUnresolvableNodes[n] = v.Message
+		} else {
+			res.FailedNodes[n] = v.Message
+		}
+	}
+	s.metrics.rejected(v.Reason, len(names))
+	if args.NodeNames != nil {
+		res.NodeNames = &[]string{}
+	} else if args.Nodes != nil {
+		res.Nodes = &corev1.NodeList{Items: []corev1.Node{}}
+	}
+	if s.events != nil {
+		s.events.Eventf(args.Pod, corev1.EventTypeWarning, api.EventQuotaExceeded, "%s", v.Message)
+	}
 }
 
 // filterPlanned passes only the node of a gang member's plan: the planner
@@ -541,6 +578,12 @@ func (s *Server) PreemptArgs(ctx context.Context, args *extenderv1.ExtenderPreem
 	res := &extenderv1.ExtenderPreemptionResult{NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{}}
 	for node, vs := range victims {
 		st, _ := s.state.Node(node)
+		if s.quota != nil {
+			var ok bool
+			if vs, ok = s.quota.PreemptVictims(ctx, args.Pod, st, vs); !ok {
+				continue
+			}
+		}
 		kept, ok := Preempt(st, &d, vs)
 		if !ok {
 			continue

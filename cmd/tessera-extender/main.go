@@ -28,6 +28,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -37,6 +38,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/extender"
 	"github.com/tessera-gpu/tessera/extender/admission"
@@ -73,6 +75,9 @@ type options struct {
 	gangLevels    []api.TopologyLevel
 	gangResync    time.Duration
 	gangPlanner   bool
+	quota         bool
+	quotaRetry    time.Duration
+	quotaHold     time.Duration
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -99,6 +104,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil
 	})
 	fs.DurationVar(&o.gangResync, "gang-resync", 2*time.Second, "how often the gang planner makes a pass besides pod changes (plan timeouts, room freed by nodes)")
+	fs.BoolVar(&o.quota, "quota", true, "enforce ElasticQuotas (scheduling.x-k8s.io/v1alpha1): admission at filter and gang planning, reclaim by eviction, quota-aware preemption; without the CRD installed nothing is enforced until it appears")
+	fs.DurationVar(&o.quotaRetry, "quota-crd-retry", 30*time.Second, "how often to look again for an ElasticQuota CRD that is not installed")
+	fs.DurationVar(&o.quotaHold, "quota-reclaim-hold", 2*time.Minute, "how long room reclaimed for a namespace is held for its waiting work (no other namespace may borrow it meanwhile)")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	klogFlags.VisitAll(func(f *flag.Flag) { fs.Var(f.Value, f.Name, f.Usage) })
@@ -107,6 +115,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.quotaRetry <= 0 || o.quotaHold <= 0 {
+		return nil, fmt.Errorf("--quota-crd-retry and --quota-reclaim-hold must be positive, got %s and %s", o.quotaRetry, o.quotaHold)
 	}
 	if o.gangResync <= 0 {
 		return nil, fmt.Errorf("--gang-resync must be positive, got %s", o.gangResync)
@@ -173,7 +184,49 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		Help: "Placements decided at bind that the informers do not show yet.",
 	}, func() float64 { return float64(cache.Reservations()) }))
 	metrics := extender.NewMetrics(reg)
-	srv := extender.NewServer(cache, policy, &extender.KubePods{Client: client, Lister: factory.Core().V1().Pods().Lister()}, recorder, metrics)
+	podLister := factory.Core().V1().Pods().Lister()
+	srv := extender.NewServer(cache, policy, &extender.KubePods{Client: client, Lister: podLister}, recorder, metrics)
+
+	var dyn dynamic.Interface
+	if o.gangPlanner || o.quota {
+		if dyn, err = dynamic.NewForConfig(cfg); err != nil {
+			return fmt.Errorf("dynamic client: %w", err)
+		}
+	}
+	var quotas *extender.QuotaWatcher
+	var enforcer *extender.QuotaEnforcer
+	trigger := make(chan struct{}, 1)
+	if o.quota {
+		quotas = &extender.QuotaWatcher{Dynamic: dyn, Discovery: client.Discovery(), Retry: o.quotaRetry, OnChange: func() {
+			select { // quotas changed: a waiting gang may now be admitted
+			case trigger <- struct{}{}:
+			default:
+			}
+		}}
+		nodeLister := factory.Core().V1().Nodes().Lister()
+		ledger := &extender.QuotaLedger{
+			Quotas: quotas,
+			Pods:   func(ns string) ([]*corev1.Pod, error) { return podLister.Pods(ns).List(labels.Everything()) },
+			Nodes:  func() ([]*corev1.Node, error) { return nodeLister.List(labels.Everything()) },
+			Reserved: func(uid types.UID) bool {
+				_, ok := cache.Reservation(uid)
+				return ok
+			},
+		}
+		enforcer = &extender.QuotaEnforcer{
+			Ledger: ledger, Cache: cache, Evicter: &extender.KubeEvicter{Client: client},
+			Pod:    func(ns, name string) (*corev1.Pod, error) { return podLister.Pods(ns).Get(name) },
+			Events: recorder, Metrics: metrics, HoldFor: o.quotaHold,
+		}
+		srv.SetQuota(enforcer)
+		reg.MustRegister(&extender.QuotaCollector{State: func() (*quota.State, error) {
+			v, err := ledger.View("", nil)
+			if err != nil {
+				return nil, err
+			}
+			return v.State, nil
+		}})
+	}
 
 	var ready atomic.Bool
 	verbs := http.NewServeMux()
@@ -204,30 +257,43 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	servers = append([]*http.Server{apiSrv}, servers...)
 
 	var planner *extender.GangPlanner
-	trigger := make(chan struct{}, 1)
 	if o.gangPlanner {
-		dyn, err := dynamic.NewForConfig(cfg)
-		if err != nil {
-			return fmt.Errorf("dynamic client: %w", err)
-		}
-		lister := factory.Core().V1().Pods().Lister()
-		planner = extender.NewGangPlanner(extender.GangPlannerConfig{
+		pcfg := extender.GangPlannerConfig{
 			Cache: cache, Client: &extender.KubeGang{Client: client, Dynamic: dyn},
-			Pods:   func() ([]*corev1.Pod, error) { return lister.List(labels.Everything()) },
+			Pods:   func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) },
 			Policy: policy, Levels: o.gangLevels, Events: recorder,
-		})
+		}
+		if enforcer != nil {
+			pcfg.Quota = enforcer
+		}
+		planner = extender.NewGangPlanner(pcfg)
 		if _, err := podInf.AddEventHandler(extender.GangTrigger(trigger)); err != nil {
 			return fmt.Errorf("pod informer: %w", err)
 		}
 	}
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
+	if quotas != nil {
+		go quotas.Run(ctx)
+	}
 	go func() {
 		for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
 			if !ok {
 				logger.Info("Informer cache did not sync", "type", typ)
 				return
 			}
+		}
+		if quotas != nil {
+			// Not ready before the quotas in force are known (or known
+			// to be none): admitting meanwhile could pass a max.
+			for !quotas.Decided() {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+			go enforcer.Run(ctx)
 		}
 		ready.Store(true)
 		logger.Info("Caches synced; ready")

@@ -1,0 +1,597 @@
+package extender
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/allocator/quota"
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// Filter reasons of quota admission (metric label reason).
+const (
+	// QuotaAboveMax: the pod would take its namespace above its max.
+	QuotaAboveMax Reason = "quota-above-max"
+	// QuotaNotLendable: the pod would borrow beyond what governed
+	// namespaces can lend.
+	QuotaNotLendable Reason = "quota-borrow-limit"
+)
+
+// QuotaSource gives the ElasticQuotas in force, by namespace.
+type QuotaSource interface {
+	// Quotas returns the quotas by namespace: empty when there are none
+	// or the ElasticQuota CRD is not installed.
+	Quotas() map[string]quota.Quota
+}
+
+// GroupVersionResourcer is the part of a discovery client the quota
+// watcher needs to see whether the ElasticQuota CRD is installed.
+type GroupVersionResourcer interface {
+	ServerResourcesForGroupVersion(groupVersion string) (*metav1.APIResourceList, error)
+}
+
+// QuotaWatcher watches ElasticQuota objects (scheduling.x-k8s.io/v1alpha1)
+// with a dynamic informer. While the CRD is not installed it says so once
+// in the log, treats that as "no quotas", and looks again every Retry, so
+// that a CRD installed later is picked up without a restart.
+type QuotaWatcher struct {
+	Dynamic   dynamic.Interface
+	Discovery GroupVersionResourcer
+	// Retry is how often an absent CRD is looked for again.
+	Retry time.Duration
+
+	store   atomic.Pointer[toolscache.Store]
+	decided atomic.Bool
+	// OnChange, when set before Run, is called on every quota change.
+	OnChange func()
+
+	mu        sync.Mutex
+	malformed map[string]string // key -> last error logged
+}
+
+var _ QuotaSource = (*QuotaWatcher)(nil)
+
+// Decided reports whether the watcher knows the quotas in force: the CRD
+// was found absent, or the informer has synced. The extender is not ready
+// before.
+func (w *QuotaWatcher) Decided() bool { return w.decided.Load() }
+
+// crdInstalled reports whether the API server serves elasticquotas.
+func (w *QuotaWatcher) crdInstalled() (bool, error) {
+	gv := api.ElasticQuotaGVR.GroupVersion().String()
+	list, err := w.Discovery.ServerResourcesForGroupVersion(gv)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("discovering %s: %w", gv, err)
+	}
+	for _, r := range list.APIResources {
+		if r.Name == api.ElasticQuotaGVR.Resource {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// Run looks for the CRD until it is installed, then runs the informer
+// until ctx is done.
+func (w *QuotaWatcher) Run(ctx context.Context) {
+	logger := klog.FromContext(ctx).WithValues("resource", api.ElasticQuotaGVR.String())
+	retry := w.Retry
+	if retry <= 0 {
+		retry = 30 * time.Second
+	}
+	saidAbsent := false
+	for {
+		ok, err := w.crdInstalled()
+		switch {
+		case err != nil:
+			logger.Info("Cannot tell whether the ElasticQuota CRD is installed; no quotas enforced meanwhile, retrying", "err", err, "retry", retry)
+			w.decided.Store(true)
+		case !ok:
+			if !saidAbsent {
+				logger.Info("The ElasticQuota CRD is not installed: no quotas are enforced; looking for it again periodically", "retry", retry)
+				saidAbsent = true
+			}
+			w.decided.Store(true)
+		default:
+			w.watch(ctx, logger)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(retry):
+		}
+	}
+}
+
+func (w *QuotaWatcher) watch(ctx context.Context, logger klog.Logger) {
+	inf := dynamicinformer.NewFilteredDynamicInformer(w.Dynamic, api.ElasticQuotaGVR, metav1.NamespaceAll, 0, toolscache.Indexers{}, nil).Informer()
+	if w.OnChange != nil {
+		changed := func(any) { w.OnChange() }
+		if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+			AddFunc: changed, UpdateFunc: func(_, o any) { changed(o) }, DeleteFunc: changed,
+		}); err != nil {
+			logger.Error(err, "ElasticQuota informer handler")
+		}
+	}
+	go inf.Run(ctx.Done())
+	if !toolscache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		return
+	}
+	store := inf.GetStore()
+	w.store.Store(&store)
+	w.decided.Store(true)
+	logger.Info("Watching ElasticQuotas", "count", len(store.List()))
+	<-ctx.Done()
+}
+
+// Quotas decodes the ElasticQuotas of the informer's store. A malformed
+// object is logged (once per error) and ignored; of several in one
+// namespace, the first by name applies.
+func (w *QuotaWatcher) Quotas() map[string]quota.Quota {
+	sp := w.store.Load()
+	if sp == nil {
+		return map[string]quota.Quota{}
+	}
+	var objs []*unstructured.Unstructured
+	for _, o := range (*sp).List() {
+		if u, ok := o.(*unstructured.Unstructured); ok {
+			objs = append(objs, u)
+		}
+	}
+	out, errs := QuotasOf(objs)
+	if len(errs) > 0 {
+		w.mu.Lock()
+		if w.malformed == nil {
+			w.malformed = map[string]string{}
+		}
+		for key, err := range errs {
+			if w.malformed[key] != err.Error() {
+				w.malformed[key] = err.Error()
+				klog.Background().Info("Ignoring an ElasticQuota", "quota", key, "err", err)
+			}
+		}
+		w.mu.Unlock()
+	}
+	return out
+}
+
+// QuotasOf decodes ElasticQuota objects into quotas by namespace, over the
+// resources quota governs (api.QuotaResources). Malformed objects are
+// returned as errors by namespace/name and left out; of several in one
+// namespace the first by name applies, the others are errors.
+func QuotasOf(objs []*unstructured.Unstructured) (map[string]quota.Quota, map[string]error) {
+	sort.Slice(objs, func(i, j int) bool {
+		if objs[i].GetNamespace() != objs[j].GetNamespace() {
+			return objs[i].GetNamespace() < objs[j].GetNamespace()
+		}
+		return objs[i].GetName() < objs[j].GetName()
+	})
+	out := map[string]quota.Quota{}
+	errs := map[string]error{}
+	for _, u := range objs {
+		key := u.GetNamespace() + "/" + u.GetName()
+		eq, err := api.ElasticQuotaFromUnstructured(u)
+		if err != nil {
+			errs[key] = err
+			continue
+		}
+		if prev, dup := out[eq.Namespace]; dup {
+			errs[key] = fmt.Errorf("ElasticQuota %s: namespace %s already has one (%s applies)", key, eq.Namespace, prev.Namespace)
+			continue
+		}
+		q := quota.Quota{Namespace: eq.Namespace, Min: quota.Resources{}, Max: quota.Resources{}}
+		for _, name := range api.QuotaResources() {
+			if v, ok := eq.Min[name]; ok {
+				q.Min[name] = v.Value()
+			}
+			if v, ok := eq.Max[name]; ok {
+				q.Max[name] = v.Value()
+			}
+		}
+		out[eq.Namespace] = q
+	}
+	return out, errs
+}
+
+// PodQuotaUse is what a pod counts against its namespace's quota: its
+// effective request (the larger of its containers' sum and its largest
+// init container; a request defaults to the limit) of each resource quota
+// governs.
+func PodQuotaUse(pod *corev1.Pod) quota.Resources {
+	out := quota.Resources{}
+	get := func(c *corev1.Container, name corev1.ResourceName) int64 {
+		if q, ok := c.Resources.Requests[name]; ok {
+			return q.Value()
+		}
+		if q, ok := c.Resources.Limits[name]; ok {
+			return q.Value()
+		}
+		return 0
+	}
+	for _, name := range api.QuotaResources() {
+		var sum, initMax int64
+		for i := range pod.Spec.Containers {
+			sum += get(&pod.Spec.Containers[i], name)
+		}
+		for i := range pod.Spec.InitContainers {
+			initMax = max(initMax, get(&pod.Spec.InitContainers[i], name))
+		}
+		if v := max(sum, initMax); v > 0 {
+			out[name] = v
+		}
+	}
+	return out
+}
+
+// QuotaLedger builds quota states from the quotas in force, the pods the
+// informer knows and the nodes' allocatable: everything is read afresh
+// from the informers on each call, nothing is kept.
+type QuotaLedger struct {
+	Quotas QuotaSource
+	// Pods lists the pods of a namespace (informer cache).
+	Pods func(namespace string) ([]*corev1.Pod, error)
+	// Nodes lists the nodes (informer cache) for the cluster's capacity.
+	Nodes func() ([]*corev1.Node, error)
+	// Reserved reports a pod the ledger holds a reservation for (a bind
+	// in flight): it counts as used. May be nil.
+	Reserved func(types.UID) bool
+
+	mu    sync.Mutex
+	holds map[string]hold // reclaim asks, by namespace (see Hold)
+	now   func() time.Time
+}
+
+// hold is room reclaimed for a namespace that its waiting work has not
+// taken yet.
+type hold struct {
+	uses    quota.Resources
+	expires time.Time
+}
+
+// Hold counts uses for namespace ns until the namespace's own use shows it
+// (its work started) or ttl passes. Reclaim holds the room it frees so
+// that another namespace's borrowing work cannot take it first, which
+// would make reclaim run again: the no-flap rule across the gap between an
+// eviction and the asker's start.
+func (l *QuotaLedger) Hold(ns string, uses quota.Resources, ttl time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.holds == nil {
+		l.holds = map[string]hold{}
+	}
+	l.holds[ns] = hold{uses: uses, expires: l.clock().Add(ttl)}
+}
+
+func (l *QuotaLedger) clock() time.Time {
+	if l.now != nil {
+		return l.now()
+	}
+	return time.Now()
+}
+
+// Counted reports whether pod counts against its namespace's quota: it
+// is bound or planned (or reserved at bind), not finished and not being
+// deleted (a pod being deleted frees its share; the GPU ledger still
+// counts it until it is gone).
+func (l *QuotaLedger) Counted(pod *corev1.Pod) bool {
+	if pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		return false
+	}
+	if pod.Spec.NodeName != "" {
+		return true
+	}
+	if plan, ok, err := api.GetGangPlan(pod.Annotations); ok && err == nil && plan != nil {
+		return true
+	}
+	return l.Reserved != nil && l.Reserved(pod.UID)
+}
+
+// QuotaView is a quota state with the pods behind it.
+type QuotaView struct {
+	State *quota.State
+	// Pods are the counted pods of governed namespaces.
+	Pods []*corev1.Pod
+	// Leaving are the pods of governed namespaces being deleted: not
+	// counted by quota, still on their nodes until gone.
+	Leaving []*corev1.Pod
+}
+
+// View builds the current state as namespace asking sees it (room held
+// for other namespaces counts, its own hold does not). Pods for which skip
+// is true are not counted (the pod being admitted, evictions in flight);
+// skip may be nil.
+func (l *QuotaLedger) View(asking string, skip func(*corev1.Pod) bool) (*QuotaView, error) {
+	quotas := l.Quotas.Quotas()
+	st := &quota.State{Quotas: quotas, Used: map[string]quota.Resources{}, Capacity: quota.Resources{}}
+	v := &QuotaView{State: st}
+	if len(quotas) == 0 {
+		return v, nil
+	}
+	nodes, err := l.Nodes()
+	if err != nil {
+		return nil, fmt.Errorf("listing nodes: %w", err)
+	}
+	for _, n := range nodes {
+		for _, name := range api.QuotaResources() {
+			if q, ok := n.Status.Allocatable[name]; ok {
+				st.Capacity[name] += q.Value()
+			}
+		}
+	}
+	namespaces := make([]string, 0, len(quotas))
+	for ns := range quotas {
+		namespaces = append(namespaces, ns)
+	}
+	sort.Strings(namespaces)
+	for _, ns := range namespaces {
+		pods, err := l.Pods(ns)
+		if err != nil {
+			return nil, fmt.Errorf("listing pods of %s: %w", ns, err)
+		}
+		used := quota.Resources{}
+		for _, p := range pods {
+			if p.DeletionTimestamp != nil {
+				v.Leaving = append(v.Leaving, p)
+			}
+			if !l.Counted(p) || (skip != nil && skip(p)) {
+				continue
+			}
+			used = used.Add(PodQuotaUse(p))
+			v.Pods = append(v.Pods, p)
+		}
+		st.Used[ns] = used
+	}
+	l.mu.Lock()
+	now := l.clock()
+	for ns, h := range l.holds {
+		if now.After(h.expires) || coversHold(st.Used[ns], quotas[ns].Min, h.uses) {
+			delete(l.holds, ns)
+			continue
+		}
+		if ns != asking {
+			st.Used[ns] = st.Used[ns].Add(h.uses)
+		}
+	}
+	l.mu.Unlock()
+	return v, nil
+}
+
+// coversHold reports whether a namespace's own use has reached what was
+// held for it (or its min), so that the hold is no longer needed.
+func coversHold(used, min, held quota.Resources) bool {
+	for k, v := range held {
+		if v > 0 && used[k] < min[k] && used[k] < v {
+			return false
+		}
+	}
+	return true
+}
+
+// Workloads groups pods into units of eviction: each gang whole (by
+// api.GangOf), each other pod alone. A gang's priority is its members'
+// highest, its creation its oldest member's.
+func Workloads(pods []*corev1.Pod) []quota.Workload {
+	byKey := map[string]*quota.Workload{}
+	var keys []string
+	for _, p := range pods {
+		key, name := "pod/"+p.Namespace+"/"+p.Name, p.Name
+		if g, ok, err := api.GangOf(p); ok && err == nil {
+			key, name = "gang/"+g.Key(), "gang "+g.Name
+		}
+		prio := int32(0)
+		if p.Spec.Priority != nil {
+			prio = *p.Spec.Priority
+		}
+		w := byKey[key]
+		if w == nil {
+			w = &quota.Workload{Namespace: p.Namespace, Name: name, Priority: prio, Created: p.CreationTimestamp.Time, Uses: quota.Resources{}}
+			byKey[key] = w
+			keys = append(keys, key)
+		}
+		w.Priority = max(w.Priority, prio)
+		if p.CreationTimestamp.Time.Before(w.Created) {
+			w.Created = p.CreationTimestamp.Time
+		}
+		w.Uses = w.Uses.Add(PodQuotaUse(p))
+		w.Pods = append(w.Pods, p.Name)
+	}
+	sort.Strings(keys)
+	out := make([]quota.Workload, 0, len(keys))
+	for _, k := range keys {
+		w := byKey[k]
+		sort.Strings(w.Pods)
+		out = append(out, *w)
+	}
+	return out
+}
+
+// QuotaVerdict is quota's answer for a pod at filter.
+type QuotaVerdict struct {
+	Allowed bool
+	// WithinMin: admitted without borrowing, so reclaim may make room.
+	WithinMin bool
+	Reason    Reason
+	Message   string
+	// Unresolvable: preemption cannot help (no lower-priority work of the
+	// pod's own namespace whose removal would admit it).
+	Unresolvable bool
+}
+
+// AdmitRequest decides whether namespace ns may start work of priority
+// prio using req on view v, and explains a refusal precisely.
+func AdmitRequest(v *QuotaView, ns string, prio int32, req quota.Resources, what string) QuotaVerdict {
+	st := v.State
+	d := st.Admit(ns, req)
+	if d.Allowed {
+		return QuotaVerdict{Allowed: true, WithinMin: !d.Borrowing, Message: d.Reason}
+	}
+	q := st.Quotas[ns]
+	after := st.Used[ns].Add(req)
+	out := QuotaVerdict{Reason: QuotaNotLendable}
+	for _, name := range sortedResourceNames(req) {
+		if m, capped := q.Max[name]; capped && after[name] > m {
+			out.Reason = QuotaAboveMax
+			out.Message = fmt.Sprintf("tessera: quota: %s asks for %d %s; namespace %s uses %d, its ElasticQuota max is %d", what, req[name], name, ns, st.Used[ns][name], m)
+			break
+		}
+	}
+	if out.Reason == QuotaNotLendable {
+		total, lendable := quota.Resources{}, quota.Resources{}
+		for n, qq := range st.Quotas {
+			total = total.Add(st.Used[n])
+			lendable = lendable.Add(qq.Min)
+		}
+		for k, c := range st.Capacity {
+			lendable[k] = max(lendable[k], c)
+		}
+		for _, name := range sortedResourceNames(req) {
+			if req[name] > 0 && total[name]+req[name] > lendable[name] {
+				out.Message = fmt.Sprintf("tessera: quota: %s asks for %d %s; namespace %s would borrow above its min %d, but governed namespaces use %d of %d that can be lent", what, req[name], name, ns, q.Min[name], total[name], lendable[name])
+				break
+			}
+		}
+		if out.Message == "" {
+			out.Message = "tessera: quota: " + d.Reason
+		}
+	}
+	// Preemption helps only by lower-priority work of the same namespace
+	// (CanPreempt refuses other namespaces' victims to work above min).
+	relief := quota.Resources{}
+	for _, p := range v.Pods {
+		if p.Namespace == ns && podPriority(p) < prio {
+			relief = relief.Add(PodQuotaUse(p))
+		}
+	}
+	c := st.Clone()
+	c.Used[ns] = c.Used[ns].Sub(relief)
+	out.Unresolvable = !c.Admit(ns, req).Allowed
+	return out
+}
+
+func podPriority(p *corev1.Pod) int32 {
+	if p.Spec.Priority != nil {
+		return *p.Spec.Priority
+	}
+	return 0
+}
+
+func sortedResourceNames(r quota.Resources) []corev1.ResourceName {
+	out := make([]corev1.ResourceName, 0, len(r))
+	for k := range r {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// PreemptVictims applies quota and gang rules to kube-scheduler's victims
+// on one node for preemptor (asking req): a victim that is a gang member
+// stays unless every live member of its gang is among the victims (the
+// verb can only name pods of this node, so a gang spread over nodes is
+// never broken), and a workload of another namespace goes only where
+// quota.CanPreempt allows (the preemptor within its min, the victim's
+// namespace staying at or above its own). It returns the victims allowed
+// and the reasons of those dropped, by pod name.
+func PreemptVictims(v *QuotaView, members func(gang *api.Gang) []*corev1.Pod, preemptor *corev1.Pod, req quota.Resources, victims []*corev1.Pod) (allowed []*corev1.Pod, dropped map[string]string) {
+	dropped = map[string]string{}
+	onNode := map[types.UID]bool{}
+	for _, p := range victims {
+		onNode[p.UID] = true
+	}
+	type unit struct {
+		w    quota.Workload
+		pods []*corev1.Pod
+	}
+	units := map[string]*unit{}
+	var keys []string
+	for _, p := range victims {
+		key := "pod/" + p.Namespace + "/" + p.Name
+		g, isGang, err := api.GangOf(p)
+		if isGang && err == nil {
+			key = "gang/" + g.Key()
+		}
+		if units[key] != nil {
+			continue
+		}
+		pods := []*corev1.Pod{p}
+		if isGang && err == nil {
+			pods = nil
+			whole := true
+			for _, m := range members(g) {
+				_, planned := m.Annotations[api.AnnotationGangPlan]
+				if m.DeletionTimestamp != nil || m.Status.Phase == corev1.PodSucceeded || m.Status.Phase == corev1.PodFailed || (m.Spec.NodeName == "" && !planned) {
+					continue // not running: nothing to break
+				}
+				if !onNode[m.UID] {
+					whole = false
+				}
+				pods = append(pods, m)
+			}
+			if !whole {
+				for _, m := range victims {
+					if mg, ok, err := api.GangOf(m); ok && err == nil && mg.Key() == g.Key() {
+						dropped[m.Name] = fmt.Sprintf("member of gang %s, which has members on other nodes: preempting it would break the gang", g.Key())
+					}
+				}
+				units[key] = &unit{}
+				continue
+			}
+		}
+		ws := Workloads(pods)
+		units[key] = &unit{w: ws[0], pods: pods}
+		keys = append(keys, key)
+	}
+	// Lowest priority first, as kube-scheduler would pick them.
+	sort.SliceStable(keys, func(i, j int) bool { return units[keys[i]].w.Priority < units[keys[j]].w.Priority })
+	st := v.State.Clone()
+	for _, k := range keys {
+		u := units[k]
+		ok, why := st.CanPreempt(preemptor.Namespace, req, u.w)
+		if !ok {
+			for _, p := range u.pods {
+				if onNode[p.UID] {
+					dropped[p.Name] = why
+				}
+			}
+			continue
+		}
+		if _, governed := st.Quotas[u.w.Namespace]; governed {
+			st.Used[u.w.Namespace] = st.Used[u.w.Namespace].Sub(u.w.Uses)
+		}
+		allowed = append(allowed, u.pods...)
+	}
+	return allowed, dropped
+}
+
+// describeUse renders resources for messages, e.g. "16 tessera.dev/gpu".
+func describeUse(r quota.Resources) string {
+	var parts []string
+	for _, k := range sortedResourceNames(r) {
+		if r[k] != 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", r[k], k))
+		}
+	}
+	if len(parts) == 0 {
+		return "nothing"
+	}
+	return strings.Join(parts, ", ")
+}

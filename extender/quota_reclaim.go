@@ -1,0 +1,541 @@
+package extender
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/allocator/quota"
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// Evicter evicts pods through the Eviction API, which honours
+// PodDisruptionBudgets: a budget that forbids the eviction answers 429
+// (apierrors.IsTooManyRequests).
+type Evicter interface {
+	// Evict evicts the pod; with dryRun the API server only checks that
+	// it may (budgets included).
+	Evict(ctx context.Context, pod *corev1.Pod, dryRun bool) error
+}
+
+// KubeEvicter is the Evicter of a real API server.
+type KubeEvicter struct {
+	Client kubernetes.Interface
+}
+
+var _ Evicter = (*KubeEvicter)(nil)
+
+// Evict creates an Eviction conditional on the pod's UID.
+func (k *KubeEvicter) Evict(ctx context.Context, pod *corev1.Pod, dryRun bool) error {
+	uid := pod.UID
+	opts := &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}
+	if dryRun {
+		opts.DryRun = []string{metav1.DryRunAll}
+	}
+	ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}, DeleteOptions: opts}
+	return k.Client.CoreV1().Pods(pod.Namespace).EvictV1(ctx, ev)
+}
+
+// QuotaHooks is what the verbs ask of quota.
+type QuotaHooks interface {
+	// AdmitPod decides whether the pod's namespace may take what the pod
+	// asks for.
+	AdmitPod(ctx context.Context, pod *corev1.Pod) QuotaVerdict
+	// NoRoom says that a pod admitted within its namespace's min fits no
+	// node: reclaim may make room (asynchronously).
+	NoRoom(pod *corev1.Pod)
+	// PreemptVictims keeps, of kube-scheduler's victims on a node, those
+	// quota and gangs allow; ok is false when the node is no candidate
+	// (a victim the scheduler needs for CPU or memory may not go).
+	PreemptVictims(ctx context.Context, pod *corev1.Pod, st *NodeState, victims []types.UID) (kept []types.UID, ok bool)
+}
+
+// GangQuota is what the gang planner asks of quota.
+type GangQuota interface {
+	// AdmitGang decides whether namespace ns may start the whole gang.
+	AdmitGang(ctx context.Context, ns string, members []*corev1.Pod) QuotaVerdict
+	// ReclaimFor frees room for askers (within their namespace's min)
+	// when fits says they fit no node state: it returns what it did, or
+	// why it cannot.
+	ReclaimFor(ctx context.Context, ns string, askers []*corev1.Pod, fits func(map[string]*NodeState) bool) (string, error)
+}
+
+// QuotaEnforcer applies ElasticQuota at the extender's edges: admission at
+// filter and gang planning, reclaim by eviction, quota-aware preemption.
+// Decisions are the pure functions of allocator/quota on states built
+// afresh from the informers; evictions happen outside every lock.
+type QuotaEnforcer struct {
+	Ledger  *QuotaLedger
+	Cache   *Cache
+	Evicter Evicter
+	// Pod reads a pod from the informer cache (preempt victims).
+	Pod    func(namespace, name string) (*corev1.Pod, error)
+	Events EventRecorder
+	// Metrics may be nil.
+	Metrics *Metrics
+	// HoldFor is how long reclaimed room is held for the asker (default 2m).
+	HoldFor time.Duration
+	// BlockedFor is how long a workload whose eviction a budget refused is
+	// passed over (default 1m).
+	BlockedFor time.Duration
+	Now        func() time.Time
+
+	mu       sync.Mutex
+	inflight map[types.UID]time.Time // evicted, not yet seen leaving
+	blocked  map[string]time.Time    // workload key -> passed over until
+	queue    chan types.NamespacedName
+	once     sync.Once
+}
+
+var (
+	_ QuotaHooks = (*QuotaEnforcer)(nil)
+	_ GangQuota  = (*QuotaEnforcer)(nil)
+)
+
+func (e *QuotaEnforcer) now() time.Time {
+	if e.Now != nil {
+		return e.Now()
+	}
+	return time.Now()
+}
+
+func (e *QuotaEnforcer) init() {
+	e.once.Do(func() {
+		e.inflight = map[types.UID]time.Time{}
+		e.blocked = map[string]time.Time{}
+		e.queue = make(chan types.NamespacedName, 256)
+	})
+}
+
+// AdmitPod decides at filter. A pod already counted (planned or reserved)
+// is not counted twice.
+func (e *QuotaEnforcer) AdmitPod(ctx context.Context, pod *corev1.Pod) QuotaVerdict {
+	req := PodQuotaUse(pod)
+	if len(req) == 0 {
+		return QuotaVerdict{Allowed: true}
+	}
+	v, err := e.Ledger.View(pod.Namespace, func(p *corev1.Pod) bool { return p.UID == pod.UID })
+	if err != nil {
+		// Quota cannot be read: the GPU checks still protect the nodes.
+		klog.FromContext(ctx).Info("Quota state unavailable; admitting", "pod", klog.KObj(pod), "err", err)
+		return QuotaVerdict{Allowed: true}
+	}
+	if _, governed := v.State.Quotas[pod.Namespace]; !governed {
+		return QuotaVerdict{Allowed: true}
+	}
+	return AdmitRequest(v, pod.Namespace, podPriority(pod), req, "pod "+pod.Name)
+}
+
+// AdmitGang decides for a whole gang before it is planned.
+func (e *QuotaEnforcer) AdmitGang(ctx context.Context, ns string, members []*corev1.Pod) QuotaVerdict {
+	uids := map[types.UID]bool{}
+	req := quota.Resources{}
+	var prio int32
+	for _, m := range members {
+		uids[m.UID] = true
+		req = req.Add(PodQuotaUse(m))
+		prio = max(prio, podPriority(m))
+	}
+	v, err := e.Ledger.View(ns, func(p *corev1.Pod) bool { return uids[p.UID] })
+	if err != nil {
+		klog.FromContext(ctx).Info("Quota state unavailable; admitting the gang", "namespace", ns, "err", err)
+		return QuotaVerdict{Allowed: true}
+	}
+	if _, governed := v.State.Quotas[ns]; !governed {
+		return QuotaVerdict{Allowed: true}
+	}
+	name := fmt.Sprintf("%d members", len(members))
+	if len(members) > 0 {
+		if g, ok, err := api.GangOf(members[0]); ok && err == nil {
+			name = fmt.Sprintf("gang %s (%d members)", g.Name, len(members))
+		}
+	}
+	return AdmitRequest(v, ns, prio, req, name)
+}
+
+// NoRoom queues the pod for a reclaim pass (Run); it never blocks.
+func (e *QuotaEnforcer) NoRoom(pod *corev1.Pod) {
+	e.init()
+	select {
+	case e.queue <- types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}:
+	default:
+	}
+}
+
+// Run reclaims for the pods NoRoom queues until ctx is done: each is
+// read afresh and, while still pending and fitting no node, gets room by
+// ReclaimFor.
+func (e *QuotaEnforcer) Run(ctx context.Context) {
+	e.init()
+	logger := klog.FromContext(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case key := <-e.queue:
+			if err := e.reclaimForPod(ctx, key); err != nil {
+				logger.V(2).Info("No reclaim for pod", "pod", key, "err", err)
+			}
+		}
+	}
+}
+
+func (e *QuotaEnforcer) reclaimForPod(ctx context.Context, key types.NamespacedName) error {
+	pod, err := e.Pod(key.Namespace, key.Name)
+	if err != nil {
+		return fmt.Errorf("reading pod: %w", err)
+	}
+	if pod.Spec.NodeName != "" || pod.DeletionTimestamp != nil || api.HasGangGate(pod) {
+		return nil
+	}
+	if _, planned := pod.Annotations[api.AnnotationGangPlan]; planned {
+		return nil
+	}
+	d, err := ParseDemand(pod)
+	if err != nil {
+		return err
+	}
+	fits := func(snap map[string]*NodeState) bool {
+		for _, st := range snap {
+			if Check(st, &d) == Fits {
+				return true
+			}
+		}
+		return false
+	}
+	_, err = e.ReclaimFor(ctx, pod.Namespace, []*corev1.Pod{pod}, fits)
+	return err
+}
+
+// without returns snap with the pods gone removed from their nodes'
+// states (unchanged nodes are shared).
+func without(snap map[string]*NodeState, gone map[types.UID]bool) map[string]*NodeState {
+	if len(gone) == 0 {
+		return snap
+	}
+	out := make(map[string]*NodeState, len(snap))
+	for n, st := range snap {
+		hit := false
+		for uid := range st.Pods {
+			if gone[uid] {
+				hit = true
+				break
+			}
+		}
+		if !hit {
+			out[n] = st
+			continue
+		}
+		uses := make([]*PodUse, 0, len(st.Pods))
+		for uid, u := range st.Pods {
+			if !gone[uid] {
+				uses = append(uses, u)
+			}
+		}
+		out[n] = BuildNodeState(st.Info, uses)
+	}
+	return out
+}
+
+func workloadKey(w quota.Workload) string { return w.Namespace + "/" + w.Name }
+
+// ErrNothingGuaranteed is wrapped when reclaim is not due: the asking
+// namespace has no quota or would be above its min.
+var ErrNothingGuaranteed = errors.New("reclaim not due")
+
+// choice is a decided reclaim: the workloads to evict and their pods.
+type choice struct {
+	victims []quota.Workload
+	pods    map[string][]*corev1.Pod // workload key -> pods
+	state   *quota.State
+	req     quota.Resources
+}
+
+// decide chooses the victims under e.mu and marks their pods in flight.
+func (e *QuotaEnforcer) decide(ns string, askers []*corev1.Pod, fits func(map[string]*NodeState) bool) (*choice, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.now()
+	asker := map[types.UID]bool{}
+	req := quota.Resources{}
+	for _, p := range askers {
+		asker[p.UID] = true
+		req = req.Add(PodQuotaUse(p))
+	}
+	v, err := e.Ledger.View(ns, func(p *corev1.Pod) bool { _, evicting := e.inflight[p.UID]; return asker[p.UID] || evicting })
+	if err != nil {
+		return nil, err
+	}
+	// Forget evictions that the informer shows leaving or gone.
+	live := map[types.UID]bool{}
+	for _, p := range v.Pods {
+		live[p.UID] = true
+	}
+	for uid, at := range e.inflight {
+		if _, seen := e.Cache.PodUse(uid); (!seen && !live[uid]) || now.Sub(at) > 2*time.Minute {
+			delete(e.inflight, uid)
+		}
+	}
+	for _, p := range v.Leaving {
+		delete(e.inflight, p.UID)
+	}
+	for k, until := range e.blocked {
+		if now.After(until) {
+			delete(e.blocked, k)
+		}
+	}
+	if d := v.State.Admit(ns, req); !d.Allowed || d.Borrowing {
+		return nil, fmt.Errorf("%w for %s: %s", ErrNothingGuaranteed, ns, d.Reason)
+	}
+	gone := map[types.UID]bool{}
+	for uid := range e.inflight {
+		gone[uid] = true
+	}
+	for _, p := range v.Leaving {
+		gone[p.UID] = true
+	}
+	base := without(e.Cache.Snapshot(), gone)
+	byName := map[string]*corev1.Pod{}
+	var cand []*corev1.Pod
+	for _, p := range v.Pods {
+		if !asker[p.UID] {
+			cand = append(cand, p)
+			byName[p.Namespace+"/"+p.Name] = p
+		}
+	}
+	var running []quota.Workload
+	for _, w := range Workloads(cand) {
+		if _, blocked := e.blocked[workloadKey(w)]; !blocked {
+			running = append(running, w)
+		}
+	}
+	podsOf := func(w quota.Workload) []*corev1.Pod {
+		out := make([]*corev1.Pod, 0, len(w.Pods))
+		for _, n := range w.Pods {
+			out = append(out, byName[w.Namespace+"/"+n])
+		}
+		return out
+	}
+	victims, err := v.State.Reclaim(ns, req, running, func(ws []quota.Workload) bool {
+		g := map[types.UID]bool{}
+		for _, w := range ws {
+			for _, p := range podsOf(w) {
+				g[p.UID] = true
+			}
+		}
+		return fits(without(base, g))
+	})
+	if err != nil {
+		return nil, err
+	}
+	c := &choice{victims: victims, pods: map[string][]*corev1.Pod{}, state: v.State, req: req}
+	for _, w := range victims {
+		c.pods[workloadKey(w)] = podsOf(w)
+		for _, p := range podsOf(w) {
+			e.inflight[p.UID] = now
+		}
+	}
+	return c, nil
+}
+
+// release forgets in-flight evictions of pods (a budget refused them).
+func (e *QuotaEnforcer) release(pods []*corev1.Pod, block string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, p := range pods {
+		delete(e.inflight, p.UID)
+	}
+	if block != "" {
+		d := e.BlockedFor
+		if d <= 0 {
+			d = time.Minute
+		}
+		e.blocked[block] = e.now().Add(d)
+	}
+}
+
+// ReclaimFor frees room for askers of namespace ns within its min, when
+// fits says they fit nowhere once the pods already leaving are gone. It
+// evicts whole workloads of namespaces above their min (allocator/quota
+// Reclaim: lowest priority first, newest first, never taking a namespace
+// under its own min) through the Eviction API. A workload a
+// PodDisruptionBudget protects (429, checked for every member with a dry
+// run first, so that a gang is never half evicted) is passed over and
+// reported, and the choice is made again without it. The room freed is
+// held for ns (QuotaLedger.Hold) until its work starts.
+func (e *QuotaEnforcer) ReclaimFor(ctx context.Context, ns string, askers []*corev1.Pod, fits func(map[string]*NodeState) bool) (string, error) {
+	e.init()
+	logger := klog.FromContext(ctx)
+	var blockedMsgs []string
+	for attempt := 0; attempt < 4; attempt++ {
+		c, err := e.decide(ns, askers, fits)
+		if err != nil {
+			return strings.Join(blockedMsgs, "; "), err
+		}
+		if len(c.victims) == 0 {
+			return "room is being freed by pods that are leaving", nil
+		}
+		// API writes, outside the lock: a dry run for every pod of every
+		// victim, then the evictions.
+		retry := false
+		var evicted []quota.Workload
+		for _, w := range c.victims {
+			pods := c.pods[workloadKey(w)]
+			if blocker, err := e.dryRun(ctx, pods); err != nil {
+				e.release(pods, workloadKey(w))
+				msg := fmt.Sprintf("%s of namespace %s cannot be evicted: pod %s: %v", w.Name, w.Namespace, blocker, err)
+				blockedMsgs = append(blockedMsgs, msg)
+				logger.Info("Reclaim victim refused", "namespace", ns, "victim", workloadKey(w), "pod", blocker, "err", err)
+				e.Metrics.reclaimBlocked(w.Namespace)
+				for _, p := range append(askers, pods...) {
+					e.event(p, corev1.EventTypeWarning, api.EventReclaimBlocked, "tessera: quota reclaim for namespace %s: %s", ns, msg)
+				}
+				retry = true
+				continue
+			}
+			evicted = append(evicted, w)
+		}
+		if retry {
+			for _, w := range evicted {
+				e.release(c.pods[workloadKey(w)], "")
+			}
+			continue // choose again without the refused workloads
+		}
+		var errs []error
+		var names []string
+		for _, w := range c.victims {
+			why := e.why(c, ns, w)
+			for _, p := range c.pods[workloadKey(w)] {
+				err := e.Evicter.Evict(ctx, p, false)
+				if apierrors.IsNotFound(err) {
+					continue
+				}
+				if err != nil {
+					e.release([]*corev1.Pod{p}, "")
+					errs = append(errs, fmt.Errorf("evicting %s/%s for namespace %s: %w", p.Namespace, p.Name, ns, err))
+					continue
+				}
+				e.Metrics.reclaimEvicted(w.Namespace)
+				e.event(p, corev1.EventTypeWarning, api.EventReclaimed, "tessera: evicted to reclaim quota for namespace %s: %s", ns, why)
+			}
+			names = append(names, fmt.Sprintf("%s of namespace %s (%d pods)", w.Name, w.Namespace, len(w.Pods)))
+			logger.Info("Reclaimed", "for", ns, "victim", workloadKey(w), "pods", w.Pods, "why", why)
+		}
+		hold := e.HoldFor
+		if hold <= 0 {
+			hold = 2 * time.Minute
+		}
+		e.Ledger.Hold(ns, c.req, hold)
+		msg := fmt.Sprintf("namespace %s is under its min and needs %s: evicting %s", ns, describeUse(c.req), strings.Join(names, ", "))
+		for _, p := range askers {
+			e.event(p, corev1.EventTypeNormal, api.EventQuotaReclaiming, "tessera: quota: %s", msg)
+		}
+		return msg, errors.Join(errs...)
+	}
+	return strings.Join(blockedMsgs, "; "), &quota.ReclaimError{Namespace: ns, Reason: "every workload that could be reclaimed is protected by a PodDisruptionBudget: " + strings.Join(blockedMsgs, "; ")}
+}
+
+// dryRun checks every pod may be evicted; it returns the first refused.
+func (e *QuotaEnforcer) dryRun(ctx context.Context, pods []*corev1.Pod) (string, error) {
+	for _, p := range pods {
+		if err := e.Evicter.Evict(ctx, p, true); err != nil && !apierrors.IsNotFound(err) {
+			return p.Name, err
+		}
+	}
+	return "", nil
+}
+
+// why explains a victim's choice for its Events.
+func (e *QuotaEnforcer) why(c *choice, ns string, w quota.Workload) string {
+	st := c.state
+	used, min := st.Used[ns], st.Quotas[ns].Min
+	vUsed, vMin := st.Used[w.Namespace], st.Quotas[w.Namespace].Min
+	return fmt.Sprintf("%s uses %s of its min %s and asks for %s; %s uses %s above its min %s; %s (priority %d, created %s) is the lowest-priority, newest workload whose eviction keeps %s at its min",
+		ns, describeUse(used), describeUse(min), describeUse(c.req), w.Namespace, describeUse(vUsed), describeUse(vMin), w.Name, w.Priority, w.Created.UTC().Format(time.RFC3339), w.Namespace)
+}
+
+func (e *QuotaEnforcer) event(p *corev1.Pod, typ, reason, format string, args ...any) {
+	if e.Events != nil && p != nil {
+		e.Events.Eventf(p, typ, reason, format, args...)
+	}
+}
+
+// PreemptVictims applies PreemptVictims (the function) to the victims on
+// one node. A dropped victim that uses no GPU was needed by
+// kube-scheduler for CPU or memory, so the node is then no candidate.
+func (e *QuotaEnforcer) PreemptVictims(ctx context.Context, pod *corev1.Pod, st *NodeState, victims []types.UID) ([]types.UID, bool) {
+	if st == nil {
+		return victims, true
+	}
+	v, err := e.Ledger.View(pod.Namespace, func(p *corev1.Pod) bool { return p.UID == pod.UID })
+	if err != nil {
+		klog.FromContext(ctx).Info("Quota state unavailable; keeping no gang or quota victim", "pod", klog.KObj(pod), "err", err)
+		v = &QuotaView{State: &quota.State{Quotas: map[string]quota.Quota{}, Used: map[string]quota.Resources{}}}
+	}
+	var vp []*corev1.Pod
+	byUID := map[types.UID]bool{}
+	for _, uid := range victims {
+		u, ok := st.Pods[uid]
+		if !ok {
+			continue
+		}
+		p, err := e.Pod(u.Namespace, u.Name)
+		if err != nil || p.UID != uid {
+			continue
+		}
+		vp = append(vp, p)
+		byUID[uid] = true
+	}
+	members := func(g *api.Gang) []*corev1.Pod {
+		pods, err := e.Ledger.Pods(g.Namespace)
+		if err != nil {
+			return nil
+		}
+		var out []*corev1.Pod
+		for _, p := range pods {
+			if mg, ok, err := api.GangOf(p); ok && err == nil && mg.Key() == g.Key() {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	allowed, dropped := PreemptVictims(v, members, pod, PodQuotaUse(pod), vp)
+	ok := map[types.UID]bool{}
+	for _, p := range allowed {
+		ok[p.UID] = true
+	}
+	var kept []types.UID
+	for _, uid := range victims {
+		switch {
+		case ok[uid]:
+			kept = append(kept, uid)
+		case byUID[uid]:
+			if u := st.Pods[uid]; len(u.Shared) == 0 && len(u.Whole) == 0 && u.WholePending == 0 {
+				return nil, false
+			}
+		default:
+			kept = append(kept, uid) // not a pod the extender knows: the scheduler's business
+		}
+	}
+	if len(dropped) > 0 {
+		names := make([]string, 0, len(dropped))
+		for n := range dropped {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		klog.FromContext(ctx).V(2).Info("Preemption victims kept by quota or gang rules", "pod", klog.KObj(pod), "kept", names, "why", dropped[names[0]])
+	}
+	return kept, true
+}
