@@ -16,7 +16,13 @@ require (
 	github.com/Microsoft/go-winio v0.6.2 // indirect
 	github.com/NVIDIA/go-nvlib v0.9.0 // indirect
 	github.com/NVIDIA/go-nvml v0.13.0-1 // indirect
+	github.com/containerd/log v0.1.0 // indirect
+	github.com/containerd/nri v0.12.5 // indirect
+	github.com/containerd/ttrpc v1.2.7 // indirect
+	github.com/knqyf263/go-plugin v0.9.0 // indirect
 	github.com/opencontainers/cgroups v0.1.0 // indirect
+	github.com/opencontainers/runtime-spec v1.3.0 // indirect
+	github.com/tetratelabs/wazero v1.11.0 // indirect
 	k8s.io/cri-api v0.34.2 // indirect
 	k8s.io/cri-client v0.0.0 // indirect
 )

@@ -39,12 +39,21 @@ const envParentMountNS = "TESSERA_TEST_PARENT_MOUNTNS"
 // inside a running Go program would not do: unshare(CLONE_NEWNS) is
 // per-thread and the runtime runs goroutines on many threads.
 func RunInPrivateMountNamespace(m *testing.M) int {
+	return RunMainInPrivateMountNamespace(m.Run)
+}
+
+// RunMainInPrivateMountNamespace is RunInPrivateMountNamespace for a
+// program's main (e.g. a node simulator, one process per node): the first
+// time it re-executes the program in a new mount namespace and returns the
+// child's exit code; in the child it mounts a fresh tmpfs on
+// DevicePluginDir and returns run's result.
+func RunMainInPrivateMountNamespace(run func() int) int {
 	if os.Getenv(envParentMountNS) != "" {
 		if err := mountPrivateTmpfs(DevicePluginDir); err != nil {
 			fmt.Fprintf(os.Stderr, "private mount namespace: %v\n", err)
 			return 1
 		}
-		return m.Run()
+		return run()
 	}
 	code, err := reexecInMountNamespace(DevicePluginDir)
 	if err != nil {

@@ -1,0 +1,278 @@
+// Package e2e runs Tessera end to end on a local cluster without GPUs: a
+// real control plane (etcd, kube-apiserver, kube-scheduler with deploy/'s
+// extender configuration), tessera-extender as its own process, and
+// simulated GPU nodes (package nodesim: the kubelet's real device manager,
+// containerd's NRI runtime side and the real tessera-node on mock
+// machines), every one its own process.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/test/framework/nodesim"
+)
+
+var (
+	cluster    *nodesim.Cluster
+	clusterErr error
+	once       sync.Once
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if cluster != nil {
+		if code != 0 {
+			keepLogs()
+		}
+		cluster.Stop()
+	}
+	os.Exit(code)
+}
+
+// keepLogs copies the cluster's logs to $TESSERA_TEST_ARTIFACTS/e2e (or a
+// temporary directory) when a test failed.
+func keepLogs() {
+	dst := os.Getenv("TESSERA_TEST_ARTIFACTS")
+	if dst == "" {
+		dst = os.TempDir()
+	}
+	dst = filepath.Join(dst, "tessera-e2e-logs")
+	_ = os.MkdirAll(dst, 0o755)
+	for name, src := range cluster.LogFiles() {
+		if b, err := os.ReadFile(src); err == nil {
+			_ = os.WriteFile(filepath.Join(dst, name+".log"), b, 0o644)
+		}
+	}
+	fmt.Fprintf(os.Stderr, "e2e: component logs copied to %s\n", dst)
+}
+
+func repoRoot() string {
+	wd, _ := os.Getwd()
+	return filepath.Clean(filepath.Join(wd, "..", ".."))
+}
+
+// build builds the three binaries (go's build cache makes this quick after
+// the first time).
+func build() (nodesimBin, agentBin, extenderBin string, err error) {
+	dir, err := os.MkdirTemp("", "tessera-e2e-bin-")
+	if err != nil {
+		return "", "", "", err
+	}
+	root := repoRoot()
+	for _, b := range []struct{ dir, pkg, out string }{
+		{filepath.Join(root, "test"), "./cmd/tessera-nodesim", "tessera-nodesim"},
+		{root, "./cmd/tessera-node", "tessera-node"},
+		{root, "./cmd/tessera-extender", "tessera-extender"},
+	} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, b.out), b.pkg)
+		cmd.Dir = b.dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", "", "", fmt.Errorf("go build %s: %w\n%s", b.pkg, err, out)
+		}
+	}
+	return filepath.Join(dir, "tessera-nodesim"), filepath.Join(dir, "tessera-node"), filepath.Join(dir, "tessera-extender"), nil
+}
+
+// getCluster starts the shared cluster on first use: the default four
+// nodes (two dgx-a100, one dgx-1v, one pcie-2numa).
+func getCluster(t *testing.T) *nodesim.Cluster {
+	t.Helper()
+	once.Do(func() {
+		start := time.Now()
+		ns, ag, ext, err := build()
+		if err != nil {
+			clusterErr = err
+			return
+		}
+		t.Logf("binaries built in %s", time.Since(start).Round(time.Millisecond))
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		cluster, clusterErr = nodesim.StartCluster(ctx, nodesim.ClusterOptions{
+			NodeSim: ns, Agent: ag, Extender: ext, RepoRoot: repoRoot(),
+			Logf: func(f string, a ...any) { t.Logf(f, a...) },
+		})
+		if clusterErr == nil {
+			t.Logf("cluster up in %s (dir %s)", time.Since(start).Round(time.Millisecond), cluster.Dir)
+		}
+	})
+	if clusterErr != nil {
+		t.Fatalf("local cluster: %v", clusterErr)
+	}
+	return cluster
+}
+
+func namespace(t *testing.T, c *nodesim.Cluster, name string) string {
+	t.Helper()
+	if err := c.EnsureNamespace(t.Context(), name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deleteAll(t, c, name) })
+	return name
+}
+
+// deleteAll deletes the namespace's pods and waits until they are gone
+// (the node simulators confirm deletions once the pods are stopped).
+func deleteAll(t *testing.T, c *nodesim.Cluster, ns string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	client := c.Client()
+	if err := client.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		t.Errorf("delete pods of %s: %v", ns, err)
+		return
+	}
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		l, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		return len(l.Items) == 0, nil
+	})
+	if err != nil {
+		t.Errorf("pods of %s not gone: %v", ns, err)
+	}
+}
+
+type podSpec struct {
+	name        string
+	gpus        int64 // whole GPUs
+	memUnits    int64 // tessera.dev/gpu-memory (GiB)
+	cores       int64 // tessera.dev/gpu-core
+	containers  int   // containers (each with the same request); default 1
+	annotations map[string]string
+	labels      map[string]string
+	gated       bool
+	cpu         string
+}
+
+func (s podSpec) pod(ns string) *v1.Pod {
+	rl := v1.ResourceList{}
+	if s.gpus > 0 {
+		rl[api.ResourceGPU] = *resource.NewQuantity(s.gpus, resource.DecimalSI)
+	}
+	if s.memUnits > 0 {
+		rl[api.ResourceGPUMemory] = *resource.NewQuantity(s.memUnits, resource.DecimalSI)
+	}
+	if s.cores > 0 {
+		rl[api.ResourceGPUCore] = *resource.NewQuantity(s.cores, resource.DecimalSI)
+	}
+	cpu := s.cpu
+	if cpu == "" {
+		cpu = "100m"
+	}
+	n := s.containers
+	if n == 0 {
+		n = 1
+	}
+	p := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns, Annotations: s.annotations, Labels: s.labels},
+		Spec: v1.PodSpec{
+			TerminationGracePeriodSeconds: new(int64),
+		},
+	}
+	for i := 0; i < n; i++ {
+		name := "main"
+		if i > 0 {
+			name = fmt.Sprintf("side%d", i)
+		}
+		p.Spec.Containers = append(p.Spec.Containers, v1.Container{Name: name, Image: "registry.k8s.io/pause:3.10",
+			Resources: v1.ResourceRequirements{Limits: rl.DeepCopy(), Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse(cpu)}}})
+	}
+	if s.gated {
+		p.Spec.SchedulingGates = []v1.PodSchedulingGate{{Name: api.SchedulingGateGang}}
+	}
+	return p
+}
+
+func create(t *testing.T, client kubernetes.Interface, ns string, s podSpec) *v1.Pod {
+	t.Helper()
+	p, err := client.CoreV1().Pods(ns).Create(t.Context(), s.pod(ns), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create pod %s: %v", s.name, err)
+	}
+	return p
+}
+
+// waitRunning waits for a pod to be Running and returns it with its node
+// record.
+func waitRunning(t *testing.T, c *nodesim.Cluster, ns, name string, timeout time.Duration) (*v1.Pod, *nodesim.PodRecord) {
+	t.Helper()
+	var last *v1.Pod
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		p, err := c.Client().CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		last = p
+		if p.Status.Phase == v1.PodFailed {
+			return false, fmt.Errorf("pod failed: %s: %s", p.Status.Reason, p.Status.Message)
+		}
+		return p.Status.Phase == v1.PodRunning, nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s/%s not Running: %v\n%s", ns, name, err, describe(t, c, last))
+	}
+	rec, err := c.Record(last)
+	if err != nil || rec == nil {
+		t.Fatalf("pod %s/%s: no node record (%v)", ns, name, err)
+	}
+	return last, rec
+}
+
+func describe(t *testing.T, c *nodesim.Cluster, p *v1.Pod) string {
+	if p == nil {
+		return "(never seen)"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "pod %s/%s node=%q phase=%s reason=%s message=%s\nannotations=%v\n", p.Namespace, p.Name, p.Spec.NodeName, p.Status.Phase, p.Status.Reason, p.Status.Message, p.Annotations)
+	for _, cond := range p.Status.Conditions {
+		fmt.Fprintf(&b, "  condition %s=%s %s %s\n", cond.Type, cond.Status, cond.Reason, cond.Message)
+	}
+	evs, err := c.Client().CoreV1().Events(p.Namespace).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + p.Name})
+	if err == nil {
+		sort.Slice(evs.Items, func(i, j int) bool { return evs.Items[i].LastTimestamp.Before(&evs.Items[j].LastTimestamp) })
+		for _, e := range evs.Items {
+			fmt.Fprintf(&b, "  event %s %s: %s\n", e.Type, e.Reason, e.Message)
+		}
+	}
+	return b.String()
+}
+
+func getPod(t *testing.T, client kubernetes.Interface, ns, name string) *v1.Pod {
+	t.Helper()
+	p, err := client.CoreV1().Pods(ns).Get(t.Context(), name, metav1.GetOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// inventory returns a node's GPU inventory.
+func inventory(t *testing.T, c *nodesim.Cluster, node string) *api.GPUInventory {
+	t.Helper()
+	n, err := c.Client().CoreV1().Nodes().Get(t.Context(), node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, ok, err := api.GetGPUInventory(n.Annotations)
+	if !ok || err != nil {
+		t.Fatalf("node %s inventory: ok=%v err=%v", node, ok, err)
+	}
+	return inv
+}

@@ -1,0 +1,184 @@
+package e2e
+
+import (
+	"fmt"
+	"maps"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/utils/cpuset"
+
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpu/nvmlmock"
+	"github.com/tessera-gpu/tessera/test/framework/nodesim"
+)
+
+var gpuDevice = regexp.MustCompile(`^/dev/nvidia[0-9]+$`)
+
+// profileOf returns the mock machine profile of a node of the cluster.
+func profileOf(t *testing.T, c *nodesim.Cluster, node string) string {
+	t.Helper()
+	for _, n := range c.Nodes() {
+		if n.Name == node {
+			return n.Profile
+		}
+	}
+	t.Fatalf("node %s is not in the cluster", node)
+	return ""
+}
+
+// numaCPUs returns the CPUs of a NUMA node of a profile.
+func numaCPUs(t *testing.T, profile string, numa int) cpuset.CPUSet {
+	t.Helper()
+	m, err := nvmlmock.Load(profile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range m.NUMANodes {
+		if n.ID == numa {
+			s, err := cpuset.Parse(n.CPUs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		}
+	}
+	t.Fatalf("profile %s has no NUMA node %d", profile, numa)
+	return cpuset.New()
+}
+
+// checkIsolated checks what one container of a running pod received from
+// the device plugin and the NRI plugin against its assignment: only its
+// GPUs (environment, device nodes, device cgroup), its limits when shared,
+// and a cpuset on its GPUs' NUMA nodes.
+func checkIsolated(t *testing.T, c *nodesim.Cluster, p *v1.Pod, rec *nodesim.PodRecord, container string) {
+	t.Helper()
+	a, ok, err := api.GetAssignment(p.Annotations)
+	if !ok || err != nil {
+		t.Fatalf("pod %s: assignment ok=%v err=%v", p.Name, ok, err)
+	}
+	ca := a.Container(container)
+	if ca == nil {
+		t.Fatalf("pod %s: no assignment for container %s: %+v", p.Name, container, a)
+	}
+	cr := rec.Container(container)
+	if cr == nil || !cr.Adjusted {
+		t.Fatalf("pod %s container %s: not adjusted by the NRI plugin: %s", p.Name, container, nodesim.RecordJSON(rec))
+	}
+	var gpus []api.GPURef
+	if ca.Shared != nil {
+		gpus = []api.GPURef{ca.Shared.GPU}
+	} else {
+		gpus = ca.GPUs
+	}
+	if len(gpus) == 0 {
+		t.Fatalf("pod %s container %s: assignment names no GPU: %+v", p.Name, container, ca)
+	}
+	inv := inventory(t, c, p.Spec.NodeName)
+	uuids := ""
+	wantCPUs := cpuset.New()
+	for i, g := range gpus {
+		if i > 0 {
+			uuids += ","
+		}
+		uuids += g.UUID
+		if g.Index < 0 || g.Index >= len(inv.GPUs) || inv.GPUs[g.Index].UUID != g.UUID {
+			t.Errorf("pod %s container %s: assigned GPU %+v is not GPU %d of node %s", p.Name, container, g, g.Index, p.Spec.NodeName)
+			continue
+		}
+		wantCPUs = wantCPUs.Union(numaCPUs(t, profileOf(t, c, p.Spec.NodeName), inv.GPUs[g.Index].NUMANode))
+	}
+	if got := cr.Env["NVIDIA_VISIBLE_DEVICES"]; got != uuids {
+		t.Errorf("pod %s container %s: NVIDIA_VISIBLE_DEVICES=%q, want %q", p.Name, container, got, uuids)
+	}
+	// The GPUs reach the container as device nodes or CDI devices (per the
+	// device list strategy): exactly its own.
+	var devs []string
+	for _, d := range cr.Devices {
+		if gpuDevice.MatchString(d) {
+			devs = append(devs, d)
+		}
+	}
+	cdi := map[string]bool{}
+	for _, d := range cr.CDIDevices {
+		if u, ok := strings.CutPrefix(d, "nvidia.com/gpu="); ok {
+			cdi[u] = true
+		}
+	}
+	if len(devs) > 0 && len(devs) != len(gpus) {
+		t.Errorf("pod %s container %s: GPU device nodes %v, want %d", p.Name, container, devs, len(gpus))
+	}
+	if len(devs) == 0 {
+		want := map[string]bool{}
+		for _, g := range gpus {
+			want[g.UUID] = true
+		}
+		if !maps.Equal(cdi, want) {
+			t.Errorf("pod %s container %s: CDI GPUs %v, want %v (all devices %v)", p.Name, container, cdi, want, cr.CDIDevices)
+		}
+	}
+	allowed := 0
+	for _, r := range cr.CgroupRules {
+		var verb, typ, access string
+		var major int
+		var minor string
+		if _, err := fmt.Sscanf(r, "%s %s %d:%s %s", &verb, &typ, &major, &minor, &access); err != nil {
+			continue
+		}
+		if verb == "allow" && major == 195 && minor != "255" && minor != "*" {
+			allowed++
+		}
+	}
+	if allowed != len(gpus) {
+		t.Errorf("pod %s container %s: device cgroup allows %d GPUs, want %d: %v", p.Name, container, allowed, len(gpus), cr.CgroupRules)
+	}
+	got, err := cpuset.Parse(cr.CPUs)
+	if err != nil || !got.Equals(wantCPUs) {
+		t.Errorf("pod %s container %s: cpuset %q, want the CPUs of its GPUs' NUMA nodes %q", p.Name, container, cr.CPUs, wantCPUs.String())
+	}
+	if ca.Shared != nil {
+		want := map[string]string{
+			"TESSERA_GPU_SHARED":                "true",
+			"TESSERA_GPU_MEMORY_LIMIT_MIB":      strconv.FormatInt(ca.Shared.MemoryMiB, 10),
+			"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  fmt.Sprintf("0=%dM", ca.Shared.MemoryMiB),
+			"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": strconv.FormatInt(ca.Shared.Cores, 10),
+		}
+		for k, v := range want {
+			if cr.Env[k] != v {
+				t.Errorf("pod %s container %s: %s=%q, want %q", p.Name, container, k, cr.Env[k], v)
+			}
+		}
+		if len(cr.Mounts) == 0 {
+			t.Errorf("pod %s container %s: no MPS pipe mount", p.Name, container)
+		}
+	} else if cr.Env["TESSERA_GPU_SHARED"] != "false" {
+		t.Errorf("pod %s container %s: TESSERA_GPU_SHARED=%q, want false", p.Name, container, cr.Env["TESSERA_GPU_SHARED"])
+	}
+}
+
+// A shared pod's containers receive only their GPU, with the memory and
+// core limits of their slice, and cpusets on that GPU's NUMA node.
+func TestSharedPodIsolated(t *testing.T) {
+	c := getCluster(t)
+	ns := namespace(t, c, "e2e-shared")
+	create(t, c.Client(), ns, podSpec{name: "infer", memUnits: 4, cores: 20, containers: 2})
+	p, rec := waitRunning(t, c, ns, "infer", 60*time.Second)
+	a, _, err := api.GetAssignment(p.Annotations)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ctr := range []string{"main", "side1"} {
+		ca := a.Container(ctr)
+		if ca == nil || ca.Shared == nil {
+			t.Fatalf("container %s has no shared slice: %+v", ctr, a)
+		}
+		if ca.Shared.MemoryMiB != 4*1024 || ca.Shared.Cores != 20 {
+			t.Errorf("container %s slice %+v, want 4096 MiB and 20 cores", ctr, ca.Shared)
+		}
+		checkIsolated(t, c, p, rec, ctr)
+	}
+}
