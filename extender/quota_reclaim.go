@@ -379,10 +379,13 @@ func (e *QuotaEnforcer) ReclaimFor(ctx context.Context, ns string, askers []*cor
 	e.init()
 	logger := klog.FromContext(ctx)
 	var blockedMsgs []string
-	for attempt := 0; attempt < 4; attempt++ {
+	for attempt := 0; attempt < 8; attempt++ {
 		c, err := e.decide(ns, askers, fits)
 		if err != nil {
-			return strings.Join(blockedMsgs, "; "), err
+			if len(blockedMsgs) > 0 {
+				err = fmt.Errorf("%w; passed over as their PodDisruptionBudgets refuse eviction: %s", err, strings.Join(blockedMsgs, "; "))
+			}
+			return "", err
 		}
 		if len(c.victims) == 0 {
 			return "room is being freed by pods that are leaving", nil

@@ -1,0 +1,774 @@
+package extender
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	"github.com/tessera-gpu/tessera/allocator/quota"
+	"github.com/tessera-gpu/tessera/api"
+)
+
+type staticQuotas map[string]quota.Quota
+
+func (s staticQuotas) Quotas() map[string]quota.Quota { return s }
+
+func gpus(n int64) quota.Resources { return quota.Resources{api.ResourceGPU: n} }
+
+// minMax16x32 is the scenario: namespaces a and b, min 16, max 32.
+func minMax16x32() staticQuotas {
+	return staticQuotas{
+		"a": {Namespace: "a", Min: gpus(16), Max: gpus(32)},
+		"b": {Namespace: "b", Min: gpus(16), Max: gpus(32)},
+	}
+}
+
+// quotaFixture runs the extender's quota enforcement (filter, gang
+// planner, reclaim, preempt) against a fake clientset whose evictions
+// delete the pod, unless pdb names it (429, as a PodDisruptionBudget
+// would answer).
+type quotaFixture struct {
+	t       *testing.T
+	client  *fake.Clientset
+	cache   *Cache
+	events  *fakeEvents
+	nodes   []*corev1.Node
+	enf     *QuotaEnforcer
+	planner *GangPlanner
+	srv     *Server
+	reg     *prometheus.Registry
+	now     time.Time
+
+	mu      sync.Mutex
+	evicted []string // ns/name, real evictions
+	dryRuns int
+	pdb     map[string]bool
+}
+
+var podsGVR = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+
+func newQuotaFixture(t *testing.T, quotas QuotaSource, nodes ...*corev1.Node) *quotaFixture {
+	t.Helper()
+	f := &quotaFixture{t: t, client: fake.NewClientset(), cache: NewCache(), events: &fakeEvents{}, pdb: map[string]bool{},
+		now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), reg: prometheus.NewRegistry()}
+	for _, n := range nodes {
+		n = n.DeepCopy()
+		n.Status.Allocatable[api.ResourceGPU] = *resource.NewQuantity(int64(len(mustInventory(t, n).GPUs)), resource.DecimalSI)
+		f.nodes = append(f.nodes, n)
+		f.cache.SetNode(n)
+	}
+	f.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "eviction" {
+			return false, nil, nil
+		}
+		ev := a.(k8stesting.CreateAction).GetObject().(*policyv1.Eviction)
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.pdb[ev.Name] {
+			return true, nil, apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+		}
+		if ev.DeleteOptions != nil && len(ev.DeleteOptions.DryRun) > 0 {
+			f.dryRuns++
+			return true, nil, nil
+		}
+		f.evicted = append(f.evicted, ev.Namespace+"/"+ev.Name)
+		return true, nil, f.client.Tracker().Delete(podsGVR, ev.Namespace, ev.Name)
+	})
+	ledger := &QuotaLedger{
+		Quotas: quotas,
+		Pods:   func(ns string) ([]*corev1.Pod, error) { return f.list(ns) },
+		Nodes:  func() ([]*corev1.Node, error) { return f.nodes, nil },
+		Reserved: func(uid types.UID) bool {
+			_, ok := f.cache.Reservation(uid)
+			return ok
+		},
+		now: func() time.Time { return f.now },
+	}
+	metrics := NewMetrics(f.reg)
+	f.enf = &QuotaEnforcer{Ledger: ledger, Cache: f.cache, Evicter: &KubeEvicter{Client: f.client}, Events: f.events, Metrics: metrics,
+		Now: func() time.Time { return f.now },
+		Pod: func(ns, name string) (*corev1.Pod, error) {
+			return f.client.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+		}}
+	f.planner = NewGangPlanner(GangPlannerConfig{
+		Cache: f.cache, Client: &KubeGang{Client: f.client}, Pods: func() ([]*corev1.Pod, error) { return f.list("") },
+		Policy: testPolicy(t, PolicyBinpack), Events: f.events, Now: func() time.Time { return f.now }, Quota: f.enf,
+	})
+	f.srv = NewServer(f.cache, testPolicy(t, PolicyBinpack), newFakePods(), f.events, metrics)
+	f.srv.SetQuota(f.enf)
+	return f
+}
+
+func mustInventory(t *testing.T, n *corev1.Node) *api.GPUInventory {
+	t.Helper()
+	inv, ok, err := api.GetGPUInventory(n.Annotations)
+	if !ok || err != nil {
+		t.Fatalf("node %s: inventory %v %v", n.Name, ok, err)
+	}
+	return inv
+}
+
+func (f *quotaFixture) list(ns string) ([]*corev1.Pod, error) {
+	l, err := f.client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*corev1.Pod, len(l.Items))
+	for i := range l.Items {
+		out[i] = &l.Items[i]
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Namespace+"/"+out[i].Name < out[j].Namespace+"/"+out[j].Name })
+	return out, nil
+}
+
+// feed makes the ledger match the clientset, as the informer would.
+func (f *quotaFixture) feed() {
+	f.t.Helper()
+	pods, _ := f.list("")
+	live := map[types.UID]bool{}
+	for _, p := range pods {
+		live[p.UID] = true
+		f.cache.SetPod(p)
+	}
+	for _, st := range f.cache.Snapshot() {
+		for uid := range st.Pods {
+			if !live[uid] {
+				f.cache.DeletePod(uid)
+			}
+		}
+	}
+}
+
+// sync runs one planner pass and feeds the ledger.
+func (f *quotaFixture) sync() {
+	f.t.Helper()
+	if err := f.planner.Sync(context.Background()); err != nil {
+		f.t.Fatalf("Sync: %v", err)
+	}
+	f.feed()
+}
+
+type podOpt func(*corev1.Pod)
+
+func inGang(name string, minMember int) podOpt {
+	return func(p *corev1.Pod) {
+		p.Annotations[api.AnnotationGang] = name
+		p.Annotations[api.AnnotationGangMinMember] = fmt.Sprint(minMember)
+	}
+}
+
+func gated(p *corev1.Pod) {
+	p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: api.SchedulingGateGang}}
+}
+
+func on(node string) podOpt { return func(p *corev1.Pod) { p.Spec.NodeName = node } }
+
+func prio(n int32) podOpt { return func(p *corev1.Pod) { p.Spec.Priority = &n } }
+
+// pod creates a pod of namespace ns asking for n whole GPUs.
+func (f *quotaFixture) pod(ns, name string, n int64, created time.Time, opts ...podOpt) *corev1.Pod {
+	f.t.Helper()
+	p := makePod(name).Whole(n).Obj()
+	p.Namespace = ns
+	p.UID = types.UID("uid-" + ns + "-" + name + "-" + created.Format("150405"))
+	p.CreationTimestamp = metav1.NewTime(created)
+	for _, o := range opts {
+		o(p)
+	}
+	if _, err := f.client.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		f.t.Fatal(err)
+	}
+	f.cache.SetPod(p)
+	return p
+}
+
+func (f *quotaFixture) evictions() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.evicted...)
+}
+
+func (f *quotaFixture) eventsWith(reason string) []string {
+	f.events.mu.Lock()
+	defer f.events.mu.Unlock()
+	var out []string
+	for _, e := range f.events.events {
+		if strings.HasPrefix(e, reason+": ") {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func (f *quotaFixture) filter(pod *corev1.Pod) *extenderv1.ExtenderFilterResult {
+	names := make([]string, 0, len(f.nodes))
+	for _, n := range f.nodes {
+		names = append(names, n.Name)
+	}
+	return f.srv.FilterArgs(context.Background(), &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
+}
+
+func TestQuotaFilterAdmission(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	type want struct {
+		Passed       []string
+		Failed       map[string]string
+		Unresolvable map[string]string
+	}
+	all := func(msg string) map[string]string {
+		return map[string]string{"n0": msg, "n1": msg, "n2": msg, "n3": msg}
+	}
+	cases := []struct {
+		name   string
+		quotas staticQuotas
+		// a uses 16 GPUs on n0 and n1 (priority 5); b uses 8 on n2.
+		ns      string
+		gpus    int64
+		prio    int32
+		want    want
+		metric  Reason
+		noEvent bool
+	}{{
+		name: "namespace without quota", quotas: minMax16x32(), ns: "c", gpus: 8,
+		want: want{Passed: []string{"n3"}, Failed: map[string]string{}, Unresolvable: map[string]string{}}, noEvent: true,
+	}, {
+		name: "within min", quotas: minMax16x32(), ns: "b", gpus: 8,
+		want: want{Passed: []string{"n3"}, Failed: map[string]string{}, Unresolvable: map[string]string{}}, noEvent: true,
+	}, {
+		name: "borrowing within what can be lent", quotas: minMax16x32(), ns: "a", gpus: 8,
+		want: want{Passed: []string{"n3"}, Failed: map[string]string{}, Unresolvable: map[string]string{}}, noEvent: true,
+	}, {
+		name: "above max, nothing of lower priority to preempt",
+		quotas: staticQuotas{
+			"a": {Namespace: "a", Min: gpus(8), Max: gpus(16)},
+			"b": {Namespace: "b", Min: gpus(16), Max: gpus(32)},
+		},
+		ns: "a", gpus: 8, prio: 5,
+		want:   want{Failed: map[string]string{}, Unresolvable: all("tessera: quota: pod p asks for 8 tessera.dev/gpu; namespace a uses 16, its ElasticQuota max is 16")},
+		metric: QuotaAboveMax,
+	}, {
+		name: "above max, lower-priority work of its own namespace could go",
+		quotas: staticQuotas{
+			"a": {Namespace: "a", Min: gpus(8), Max: gpus(16)},
+			"b": {Namespace: "b", Min: gpus(16), Max: gpus(32)},
+		},
+		ns: "a", gpus: 8, prio: 10,
+		want:   want{Unresolvable: map[string]string{}, Failed: all("tessera: quota: pod p asks for 8 tessera.dev/gpu; namespace a uses 16, its ElasticQuota max is 16")},
+		metric: QuotaAboveMax,
+	}, {
+		name: "borrowing beyond what can be lent",
+		quotas: staticQuotas{
+			"a": {Namespace: "a", Min: gpus(8), Max: gpus(64)},
+			"b": {Namespace: "b", Min: gpus(16), Max: gpus(32)},
+		},
+		ns: "b", gpus: 16, prio: 0,
+		want:   want{Failed: map[string]string{}, Unresolvable: all("tessera: quota: pod p asks for 16 tessera.dev/gpu; namespace b would borrow above its min 16, but governed namespaces use 24 of 32 that can be lent")},
+		metric: QuotaNotLendable,
+	}}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newQuotaFixture(t, tc.quotas, eightGPUNodes(4)...)
+			f.pod("a", "a0", 8, t0, on("n0"), prio(5))
+			f.pod("a", "a1", 8, t0, on("n1"), prio(5))
+			f.pod("b", "b0", 8, t0, on("n2"))
+			p := makePod("p").Whole(tc.gpus).Priority(tc.prio).Obj()
+			p.Namespace = tc.ns
+			res := f.filter(p)
+			if res.Error != "" {
+				t.Fatalf("filter error: %s", res.Error)
+			}
+			got := want{Passed: *res.NodeNames, Failed: res.FailedNodes, Unresolvable: res.FailedAndUnresolvableNodes}
+			if tc.want.Passed != nil {
+				// Only the node whose GPUs are free passes; the others
+				// fail for GPUs, not quota.
+				got.Failed, got.Unresolvable = map[string]string{}, map[string]string{}
+				for n, m := range res.FailedNodes {
+					if strings.Contains(m, "quota") {
+						got.Failed[n] = m
+					}
+				}
+			}
+			if diff := cmp.Diff(tc.want, got, cmp.Comparer(func(a, b []string) bool { return strings.Join(a, ",") == strings.Join(b, ",") })); diff != "" {
+				t.Errorf("filter (-want +got):\n%s", diff)
+			}
+			evs := f.eventsWith(api.EventQuotaExceeded)
+			if tc.noEvent != (len(evs) == 0) {
+				t.Errorf("QuotaExceeded events %q, want some: %v", evs, !tc.noEvent)
+			}
+			if tc.metric != "" {
+				if v := counterValue(t, f.reg, "rejections", string(tc.metric)); v != 4 {
+					t.Errorf("rejections{%s} = %v, want 4", tc.metric, v)
+				}
+			}
+		})
+	}
+}
+
+// TestGangQuotaAdmittedWhole: a gang is admitted for the sum of its
+// members, so a gang whose members would each fit under max alone waits
+// whole with the quota reason.
+func TestGangQuotaAdmittedWhole(t *testing.T) {
+	f := newQuotaFixture(t, staticQuotas{"a": {Namespace: "a", Min: gpus(8), Max: gpus(16)}}, eightGPUNodes(4)...)
+	t0 := f.now
+	for i := range 3 {
+		f.pod("a", fmt.Sprintf("g-%d", i), 8, t0, inGang("g", 3), gated)
+	}
+	f.sync()
+	pods, _ := f.list("a")
+	for _, p := range pods {
+		if _, planned := p.Annotations[api.AnnotationGangPlan]; planned || !api.HasGangGate(p) {
+			t.Errorf("member %s planned=%v gated=%v: want it held", p.Name, planned, api.HasGangGate(p))
+		}
+	}
+	want := "QuotaExceeded: tessera: quota: gang g (3 members) asks for 24 tessera.dev/gpu; namespace a uses 0, its ElasticQuota max is 16"
+	if diff := cmp.Diff([]string{want, want, want}, f.eventsWith(api.EventQuotaExceeded)); diff != "" {
+		t.Errorf("QuotaExceeded events (-want +got):\n%s", diff)
+	}
+	f.sync()
+	if n := len(f.eventsWith(api.EventQuotaExceeded)); n != 3 {
+		t.Errorf("a second pass with the same reason emitted events again: %d", n)
+	}
+}
+
+// TestReclaimEvictsWholeBorrowedGang is the scenario in the
+// planner: a's two gangs fill the 32 GPUs (16 of them borrowed from b);
+// b's gang within its min gets the room of a's newest gang, evicted whole;
+// afterwards nothing flaps: b is planned, a's gang, recreated by its
+// controller, waits with the quota reason, and nothing more is evicted.
+func TestReclaimEvictsWholeBorrowedGang(t *testing.T) {
+	f := newQuotaFixture(t, minMax16x32(), eightGPUNodes(4)...)
+	t0 := f.now
+	f.pod("a", "a1-0", 8, t0, inGang("a1", 2), on("n0"))
+	f.pod("a", "a1-1", 8, t0, inGang("a1", 2), on("n1"))
+	f.pod("a", "a2-0", 8, t0.Add(time.Minute), inGang("a2", 2), on("n2"))
+	f.pod("a", "a2-1", 8, t0.Add(time.Minute), inGang("a2", 2), on("n3"))
+	f.pod("b", "b-0", 8, t0.Add(2*time.Minute), inGang("b", 2), gated)
+	f.pod("b", "b-1", 8, t0.Add(2*time.Minute), inGang("b", 2), gated)
+
+	f.sync()
+	if diff := cmp.Diff([]string{"a/a2-0", "a/a2-1"}, f.evictions()); diff != "" {
+		t.Fatalf("evictions (-want +got):\n%s", diff)
+	}
+	if f.dryRuns != 2 {
+		t.Errorf("%d dry-run evictions, want 2 (every member checked first)", f.dryRuns)
+	}
+	rec := f.eventsWith(api.EventReclaimed)
+	if len(rec) != 2 || !strings.Contains(rec[0], "reclaim quota for namespace b") || !strings.Contains(rec[0], "gang a2 (priority 0") {
+		t.Errorf("Reclaimed events %q", rec)
+	}
+	if ev := f.eventsWith(api.EventQuotaReclaiming); len(ev) != 2 || !strings.Contains(ev[0], "evicting gang a2 of namespace a (2 pods)") {
+		t.Errorf("QuotaReclaiming events on b's members: %q", ev)
+	}
+	if v := counterValue(t, f.reg, "quota_reclaim_evictions", "a"); v != 2 {
+		t.Errorf("quota_reclaim_evictions_total{a} = %v, want 2", v)
+	}
+
+	// a2's controller recreates its pods at once (gated by the webhook).
+	f.now = f.now.Add(time.Second)
+	f.pod("a", "a2-0", 8, f.now, inGang("a2", 2), gated)
+	f.pod("a", "a2-1", 8, f.now, inGang("a2", 2), gated)
+	for range 5 {
+		f.sync()
+		f.now = f.now.Add(time.Second)
+	}
+	if diff := cmp.Diff([]string{"a/a2-0", "a/a2-1"}, f.evictions()); diff != "" {
+		t.Errorf("evictions after the reclaim (-want +got):\n%s", diff)
+	}
+	pods, _ := f.list("")
+	got := map[string]string{}
+	for _, p := range pods {
+		plan, ok, _ := api.GetGangPlan(p.Annotations)
+		switch {
+		case p.Spec.NodeName != "":
+			got[p.Namespace+"/"+p.Name] = "bound " + p.Spec.NodeName
+		case ok:
+			got[p.Namespace+"/"+p.Name] = "planned " + plan.Node
+		default:
+			got[p.Namespace+"/"+p.Name] = "waiting"
+		}
+	}
+	want := map[string]string{"a/a1-0": "bound n0", "a/a1-1": "bound n1", "a/a2-0": "waiting", "a/a2-1": "waiting", "b/b-0": "planned n2", "b/b-1": "planned n3"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("pods (-want +got):\n%s", diff)
+	}
+	ex := f.eventsWith(api.EventQuotaExceeded)
+	if len(ex) == 0 || !strings.Contains(ex[0], "namespace a would borrow above its min 16, but governed namespaces use 32 of 32 that can be lent") {
+		t.Errorf("recreated a2: QuotaExceeded events %q", ex)
+	}
+}
+
+// reclaimScene: a uses 32 (gang a1 of 16, oldest, and pods ax and ay of 8,
+// ay newest); b's plain pod of 8 is pending within its min.
+func reclaimScene(t *testing.T) (*quotaFixture, *corev1.Pod) {
+	f := newQuotaFixture(t, minMax16x32(), eightGPUNodes(4)...)
+	t0 := f.now
+	f.pod("a", "a1-0", 8, t0, inGang("a1", 2), on("n0"))
+	f.pod("a", "a1-1", 8, t0, inGang("a1", 2), on("n1"))
+	f.pod("a", "ax", 8, t0.Add(time.Minute), on("n2"))
+	f.pod("a", "ay", 8, t0.Add(2*time.Minute), on("n3"))
+	b := f.pod("b", "b-0", 8, t0.Add(3*time.Minute))
+	return f, b
+}
+
+// reclaimQueued runs the reclaim a filter without room queued.
+func (f *quotaFixture) reclaimQueued() error {
+	f.t.Helper()
+	select {
+	case key := <-f.enf.queue:
+		err := f.enf.reclaimForPod(context.Background(), key)
+		f.feed()
+		return err
+	default:
+		f.t.Fatal("filter queued no reclaim")
+		return nil
+	}
+}
+
+func TestReclaimForPlainPodAndHold(t *testing.T) {
+	f, b := reclaimScene(t)
+	res := f.filter(b)
+	if len(*res.NodeNames) != 0 {
+		t.Fatalf("b-0 passed %v on a full cluster", *res.NodeNames)
+	}
+	if err := f.reclaimQueued(); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"a/ay"}, f.evictions()); diff != "" {
+		t.Fatalf("evictions (-want +got):\n%s", diff)
+	}
+	// ay's controller recreates it at once: it must not borrow the room
+	// reclaimed for b (that would make reclaim run again: a flap).
+	f.now = f.now.Add(time.Second)
+	ay := f.pod("a", "ay", 8, f.now)
+	res = f.filter(ay)
+	if len(*res.NodeNames) != 0 || !strings.Contains(res.FailedAndUnresolvableNodes["n0"], "that can be lent") {
+		t.Fatalf("recreated ay: passed %v, unresolvable %v; want it refused by quota", *res.NodeNames, res.FailedAndUnresolvableNodes)
+	}
+	res = f.filter(b)
+	if diff := cmp.Diff([]string{"n3"}, *res.NodeNames); diff != "" {
+		t.Errorf("b-0 after the reclaim (-want +got):\n%s", diff)
+	}
+	// b-0 binds: the hold is taken by b's own use; ay stays refused.
+	b.Spec.NodeName = "n3"
+	if _, err := f.client.CoreV1().Pods("b").Update(context.Background(), b, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.feed()
+	res = f.filter(ay)
+	if len(*res.NodeNames) != 0 {
+		t.Errorf("recreated ay passed %v after b bound", *res.NodeNames)
+	}
+	if diff := cmp.Diff([]string{"a/ay"}, f.evictions()); diff != "" {
+		t.Errorf("evictions at the end (-want +got):\n%s", diff)
+	}
+}
+
+func TestReclaimSkipsWorkloadProtectedByPDB(t *testing.T) {
+	cases := []struct {
+		name          string
+		pdb           []string
+		wantEvictions []string
+		wantErr       string
+		wantBlocked   int
+	}{
+		{name: "newest protected: the next one goes", pdb: []string{"ay"}, wantEvictions: []string{"a/ax"}, wantBlocked: 2},
+		// a1 (16, oldest) may go too: a keeps its min of 16.
+		{name: "all protected: nothing goes", pdb: []string{"ax", "ay", "a1-1"}, wantErr: "other namespaces borrow too little to free tessera.dev/gpu=8 without falling under their own min; passed over as their PodDisruptionBudgets refuse eviction", wantBlocked: 7},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f, b := reclaimScene(t)
+			for _, n := range tc.pdb {
+				f.pdb[n] = true
+			}
+			f.filter(b)
+			err := f.reclaimQueued()
+			if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Errorf("reclaim error %v, want %q", err, tc.wantErr)
+			}
+			if diff := cmp.Diff(tc.wantEvictions, f.evictions()); diff != "" {
+				t.Errorf("evictions (-want +got):\n%s", diff)
+			}
+			// One event on the asker and one on the protected pod each.
+			if got := f.eventsWith(api.EventReclaimBlocked); len(got) != tc.wantBlocked || !strings.Contains(got[0], "cannot be evicted") {
+				t.Errorf("ReclaimBlocked events %q, want %d", got, tc.wantBlocked)
+			}
+		})
+	}
+}
+
+func TestReclaimNeverTakesANamespaceUnderItsMin(t *testing.T) {
+	// a runs one gang of 32, half inside its min: it is spared, and b
+	// waits.
+	f := newQuotaFixture(t, minMax16x32(), eightGPUNodes(4)...)
+	for i := range 4 {
+		f.pod("a", fmt.Sprintf("a-%d", i), 8, f.now, inGang("big", 4), on(fmt.Sprintf("n%d", i)))
+	}
+	b := f.pod("b", "b-0", 8, f.now.Add(time.Minute))
+	f.filter(b)
+	err := f.reclaimQueued()
+	if err == nil || !strings.Contains(err.Error(), "without falling under their own min") {
+		t.Errorf("reclaim error %v", err)
+	}
+	if got := f.evictions(); len(got) != 0 {
+		t.Errorf("evicted %v", got)
+	}
+}
+
+func TestPreemptVictimsKeepGangsWholeAndMins(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	mk := func(ns, name, node string, n int64, opts ...podOpt) *corev1.Pod {
+		p := makePod(name).Whole(n).Node(node).Obj()
+		p.Namespace, p.UID, p.CreationTimestamp = ns, types.UID("uid-"+ns+"-"+name), metav1.NewTime(t0)
+		for _, o := range opts {
+			o(p)
+		}
+		return p
+	}
+	// a: min 16 uses 32 (gang g1 2x4 on n0, gang g2 2x4 spread over n0
+	// and n1, p1 and p2 8 each on n1); b: min 16 uses 0.
+	g1a := mk("a", "g1-0", "n0", 4, inGang("g1", 2))
+	g1b := mk("a", "g1-1", "n0", 4, inGang("g1", 2))
+	g2a := mk("a", "g2-0", "n0", 4, inGang("g2", 2))
+	g2b := mk("a", "g2-1", "n1", 4, inGang("g2", 2))
+	p1 := mk("a", "p1", "n1", 8)
+	p2 := mk("a", "p2", "n1", 8)
+	all := []*corev1.Pod{g1a, g1b, g2a, g2b, p1, p2}
+	st := &quota.State{Quotas: minMax16x32(), Used: map[string]quota.Resources{"a": gpus(32)}, Capacity: gpus(32)}
+	view := &QuotaView{State: st, Pods: all}
+	members := func(g *api.Gang) []*corev1.Pod {
+		var out []*corev1.Pod
+		for _, p := range all {
+			if mg, ok, _ := api.GangOf(p); ok && mg.Key() == g.Key() {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	names := func(ps []*corev1.Pod) []string {
+		var out []string
+		for _, p := range ps {
+			out = append(out, p.Name)
+		}
+		sort.Strings(out)
+		return out
+	}
+	cases := []struct {
+		name      string
+		preemptor *corev1.Pod
+		victims   []*corev1.Pod
+		want      []string
+		dropped   []string
+	}{{
+		name:      "a whole gang on the node may go for b within its min",
+		preemptor: mk("b", "x", "", 4), victims: []*corev1.Pod{g1a, g1b},
+		want: []string{"g1-0", "g1-1"},
+	}, {
+		name:      "a gang with a member on another node is never broken",
+		preemptor: mk("b", "x", "", 4), victims: []*corev1.Pod{g2a, g1a, g1b},
+		want: []string{"g1-0", "g1-1"}, dropped: []string{"g2-0"},
+	}, {
+		name:      "not below the victim namespace's min",
+		preemptor: mk("b", "x", "", 8), victims: []*corev1.Pod{p1, p2, g1a, g1b},
+		want: []string{"p1", "p2"}, dropped: []string{"g1-0", "g1-1"},
+	}, {
+		name:      "a preemptor above its own min takes nothing from others",
+		preemptor: mk("b", "x", "", 24), victims: []*corev1.Pod{p1},
+		dropped: []string{"p1"},
+	}, {
+		name:      "same namespace: priority alone decides",
+		preemptor: mk("a", "x", "", 8), victims: []*corev1.Pod{p1, p2, g1a, g1b},
+		want: []string{"g1-0", "g1-1", "p1", "p2"},
+	}}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			allowed, dropped := PreemptVictims(view, members, tc.preemptor, PodQuotaUse(tc.preemptor), tc.victims)
+			if diff := cmp.Diff(tc.want, names(allowed)); diff != "" {
+				t.Errorf("allowed (-want +got):\n%s", diff)
+			}
+			var d []string
+			for n := range dropped {
+				d = append(d, n)
+			}
+			sort.Strings(d)
+			if diff := cmp.Diff(tc.dropped, d); diff != "" {
+				t.Errorf("dropped (-want +got):\n%s (reasons %v)", diff, dropped)
+			}
+		})
+	}
+}
+
+// TestPreemptVerbWithQuota: through the verb, a node whose only GPU
+// victims are a partial gang is dropped; a node with a whole
+// lower-priority single pod of a borrowing namespace keeps it.
+func TestPreemptVerbWithQuota(t *testing.T) {
+	f := newQuotaFixture(t, minMax16x32(), eightGPUNodes(3)...)
+	t0 := f.now
+	f.pod("a", "other", 8, t0, on("n2")) // a uses 24: 8 above its min
+	g0 := f.pod("a", "g-0", 8, t0, inGang("g", 2), on("n0"))
+	f.pod("a", "g-1", 4, t0, inGang("g", 2), on("n1"))
+	solo := f.pod("a", "solo", 4, t0, on("n1"))
+	pre := makePod("x").Whole(4).Priority(100).Obj()
+	pre.Namespace = "b"
+	args := &extenderv1.ExtenderPreemptionArgs{Pod: pre, NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{
+		"n0": {Pods: []*extenderv1.MetaPod{{UID: string(g0.UID)}}},
+		"n1": {Pods: []*extenderv1.MetaPod{{UID: string(solo.UID)}}},
+	}}
+	res, err := f.srv.PreemptArgs(context.Background(), args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]*extenderv1.MetaVictims{"n1": {Pods: []*extenderv1.MetaPod{{UID: string(solo.UID)}}}}
+	if diff := cmp.Diff(want, res.NodeNameToMetaVictims); diff != "" {
+		t.Errorf("victims (-want +got):\n%s", diff)
+	}
+}
+
+// fakeDiscovery serves the scheduling.x-k8s.io/v1alpha1 group once
+// installed is set.
+type fakeDiscovery struct {
+	mu        sync.Mutex
+	installed bool
+	calls     int
+}
+
+func (d *fakeDiscovery) ServerResourcesForGroupVersion(gv string) (*metav1.APIResourceList, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.calls++
+	if !d.installed || gv != api.ElasticQuotaGVR.GroupVersion().String() {
+		return nil, apierrors.NewNotFound(schema.GroupResource{Group: api.ElasticQuotaGVR.Group}, gv)
+	}
+	return &metav1.APIResourceList{GroupVersion: gv, APIResources: []metav1.APIResource{{Name: "elasticquotas", Namespaced: true, Kind: "ElasticQuota"}}}, nil
+}
+
+func elasticQuota(ns, name string, min, max map[string]any) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "ElasticQuota",
+		"metadata": map[string]any{"namespace": ns, "name": name},
+		"spec":     map[string]any{"min": min, "max": max},
+	}}
+}
+
+// TestQuotaWatcherMissingCRD: without the CRD the watcher is decided at
+// once with no quotas (the extender gets ready and enforces nothing);
+// once the CRD appears the quotas are picked up without a restart.
+func TestQuotaWatcherMissingCRD(t *testing.T) {
+	scheme := runtime.NewScheme()
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme,
+		map[schema.GroupVersionResource]string{api.ElasticQuotaGVR: "ElasticQuotaList"},
+		elasticQuota("a", "q", map[string]any{"tessera.dev/gpu": "16"}, map[string]any{"tessera.dev/gpu": "32", "cpu": "100"}))
+	disc := &fakeDiscovery{}
+	changed := make(chan struct{}, 10)
+	w := &QuotaWatcher{Dynamic: dyn, Discovery: disc, Retry: 20 * time.Millisecond, OnChange: func() { changed <- struct{}{} }}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go w.Run(ctx)
+	waitFor(t, "decided without the CRD", w.Decided)
+	if got := w.Quotas(); len(got) != 0 {
+		t.Errorf("quotas without the CRD: %v", got)
+	}
+	waitFor(t, "a second look for the CRD", func() bool { disc.mu.Lock(); defer disc.mu.Unlock(); return disc.calls >= 2 })
+	disc.mu.Lock()
+	disc.installed = true
+	disc.mu.Unlock()
+	waitFor(t, "the quota picked up", func() bool { return len(w.Quotas()) == 1 })
+	want := map[string]quota.Quota{"a": {Namespace: "a", Min: gpus(16), Max: gpus(32)}}
+	if diff := cmp.Diff(want, w.Quotas()); diff != "" {
+		t.Errorf("quotas (-want +got):\n%s", diff)
+	}
+	select {
+	case <-changed:
+	case <-time.After(5 * time.Second):
+		t.Error("no OnChange for the quota")
+	}
+}
+
+func TestQuotasOf(t *testing.T) {
+	objs := []*unstructured.Unstructured{
+		elasticQuota("a", "z-second", map[string]any{"tessera.dev/gpu": "1"}, nil),
+		elasticQuota("a", "first", map[string]any{"tessera.dev/gpu": "8", "nvidia.com/gpu": "2"}, map[string]any{"tessera.dev/gpu-memory": "80"}),
+		elasticQuota("b", "bad", map[string]any{"tessera.dev/gpu": "lots"}, nil),
+		elasticQuota("c", "inverted", map[string]any{"tessera.dev/gpu": "8"}, map[string]any{"tessera.dev/gpu": "4"}),
+	}
+	got, errs := QuotasOf(objs)
+	want := map[string]quota.Quota{"a": {Namespace: "a",
+		Min: quota.Resources{api.ResourceGPU: 8, api.ResourceNVIDIAGPU: 2}, Max: quota.Resources{api.ResourceGPUMemory: 80}}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("quotas (-want +got):\n%s", diff)
+	}
+	var keys []string
+	for k := range errs {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	if diff := cmp.Diff([]string{"a/z-second", "b/bad", "c/inverted"}, keys); diff != "" {
+		t.Errorf("errors (-want +got):\n%s (%v)", diff, errs)
+	}
+}
+
+func TestQuotaCollector(t *testing.T) {
+	f, _ := reclaimScene(t)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(&QuotaCollector{State: func() (*quota.State, error) {
+		v, err := f.enf.Ledger.View("", nil)
+		if err != nil {
+			return nil, err
+		}
+		return v.State, nil
+	}})
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.Metric {
+			var ns string
+			for _, l := range m.Label {
+				if l.GetName() == "namespace" {
+					ns = l.GetValue()
+				}
+			}
+			got[strings.TrimPrefix(mf.GetName(), "tessera_extender_quota_")+"/"+ns] = m.GetGauge().GetValue()
+		}
+	}
+	want := map[string]float64{
+		"used/a": 32, "min/a": 16, "max/a": 32, "borrowed/a": 16, "lent/a": 0,
+		"used/b": 0, "min/b": 16, "max/b": 32, "borrowed/b": 0, "lent/b": 16,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("gauges (-want +got):\n%s", diff)
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
