@@ -38,6 +38,8 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{"bad gang level mode", []string{"--gang-levels=rack:maybe"}, "neither required nor preferred"},
 		{"repeated gang level", []string{"--gang-levels=rack,rack"}, "empty or repeated"},
 		{"zero gang resync", []string{"--gang-resync=0s"}, "must be positive"},
+		{"zero quota CRD retry", []string{"--quota-crd-retry=0s"}, "--quota-crd-retry and --quota-reclaim-hold must be positive"},
+		{"negative reclaim hold", []string{"--quota-reclaim-hold=-1s"}, "--quota-crd-retry and --quota-reclaim-hold must be positive"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -49,6 +51,23 @@ func TestRunRejectsBadFlags(t *testing.T) {
 	}
 	if err := run(context.Background(), []string{"--help"}, io.Discard); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("--help: %v, want flag.ErrHelp", err)
+	}
+}
+
+func TestQuotaFlags(t *testing.T) {
+	o, err := parseFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.quota || o.quotaRetry != 30*time.Second || o.quotaHold != 2*time.Minute {
+		t.Errorf("defaults: quota %v, retry %s, hold %s; want on, 30s, 2m", o.quota, o.quotaRetry, o.quotaHold)
+	}
+	o, err = parseFlags([]string{"--quota=false", "--quota-crd-retry=5s", "--quota-reclaim-hold=10s"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.quota || o.quotaRetry != 5*time.Second || o.quotaHold != 10*time.Second {
+		t.Errorf("set: quota %v, retry %s, hold %s", o.quota, o.quotaRetry, o.quotaHold)
 	}
 }
 
