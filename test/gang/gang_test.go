@@ -171,3 +171,60 @@ func TestTwoGangsForRoomOfOne(t *testing.T) {
 		}
 	}
 }
+
+// TestGang64GPUsOn1000Nodes measures, on 1000 fake 8-GPU nodes (Node
+// objects with the inventory annotation), the time from the creation of
+// the last member of a 64-GPU gang (8 members of 8 GPUs, minMember 8) to
+// all 8 members seen bound, three gangs in a row. It fails when a gang
+// does not bind whole within 30s or its members bind more than 5s apart.
+func TestGang64GPUsOn1000Nodes(t *testing.T) {
+	const (
+		nodes   = 1000
+		members = 8
+		runs    = 3
+	)
+	e := start(t)
+	w := e.WatchPods(t)
+	specs := make([]extenderenv.NodeSpec, nodes)
+	for i := range specs {
+		specs[i] = h100Node(fmt.Sprintf("sim-%04d", i), nil)
+	}
+	began := time.Now()
+	e.CreateNodes(t, specs, 16)
+	t.Logf("%d nodes created in %s", nodes, time.Since(began).Round(time.Millisecond))
+	time.Sleep(3 * time.Second) // the scheduler's and the extender's informers catch up
+
+	var took []time.Duration
+	for r := range runs {
+		gang := fmt.Sprintf("big%d", r)
+		for i := range members - 1 {
+			createMember(t, e, gang, members, i, 8)
+		}
+		e.WaitEvent(t, ns, fmt.Sprintf("%s-0", gang), "GangWaiting", fmt.Sprintf("%d of %d members exist", members-1, members), 30*time.Second)
+		created := time.Now()
+		createMember(t, e, gang, members, members-1, 8)
+		times := waitWhole(t, e, w, gang, members, 30*time.Second)
+		var last time.Time
+		for _, at := range times {
+			if at.After(last) {
+				last = at
+			}
+		}
+		d := last.Sub(created)
+		took = append(took, d)
+		spread := extenderenv.Spread(times)
+		onNodes := map[string]bool{}
+		for _, b := range w.BindsOf(ns, gang+"-") {
+			onNodes[b.Node] = true
+		}
+		t.Logf("%d nodes, gang %s (%d x 8 GPUs): last member created -> all %d bound: %s (bind spread %s, %d nodes)",
+			nodes, gang, members, members, d.Round(time.Millisecond), spread.Round(time.Millisecond), len(onNodes))
+		if len(onNodes) != members {
+			t.Errorf("gang %s on %d nodes, want %d", gang, len(onNodes), members)
+		}
+		if spread > 5*time.Second {
+			t.Errorf("gang %s: members bound %s apart, want within 5s", gang, spread)
+		}
+	}
+	t.Logf("summary: %d nodes, 64-GPU gang, last member created -> all bound: %v", nodes, took)
+}
