@@ -256,29 +256,42 @@ type QuotaLedger struct {
 	Reserved func(types.UID) bool
 
 	mu    sync.Mutex
-	holds map[string]hold // reclaim asks, by namespace (see Hold)
+	holds map[string][]hold // reclaim asks, by namespace (see Hold)
 	now   func() time.Time
 }
 
 // hold is room reclaimed for a namespace that its waiting work has not
 // taken yet.
 type hold struct {
-	uses    quota.Resources
-	expires time.Time
+	key string
+	// base is what the namespace used (with the holds before this one)
+	// when the room was reclaimed: the hold ends once its use reaches
+	// base + uses, or its min.
+	base, uses quota.Resources
+	expires    time.Time
 }
 
-// Hold counts uses for namespace ns until the namespace's own use shows it
-// (its work started) or ttl passes. Reclaim holds the room it frees so
-// that another namespace's borrowing work cannot take it first, which
-// would make reclaim run again: the no-flap rule across the gap between an
-// eviction and the asker's start.
-func (l *QuotaLedger) Hold(ns string, uses quota.Resources, ttl time.Duration) {
+// Hold counts uses for namespace ns, reclaimed for the waiting work key
+// while ns used used, until the namespace's own use shows the work started
+// or ttl passes. Reclaim holds the room it frees so that another
+// namespace's borrowing work cannot take it first, which would make
+// reclaim run again: the no-flap rule across the gap between an eviction
+// and the asker's start. A second Hold of the same key replaces the first.
+func (l *QuotaLedger) Hold(ns, key string, used, uses quota.Resources, ttl time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.holds == nil {
-		l.holds = map[string]hold{}
+		l.holds = map[string][]hold{}
 	}
-	l.holds[ns] = hold{uses: uses, expires: l.clock().Add(ttl)}
+	base := quota.Resources{}.Add(used)
+	var keep []hold
+	for _, h := range l.holds[ns] {
+		if h.key != key {
+			keep = append(keep, h)
+			base = base.Add(h.uses)
+		}
+	}
+	l.holds[ns] = append(keep, hold{key: key, base: base, uses: uses, expires: l.clock().Add(ttl)})
 }
 
 func (l *QuotaLedger) clock() time.Time {
@@ -362,23 +375,32 @@ func (l *QuotaLedger) View(asking string, skip func(*corev1.Pod) bool) (*QuotaVi
 	}
 	l.mu.Lock()
 	now := l.clock()
-	for ns, h := range l.holds {
-		if now.After(h.expires) || coversHold(st.Used[ns], quotas[ns].Min, h.uses) {
-			delete(l.holds, ns)
-			continue
+	for ns, hs := range l.holds {
+		var keep []hold
+		for _, h := range hs {
+			if now.After(h.expires) || coversHold(st.Used[ns], quotas[ns].Min, h.base.Add(h.uses)) {
+				continue
+			}
+			keep = append(keep, h)
+			if ns != asking {
+				st.Used[ns] = st.Used[ns].Add(h.uses)
+			}
 		}
-		if ns != asking {
-			st.Used[ns] = st.Used[ns].Add(h.uses)
+		if len(keep) == 0 {
+			delete(l.holds, ns)
+		} else {
+			l.holds[ns] = keep
 		}
 	}
 	l.mu.Unlock()
 	return v, nil
 }
 
-// coversHold reports whether a namespace's own use has reached what was
-// held for it (or its min), so that the hold is no longer needed.
-func coversHold(used, min, held quota.Resources) bool {
-	for k, v := range held {
+// coversHold reports whether a namespace's own use has reached target
+// (what it used plus what was held for it) or its min, so that the hold is
+// no longer needed.
+func coversHold(used, min, target quota.Resources) bool {
+	for k, v := range target {
 		if v > 0 && used[k] < min[k] && used[k] < v {
 			return false
 		}

@@ -440,7 +440,7 @@ func (e *QuotaEnforcer) ReclaimFor(ctx context.Context, ns string, askers []*cor
 		if hold <= 0 {
 			hold = 2 * time.Minute
 		}
-		e.Ledger.Hold(ns, c.req, hold)
+		e.Ledger.Hold(ns, string(askers[0].UID), c.state.Used[ns], c.req, hold)
 		msg := fmt.Sprintf("namespace %s is under its min and needs %s: evicting %s", ns, describeUse(c.req), strings.Join(names, ", "))
 		for _, p := range askers {
 			e.event(p, corev1.EventTypeNormal, api.EventQuotaReclaiming, "tessera: quota: %s", msg)

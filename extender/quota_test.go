@@ -772,3 +772,52 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestQuotaLedgerHold: reclaimed room counts for the asking namespace in
+// other namespaces' views until its own use reaches what it used then plus
+// what was held (or its min), or the hold expires.
+func TestQuotaLedgerHold(t *testing.T) {
+	f := newQuotaFixture(t, staticQuotas{
+		"a": {Namespace: "a", Min: gpus(16), Max: gpus(32)},
+		"b": {Namespace: "b", Min: gpus(24), Max: gpus(32)},
+	}, eightGPUNodes(4)...)
+	f.pod("b", "b0", 8, f.now, on("n0"))
+	usedB := func(asking string) int64 {
+		t.Helper()
+		v, err := f.enf.Ledger.View(asking, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v.State.Used["b"][api.ResourceGPU]
+	}
+	f.enf.Ledger.Hold("b", "x", gpus(8), gpus(8), time.Minute)
+	f.enf.Ledger.Hold("b", "y", gpus(8), gpus(8), time.Minute)
+	f.enf.Ledger.Hold("b", "y", gpus(8), gpus(8), time.Minute) // y again: replaced
+	steps := []struct {
+		what          string
+		act           func()
+		wantA, wantB0 int64 // b's use as a and as b itself see it
+	}{
+		{"two holds over b's 8", func() {}, 24, 8},
+		{"x's pod binds: y still held", func() { f.pod("b", "x", 8, f.now, on("n1")) }, 24, 16},
+		{"y's pod binds: b at its min, no hold", func() { f.pod("b", "y", 8, f.now, on("n2")) }, 24, 24},
+		{"b's pods go: nothing held any more", func() {
+			for _, n := range []string{"x", "y"} {
+				if err := f.client.CoreV1().Pods("b").Delete(context.Background(), n, metav1.DeleteOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}, 8, 8},
+	}
+	for _, s := range steps {
+		s.act()
+		if got, gotB := usedB("a"), usedB("b"); got != s.wantA || gotB != s.wantB0 {
+			t.Errorf("%s: b's use seen by a %d, by b %d; want %d, %d", s.what, got, gotB, s.wantA, s.wantB0)
+		}
+	}
+	f.enf.Ledger.Hold("b", "z", gpus(8), gpus(8), time.Minute)
+	f.now = f.now.Add(2 * time.Minute)
+	if got := usedB("a"); got != 8 {
+		t.Errorf("expired hold: b's use seen by a %d, want 8", got)
+	}
+}
