@@ -29,6 +29,9 @@ type Member struct {
 	// NVLink requires the member's whole GPUs to come from one NVLink
 	// clique; without it the clique is preferred, not required.
 	NVLink bool
+	// Allowed, when set, says whether the member may run on a node at all
+	// (its node selector and required node affinity); nil: on any node.
+	Allowed func(Node) bool
 }
 
 // Level is one level of the cluster's topology: a node label key whose
@@ -210,6 +213,9 @@ func planIn(members []Member, order []int, all []Node, domain []int, p allocator
 		}
 		var inClique, others []candidate
 		for _, ni := range domain {
+			if m.Allowed != nil && !m.Allowed(all[ni]) {
+				continue
+			}
 			n := snapshot(ni)
 			if allocator.Fit(n, m.Request) != allocator.Fits {
 				continue

@@ -285,3 +285,35 @@ func TestInvalidMember(t *testing.T) {
 		t.Fatalf("PlanGroup with an invalid member = %v, want an error naming it", err)
 	}
 }
+
+func TestAllowedKeepsMembersOffNodes(t *testing.T) {
+	// b0 is the tightest fit for 6 GPUs; the members may run on pool a only.
+	nodes := []Node{
+		makeNode("a0").GPUs(8).Label("pool", "a").Obj(),
+		makeNode("a1").GPUs(8).Label("pool", "a").Obj(),
+		makeNode("b0").GPUs(8).Used(6, 7).Label("pool", "b").Obj(),
+	}
+	poolA := func(n Node) bool { return n.Labels["pool"] == "a" }
+	m0, m1 := whole("w0", 6), whole("w1", 6)
+	p, err := PlanGroup(group(2, m0, m1), nodes, policy(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := placed(p); got["w0"] != "b0" && got["w1"] != "b0" {
+		t.Fatalf("without Allowed: %v, want one member on the tightest fit b0 (else this test proves nothing)", got)
+	}
+	m0.Allowed, m1.Allowed = poolA, poolA
+	p, err = PlanGroup(group(2, m0, m1), nodes, policy(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(map[string]string{"w0": "a0", "w1": "a1"}, placed(p)); diff != "" {
+		t.Errorf("with Allowed (-want +got):\n%s", diff)
+	}
+	// Only b0 has room for a third member: not allowed, so no plan.
+	m2 := whole("w2", 6)
+	m2.Allowed = poolA
+	if _, err := PlanGroup(group(3, m0, m1, m2), nodes, policy(t)); !errors.Is(err, ErrNoRoom) {
+		t.Errorf("three members of pool a on two pool-a nodes: %v, want ErrNoRoom", err)
+	}
+}
