@@ -228,3 +228,28 @@ func TestGang64GPUsOn1000Nodes(t *testing.T) {
 	}
 	t.Logf("summary: %d nodes, 64-GPU gang, last member created -> all bound: %v", nodes, took)
 }
+
+// TestGangPlannedOnlyWhereMembersMayRun: members select pool=a by
+// nodeSelector; pool b has the tightest fit (a node with exactly the 6
+// free GPUs a member asks for), which a binpacking planner that ignores
+// the selector picks, and kube-scheduler then never binds that member.
+// The gang must be planned on pool a and bind whole.
+func TestGangPlannedOnlyWhereMembersMayRun(t *testing.T) {
+	e := start(t)
+	w := e.WatchPods(t)
+	for _, n := range []string{"a0", "a1", "b0"} {
+		e.CreateNode(t, h100Node(n, map[string]string{"pool": n[:1]}))
+	}
+	e.CreatePod(t, extenderenv.PodSpec{Name: "busy-b0", GPUs: 2, Node: "b0", Assign: extenderenv.WholeAssignment("b0", 6, 7)})
+	for i := range 2 {
+		e.CreatePod(t, extenderenv.PodSpec{Name: fmt.Sprintf("sel-%d", i), GPUs: 6, Gang: "sel", GangMinMember: 2,
+			Selector: map[string]string{"pool": "a"}})
+	}
+	times := waitWhole(t, e, w, "sel", 2, 30*time.Second)
+	for i := range 2 {
+		if p := e.GetPod(t, ns, fmt.Sprintf("sel-%d", i)); !strings.HasPrefix(p.Spec.NodeName, "a") {
+			t.Errorf("member %s bound to %s, outside pool a", p.Name, p.Spec.NodeName)
+		}
+	}
+	t.Logf("spread %s", extenderenv.Spread(times).Round(time.Millisecond))
+}
