@@ -1,15 +1,19 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/cpuset"
 
 	"github.com/tessera-gpu/tessera/api"
@@ -57,17 +61,30 @@ func numaCPUs(t *testing.T, profile string, numa int) cpuset.CPUSet {
 // and a cpuset on its GPUs' NUMA nodes.
 func checkIsolated(t *testing.T, c *nodesim.Cluster, p *v1.Pod, rec *nodesim.PodRecord, container string) {
 	t.Helper()
-	a, ok, err := api.GetAssignment(p.Annotations)
-	if !ok || err != nil {
-		t.Fatalf("pod %s: assignment ok=%v err=%v", p.Name, ok, err)
-	}
-	ca := a.Container(container)
-	if ca == nil {
-		t.Fatalf("pod %s: no assignment for container %s: %+v", p.Name, container, a)
-	}
 	cr := rec.Container(container)
-	if cr == nil || !cr.Adjusted {
-		t.Fatalf("pod %s container %s: not adjusted by the NRI plugin: %s", p.Name, container, nodesim.RecordJSON(rec))
+	if cr == nil {
+		t.Errorf("pod %s: node record has no container %s", p.Name, container)
+		return
+	}
+	// The node agent records whole GPUs on the pod after the kubelet
+	// allocated them (asynchronously): wait for it.
+	p, ca := waitAssignment(t, c, p, container, len(cr.Allocated[string(api.ResourceGPU)]))
+	if ca == nil {
+		return
+	}
+	if ca.Shared == nil {
+		var uuids []string
+		for _, g := range ca.GPUs {
+			uuids = append(uuids, g.UUID)
+		}
+		slices.Sort(uuids)
+		if !slices.Equal(uuids, cr.Allocated[string(api.ResourceGPU)]) {
+			t.Errorf("pod %s container %s: assignment GPUs %v, the kubelet allocated %v", p.Name, container, uuids, cr.Allocated[string(api.ResourceGPU)])
+		}
+	}
+	if !cr.Adjusted {
+		t.Errorf("pod %s container %s: not adjusted by the NRI plugin: %s", p.Name, container, nodesim.RecordJSON(rec))
+		return
 	}
 	var gpus []api.GPURef
 	if ca.Shared != nil {
@@ -76,7 +93,8 @@ func checkIsolated(t *testing.T, c *nodesim.Cluster, p *v1.Pod, rec *nodesim.Pod
 		gpus = ca.GPUs
 	}
 	if len(gpus) == 0 {
-		t.Fatalf("pod %s container %s: assignment names no GPU: %+v", p.Name, container, ca)
+		t.Errorf("pod %s container %s: assignment names no GPU: %+v", p.Name, container, ca)
+		return
 	}
 	inv := inventory(t, c, p.Spec.NodeName)
 	uuids := ""
@@ -181,4 +199,33 @@ func TestSharedPodIsolated(t *testing.T) {
 		}
 		checkIsolated(t, c, p, rec, ctr)
 	}
+}
+
+// waitAssignment waits up to 30s until the pod's assignment has an entry
+// for container with wholeGPUs whole GPUs (0: a shared slice), and returns
+// the pod read then and the entry (nil after an error reported on t).
+func waitAssignment(t *testing.T, c *nodesim.Cluster, p *v1.Pod, container string, wholeGPUs int) (*v1.Pod, *api.ContainerAssignment) {
+	t.Helper()
+	var ca *api.ContainerAssignment
+	var last error
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		a, ok, err := api.GetAssignment(p.Annotations)
+		if ok && err == nil {
+			if ca = a.Container(container); ca != nil && (ca.Shared != nil || len(ca.GPUs) == wholeGPUs) {
+				return true, nil
+			}
+		}
+		last = err
+		fresh, err := c.Client().CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
+		if err != nil || fresh.UID != p.UID {
+			return false, fmt.Errorf("pod gone: %v", err)
+		}
+		p = fresh
+		return false, nil
+	})
+	if err != nil {
+		t.Errorf("pod %s/%s container %s: no assignment with %d whole GPUs or a slice (%v, last error %v): %v", p.Namespace, p.Name, container, wholeGPUs, err, last, p.Annotations[api.AnnotationAssignment])
+		return p, nil
+	}
+	return p, ca
 }

@@ -119,6 +119,8 @@ type Node struct {
 
 	// pods the node runs, by UID; only the worker goroutine touches it.
 	pods map[types.UID]*simPod
+	// active are the admitted pods, for the PodResources API.
+	active *activePods
 	// lastStatus is the resources last written to the Node.
 	lastStatus v1.ResourceList
 	lastBeat   time.Time
@@ -156,7 +158,7 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 	if _, err := os.Stat(cfg.AgentBinary); err != nil {
 		return fmt.Errorf("node agent binary: %w (run `make build`)", err)
 	}
-	n := &Node{cfg: cfg, pods: map[types.UID]*simPod{}}
+	n := &Node{cfg: cfg, pods: map[types.UID]*simPod{}, active: &activePods{pods: map[types.UID]*v1.Pod{}}}
 	if err := n.writeMachine(); err != nil {
 		return err
 	}
@@ -189,7 +191,13 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 	}
 
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(4)
+	go func() {
+		defer wg.Done()
+		if err := servePodResources(ctx, PodResourcesSocket(cfg.StateDir), n.active, n.dm); err != nil && ctx.Err() == nil {
+			logger.Error(err, "PodResources API")
+		}
+	}()
 	go func() { defer wg.Done(); n.superviseAgent(ctx) }()
 	go func() { defer wg.Done(); n.statusLoop(ctx) }()
 	go func() { defer wg.Done(); n.serveControl(ctx) }()
@@ -280,9 +288,7 @@ func (n *Node) agentArgs() ([]string, error) {
 	args := []string{
 		"--nvml=mock:" + n.machinePath(),
 		"--device-plugin-dir=" + kubelet.DevicePluginDir,
-		// No PodResources API here: the agent reads the device manager's
-		// checkpoint, which it falls back to.
-		"--pod-resources-socket=" + filepath.Join(n.cfg.StateDir, "no-pod-resources.sock"),
+		"--pod-resources-socket=" + PodResourcesSocket(n.cfg.StateDir),
 		"--kubeconfig=" + n.cfg.Kubeconfig,
 		"--node-name=" + n.cfg.Name,
 		"--nri-socket=" + n.rt.socket(n.cfg.StateDir),
@@ -695,6 +701,7 @@ func (n *Node) startPod(ctx context.Context, pod *v1.Pod) error {
 		return n.failPod(ctx, sp, rec, reason, msg)
 	}
 
+	n.active.set(pod)
 	sb := &adaptation.PodSandbox{
 		Id: "sb-" + string(pod.UID), Name: pod.Name, Namespace: pod.Namespace, Uid: string(pod.UID),
 		Labels: maps.Clone(pod.Labels), Annotations: maps.Clone(pod.Annotations),
@@ -915,6 +922,7 @@ func (n *Node) teardown(ctx context.Context, sp *simPod) {
 		n.stopSandbox(ctx, sp)
 	}
 	n.dm.RemovePod(sp.pod.UID)
+	n.active.remove(sp.pod.UID)
 	n.dm.Manager().UpdateAllocatedDevices()
 	delete(n.pods, sp.pod.UID)
 	if err := removeRecord(n.cfg.StateDir, string(sp.pod.UID)); err != nil {
@@ -924,6 +932,7 @@ func (n *Node) teardown(ctx context.Context, sp *simPod) {
 
 func (n *Node) failPod(ctx context.Context, sp *simPod, rec *PodRecord, reason, msg string) error {
 	sp.failed = true
+	n.active.remove(sp.pod.UID)
 	rec.Phase, rec.Reason, rec.Message = string(v1.PodFailed), reason, msg
 	if err := writeRecord(n.cfg.StateDir, rec); err != nil {
 		return err

@@ -1,0 +1,173 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/test/framework/nodesim"
+)
+
+// waitWholeGPUs waits until the node agent has recorded the whole GPUs of
+// a container in the pod's assignment.
+func waitWholeGPUs(t *testing.T, c *nodesim.Cluster, ns, name, container string, n int) (*v1.Pod, []api.GPURef) {
+	t.Helper()
+	var p *v1.Pod
+	var gpus []api.GPURef
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		var err error
+		if p, err = c.Client().CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
+			return false, nil
+		}
+		a, ok, err := api.GetAssignment(p.Annotations)
+		if !ok || err != nil || a.Container(container) == nil {
+			return false, nil
+		}
+		gpus = a.Container(container).GPUs
+		return len(gpus) == n, nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s: the node agent did not record %d whole GPUs: %v\n%s", name, n, err, describe(t, c, p))
+	}
+	return p, gpus
+}
+
+// An 8-GPU pod that requires NVLink gets one NVLink clique (a DGX A100's
+// NVSwitch fabric), and its container receives exactly those GPUs with a
+// cpuset on their NUMA nodes.
+func TestEightGPUPodGetsOneNVLinkClique(t *testing.T) {
+	c := getCluster(t)
+	ns := namespace(t, c, "e2e-nvlink")
+	create(t, c.Client(), ns, podSpec{name: "train8", gpus: 8, annotations: map[string]string{api.AnnotationNVLink: "required"}})
+	p, rec := waitRunning(t, c, ns, "train8", 60*time.Second)
+	p, gpus := waitWholeGPUs(t, c, ns, "train8", "main", 8)
+	inv := inventory(t, c, p.Spec.NodeName)
+	var idx []int
+	for _, g := range gpus {
+		idx = append(idx, g.Index)
+	}
+	inClique := false
+	for _, cl := range inv.NVLinkCliques {
+		all := true
+		for _, i := range idx {
+			all = all && slices.Contains(cl, i)
+		}
+		inClique = inClique || all
+	}
+	if !inClique {
+		t.Errorf("train8 on %s got GPUs %v, not inside one NVLink clique of %v", p.Spec.NodeName, idx, inv.NVLinkCliques)
+	}
+	// The kubelet's allocation is those GPUs too.
+	alloc := rec.Container("main").Allocated[string(api.ResourceGPU)]
+	if len(alloc) != 8 {
+		t.Errorf("kubelet allocated %v, want 8 GPUs", alloc)
+	}
+	checkIsolated(t, c, p, rec, "main")
+}
+
+// A whole-GPU pod never lands on a GPU with shared tenants: after shared
+// slices took some GPUs, exactly the untouched GPUs run whole-GPU pods and
+// the remaining whole-GPU pods wait unscheduled (none is bound and then
+// refused by a node).
+func TestWholeGPUNeverOnSharedGPU(t *testing.T) {
+	c := getCluster(t)
+	ns := namespace(t, c, "e2e-whole-shared")
+	client := c.Client()
+	for i := range 8 {
+		create(t, client, ns, podSpec{name: fmt.Sprintf("slice-%d", i), memUnits: 12, cores: 40})
+	}
+	for i := range 8 {
+		waitRunning(t, c, ns, fmt.Sprintf("slice-%d", i), 60*time.Second)
+	}
+	occ, _ := occupancy(t, c)
+	total, sharedGPUs := 0, 0
+	for _, gpus := range occ {
+		for _, u := range gpus {
+			total++
+			if len(u.shared) > 0 {
+				sharedGPUs++
+			}
+		}
+	}
+	free := total - sharedGPUs
+	t.Logf("%d GPUs, %d serve the 8 slices, %d free", total, sharedGPUs, free)
+	const extra = 4
+	for i := range free + extra {
+		create(t, client, ns, podSpec{name: fmt.Sprintf("whole-%d", i), gpus: 1})
+	}
+	var running, pending, failed int
+	err := wait.PollUntilContextTimeout(t.Context(), 500*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		running, pending, failed = 0, 0, 0
+		for i := range free + extra {
+			p, err := client.CoreV1().Pods(ns).Get(ctx, fmt.Sprintf("whole-%d", i), metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			switch {
+			case p.Status.Phase == v1.PodRunning:
+				running++
+			case p.Status.Phase == v1.PodFailed:
+				failed++
+			case p.Spec.NodeName == "" && unschedulable(p):
+				pending++
+			}
+		}
+		return running == free && pending == extra, nil
+	})
+	occ, pods := occupancy(t, c)
+	checkNoOvercommit(t, occ)
+	checkRunningPods(t, c, pods)
+	if err != nil || failed > 0 {
+		t.Fatalf("whole-GPU pods: %d Running (want %d), %d Pending unschedulable (want %d), %d Failed (want 0): %v\n%s",
+			running, free, pending, extra, failed, err, occupancyTable(occ))
+	}
+}
+
+func unschedulable(p *v1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse {
+			return true
+		}
+	}
+	return false
+}
+
+// A gang binds all or nothing: a gang that cannot fit as a whole (4 x 8
+// GPUs on a 28-GPU cluster) has no member bound, while one that fits (3 x 8
+// GPUs) runs every member.
+func TestGangAllOrNothing(t *testing.T) {
+	c := getCluster(t)
+	ns := namespace(t, c, "e2e-gang")
+	client := c.Client()
+	member := func(gang string, min, i int) podSpec {
+		return podSpec{name: fmt.Sprintf("%s-%d", gang, i), gpus: 8, gated: true,
+			annotations: map[string]string{api.AnnotationGang: gang, api.AnnotationGangMinMember: fmt.Sprint(min)}}
+	}
+	for i := range 3 {
+		create(t, client, ns, member("fits", 3, i))
+	}
+	for i := range 4 {
+		create(t, client, ns, member("toobig", 4, i))
+	}
+	for i := range 3 {
+		waitRunning(t, c, ns, fmt.Sprintf("fits-%d", i), 90*time.Second)
+	}
+	// Give the planner more passes; the large gang must stay whole outside.
+	time.Sleep(5 * time.Second)
+	for i := range 4 {
+		p := getPod(t, client, ns, fmt.Sprintf("toobig-%d", i))
+		if p.Spec.NodeName != "" || !api.HasGangGate(p) {
+			t.Errorf("member %s of the gang that cannot fit: node=%q gated=%v; want it held", p.Name, p.Spec.NodeName, api.HasGangGate(p))
+		}
+	}
+	occ, pods := occupancy(t, c)
+	checkNoOvercommit(t, occ)
+	checkRunningPods(t, c, pods)
+}
