@@ -175,11 +175,15 @@ func TestTwoGangsForRoomOfOne(t *testing.T) {
 // TestGang64GPUsOn1000Nodes measures, on 1000 fake 8-GPU nodes (Node
 // objects with the inventory annotation), the time from the creation of
 // the last member of a 64-GPU gang (8 members of 8 GPUs, minMember 8) to
-// all 8 members seen bound, three gangs in a row. It fails when a gang
-// does not bind whole within 30s or its members bind more than 5s apart.
+// all 8 members seen bound: three gangs on the empty cluster, then three
+// after 600 of the nodes got a bound 4-GPU pod (so whole free nodes are
+// the minority the planner must find). It fails when a gang does not bind
+// whole within 30s, lands on fewer than 8 nodes or a half-used one, or its
+// members bind more than 5s apart.
 func TestGang64GPUsOn1000Nodes(t *testing.T) {
 	const (
 		nodes   = 1000
+		loaded  = 600
 		members = 8
 		runs    = 3
 	)
@@ -194,13 +198,14 @@ func TestGang64GPUsOn1000Nodes(t *testing.T) {
 	t.Logf("%d nodes created in %s", nodes, time.Since(began).Round(time.Millisecond))
 	time.Sleep(3 * time.Second) // the scheduler's and the extender's informers catch up
 
-	var took []time.Duration
-	for r := range runs {
+	busy := map[string]bool{}
+	var took []string
+	measure := func(phase string, r int) {
 		gang := fmt.Sprintf("big%d", r)
 		for i := range members - 1 {
 			createMember(t, e, gang, members, i, 8)
 		}
-		e.WaitEvent(t, ns, fmt.Sprintf("%s-0", gang), "GangWaiting", fmt.Sprintf("%d of %d members exist", members-1, members), 30*time.Second)
+		e.WaitEvent(t, ns, gang+"-0", "GangWaiting", fmt.Sprintf("%d of %d members exist", members-1, members), 30*time.Second)
 		created := time.Now()
 		createMember(t, e, gang, members, members-1, 8)
 		times := waitWhole(t, e, w, gang, members, 30*time.Second)
@@ -211,14 +216,17 @@ func TestGang64GPUsOn1000Nodes(t *testing.T) {
 			}
 		}
 		d := last.Sub(created)
-		took = append(took, d)
+		took = append(took, fmt.Sprintf("%s %s", phase, d.Round(time.Millisecond)))
 		spread := extenderenv.Spread(times)
 		onNodes := map[string]bool{}
 		for _, b := range w.BindsOf(ns, gang+"-") {
 			onNodes[b.Node] = true
+			if busy[b.Node] {
+				t.Errorf("gang %s: member %s on %s, which runs a 4-GPU pod", gang, b.Name, b.Node)
+			}
 		}
-		t.Logf("%d nodes, gang %s (%d x 8 GPUs): last member created -> all %d bound: %s (bind spread %s, %d nodes)",
-			nodes, gang, members, members, d.Round(time.Millisecond), spread.Round(time.Millisecond), len(onNodes))
+		t.Logf("%d nodes (%s), gang %s (%d x 8 GPUs): last member created -> all %d bound: %s (bind spread %s, %d nodes)",
+			nodes, phase, gang, members, members, d.Round(time.Millisecond), spread.Round(time.Millisecond), len(onNodes))
 		if len(onNodes) != members {
 			t.Errorf("gang %s on %d nodes, want %d", gang, len(onNodes), members)
 		}
@@ -226,7 +234,38 @@ func TestGang64GPUsOn1000Nodes(t *testing.T) {
 			t.Errorf("gang %s: members bound %s apart, want within 5s", gang, spread)
 		}
 	}
-	t.Logf("summary: %d nodes, 64-GPU gang, last member created -> all bound: %v", nodes, took)
+	for r := range runs {
+		measure("empty", r)
+	}
+
+	// Load: a bound 4-GPU pod on each of 600 nodes the gangs left free.
+	var pods []extenderenv.PodSpec
+	for i := 0; len(pods) < loaded && i < nodes; i++ {
+		n := specs[i].Name
+		if nodeUsed(w, n) {
+			continue
+		}
+		busy[n] = true
+		pods = append(pods, extenderenv.PodSpec{Name: "load-" + n, GPUs: 4, Node: n, Assign: extenderenv.WholeAssignment(n, 4, 5, 6, 7)})
+	}
+	began = time.Now()
+	e.CreatePods(t, pods, 16)
+	t.Logf("%d bound 4-GPU pods created in %s", len(pods), time.Since(began).Round(time.Millisecond))
+	time.Sleep(3 * time.Second)
+	for r := runs; r < 2*runs; r++ {
+		measure(fmt.Sprintf("%d half-used", loaded), r)
+	}
+	t.Logf("summary: %d nodes, 64-GPU gang, last member created -> all bound: %s", nodes, strings.Join(took, ", "))
+}
+
+// nodeUsed reports whether any pod the watch saw bound is on node.
+func nodeUsed(w *extenderenv.PodWatch, node string) bool {
+	for _, b := range w.Binds() {
+		if b.Node == node {
+			return true
+		}
+	}
+	return false
 }
 
 // TestGangPlannedOnlyWhereMembersMayRun: members select pool=a by

@@ -11,6 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/tessera-gpu/tessera/api"
 )
 
 // FastClient is an admin client without client-side rate limits worth
@@ -26,6 +28,64 @@ func (e *Env) FastClient(t testing.TB) kubernetes.Interface {
 	return c
 }
 
+// parallel runs f on every item with workers goroutines; the first error
+// stops the feeding and fails t (after the running calls return).
+func parallel[T any](t testing.TB, items []T, workers int, f func(context.Context, T) error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	work := make(chan T)
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+	)
+	for range max(workers, 1) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for it := range work {
+				if err := f(ctx, it); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+					cancel()
+				}
+			}
+		}()
+	}
+feed:
+	for _, it := range items {
+		select {
+		case work <- it:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(work)
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatalf("%d items: %v (and %d more errors)", len(items), errs[0], len(errs)-1)
+	}
+}
+
+// CreatePods creates the pods of specs (see CreatePod) with workers in
+// parallel, through FastClient.
+func (e *Env) CreatePods(t testing.TB, specs []PodSpec, workers int) {
+	t.Helper()
+	client := e.FastClient(t)
+	parallel(t, specs, workers, func(ctx context.Context, s PodSpec) error {
+		p := s.Pod()
+		if s.Assign != nil {
+			if err := api.SetAssignment(p.Annotations, s.Assign); err != nil {
+				return err
+			}
+		}
+		_, err := client.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{})
+		return err
+	})
+}
+
 // CreateNodes creates the Nodes of specs with workers in parallel, two
 // API calls each: the Node created with its Ready status and capacities
 // (the API server keeps a new Node's status, as kubelet registration
@@ -35,44 +95,7 @@ func (e *Env) FastClient(t testing.TB) kubernetes.Interface {
 func (e *Env) CreateNodes(t testing.TB, specs []NodeSpec, workers int) {
 	t.Helper()
 	client := e.FastClient(t)
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	work := make(chan NodeSpec)
-	var (
-		mu   sync.Mutex
-		errs []error
-		wg   sync.WaitGroup
-	)
-	fail := func(err error) {
-		mu.Lock()
-		errs = append(errs, err)
-		mu.Unlock()
-		cancel()
-	}
-	for range max(workers, 1) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for s := range work {
-				if err := createFakeNode(ctx, client, s); err != nil {
-					fail(err)
-				}
-			}
-		}()
-	}
-feed:
-	for _, s := range specs {
-		select {
-		case work <- s:
-		case <-ctx.Done():
-			break feed
-		}
-	}
-	close(work)
-	wg.Wait()
-	if len(errs) > 0 {
-		t.Fatalf("creating %d nodes: %v (and %d more errors)", len(specs), errs[0], len(errs)-1)
-	}
+	parallel(t, specs, workers, func(ctx context.Context, s NodeSpec) error { return createFakeNode(ctx, client, s) })
 }
 
 func createFakeNode(ctx context.Context, client kubernetes.Interface, s NodeSpec) error {
