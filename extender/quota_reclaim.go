@@ -174,12 +174,16 @@ func (e *QuotaEnforcer) NoRoom(pod *corev1.Pod) {
 	}
 }
 
-// Run reclaims for the pods NoRoom queues until ctx is done: each is
-// read afresh and, while still pending and fitting no node, gets room by
-// ReclaimFor.
-func (e *QuotaEnforcer) Run(ctx context.Context) {
+// Run reclaims for pending pods until ctx is done: those NoRoom queues,
+// and every period the pods of governed namespaces that kube-scheduler
+// found unschedulable (a full cluster fails kube-scheduler's own resource
+// check before the extender's filter is asked). Each is read afresh and,
+// while still pending and fitting no node, gets room by ReclaimFor.
+func (e *QuotaEnforcer) Run(ctx context.Context, period time.Duration) {
 	e.init()
 	logger := klog.FromContext(ctx)
+	t := time.NewTicker(period)
+	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -188,8 +192,59 @@ func (e *QuotaEnforcer) Run(ctx context.Context) {
 			if err := e.reclaimForPod(ctx, key); err != nil {
 				logger.V(2).Info("No reclaim for pod", "pod", key, "err", err)
 			}
+		case <-t.C:
+			for _, key := range e.unschedulable() {
+				if err := e.reclaimForPod(ctx, key); err != nil {
+					logger.V(3).Info("No reclaim for pod", "pod", key, "err", err)
+				}
+			}
 		}
 	}
+}
+
+// unschedulable lists the pods of governed namespaces that kube-scheduler
+// marked unschedulable and that ask for a governed resource, oldest first.
+func (e *QuotaEnforcer) unschedulable() []types.NamespacedName {
+	var pods []*corev1.Pod
+	for ns := range e.Ledger.Quotas.Quotas() {
+		list, err := e.Ledger.Pods(ns)
+		if err != nil {
+			continue
+		}
+		for _, p := range list {
+			if pendingUnschedulable(p) && len(PodQuotaUse(p)) > 0 {
+				pods = append(pods, p)
+			}
+		}
+	}
+	sort.Slice(pods, func(i, j int) bool {
+		if !pods[i].CreationTimestamp.Equal(&pods[j].CreationTimestamp) {
+			return pods[i].CreationTimestamp.Before(&pods[j].CreationTimestamp)
+		}
+		return pods[i].Namespace+"/"+pods[i].Name < pods[j].Namespace+"/"+pods[j].Name
+	})
+	out := make([]types.NamespacedName, len(pods))
+	for i, p := range pods {
+		out[i] = types.NamespacedName{Namespace: p.Namespace, Name: p.Name}
+	}
+	return out
+}
+
+// pendingUnschedulable reports a pod kube-scheduler tried and could not
+// place (gang members are the planner's).
+func pendingUnschedulable(p *corev1.Pod) bool {
+	if p.Spec.NodeName != "" || p.DeletionTimestamp != nil || len(p.Spec.SchedulingGates) > 0 || p.Status.Phase != corev1.PodPending && p.Status.Phase != "" {
+		return false
+	}
+	if _, planned := p.Annotations[api.AnnotationGangPlan]; planned {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+			return true
+		}
+	}
+	return false
 }
 
 func (e *QuotaEnforcer) reclaimForPod(ctx context.Context, key types.NamespacedName) error {
@@ -209,7 +264,7 @@ func (e *QuotaEnforcer) reclaimForPod(ctx context.Context, key types.NamespacedN
 	}
 	fits := func(snap map[string]*NodeState) bool {
 		for _, st := range snap {
-			if Check(st, &d) == Fits {
+			if selects(pod.Spec.NodeSelector, st.Info.Labels) && Check(st, &d) == Fits {
 				return true
 			}
 		}
@@ -217,6 +272,18 @@ func (e *QuotaEnforcer) reclaimForPod(ctx context.Context, key types.NamespacedN
 	}
 	_, err = e.ReclaimFor(ctx, pod.Namespace, []*corev1.Pod{pod}, fits)
 	return err
+}
+
+// selects reports whether a node with labels matches a nodeSelector (the
+// rest of a pod's scheduling constraints are kube-scheduler's; reclaim
+// only uses this to not free room on nodes the pod can never use).
+func selects(selector, labels map[string]string) bool {
+	for k, v := range selector {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
 }
 
 // without returns snap with the pods gone removed from their nodes'

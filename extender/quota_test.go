@@ -821,3 +821,36 @@ func TestQuotaLedgerHold(t *testing.T) {
 		t.Errorf("expired hold: b's use seen by a %d, want 8", got)
 	}
 }
+
+// TestReclaimForUnschedulablePod: on a full cluster kube-scheduler's own
+// resource check rejects every node before the extender's filter is
+// asked; the periodic pass finds the pod by its Unschedulable condition.
+func TestReclaimForUnschedulablePod(t *testing.T) {
+	f, b := reclaimScene(t)
+	other := f.pod("b", "elsewhere", 8, f.now, func(p *corev1.Pod) { p.Spec.NodeSelector = map[string]string{"pool": "none"} })
+	if got := f.enf.unschedulable(); len(got) != 0 {
+		t.Errorf("unschedulable before kube-scheduler tried: %v", got)
+	}
+	for _, p := range []*corev1.Pod{b, other} {
+		p.Status.Phase = corev1.PodPending
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable}}
+		if _, err := f.client.CoreV1().Pods("b").UpdateStatus(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := f.enf.unschedulable()
+	want := []types.NamespacedName{{Namespace: "b", Name: "elsewhere"}, {Namespace: "b", Name: "b-0"}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("unschedulable (-want +got):\n%s", diff)
+	}
+	// No node matches the first pod's selector: evicting would not help it.
+	if err := f.enf.reclaimForPod(context.Background(), got[0]); err == nil {
+		t.Error("reclaim for a pod no node selects: no error")
+	}
+	if err := f.enf.reclaimForPod(context.Background(), got[1]); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"a/ay"}, f.evictions()); diff != "" {
+		t.Errorf("evictions (-want +got):\n%s", diff)
+	}
+}

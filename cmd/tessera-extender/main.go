@@ -78,6 +78,7 @@ type options struct {
 	quota         bool
 	quotaRetry    time.Duration
 	quotaHold     time.Duration
+	quotaResync   time.Duration
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -107,6 +108,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.quota, "quota", true, "enforce ElasticQuotas (scheduling.x-k8s.io/v1alpha1): admission at filter and gang planning, reclaim by eviction, quota-aware preemption; without the CRD installed nothing is enforced until it appears")
 	fs.DurationVar(&o.quotaRetry, "quota-crd-retry", 30*time.Second, "how often to look again for an ElasticQuota CRD that is not installed")
 	fs.DurationVar(&o.quotaHold, "quota-reclaim-hold", 2*time.Minute, "how long room reclaimed for a namespace is held for its waiting work (no other namespace may borrow it meanwhile)")
+	fs.DurationVar(&o.quotaResync, "quota-resync", 2*time.Second, "how often pods kube-scheduler found unschedulable are checked for a reclaim within their namespace's min")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	klogFlags.VisitAll(func(f *flag.Flag) { fs.Var(f.Value, f.Name, f.Usage) })
@@ -116,8 +118,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if o.quotaRetry <= 0 || o.quotaHold <= 0 {
-		return nil, fmt.Errorf("--quota-crd-retry and --quota-reclaim-hold must be positive, got %s and %s", o.quotaRetry, o.quotaHold)
+	if o.quotaRetry <= 0 || o.quotaHold <= 0 || o.quotaResync <= 0 {
+		return nil, fmt.Errorf("--quota-crd-retry, --quota-reclaim-hold and --quota-resync must be positive, got %s, %s and %s", o.quotaRetry, o.quotaHold, o.quotaResync)
 	}
 	if o.gangResync <= 0 {
 		return nil, fmt.Errorf("--gang-resync must be positive, got %s", o.gangResync)
@@ -293,7 +295,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 				case <-time.After(50 * time.Millisecond):
 				}
 			}
-			go enforcer.Run(ctx)
+			go enforcer.Run(ctx, o.quotaResync)
 		}
 		ready.Store(true)
 		logger.Info("Caches synced; ready")

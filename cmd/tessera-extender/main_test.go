@@ -38,8 +38,9 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{"bad gang level mode", []string{"--gang-levels=rack:maybe"}, "neither required nor preferred"},
 		{"repeated gang level", []string{"--gang-levels=rack,rack"}, "empty or repeated"},
 		{"zero gang resync", []string{"--gang-resync=0s"}, "must be positive"},
-		{"zero quota CRD retry", []string{"--quota-crd-retry=0s"}, "--quota-crd-retry and --quota-reclaim-hold must be positive"},
-		{"negative reclaim hold", []string{"--quota-reclaim-hold=-1s"}, "--quota-crd-retry and --quota-reclaim-hold must be positive"},
+		{"zero quota CRD retry", []string{"--quota-crd-retry=0s"}, "must be positive, got 0s, 2m0s and 2s"},
+		{"negative reclaim hold", []string{"--quota-reclaim-hold=-1s"}, "must be positive, got 30s, -1s and 2s"},
+		{"zero quota resync", []string{"--quota-resync=0s"}, "must be positive, got 30s, 2m0s and 0s"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -150,13 +150,17 @@ func quotaMember(t *testing.T, e *extenderenv.Env, ns, gang string, i int) {
 // The CRDs come from deploy/crds and are installed after the extender
 // started, so the extender also shows that it picks up a CRD that appears
 // later.
-func TestQuotaReclaimEvictsBorrowedGangWhole(t *testing.T) {
+// startQuotaScene starts the extender with quota and the gang planner,
+// nodes of 8 GPUs, and ElasticQuotas of min 16, max 32 tessera.dev/gpu in
+// team-a and team-b, and waits until the extender shows them.
+func startQuotaScene(t *testing.T, nodes int) (*extenderenv.Env, *extenderenv.PodWatch) {
+	t.Helper()
 	e := extenderenv.Start(t, extenderenv.Options{
 		ExtenderArgs: []string{"--gang-planner=true", "--gang-resync=500ms", "--quota=true", "--quota-crd-retry=500ms"},
 	})
 	w := e.WatchPods(t)
 	finishTerminating(t, e)
-	for i := range 4 {
+	for i := range nodes {
 		e.CreateNode(t, extenderenv.NodeSpec{Name: fmt.Sprintf("n%d", i), GPUs: 8, Model: extenderenv.H100})
 	}
 	e.EnsureNamespace(t, quotaNSA)
@@ -175,7 +179,11 @@ func TestQuotaReclaimEvictsBorrowedGangWhole(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the extender shows no quotas: %v; gauges %v\n%s", err, gauges, e.Ext.LogTail())
 	}
+	return e, w
+}
 
+func TestQuotaReclaimEvictsBorrowedGangWhole(t *testing.T) {
+	e, w := startQuotaScene(t, 4)
 	for i := range 2 {
 		quotaMember(t, e, quotaNSA, "a1", i)
 	}
@@ -193,7 +201,8 @@ func TestQuotaReclaimEvictsBorrowedGangWhole(t *testing.T) {
 		p := e.WaitBound(t, quotaNSA, fmt.Sprintf("a2-%d", i), 60*time.Second)
 		a2[p.Name] = *p
 	}
-	err = wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+	var gauges map[string]string
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
 		g, err := quotaGauges(ctx, e)
 		gauges = g
 		return err == nil && g["used/"+quotaNSA] == "32" && g["borrowed/"+quotaNSA] == "16" && g["lent/"+quotaNSB] == "16", nil
@@ -279,5 +288,62 @@ func TestQuotaReclaimEvictsBorrowedGangWhole(t *testing.T) {
 		if g[k] != v {
 			t.Errorf("gauge %s = %q, want %s (all: %v)", k, g[k], v, g)
 		}
+	}
+}
+
+// TestQuotaPlainPods: the same quotas with plain pods, through filter, on
+// 40 GPUs (5 nodes). team-a runs gang a1 (its min) and borrows with pods
+// ax and ay (ay newest): at its max. A third pod az stays Pending with the
+// extender's quota reason though 8 GPUs are free. team-b's b0 takes those;
+// its b1, within its min, fits no node: the extender evicts ay alone (not
+// a1, whose eviction would put team-a under its min) and b1 binds. Nothing
+// flaps afterwards, and az stays Pending.
+func TestQuotaPlainPods(t *testing.T) {
+	e, w := startQuotaScene(t, 5)
+	for i := range 2 {
+		quotaMember(t, e, quotaNSA, "a1", i)
+	}
+	for i := range 2 {
+		e.WaitBound(t, quotaNSA, fmt.Sprintf("a1-%d", i), 60*time.Second)
+	}
+	for _, name := range []string{"ax", "ay"} {
+		time.Sleep(1100 * time.Millisecond) // a later creation second each
+		e.CreatePod(t, extenderenv.PodSpec{Name: name, Namespace: quotaNSA, GPUs: 8})
+		e.WaitBound(t, quotaNSA, name, 60*time.Second)
+	}
+	e.CreatePod(t, extenderenv.PodSpec{Name: "az", Namespace: quotaNSA, GPUs: 8})
+	e.WaitPendingWith(t, quotaNSA, "az", "namespace team-a uses 32, its ElasticQuota max is 32", 30*time.Second)
+	e.WaitEvent(t, quotaNSA, "az", api.EventQuotaExceeded, "its ElasticQuota max is 32", 10*time.Second)
+
+	e.CreatePod(t, extenderenv.PodSpec{Name: "b0", Namespace: quotaNSB, GPUs: 8})
+	e.WaitBound(t, quotaNSB, "b0", 60*time.Second)
+	reclaimAt := time.Now()
+	e.CreatePod(t, extenderenv.PodSpec{Name: "b1", Namespace: quotaNSB, GPUs: 8})
+	e.WaitBound(t, quotaNSB, "b1", 60*time.Second)
+	t.Logf("team-b's second pod bound %s after it was created", time.Since(reclaimAt).Round(time.Millisecond))
+	e.WaitEvent(t, quotaNSB, "b1", api.EventQuotaReclaiming, "evicting ay of namespace team-a (1 pods)", 10*time.Second)
+
+	before := w.Binds()
+	time.Sleep(6 * time.Second)
+	after := w.Binds()
+	if len(after) != len(before) {
+		t.Errorf("binds during the quiet period: %v", after[len(before):])
+	}
+	var gone []string
+	for _, b := range after {
+		if !b.Gone.IsZero() {
+			gone = append(gone, b.Namespace+"/"+b.Name)
+		}
+	}
+	if len(gone) != 1 || gone[0] != quotaNSA+"/ay" {
+		t.Errorf("pods removed: %v, want only team-a/ay", gone)
+	}
+	for _, name := range []string{"a1-0", "a1-1", "ax"} {
+		if p := e.GetPod(t, quotaNSA, name); p.Spec.NodeName == "" {
+			t.Errorf("%s not bound", name)
+		}
+	}
+	if p := e.GetPod(t, quotaNSA, "az"); p.Spec.NodeName != "" {
+		t.Errorf("az bound to %s above team-a's max", p.Spec.NodeName)
 	}
 }
