@@ -34,6 +34,7 @@ func main() {
 
 type options struct {
 	nodes, pods, policies, seeds, format, plot, tieBreak, expected string
+	tesseraWeights                                                 string
 	workers                                                        int
 	ratio                                                          float64
 	quiet                                                          bool
@@ -54,6 +55,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.ratio, "ratio", sim.DefaultRatio, "workload size as a multiple of the cluster's GPU capacity")
 	fs.StringVar(&o.expected, "expected", "", "the artifact's published analysis_allo_discrete.csv, to show published values in the table")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress on stderr")
+	fs.StringVar(&o.tesseraWeights, "tessera-weights", "", "override the tessera policy's tuning, e.g. strand=4,gap=0.5 (keys frag, strand, gap, gapcomp, model; others keep their default)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tessera-sim --nodes NODES.csv --pods PODS.csv[,PODS2.csv] [flags]")
 		fs.PrintDefaults()
@@ -117,6 +119,14 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		traces = append(traces, &sim.Trace{Workload: sim.WorkloadName(p), Nodes: nodes, Pods: pods})
 	}
+	var tcfg *allocator.TesseraConfig
+	if o.tesseraWeights != "" {
+		c, err := sim.ParseTesseraConfig(o.tesseraWeights)
+		if err != nil {
+			return fmt.Errorf("--tessera-weights: %w", err)
+		}
+		tcfg = &c
+	}
 	var published map[[2]string]sim.Stats
 	if o.expected != "" {
 		curves, err := sim.LoadPublished(o.expected)
@@ -126,7 +136,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		published = sim.PublishedAt100(curves)
 	}
 
-	jobs := sim.Jobs(traces, policies, seeds, sim.Config{Plan: sim.PlanOptions{Ratio: o.ratio, TieBreak: tie}})
+	jobs := sim.Jobs(traces, policies, seeds, sim.Config{Plan: sim.PlanOptions{Ratio: o.ratio, TieBreak: tie}, Tessera: tcfg})
 	start := time.Now()
 	var progress sim.Progress
 	if !o.quiet {

@@ -125,6 +125,7 @@ func TestRunBadInput(t *testing.T) {
 		{"bad seeds", []string{"--nodes", nodes, "--pods", pods, "--seeds", "9-1"}, "--seeds: seed range \"9-1\" is reversed"},
 		{"bad format", []string{"--nodes", nodes, "--pods", pods, "--format", "yaml"}, `--format "yaml"`},
 		{"bad tie-break", []string{"--nodes", nodes, "--pods", pods, "--tie-break", "coin"}, "--tie-break"},
+		{"bad tessera weights", []string{"--nodes", nodes, "--pods", pods, "--tessera-weights", "strand=lots"}, `--tessera-weights: tessera weights "strand=lots"`},
 		{"bad workers", []string{"--nodes", nodes, "--pods", pods, "--workers", "0"}, "--workers 0"},
 		{"unknown flag", []string{"--nodes", nodes, "--pods", pods, "--colour"}, "flag provided but not defined"},
 		{"stray argument", []string{"--nodes", nodes, "--pods", pods, "extra"}, `unexpected argument "extra"`},
@@ -142,5 +143,26 @@ func TestRunBadInput(t *testing.T) {
 	var out, errOut bytes.Buffer
 	if err := run([]string{"-h"}, &out, &errOut); !errors.Is(err, flag.ErrHelp) || !strings.Contains(errOut.String(), "usage: tessera-sim") {
 		t.Errorf("-h: %v, %q", err, errOut.String())
+	}
+}
+
+// --tessera-weights reaches the policy: with every weight 0 all nodes tie
+// and the placements (so the curves) differ from the default tuning's.
+func TestRunTesseraWeights(t *testing.T) {
+	dir := writeFiles(t, map[string]string{"nodes.csv": testNodes, "pods.csv": testPods})
+	args := []string{"--nodes", filepath.Join(dir, "nodes.csv"), "--pods", filepath.Join(dir, "pods.csv"), "--policy", "tessera", "--seeds", "1-3", "--quiet", "--format", "csv"}
+	out := func(extra ...string) string {
+		var stdout, stderr bytes.Buffer
+		if err := run(append(append([]string(nil), args...), extra...), &stdout, &stderr); err != nil {
+			t.Fatalf("run %v: %v\n%s", extra, err, stderr.String())
+		}
+		return stdout.String()
+	}
+	def := out()
+	if same := out("--tessera-weights", "frag=1,strand=4,gap=0.5,gapcomp=0.05,model=2"); same != def {
+		t.Errorf("the default weights spelled out give another result")
+	}
+	if zero := out("--tessera-weights", "frag=0,strand=0,gap=0,model=0"); zero == def {
+		t.Errorf("all-zero weights give the default result: the flag does not reach the policy")
 	}
 }
