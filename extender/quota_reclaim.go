@@ -60,6 +60,9 @@ type QuotaHooks interface {
 	// quota and gangs allow; ok is false when the node is no candidate
 	// (a victim the scheduler needs for CPU or memory may not go).
 	PreemptVictims(ctx context.Context, pod *corev1.Pod, st *NodeState, victims []types.UID) (kept []types.UID, ok bool)
+	// AdmitsWithout reports whether quota admits the pod once the victims
+	// (pods of node state st) are gone.
+	AdmitsWithout(ctx context.Context, pod *corev1.Pod, st *NodeState, victims []types.UID) bool
 }
 
 // GangQuota is what the gang planner asks of quota.
@@ -608,4 +611,27 @@ func (e *QuotaEnforcer) PreemptVictims(ctx context.Context, pod *corev1.Pod, st 
 		klog.FromContext(ctx).V(2).Info("Preemption victims kept by quota or gang rules", "pod", klog.KObj(pod), "kept", names, "why", dropped[names[0]])
 	}
 	return kept, true
+}
+
+// AdmitsWithout reports whether quota admits pod once victims are gone:
+// preemption that frees GPUs but leaves the namespace above its max would
+// be useless.
+func (e *QuotaEnforcer) AdmitsWithout(ctx context.Context, pod *corev1.Pod, st *NodeState, victims []types.UID) bool {
+	req := PodQuotaUse(pod)
+	if len(req) == 0 {
+		return true
+	}
+	gone := map[types.UID]bool{pod.UID: true}
+	for _, uid := range victims {
+		gone[uid] = true
+	}
+	v, err := e.Ledger.View(pod.Namespace, func(p *corev1.Pod) bool { return gone[p.UID] })
+	if err != nil {
+		klog.FromContext(ctx).Info("Quota state unavailable; admitting", "pod", klog.KObj(pod), "err", err)
+		return true
+	}
+	if _, governed := v.State.Quotas[pod.Namespace]; !governed {
+		return true
+	}
+	return v.State.Admit(pod.Namespace, req).Allowed
 }

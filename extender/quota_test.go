@@ -854,3 +854,32 @@ func TestReclaimForUnschedulablePod(t *testing.T) {
 		t.Errorf("evictions (-want +got):\n%s", diff)
 	}
 }
+
+// TestPreemptVerbFreesQuota: a pod above its namespace's max that a
+// lower-priority pod of its own namespace would make room for: the GPUs
+// fit without preempting anything, but the victim is kept, since quota
+// needs it gone; a node whose victims would not free enough quota is
+// dropped.
+func TestPreemptVerbFreesQuota(t *testing.T) {
+	f := newQuotaFixture(t, staticQuotas{"a": {Namespace: "a", Min: gpus(8), Max: gpus(16)}}, eightGPUNodes(3)...)
+	low := f.pod("a", "low", 4, f.now, on("n0"), prio(1))
+	f.pod("a", "high", 8, f.now, on("n1"), prio(100))
+	small := f.pod("a", "small", 1, f.now, on("n2"), prio(1))
+	f.pod("a", "mid", 2, f.now, on("n2"), prio(100)) // a uses 15 of its max 16
+	pre := makePod("x").Whole(4).Priority(10).Obj()
+	pre.Namespace = "a"
+	if v := f.enf.AdmitPod(context.Background(), pre); v.Allowed || v.Unresolvable {
+		t.Fatalf("the preemptor: %+v, want refused and resolvable", v)
+	}
+	res, err := f.srv.PreemptArgs(context.Background(), &extenderv1.ExtenderPreemptionArgs{Pod: pre, NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{
+		"n0": {Pods: []*extenderv1.MetaPod{{UID: string(low.UID)}}},
+		"n2": {Pods: []*extenderv1.MetaPod{{UID: string(small.UID)}}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]*extenderv1.MetaVictims{"n0": {Pods: []*extenderv1.MetaPod{{UID: string(low.UID)}}}}
+	if diff := cmp.Diff(want, res.NodeNameToMetaVictims); diff != "" {
+		t.Errorf("victims (-want +got):\n%s", diff)
+	}
+}

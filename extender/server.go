@@ -588,6 +588,14 @@ func (s *Server) PreemptArgs(ctx context.Context, args *extenderv1.ExtenderPreem
 		if !ok {
 			continue
 		}
+		if s.quota != nil && !s.quota.AdmitsWithout(ctx, args.Pod, st, kept) {
+			// The GPUs fit without some victims, but quota needs them
+			// gone too (the pod's namespace is above its max).
+			if !s.quota.AdmitsWithout(ctx, args.Pod, st, vs) {
+				continue
+			}
+			kept = vs
+		}
 		mv := &extenderv1.MetaVictims{Pods: make([]*extenderv1.MetaPod, 0, len(kept)), NumPDBViolations: pdb[node]}
 		for _, uid := range kept {
 			mv.Pods = append(mv.Pods, &extenderv1.MetaPod{UID: string(uid)})
