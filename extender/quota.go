@@ -187,6 +187,7 @@ func QuotasOf(objs []*unstructured.Unstructured) (map[string]quota.Quota, map[st
 	})
 	out := map[string]quota.Quota{}
 	errs := map[string]error{}
+	applied := map[string]string{} // namespace -> name of the quota in force
 	for _, u := range objs {
 		key := u.GetNamespace() + "/" + u.GetName()
 		eq, err := api.ElasticQuotaFromUnstructured(u)
@@ -194,10 +195,11 @@ func QuotasOf(objs []*unstructured.Unstructured) (map[string]quota.Quota, map[st
 			errs[key] = err
 			continue
 		}
-		if prev, dup := out[eq.Namespace]; dup {
-			errs[key] = fmt.Errorf("ElasticQuota %s: namespace %s already has one (%s applies)", key, eq.Namespace, prev.Namespace)
+		if first, dup := applied[eq.Namespace]; dup {
+			errs[key] = fmt.Errorf("ElasticQuota %s: namespace %s already has one, %s, which applies", key, eq.Namespace, first)
 			continue
 		}
+		applied[eq.Namespace] = eq.Name
 		q := quota.Quota{Namespace: eq.Namespace, Min: quota.Resources{}, Max: quota.Resources{}}
 		for _, name := range api.QuotaResources() {
 			if v, ok := eq.Min[name]; ok {

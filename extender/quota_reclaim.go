@@ -348,13 +348,10 @@ func (e *QuotaEnforcer) decide(ns string, askers []*corev1.Pod, fits func(map[st
 	if err != nil {
 		return nil, err
 	}
-	// Forget evictions that the informer shows leaving or gone.
-	live := map[types.UID]bool{}
-	for _, p := range v.Pods {
-		live[p.UID] = true
-	}
+	// Forget evictions that the informer shows leaving or gone (or that
+	// are old: the informer missed them).
 	for uid, at := range e.inflight {
-		if _, seen := e.Cache.PodUse(uid); (!seen && !live[uid]) || now.Sub(at) > 2*time.Minute {
+		if _, seen := e.Cache.PodUse(uid); !seen || now.Sub(at) > 2*time.Minute {
 			delete(e.inflight, uid)
 		}
 	}

@@ -725,6 +725,9 @@ func TestQuotasOf(t *testing.T) {
 	if diff := cmp.Diff([]string{"a/z-second", "b/bad", "c/inverted"}, keys); diff != "" {
 		t.Errorf("errors (-want +got):\n%s (%v)", diff, errs)
 	}
+	if err := errs["a/z-second"]; err == nil || !strings.Contains(err.Error(), "namespace a already has one, first, which applies") {
+		t.Errorf("duplicate: %v", err)
+	}
 }
 
 func TestQuotaCollector(t *testing.T) {
