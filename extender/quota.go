@@ -256,6 +256,8 @@ type QuotaLedger struct {
 	// Reserved reports a pod the ledger holds a reservation for (a bind
 	// in flight): it counts as used. May be nil.
 	Reserved func(types.UID) bool
+	// Index, when set (and fed by the pod informer), serves FastState.
+	Index *QuotaIndex
 
 	mu    sync.Mutex
 	holds map[string][]hold // reclaim asks, by namespace (see Hold)
@@ -341,17 +343,11 @@ func (l *QuotaLedger) View(asking string, skip func(*corev1.Pod) bool) (*QuotaVi
 	if len(quotas) == 0 {
 		return v, nil
 	}
-	nodes, err := l.Nodes()
+	c, err := l.capacity()
 	if err != nil {
-		return nil, fmt.Errorf("listing nodes: %w", err)
+		return nil, err
 	}
-	for _, n := range nodes {
-		for _, name := range api.QuotaResources() {
-			if q, ok := n.Status.Allocatable[name]; ok {
-				st.Capacity[name] += q.Value()
-			}
-		}
-	}
+	st.Capacity = c
 	namespaces := make([]string, 0, len(quotas))
 	for ns := range quotas {
 		namespaces = append(namespaces, ns)
@@ -375,12 +371,20 @@ func (l *QuotaLedger) View(asking string, skip func(*corev1.Pod) bool) (*QuotaVi
 		}
 		st.Used[ns] = used
 	}
+	l.applyHolds(st, asking)
+	return v, nil
+}
+
+// applyHolds adds the holds of namespaces other than asking to st.Used,
+// dropping the holds that ended.
+func (l *QuotaLedger) applyHolds(st *quota.State, asking string) {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	now := l.clock()
 	for ns, hs := range l.holds {
 		var keep []hold
 		for _, h := range hs {
-			if now.After(h.expires) || coversHold(st.Used[ns], quotas[ns].Min, h.base.Add(h.uses)) {
+			if now.After(h.expires) || coversHold(st.Used[ns], st.Quotas[ns].Min, h.base.Add(h.uses)) {
 				continue
 			}
 			keep = append(keep, h)
@@ -394,8 +398,171 @@ func (l *QuotaLedger) View(asking string, skip func(*corev1.Pod) bool) (*QuotaVi
 			l.holds[ns] = keep
 		}
 	}
-	l.mu.Unlock()
-	return v, nil
+}
+
+// capacity sums the nodes' allocatable of the governed resources.
+func (l *QuotaLedger) capacity() (quota.Resources, error) {
+	nodes, err := l.Nodes()
+	if err != nil {
+		return nil, fmt.Errorf("listing nodes: %w", err)
+	}
+	c := quota.Resources{}
+	for _, n := range nodes {
+		for _, name := range api.QuotaResources() {
+			if q, ok := n.Status.Allocatable[name]; ok {
+				c[name] += q.Value()
+			}
+		}
+	}
+	return c, nil
+}
+
+// FastState is View's state without the pods, from the Index (nil when
+// the ledger has none): what admission needs on every filter call. The
+// pod skip (the one being admitted) is not counted.
+func (l *QuotaLedger) FastState(asking string, skip types.UID) (*quota.State, error) {
+	if l.Index == nil {
+		return nil, nil
+	}
+	quotas := l.Quotas.Quotas()
+	st := &quota.State{Quotas: quotas, Used: map[string]quota.Resources{}, Capacity: quota.Resources{}}
+	if len(quotas) == 0 {
+		return st, nil
+	}
+	c, err := l.capacity()
+	if err != nil {
+		return nil, err
+	}
+	st.Capacity = c
+	st.Used = l.Index.usedBy(quotas, l.Reserved, skip)
+	l.applyHolds(st, asking)
+	return st, nil
+}
+
+// QuotaIndex keeps, from pod informer events, every pod's quota use and
+// whether it counts (see QuotaLedger.Counted), with the sums by namespace,
+// so that admission at filter does not walk every pod.
+type QuotaIndex struct {
+	mu   sync.RWMutex
+	pods map[types.UID]indexedPod
+	// used sums the counted pods by namespace.
+	used map[string]quota.Resources
+}
+
+type indexedPod struct {
+	ns   string
+	uses quota.Resources
+	// counted: bound or planned, live. Otherwise the pod is live and
+	// unbound: it counts only while the GPU ledger holds a reservation
+	// for it (a bind in flight).
+	counted bool
+}
+
+// Set indexes a pod (added or updated).
+func (x *QuotaIndex) Set(pod *corev1.Pod) {
+	uses := PodQuotaUse(pod)
+	live := pod.DeletionTimestamp == nil && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed
+	counted := live && pod.Spec.NodeName != ""
+	if live && !counted {
+		plan, ok, err := api.GetGangPlan(pod.Annotations)
+		counted = ok && err == nil && plan != nil
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.removeLocked(pod.UID)
+	if !live || len(uses) == 0 {
+		return
+	}
+	if x.pods == nil {
+		x.pods, x.used = map[types.UID]indexedPod{}, map[string]quota.Resources{}
+	}
+	x.pods[pod.UID] = indexedPod{ns: pod.Namespace, uses: uses, counted: counted}
+	if counted {
+		x.used[pod.Namespace] = addInPlace(x.used[pod.Namespace], uses, 1)
+	}
+}
+
+// Delete forgets a pod.
+func (x *QuotaIndex) Delete(uid types.UID) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.removeLocked(uid)
+}
+
+func (x *QuotaIndex) removeLocked(uid types.UID) {
+	old, ok := x.pods[uid]
+	if !ok {
+		return
+	}
+	delete(x.pods, uid)
+	if old.counted {
+		x.used[old.ns] = addInPlace(x.used[old.ns], old.uses, -1)
+	}
+}
+
+func addInPlace(dst, r quota.Resources, sign int64) quota.Resources {
+	if dst == nil {
+		dst = quota.Resources{}
+	}
+	for k, v := range r {
+		dst[k] += sign * v
+		if dst[k] == 0 {
+			delete(dst, k)
+		}
+	}
+	return dst
+}
+
+// usedBy returns the use of each namespace of quotas: its counted pods, its
+// reserved unbound pods, less the pod skip.
+func (x *QuotaIndex) usedBy(quotas map[string]quota.Quota, reserved func(types.UID) bool, skip types.UID) map[string]quota.Resources {
+	out := make(map[string]quota.Resources, len(quotas))
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	for ns := range quotas {
+		out[ns] = quota.Resources{}.Add(x.used[ns])
+	}
+	if p, ok := x.pods[skip]; ok && p.counted {
+		if u, governed := out[p.ns]; governed {
+			addInPlace(u, p.uses, -1)
+		}
+	}
+	if reserved == nil {
+		return out
+	}
+	for uid, p := range x.pods {
+		if p.counted || uid == skip {
+			continue
+		}
+		if u, governed := out[p.ns]; governed && reserved(uid) {
+			addInPlace(u, p.uses, 1)
+		}
+	}
+	return out
+}
+
+// Handler is the pod informer handler that feeds the index.
+func (x *QuotaIndex) Handler() toolscache.ResourceEventHandler {
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if p, ok := obj.(*corev1.Pod); ok {
+				x.Set(p)
+			}
+		},
+		UpdateFunc: func(_, obj any) {
+			if p, ok := obj.(*corev1.Pod); ok {
+				x.Set(p)
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if p, ok := obj.(*corev1.Pod); ok {
+				x.Delete(p.UID)
+			}
+		},
+	}
 }
 
 // coversHold reports whether a namespace's own use has reached target

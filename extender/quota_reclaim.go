@@ -129,6 +129,15 @@ func (e *QuotaEnforcer) AdmitPod(ctx context.Context, pod *corev1.Pod) QuotaVerd
 	if len(req) == 0 {
 		return QuotaVerdict{Allowed: true}
 	}
+	if st, err := e.Ledger.FastState(pod.Namespace, pod.UID); err == nil && st != nil {
+		if _, governed := st.Quotas[pod.Namespace]; !governed {
+			return QuotaVerdict{Allowed: true}
+		}
+		if d := st.Admit(pod.Namespace, req); d.Allowed {
+			return QuotaVerdict{Allowed: true, WithinMin: !d.Borrowing, Message: d.Reason}
+		}
+		// Refused: the full view explains it (and may see it afresh).
+	}
 	v, err := e.Ledger.View(pod.Namespace, func(p *corev1.Pod) bool { return p.UID == pod.UID })
 	if err != nil {
 		// Quota cannot be read: the GPU checks still protect the nodes.

@@ -206,8 +206,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			}
 		}}
 		nodeLister := factory.Core().V1().Nodes().Lister()
+		index := &extender.QuotaIndex{}
+		if _, err := podInf.AddEventHandler(index.Handler()); err != nil {
+			return fmt.Errorf("pod informer: %w", err)
+		}
 		ledger := &extender.QuotaLedger{
 			Quotas: quotas,
+			Index:  index,
 			Pods:   func(ns string) ([]*corev1.Pod, error) { return podLister.Pods(ns).List(labels.Everything()) },
 			Nodes:  func() ([]*corev1.Node, error) { return nodeLister.List(labels.Everything()) },
 			Reserved: func(uid types.UID) bool {
