@@ -62,6 +62,8 @@ unit: deps ## unit tests of the main module with the race detector
 # on first use).
 include test/test.mk
 include test/bench.mk
+# make demo: a local GPU cluster without GPUs (docs/demo.md).
+include test/demo.mk
 
 .PHONY: test-more
 test-more: test-integration test-repro

@@ -165,6 +165,13 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 	if err := c.extenderRBAC(ctx, client); err != nil {
 		return nil, err
 	}
+	crds, err := c.installCRDs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if len(crds) > 0 {
+		opts.Logf("installed the CRDs of deploy/crds: %s", strings.Join(crds, ", "))
+	}
 	opts.Logf("starting tessera-extender")
 	if err := c.StartExtender(ctx); err != nil {
 		return nil, err
