@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/allocator/quota"
@@ -33,6 +34,12 @@ type Evicter interface {
 // KubeEvicter is the Evicter of a real API server.
 type KubeEvicter struct {
 	Client kubernetes.Interface
+	// REST, when set (the core/v1 REST client of Client), makes evictions
+	// without client-side retries: a budget still being processed answers
+	// 429 with Retry-After 10, which client-go would retry ten times
+	// (100 s) while reclaim should pass the workload over at once. A fake
+	// clientset has no REST client: then Client's EvictV1 is used.
+	REST rest.Interface
 }
 
 var _ Evicter = (*KubeEvicter)(nil)
@@ -44,7 +51,14 @@ func (k *KubeEvicter) Evict(ctx context.Context, pod *corev1.Pod, dryRun bool) e
 	if dryRun {
 		opts.DryRun = []string{metav1.DryRunAll}
 	}
-	ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}, DeleteOptions: opts}
+	ev := &policyv1.Eviction{
+		TypeMeta:   metav1.TypeMeta{APIVersion: policyv1.SchemeGroupVersion.String(), Kind: "Eviction"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}, DeleteOptions: opts,
+	}
+	if k.REST != nil {
+		return k.REST.Post().Namespace(pod.Namespace).Resource("pods").Name(pod.Name).SubResource("eviction").
+			MaxRetries(0).Body(ev).Do(ctx).Error()
+	}
 	return k.Client.CoreV1().Pods(pod.Namespace).EvictV1(ctx, ev)
 }
 

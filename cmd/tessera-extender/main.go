@@ -221,7 +221,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			},
 		}
 		enforcer = &extender.QuotaEnforcer{
-			Ledger: ledger, Cache: cache, Evicter: &extender.KubeEvicter{Client: client},
+			Ledger: ledger, Cache: cache, Evicter: &extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()},
 			Pod:    func(ns, name string) (*corev1.Pod, error) { return podLister.Pods(ns).Get(name) },
 			Events: recorder, Metrics: metrics, HoldFor: o.quotaHold,
 		}

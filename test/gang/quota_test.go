@@ -12,9 +12,11 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
 
@@ -345,5 +347,58 @@ func TestQuotaPlainPods(t *testing.T) {
 	}
 	if p := e.GetPod(t, quotaNSA, "az"); p.Spec.NodeName != "" {
 		t.Errorf("az bound to %s above team-a's max", p.Spec.NodeName)
+	}
+}
+
+// TestQuotaReclaimRespectsPDB: as TestQuotaPlainPods, but a
+// PodDisruptionBudget protects ay, the newest borrowing pod: the eviction
+// API refuses it (429), the extender reports that (ReclaimBlocked) and
+// evicts ax instead; ay keeps running.
+func TestQuotaReclaimRespectsPDB(t *testing.T) {
+	e, w := startQuotaScene(t, 5)
+	for i := range 2 {
+		quotaMember(t, e, quotaNSA, "a1", i)
+	}
+	for i := range 2 {
+		e.WaitBound(t, quotaNSA, fmt.Sprintf("a1-%d", i), 60*time.Second)
+	}
+	for _, name := range []string{"ax", "ay"} {
+		time.Sleep(1100 * time.Millisecond) // a later creation second each
+		e.CreatePod(t, extenderenv.PodSpec{Name: name, Namespace: quotaNSA, GPUs: 8, Labels: map[string]string{"app": name}})
+		p := e.WaitBound(t, quotaNSA, name, 60*time.Second)
+		// Running, as its kubelet would say: the eviction API lets a
+		// Pending pod go whatever its budget.
+		p.Status.Phase = v1.PodRunning
+		p.Status.Conditions = append(p.Status.Conditions, v1.PodCondition{Type: v1.PodReady, Status: v1.ConditionTrue})
+		if _, err := e.Client.CoreV1().Pods(quotaNSA).UpdateStatus(t.Context(), p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	one := intstr.FromInt32(1)
+	pdb := &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: "ay", Namespace: quotaNSA},
+		Spec:       policyv1.PodDisruptionBudgetSpec{MinAvailable: &one, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "ay"}}},
+	}
+	if _, err := e.Client.PolicyV1().PodDisruptionBudgets(quotaNSA).Create(t.Context(), pdb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.CreatePod(t, extenderenv.PodSpec{Name: "b0", Namespace: quotaNSB, GPUs: 8})
+	e.WaitBound(t, quotaNSB, "b0", 60*time.Second)
+	e.CreatePod(t, extenderenv.PodSpec{Name: "b1", Namespace: quotaNSB, GPUs: 8})
+	e.WaitBound(t, quotaNSB, "b1", 60*time.Second)
+	e.WaitEvent(t, quotaNSA, "ay", api.EventReclaimBlocked, "ay of namespace team-a cannot be evicted", 10*time.Second)
+	e.WaitEvent(t, quotaNSB, "b1", api.EventQuotaReclaiming, "evicting ax of namespace team-a (1 pods)", 10*time.Second)
+	time.Sleep(3 * time.Second)
+	var gone []string
+	for _, b := range w.Binds() {
+		if !b.Gone.IsZero() {
+			gone = append(gone, b.Namespace+"/"+b.Name)
+		}
+	}
+	if len(gone) != 1 || gone[0] != quotaNSA+"/ax" {
+		t.Errorf("pods removed: %v, want only team-a/ax", gone)
+	}
+	if p := e.GetPod(t, quotaNSA, "ay"); p.Spec.NodeName == "" || p.DeletionTimestamp != nil {
+		t.Errorf("ay: node %q, deleting %v; want it running", p.Spec.NodeName, p.DeletionTimestamp)
 	}
 }
