@@ -169,10 +169,24 @@ func (e *QuotaEnforcer) AdmitGang(ctx context.Context, ns string, members []*cor
 	uids := map[types.UID]bool{}
 	req := quota.Resources{}
 	var prio int32
+	counted := false
 	for _, m := range members {
 		uids[m.UID] = true
 		req = req.Add(PodQuotaUse(m))
 		prio = max(prio, podPriority(m))
+		counted = counted || e.Ledger.Counted(m)
+	}
+	if !counted {
+		// The usual case, gated members that count for nothing yet: the
+		// index answers an admission.
+		if st, err := e.Ledger.FastState(ns, ""); err == nil && st != nil {
+			if _, governed := st.Quotas[ns]; !governed {
+				return QuotaVerdict{Allowed: true}
+			}
+			if d := st.Admit(ns, req); d.Allowed {
+				return QuotaVerdict{Allowed: true, WithinMin: !d.Borrowing, Message: d.Reason}
+			}
+		}
 	}
 	v, err := e.Ledger.View(ns, func(p *corev1.Pod) bool { return uids[p.UID] })
 	if err != nil {
