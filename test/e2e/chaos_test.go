@@ -46,12 +46,40 @@ func TestChaos(t *testing.T) {
 	var live []string
 	deleted := 0
 	start := time.Now()
+	// When each node's device plugins restarted (agent or device manager).
+	restarted := map[string][]time.Time{}
 	chaos := map[int]func() error{
-		40:  func() error { return c.RestartAgent(ctx, "a100-1") },
-		80:  func() error { return c.RestartExtender(ctx) },
-		120: func() error { return c.RestartDeviceManager(ctx, "a100-2") },
-		150: func() error { return c.RestartAgent(ctx, "v100-1") },
+		40: func() error {
+			restarted["a100-1"] = append(restarted["a100-1"], time.Now())
+			return c.RestartAgent(ctx, "a100-1")
+		},
+		80: func() error { return c.RestartExtender(ctx) },
+		120: func() error {
+			restarted["a100-2"] = append(restarted["a100-2"], time.Now())
+			return c.RestartDeviceManager(ctx, "a100-2")
+		},
+		150: func() error {
+			restarted["v100-1"] = append(restarted["v100-1"], time.Now())
+			return c.RestartAgent(ctx, "v100-1")
+		},
 		170: func() error { return c.RestartExtender(ctx) },
+	}
+	// duringRestart: the pod was bound to its node within a few seconds of a
+	// restart of that node's device plugins.
+	duringRestart := func(p v1.Pod) bool {
+		var bound time.Time
+		for _, cond := range p.Status.Conditions {
+			if cond.Type == v1.PodScheduled && cond.Status == v1.ConditionTrue {
+				bound = cond.LastTransitionTime.Time
+			}
+		}
+		for _, at := range restarted[p.Spec.NodeName] {
+			// Conditions have second granularity.
+			if !bound.Before(at.Add(-2*time.Second)) && bound.Before(at.Add(10*time.Second)) {
+				return true
+			}
+		}
+		return false
 	}
 	for i := range creations {
 		if f := chaos[i]; f != nil {
@@ -110,7 +138,7 @@ func TestChaos(t *testing.T) {
 		}
 		switch {
 		case p.Status.Phase == v1.PodFailed && p.Status.Reason == "UnexpectedAdmissionError" &&
-			strings.Contains(p.Status.Message, "no healthy devices present"):
+			strings.Contains(p.Status.Message, "no healthy devices present") && duringRestart(p):
 			// The kubelet's own behaviour while a device plugin restarts:
 			// its devices are unhealthy until it registers again, and a pod
 			// bound meanwhile is rejected (the scheduler saw the node's

@@ -146,6 +146,37 @@ func deleteAll(t *testing.T, c *nodesim.Cluster, ns string) {
 	})
 	if err != nil {
 		t.Errorf("pods of %s not gone: %v", ns, err)
+		return
+	}
+	waitReleased(t, c)
+}
+
+// waitReleased waits until every node advertises all its devices as
+// allocatable again, so that the next test starts on a quiet cluster. A node
+// agent learns that the kubelet freed a whole GPU's (or a shared GPU's)
+// devices only at its next sync of the kubelet's allocations (every
+// kubeletSyncInterval, 10s by default); until then it withholds the other
+// resource of that GPU.
+func waitReleased(t *testing.T, c *nodesim.Cluster) {
+	var last string
+	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		nodes, err := c.Client().CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, n := range nodes.Items {
+			for _, r := range []v1.ResourceName{api.ResourceGPU, api.ResourceGPUMemory, api.ResourceGPUCore} {
+				ca, al := n.Status.Capacity[r], n.Status.Allocatable[r]
+				if ca.Cmp(al) != 0 {
+					last = fmt.Sprintf("node %s %s: allocatable %s of %s", n.Name, r, al.String(), ca.String())
+					return false, nil
+				}
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Errorf("nodes did not release every device: %v (%s)", err, last)
 	}
 }
 
