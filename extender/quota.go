@@ -111,8 +111,12 @@ func (w *QuotaWatcher) Run(ctx context.Context) {
 			}
 			w.decided.Store(true)
 		default:
-			w.watch(ctx, logger)
-			return
+			w.watch(ctx, logger, retry)
+			if ctx.Err() != nil {
+				return
+			}
+			saidAbsent = true // watch said it went
+			continue
 		}
 		select {
 		case <-ctx.Done():
@@ -122,7 +126,12 @@ func (w *QuotaWatcher) Run(ctx context.Context) {
 	}
 }
 
-func (w *QuotaWatcher) watch(ctx context.Context, logger klog.Logger) {
+// watch runs the informer until ctx is done or the CRD is found removed
+// (checked every retry; a discovery error changes nothing): then the
+// quotas are dropped, since nothing can be enforced that cannot be read.
+func (w *QuotaWatcher) watch(ctx context.Context, logger klog.Logger, retry time.Duration) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	inf := dynamicinformer.NewFilteredDynamicInformer(w.Dynamic, api.ElasticQuotaGVR, metav1.NamespaceAll, 0, toolscache.Indexers{}, nil).Informer()
 	if w.OnChange != nil {
 		changed := func(any) { w.OnChange() }
@@ -140,7 +149,21 @@ func (w *QuotaWatcher) watch(ctx context.Context, logger klog.Logger) {
 	w.store.Store(&store)
 	w.decided.Store(true)
 	logger.Info("Watching ElasticQuotas", "count", len(store.List()))
-	<-ctx.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(retry):
+		}
+		if ok, err := w.crdInstalled(); err == nil && !ok {
+			logger.Info("The ElasticQuota CRD was removed: no quotas are enforced; looking for it again periodically", "retry", retry)
+			w.store.Store(nil)
+			if w.OnChange != nil {
+				w.OnChange()
+			}
+			return
+		}
+	}
 }
 
 // Quotas decodes the ElasticQuotas of the informer's store. A malformed

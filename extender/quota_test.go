@@ -688,7 +688,8 @@ func elasticQuota(ns, name string, min, max map[string]any) *unstructured.Unstru
 
 // TestQuotaWatcherMissingCRD: without the CRD the watcher is decided at
 // once with no quotas (the extender gets ready and enforces nothing);
-// once the CRD appears the quotas are picked up without a restart.
+// once the CRD appears the quotas are picked up without a restart, and
+// dropped when it is removed.
 func TestQuotaWatcherMissingCRD(t *testing.T) {
 	scheme := runtime.NewScheme()
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme,
@@ -718,6 +719,15 @@ func TestQuotaWatcherMissingCRD(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Error("no OnChange for the quota")
 	}
+	// The CRD goes: no quotas; it comes back: picked up again.
+	disc.mu.Lock()
+	disc.installed = false
+	disc.mu.Unlock()
+	waitFor(t, "the quotas dropped with the CRD", func() bool { return len(w.Quotas()) == 0 })
+	disc.mu.Lock()
+	disc.installed = true
+	disc.mu.Unlock()
+	waitFor(t, "the quota picked up again", func() bool { return len(w.Quotas()) == 1 })
 }
 
 func TestQuotasOf(t *testing.T) {
