@@ -15,14 +15,17 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"math"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"sort"
 	"strconv"
@@ -120,13 +123,15 @@ func findRepo() (string, error) {
 
 // phase is one node count's pair of runs.
 type phase struct {
-	nodes      int
-	nodesIn    time.Duration
-	without    runResult
-	with       runResult
-	latency    map[string]*histogram
-	errors     map[string]float64
-	placements float64
+	nodes   int
+	nodesIn time.Duration
+	without runResult
+	with    runResult
+	// kube-scheduler's own histograms, without and with the extender.
+	schedWithout, schedWith schedStats
+	latency                 map[string]*histogram
+	errors                  map[string]float64
+	placements              float64
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -217,7 +222,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			}
 			err := func() error {
 				defer ext.stop()
-				if err := cp.StartScheduler(ctx, controlplane.SchedulerOptions{ConfigFile: cfg}); err != nil {
+				if err := cp.StartScheduler(ctx, controlplane.SchedulerOptions{ConfigFile: cfg, Args: []string{schedulerMetricsArg}}); err != nil {
 					return fmt.Errorf("start kube-scheduler: %w", err)
 				}
 				defer func() {
@@ -240,11 +245,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 					return fmt.Errorf("%d nodes, extender=%v: %w\nkube-scheduler log tail:\n%s", n, withExt, err, schedulerLogTail(cp))
 				}
 				logf("%d nodes, extender=%v: %d pods bound in %s: %.1f pods/s", n, withExt, res.pods, res.boundIn.Round(time.Millisecond), res.podsPerSecond())
+				sched, err := scrapeScheduler(ctx, cp)
+				if err != nil {
+					return err
+				}
 				if !withExt {
-					ph.without = res
+					ph.without, ph.schedWithout = res, sched
 					return nil
 				}
-				ph.with = res
+				ph.with, ph.schedWith = res, sched
 				// The informer can see the last Binding before the extender's
 				// bind handler has recorded its latency: wait (at most 10s)
 				// until every placement is counted.
@@ -332,6 +341,103 @@ func report(w io.Writer, c *config, phases []*phase, load0, load1 string, took t
 	for _, p := range phases {
 		fmt.Fprintf(w, "extender placements at %d nodes: %.0f\n", p.nodes, p.placements)
 	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "kube-scheduler per pod (its own histograms: algorithm = filter and score, extender calls included, one pod at a time; attempt = algorithm + binding; buckets double from 1ms)")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "nodes\textender\talgorithm n\tmean\tp50\tp99\tattempts scheduled\tmean\tp50\tp99\t")
+	for _, p := range phases {
+		for _, r := range []struct {
+			name string
+			s    schedStats
+		}{{"without", p.schedWithout}, {"with", p.schedWith}} {
+			a, t := r.s.algorithm, r.s.attempt
+			fmt.Fprintf(tw, "%d\t%s\t%.0f\t%s\t%s\t%s\t%.0f\t%s\t%s\t%s\t\n", p.nodes, r.name,
+				a.count, ms(a.mean()), ms(a.quantile(0.5)), ms(a.quantile(0.99)),
+				t.count, ms(t.mean()), ms(t.quantile(0.5)), ms(t.quantile(0.99)))
+		}
+	}
+	tw.Flush()
+}
+
+// schedulerMetricsArg lets the benchmark read kube-scheduler's /metrics
+// without credentials (the default list has only the health paths).
+const schedulerMetricsArg = "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics"
+
+// schedStats are kube-scheduler's per-pod histograms after one run.
+type schedStats struct {
+	algorithm, attempt histogram
+}
+
+var servingRE = regexp.MustCompile(`Serving securely on (127\.0\.0\.1:[0-9]+)`)
+
+// schedulerAddr finds the running kube-scheduler's address in its log.
+func schedulerAddr(log string) (string, error) {
+	m := servingRE.FindAllStringSubmatch(log, -1)
+	if len(m) == 0 {
+		return "", errors.New("no \"Serving securely on\" line in kube-scheduler's log")
+	}
+	return m[len(m)-1][1], nil
+}
+
+// scrapeScheduler reads the running kube-scheduler's histograms.
+func scrapeScheduler(ctx context.Context, cp *controlplane.ControlPlane) (schedStats, error) {
+	var path string
+	for name, p := range cp.LogFiles() {
+		if strings.HasPrefix(name, "kube-scheduler") {
+			path = p
+		}
+	}
+	if path == "" {
+		return schedStats{}, errors.New("kube-scheduler metrics: no kube-scheduler running")
+	}
+	log, err := os.ReadFile(path)
+	if err != nil {
+		return schedStats{}, fmt.Errorf("kube-scheduler metrics: %w", err)
+	}
+	addr, err := schedulerAddr(string(log))
+	if err != nil {
+		return schedStats{}, fmt.Errorf("kube-scheduler metrics: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	hc := &http.Client{Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // kube-scheduler's self-signed loopback certificate
+	}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+addr+"/metrics", nil)
+	if err != nil {
+		return schedStats{}, fmt.Errorf("kube-scheduler metrics: %w", err)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return schedStats{}, fmt.Errorf("kube-scheduler metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return schedStats{}, fmt.Errorf("kube-scheduler metrics: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return schedStats{}, fmt.Errorf("kube-scheduler metrics: GET /metrics: %s", resp.Status)
+	}
+	alg, err := parseHistograms(bytes.NewReader(body), schedulerAlgorithmMetric, "")
+	if err != nil {
+		return schedStats{}, err
+	}
+	att, err := parseHistograms(bytes.NewReader(body), schedulerAttemptMetric, "result")
+	if err != nil {
+		return schedStats{}, err
+	}
+	var s schedStats
+	if h := alg[""]; h != nil {
+		s.algorithm = *h
+	}
+	if h := att["scheduled"]; h != nil {
+		s.attempt = *h
+	}
+	if s.algorithm.count == 0 {
+		return schedStats{}, fmt.Errorf("kube-scheduler metrics: no %s samples", schedulerAlgorithmMetric)
+	}
+	return s, nil
 }
 
 func ms(s float64) string {

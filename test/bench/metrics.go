@@ -14,6 +14,14 @@ import (
 // (extender/metrics.go).
 const latencyMetric = "tessera_extender_request_duration_seconds"
 
+// kube-scheduler's histograms (pkg/scheduler/metrics): the scheduling
+// algorithm (filter and score, extender calls included) and the whole
+// attempt (algorithm and binding), per pod.
+const (
+	schedulerAlgorithmMetric = "scheduler_scheduling_algorithm_duration_seconds"
+	schedulerAttemptMetric   = "scheduler_scheduling_attempt_duration_seconds"
+)
+
 // histogram is one label set's cumulative buckets, as exposed.
 type histogram struct {
 	buckets []bucket // sorted by upper bound, +Inf last
@@ -51,6 +59,17 @@ func (h *histogram) quantile(q float64) float64 {
 	return lower
 }
 
+// add adds n to the cumulative count of the bucket with upper bound le.
+func (h *histogram) add(le, n float64) {
+	for i := range h.buckets {
+		if h.buckets[i].le == le {
+			h.buckets[i].count += n
+			return
+		}
+	}
+	h.buckets = append(h.buckets, bucket{le: le, count: n})
+}
+
 func (h *histogram) mean() float64 {
 	if h.count == 0 {
 		return math.NaN()
@@ -59,7 +78,9 @@ func (h *histogram) mean() float64 {
 }
 
 // parseHistograms reads the Prometheus text exposition in r and returns
-// the histograms of metric name, keyed by the value of label key.
+// the histograms of metric name, keyed by the value of label key. Series
+// that differ only in other labels (kube-scheduler's profile, say) are
+// added up.
 func parseHistograms(r io.Reader, name, key string) (map[string]*histogram, error) {
 	out := map[string]*histogram{}
 	get := func(k string) *histogram {
@@ -97,11 +118,11 @@ func parseHistograms(r io.Reader, name, key string) (map[string]*histogram, erro
 			if err != nil {
 				return nil, fmt.Errorf("metrics line %q: le: %w", line, err)
 			}
-			h.buckets = append(h.buckets, bucket{le: le, count: v})
+			h.add(le, v)
 		case "_count":
-			h.count = v
+			h.count += v
 		case "_sum":
-			h.sum = v
+			h.sum += v
 		}
 	}
 	if err := sc.Err(); err != nil {
