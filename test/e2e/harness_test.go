@@ -151,8 +151,9 @@ func deleteAll(t *testing.T, c *nodesim.Cluster, ns string) {
 	waitReleased(t, c)
 }
 
-// waitReleased waits until every node advertises all its devices as
-// allocatable again, so that the next test starts on a quiet cluster. A node
+// waitReleased waits, once no pod is left in the cluster, until every node
+// advertises all its devices as allocatable again, so that the next test
+// starts on a quiet cluster. A node
 // agent learns that the kubelet freed a whole GPU's (or a shared GPU's)
 // devices only at its next sync of the kubelet's allocations (every
 // kubeletSyncInterval, 10s by default); until then it withholds the other
@@ -160,6 +161,13 @@ func deleteAll(t *testing.T, c *nodesim.Cluster, ns string) {
 func waitReleased(t *testing.T, c *nodesim.Cluster) {
 	var last string
 	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := c.Client().CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		if len(pods.Items) > 0 {
+			return true, nil // other namespaces of the test still run pods
+		}
 		nodes, err := c.Client().CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, nil
