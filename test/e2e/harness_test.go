@@ -35,6 +35,9 @@ var (
 	once       sync.Once
 )
 
+// binDir holds the binaries the tests built.
+var binDir string
+
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if cluster != nil {
@@ -42,6 +45,9 @@ func TestMain(m *testing.M) {
 			keepLogs()
 		}
 		cluster.Stop()
+	}
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
 	}
 	os.Exit(code)
 }
@@ -75,6 +81,7 @@ func build() (nodesimBin, agentBin, extenderBin string, err error) {
 	if err != nil {
 		return "", "", "", err
 	}
+	binDir = dir
 	root := repoRoot()
 	for _, b := range []struct{ dir, pkg, out string }{
 		{filepath.Join(root, "test"), "./cmd/tessera-nodesim", "tessera-nodesim"},

@@ -130,8 +130,8 @@ func pendingReason(p *v1.Pod) string {
 	for _, c := range p.Status.Conditions {
 		if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse {
 			msg := c.Message
-			if len(msg) > 110 {
-				msg = msg[:110] + "..."
+			if len(msg) > 200 {
+				msg = msg[:200] + "..."
 			}
 			return msg
 		}
