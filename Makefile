@@ -70,7 +70,7 @@ test-more: test-integration test-repro
 
 # The FGD reproduction on the Alibaba trace (sim/repro_test.go, build tag
 # simrepro; the trace at ../shared/traces, a failure under CI=true when it is
-# missing): 280 simulations, 3.5 min on the 2 shared cores here. test-repro,
+# missing): 280 simulations, 2-6 min on the 2 shared cores here. test-repro,
 # part of make test, checks the published random/bestfit/fgd values, the
 # exact baseline curves and tessera below fgd on every variant, but not
 # tessera's <= 4.0 goal on the default trace, which it does not reach yet
