@@ -46,7 +46,7 @@ func TestEightGPUPodGetsOneNVLinkClique(t *testing.T) {
 	c := getCluster(t)
 	ns := namespace(t, c, "e2e-nvlink")
 	create(t, c.Client(), ns, podSpec{name: "train8", gpus: 8, annotations: map[string]string{api.AnnotationNVLink: "required"}})
-	p, rec := waitRunning(t, c, ns, "train8", 60*time.Second)
+	_, rec := waitRunning(t, c, ns, "train8", 60*time.Second)
 	p, gpus := waitWholeGPUs(t, c, ns, "train8", "main", 8)
 	inv := inventory(t, c, p.Spec.NodeName)
 	var idx []int
