@@ -167,7 +167,9 @@ func deleteAll(t *testing.T, c *nodesim.Cluster, ns string) {
 // resource of that GPU.
 func waitReleased(t *testing.T, c *nodesim.Cluster) {
 	var last string
-	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	// Up to the agent's allocationGrace (2m) plus a sync: units the agent
+	// allocated for a pod the kubelet then refused count as used that long.
+	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, 150*time.Second, true, func(ctx context.Context) (bool, error) {
 		pods, err := c.Client().CoreV1().Pods("").List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, nil

@@ -92,22 +92,28 @@ type ClusterOptions struct {
 // Cluster is a control plane, tessera-extender and simulated nodes, each
 // its own process.
 type Cluster struct {
-	opts     ClusterOptions
-	CP       *controlplane.ControlPlane
-	Dir      string
-	ownsDir  bool
-	extUser  *controlplane.User
-	extAddr  string
-	extKC    string
-	mu       sync.Mutex
-	extender *proc
-	nodes    map[string]*proc
-	specs    []NodeSpec
+	opts      ClusterOptions
+	CP        *controlplane.ControlPlane
+	Dir       string
+	ownsDir   bool
+	extUser   *controlplane.User
+	extAddr   string
+	extKC     string
+	agentUser *controlplane.User
+	agentKC   string
+	mu        sync.Mutex
+	extender  *proc
+	nodes     map[string]*proc
+	specs     []NodeSpec
 }
 
 // ExtenderUser is the identity tessera-extender runs as, bound to the
 // ClusterRole of deploy/extender/rbac.yaml.
 const ExtenderUser = "tessera-extender"
+
+// AgentUser is the identity every tessera-node runs as: the DaemonSet's
+// ServiceAccount, so deploy/node/rbac.yaml's binding applies unchanged.
+const AgentUser = "system:serviceaccount:tessera-system:tessera-node"
 
 // deployURL is the urlPrefix of deploy/extender/scheduler-config.yaml.
 const deployURL = "http://tessera-extender.kube-system.svc:8888"
@@ -151,7 +157,8 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 	}
 
 	c.extUser = &controlplane.User{Name: ExtenderUser}
-	cpOpts := controlplane.Options{BaseDir: c.Dir, Users: []*controlplane.User{c.extUser}}
+	c.agentUser = &controlplane.User{Name: AgentUser, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:tessera-system"}}
+	cpOpts := controlplane.Options{BaseDir: c.Dir, Users: []*controlplane.User{c.extUser, c.agentUser}}
 	if opts.ControlPlaneBinaries != nil {
 		cpOpts.Binaries = *opts.ControlPlaneBinaries
 	} else if cpOpts.Binaries, err = controlplane.BinariesFromEnv(); err != nil {
@@ -163,6 +170,9 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 	}
 	client := c.CP.Client()
 	if err := c.extenderRBAC(ctx, client); err != nil {
+		return nil, err
+	}
+	if err := c.agentRBAC(ctx, client); err != nil {
 		return nil, err
 	}
 	crds, err := c.installCRDs(ctx)
@@ -268,6 +278,52 @@ func (c *Cluster) extenderRBAC(ctx context.Context, client kubernetes.Interface)
 	return clientcmd.WriteToFile(*kc, c.extKC)
 }
 
+// agentRBAC applies deploy/node/rbac.yaml (ClusterRole and its binding to
+// the tessera-node ServiceAccount) and writes the agents' kubeconfig.
+func (c *Cluster) agentRBAC(ctx context.Context, client kubernetes.Interface) error {
+	raw, err := os.ReadFile(filepath.Join(c.opts.RepoRoot, "deploy", "node", "rbac.yaml"))
+	if err != nil {
+		return err
+	}
+	var roles, bindings int
+	for _, doc := range strings.Split(string(raw), "\n---\n") {
+		var meta metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+			return fmt.Errorf("deploy/node/rbac.yaml: %w", err)
+		}
+		switch meta.Kind {
+		case "ClusterRole":
+			var r rbacv1.ClusterRole
+			if err := yaml.Unmarshal([]byte(doc), &r); err != nil {
+				return err
+			}
+			if _, err := client.RbacV1().ClusterRoles().Create(ctx, &r, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+				return err
+			}
+			roles++
+		case "ClusterRoleBinding":
+			var b rbacv1.ClusterRoleBinding
+			if err := yaml.Unmarshal([]byte(doc), &b); err != nil {
+				return err
+			}
+			if _, err := client.RbacV1().ClusterRoleBindings().Create(ctx, &b, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+				return err
+			}
+			bindings++
+		}
+	}
+	if roles == 0 || bindings == 0 {
+		return errors.New("deploy/node/rbac.yaml: want a ClusterRole and a ClusterRoleBinding")
+	}
+	c.agentKC = filepath.Join(c.Dir, "tessera-node.kubeconfig")
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["local"] = &clientcmdapi.Cluster{Server: c.CP.APIServerURL, CertificateAuthority: c.CP.CAFile()}
+	kc.AuthInfos["tessera-node"] = &clientcmdapi.AuthInfo{Token: c.agentUser.Token}
+	kc.Contexts["local"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: "tessera-node"}
+	kc.CurrentContext = "local"
+	return clientcmd.WriteToFile(*kc, c.agentKC)
+}
+
 // StartExtender starts tessera-extender (again) and waits for /readyz.
 func (c *Cluster) StartExtender(ctx context.Context) error {
 	if c.extAddr == "" {
@@ -331,7 +387,7 @@ func (c *Cluster) RestartDeviceManager(ctx context.Context, node string) error {
 }
 
 func (c *Cluster) startNode(n NodeSpec) error {
-	args := []string{"--name=" + n.Name, "--profile=" + n.Profile, "--kubeconfig=" + c.CP.KubeconfigPath(),
+	args := []string{"--name=" + n.Name, "--profile=" + n.Profile, "--kubeconfig=" + c.CP.KubeconfigPath(), "--agent-kubeconfig=" + c.agentKC,
 		"--state-dir=" + c.NodeStateDir(n.Name), "--agent=" + c.opts.Agent, "--v=2"}
 	if len(n.Labels) > 0 {
 		var kv []string

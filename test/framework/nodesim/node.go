@@ -77,8 +77,11 @@ type NodeConfig struct {
 	// pcie-2numa). The node's GPU UUIDs are derived from Name, so two nodes
 	// of one profile have different GPUs.
 	Profile string
-	// Kubeconfig of the API server (used by the node and its agent).
+	// Kubeconfig of the API server for the node itself (a kubelet's
+	// rights: Nodes, Leases, pods' status and deletion).
 	Kubeconfig string
+	// AgentKubeconfig is tessera-node's (default Kubeconfig).
+	AgentKubeconfig string
 	// StateDir holds everything of the node: agent log and state, NRI
 	// socket, PodRecords, the control socket.
 	StateDir string
@@ -232,6 +235,13 @@ func (n *Node) writeMachine() error {
 	return os.WriteFile(n.machinePath(), b, 0o644)
 }
 
+func (n *Node) agentKubeconfig() string {
+	if n.cfg.AgentKubeconfig != "" {
+		return n.cfg.AgentKubeconfig
+	}
+	return n.cfg.Kubeconfig
+}
+
 func (n *Node) machinePath() string { return filepath.Join(n.cfg.StateDir, "machine.yaml") }
 
 // MachineUUIDs returns the GPU UUIDs of profile on a node called name, by
@@ -289,7 +299,7 @@ func (n *Node) agentArgs() ([]string, error) {
 		"--nvml=mock:" + n.machinePath(),
 		"--device-plugin-dir=" + kubelet.DevicePluginDir,
 		"--pod-resources-socket=" + PodResourcesSocket(n.cfg.StateDir),
-		"--kubeconfig=" + n.cfg.Kubeconfig,
+		"--kubeconfig=" + n.agentKubeconfig(),
 		"--node-name=" + n.cfg.Name,
 		"--nri-socket=" + n.rt.socket(n.cfg.StateDir),
 		"--state-dir=" + filepath.Join(n.cfg.StateDir, "agent"),
