@@ -229,3 +229,40 @@ func waitAssignment(t *testing.T, c *nodesim.Cluster, p *v1.Pod, container strin
 	}
 	return p, ca
 }
+
+// A container the NRI plugin refuses (whole GPUs and shared units at once:
+// an MPS client sees only its server's GPU) never runs: the node fails the
+// pod with the runtime's CreateContainerError and the plugin's reason, as
+// the kubelet reports a container that cannot be created. The pod bypasses
+// the scheduler (spec.nodeName), so only the node can refuse it.
+func TestNodeFailsPodNRIRefuses(t *testing.T) {
+	c := getCluster(t)
+	ns := namespace(t, c, "e2e-refused")
+	s := podSpec{name: "mixed", gpus: 1, memUnits: 2, cores: 10}
+	p := s.pod(ns)
+	p.Spec.NodeName = "l40s-1"
+	if _, err := c.Client().CoreV1().Pods(ns).Create(t.Context(), p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var got *v1.Pod
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		var err error
+		if got, err = c.Client().CoreV1().Pods(ns).Get(ctx, "mixed", metav1.GetOptions{}); err != nil {
+			return false, nil
+		}
+		if got.Status.Phase == v1.PodRunning {
+			return false, fmt.Errorf("the pod runs")
+		}
+		return got.Status.Phase == v1.PodFailed, nil
+	})
+	if err != nil {
+		t.Fatalf("pod with whole GPUs and shared units in one container: want Failed: %v\n%s", err, describe(t, c, got))
+	}
+	if got.Status.Reason != "CreateContainerError" || !strings.Contains(got.Status.Message, "whole") {
+		t.Errorf("Failed with %s: %s; want CreateContainerError with the NRI plugin's reason", got.Status.Reason, got.Status.Message)
+	}
+	rec, err := c.Record(got)
+	if err != nil || rec == nil || rec.Phase != string(v1.PodFailed) {
+		t.Errorf("node record: %+v (%v); want Failed", rec, err)
+	}
+}
