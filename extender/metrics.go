@@ -16,6 +16,7 @@ type Metrics struct {
 	errors     *prometheus.CounterVec
 	evictions  *prometheus.CounterVec
 	blocked    *prometheus.CounterVec
+	leftOut    prometheus.Counter
 }
 
 // NewMetrics registers the extender's metrics on reg.
@@ -47,13 +48,23 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Namespace: "tessera", Subsystem: "extender", Name: "quota_reclaim_blocked_total",
 		Help: "Workloads chosen for reclaim whose eviction a PodDisruptionBudget refused, by namespace.",
 	}, []string{"namespace"})
-	reg.MustRegister(m.latency, m.placements, m.rejections, m.errors, m.evictions, m.blocked)
+	m.leftOut = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "tessera", Subsystem: "extender", Name: "filter_left_out_total",
+		Help: "Fitting nodes that filter did not pass because --filter-shortlist others scored better.",
+	})
+	reg.MustRegister(m.latency, m.placements, m.rejections, m.errors, m.evictions, m.blocked, m.leftOut)
 	return m
 }
 
 func (m *Metrics) observe(verb string, start time.Time) {
 	if m != nil {
 		m.latency.WithLabelValues(verb).Observe(time.Since(start).Seconds())
+	}
+}
+
+func (m *Metrics) shortlisted(n int) {
+	if m != nil && n > 0 {
+		m.leftOut.Add(float64(n))
 	}
 }
 

@@ -70,12 +70,20 @@ type Server struct {
 	events  EventRecorder
 	metrics *Metrics
 	quota   QuotaHooks
+	// shortlist: filter passes at most this many fitting nodes, the
+	// policy's best (0: all).
+	shortlist int
 }
 
 // NewServer returns a Server. events and metrics may be nil.
 func NewServer(state StateSource, policy allocator.Policy, pods PodClient, events EventRecorder, metrics *Metrics) *Server {
 	return &Server{state: state, policy: policy, pods: pods, events: events, metrics: metrics}
 }
+
+// SetShortlist makes filter pass at most k fitting nodes, those the
+// policy scores best, instead of every fitting node (k <= 0: all). Call
+// it before serving.
+func (s *Server) SetShortlist(k int) { s.shortlist = k }
 
 // SetQuota makes filter and preempt enforce quota (nil: none). Call it
 // before serving.
@@ -189,6 +197,8 @@ func (s *Server) FilterArgs(ctx context.Context, args *extenderv1.ExtenderArgs) 
 	for r, n := range counts {
 		s.metrics.rejected(r, n)
 	}
+	left := shortlist(s.policy, q, states, passed, s.shortlist)
+	s.metrics.shortlisted(left)
 	if args.NodeNames != nil {
 		out := make([]string, 0, len(names))
 		for i, n := range names {
@@ -210,7 +220,7 @@ func (s *Server) FilterArgs(ctx context.Context, args *extenderv1.ExtenderArgs) 
 		// Within its min and no room: reclaim may make some.
 		s.quota.NoRoom(args.Pod)
 	}
-	klog.FromContext(ctx).V(4).Info("Filtered", "pod", klog.KObj(args.Pod), "nodes", len(names), "rejected", counts)
+	klog.FromContext(ctx).V(4).Info("Filtered", "pod", klog.KObj(args.Pod), "nodes", len(names), "rejected", counts, "leftOut", left)
 	return res
 }
 

@@ -79,6 +79,7 @@ type options struct {
 	quotaRetry    time.Duration
 	quotaHold     time.Duration
 	quotaResync   time.Duration
+	shortlist     int
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -109,6 +110,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.quotaRetry, "quota-crd-retry", 30*time.Second, "how often to look again for an ElasticQuota CRD that is not installed")
 	fs.DurationVar(&o.quotaHold, "quota-reclaim-hold", 2*time.Minute, "how long room reclaimed for a namespace is held for its waiting work (no other namespace may borrow it meanwhile)")
 	fs.DurationVar(&o.quotaResync, "quota-resync", 2*time.Second, "how often pods kube-scheduler found unschedulable are checked for a reclaim within their namespace's min")
+	fs.IntVar(&o.shortlist, "filter-shortlist", 100, "filter passes at most this many fitting nodes, those the policy scores best, so that kube-scheduler scores and prioritizes only nodes that can win (the extender's weight outweighs every other score); 0: every fitting node")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	klogFlags.VisitAll(func(f *flag.Flag) { fs.Var(f.Value, f.Name, f.Usage) })
@@ -120,6 +122,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.quotaRetry <= 0 || o.quotaHold <= 0 || o.quotaResync <= 0 {
 		return nil, fmt.Errorf("--quota-crd-retry, --quota-reclaim-hold and --quota-resync must be positive, got %s, %s and %s", o.quotaRetry, o.quotaHold, o.quotaResync)
+	}
+	if o.shortlist < 0 {
+		return nil, fmt.Errorf("--filter-shortlist must be 0 (off) or positive, got %d", o.shortlist)
 	}
 	if o.gangResync <= 0 {
 		return nil, fmt.Errorf("--gang-resync must be positive, got %s", o.gangResync)
@@ -188,6 +193,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	metrics := extender.NewMetrics(reg)
 	podLister := factory.Core().V1().Pods().Lister()
 	srv := extender.NewServer(cache, policy, &extender.KubePods{Client: client, Lister: podLister}, recorder, metrics)
+	srv.SetShortlist(o.shortlist)
 
 	var dyn dynamic.Interface
 	if o.gangPlanner || o.quota {

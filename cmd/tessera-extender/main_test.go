@@ -41,6 +41,7 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{"zero quota CRD retry", []string{"--quota-crd-retry=0s"}, "must be positive, got 0s, 2m0s and 2s"},
 		{"negative reclaim hold", []string{"--quota-reclaim-hold=-1s"}, "must be positive, got 30s, -1s and 2s"},
 		{"zero quota resync", []string{"--quota-resync=0s"}, "must be positive, got 30s, 2m0s and 0s"},
+		{"negative shortlist", []string{"--filter-shortlist=-1"}, "--filter-shortlist must be 0 (off) or positive, got -1"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
