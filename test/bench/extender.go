@@ -146,13 +146,14 @@ type extenderProc struct {
 	done    chan struct{}
 }
 
-// startExtender runs bin and waits (at most timeout) for its /readyz.
-func startExtender(ctx context.Context, bin, kubeconfig, addr, logPath string, timeout time.Duration) (*extenderProc, error) {
+// startExtender runs bin with deploy's flags and extra, and waits (at most
+// timeout) for its /readyz.
+func startExtender(ctx context.Context, bin, kubeconfig, addr, logPath string, extra []string, timeout time.Duration) (*extenderProc, error) {
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open extender log: %w", err)
 	}
-	cmd := exec.Command(bin, "--kubeconfig="+kubeconfig, "--listen="+addr, "--policy=binpack", "--v=1")
+	cmd := exec.Command(bin, append([]string{"--kubeconfig=" + kubeconfig, "--listen=" + addr, "--policy=binpack", "--v=1"}, extra...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

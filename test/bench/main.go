@@ -49,6 +49,7 @@ type config struct {
 	runTimeout    time.Duration
 	settle        time.Duration
 	keepLogs      string
+	extenderFlags []string
 }
 
 func main() {
@@ -76,6 +77,10 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.DurationVar(&c.runTimeout, "run-timeout", 5*time.Minute, "limit of one run (create to last bound)")
 	fs.DurationVar(&c.settle, "settle", 3*time.Second, "pause before each run, after the scheduler (and extender) are ready")
 	fs.StringVar(&c.keepLogs, "logs", "", "copy the component logs into this directory at the end")
+	fs.Func("extender-flag", "one more flag for tessera-extender, e.g. --extender-flag=--filter-shortlist=0 (repeatable)", func(v string) error {
+		c.extenderFlags = append(c.extenderFlags, v)
+		return nil
+	})
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -215,7 +220,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			cfg := withoutCfg
 			if withExt {
 				cfg = withCfg
-				ext, err = startExtender(ctx, bin, kubeconfig, addr, filepath.Join(dir, fmt.Sprintf("extender-%d.log", n)), 2*time.Minute)
+				ext, err = startExtender(ctx, bin, kubeconfig, addr, filepath.Join(dir, fmt.Sprintf("extender-%d.log", n)), c.extenderFlags, 2*time.Minute)
 				if err != nil {
 					return err
 				}
@@ -296,6 +301,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 func report(w io.Writer, c *config, phases []*phase, load0, load1 string, took time.Duration) {
 	fmt.Fprintf(w, "\nkube-scheduler GPU pod throughput: %d pods per run (mix: 1,1,2,4 whole GPUs and 4 shared slices), profile %s, %d CPUs\n",
 		c.pods, c.schedulerName, runtime.NumCPU())
+	if len(c.extenderFlags) > 0 {
+		fmt.Fprintf(w, "extra tessera-extender flags: %s\n", strings.Join(c.extenderFlags, " "))
+	}
 	fmt.Fprintf(w, "load average at start: %s; at end: %s; total run time %s\n\n", load0, load1, took.Round(time.Second))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "nodes\tnodes created in\twithout extender pods/s\twith extender pods/s\tratio\tgoal >= 0.80\t")
