@@ -41,65 +41,70 @@ func benchCluster(b *testing.B, n int) (*Cache, []string) {
 func BenchmarkFilterPrioritize(b *testing.B) {
 	for _, n := range []int{1000, 5000} {
 		c, names := benchCluster(b, n)
-		s := NewServer(c, testPolicy(b, PolicyBinpack), newFakePods(), nil, nil)
-		for _, shape := range []struct {
-			name string
-			pod  *corev1.Pod
-		}{
-			{"shared", makePod("p").Shared(8, 25).CPU("2").Obj()},
-			{"whole2", makePod("p").Whole(2).CPU("8").Obj()},
-		} {
-			args := &extenderv1.ExtenderArgs{Pod: shape.pod, NodeNames: &names}
-			// cold: every pod has a new shape (its CPU request), so no
-			// node's memoised score applies; warm: the same shape again
-			// (replicas), only nodes changed since are evaluated.
-			for _, mode := range []string{"cold", "warm"} {
-				b.Run(fmt.Sprintf("nodes=%d/%s/%s", n, shape.name, mode), func(b *testing.B) {
-					ctx := context.Background()
-					pod := shape.pod.DeepCopy()
-					cpu := int64(1000)
+		// shortlist 0: filter passes every fitting node to prioritize;
+		// 100: the deployed default (--filter-shortlist).
+		for _, k := range []int{0, 100} {
+			s := NewServer(c, testPolicy(b, PolicyBinpack), newFakePods(), nil, nil)
+			s.SetShortlist(k)
+			for _, shape := range []struct {
+				name string
+				pod  *corev1.Pod
+			}{
+				{"shared", makePod("p").Shared(8, 25).CPU("2").Obj()},
+				{"whole2", makePod("p").Whole(2).CPU("8").Obj()},
+			} {
+				args := &extenderv1.ExtenderArgs{Pod: shape.pod, NodeNames: &names}
+				// cold: every pod has a new shape (its CPU request), so no
+				// node's memoised score applies; warm: the same shape again
+				// (replicas), only nodes changed since are evaluated.
+				for _, mode := range []string{"cold", "warm"} {
+					b.Run(fmt.Sprintf("nodes=%d/shortlist=%d/%s/%s", n, k, shape.name, mode), func(b *testing.B) {
+						ctx := context.Background()
+						pod := shape.pod.DeepCopy()
+						cpu := int64(1000)
+						start := processCPU(b)
+						for b.Loop() {
+							if mode == "cold" {
+								cpu++
+								pod.Spec.Containers[0].Resources.Requests[corev1.ResourceCPU] = *resource.NewMilliQuantity(cpu, resource.DecimalSI)
+							}
+							res := s.FilterArgs(ctx, &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
+							if res.Error != "" {
+								b.Fatal(res.Error)
+							}
+							if _, err := s.PrioritizeArgs(ctx, &extenderv1.ExtenderArgs{Pod: pod, NodeNames: res.NodeNames}, false); err != nil {
+								b.Fatal(err)
+							}
+						}
+						// CPU time (all threads) per pod: on a shared, loaded
+						// machine wall time mostly measures the neighbours.
+						b.ReportMetric(float64(processCPU(b)-start)/float64(b.N), "cpu-ns/op")
+					})
+				}
+				// http: the server side of both calls, JSON included (the
+				// scheduler's own encoding and decoding not counted).
+				b.Run(fmt.Sprintf("nodes=%d/shortlist=%d/%s/http", n, k, shape.name), func(b *testing.B) {
+					mux := http.NewServeMux()
+					s.Register(mux)
+					fbody, _ := json.Marshal(args)
+					res := s.FilterArgs(context.Background(), args)
+					pbody, _ := json.Marshal(&extenderv1.ExtenderArgs{Pod: shape.pod, NodeNames: res.NodeNames})
 					start := processCPU(b)
 					for b.Loop() {
-						if mode == "cold" {
-							cpu++
-							pod.Spec.Containers[0].Resources.Requests[corev1.ResourceCPU] = *resource.NewMilliQuantity(cpu, resource.DecimalSI)
-						}
-						res := s.FilterArgs(ctx, &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
-						if res.Error != "" {
-							b.Fatal(res.Error)
-						}
-						if _, err := s.PrioritizeArgs(ctx, &extenderv1.ExtenderArgs{Pod: pod, NodeNames: res.NodeNames}, false); err != nil {
-							b.Fatal(err)
+						for _, call := range []struct {
+							path string
+							body []byte
+						}{{PathFilter, fbody}, {PathPrioritize, pbody}} {
+							rec := httptest.NewRecorder()
+							mux.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, call.path, bytes.NewReader(call.body)))
+							if rec.Code != http.StatusOK {
+								b.Fatalf("%s: %d %s", call.path, rec.Code, rec.Body)
+							}
 						}
 					}
-					// CPU time (all threads) per pod: on a shared, loaded
-					// machine wall time mostly measures the neighbours.
 					b.ReportMetric(float64(processCPU(b)-start)/float64(b.N), "cpu-ns/op")
 				})
 			}
-			// http: the server side of both calls, JSON included (the
-			// scheduler's own encoding and decoding not counted).
-			b.Run(fmt.Sprintf("nodes=%d/%s/http", n, shape.name), func(b *testing.B) {
-				mux := http.NewServeMux()
-				s.Register(mux)
-				fbody, _ := json.Marshal(args)
-				res := s.FilterArgs(context.Background(), args)
-				pbody, _ := json.Marshal(&extenderv1.ExtenderArgs{Pod: shape.pod, NodeNames: res.NodeNames})
-				start := processCPU(b)
-				for b.Loop() {
-					for _, call := range []struct {
-						path string
-						body []byte
-					}{{PathFilter, fbody}, {PathPrioritize, pbody}} {
-						rec := httptest.NewRecorder()
-						mux.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, call.path, bytes.NewReader(call.body)))
-						if rec.Code != http.StatusOK {
-							b.Fatalf("%s: %d %s", call.path, rec.Code, rec.Body)
-						}
-					}
-				}
-				b.ReportMetric(float64(processCPU(b)-start)/float64(b.N), "cpu-ns/op")
-			})
 		}
 	}
 }
