@@ -365,6 +365,27 @@ func report(w io.Writer, c *config, phases []*phase, load0, load1 string, took t
 		}
 	}
 	tw.Flush()
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "kube-scheduler's algorithm per pod, mean, by the extension points it times (plugins only); rest = algorithm minus those: the Filter plugins on every node, the extender calls, the framework's own work")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "nodes\textender\talgorithm\t"+strings.Join(algorithmPoints, "\t")+"\trest\t")
+	for _, p := range phases {
+		for _, r := range []struct {
+			name string
+			s    schedStats
+		}{{"without", p.schedWithout}, {"with", p.schedWith}} {
+			per := func(h histogram) float64 { return h.sum / r.s.algorithm.count }
+			rest := per(r.s.algorithm)
+			fmt.Fprintf(tw, "%d\t%s\t%s\t", p.nodes, r.name, ms(rest))
+			for _, pt := range algorithmPoints {
+				v := per(r.s.points[pt])
+				rest -= v
+				fmt.Fprintf(tw, "%s\t", ms(v))
+			}
+			fmt.Fprintf(tw, "%s\t\n", ms(rest))
+		}
+	}
+	tw.Flush()
 }
 
 // schedulerMetricsArg lets the benchmark read kube-scheduler's /metrics
@@ -374,7 +395,15 @@ const schedulerMetricsArg = "--authorization-always-allow-paths=/healthz,/readyz
 // schedStats are kube-scheduler's per-pod histograms after one run.
 type schedStats struct {
 	algorithm, attempt histogram
+	// points are the framework's extension points of the scheduling
+	// cycle that kube-scheduler times (PreFilter, PreScore, Score:
+	// plugins only). It does not time Filter, which runs per node.
+	points map[string]histogram
 }
+
+// algorithmPoints are the timed extension points inside the scheduling
+// algorithm.
+var algorithmPoints = []string{"PreFilter", "PreScore", "Score"}
 
 var servingRE = regexp.MustCompile(`Serving securely on (127\.0\.0\.1:[0-9]+)`)
 
@@ -435,7 +464,16 @@ func scrapeScheduler(ctx context.Context, cp *controlplane.ControlPlane) (schedS
 	if err != nil {
 		return schedStats{}, err
 	}
-	var s schedStats
+	pts, err := parseHistograms(bytes.NewReader(body), schedulerExtensionPointMetric, "extension_point")
+	if err != nil {
+		return schedStats{}, err
+	}
+	s := schedStats{points: map[string]histogram{}}
+	for _, pt := range algorithmPoints {
+		if h := pts[pt]; h != nil {
+			s.points[pt] = *h
+		}
+	}
 	if h := alg[""]; h != nil {
 		s.algorithm = *h
 	}

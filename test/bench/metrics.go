@@ -20,6 +20,9 @@ const latencyMetric = "tessera_extender_request_duration_seconds"
 const (
 	schedulerAlgorithmMetric = "scheduler_scheduling_algorithm_duration_seconds"
 	schedulerAttemptMetric   = "scheduler_scheduling_attempt_duration_seconds"
+	// schedulerExtensionPointMetric: the time of each extension point of
+	// the framework (its plugins), per call, labelled extension_point.
+	schedulerExtensionPointMetric = "scheduler_framework_extension_point_duration_seconds"
 )
 
 // histogram is one label set's cumulative buckets, as exposed.

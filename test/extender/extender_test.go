@@ -8,7 +8,9 @@ package extender_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -322,4 +324,35 @@ func TestRandomRunExtenderRestart(t *testing.T) {
 		t.Log("restarting the extender")
 		e.Ext.Start(t.Context())
 	})
+}
+
+// TestRandomRunShortlist runs the random workload with filter passing only
+// the 3 fitting nodes the policy scores best (--filter-shortlist=3, far
+// below the 40 nodes): kube-scheduler then scores and binds among those
+// alone, and the same invariants must hold.
+func TestRandomRunShortlist(t *testing.T) {
+	e := extenderenv.Start(t, extenderenv.Options{Agent: true, ExtenderArgs: []string{"--filter-shortlist=3"}})
+	runRandom(t, e, 6, 300, nil)
+	// The shortlist was in force: filter left fitting nodes out.
+	resp, err := http.Get("http://" + e.Ext.Addr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var leftOut float64
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, "tessera_extender_filter_left_out_total "); ok {
+			if leftOut, err = strconv.ParseFloat(v, 64); err != nil {
+				t.Fatalf("metric line %q: %v", line, err)
+			}
+		}
+	}
+	if leftOut == 0 {
+		t.Errorf("tessera_extender_filter_left_out_total = 0: filter never shortlisted")
+	}
+	t.Logf("filter left out %v fitting nodes", leftOut)
 }
