@@ -16,6 +16,16 @@ type TesseraConfig struct {
 	// fitting slices arrive for with total frequency p is filled with
 	// probability p / (p + GapCompetition).
 	GapWeight, GapCompetition float64
+	// GapRouting (milli) models that the scheduler routes slices to the
+	// gaps they fit best: in the gap-waste recursion a fitting slice s fills
+	// gap g with weight freq(s) * exp(-W(g-s) / GapRouting) (relative to
+	// the best filler) instead of freq(s). 0 keeps the weight freq(s), a
+	// uniformly random fitting slice.
+	GapRouting float64
+	// OpenCost (milli, weighed by GapWeight like the gap waste) is a cost
+	// per partly used GPU: completing a GPU earns it back, opening a
+	// free one pays it.
+	OpenCost float64
 	// ModelWeight weighs the pressure that model-constrained pods put on a
 	// GPU model (needs WithModelCapacity).
 	ModelWeight float64
@@ -24,14 +34,14 @@ type TesseraConfig struct {
 // DefaultTesseraConfig returns the tuning used by NewPolicy("tessera"),
 // chosen on the Alibaba trace (see docs/sim.md).
 func DefaultTesseraConfig() TesseraConfig {
-	return TesseraConfig{FragWeight: 1, StrandWeight: 4, GapWeight: 0.5, GapCompetition: 0.05, ModelWeight: 2}
+	return TesseraConfig{FragWeight: 0, StrandWeight: 4, GapWeight: 4, GapCompetition: 0.01, GapRouting: 5, OpenCost: 40, ModelWeight: 2}
 }
 
 // tesseraPolicy is Tessera's own policy. Like FGD it scores a node by how
 // much a placement increases a cost of the node (higher score = smaller
 // increase), and picks the slice's GPU with the same criterion, but its
-// cost adds three terms to FGD's fragmentation measure and is compared at
-// full precision:
+// cost adds three terms to FGD's fragmentation measure (weighted by
+// FragWeight, 0 by default) and is compared at full precision:
 //
 //   - CPU stranding: free GPU compute beyond what the node's free CPU can
 //     serve at the workload's average CPU per GPU. FGD only notices a CPU
@@ -39,14 +49,24 @@ func DefaultTesseraConfig() TesseraConfig {
 //     pods (and CPU-only pods) to CPU-rich nodes before GPUs get stranded.
 //   - Gap waste: for each partly used GPU, the expected compute that will
 //     never be allocated, from a recursion over the workload's slice sizes
-//     (a gap is either filled by a random fitting slice, leaving a smaller
-//     gap, or stays as it is). FGD's measure says a 530m gap is mostly
-//     fragment because most pods need more; this term knows 470m slices are
-//     common and will likely fill it.
+//     (a gap is either filled by a fitting slice, leaving a smaller gap, or
+//     stays as it is; fillers that leave less waste are more likely, since
+//     the scheduler routes each slice to the gap it fits best). FGD's
+//     measure says a 530m gap is mostly fragment because most pods need
+//     more; this term knows 470m slices are common and will likely fill it.
+//     Each partly used GPU also costs OpenCost: W is a sum over gaps and
+//     does not see that one large gap is at least as useful as two
+//     smaller ones, so without it a slice may shrink a large gap rather
+//     than complete a GPU, or open a free GPU rather than pair up when W
+//     believes every gap will be closed.
 //   - Model pressure: GPU demand that can only run on a set of models,
 //     spread over the set by capacity and divided by the model's share of
 //     the cluster. Pods that can run anywhere avoid models that constrained
 //     pods depend on.
+//
+// The default weighs FGD's measure by 0: next to the routed gap-waste term
+// it did not help on the Alibaba trace (docs/sim.md), and it is the costly
+// part of the cost.
 type tesseraPolicy struct {
 	model fragModel
 	cfg   TesseraConfig
@@ -73,20 +93,33 @@ func newTesseraPolicy(m fragModel, cfg TesseraConfig, capacity map[string]int) *
 		p.cpuPerMilli = cpu / gpu
 	}
 	for g := 1; g < MilliPerGPU; g++ {
-		var fit, next float64
+		// The least waste a fitting slice can leave, for the routing
+		// weights (relative to it, so that they never all underflow).
+		least := math.Inf(1)
+		for _, s := range m.shapes {
+			if !s.cpuOK && !s.whole && s.milli <= int64(g) {
+				least = math.Min(least, p.gapWaste[g-int(s.milli)])
+			}
+		}
+		var fit, next, wsum float64
 		for _, s := range m.shapes {
 			if s.cpuOK || s.whole || s.milli > int64(g) {
 				continue
 			}
 			fit += s.freq
-			next += s.freq * p.gapWaste[g-int(s.milli)]
+			w := s.freq
+			if cfg.GapRouting > 0 {
+				w *= math.Exp(-(p.gapWaste[g-int(s.milli)] - least) / cfg.GapRouting)
+			}
+			wsum += w
+			next += w * p.gapWaste[g-int(s.milli)]
 		}
 		if fit == 0 {
 			p.gapWaste[g] = float64(g)
 			continue
 		}
 		filled := fit / (fit + cfg.GapCompetition)
-		p.gapWaste[g] = (1-filled)*float64(g) + filled*next/fit
+		p.gapWaste[g] = (1-filled)*float64(g) + filled*next/wsum
 	}
 	return p
 }
@@ -136,10 +169,15 @@ func (p *tesseraPolicy) Name() string { return PolicyTessera }
 func (p *tesseraPolicy) cost(model string, cpuFree int64, gpus []GPU) float64 {
 	var free int64
 	var gaps float64
+	var open int
 	for i := range gpus {
 		free += gpus[i].MilliFree
 		gaps += p.gapWaste[gpus[i].MilliFree]
+		if gpus[i].MilliFree > 0 && gpus[i].MilliFree < MilliPerGPU {
+			open++
+		}
 	}
+	gaps += p.cfg.OpenCost * float64(open)
 	c := p.cfg.GapWeight * gaps
 	if p.cpuPerMilli > 0 {
 		c += p.cfg.StrandWeight * math.Max(0, float64(free)-float64(cpuFree)/p.cpuPerMilli)

@@ -81,3 +81,78 @@ func TestTesseraModelPressure(t *testing.T) {
 		t.Errorf("an unconstrained pod should prefer the A100 node")
 	}
 }
+
+func TestTesseraGapRouting(t *testing.T) {
+	// Slices of 300m and 100m, equally frequent. A 400m gap filled by a
+	// uniformly random fitting slice leaves 100m or 300m; routed, the
+	// scheduler prefers the filler that leaves less waste.
+	w := Workload{Shapes: []Shape{{Request: sliceReq(1000, 300), Freq: 0.5}, {Request: sliceReq(1000, 100), Freq: 0.5}}}
+	cfg := DefaultTesseraConfig()
+	cfg.GapRouting = 0
+	uniform := tessera(t, w, WithTesseraConfig(cfg)).(*tesseraPolicy)
+	// By hand: W(g) = (1-q) g + q * mean of W(g-s) over fitting s, q = p/(p+c).
+	c := cfg.GapCompetition
+	want := map[int]float64{}
+	want[50] = 50
+	want[100] = (c/(0.5+c))*100 + (0.5/(0.5+c))*0
+	want[200] = (c/(0.5+c))*200 + (0.5/(0.5+c))*want[100]
+	want[300] = (c/(1+c))*300 + (1/(1+c))*(0.5*0+0.5*want[200])
+	for g, v := range want {
+		if math.Abs(uniform.gapWaste[g]-v) > 1e-9 {
+			t.Errorf("uniform fillers: W(%d) = %v, want %v", g, uniform.gapWaste[g], v)
+		}
+	}
+	cfg.GapRouting = 5
+	routed := tessera(t, w, WithTesseraConfig(cfg)).(*tesseraPolicy)
+	// W(300): the 300m slice leaves W(0) = 0, the 100m one W(200) > 0, so
+	// routing weighs the 300m filler more.
+	w0, w200 := routed.gapWaste[0], routed.gapWaste[200]
+	r300, r100 := 0.5, 0.5*math.Exp(-(w200-w0)/5)
+	if got, want := routed.gapWaste[300], (c/(1+c))*300+(1/(1+c))*(r300*w0+r100*w200)/(r300+r100); math.Abs(got-want) > 1e-9 {
+		t.Errorf("routed: W(300) = %v, want %v", got, want)
+	}
+	for g := 1; g < MilliPerGPU; g++ {
+		if v := routed.gapWaste[g]; v < 0 || v > float64(g) || v > uniform.gapWaste[g]+1e-9 {
+			t.Fatalf("routed W(%d) = %v, want within [0, %d] and at most the uniform %v", g, v, g, uniform.gapWaste[g])
+		}
+	}
+	// Fillers far worse than the best must not underflow to a NaN.
+	cfg.GapRouting = 1e-9
+	tiny := tessera(t, w, WithTesseraConfig(cfg)).(*tesseraPolicy)
+	for g := 1; g < MilliPerGPU; g++ {
+		if v := tiny.gapWaste[g]; math.IsNaN(v) || v < 0 || v > float64(g) {
+			t.Fatalf("GapRouting 1e-9: W(%d) = %v", g, v)
+		}
+	}
+}
+
+func TestTesseraOpenCost(t *testing.T) {
+	// 250m and 500m slices and whole GPUs: every gap is likely closed, so
+	// the gap waste alone prefers shrinking a 750m gap to 500m over
+	// closing a 250m gap. The cost per partly used GPU makes closing the
+	// GPU win, and keeps a free GPU last.
+	w := Workload{Shapes: []Shape{
+		{Request: sliceReq(1000, 250), Freq: 0.2},
+		{Request: sliceReq(1000, 500), Freq: 0.2},
+		{Request: wholeReq(1000, 1), Freq: 0.6},
+	}}
+	closing := makeNode().Name("closing").Free(250).Obj()
+	shrinking := makeNode().Name("shrinking").Free(750).Obj()
+	free := makeNode().Name("free").Free(1000).Obj()
+	r := sliceReq(1000, 250)
+	cfg := DefaultTesseraConfig()
+	p := tessera(t, w, WithTesseraConfig(cfg))
+	ec, es, ef := p.Evaluate(closing, r), p.Evaluate(shrinking, r), p.Evaluate(free, r)
+	if !(ec.Score > es.Score && es.Score > ef.Score) {
+		t.Errorf("scores closing %v, shrinking %v, free %v; want decreasing", ec.Score, es.Score, ef.Score)
+	}
+	tp := p.(*tesseraPolicy)
+	if d, want := ec.Score-es.Score, cfg.GapWeight*(cfg.OpenCost+tp.gapWaste[250]-(tp.gapWaste[750]-tp.gapWaste[500])); math.Abs(d-want) > 1e-9 {
+		t.Errorf("closing - shrinking = %v, want %v", d, want)
+	}
+	cfg.OpenCost = 0
+	p = tessera(t, w, WithTesseraConfig(cfg))
+	if ec, es := p.Evaluate(closing, r), p.Evaluate(shrinking, r); !(es.Score > ec.Score) {
+		t.Errorf("without the open cost: closing %v, shrinking %v; the test no longer shows what the cost adds", ec.Score, es.Score)
+	}
+}

@@ -10,7 +10,7 @@ import (
 )
 
 // ParseTesseraConfig reads a tessera tuning such as
-// "frag=1,strand=4,gap=0.5,gapcomp=0.05,model=2" on top of
+// "frag=0,strand=4,gap=4,gapcomp=0.01,gaptau=5,open=40,model=2" on top of
 // allocator.DefaultTesseraConfig: keys left out keep their default.
 func ParseTesseraConfig(s string) (allocator.TesseraConfig, error) {
 	cfg := allocator.DefaultTesseraConfig()
@@ -19,6 +19,8 @@ func ParseTesseraConfig(s string) (allocator.TesseraConfig, error) {
 		"strand":  &cfg.StrandWeight,
 		"gap":     &cfg.GapWeight,
 		"gapcomp": &cfg.GapCompetition,
+		"gaptau":  &cfg.GapRouting,
+		"open":    &cfg.OpenCost,
 		"model":   &cfg.ModelWeight,
 	}
 	seen := map[string]bool{}
@@ -31,7 +33,7 @@ func ParseTesseraConfig(s string) (allocator.TesseraConfig, error) {
 		k = strings.ToLower(strings.TrimSpace(k))
 		dst, known := fields[k]
 		if !ok || !known {
-			return cfg, fmt.Errorf("tessera weights %q: %q is not KEY=VALUE with KEY one of frag, strand, gap, gapcomp, model", s, kv)
+			return cfg, fmt.Errorf("tessera weights %q: %q is not KEY=VALUE with KEY one of frag, strand, gap, gapcomp, gaptau, open, model", s, kv)
 		}
 		if seen[k] {
 			return cfg, fmt.Errorf("tessera weights %q: %s given twice", s, k)
