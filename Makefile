@@ -73,7 +73,7 @@ test-more: test-integration test-repro
 # missing): 280 simulations, 1-6 min on the 2 shared cores here. test-repro,
 # part of make test, checks the published random/bestfit/fgd values, the
 # exact baseline curves, tessera below fgd on every variant and tessera's
-# <= 4.0 goal on the default trace (3.94, docs/sim.md). No -race here:
+# <= 4.0 goal on the default trace (3.95, docs/sim.md). No -race here:
 # `make unit` already runs sim/ under the race detector. `make repro` is the
 # same run, kept as the name docs/sim.md uses.
 .PHONY: test-repro repro

@@ -34,14 +34,14 @@ type TesseraConfig struct {
 // DefaultTesseraConfig returns the tuning used by NewPolicy("tessera"),
 // chosen on the Alibaba trace (see docs/sim.md).
 func DefaultTesseraConfig() TesseraConfig {
-	return TesseraConfig{FragWeight: 0, StrandWeight: 4, GapWeight: 4, GapCompetition: 0.01, GapRouting: 5, OpenCost: 40, ModelWeight: 2}
+	return TesseraConfig{FragWeight: 0.25, StrandWeight: 4, GapWeight: 4, GapCompetition: 0.01, GapRouting: 5, OpenCost: 40, ModelWeight: 2}
 }
 
 // tesseraPolicy is Tessera's own policy. Like FGD it scores a node by how
 // much a placement increases a cost of the node (higher score = smaller
 // increase), and picks the slice's GPU with the same criterion, but its
 // cost adds three terms to FGD's fragmentation measure (weighted by
-// FragWeight, 0 by default) and is compared at full precision:
+// FragWeight, 0.25 by default) and is compared at full precision:
 //
 //   - CPU stranding: free GPU compute beyond what the node's free CPU can
 //     serve at the workload's average CPU per GPU. FGD only notices a CPU
@@ -64,9 +64,11 @@ func DefaultTesseraConfig() TesseraConfig {
 //     the cluster. Pods that can run anywhere avoid models that constrained
 //     pods depend on.
 //
-// The default weighs FGD's measure by 0: next to the routed gap-waste term
-// it did not help on the Alibaba trace (docs/sim.md), and it is the costly
-// part of the cost.
+// The default weighs FGD's measure by 0.25: next to the routed gap-waste
+// term it costs a little on the Alibaba trace (docs/sim.md), but it is the
+// only term that charges a placement for breaking a node a multi-GPU pod
+// of the workload could still use; without it the extender spreads small
+// pods over empty nodes.
 type tesseraPolicy struct {
 	model fragModel
 	cfg   TesseraConfig

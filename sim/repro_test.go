@@ -114,7 +114,7 @@ func TestReproDefault(t *testing.T) {
 		}
 	})
 	// Our goal: at most 4.0% unallocated GPU at 100% arrived (tessera
-	// reaches 3.94 since the routed gap-waste model); see docs/sim.md.
+	// reaches 3.95 since the routed gap-waste model); see docs/sim.md.
 	t.Run("tessera goal", func(t *testing.T) {
 		if ours.Mean > tesseraGoal {
 			t.Errorf("tessera unallocated@100 %.2f ± %.2f, goal <= %.1f", ours.Mean, ours.SD, tesseraGoal)

@@ -10,7 +10,7 @@ import (
 )
 
 // ParseTesseraConfig reads a tessera tuning such as
-// "frag=0,strand=4,gap=4,gapcomp=0.01,gaptau=5,open=40,model=2" on top of
+// "frag=0.25,strand=4,gap=4,gapcomp=0.01,gaptau=5,open=40,model=2" on top of
 // allocator.DefaultTesseraConfig: keys left out keep their default.
 func ParseTesseraConfig(s string) (allocator.TesseraConfig, error) {
 	cfg := allocator.DefaultTesseraConfig()
