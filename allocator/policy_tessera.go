@@ -202,7 +202,7 @@ func (p *tesseraPolicy) Evaluate(n *Node, r Request) Evaluation {
 	case Shared:
 		best := Evaluation{Score: math.Inf(-1)}
 		for i := range gpus {
-			if !sliceFits(&n.GPUs[i], r) {
+			if !sliceFits(&n.GPUs[i], r) || sameStateBefore(n.GPUs, i) {
 				continue
 			}
 			gpus[i].MilliFree -= r.GPUMilli
@@ -224,4 +224,19 @@ func (p *tesseraPolicy) Evaluate(n *Node, r Request) Evaluation {
 		}
 	}
 	return Evaluation{Score: before - p.cost(n.Model, cpu, gpus) - penalty, GPUs: set}
+}
+
+// sameStateBefore reports whether a GPU before i is in the same state as
+// GPU i. The cost depends only on the multiset of GPU states, so placing
+// a slice on either scores the same (up to float rounding) and the first
+// one wins; evaluating only it saves the repeated cost on nodes with many
+// free GPUs.
+func sameStateBefore(gpus []GPU, i int) bool {
+	g := &gpus[i]
+	for j := 0; j < i; j++ {
+		if h := &gpus[j]; h.MilliFree == g.MilliFree && h.MemFreeMiB == g.MemFreeMiB && h.MemTotalMiB == g.MemTotalMiB {
+			return true
+		}
+	}
+	return false
 }

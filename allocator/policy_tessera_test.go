@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"math"
+	"math/rand"
 	"testing"
 )
 
@@ -155,5 +156,59 @@ func TestTesseraOpenCost(t *testing.T) {
 	p = tessera(t, w, WithTesseraConfig(cfg))
 	if ec, es := p.Evaluate(closing, r), p.Evaluate(shrinking, r); !(es.Score > ec.Score) {
 		t.Errorf("without the open cost: closing %v, shrinking %v; the test no longer shows what the cost adds", ec.Score, es.Score)
+	}
+}
+
+// TestTesseraSharedSkipsSameStateGPUs checks that evaluating a slice only
+// on the first of GPUs in the same state loses nothing: on random nodes
+// the score is, within rounding, the best over every fitting GPU, and the
+// GPU chosen is the first one that reaches it.
+func TestTesseraSharedSkipsSameStateGPUs(t *testing.T) {
+	w := Workload{Shapes: []Shape{
+		{Request: sliceReq(2000, 250), Freq: 0.3},
+		{Request: sliceReq(4000, 500), Freq: 0.3},
+		{Request: wholeReq(8000, 1), Freq: 0.2},
+		{Request: wholeReq(64000, 8), Freq: 0.2},
+	}}
+	p := tessera(t, w).(*tesseraPolicy)
+	rng := rand.New(rand.NewSource(3))
+	levels := []int64{0, 250, 500, 750, 1000}
+	for round := range 200 {
+		b := makeNode().CPU(96000, int64(8000+rng.Intn(88000)))
+		free := make([]int64, 1+rng.Intn(8))
+		for i := range free {
+			free[i] = levels[rng.Intn(len(levels))]
+		}
+		n := b.Free(free...).Obj()
+		r := sliceReq(int64(1000+rng.Intn(4000)), levels[1+rng.Intn(3)])
+		got := p.Evaluate(n, r)
+		// Brute force: every fitting GPU, no skipping.
+		best, first := math.Inf(-1), -1
+		scores := make([]float64, len(n.GPUs))
+		for i := range n.GPUs {
+			scores[i] = math.Inf(-1)
+			if !sliceFits(&n.GPUs[i], r) {
+				continue
+			}
+			gpus := append([]GPU(nil), n.GPUs...)
+			gpus[i].MilliFree -= r.GPUMilli
+			gpus[i].MemFreeMiB -= r.GPUMemMiB
+			scores[i] = p.cost(n.Model, n.CPUMilliFree, n.GPUs) - p.cost(n.Model, n.CPUMilliFree-r.CPUMilli, gpus) - p.cfg.ModelWeight*p.pressure[n.Model]*float64(r.TotalGPUMilli())
+			best = math.Max(best, scores[i])
+		}
+		for i, s := range scores {
+			if first < 0 && s > best-1e-6 {
+				first = i
+			}
+		}
+		if first < 0 {
+			if !math.IsInf(got.Score, -1) {
+				t.Fatalf("round %d: free %v: no GPU fits, got %+v", round, free, got)
+			}
+			continue
+		}
+		if math.Abs(got.Score-best) > 1e-6 || !got.GPUs.Has(first) {
+			t.Fatalf("round %d: free %v, slice %d: got score %v on %v, want %v on GPU %d (scores %v)", round, free, r.GPUMilli, got.Score, got.GPUs, best, first, scores)
+		}
 	}
 }
