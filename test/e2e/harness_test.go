@@ -158,13 +158,14 @@ func deleteAll(t *testing.T, c *nodesim.Cluster, ns string) {
 	waitReleased(t, c)
 }
 
-// waitReleased waits, once no pod is left in the cluster, until every node
-// advertises all its devices as allocatable again, so that the next test
-// starts on a quiet cluster. A node
-// agent learns that the kubelet freed a whole GPU's (or a shared GPU's)
-// devices only at its next sync of the kubelet's allocations (every
-// kubeletSyncInterval, 10s by default); until then it withholds the other
-// resource of that GPU.
+// waitReleased waits until every node that runs no pod advertises all
+// its devices as allocatable again, so that the next test does not place
+// pods on GPUs a node still withholds. A node agent learns that the
+// kubelet freed a whole GPU's (or a shared GPU's) devices only at its next
+// sync of the kubelet's allocations (every kubeletSyncInterval, 10s by
+// default); until then it withholds the other resource of that GPU
+// (docs/demo.md). Nodes that still run pods (of a test's other namespaces)
+// are left alone: their devices are legitimately in use.
 func waitReleased(t *testing.T, c *nodesim.Cluster) {
 	var last string
 	// Up to the agent's allocationGrace (2m) plus a sync: units the agent
@@ -174,14 +175,20 @@ func waitReleased(t *testing.T, c *nodesim.Cluster) {
 		if err != nil {
 			return false, nil
 		}
-		if len(pods.Items) > 0 {
-			return true, nil // other namespaces of the test still run pods
+		busy := map[string]bool{}
+		for _, p := range pods.Items {
+			if p.Spec.NodeName != "" {
+				busy[p.Spec.NodeName] = true
+			}
 		}
 		nodes, err := c.Client().CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, nil
 		}
 		for _, n := range nodes.Items {
+			if busy[n.Name] {
+				continue
+			}
 			for _, r := range []v1.ResourceName{api.ResourceGPU, api.ResourceGPUMemory, api.ResourceGPUCore} {
 				ca, al := n.Status.Capacity[r], n.Status.Allocatable[r]
 				if ca.Cmp(al) != 0 {
