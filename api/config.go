@@ -56,7 +56,7 @@ const (
 	DefaultCDIKind             = "nvidia.com/gpu"
 	DefaultHealthCheckInterval = 30 * time.Second
 	DefaultXIDRecoveryDelay    = 5 * time.Minute
-	DefaultKubeletSyncInterval = 10 * time.Second
+	DefaultKubeletSyncInterval = 2 * time.Second
 	DefaultAllocationGrace     = 2 * time.Minute
 )
 
@@ -98,7 +98,7 @@ type NodeAgentConfig struct {
 	XIDRecoveryDelay *metav1.Duration `json:"xidRecoveryDelay,omitempty"`
 	// KubeletSyncInterval is how often the agent re-reads from the kubelet
 	// which devices are allocated, beside reacting to the kubelet's
-	// checkpoint file changing (default 10s).
+	// checkpoint file changing (default 2s).
 	KubeletSyncInterval *metav1.Duration `json:"kubeletSyncInterval,omitempty"`
 	// AllocationGrace is how long a device the agent allocated counts as in
 	// use before the kubelet reports it (default 2m).
