@@ -10,6 +10,7 @@ import (
 
 	gocmp "github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 )
@@ -70,8 +71,8 @@ func TestFilterShortlist(t *testing.T) {
 		{k: 1, want: []string{"threeq"}, left: 3},
 	} {
 		t.Run(fmt.Sprintf("k=%d", tc.k), func(t *testing.T) {
-			reg := prometheus.NewRegistry()
-			s := NewServer(newTestCache(t, nodes, bound), testPolicy(t, PolicyBinpack), newFakePods(), nil, NewMetrics(reg))
+			m := NewMetrics(prometheus.NewRegistry())
+			s := NewServer(newTestCache(t, nodes, bound), testPolicy(t, PolicyBinpack), newFakePods(), nil, m)
 			s.SetShortlist(tc.k)
 			res := s.FilterArgs(ctx, &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
 			if res.Error != "" {
@@ -91,7 +92,11 @@ func TestFilterShortlist(t *testing.T) {
 			if diff := gocmp.Diff([]string{"cpu", "full"}, failed); diff != "" {
 				t.Errorf("failed nodes (-want +got):\n%s", diff)
 			}
-			if got := counterOf(t, reg, "tessera_extender_filter_left_out_total"); got != tc.left {
+			var left dto.Metric
+			if err := m.leftOut.Write(&left); err != nil {
+				t.Fatal(err)
+			}
+			if got := left.GetCounter().GetValue(); got != tc.left {
 				t.Errorf("left out = %v, want %v", got, tc.left)
 			}
 
@@ -179,19 +184,4 @@ func TestShortlistKeepsTheBestNode(t *testing.T) {
 			t.Errorf("round %d: no node of the best score %d in the shortlist %v (prioritize %v)", round, best, *short.NodeNames, prio)
 		}
 	}
-}
-
-// counterOf reads an unlabelled counter.
-func counterOf(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	return 0
 }
