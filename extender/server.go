@@ -73,6 +73,7 @@ type Server struct {
 	// shortlist: filter passes at most this many fitting nodes, the
 	// policy's best (0: all).
 	shortlist int
+	order     bindOrder
 }
 
 // NewServer returns a Server. events and metrics may be nil.
@@ -439,6 +440,10 @@ func (s *Server) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs,
 	if err != nil {
 		s.event(pod, "InvalidGPURequest", "%v", err)
 		return fmt.Errorf("bind %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	if d.WholeGPUs > 0 || len(d.Shares) > 0 {
+		unlock := s.order.lock(args.Node, d.WholeGPUs == 0)
+		defer unlock()
 	}
 	prev, _, perr := api.GetAssignment(pod.Annotations)
 	if perr != nil {

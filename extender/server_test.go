@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,6 +34,9 @@ type fakePods struct {
 	calls    []string
 	// stale, when set, is what GetPod (the cached read) returns.
 	stale map[string]*corev1.Pod
+	// patchGate, when it has a pod's name, holds PatchAssignment of that
+	// pod (after recording the call) until the channel is closed.
+	patchGate map[string]chan struct{}
 }
 
 var _ PodClient = (*fakePods)(nil)
@@ -68,8 +73,13 @@ func (f *fakePods) GetFreshPod(ctx context.Context, ns, name string) (*corev1.Po
 
 func (f *fakePods) PatchAssignment(_ context.Context, pod *corev1.Pod, value string) error {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	f.calls = append(f.calls, "patch "+pod.Name)
+	if gate := f.patchGate[pod.Name]; gate != nil {
+		f.mu.Unlock()
+		<-gate
+		f.mu.Lock()
+	}
+	defer f.mu.Unlock()
 	if f.patchErr != nil {
 		return f.patchErr
 	}
@@ -341,6 +351,75 @@ func TestBindVerb(t *testing.T) {
 	f.post(t, PathBind, args, &res)
 	if res.Error != "" || len(f.pods.calls) != 2 {
 		t.Errorf("retry: error %q, calls %v", res.Error, f.pods.calls)
+	}
+}
+
+// A whole-GPU pod reserved on a node after a slice put on a free GPU of
+// that node is bound only after the slice: the node agent must see the
+// slice's GPU before the kubelet chooses the whole-GPU pod's GPUs.
+func TestBindOrdersWholeAfterEarlierSlices(t *testing.T) {
+	node := makeNode("n").GPUs(4, "A100", 40960).Obj()
+	slice := makePod("s").Shared(10, 25).Obj()
+	whole := makePod("w").Whole(2).Obj()
+	other := makePod("o").Shared(10, 25).Obj()
+	f := newFixture(t, []*corev1.Node{node, makeNode("m").GPUs(4, "A100", 40960).Obj()}, nil, slice, whole, other)
+	sGate, oGate := make(chan struct{}), make(chan struct{})
+	var sOpen, oOpen sync.Once
+	openS, openO := func() { sOpen.Do(func() { close(sGate) }) }, func() { oOpen.Do(func() { close(oGate) }) }
+	// Registered after the fixture's, so it runs first: a failed test
+	// leaves no handler blocked.
+	t.Cleanup(func() { openS(); openO() })
+	f.pods.patchGate = map[string]chan struct{}{"s": sGate, "o": oGate}
+	bind := func(p *corev1.Pod, node string) <-chan string {
+		done := make(chan string, 1)
+		go func() {
+			var res extenderv1.ExtenderBindingResult
+			f.post(t, PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: p.Name, PodUID: p.UID, Node: node}, &res)
+			done <- res.Error
+		}()
+		return done
+	}
+	calls := func() []string {
+		f.pods.mu.Lock()
+		defer f.pods.mu.Unlock()
+		return append([]string(nil), f.pods.calls...)
+	}
+	waitCall := func(call string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !slices.Contains(calls(), call); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q call: %v", call, calls())
+			}
+		}
+	}
+	sDone := bind(slice, "n")
+	waitCall("patch s") // reserved, its assignment being written
+	oDone := bind(other, "m")
+	waitCall("patch o")
+	wDone := bind(whole, "n")
+	// The whole-GPU pod waits for the slice of its node, not for the
+	// slice of another node.
+	select {
+	case err := <-wDone:
+		t.Fatalf("whole-GPU pod bound (error %q) while a slice reserved before it on its node was not: %v", err, calls())
+	case <-time.After(200 * time.Millisecond):
+	}
+	openS()
+	for _, done := range []<-chan string{sDone, wDone} {
+		if err := <-done; err != "" {
+			t.Fatalf("bind: %s", err)
+		}
+	}
+	got := calls()
+	openO()
+	if err := <-oDone; err != "" {
+		t.Fatalf("bind o: %s", err)
+	}
+	if i, j := slices.Index(got, "bind s n"), slices.Index(got, "bind w n"); i < 0 || j < i {
+		t.Errorf("API calls %v: want the slice's Binding before the whole-GPU pod's", got)
+	}
+	if f.cache.Reservations() != 3 {
+		t.Errorf("reservations = %d, want 3", f.cache.Reservations())
 	}
 }
 
