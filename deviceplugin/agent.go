@@ -61,6 +61,30 @@ type Publisher interface {
 	SyncPods(ctx context.Context, allocs []kubeletstate.ContainerDevices, gpuIndex map[string]int) (map[kubeletstate.ContainerKey]string, error)
 }
 
+// PodWatch follows the pods bound to the node; *kube.PodWatch implements
+// it. Run calls changed with the GPUs the shared parts of their assignments
+// name, and with released set when a pod ended or went away since the last
+// call (the kubelet frees its devices), until ctx ends. Assigned reads the
+// same GPUs from the API server itself: it sees every pod bound before the
+// call, where the watch may lag by a few milliseconds.
+type PodWatch interface {
+	Run(ctx context.Context, changed func(assigned map[string]bool, released bool))
+	Assigned(ctx context.Context) (map[string]bool, error)
+}
+
+// assignedReadTimeout bounds the API read of assigned GPUs that a whole-GPU
+// allocation makes; past it, the watch's view decides.
+const assignedReadTimeout = 2 * time.Second
+
+// After a pod ends, the agent reads the kubelet's allocations at once and
+// again after these delays: the kubelet drops a pod's devices from its
+// PodResources answer only once it has stopped the pod, shortly after the
+// API server shows it gone.
+const (
+	releaseRereadSoon  = 250 * time.Millisecond
+	releaseRereadLater = time.Second
+)
+
 // Options configure an Agent. Config, PluginDir, Topology and GPU are
 // required.
 type Options struct {
@@ -85,6 +109,11 @@ type Options struct {
 	Kubelet kubeletstate.Source
 	// Publisher writes to the API server; nil runs without one.
 	Publisher Publisher
+	// Pods follows the node's pods; nil runs without: then a GPU assigned
+	// to a slice counts as shared only once the kubelet has admitted the
+	// slice's pod, and a GPU the kubelet freed is seen at the next read
+	// of the kubelet.
+	Pods PodWatch
 	// NRI reports the NRI plugin's connection; nil means not connected.
 	NRI NRI
 	// Metrics records metrics; nil records none.
@@ -249,6 +278,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.opts.Publisher != nil {
 		run(func() { a.publishLoop(ctx) })
 	}
+	if a.opts.Pods != nil {
+		run(func() { a.opts.Pods.Run(ctx, a.podsChanged) })
+	}
 	if _, err := os.Stat(a.opts.KubeletSocket); err == nil {
 		poke(a.registerNow)
 	} else {
@@ -377,6 +409,41 @@ func (a *Agent) Registered() []corev1.ResourceName {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
 	return out
+}
+
+// podsChanged takes in what the pod watch reports: the assigned GPUs are
+// withheld from whole use at once, and a pod that ended makes the agent read
+// the kubelet's allocations again, now and a little later, so that the
+// GPUs it held are offered again without waiting for the sync interval.
+func (a *Agent) podsChanged(assigned map[string]bool, released bool) {
+	a.state.setAssigned(assigned)
+	if !released {
+		return
+	}
+	// A poke after Run returned finds no reader and is dropped.
+	poke(a.syncNow)
+	time.AfterFunc(releaseRereadSoon, func() { poke(a.syncNow) })
+	time.AfterFunc(releaseRereadLater, func() { poke(a.syncNow) })
+}
+
+// assignedNow reads the GPUs assigned to slices of the node's pods from the
+// API server, for a whole-GPU allocation. The extender creates the Binding
+// of a slice before that of any whole-GPU pod it reserved later on the same
+// node, so this read sees every slice the kubelet's choice must avoid. On
+// error (or without a pod watch) it returns nil and the watch's view
+// decides alone.
+func (a *Agent) assignedNow(ctx context.Context) map[string]bool {
+	if a.opts.Pods == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, assignedReadTimeout)
+	defer cancel()
+	assigned, err := a.opts.Pods.Assigned(ctx)
+	if err != nil {
+		a.logger.Error(err, "Reading the GPUs assigned to the node's slices; the pod watch's view decides")
+		return nil
+	}
+	return assigned
 }
 
 // syncLoop re-reads the kubelet's allocations periodically and when poked.
@@ -569,6 +636,9 @@ func (a *Agent) devices(r corev1.ResourceName) ([]devices.Device, <-chan struct{
 // kubelet's last list is left out; must-include devices are kept).
 func (a *Agent) preferred(ctx context.Context, r corev1.ResourceName, available, mustInclude []string, size int) ([]string, error) {
 	h, u := a.state.snapshot()
+	if r == api.ResourceGPU {
+		u = u.WithAssigned(a.assignedNow(ctx))
+	}
 	usable := make([]string, 0, len(available))
 	must := map[string]bool{}
 	for _, id := range mustInclude {
@@ -608,10 +678,15 @@ func (a *Agent) allocateRequest(ctx context.Context, r corev1.ResourceName, cont
 	// The request's context carries gRPC's, not the agent's, logger.
 	logger := a.logger.WithValues("resource", r)
 	var resps []*pluginapi.ContainerAllocateResponse
+	var assigned map[string]bool
+	if r == api.ResourceGPU {
+		assigned = a.assignedNow(ctx)
+	}
 	err := a.state.allocate(func(h devices.HealthMap, u devices.Usage) ([]devices.Allocation, error) {
 		resps = nil
 		var allocs []devices.Allocation
 		if r == api.ResourceGPU {
+			u = u.WithAssigned(assigned)
 			taken := map[string]bool{}
 			for _, ids := range containers {
 				gpus, err := a.model.CheckWhole(ids, h, u)

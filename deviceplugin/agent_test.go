@@ -3,7 +3,9 @@ package deviceplugin_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -683,4 +685,138 @@ func TestRunRejectsBadOptions(t *testing.T) {
 			t.Errorf("%s: New = %v, want %q", tc.name, err, tc.want)
 		}
 	}
+}
+
+// fakePodWatch hands the agent what a test sends; Assigned answers what
+// the test set as the API server's truth.
+type fakePodWatch struct {
+	updates chan podsUpdate
+
+	mu       sync.Mutex
+	apiView  map[string]bool
+	apiErr   error
+	apiReads int
+}
+
+func (f *fakePodWatch) Assigned(context.Context) (map[string]bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.apiReads++
+	return maps.Clone(f.apiView), f.apiErr
+}
+
+func (f *fakePodWatch) setAPI(view map[string]bool, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.apiView, f.apiErr = view, err
+}
+
+type podsUpdate struct {
+	assigned map[string]bool
+	released bool
+}
+
+var _ deviceplugin.PodWatch = (*fakePodWatch)(nil)
+
+func (f *fakePodWatch) Run(ctx context.Context, changed func(map[string]bool, bool)) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case u := <-f.updates:
+			changed(u.assigned, u.released)
+		}
+	}
+}
+
+// fakeSource is a kubelet whose allocations a test sets; the agent reads
+// them only when it syncs.
+type fakeSource struct {
+	mu     sync.Mutex
+	allocs []kubeletstate.ContainerDevices
+}
+
+func (f *fakeSource) Allocations(context.Context) ([]kubeletstate.ContainerDevices, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]kubeletstate.ContainerDevices(nil), f.allocs...), nil
+}
+
+func (f *fakeSource) Name() string { return "fake" }
+
+func (f *fakeSource) set(allocs ...kubeletstate.ContainerDevices) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.allocs = allocs
+}
+
+// A slice's GPU is withheld from whole use as soon as the pod watch reports
+// its assignment, before the kubelet admits the slice; and a pod that ends
+// makes the agent read the kubelet's allocations again at once.
+func TestPodWatchWithholdsAssignedGPUsAndRereadsOnRelease(t *testing.T) {
+	pods := &fakePodWatch{updates: make(chan podsUpdate)}
+	kubelet := &fakeSource{}
+	e := newEnv(t, nvmlmock.DGXA100(), func(c *api.NodeAgentConfig) {
+		c.KubeletSyncInterval.Duration = time.Hour // only pokes read the kubelet
+	}, func(o *deviceplugin.Options) { o.Pods = pods; o.Kubelet = kubelet })
+	e.nri.connected.Store(true)
+	e.start(true)
+	all := e.totals()
+	e.kubelet.waitCounts("registration", all, all)
+
+	pods.updates <- podsUpdate{assigned: map[string]bool{e.uuid(3): true}}
+	e.kubelet.waitCounts("GPU 3 withheld for its slice", all, e.healthyBut(1, 0))
+	if d := e.kubelet.device(gpuR, e.uuid(3)); d.Health != pluginapi.Unhealthy {
+		t.Errorf("GPU 3 is %s while assigned to a slice", d.Health)
+	}
+	got, err := e.kubelet.preferred(gpuR, []string{e.uuid(3), e.uuid(4)}, nil, 1)
+	if err != nil || len(got) != 1 || got[0] != e.uuid(4) {
+		t.Errorf("preferred of {3, 4} = %v, %v; want GPU 4", got, err)
+	}
+	if _, err := e.kubelet.allocate(gpuR, e.uuid(3)); err == nil || !strings.Contains(err.Error(), "assigned to shared units") {
+		t.Errorf("whole Allocate of an assigned GPU = %v", err)
+	}
+	// Once assigned nowhere, GPU 3 is offered whole again.
+	pods.updates <- podsUpdate{assigned: map[string]bool{}}
+	e.kubelet.waitCounts("GPU 3 offered again", all, all)
+
+	// A slice bound a moment ago that the watch has not reported yet: a
+	// whole-GPU allocation reads the API server and avoids its GPU.
+	pods.setAPI(map[string]bool{e.uuid(6): true}, nil)
+	pods.mu.Lock()
+	readsBefore := pods.apiReads
+	pods.mu.Unlock()
+	got, err = e.kubelet.preferred(gpuR, []string{e.uuid(6), e.uuid(7)}, nil, 1)
+	if err != nil || len(got) != 1 || got[0] != e.uuid(7) {
+		t.Errorf("preferred of {6, 7} with GPU 6 assigned in the API = %v, %v; want GPU 7", got, err)
+	}
+	if _, err := e.kubelet.allocate(gpuR, e.uuid(6)); err == nil || !strings.Contains(err.Error(), "assigned to shared units") {
+		t.Errorf("whole Allocate of a GPU assigned in the API = %v", err)
+	}
+	// When the API server cannot be read, the watch's view decides.
+	pods.setAPI(nil, errors.New("apiserver down"))
+	if _, err := e.kubelet.allocate(gpuR, e.uuid(6)); err != nil {
+		t.Errorf("whole Allocate with the API unreadable: %v", err)
+	}
+	pods.mu.Lock()
+	if n := pods.apiReads - readsBefore; n != 3 {
+		t.Errorf("API reads = %d, want one per whole-GPU call (3)", n)
+	}
+	pods.mu.Unlock()
+	e.kubelet.waitCounts("GPU 6 allocated whole", all, e.healthyBut(0, 1))
+	pods.setAPI(nil, nil)
+
+	// The kubelet holds GPU 5 whole; a change without a release is not a
+	// reason to read it.
+	kubelet.set(kubeletstate.ContainerDevices{Namespace: "ns", Name: "w", Container: "c", Resource: gpuR, DeviceIDs: []string{e.uuid(5)}})
+	pods.updates <- podsUpdate{assigned: map[string]bool{e.uuid(1): true}}
+	e.kubelet.waitCounts("GPU 1 withheld", all, e.healthyBut(1, 1))
+	if d := e.kubelet.device(memR, devices.DeviceID(memR, e.uuid(5), 0)); d.Health != pluginapi.Healthy {
+		t.Errorf("GPU 5's units are %s before the agent read the kubelet", d.Health)
+	}
+	pods.updates <- podsUpdate{assigned: map[string]bool{}, released: true}
+	e.kubelet.waitCounts("GPU 5's units withheld after the read", all, e.healthyBut(0, 2))
+	kubelet.set()
+	pods.updates <- podsUpdate{assigned: map[string]bool{}, released: true}
+	e.kubelet.waitCounts("GPU 5's units offered again", all, e.healthyBut(0, 1))
 }

@@ -27,9 +27,12 @@ type state struct {
 	health  devices.HealthMap
 	kubelet []devices.Allocation
 	pending []pending
-	usage   devices.Usage
-	lists   map[corev1.ResourceName][]devices.Device
-	changed map[corev1.ResourceName]chan struct{}
+	// assigned are the GPUs the shared parts of the assignments of the
+	// node's pods name (see devices.Usage.Assigned).
+	assigned map[string]bool
+	usage    devices.Usage
+	lists    map[corev1.ResourceName][]devices.Device
+	changed  map[corev1.ResourceName]chan struct{}
 }
 
 // pending is an allocation the agent answered that the kubelet has not
@@ -108,6 +111,15 @@ func (s *state) setKubelet(allocs []devices.Allocation) {
 	s.recomputeLocked()
 }
 
+// setAssigned replaces the GPUs that the shared assignments of the node's
+// pods name.
+func (s *state) setAssigned(gpus map[string]bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.assigned = gpus
+	s.recomputeLocked()
+}
+
 // expire drops pending allocations older than the grace period.
 func (s *state) expire() {
 	s.mu.Lock()
@@ -158,6 +170,12 @@ func (s *state) recomputeLocked() {
 	usage, errs := s.model.UsageOf(all)
 	for _, err := range errs {
 		s.logger.Error(err, "Ignoring an allocation of a device this node does not have")
+	}
+	usage.Assigned = map[string]bool{}
+	for uuid := range s.assigned {
+		if _, ok := s.model.GPU(uuid); ok {
+			usage.Assigned[uuid] = true
+		}
 	}
 	s.usage = usage
 	for _, r := range s.model.Resources() {

@@ -57,6 +57,8 @@ type agentFlags struct {
 	pluginDir          string
 	podResourcesSocket string
 	kubeconfig         string
+	kubeAPIQPS         float64
+	kubeAPIBurst       int
 	nodeName           string
 	metricsAddr        string
 
@@ -84,6 +86,8 @@ func newAgentFlagSet(stderr io.Writer) (*flag.FlagSet, *agentFlags) {
 	fs.StringVar(&f.pluginDir, "device-plugin-dir", deviceplugin.DefaultPluginDir, "the kubelet's device-plugin directory (its kubelet.sock and the plugins' sockets)")
 	fs.StringVar(&f.podResourcesSocket, "pod-resources-socket", kubeletstate.DefaultPodResourcesSocket, "the kubelet's PodResources API socket; the device manager's checkpoint is read where it cannot be reached")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the API server; in a pod the in-cluster configuration is used. With neither, or without --node-name, the agent runs without an API server")
+	fs.Float64Var(&f.kubeAPIQPS, "kube-api-qps", 50, "API server queries per second (the kubelet's default): reads of the node's pods when whole GPUs are allocated, and records of pods' GPUs")
+	fs.IntVar(&f.kubeAPIBurst, "kube-api-burst", 100, "API server burst")
 	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", ":9402", `address of the Prometheus /metrics and /healthz endpoint; "" turns it off`)
 	fs.StringVar(&f.resources, "resources", "", "comma-separated resources to advertise (overrides the config's resources)")
@@ -232,6 +236,9 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		Kubelet:   kubelet,
 		Metrics:   metrics,
 	}
+	if f.kubeAPIQPS <= 0 || f.kubeAPIBurst < 1 {
+		return fmt.Errorf("--kube-api-qps must be above 0 and --kube-api-burst at least 1, got %g and %d", f.kubeAPIQPS, f.kubeAPIBurst)
+	}
 	restCfg, err := apiServerConfig(f.kubeconfig, f.nodeName)
 	if err != nil {
 		return err
@@ -239,10 +246,12 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var cs kubernetes.Interface
 	if restCfg != nil {
 		restCfg.UserAgent = "tessera-node"
+		restCfg.QPS, restCfg.Burst = float32(f.kubeAPIQPS), f.kubeAPIBurst
 		if cs, err = kubernetes.NewForConfig(restCfg); err != nil {
 			return fmt.Errorf("API server client: %w", err)
 		}
 		opts.Publisher = kube.New(cs, f.nodeName, nil)
+		opts.Pods = kube.NewPodWatch(cs, f.nodeName)
 		logger.Info("Publishing to the API server", "node", klog.KRef("", f.nodeName), "server", restCfg.Host)
 	} else {
 		logger.Info("Running without an API server (give --kubeconfig or run in a pod, and --node-name, to publish the GPU inventory and pods' GPUs)")

@@ -331,7 +331,7 @@ func TestDeployManifests(t *testing.T) {
 	wantRules := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "patch"}},
 		{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}},
-		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "patch"}},
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch", "patch"}},
 	}
 	if diff := cmp.Diff(wantRules, role.Rules); diff != "" {
 		t.Errorf("ClusterRole rules (-want +got):\n%s", diff)

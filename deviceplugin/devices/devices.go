@@ -242,6 +242,29 @@ type Usage struct {
 	// Shared GPUs serve tessera.dev/gpu-memory or tessera.dev/gpu-core
 	// units.
 	Shared map[string]bool
+	// Assigned GPUs are named by the shared part of the assignment of a
+	// pod on this node that has not ended: the scheduler extender chose
+	// them for a slice, and the kubelet may not have admitted that pod
+	// yet. They cannot be allocated whole either.
+	Assigned map[string]bool
+}
+
+// WithAssigned returns u with the GPUs in more assigned too; u is not
+// changed.
+func (u Usage) WithAssigned(more map[string]bool) Usage {
+	if len(more) == 0 {
+		return u
+	}
+	assigned := make(map[string]bool, len(u.Assigned)+len(more))
+	for _, m := range []map[string]bool{u.Assigned, more} {
+		for uuid, ok := range m {
+			if ok {
+				assigned[uuid] = true
+			}
+		}
+	}
+	u.Assigned = assigned
+	return u
 }
 
 // Device is one kubelet device with its reported health.
@@ -258,6 +281,7 @@ type Device struct {
 // Reasons for withholding a healthy GPU's devices.
 const (
 	ReasonSharedInUse = "withheld: the GPU serves shared units"
+	ReasonAssigned    = "withheld: a pod on this node is assigned shared units of the GPU"
 	ReasonWholeInUse  = "withheld: the GPU is allocated whole"
 )
 
@@ -287,6 +311,9 @@ func (m *Model) DeviceHealth(r corev1.ResourceName, uuid string, health HealthMa
 	case api.ResourceGPU:
 		if usage.Shared[uuid] {
 			return false, ReasonSharedInUse
+		}
+		if usage.Assigned[uuid] {
+			return false, ReasonAssigned
 		}
 	default:
 		if usage.Whole[uuid] {
@@ -366,6 +393,9 @@ func (m *Model) CheckWhole(ids []string, health HealthMap, usage Usage) ([]GPU, 
 		}
 		if usage.Shared[g.UUID] {
 			return nil, fmt.Errorf("GPU %d (%s) serves shared units and cannot be allocated whole", g.Index, g.UUID)
+		}
+		if usage.Assigned[g.UUID] {
+			return nil, fmt.Errorf("GPU %d (%s) is assigned to shared units of a pod on this node and cannot be allocated whole", g.Index, g.UUID)
 		}
 		gpus = append(gpus, g)
 	}

@@ -241,6 +241,12 @@ func TestWithholding(t *testing.T) {
 			wantUnits: map[int]string{0: "healthy", 1: "XID 79", 2: "healthy", 3: "GPU lost"},
 		},
 		{
+			name:      "assigned to a slice not admitted yet: only the whole GPU is withheld",
+			usage:     devices.Usage{Assigned: set(uuid(3)), Shared: set(uuid(2))},
+			wantGPU:   map[int]string{0: "healthy", 1: "healthy", 2: devices.ReasonSharedInUse, 3: devices.ReasonAssigned},
+			wantUnits: map[int]string{0: "healthy", 1: "healthy", 2: "healthy", 3: "healthy"},
+		},
+		{
 			name:      "conflict withholds both",
 			usage:     devices.Usage{Whole: set(uuid(0)), Shared: set(uuid(0))},
 			wantGPU:   map[int]string{0: devices.ReasonSharedInUse, 1: "healthy", 2: "healthy", 3: "healthy"},
@@ -310,9 +316,9 @@ func TestUsageOf(t *testing.T) {
 }
 
 func TestCheckWhole(t *testing.T) {
-	m := mustModel(t, gpus(4, 2048), opts())
+	m := mustModel(t, gpus(5, 2048), opts())
 	health := devices.HealthMap{uuid(2): {Reason: "XID 48"}}
-	usage := devices.Usage{Shared: set(uuid(3)), Whole: set(uuid(1))}
+	usage := devices.Usage{Shared: set(uuid(3)), Whole: set(uuid(1)), Assigned: set(uuid(4))}
 	got, err := m.CheckWhole([]string{uuid(1), uuid(0)}, health, usage)
 	if err != nil {
 		t.Fatalf("CheckWhole(0, 1) = %v", err)
@@ -327,6 +333,7 @@ func TestCheckWhole(t *testing.T) {
 		{nil, "no tessera.dev/gpu devices"},
 		{[]string{uuid(2)}, "is unhealthy: XID 48"},
 		{[]string{uuid(3)}, "serves shared units"},
+		{[]string{uuid(4)}, "assigned to shared units of a pod on this node"},
 		{[]string{uuid(0), uuid(0)}, "requested twice"},
 		{[]string{uuid(7)}, "no GPU"},
 	} {

@@ -41,7 +41,7 @@ var binDir string
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if cluster != nil {
-		if code != 0 {
+		if code != 0 || os.Getenv("TESSERA_TEST_KEEP_LOGS") != "" {
 			keepLogs()
 		}
 		cluster.Stop()
@@ -53,7 +53,8 @@ func TestMain(m *testing.M) {
 }
 
 // keepLogs copies the cluster's logs to $TESSERA_TEST_ARTIFACTS/e2e (or a
-// temporary directory) when a test failed.
+// temporary directory) when a test failed, or always with
+// $TESSERA_TEST_KEEP_LOGS set.
 func keepLogs() {
 	dst := os.Getenv("TESSERA_TEST_ARTIFACTS")
 	if dst == "" {

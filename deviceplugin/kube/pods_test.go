@@ -1,0 +1,114 @@
+package kube_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/deviceplugin/kube"
+)
+
+type podsReport struct {
+	assigned map[string]bool
+	released bool
+}
+
+func TestPodWatch(t *testing.T) {
+	slice := func(uuid string) api.ContainerAssignment {
+		return api.ContainerAssignment{Name: "main", Shared: &api.SharedGPU{GPU: api.GPURef{UUID: uuid}, MemoryMiB: 1024, Cores: 10}}
+	}
+	ann := func(c api.ContainerAssignment) map[string]string {
+		return map[string]string{api.AnnotationAssignment: assignmentValue(t, c)}
+	}
+	cs := fake.NewClientset(
+		pod("ns", "a", "n1", ann(slice(gpu0))),
+		pod("ns", "whole", "n1", ann(api.ContainerAssignment{Name: "main", GPUs: []api.GPURef{{UUID: gpu1, Index: 1}}})),
+		pod("ns", "elsewhere", "n2", ann(slice(gpu1))),
+		pod("ns", "bad", "n1", map[string]string{api.AnnotationAssignment: "{not json"}),
+	)
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(ctx)
+	reports := make(chan podsReport, 100)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		kube.NewPodWatch(cs, "n1").Run(ctx, func(assigned map[string]bool, released bool) {
+			reports <- podsReport{assigned, released}
+		})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+
+	// wait returns the first report with want assigned, failing on a
+	// release before it unless released is expected.
+	wait := func(what string, want map[string]bool, released bool) {
+		t.Helper()
+		timeout := time.After(10 * time.Second)
+		for {
+			select {
+			case r := <-reports:
+				if r.released && !released {
+					t.Fatalf("%s: unexpected release report %v", what, r)
+				}
+				if cmp.Equal(want, r.assigned) && r.released == released {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("%s: no report of %v (released %v)", what, want, released)
+			}
+		}
+	}
+	set := func(uuids ...string) map[string]bool {
+		m := map[string]bool{}
+		for _, u := range uuids {
+			m[u] = true
+		}
+		return m
+	}
+	wait("start: the slice on this node only", set(gpu0), false)
+
+	if _, err := cs.CoreV1().Pods("ns").Create(ctx, pod("ns", "b", "n1", ann(slice(gpu2))), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait("a second slice bound", set(gpu0, gpu2), false)
+
+	a, err := cs.CoreV1().Pods("ns").Get(ctx, "a", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Status.Phase = corev1.PodFailed
+	if _, err := cs.CoreV1().Pods("ns").UpdateStatus(ctx, a, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait("the first slice failed", set(gpu2), true)
+
+	// A whole-GPU pod that goes away releases too, with no change of
+	// assigned GPUs.
+	if err := cs.CoreV1().Pods("ns").Delete(ctx, "whole", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait("the whole-GPU pod deleted", set(gpu2), true)
+	if err := cs.CoreV1().Pods("ns").Delete(ctx, "b", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait("the second slice deleted", set(), true)
+
+	// The API read: every pod of the node that has not ended, without the
+	// watch.
+	if _, err := cs.CoreV1().Pods("ns").Create(ctx, pod("ns", "c", "n1", ann(slice(gpu2))), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := kube.NewPodWatch(cs, "n1").Assigned(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(set(gpu2), got); diff != "" {
+		t.Errorf("Assigned (-want +got):\n%s", diff)
+	}
+}
