@@ -215,6 +215,7 @@ type podSpec struct {
 	labels      map[string]string
 	gated       bool
 	cpu         string
+	node        string // kubernetes.io/hostname of the node it must run on
 }
 
 func (s podSpec) pod(ns string) *v1.Pod {
@@ -249,6 +250,9 @@ func (s podSpec) pod(ns string) *v1.Pod {
 		}
 		p.Spec.Containers = append(p.Spec.Containers, v1.Container{Name: name, Image: "registry.k8s.io/pause:3.10",
 			Resources: v1.ResourceRequirements{Limits: rl.DeepCopy(), Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse(cpu)}}})
+	}
+	if s.node != "" {
+		p.Spec.NodeSelector = map[string]string{v1.LabelHostname: s.node}
 	}
 	if s.gated {
 		p.Spec.SchedulingGates = []v1.PodSchedulingGate{{Name: api.SchedulingGateGang}}

@@ -171,3 +171,37 @@ func TestGangAllOrNothing(t *testing.T) {
 	checkNoOvercommit(t, occ)
 	checkRunningPods(t, c, pods)
 }
+
+// A slice and a whole-GPU pod created together on one node: the slice goes
+// to a free GPU and the whole-GPU pod needs every other GPU, so the
+// kubelet must not give it the slice's GPU, whichever pod the node admits
+// first. Before the extender ordered such binds and the node agent followed
+// its pods, the kubelet could admit the whole-GPU pod first and hand it the
+// slice's GPU; the NRI plugin then refused the slice's container (a CI run
+// of TestChaos on 2026-11-23).
+func TestSliceAndWholeGPUPodTogether(t *testing.T) {
+	c := getCluster(t)
+	ns := namespace(t, c, "e2e-together")
+	client := c.Client()
+	const node, rounds = "a100-1", 8
+	gpus := int64(len(inventory(t, c, node).GPUs))
+	for round := range rounds {
+		slice := podSpec{name: fmt.Sprintf("slice-%d", round), memUnits: 4, cores: 20, node: node}
+		whole := podSpec{name: fmt.Sprintf("whole-%d", round), gpus: gpus - 1, node: node}
+		if round%2 == 1 {
+			slice, whole = whole, slice // the other creation order
+		}
+		create(t, client, ns, slice)
+		create(t, client, ns, whole)
+		for _, name := range []string{slice.name, whole.name} {
+			waitRunning(t, c, ns, name, 60*time.Second)
+		}
+		occ, pods := occupancy(t, c)
+		checkNoOvercommit(t, occ)
+		checkRunningPods(t, c, pods)
+		if t.Failed() {
+			t.Fatalf("round %d:\n%s", round, occupancyTable(occ))
+		}
+		deleteAll(t, c, ns)
+	}
+}
