@@ -1,6 +1,10 @@
 package extender
 
-import "sync"
+import (
+	"context"
+	"fmt"
+	"sync"
+)
 
 // bindOrder orders the binds of each node so that a slice reserved on a
 // node has its Binding created before any whole-GPU pod reserved on that
@@ -15,49 +19,69 @@ import "sync"
 // whole-GPU pod need no order: while its GPUs are pending, slices go only to
 // GPUs already in use (NodeState.sharedView).
 //
-// Slice-only binds share a node's lock from before their reservation until
-// their Binding exists; binds with whole GPUs take it alone for the same
-// span, so they wait for the slices reserved before them. The locks of
-// nodes with no bind in flight are dropped.
+// A bind with slices registers before its reservation and is done once its
+// Binding exists (or it failed); a bind with whole GPUs, once reserved,
+// waits for the slice binds registered on its node at that moment. No lock
+// is held while either talks to the API server.
 type bindOrder struct {
-	mu    sync.Mutex
-	nodes map[string]*nodeBinds
+	mu     sync.Mutex
+	slices map[string]map[*sliceBind]struct{} // node -> slice binds in flight
 }
 
-type nodeBinds struct {
-	rw    sync.RWMutex
-	users int
+// sliceBind is one slice bind in flight.
+type sliceBind struct {
+	o    *bindOrder
+	node string
+	done chan struct{} // closed when it ends
+	once sync.Once
 }
 
-// lock takes node's lock, shared for a slice-only bind, and returns its
-// release.
-func (o *bindOrder) lock(node string, sliceOnly bool) (unlock func()) {
+// slice registers a slice bind on node; call end once its Binding exists
+// or it failed.
+func (o *bindOrder) slice(node string) *sliceBind {
+	b := &sliceBind{o: o, node: node, done: make(chan struct{})}
 	o.mu.Lock()
-	if o.nodes == nil {
-		o.nodes = map[string]*nodeBinds{}
+	defer o.mu.Unlock()
+	if o.slices == nil {
+		o.slices = map[string]map[*sliceBind]struct{}{}
 	}
-	n := o.nodes[node]
-	if n == nil {
-		n = &nodeBinds{}
-		o.nodes[node] = n
+	if o.slices[node] == nil {
+		o.slices[node] = map[*sliceBind]struct{}{}
 	}
-	n.users++
+	o.slices[node][b] = struct{}{}
+	return b
+}
+
+// end ends the slice bind; later calls do nothing.
+func (b *sliceBind) end() {
+	b.once.Do(func() {
+		b.o.mu.Lock()
+		delete(b.o.slices[b.node], b)
+		if len(b.o.slices[b.node]) == 0 {
+			delete(b.o.slices, b.node)
+		}
+		b.o.mu.Unlock()
+		close(b.done)
+	})
+}
+
+// waitSlices waits until every slice bind in flight on node now, but self
+// (nil: none), has ended, or ctx ends.
+func (o *bindOrder) waitSlices(ctx context.Context, node string, self *sliceBind) error {
+	o.mu.Lock()
+	var waits []chan struct{}
+	for b := range o.slices[node] {
+		if b != self {
+			waits = append(waits, b.done)
+		}
+	}
 	o.mu.Unlock()
-	if sliceOnly {
-		n.rw.RLock()
-	} else {
-		n.rw.Lock()
-	}
-	return func() {
-		if sliceOnly {
-			n.rw.RUnlock()
-		} else {
-			n.rw.Unlock()
+	for _, done := range waits {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the slices reserved before it on %s to be bound: %w", node, ctx.Err())
 		}
-		o.mu.Lock()
-		if n.users--; n.users == 0 {
-			delete(o.nodes, node)
-		}
-		o.mu.Unlock()
 	}
+	return nil
 }

@@ -73,7 +73,9 @@ type Server struct {
 	// shortlist: filter passes at most this many fitting nodes, the
 	// policy's best (0: all).
 	shortlist int
-	order     bindOrder
+	// order makes whole-GPU binds wait for the slice binds in flight on
+	// their node.
+	order bindOrder
 }
 
 // NewServer returns a Server. events and metrics may be nil.
@@ -441,9 +443,10 @@ func (s *Server) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs,
 		s.event(pod, "InvalidGPURequest", "%v", err)
 		return fmt.Errorf("bind %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
-	if d.WholeGPUs > 0 || len(d.Shares) > 0 {
-		unlock := s.order.lock(args.Node, d.WholeGPUs == 0)
-		defer unlock()
+	var slice *sliceBind
+	if len(d.Shares) > 0 {
+		slice = s.order.slice(args.Node)
+		defer slice.end()
 	}
 	prev, _, perr := api.GetAssignment(pod.Annotations)
 	if perr != nil {
@@ -484,6 +487,14 @@ func (s *Server) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs,
 				}
 				return fmt.Errorf("bind %s/%s: write assignment: %w", pod.Namespace, pod.Name, err)
 			}
+		}
+	}
+	if d.WholeGPUs > 0 {
+		// The kubelet chooses these GPUs: the node agent must first see
+		// the slices reserved on the node before them (bindOrder).
+		if err := s.order.waitSlices(ctx, args.Node, slice); err != nil {
+			s.state.Unreserve(pod.UID)
+			return fmt.Errorf("bind %s/%s to %s: %w", pod.Namespace, pod.Name, args.Node, err)
 		}
 	}
 	if err := s.pods.Bind(ctx, pod, args.Node); err != nil {
