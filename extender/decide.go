@@ -358,8 +358,23 @@ func ChoosePlacement(p allocator.Policy, st *NodeState, uid types.UID, d *Demand
 // ReuseShared returns the placement a previous bind attempt recorded in
 // the pod's assignment a, when it names a GPU of node st that still has
 // room for it (the pod's own use, if counted, excluded). ok is false
-// otherwise.
+// otherwise. While whole-GPU pods on the node wait for the node agent to
+// record their GPUs, a completely free GPU has no room: the kubelet may
+// have given it to one of them.
 func ReuseShared(st *NodeState, uid types.UID, d *Demand, a *api.Assignment) (*PodUse, bool) {
+	return reuseShared(st, uid, d, a, false)
+}
+
+// ReusePlannedShared is ReuseShared for a gang member bound to the GPU of
+// its plan: that GPU was counted as the member's before any pending
+// whole-GPU pod of the node was reserved, and such a pod's Binding waits
+// until the member is bound (Server.waitPlannedSlices), so the kubelet
+// cannot have given it away; it has room unless used otherwise.
+func ReusePlannedShared(st *NodeState, uid types.UID, d *Demand, a *api.Assignment) (*PodUse, bool) {
+	return reuseShared(st, uid, d, a, true)
+}
+
+func reuseShared(st *NodeState, uid types.UID, d *Demand, a *api.Assignment, planned bool) (*PodUse, bool) {
 	if d.Kind() != allocator.Shared || a == nil {
 		return nil, false
 	}
@@ -394,7 +409,12 @@ func ReuseShared(st *NodeState, uid types.UID, d *Demand, a *api.Assignment) (*P
 	}
 	without := BuildNodeState(info, others)
 	req := d.Request(info.UnitMiB, info.gpuMemMiB())
-	g := without.viewFor(allocator.Shared).GPUs[p]
+	view := without.viewFor(allocator.Shared)
+	if planned {
+		raw := without.buildView(0)
+		view = &raw
+	}
+	g := view.GPUs[p]
 	if g.MilliFree < req.GPUMilli || g.MemFreeMiB < req.GPUMemMiB {
 		return nil, false
 	}

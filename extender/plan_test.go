@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/tessera-gpu/tessera/api"
 )
 
@@ -151,5 +153,42 @@ func TestReserveGangAllOrNothing(t *testing.T) {
 	c.ReleaseGang([]types.UID{"g1", "g2"})
 	if a, b := mustState(t, c, "a").FreeGPUs(), mustState(t, c, "b").FreeGPUs(); a != 8 || b != 7 {
 		t.Errorf("after ReleaseGang: %d and %d free, want 8 and 7", a, b)
+	}
+}
+
+// A whole-GPU pod bound to a node where a gang member is planned on a GPU
+// for a slice waits until that member is bound: until then only the ledger
+// knows the slice's GPU, and the kubelet could give it to the whole-GPU pod.
+func TestWholeBindWaitsForPlannedSlices(t *testing.T) {
+	node := makeNode("n").GPUs(4, "A100", 40960).Obj()
+	member := withPlan(t, makePod("s").Shared(10, 50).Obj(), "n", 2)
+	whole := makePod("w").Whole(2).Obj()
+	f := newFixture(t, []*corev1.Node{node}, []*corev1.Pod{member}, member, whole)
+	bind := func(p *corev1.Pod) <-chan string {
+		done := make(chan string, 1)
+		go func() {
+			var res extenderv1.ExtenderBindingResult
+			f.post(t, PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: p.Name, PodUID: p.UID, Node: "n"}, &res)
+			done <- res.Error
+		}()
+		return done
+	}
+	wDone := bind(whole)
+	select {
+	case err := <-wDone:
+		t.Fatalf("whole-GPU pod bound (error %q) while a gang member planned on GPU 2 of its node was not", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if err := <-bind(member); err != "" {
+		t.Fatalf("bind member: %s", err)
+	}
+	if err := <-wDone; err != "" {
+		t.Fatalf("bind whole: %s", err)
+	}
+	f.pods.mu.Lock()
+	calls := append([]string(nil), f.pods.calls...)
+	f.pods.mu.Unlock()
+	if diff := cmp.Diff([]string{"patch s", "bind s n", "bind w n"}, calls); diff != "" {
+		t.Errorf("API calls (-want +got):\n%s", diff)
 	}
 }

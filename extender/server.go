@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"sort"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -396,6 +398,40 @@ func (s *Server) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs)
 	return err
 }
 
+// plannedSlicePoll is how often a whole-GPU bind looks again for the gang
+// members planned on a shared GPU of its node that are not bound yet.
+const plannedSlicePoll = 20 * time.Millisecond
+
+// waitPlannedSlices waits until node has no gang member but self that is
+// planned on one of its GPUs for a slice and not bound yet, or ctx ends.
+// Such a member's GPU is known to the ledger but not to the node, whose
+// kubelet could give it to the whole-GPU pod being bound.
+func (s *Server) waitPlannedSlices(ctx context.Context, node string, self types.UID) error {
+	t := time.NewTicker(plannedSlicePoll)
+	defer t.Stop()
+	for {
+		st, ok := s.state.Node(node)
+		if !ok {
+			return nil
+		}
+		var waiting []string
+		for uid, u := range st.Pods {
+			if uid != self && u.Planned && u.PlannedGPU != "" {
+				waiting = append(waiting, u.Key())
+			}
+		}
+		if len(waiting) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			sort.Strings(waiting)
+			return fmt.Errorf("waiting for gang members planned on shared GPUs of %s to be bound (%s): %w", node, strings.Join(waiting, ", "), ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
 // ErrNotPlannedNode is wrapped when a gang member is bound to a node other
 // than its plan's.
 var ErrNotPlannedNode = errors.New("not the node of the pod's gang plan")
@@ -460,7 +496,7 @@ func (s *Server) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs,
 		}
 		if planned && plan.GPU != nil {
 			// A shared member goes to its planned GPU or not at all.
-			if u, ok := ReuseShared(st, pod.UID, &d, plannedAssignment(st.Info, &d, plan.GPU)); ok {
+			if u, ok := ReusePlannedShared(st, pod.UID, &d, plannedAssignment(st.Info, &d, plan.GPU)); ok {
 				return u, nil
 			}
 			return nil, fmt.Errorf("%w: gang %s planned it on GPU %s, which no longer has room", ErrNoFit, plan.Gang, plan.GPU.UUID)
@@ -491,7 +527,14 @@ func (s *Server) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs,
 	}
 	if d.WholeGPUs > 0 {
 		// The kubelet chooses these GPUs: the node agent must first see
-		// the slices reserved on the node before them (bindOrder).
+		// the slices reserved on the node before them: gang members
+		// planned on a GPU (they bind later), and slice binds in flight
+		// (bindOrder; a planned member registers before it stops being
+		// planned).
+		if err := s.waitPlannedSlices(ctx, args.Node, pod.UID); err != nil {
+			s.state.Unreserve(pod.UID)
+			return fmt.Errorf("bind %s/%s to %s: %w", pod.Namespace, pod.Name, args.Node, err)
+		}
 		if err := s.order.waitSlices(ctx, args.Node, slice); err != nil {
 			s.state.Unreserve(pod.UID)
 			return fmt.Errorf("bind %s/%s to %s: %w", pod.Namespace, pod.Name, args.Node, err)

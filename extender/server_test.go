@@ -134,7 +134,9 @@ func newFixture(t *testing.T, nodes []*corev1.Node, bound []*corev1.Pod, pending
 	mux := http.NewServeMux()
 	s.Register(mux)
 	f.srv = httptest.NewServer(mux)
-	t.Cleanup(f.srv.Close)
+	// Closing the connections first ends the requests of a handler that
+	// still waits (a failed test), so Close does not block.
+	t.Cleanup(func() { f.srv.CloseClientConnections(); f.srv.Close() })
 	return f
 }
 
