@@ -65,17 +65,25 @@ func (w *PodWatch) Run(ctx context.Context, changed func(assigned map[string]boo
 		// Only pods that have not ended are kept.
 		key := pod.Namespace + "/" + pod.Name
 		before, had := assignments[key]
-		now := w.assignmentOf(logger, pod, before)
-		var gpus map[string]bool
-		if now.ended() {
+		if w.ended(pod) {
 			delete(assignments, key)
-		} else {
-			assignments[key] = now
-			gpus = now.gpus
+			if had {
+				report(true)
+			}
+			return
 		}
-		released := had && now.ended()
-		if released || !maps.Equal(before.gpus, gpus) {
-			report(released)
+		gpus, err := sharedGPUs(pod)
+		now := podAssignment{gpus: gpus}
+		if err != nil {
+			// Lose nothing: the pod's last good reading stays.
+			if !before.malformed {
+				logger.Error(err, "Ignoring the pod's malformed assignment; the kubelet's allocations say what it holds once it is admitted", "pod", klog.KObj(pod))
+			}
+			now = podAssignment{gpus: before.gpus, malformed: true}
+		}
+		assignments[key] = now
+		if !maps.Equal(before.gpus, now.gpus) {
+			report(false)
 		}
 	}
 	remove := func(obj any) {
@@ -126,50 +134,44 @@ func (w *PodWatch) Assigned(ctx context.Context) (map[string]bool, error) {
 	}
 	assigned := map[string]bool{}
 	for i := range pods.Items {
-		if p := w.assignmentOf(klog.Logger{}, &pods.Items[i], podAssignment{malformed: true}); !p.ended() {
-			maps.Copy(assigned, p.gpus)
+		p := &pods.Items[i]
+		if w.ended(p) {
+			continue
+		}
+		if gpus, err := sharedGPUs(p); err == nil {
+			maps.Copy(assigned, gpus)
 		}
 	}
 	return assigned, nil
 }
 
-// podAssignment is what the watch keeps of one pod.
+// podAssignment is what the watch keeps of a pod that has not ended.
 type podAssignment struct {
 	gpus      map[string]bool // shared GPUs, by UUID
-	deleting  bool
-	terminal  bool
-	malformed bool
+	malformed bool            // its assignment annotation is
 }
 
-// ended: the pod no longer runs, or soon will not, so its assignment no
-// longer holds a GPU back. While its containers stop, the kubelet's
-// allocations still hold what it was admitted with.
-func (p podAssignment) ended() bool { return p.terminal || p.deleting }
+// ended: the pod no longer runs, or soon will not (or is bound elsewhere),
+// so its assignment no longer holds a GPU back. While its containers stop,
+// the kubelet's allocations still hold what it was admitted with.
+func (w *PodWatch) ended(pod *corev1.Pod) bool {
+	return pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed || pod.Spec.NodeName != w.node
+}
 
-// assignmentOf reads pod's shared GPUs. A malformed annotation is logged
-// when it appears, and the pod's last good reading is kept.
-func (w *PodWatch) assignmentOf(logger klog.Logger, pod *corev1.Pod, before podAssignment) podAssignment {
-	p := podAssignment{
-		deleting: pod.DeletionTimestamp != nil,
-		terminal: pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed || pod.Spec.NodeName != w.node,
-		gpus:     map[string]bool{},
-	}
+// sharedGPUs returns the UUIDs of the GPUs the shared parts of pod's
+// assignment name (none without an assignment).
+func sharedGPUs(pod *corev1.Pod) (map[string]bool, error) {
 	a, found, err := api.GetAssignment(pod.Annotations)
-	switch {
-	case err != nil:
-		if !before.malformed {
-			logger.Error(err, "Ignoring the pod's malformed assignment; the kubelet's allocations say what it holds once it is admitted", "pod", klog.KObj(pod))
-		}
-		p.malformed = true
-		maps.Copy(p.gpus, before.gpus)
-	case found:
-		for _, c := range a.Containers {
-			if c.Shared != nil {
-				p.gpus[c.Shared.GPU.UUID] = true
-			}
+	if err != nil || !found {
+		return nil, err
+	}
+	gpus := map[string]bool{}
+	for _, c := range a.Containers {
+		if c.Shared != nil {
+			gpus[c.Shared.GPU.UUID] = true
 		}
 	}
-	return p
+	return gpus, nil
 }
 
 // stripManagedFields drops what the watch never reads from cached pods.

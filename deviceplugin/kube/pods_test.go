@@ -88,16 +88,31 @@ func TestPodWatch(t *testing.T) {
 	}
 	wait("the first slice failed", set(gpu2), true)
 
+	// A pod whose assignment turns malformed keeps its last good reading.
+	const gpu3 = "GPU-33333333-0000-0000-0000-000000000000"
+	b, err := cs.CoreV1().Pods("ns").Get(ctx, "b", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Annotations[api.AnnotationAssignment] = "{garbage"
+	if _, err := cs.CoreV1().Pods("ns").Update(ctx, b, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Pods("ns").Create(ctx, pod("ns", "d", "n1", ann(slice(gpu3))), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait("a slice on another GPU, the malformed one kept", set(gpu2, gpu3), false)
+
 	// A whole-GPU pod that goes away releases too, with no change of
 	// assigned GPUs.
 	if err := cs.CoreV1().Pods("ns").Delete(ctx, "whole", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	wait("the whole-GPU pod deleted", set(gpu2), true)
+	wait("the whole-GPU pod deleted", set(gpu2, gpu3), true)
 	if err := cs.CoreV1().Pods("ns").Delete(ctx, "b", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	wait("the second slice deleted", set(), true)
+	wait("the second slice deleted", set(gpu3), true)
 
 	// The API read: every pod of the node that has not ended, without the
 	// watch.
@@ -108,7 +123,7 @@ func TestPodWatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(set(gpu2), got); diff != "" {
+	if diff := cmp.Diff(set(gpu2, gpu3), got); diff != "" {
 		t.Errorf("Assigned (-want +got):\n%s", diff)
 	}
 }
