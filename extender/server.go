@@ -531,11 +531,11 @@ func (s *Server) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs,
 		// planned on a GPU (they bind later), and slice binds in flight
 		// (bindOrder; a planned member registers before it stops being
 		// planned).
-		if err := s.waitPlannedSlices(ctx, args.Node, pod.UID); err != nil {
-			s.state.Unreserve(pod.UID)
-			return fmt.Errorf("bind %s/%s to %s: %w", pod.Namespace, pod.Name, args.Node, err)
+		err := s.waitPlannedSlices(ctx, args.Node, pod.UID)
+		if err == nil {
+			err = s.order.waitSlices(ctx, args.Node, slice)
 		}
-		if err := s.order.waitSlices(ctx, args.Node, slice); err != nil {
+		if err != nil {
 			s.state.Unreserve(pod.UID)
 			return fmt.Errorf("bind %s/%s to %s: %w", pod.Namespace, pod.Name, args.Node, err)
 		}
