@@ -162,10 +162,10 @@ func deleteAll(t *testing.T, c *nodesim.Cluster, ns string) {
 // waitReleased waits until every node that runs no pod advertises all
 // its devices as allocatable again, so that the next test does not place
 // pods on GPUs a node still withholds. A node agent learns that the
-// kubelet freed a whole GPU's (or a shared GPU's) devices only at its next
-// sync of the kubelet's allocations (every kubeletSyncInterval, 2s by
-// default); until then it withholds the other resource of that GPU
-// (docs/demo.md). Nodes that still run pods (of a test's other namespaces)
+// kubelet freed a whole GPU's (or a shared GPU's) devices only when it
+// next reads the kubelet's allocations (when a pod of its node ends, and
+// every kubeletSyncInterval, 2s by default); until then it withholds the
+// other resource of that GPU (docs/demo.md). Nodes that still run pods (of a test's other namespaces)
 // are left alone: their devices are legitimately in use.
 func waitReleased(t *testing.T, c *nodesim.Cluster) {
 	var last string

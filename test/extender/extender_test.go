@@ -8,7 +8,6 @@ package extender_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"math/rand"
 	"net/http"
 	"strconv"
@@ -16,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
 	v1 "k8s.io/api/core/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -339,17 +339,14 @@ func TestRandomRunShortlist(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
+	var parser expfmt.TextParser
+	families, err := parser.TextToMetricFamilies(resp.Body)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("extender /metrics: %v", err)
 	}
 	var leftOut float64
-	for _, line := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, "tessera_extender_filter_left_out_total "); ok {
-			if leftOut, err = strconv.ParseFloat(v, 64); err != nil {
-				t.Fatalf("metric line %q: %v", line, err)
-			}
-		}
+	if f := families["tessera_extender_filter_left_out_total"]; f != nil && len(f.GetMetric()) == 1 {
+		leftOut = f.GetMetric()[0].GetCounter().GetValue()
 	}
 	if leftOut == 0 {
 		t.Errorf("tessera_extender_filter_left_out_total = 0: filter never shortlisted")
