@@ -223,30 +223,38 @@ type GangPlan struct {
 	Expires time.Time `json:"expires"`
 }
 
-// GetGangPlan reads AnnotationGangPlan; ok is false when it is absent.
+// GetGangPlan reads AnnotationGangPlan; ok is false when it is absent. It
+// does not check the seal: components that act on a plan read it through
+// Sealer.GangPlan.
 func GetGangPlan(annotations map[string]string) (p *GangPlan, ok bool, err error) {
 	v, ok := annotations[AnnotationGangPlan]
 	if !ok {
 		return nil, false, nil
 	}
-	p = &GangPlan{}
+	p, err = ParseGangPlan(v)
+	return p, true, err
+}
+
+// ParseGangPlan decodes and validates an AnnotationGangPlan value.
+func ParseGangPlan(v string) (*GangPlan, error) {
+	p := &GangPlan{}
 	if err := decodeStrict(v, p); err != nil {
-		return nil, true, fmt.Errorf("annotation %s: %w", AnnotationGangPlan, err)
+		return nil, fmt.Errorf("annotation %s: %w", AnnotationGangPlan, err)
 	}
 	switch {
 	case p.APIVersion != Version || p.Kind != KindGangPlan:
-		return nil, true, fmt.Errorf("annotation %s: want apiVersion %s kind %s, got %q %q", AnnotationGangPlan, Version, KindGangPlan, p.APIVersion, p.Kind)
+		return nil, fmt.Errorf("annotation %s: want apiVersion %s kind %s, got %q %q", AnnotationGangPlan, Version, KindGangPlan, p.APIVersion, p.Kind)
 	case p.Gang == "" || p.Node == "":
-		return nil, true, fmt.Errorf("annotation %s: gang and node must be set", AnnotationGangPlan)
+		return nil, fmt.Errorf("annotation %s: gang and node must be set", AnnotationGangPlan)
 	case p.Expires.IsZero():
-		return nil, true, fmt.Errorf("annotation %s: expires must be set", AnnotationGangPlan)
+		return nil, fmt.Errorf("annotation %s: expires must be set", AnnotationGangPlan)
 	}
 	if p.GPU != nil {
 		if err := p.GPU.validate(); err != nil {
-			return nil, true, fmt.Errorf("annotation %s: gpu: %w", AnnotationGangPlan, err)
+			return nil, fmt.Errorf("annotation %s: gpu: %w", AnnotationGangPlan, err)
 		}
 	}
-	return p, true, nil
+	return p, nil
 }
 
 // SetGangPlan writes p (apiVersion and kind filled in) to annotations.
