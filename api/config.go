@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 )
 
@@ -41,6 +42,33 @@ const (
 	// CDINameIndex names a GPU by NVML index: nvidia.com/gpu=0.
 	CDINameIndex = "index"
 )
+
+// What the NRI plugin does with a container the kubelet allocated no Tessera
+// resource to. See NRIConfig.NonGPUContainers.
+const (
+	// NonGPUContainersVoid hides every GPU from it: NVIDIA_VISIBLE_DEVICES
+	// is set to void, NVIDIA device nodes are removed and the device
+	// cgroup denies them, whatever its image or pod spec asks for.
+	NonGPUContainersVoid = "void"
+	// NonGPUContainersLeave leaves it as the runtime creates it: a pod
+	// with NVIDIA_VISIBLE_DEVICES=all then sees every GPU of the node
+	// through the NVIDIA container runtime.
+	NonGPUContainersLeave = "leave"
+)
+
+// NRIConfig configures the node agent's NRI plugin.
+type NRIConfig struct {
+	// NonGPUContainers is what the plugin does with a container that holds
+	// no Tessera resource (a pod without GPU requests, or a container of a
+	// GPU pod that requests none): void (default) or leave.
+	NonGPUContainers string `json:"nonGPUContainers,omitempty"`
+	// NonGPUExemptNamespaces are namespaces whose containers without a
+	// Tessera resource are left alone even when NonGPUContainers is void:
+	// for node-wide GPU monitoring (DCGM exporter, GPU feature discovery)
+	// that must see every GPU. Whoever may create pods in them may use
+	// every GPU of the node.
+	NonGPUExemptNamespaces []string `json:"nonGPUExemptNamespaces,omitempty"`
+}
 
 // DefaultIgnoredXIDs are the XID errors an application causes (a bad memory
 // access, a program exception, a reset channel): they say nothing about the
@@ -103,6 +131,8 @@ type NodeAgentConfig struct {
 	// AllocationGrace is how long a device the agent allocated counts as in
 	// use before the kubelet reports it (default 2m).
 	AllocationGrace *metav1.Duration `json:"allocationGrace,omitempty"`
+	// NRI configures the NRI plugin.
+	NRI NRIConfig `json:"nri"`
 }
 
 // LoadNodeAgentConfig decodes and validates a configuration file's content.
@@ -166,6 +196,9 @@ func (c *NodeAgentConfig) Default() {
 	setDuration(&c.XIDRecoveryDelay, DefaultXIDRecoveryDelay)
 	setDuration(&c.KubeletSyncInterval, DefaultKubeletSyncInterval)
 	setDuration(&c.AllocationGrace, DefaultAllocationGrace)
+	if c.NRI.NonGPUContainers == "" {
+		c.NRI.NonGPUContainers = NonGPUContainersVoid
+	}
 }
 
 func setDuration(d **metav1.Duration, def time.Duration) {
@@ -226,6 +259,23 @@ func (c *NodeAgentConfig) Validate() error {
 		if d.value == nil || d.value.Duration <= 0 {
 			return fmt.Errorf("%s: must be a positive duration", d.field)
 		}
+	}
+	return c.NRI.validate()
+}
+
+func (n *NRIConfig) validate() error {
+	if n.NonGPUContainers != NonGPUContainersVoid && n.NonGPUContainers != NonGPUContainersLeave {
+		return fmt.Errorf("nri.nonGPUContainers: must be %q (hide every GPU from containers without a Tessera resource) or %q (leave them as their spec says), got %q", NonGPUContainersVoid, NonGPUContainersLeave, n.NonGPUContainers)
+	}
+	seen := map[string]bool{}
+	for i, ns := range n.NonGPUExemptNamespaces {
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return fmt.Errorf("nri.nonGPUExemptNamespaces[%d]: %q is not a namespace name: %s", i, ns, strings.Join(errs, "; "))
+		}
+		if seen[ns] {
+			return fmt.Errorf("nri.nonGPUExemptNamespaces[%d]: %q is listed twice", i, ns)
+		}
+		seen[ns] = true
 	}
 	return nil
 }

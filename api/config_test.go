@@ -27,7 +27,7 @@ func TestLoadNodeAgentConfigDefaults(t *testing.T) {
 	if diff := cmp.Diff(api.Resources(), c.Resources); diff != "" {
 		t.Errorf("default resources (-want +got):\n%s", diff)
 	}
-	if c.MemoryUnitMiB != 1024 || c.DeviceListStrategy[0] != api.DeviceListCDICRI || c.CDIKind != "nvidia.com/gpu" {
+	if c.MemoryUnitMiB != 1024 || c.DeviceListStrategy[0] != api.DeviceListCDICRI || c.CDIKind != "nvidia.com/gpu" || c.NRI.NonGPUContainers != api.NonGPUContainersVoid {
 		t.Errorf("defaults = %+v", c)
 	}
 }
@@ -47,6 +47,9 @@ healthCheckInterval: 5s
 xidRecoveryDelay: 1m
 kubeletSyncInterval: 3s
 allocationGrace: 30s
+nri:
+  nonGPUContainers: leave
+  nonGPUExemptNamespaces: [gpu-operator, monitoring]
 `
 	c, err := api.LoadNodeAgentConfig([]byte(file), "test")
 	if err != nil {
@@ -66,6 +69,7 @@ allocationGrace: 30s
 		XIDRecoveryDelay:    &metav1.Duration{Duration: time.Minute},
 		KubeletSyncInterval: &metav1.Duration{Duration: 3 * time.Second},
 		AllocationGrace:     &metav1.Duration{Duration: 30 * time.Second},
+		NRI:                 api.NRIConfig{NonGPUContainers: api.NonGPUContainersLeave, NonGPUExemptNamespaces: []string{"gpu-operator", "monitoring"}},
 	}
 	if diff := cmp.Diff(want, c); diff != "" {
 		t.Errorf("config (-want +got):\n%s", diff)
@@ -96,6 +100,12 @@ func TestLoadNodeAgentConfigErrors(t *testing.T) {
 		{"duration", head + "healthCheckInterval: -1s\n", "healthCheckInterval: must be a positive duration"},
 		{"bad duration", head + "xidRecoveryDelay: soon\n", "soon"},
 		{"negative unit", head + "memoryUnitMiB: -1\n", "memoryUnitMiB"},
+		{"non-GPU containers", head + "nri:\n  nonGPUContainers: all\n", `nri.nonGPUContainers: must be "void" (hide every GPU from containers without a Tessera resource) or "leave" (leave them as their spec says), got "all"`},
+		{"non-GPU containers case", head + "nri:\n  nonGPUContainers: Void\n", `got "Void"`},
+		{"nri unknown field", head + "nri:\n  nonGPU: leave\n", "nonGPU"},
+		{"exempt namespace", head + "nri:\n  nonGPUExemptNamespaces: [ok, Bad_NS]\n", `nri.nonGPUExemptNamespaces[1]: "Bad_NS" is not a namespace name`},
+		{"exempt namespace empty", head + "nri:\n  nonGPUExemptNamespaces: [\"\"]\n", `nri.nonGPUExemptNamespaces[0]: "" is not a namespace name`},
+		{"exempt namespace twice", head + "nri:\n  nonGPUExemptNamespaces: [a, a]\n", `nri.nonGPUExemptNamespaces[1]: "a" is listed twice`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := api.LoadNodeAgentConfig([]byte(tc.file), "cfg.yaml")
