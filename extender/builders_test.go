@@ -13,6 +13,16 @@ import (
 	"github.com/tessera-gpu/tessera/api"
 )
 
+// testSealer seals Tessera's annotations in tests.
+func testSealer(t testing.TB) *api.Sealer {
+	t.Helper()
+	s, err := api.NewSealer([]byte("tessera-extender-unit-test-seal-key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // gpuUUID is the UUID of GPU i of node node in tests.
 func gpuUUID(node string, i int) string {
 	h := 0

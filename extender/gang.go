@@ -45,20 +45,25 @@ type GangClient interface {
 type KubeGang struct {
 	Client  kubernetes.Interface
 	Dynamic dynamic.Interface
+	// Sealer seals the plans written.
+	Sealer *api.Sealer
 }
 
 var _ GangClient = (*KubeGang)(nil)
 
-// SetPlan writes or removes the plan annotation with a merge patch
-// conditional on the UID.
+// SetPlan writes (sealed) or removes the plan annotation with a merge
+// patch conditional on the UID.
 func (k *KubeGang) SetPlan(ctx context.Context, pod *corev1.Pod, value string) error {
-	var v any = value
-	if value == "" {
-		v = nil
+	var v, seal any
+	if value != "" {
+		if k.Sealer == nil {
+			return fmt.Errorf("plan of pod %s/%s: no seal key", pod.Namespace, pod.Name)
+		}
+		v, seal = value, k.Sealer.Seal(pod.UID, api.AnnotationGangPlan, value)
 	}
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
 		"uid":         pod.UID,
-		"annotations": map[string]any{api.AnnotationGangPlan: v},
+		"annotations": map[string]any{api.AnnotationGangPlan: v, api.AnnotationGangPlanSeal: seal},
 	}})
 	if err != nil {
 		return fmt.Errorf("plan patch for pod %s/%s: %w", pod.Namespace, pod.Name, err)

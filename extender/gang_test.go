@@ -47,7 +47,7 @@ func newGangFixture(t *testing.T, nodes ...*corev1.Node) *gangFixture {
 		return true, nil, nil
 	})
 	f.planner = NewGangPlanner(GangPlannerConfig{
-		Cache: f.cache, Client: &KubeGang{Client: f.client}, Pods: f.list,
+		Cache: f.cache, Client: &KubeGang{Client: f.client, Sealer: testSealer(t)}, Pods: f.list,
 		Policy: testPolicy(t, PolicyBinpack), Events: f.events, Now: func() time.Time { return f.now },
 	})
 	return f
@@ -169,7 +169,7 @@ func TestGangWaitsWholeUntilItFits(t *testing.T) {
 	// A planner restarted with an empty memory keeps the plan (it lives on
 	// the pods) and plans nothing twice.
 	before := f.state("g-")
-	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: &KubeGang{Client: f.client}, Pods: f.list, Policy: testPolicy(t, PolicyBinpack), Now: func() time.Time { return f.now }})
+	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: &KubeGang{Client: f.client, Sealer: testSealer(t)}, Pods: f.list, Policy: testPolicy(t, PolicyBinpack), Now: func() time.Time { return f.now }})
 	f.sync()
 	for name, s := range f.state("g-") {
 		if s != before[name] {

@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/internal/podtrust"
 )
 
 // FieldManager is the field manager of the extender's API writes.
@@ -28,34 +29,49 @@ type KubePods struct {
 	// conditional on the UID, and a Binding for a pod already bound fails
 	// and is then checked against a fresh read (see Server.Bind).
 	Lister corev1listers.PodLister
+	// Trust sanitizes the pods read from the API server, and its Sealer
+	// seals the assignments written.
+	Trust *podtrust.Filter
 }
 
 var _ PodClient = (*KubePods)(nil)
 
-// GetPod reads a pod.
+// GetPod reads a pod: from the lister, whose informer's transform must be
+// Trust's, or else from the API server.
 func (k *KubePods) GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
 	if k.Lister != nil {
 		if p, err := k.Lister.Pods(namespace).Get(name); err == nil {
 			return p.DeepCopy(), nil
 		}
 	}
-	return k.Client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	return k.GetFreshPod(ctx, namespace, name)
 }
 
-// GetFreshPod reads a pod from the API server.
+// GetFreshPod reads a pod from the API server, through Trust.
 func (k *KubePods) GetFreshPod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
-	return k.Client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	p, err := k.Client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	k.Trust.Pod(p)
+	return p, nil
 }
 
-// PatchAssignment sets the assignment annotation with a merge patch that
-// is conditional on the pod's UID and resourceVersion: a pod that changed
-// since it was read (bound meanwhile, say) is a Conflict.
+// PatchAssignment sets the assignment annotation and its seal with a
+// merge patch that is conditional on the pod's UID and resourceVersion: a
+// pod that changed since it was read (bound meanwhile, say) is a Conflict.
 func (k *KubePods) PatchAssignment(ctx context.Context, pod *corev1.Pod, value string) error {
+	if k.Trust == nil || k.Trust.Sealer == nil {
+		return fmt.Errorf("assignment of pod %s/%s: no seal key", pod.Namespace, pod.Name)
+	}
 	patch, err := json.Marshal(map[string]any{
 		"metadata": map[string]any{
 			"uid":             pod.UID,
 			"resourceVersion": pod.ResourceVersion,
-			"annotations":     map[string]string{api.AnnotationAssignment: value},
+			"annotations": map[string]string{
+				api.AnnotationAssignment:     value,
+				api.AnnotationAssignmentSeal: k.Trust.Sealer.Seal(pod.UID, api.AnnotationAssignment, value),
+			},
 		},
 	})
 	if err != nil {

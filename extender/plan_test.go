@@ -3,6 +3,7 @@ package extender
 import (
 	"context"
 	"errors"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -25,9 +26,11 @@ func withPlan(t testing.TB, pod *corev1.Pod, node string, gpu int) *corev1.Pod {
 	if gpu >= 0 {
 		plan.GPU = &api.GPURef{UUID: gpuUUID(node, gpu), Index: gpu}
 	}
-	if err := api.SetGangPlan(p.Annotations, plan); err != nil {
+	ann, err := testSealer(t).GangPlanAnnotations(p.UID, plan)
+	if err != nil {
 		t.Fatal(err)
 	}
+	maps.Copy(p.Annotations, ann)
 	return p
 }
 
@@ -75,13 +78,28 @@ func TestFilterPassesOnlyPlannedNode(t *testing.T) {
 			t.Errorf("node %s: reason %q", n, msg)
 		}
 	}
-	// A malformed plan is an error, not a pass.
-	bad := pod.DeepCopy()
-	bad.Annotations[api.AnnotationGangPlan] = "{"
-	res = extenderv1.ExtenderFilterResult{}
-	f.post(t, PathFilter, &extenderv1.ExtenderArgs{Pod: bad, NodeNames: &names}, &res)
-	if res.Error == "" {
-		t.Error("malformed plan: no error")
+	// A plan Tessera did not seal (a tenant's, garbage or copied from
+	// another pod) is ignored: the pod is filtered as an ordinary pod.
+	for name, mutate := range map[string]func(*corev1.Pod){
+		"garbage":     func(p *corev1.Pod) { p.Annotations[api.AnnotationGangPlan] = "{" },
+		"no seal":     func(p *corev1.Pod) { delete(p.Annotations, api.AnnotationGangPlanSeal) },
+		"other pod's": func(p *corev1.Pod) { p.UID = "uid-other" },
+		"plan on a, b's seal": func(p *corev1.Pod) {
+			p.Annotations[api.AnnotationGangPlan] = strings.Replace(p.Annotations[api.AnnotationGangPlan], `"node":"b"`, `"node":"a"`, 1)
+		},
+	} {
+		bad := pod.DeepCopy()
+		mutate(bad)
+		res = extenderv1.ExtenderFilterResult{}
+		f.post(t, PathFilter, &extenderv1.ExtenderArgs{Pod: bad, NodeNames: &names}, &res)
+		if res.Error != "" || res.NodeNames == nil || strings.Join(*res.NodeNames, ",") != "a,c" {
+			t.Errorf("%s plan: filter passed %v (error %q), want a,c (b is full with the pod's own sealed plan in the ledger)", name, res.NodeNames, res.Error)
+		}
+		for n, msg := range res.FailedAndUnresolvableNodes {
+			if strings.Contains(msg, "planned") {
+				t.Errorf("%s plan: node %s refused for a plan: %q", name, n, msg)
+			}
+		}
 	}
 }
 

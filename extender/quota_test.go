@@ -114,7 +114,7 @@ func newQuotaFixture(t *testing.T, quotas QuotaSource, nodes ...*corev1.Node) *q
 			return f.client.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
 		}}
 	f.planner = NewGangPlanner(GangPlannerConfig{
-		Cache: f.cache, Client: &KubeGang{Client: f.client}, Pods: func() ([]*corev1.Pod, error) { return f.list("") },
+		Cache: f.cache, Client: &KubeGang{Client: f.client, Sealer: testSealer(t)}, Pods: func() ([]*corev1.Pod, error) { return f.list("") },
 		Policy: testPolicy(t, PolicyBinpack), Events: f.events, Now: func() time.Time { return f.now }, Quota: f.enf,
 	})
 	f.srv = NewServer(f.cache, testPolicy(t, PolicyBinpack), newFakePods(), f.events, metrics)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/internal/podtrust"
 )
 
 // Paths of the extender verbs (relative to the urlPrefix).
@@ -78,6 +79,9 @@ type Server struct {
 	// order makes whole-GPU binds wait for the slice binds in flight on
 	// their node.
 	order bindOrder
+	// trust removes from the scheduler's pods what a tenant wrote in
+	// Tessera's name (nil: every state annotation is removed).
+	trust *podtrust.Filter
 }
 
 // NewServer returns a Server. events and metrics may be nil.
@@ -89,6 +93,11 @@ func NewServer(state StateSource, policy allocator.Policy, pods PodClient, event
 // policy scores best, instead of every fitting node (k <= 0: all). Call
 // it before serving.
 func (s *Server) SetShortlist(k int) { s.shortlist = k }
+
+// SetTrust sets the filter of the pods in the scheduler's arguments: only
+// the decisions it keeps are Tessera's. Without it none is. Call it before
+// serving.
+func (s *Server) SetTrust(f *podtrust.Filter) { s.trust = f }
 
 // SetQuota makes filter and preempt enforce quota (nil: none). Call it
 // before serving.
@@ -312,6 +321,7 @@ func (s *Server) handleFilter(w http.ResponseWriter, r *http.Request) {
 		writeJSON(ctx, w, http.StatusBadRequest, &extenderv1.ExtenderFilterResult{Error: err.Error()})
 		return
 	}
+	s.trust.Pod(args.Pod)
 	res := s.FilterArgs(ctx, &args)
 	if res.Error != "" {
 		s.metrics.failed("filter")
@@ -366,6 +376,7 @@ func (s *Server) handlePrioritize(cpuOnly bool) http.HandlerFunc {
 			writeJSON(ctx, w, http.StatusBadRequest, &ErrorReply{Error: err.Error()})
 			return
 		}
+		s.trust.Pod(args.Pod)
 		out, err := s.PrioritizeArgs(ctx, &args, cpuOnly)
 		if err != nil {
 			s.metrics.failed(verb)
@@ -484,6 +495,8 @@ func (s *Server) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs,
 		slice = s.order.slice(args.Node)
 		defer slice.end()
 	}
+	// The pod came through the trust filter: an assignment here is one
+	// Tessera sealed for it.
 	prev, _, perr := api.GetAssignment(pod.Annotations)
 	if perr != nil {
 		// A malformed assignment is overwritten below; say so.
@@ -683,6 +696,14 @@ func (s *Server) handlePreempt(w http.ResponseWriter, r *http.Request) {
 		s.metrics.failed("preempt")
 		writeJSON(ctx, w, http.StatusBadRequest, &ErrorReply{Error: err.Error()})
 		return
+	}
+	s.trust.Pod(args.Pod)
+	for _, v := range args.NodeNameToVictims {
+		if v != nil {
+			for _, p := range v.Pods {
+				s.trust.Pod(p)
+			}
+		}
 	}
 	res, err := s.PreemptArgs(ctx, &args)
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/internal/podtrust"
 )
 
 // fakePods is an in-memory PodClient.
@@ -131,6 +132,7 @@ func newFixture(t *testing.T, nodes []*corev1.Node, bound []*corev1.Pod, pending
 	t.Helper()
 	f := &fixture{cache: newTestCache(t, nodes, bound), pods: newFakePods(pending...), events: &fakeEvents{}, reg: prometheus.NewRegistry()}
 	s := NewServer(f.cache, testPolicy(t, PolicyBinpack), f.pods, f.events, NewMetrics(f.reg))
+	s.SetTrust(&podtrust.Filter{Sealer: testSealer(t)})
 	mux := http.NewServeMux()
 	s.Register(mux)
 	f.srv = httptest.NewServer(mux)

@@ -26,9 +26,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -43,6 +43,8 @@ import (
 	"github.com/tessera-gpu/tessera/extender"
 	"github.com/tessera-gpu/tessera/extender/admission"
 	"github.com/tessera-gpu/tessera/internal/kubeclient"
+	"github.com/tessera-gpu/tessera/internal/podtrust"
+	"github.com/tessera-gpu/tessera/internal/sealkey"
 )
 
 // pathAdmissionGang is where the mutating webhook that gates gang members
@@ -62,24 +64,25 @@ func main() {
 }
 
 type options struct {
-	kubeconfig    string
-	listen        string
-	metricsListen string
-	tlsCert       string
-	tlsKey        string
-	policy        string
-	seed          int64
-	qps           float64
-	burst         int
-	shutdownGrace time.Duration
-	gangLevels    []api.TopologyLevel
-	gangResync    time.Duration
-	gangPlanner   bool
-	quota         bool
-	quotaRetry    time.Duration
-	quotaHold     time.Duration
-	quotaResync   time.Duration
-	shortlist     int
+	kubeconfig       string
+	listen           string
+	metricsListen    string
+	tlsCert          string
+	tlsKey           string
+	policy           string
+	seed             int64
+	qps              float64
+	burst            int
+	shutdownGrace    time.Duration
+	gangLevels       []api.TopologyLevel
+	gangResync       time.Duration
+	gangPlanner      bool
+	quota            bool
+	quotaRetry       time.Duration
+	quotaHold        time.Duration
+	quotaResync      time.Duration
+	shortlist        int
+	sealKeyNamespace string
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -110,6 +113,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.quotaRetry, "quota-crd-retry", 30*time.Second, "how often to look again for an ElasticQuota CRD that is not installed")
 	fs.DurationVar(&o.quotaHold, "quota-reclaim-hold", 2*time.Minute, "how long room reclaimed for a namespace is held for its waiting work (no other namespace may borrow it meanwhile)")
 	fs.DurationVar(&o.quotaResync, "quota-resync", 2*time.Second, "how often pods kube-scheduler found unschedulable are checked for a reclaim within their namespace's min")
+	fs.StringVar(&o.sealKeyNamespace, "seal-key-namespace", "kube-system", "namespace of the Secret "+api.SealKeySecretName+" holding the key that seals Tessera's decision annotations (created when missing); the extender's own namespace")
 	fs.IntVar(&o.shortlist, "filter-shortlist", 100, "filter passes at most this many fitting nodes, those the policy scores best, so that kube-scheduler scores and prioritizes only nodes that can win (the extender's weight outweighs every other score); 0: every fitting node")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
@@ -173,11 +177,19 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	defer broadcaster.Shutdown()
 	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: extender.FieldManager})
 
+	// Tessera's decisions on pods are taken only with a valid seal
+	// (docs/isolation.md, threat model). The key is read (made on first
+	// start) before the informers start; until then the filters trust
+	// nothing and the verbs answer 503.
+	trust := &podtrust.Filter{Events: recorder, Component: extender.FieldManager}
+	argsTrust := &podtrust.Filter{}
+	gangClient := &extender.KubeGang{Client: client}
+
 	cache := extender.NewCache()
 	factory := informers.NewSharedInformerFactory(client, 0)
 	nodeInf := factory.Core().V1().Nodes().Informer()
 	podInf := factory.Core().V1().Pods().Informer()
-	if err := podInf.SetTransform(stripManagedFields); err != nil {
+	if err := podInf.SetTransform(trust.Transform); err != nil {
 		return fmt.Errorf("pod informer: %w", err)
 	}
 	if err := extender.Watch(ctx, cache, nodeInf, podInf, recorder); err != nil {
@@ -192,7 +204,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}, func() float64 { return float64(cache.Reservations()) }))
 	metrics := extender.NewMetrics(reg)
 	podLister := factory.Core().V1().Pods().Lister()
-	srv := extender.NewServer(cache, policy, &extender.KubePods{Client: client, Lister: podLister}, recorder, metrics)
+	// The scheduler's arguments are filtered without Events: the
+	// informer's transform already reported each pod.
+	srv := extender.NewServer(cache, policy, &extender.KubePods{Client: client, Lister: podLister, Trust: trust}, recorder, metrics)
+	srv.SetTrust(argsTrust)
 	srv.SetShortlist(o.shortlist)
 
 	var dyn dynamic.Interface
@@ -201,6 +216,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			return fmt.Errorf("dynamic client: %w", err)
 		}
 	}
+	gangClient.Dynamic = dyn
 	var quotas *extender.QuotaWatcher
 	var enforcer *extender.QuotaEnforcer
 	trigger := make(chan struct{}, 1)
@@ -272,7 +288,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	var planner *extender.GangPlanner
 	if o.gangPlanner {
 		pcfg := extender.GangPlannerConfig{
-			Cache: cache, Client: &extender.KubeGang{Client: client, Dynamic: dyn},
+			Cache: cache, Client: gangClient,
 			Pods:   func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) },
 			Policy: policy, Levels: o.gangLevels, Events: recorder,
 		}
@@ -284,12 +300,27 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			return fmt.Errorf("pod informer: %w", err)
 		}
 	}
-	factory.Start(ctx.Done())
 	defer factory.Shutdown()
-	if quotas != nil {
-		go quotas.Run(ctx)
-	}
 	go func() {
+		var sealer *api.Sealer
+		err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+			var err error
+			if sealer, err = sealkey.GetOrCreate(ctx, sealkey.In(client, o.sealKeyNamespace)); err != nil {
+				logger.Info("Reading the seal key", "namespace", o.sealKeyNamespace, "err", err)
+				return false, nil
+			}
+			return true, nil
+		})
+		if err != nil {
+			return
+		}
+		// Set before anything that reads them starts (the informers'
+		// goroutines, the planner, and the verbs once ready).
+		trust.Sealer, argsTrust.Sealer, gangClient.Sealer = sealer, sealer, sealer
+		factory.Start(ctx.Done())
+		if quotas != nil {
+			go quotas.Run(ctx)
+		}
 		for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
 			if !ok {
 				logger.Info("Informer cache did not sync", "type", typ)
@@ -350,15 +381,4 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// stripManagedFields drops managed fields from informer objects: the
-// extender never reads them and they are a large part of a pod.
-func stripManagedFields(obj any) (any, error) {
-	if a, ok := obj.(interface {
-		SetManagedFields([]metav1.ManagedFieldsEntry)
-	}); ok {
-		a.SetManagedFields(nil)
-	}
-	return obj, nil
 }

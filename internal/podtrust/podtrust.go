@@ -1,0 +1,78 @@
+// Package podtrust removes from the pods a Tessera component reads every
+// state annotation that is not Tessera's own decision for that pod
+// (api.Sealer.Sanitize), and says so with a Warning Event. Components apply
+// it where pods enter them: informer transforms, API reads, the
+// scheduler's arguments.
+package podtrust
+
+import (
+	"errors"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// ReasonIgnored is the reason of the Warning Event for an ignored
+// annotation.
+const ReasonIgnored = "IgnoredAnnotation"
+
+// EventRecorder is the part of client-go's record.EventRecorder it uses.
+type EventRecorder interface {
+	Eventf(object runtime.Object, eventtype, reason, messageFmt string, args ...any)
+}
+
+// errNoKey is why every state annotation is ignored by a Filter that has
+// no seal key.
+var errNoKey = errors.New("this component has no seal key, so it trusts no decision annotation")
+
+// Filter sanitizes pods. The zero Filter, or one without a Sealer, trusts
+// nothing: it removes every state annotation (fail closed).
+type Filter struct {
+	Sealer *api.Sealer
+	// Events (optional) receives a Warning Event per ignored annotation.
+	Events EventRecorder
+	// Component names the reader in the Event.
+	Component string
+}
+
+// Pod sanitizes pod in place and returns what it removed.
+func (f *Filter) Pod(pod *corev1.Pod) []api.Ignored {
+	if pod == nil {
+		return nil
+	}
+	var ignored []api.Ignored
+	if f == nil || f.Sealer == nil {
+		for _, k := range api.StateAnnotations() {
+			if _, ok := pod.Annotations[k]; ok {
+				delete(pod.Annotations, k)
+				ignored = append(ignored, api.Ignored{Annotation: k, Err: errNoKey})
+			}
+		}
+	} else {
+		ignored = f.Sealer.Sanitize(pod)
+	}
+	if f != nil && f.Events != nil {
+		for _, ig := range ignored {
+			f.Events.Eventf(pod, corev1.EventTypeWarning, ReasonIgnored, "%s %s: only Tessera writes it, and it is not obeyed", f.Component, ig)
+		}
+	}
+	return ignored
+}
+
+// Transform is an informer transform (SetTransform): it drops managed
+// fields (no component reads them; they are a large part of a pod) and
+// sanitizes pods.
+func (f *Filter) Transform(obj any) (any, error) {
+	if a, ok := obj.(interface {
+		SetManagedFields([]metav1.ManagedFieldsEntry)
+	}); ok {
+		a.SetManagedFields(nil)
+	}
+	if p, ok := obj.(*corev1.Pod); ok {
+		f.Pod(p)
+	}
+	return obj, nil
+}
