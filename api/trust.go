@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // Ignored is a state annotation Sanitize removed from a pod, and why.
@@ -32,27 +33,42 @@ func (s *Sealer) Sanitize(pod *corev1.Pod) []Ignored {
 	if pod == nil || len(pod.Annotations) == 0 {
 		return nil
 	}
-	var out []Ignored
-	drop := func(name string, err error) {
-		delete(pod.Annotations, name)
-		delete(pod.Annotations, sealOf(name))
-		out = append(out, Ignored{Annotation: name, Err: err})
-	}
+	out := s.SanitizeAnnotations(pod.UID, pod.Annotations)
 	if a, found, err := s.Assignment(pod.UID, pod.Annotations); found {
 		if err == nil {
 			err = AssignmentFitsPod(a, pod)
 		}
 		if err != nil {
-			drop(AnnotationAssignment, err)
+			delete(pod.Annotations, AnnotationAssignment)
+			delete(pod.Annotations, AnnotationAssignmentSeal)
+			out = append(out, Ignored{Annotation: AnnotationAssignment, Err: err})
 		}
 	}
-	if _, found, err := s.GangPlan(pod.UID, pod.Annotations); found && err != nil {
+	return out
+}
+
+// SanitizeAnnotations is Sanitize for a reader that has a pod's UID and
+// annotations but not its spec (the NRI plugin's pod sandbox): it checks the
+// seals and that the values parse, not the fit to the pod's requests (the
+// NRI plugin checks the container's assignment against what the kubelet
+// allocated to it).
+func (s *Sealer) SanitizeAnnotations(uid types.UID, annotations map[string]string) []Ignored {
+	var out []Ignored
+	drop := func(name string, err error) {
+		delete(annotations, name)
+		delete(annotations, sealOf(name))
+		out = append(out, Ignored{Annotation: name, Err: err})
+	}
+	if _, found, err := s.Assignment(uid, annotations); found && err != nil {
+		drop(AnnotationAssignment, err)
+	}
+	if _, found, err := s.GangPlan(uid, annotations); found && err != nil {
 		drop(AnnotationGangPlan, err)
 	}
 	for _, name := range []string{AnnotationAssignment, AnnotationGangPlan} {
-		if _, value := pod.Annotations[name]; !value {
-			if _, seal := pod.Annotations[sealOf(name)]; seal {
-				delete(pod.Annotations, sealOf(name))
+		if _, value := annotations[name]; !value {
+			if _, seal := annotations[sealOf(name)]; seal {
+				delete(annotations, sealOf(name))
 				out = append(out, Ignored{Annotation: sealOf(name), Err: fmt.Errorf("a seal without %s", name)})
 			}
 		}

@@ -558,7 +558,7 @@ func mustMetric(t *testing.T, reg *prometheus.Registry, name string, labels map[
 
 func TestPublishesInventoryAndSharedIsolationCondition(t *testing.T) {
 	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
-	e := newEnv(t, nvmlmock.DGXA100(), nil, withPublisher(kube.New(cs, "n1", nil))).start(true)
+	e := newEnv(t, nvmlmock.DGXA100(), nil, withPublisher(kube.New(cs, "n1", nil, nil))).start(true)
 	all := e.totals()
 	e.kubelet.waitCounts("registration", all, all)
 	ctx := context.Background()

@@ -23,6 +23,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/deviceplugin/kubeletstate"
+	"github.com/tessera-gpu/tessera/internal/podtrust"
 )
 
 // podRecheck is how long a pod whose allocations have not changed is left
@@ -34,6 +35,9 @@ type Client struct {
 	cs   kubernetes.Interface
 	node string
 	now  func() time.Time
+	// trust keeps only the assignments Tessera sealed (its Sealer seals
+	// what the client writes).
+	trust *podtrust.Filter
 
 	mu        sync.Mutex
 	inventory string // last published value
@@ -49,12 +53,13 @@ type podRecord struct {
 	shared      map[string]string // container -> GPU UUID
 }
 
-// New returns a client for node; now is the clock (time.Now when nil).
-func New(cs kubernetes.Interface, node string, now func() time.Time) *Client {
+// New returns a client for node that reads and seals assignments with
+// trust; now is the clock (time.Now when nil).
+func New(cs kubernetes.Interface, node string, trust *podtrust.Filter, now func() time.Time) *Client {
 	if now == nil {
 		now = time.Now
 	}
-	return &Client{cs: cs, node: node, now: now, pods: map[podKey]podRecord{}}
+	return &Client{cs: cs, node: node, now: now, trust: trust, pods: map[podKey]podRecord{}}
 }
 
 // PublishInventory writes inv as the Node's inventory annotation, unless
@@ -208,6 +213,9 @@ func (c *Client) syncPod(ctx context.Context, k podKey, whole map[string][]api.G
 	if pod.Spec.NodeName != "" && pod.Spec.NodeName != c.node {
 		return nil, fmt.Errorf("pod %s/%s runs on node %s, not %s; not recording its GPUs", k.namespace, k.name, pod.Spec.NodeName, c.node)
 	}
+	// What is not Tessera's sealed decision for this pod is not kept: the
+	// whole GPUs are recorded over it.
+	c.trust.Quiet().Pod(pod)
 	a, found, err := api.GetAssignment(pod.Annotations)
 	if err != nil {
 		// Lose nothing: a malformed value stays for whoever wrote it to fix.
@@ -251,11 +259,17 @@ func (c *Client) syncPod(ctx context.Context, k podKey, whole map[string][]api.G
 	if found && pod.Annotations[api.AnnotationAssignment] == value {
 		return sharedGPUs, nil
 	}
+	if c.trust == nil || c.trust.Sealer == nil {
+		return nil, fmt.Errorf("pod %s/%s: no seal key to record its GPUs with", k.namespace, k.name)
+	}
 	// The resourceVersion makes the patch fail rather than overwrite a
 	// concurrent change (the extender's); the next sync retries.
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
 		"resourceVersion": pod.ResourceVersion,
-		"annotations":     map[string]string{api.AnnotationAssignment: value},
+		"annotations": map[string]string{
+			api.AnnotationAssignment:     value,
+			api.AnnotationAssignmentSeal: c.trust.Sealer.Seal(pod.UID, api.AnnotationAssignment, value),
+		},
 	}})
 	if err != nil {
 		return nil, err

@@ -7,13 +7,16 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/deviceplugin/kube"
 	"github.com/tessera-gpu/tessera/deviceplugin/kubeletstate"
+	"github.com/tessera-gpu/tessera/internal/podtrust"
 )
 
 const (
@@ -28,8 +31,43 @@ func node(name string) *corev1.Node {
 	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
 }
 
+// testTrust seals and checks assignments in tests.
+func testTrust(t testing.TB) *podtrust.Filter {
+	t.Helper()
+	s, err := api.NewSealer([]byte("tessera-node-kube-unit-test-seal-key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &podtrust.Filter{Sealer: s}
+}
+
+// pod returns a pod whose containers "main", "a", "b" and "c" ask for 2
+// whole GPUs ("main", "a", "c") or 4 memory units and 50 cores ("b").
 func pod(ns, name, nodeName string, annotations map[string]string) *corev1.Pod {
-	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: annotations, ResourceVersion: "1"}, Spec: corev1.PodSpec{NodeName: nodeName}}
+	ctr := func(name string, res corev1.ResourceList) corev1.Container {
+		return corev1.Container{Name: name, Resources: corev1.ResourceRequirements{Limits: res}}
+	}
+	whole := corev1.ResourceList{api.ResourceGPU: resource.MustParse("2")}
+	slice := corev1.ResourceList{api.ResourceGPUMemory: resource.MustParse("4"), api.ResourceGPUCore: resource.MustParse("50")}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("uid-" + name), Annotations: annotations, ResourceVersion: "1"},
+		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{
+			ctr("main", whole), ctr("a", whole), ctr("b", slice), ctr("c", whole),
+		}},
+	}
+}
+
+// sealed returns the annotations of Tessera's assignment cs on the pod
+// name (whose UID pod sets).
+func sealed(t *testing.T, name string, cs ...api.ContainerAssignment) map[string]string {
+	t.Helper()
+	a := api.NewAssignment()
+	a.Containers = cs
+	ann, err := testTrust(t).Sealer.AssignmentAnnotations(types.UID("uid-"+name), a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ann
 }
 
 func assignmentValue(t *testing.T, cs ...api.ContainerAssignment) string {
@@ -55,7 +93,7 @@ func patches(cs *fake.Clientset) int {
 
 func TestPublishInventory(t *testing.T) {
 	cs := fake.NewClientset(node("n1"))
-	c := kube.New(cs, "n1", nil)
+	c := kube.New(cs, "n1", testTrust(t), nil)
 	inv := &api.GPUInventory{
 		APIVersion: api.Version, Kind: api.KindGPUInventory, MemoryUnitMiB: 1024,
 		Resources: []string{string(api.ResourceGPU)},
@@ -89,7 +127,7 @@ func TestPublishInventory(t *testing.T) {
 	if n := patches(cs); n != 2 {
 		t.Errorf("%d patches after a change, want 2", n)
 	}
-	if err := kube.New(cs, "absent", nil).PublishInventory(ctx, inv); err == nil {
+	if err := kube.New(cs, "absent", testTrust(t), nil).PublishInventory(ctx, inv); err == nil {
 		t.Error("publishing on a missing node gave no error")
 	}
 }
@@ -97,7 +135,7 @@ func TestPublishInventory(t *testing.T) {
 func TestSetSharedIsolation(t *testing.T) {
 	cs := fake.NewClientset(node("n1"))
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	c := kube.New(cs, "n1", func() time.Time { return now })
+	c := kube.New(cs, "n1", testTrust(t), func() time.Time { return now })
 	ctx := context.Background()
 	if err := c.SetSharedIsolation(ctx, false, "NRI is required"); err != nil {
 		t.Fatal(err)
@@ -122,24 +160,29 @@ func TestSetSharedIsolation(t *testing.T) {
 }
 
 func TestSyncPods(t *testing.T) {
-	extender := assignmentValue(t,
-		api.ContainerAssignment{Name: "b", Shared: &api.SharedGPU{GPU: api.GPURef{UUID: gpu2, Index: 2}, MemoryMiB: 4096}},
-		// Stale: the kubelet says c holds no whole GPU.
-		api.ContainerAssignment{Name: "c", GPUs: []api.GPURef{{UUID: gpu0, Index: 0}}},
-	)
+	// mixed's assignment is stale: the kubelet says c holds no whole GPU.
+	// forged is a tenant's, copied is mixed's seal on another pod.
+	forged := assignmentValue(t, api.ContainerAssignment{Name: "b", Shared: &api.SharedGPU{GPU: api.GPURef{UUID: gpu1, Index: 1}, MemoryMiB: 4096}})
+	copied := sealed(t, "mixed", api.ContainerAssignment{Name: "b", Shared: &api.SharedGPU{GPU: api.GPURef{UUID: gpu2, Index: 2}, MemoryMiB: 4096}})
 	objects := []runtime.Object{
-		pod("ml", "mixed", "n1", map[string]string{api.AnnotationAssignment: extender}),
+		pod("ml", "mixed", "n1", sealed(t, "mixed",
+			api.ContainerAssignment{Name: "b", Shared: &api.SharedGPU{GPU: api.GPURef{UUID: gpu2, Index: 2}, MemoryMiB: 4096}},
+			api.ContainerAssignment{Name: "c", GPUs: []api.GPURef{{UUID: gpu0, Index: 0}}})),
 		pod("ml", "plain", "n1", nil),
 		pod("ml", "broken", "n1", map[string]string{api.AnnotationAssignment: "{not json"}),
+		pod("ml", "forged", "n1", map[string]string{api.AnnotationAssignment: forged}),
+		pod("ml", "copied", "n1", copied),
 		pod("ml", "elsewhere", "n2", nil),
 	}
 	cs := fake.NewClientset(objects...)
-	c := kube.New(cs, "n1", nil)
+	c := kube.New(cs, "n1", testTrust(t), nil)
 	allocs := []kubeletstate.ContainerDevices{
 		{Namespace: "ml", Name: "mixed", Container: "a", Resource: api.ResourceGPU, DeviceIDs: []string{gpu1, gpu0}},
 		{Namespace: "ml", Name: "mixed", Container: "b", Resource: api.ResourceGPUMemory, DeviceIDs: []string{gpu0 + "::mem::0"}},
 		{Namespace: "ml", Name: "plain", Container: "main", Resource: api.ResourceGPU, DeviceIDs: []string{gpu2}},
 		{Namespace: "ml", Name: "broken", Container: "main", Resource: api.ResourceGPU, DeviceIDs: []string{gpu1}},
+		{Namespace: "ml", Name: "forged", Container: "b", Resource: api.ResourceGPUMemory, DeviceIDs: []string{gpu0 + "::mem::1"}},
+		{Namespace: "ml", Name: "copied", Container: "b", Resource: api.ResourceGPUMemory, DeviceIDs: []string{gpu0 + "::mem::2"}},
 		{Namespace: "ml", Name: "gone", Container: "main", Resource: api.ResourceGPU, DeviceIDs: []string{gpu1}},
 		{Namespace: "ml", Name: "elsewhere", Container: "main", Resource: api.ResourceGPU, DeviceIDs: []string{gpu1}},
 		{PodUID: "uid-only", Container: "main", Resource: api.ResourceGPU, DeviceIDs: []string{gpu1}},
@@ -167,7 +210,12 @@ func TestSyncPods(t *testing.T) {
 			api.ContainerAssignment{Name: "b", Shared: &api.SharedGPU{GPU: api.GPURef{UUID: gpu2, Index: 2}, MemoryMiB: 4096}},
 		)},
 		{"plain", assignmentValue(t, api.ContainerAssignment{Name: "main", GPUs: []api.GPURef{{UUID: gpu2, Index: 2}}})},
-		{"broken", "{not json"},
+		// A hand-written value is not Tessera's: the kubelet's whole GPUs
+		// are recorded over it; a forged or copied slice is left alone and
+		// not reported as the container's (shared, above).
+		{"broken", assignmentValue(t, api.ContainerAssignment{Name: "main", GPUs: []api.GPURef{{UUID: gpu1, Index: 1}}})},
+		{"forged", forged},
+		{"copied", copied[api.AnnotationAssignment]},
 		{"elsewhere", ""},
 	} {
 		if got := annotation(tc.pod); got != tc.want {
@@ -176,7 +224,7 @@ func TestSyncPods(t *testing.T) {
 	}
 	// Nothing changed: no pod is read or written again.
 	before := len(cs.Actions())
-	allocs = allocs[:5]
+	allocs = allocs[:7]
 	if _, err := c.SyncPods(ctx, allocs, gpuIndex); err != nil {
 		t.Fatal(err)
 	}

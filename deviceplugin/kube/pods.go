@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/internal/podtrust"
 )
 
 // PodWatch follows the pods bound to one node through an informer (a field
@@ -30,11 +31,15 @@ import (
 type PodWatch struct {
 	cs   kubernetes.Interface
 	node string
+	// trust keeps only the assignments Tessera sealed for their pods: a
+	// tenant's hand-written one withholds nothing.
+	trust *podtrust.Filter
 }
 
-// NewPodWatch returns a watch of node's pods.
-func NewPodWatch(cs kubernetes.Interface, node string) *PodWatch {
-	return &PodWatch{cs: cs, node: node}
+// NewPodWatch returns a watch of node's pods that reads assignments through
+// trust (nil: none is trusted).
+func NewPodWatch(cs kubernetes.Interface, node string, trust *podtrust.Filter) *PodWatch {
+	return &PodWatch{cs: cs, node: node, trust: trust}
 }
 
 // Run calls changed after every change to the node's pods, from one
@@ -45,8 +50,9 @@ func (w *PodWatch) Run(ctx context.Context, changed func(assigned map[string]boo
 	logger := klog.FromContext(ctx).WithName("pods")
 	factory := informers.NewSharedInformerFactoryWithOptions(w.cs, 0, informers.WithTweakListOptions(w.onNode))
 	inf := factory.Core().V1().Pods().Informer()
-	if err := inf.SetTransform(stripManagedFields); err != nil {
-		logger.Error(err, "Keeping pods' managed fields in the cache")
+	if err := inf.SetTransform(w.trust.Transform); err != nil {
+		logger.Error(err, "Cannot filter the node's pods; not following them")
+		return
 	}
 	// The handler's calls are sequential, so this needs no lock.
 	assignments := map[string]podAssignment{} // by namespace/name
@@ -74,6 +80,12 @@ func (w *PodWatch) Run(ctx context.Context, changed func(assigned map[string]boo
 		}
 		gpus, err := sharedGPUs(pod)
 		now := podAssignment{gpus: gpus}
+		if err == nil && len(gpus) == 0 && len(before.gpus) > 0 {
+			// Tessera never takes a shared GPU back from a pod that runs;
+			// an assignment gone or no longer sealed (the pod's creator
+			// edited it) keeps the last good reading.
+			now = before
+		}
 		if err != nil {
 			// Lose nothing: the pod's last good reading stays.
 			if !before.malformed {
@@ -133,11 +145,13 @@ func (w *PodWatch) Assigned(ctx context.Context) (map[string]bool, error) {
 		return nil, fmt.Errorf("listing the pods of node %s: %w", w.node, err)
 	}
 	assigned := map[string]bool{}
+	quiet := w.trust.Quiet()
 	for i := range pods.Items {
 		p := &pods.Items[i]
 		if w.ended(p) {
 			continue
 		}
+		quiet.Pod(p)
 		if gpus, err := sharedGPUs(p); err == nil {
 			maps.Copy(assigned, gpus)
 		}
@@ -159,7 +173,8 @@ func (w *PodWatch) ended(pod *corev1.Pod) bool {
 }
 
 // sharedGPUs returns the UUIDs of the GPUs the shared parts of pod's
-// assignment name (none without an assignment).
+// assignment name (none without an assignment). pod has been through the
+// trust filter.
 func sharedGPUs(pod *corev1.Pod) (map[string]bool, error) {
 	a, found, err := api.GetAssignment(pod.Annotations)
 	if err != nil || !found {
@@ -172,12 +187,4 @@ func sharedGPUs(pod *corev1.Pod) (map[string]bool, error) {
 		}
 	}
 	return gpus, nil
-}
-
-// stripManagedFields drops what the watch never reads from cached pods.
-func stripManagedFields(obj any) (any, error) {
-	if acc, ok := obj.(metav1.ObjectMetaAccessor); ok {
-		acc.GetObjectMeta().SetManagedFields(nil)
-	}
-	return obj, nil
 }

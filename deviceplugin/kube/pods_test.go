@@ -22,16 +22,18 @@ type podsReport struct {
 
 func TestPodWatch(t *testing.T) {
 	slice := func(uuid string) api.ContainerAssignment {
-		return api.ContainerAssignment{Name: "main", Shared: &api.SharedGPU{GPU: api.GPURef{UUID: uuid}, MemoryMiB: 1024, Cores: 10}}
+		return api.ContainerAssignment{Name: "b", Shared: &api.SharedGPU{GPU: api.GPURef{UUID: uuid}, MemoryMiB: 1024, Cores: 10}}
 	}
-	ann := func(c api.ContainerAssignment) map[string]string {
-		return map[string]string{api.AnnotationAssignment: assignmentValue(t, c)}
-	}
+	const gpu4 = "GPU-44444444-0000-0000-0000-000000000000"
 	cs := fake.NewClientset(
-		pod("ns", "a", "n1", ann(slice(gpu0))),
-		pod("ns", "whole", "n1", ann(api.ContainerAssignment{Name: "main", GPUs: []api.GPURef{{UUID: gpu1, Index: 1}}})),
-		pod("ns", "elsewhere", "n2", ann(slice(gpu1))),
+		pod("ns", "a", "n1", sealed(t, "a", slice(gpu0))),
+		pod("ns", "whole", "n1", sealed(t, "whole", api.ContainerAssignment{Name: "main", GPUs: []api.GPURef{{UUID: gpu1, Index: 1}}})),
+		pod("ns", "elsewhere", "n2", sealed(t, "elsewhere", slice(gpu1))),
 		pod("ns", "bad", "n1", map[string]string{api.AnnotationAssignment: "{not json"}),
+		// A tenant's slice on every GPU, and a seal copied from pod a:
+		// neither withholds anything.
+		pod("ns", "forged", "n1", map[string]string{api.AnnotationAssignment: assignmentValue(t, slice(gpu4))}),
+		pod("ns", "copied", "n1", sealed(t, "a", slice(gpu4))),
 	)
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
@@ -39,7 +41,7 @@ func TestPodWatch(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		kube.NewPodWatch(cs, "n1").Run(ctx, func(assigned map[string]bool, released bool) {
+		kube.NewPodWatch(cs, "n1", testTrust(t)).Run(ctx, func(assigned map[string]bool, released bool) {
 			reports <- podsReport{assigned, released}
 		})
 	}()
@@ -73,7 +75,7 @@ func TestPodWatch(t *testing.T) {
 	}
 	wait("start: the slice on this node only", set(gpu0), false)
 
-	if _, err := cs.CoreV1().Pods("ns").Create(ctx, pod("ns", "b", "n1", ann(slice(gpu2))), metav1.CreateOptions{}); err != nil {
+	if _, err := cs.CoreV1().Pods("ns").Create(ctx, pod("ns", "b", "n1", sealed(t, "b", slice(gpu2))), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	wait("a second slice bound", set(gpu0, gpu2), false)
@@ -88,7 +90,8 @@ func TestPodWatch(t *testing.T) {
 	}
 	wait("the first slice failed", set(gpu2), true)
 
-	// A pod whose assignment turns malformed keeps its last good reading.
+	// A pod whose assignment turns malformed or unsealed (a tenant edited
+	// it) keeps its last good reading.
 	const gpu3 = "GPU-33333333-0000-0000-0000-000000000000"
 	b, err := cs.CoreV1().Pods("ns").Get(ctx, "b", metav1.GetOptions{})
 	if err != nil {
@@ -98,7 +101,7 @@ func TestPodWatch(t *testing.T) {
 	if _, err := cs.CoreV1().Pods("ns").Update(ctx, b, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cs.CoreV1().Pods("ns").Create(ctx, pod("ns", "d", "n1", ann(slice(gpu3))), metav1.CreateOptions{}); err != nil {
+	if _, err := cs.CoreV1().Pods("ns").Create(ctx, pod("ns", "d", "n1", sealed(t, "d", slice(gpu3))), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	wait("a slice on another GPU, the malformed one kept", set(gpu2, gpu3), false)
@@ -116,10 +119,10 @@ func TestPodWatch(t *testing.T) {
 
 	// The API read: every pod of the node that has not ended, without the
 	// watch.
-	if _, err := cs.CoreV1().Pods("ns").Create(ctx, pod("ns", "c", "n1", ann(slice(gpu2))), metav1.CreateOptions{}); err != nil {
+	if _, err := cs.CoreV1().Pods("ns").Create(ctx, pod("ns", "c", "n1", sealed(t, "c", slice(gpu2))), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	got, err := kube.NewPodWatch(cs, "n1").Assigned(ctx)
+	got, err := kube.NewPodWatch(cs, "n1", testTrust(t)).Assigned(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/api"
 )
@@ -45,12 +46,7 @@ func (f *Filter) Pod(pod *corev1.Pod) []api.Ignored {
 	}
 	var ignored []api.Ignored
 	if f == nil || f.Sealer == nil {
-		for _, k := range api.StateAnnotations() {
-			if _, ok := pod.Annotations[k]; ok {
-				delete(pod.Annotations, k)
-				ignored = append(ignored, api.Ignored{Annotation: k, Err: errNoKey})
-			}
-		}
+		ignored = f.Annotations(pod.UID, pod.Annotations)
 	} else {
 		ignored = f.Sealer.Sanitize(pod)
 	}
@@ -60,6 +56,32 @@ func (f *Filter) Pod(pod *corev1.Pod) []api.Ignored {
 		}
 	}
 	return ignored
+}
+
+// Annotations sanitizes the annotations of the pod uid in place, for a
+// reader without the pod's spec (api.Sealer.SanitizeAnnotations), and
+// returns what it removed. It records no Event (it has no pod object).
+func (f *Filter) Annotations(uid types.UID, annotations map[string]string) []api.Ignored {
+	if f == nil || f.Sealer == nil {
+		var ignored []api.Ignored
+		for _, k := range api.StateAnnotations() {
+			if _, ok := annotations[k]; ok {
+				delete(annotations, k)
+				ignored = append(ignored, api.Ignored{Annotation: k, Err: errNoKey})
+			}
+		}
+		return ignored
+	}
+	return f.Sealer.SanitizeAnnotations(uid, annotations)
+}
+
+// Quiet returns a Filter with the same key that records no Events: for
+// repeated reads of pods the informer's Filter already reported.
+func (f *Filter) Quiet() *Filter {
+	if f == nil {
+		return nil
+	}
+	return &Filter{Sealer: f.Sealer, Component: f.Component}
 }
 
 // Transform is an informer transform (SetTransform): it drops managed
