@@ -167,8 +167,8 @@ func (w *QuotaWatcher) watch(ctx context.Context, logger klog.Logger, retry time
 }
 
 // Quotas decodes the ElasticQuotas of the informer's store. A malformed
-// object is logged (once per error) and ignored; of several in one
-// namespace, the first by name applies.
+// object is logged (once per error) and admits nothing in its namespace
+// (QuotasOf); of several in one namespace, the first by name applies.
 func (w *QuotaWatcher) Quotas() map[string]quota.Quota {
 	sp := w.store.Load()
 	if sp == nil {
@@ -199,8 +199,9 @@ func (w *QuotaWatcher) Quotas() map[string]quota.Quota {
 
 // QuotasOf decodes ElasticQuota objects into quotas by namespace, over the
 // resources quota governs (api.QuotaResources). Malformed objects are
-// returned as errors by namespace/name and left out; of several in one
-// namespace the first by name applies, the others are errors.
+// returned as errors by namespace/name and, when first by name in their
+// namespace, govern it as an Invalid quota that admits nothing; of several
+// in one namespace the first by name applies, the others are errors.
 func QuotasOf(objs []*unstructured.Unstructured) (map[string]quota.Quota, map[string]error) {
 	sort.Slice(objs, func(i, j int) bool {
 		if objs[i].GetNamespace() != objs[j].GetNamespace() {
@@ -216,6 +217,13 @@ func QuotasOf(objs []*unstructured.Unstructured) (map[string]quota.Quota, map[st
 		eq, err := api.ElasticQuotaFromUnstructured(u)
 		if err != nil {
 			errs[key] = err
+			// Fail closed: the namespace is governed by a quota that
+			// admits nothing until the object is fixed (unless one
+			// before it by name applies).
+			if _, dup := applied[u.GetNamespace()]; !dup {
+				applied[u.GetNamespace()] = u.GetName()
+				out[u.GetNamespace()] = quota.Quota{Namespace: u.GetNamespace(), Min: quota.Resources{}, Max: quota.Resources{}, Invalid: err.Error()}
+			}
 			continue
 		}
 		if first, dup := applied[eq.Namespace]; dup {

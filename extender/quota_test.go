@@ -738,8 +738,21 @@ func TestQuotasOf(t *testing.T) {
 		elasticQuota("c", "inverted", map[string]any{"tessera.dev/gpu": "8"}, map[string]any{"tessera.dev/gpu": "4"}),
 	}
 	got, errs := QuotasOf(objs)
+	// A malformed quota governs its namespace and admits nothing: it must
+	// not leave the namespace unlimited.
+	invalid := func(ns string) quota.Quota {
+		return quota.Quota{Namespace: ns, Min: quota.Resources{}, Max: quota.Resources{}, Invalid: errs[ns+"/"+map[string]string{"b": "bad", "c": "inverted"}[ns]].Error()}
+	}
 	want := map[string]quota.Quota{"a": {Namespace: "a",
-		Min: quota.Resources{api.ResourceGPU: 8, api.ResourceNVIDIAGPU: 2}, Max: quota.Resources{api.ResourceGPUMemory: 80}}}
+		Min: quota.Resources{api.ResourceGPU: 8, api.ResourceNVIDIAGPU: 2}, Max: quota.Resources{api.ResourceGPUMemory: 80}},
+		"b": invalid("b"), "c": invalid("c")}
+	if errs["c/inverted"] == nil || !strings.Contains(errs["c/inverted"].Error(), "above spec.max") {
+		t.Fatalf("inverted: %v", errs["c/inverted"])
+	}
+	st := &quota.State{Quotas: got, Used: map[string]quota.Resources{}, Capacity: gpus(64)}
+	if d := st.Admit("c", gpus(1)); d.Allowed || !strings.Contains(d.Reason, "c's quota is invalid") || !strings.Contains(d.Reason, "above spec.max") {
+		t.Errorf("admission under an inverted quota: %+v", d)
+	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("quotas (-want +got):\n%s", diff)
 	}

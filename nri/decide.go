@@ -2,6 +2,8 @@ package nri
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -40,6 +42,9 @@ type Options struct {
 	// /proc/devices); negative when unknown, then the UVM nodes are
 	// neither added nor ruled.
 	UVMMajor int64
+	// NonGPU says what to do with containers that hold no Tessera
+	// resource; the zero value hides every GPU from them.
+	NonGPU NonGPU
 	// MPSPipeDir returns the host directory of the MPS pipes of a shared
 	// GPU's control daemon.
 	MPSPipeDir func(uuid string) string
@@ -74,13 +79,13 @@ func ledgerUsage(entries []Entry, except Key) usage {
 	return u
 }
 
-// Decide decides how the container of req is created on node: it returns
-// nil for a container that holds no Tessera resource (it is left alone), a
-// Decision for one that does, or a *DecisionError when the container must
-// not be created (fail closed).
+// Decide decides how the container of req is created on node: a Decision
+// (ActionIsolate for a container that holds Tessera resources, ActionVoid or
+// ActionLeave for one that holds none, see decideNonGPU), or a
+// *DecisionError when the container must not be created (fail closed).
 func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 	if req.Devices.Empty() {
-		return nil, nil
+		return decideNonGPU(opts, req), nil
 	}
 	pod, ctr := req.Pod, req.Container
 	fail := func(gpu, format string, args ...any) error {
@@ -199,6 +204,7 @@ func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 	}
 
 	d := &Decision{
+		Action: ActionIsolate,
 		Entry: Entry{
 			PodUID: pod.UID, Namespace: pod.Namespace, Pod: pod.Name,
 			Container: ctr.Name, ContainerID: ctr.ID, Shared: shared,
@@ -557,4 +563,161 @@ func numaCPUSet(node *Node, gpus []GPU, current string) (cpus, mems string) {
 	}
 	sort.Ints(nodes)
 	return set.String(), cpuset.New(nodes...).String()
+}
+
+// NonGPU says what Decide does with a container the kubelet allocated no
+// Tessera resource to (api.NRIConfig.NonGPUContainers).
+type NonGPU struct {
+	// Leave leaves such containers as the runtime creates them; false
+	// (the zero value) hides every GPU from them.
+	Leave bool
+	// ExemptNamespaces are namespaces whose containers are left alone even
+	// when Leave is false (node-wide GPU monitoring).
+	ExemptNamespaces []string
+}
+
+// NonGPUFromConfig derives NonGPU from the node agent's configuration.
+func NonGPUFromConfig(cfg *api.NodeAgentConfig) NonGPU {
+	return NonGPU{
+		Leave:            cfg.NRI.NonGPUContainers == api.NonGPUContainersLeave,
+		ExemptNamespaces: append([]string(nil), cfg.NRI.NonGPUExemptNamespaces...),
+	}
+}
+
+// VisibleDevicesVoid is the NVIDIA_VISIBLE_DEVICES value under which the
+// NVIDIA container runtime gives a container no GPU, no device node and no
+// driver library (unlike "none", which still mounts the driver).
+const VisibleDevicesVoid = "void"
+
+// nvidiaRequestEnv are the environment variables other than
+// NVIDIA_VISIBLE_DEVICES by which a container asks the NVIDIA container
+// runtime (toolkit) for NVIDIA devices: MIG configuration and monitoring
+// devices, IMEX channels, and the swarm-resource variable its configuration
+// documents (DOCKER_RESOURCE_GPU, which takes precedence over
+// NVIDIA_VISIBLE_DEVICES where configured). A container without a Tessera
+// GPU that sets one gets it emptied, which the toolkit reads as no device:
+// NRI's adaptation (v0.12) drops the removal of a variable the container
+// already has, but applies an override.
+var nvidiaRequestEnv = []string{
+	"DOCKER_RESOURCE_GPU",
+	"NVIDIA_IMEX_CHANNELS",
+	"NVIDIA_MIG_CONFIG_DEVICES",
+	"NVIDIA_MIG_MONITOR_DEVICES",
+}
+
+// CDIAnnotationPrefix is the prefix of the container annotations by which
+// the kubelet (device plugins' Allocate) and the NVIDIA container runtime's
+// CDI mode request CDI devices: a comma-separated list of fully qualified
+// device names.
+const CDIAnnotationPrefix = "cdi.k8s.io/"
+
+// decideNonGPU decides on a container that holds no Tessera resource. Unless
+// the operator leaves such containers alone (opts.NonGPU), the container gets
+// no GPU whatever its spec asks for, so that a pod without a GPU request and
+// NVIDIA_VISIBLE_DEVICES=all (or an image whose CUDA_VERSION makes an unset
+// variable mean all) does not get every GPU of the node from the NVIDIA
+// container runtime:
+//
+//   - NVIDIA_VISIBLE_DEVICES=void, and the other variables that request
+//     NVIDIA devices (nvidiaRequestEnv) emptied;
+//   - every device node of the NVIDIA driver (/dev/nvidia*, major 195, the
+//     UVM major when known) removed, including those CDI injected (NRI's
+//     adaptation v0.12 drops such removals of nodes the container already
+//     has: the device cgroup rules are what denies them);
+//   - the device cgroup denies major 195, the UVM major when known, and each
+//     other removed node;
+//   - mounts under VolumeMountsDir (the runtime's device list as volume
+//     mounts, GPUs and IMEX channels) removed;
+//   - devices of kind opts.CDIKind removed from cdi.k8s.io/ annotations (the
+//     runtime's CDI mode prefers them to the environment).
+//
+// CDI devices requested through the CRI cannot be withdrawn by NRI; the
+// device nodes they injected are removed and denied. A sidecar without GPU
+// requests in a GPU pod is such a container too.
+func decideNonGPU(opts Options, req Request) *Decision {
+	pod, ctr := req.Pod, req.Container
+	if opts.NonGPU.Leave || slices.Contains(opts.NonGPU.ExemptNamespaces, pod.Namespace) {
+		return &Decision{Action: ActionLeave}
+	}
+	d := &Decision{Action: ActionVoid}
+	a := &d.Adjustment
+
+	if v, ok := ctr.Env[api.EnvNVIDIAVisibleDevices]; ok && v != VisibleDevicesVoid {
+		d.Voided = append(d.Voided, api.EnvNVIDIAVisibleDevices+"="+v)
+	}
+	a.Env = append(a.Env, EnvVar{api.EnvNVIDIAVisibleDevices, VisibleDevicesVoid})
+	for _, name := range nvidiaRequestEnv {
+		if v, ok := ctr.Env[name]; ok {
+			a.Env = append(a.Env, EnvVar{name, ""})
+			if v != "" {
+				d.Voided = append(d.Voided, name+"="+v)
+			}
+		}
+	}
+
+	nodes := slices.Clone(ctr.DeviceNodes)
+	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Path < nodes[j].Path })
+	a.CgroupRules = append(a.CgroupRules, CgroupRule{Allow: false, Type: "c", Major: i64(NVIDIAMajor), Access: "rwm"})
+	if opts.UVMMajor >= 0 {
+		a.CgroupRules = append(a.CgroupRules, CgroupRule{Allow: false, Type: "c", Major: i64(opts.UVMMajor), Access: "rwm"})
+	}
+	denied := map[DeviceNode]bool{}
+	for _, dn := range nodes {
+		driverMajor := dn.Type == "c" && (dn.Major == NVIDIAMajor || (opts.UVMMajor >= 0 && dn.Major == opts.UVMMajor))
+		if !driverMajor && !strings.HasPrefix(dn.Path, "/dev/nvidia") {
+			continue
+		}
+		a.RemoveDeviceNodes = append(a.RemoveDeviceNodes, dn.Path)
+		d.Voided = append(d.Voided, fmt.Sprintf("device %s (%s %d:%d)", dn.Path, dn.Type, dn.Major, dn.Minor))
+		// Nodes of the driver's other majors (nvidia-caps, nvswitch,
+		// IMEX channels: assigned at load time) are denied one by one.
+		if k := (DeviceNode{Type: dn.Type, Major: dn.Major, Minor: dn.Minor}); !driverMajor && !denied[k] {
+			denied[k] = true
+			a.CgroupRules = append(a.CgroupRules, CgroupRule{Allow: false, Type: dn.Type, Major: i64(dn.Major), Minor: i64(dn.Minor), Access: "rwm"})
+		}
+	}
+
+	for _, dst := range slices.Sorted(slices.Values(ctr.MountDestinations)) {
+		if dst == VolumeMountsDir || strings.HasPrefix(dst, VolumeMountsDir+"/") {
+			a.RemoveMounts = append(a.RemoveMounts, dst)
+			d.Voided = append(d.Voided, "mount "+dst)
+		}
+	}
+
+	kind := opts.CDIKind
+	if kind == "" {
+		kind = api.DefaultCDIKind
+	}
+	isOurs := func(name string) bool { return strings.HasPrefix(strings.TrimSpace(name), kind+"=") }
+	for _, key := range slices.Sorted(maps.Keys(ctr.Annotations)) {
+		if !strings.HasPrefix(key, CDIAnnotationPrefix) {
+			continue
+		}
+		var kept []string
+		removed := false
+		for _, name := range strings.Split(ctr.Annotations[key], ",") {
+			if isOurs(name) {
+				removed = true
+				continue
+			}
+			if strings.TrimSpace(name) != "" {
+				kept = append(kept, name)
+			}
+		}
+		if !removed {
+			continue
+		}
+		d.Voided = append(d.Voided, "annotation "+key+"="+ctr.Annotations[key])
+		if len(kept) == 0 {
+			a.RemoveAnnotations = append(a.RemoveAnnotations, key)
+		} else {
+			a.SetAnnotations = append(a.SetAnnotations, Annotation{Key: key, Value: strings.Join(kept, ",")})
+		}
+	}
+	for _, name := range ctr.CDIDevices {
+		if isOurs(name) {
+			d.Voided = append(d.Voided, "CDI device "+name+" (its device nodes are removed)")
+		}
+	}
+	return d
 }

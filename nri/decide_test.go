@@ -131,9 +131,12 @@ func TestDecide(t *testing.T) {
 		wantErr string // substring of the error; "" for success
 	}{
 		{
-			name: "container without Tessera resources is left alone",
+			name: "container without Tessera resources gets no GPU",
 			req:  Request{Pod: pod(nil), Container: Container{ID: "id", Name: "c"}},
-			want: nil,
+			want: &Decision{Action: ActionVoid, Adjustment: Adjustment{
+				CgroupRules: voidRules(),
+				Env:         []EnvVar{{api.EnvNVIDIAVisibleDevices, "void"}},
+			}},
 		},
 		{
 			name: "whole GPUs as device nodes, other GPU's node removed, NUMA cpuset",
@@ -146,6 +149,7 @@ func TestDecide(t *testing.T) {
 				Devices: Devices{Whole: []string{uuid3, uuid2}},
 			},
 			want: &Decision{
+				Action: ActionIsolate,
 				Entry: Entry{PodUID: "uid-p", Namespace: "ns", Pod: "p", Container: "c", ContainerID: "id",
 					GPUs: []api.GPURef{{UUID: uuid2, Index: 2}, {UUID: uuid3, Index: 3}}},
 				Adjustment: Adjustment{
@@ -173,6 +177,7 @@ func TestDecide(t *testing.T) {
 				Devices: Devices{Whole: []string{uuid0, uuid2}},
 			},
 			want: &Decision{
+				Action: ActionIsolate,
 				Entry: Entry{PodUID: "uid-p", Namespace: "ns", Pod: "p", Container: "c", ContainerID: "id",
 					GPUs: []api.GPURef{{UUID: uuid0, Index: 0}, {UUID: uuid2, Index: 2}}},
 				Adjustment: Adjustment{
@@ -196,6 +201,7 @@ func TestDecide(t *testing.T) {
 				Devices:   Devices{MemoryUnits: 3, CoreUnits: 30},
 			},
 			want: &Decision{
+				Action: ActionIsolate,
 				Entry: Entry{PodUID: "uid-p", Namespace: "ns", Pod: "p", Container: "c", ContainerID: "id",
 					Shared: &api.SharedGPU{GPU: api.GPURef{UUID: uuid1, Index: 1}, MemoryMiB: 3000, Cores: 30}},
 				Adjustment: Adjustment{
@@ -215,6 +221,7 @@ func TestDecide(t *testing.T) {
 				Devices:   Devices{MemoryUnits: 2},
 			},
 			want: &Decision{
+				Action: ActionIsolate,
 				Entry: Entry{PodUID: "uid-p", Namespace: "ns", Pod: "p", Container: "c", ContainerID: "id",
 					Shared: &api.SharedGPU{GPU: api.GPURef{UUID: uuid1, Index: 1}, MemoryMiB: 2048}},
 				Adjustment: Adjustment{
@@ -237,6 +244,7 @@ func TestDecide(t *testing.T) {
 				Devices:   Devices{MemoryUnits: 1, CoreUnits: 10},
 			},
 			want: &Decision{
+				Action: ActionIsolate,
 				Entry: Entry{PodUID: "uid-p", Namespace: "ns", Pod: "p", Container: "c", ContainerID: "id",
 					Shared: &api.SharedGPU{GPU: api.GPURef{UUID: uuid2, Index: 2}, MemoryMiB: 1024, Cores: 10}},
 				Adjustment: Adjustment{
@@ -261,6 +269,7 @@ func TestDecide(t *testing.T) {
 				Devices:   Devices{MemoryUnits: 4, CoreUnits: 20},
 			},
 			want: &Decision{
+				Action: ActionIsolate,
 				Entry: Entry{PodUID: "uid-p", Namespace: "ns", Pod: "p", Container: "c", ContainerID: "id",
 					Shared: &api.SharedGPU{GPU: api.GPURef{UUID: uuid3, Index: 3}, MemoryMiB: 4096, Cores: 20}},
 				PlacedLocally: true,
@@ -280,7 +289,8 @@ func TestDecide(t *testing.T) {
 			},
 			req: Request{Pod: pod(nil), Container: Container{ID: "new", Name: "c", ExclusiveCPUs: true}, Devices: Devices{Whole: []string{uuid1}}},
 			want: &Decision{
-				Entry: Entry{PodUID: "uid-p", Namespace: "ns", Pod: "p", Container: "c", ContainerID: "new", GPUs: []api.GPURef{{UUID: uuid1, Index: 1}}},
+				Action: ActionIsolate,
+				Entry:  Entry{PodUID: "uid-p", Namespace: "ns", Pod: "p", Container: "c", ContainerID: "new", GPUs: []api.GPURef{{UUID: uuid1, Index: 1}}},
 				Adjustment: Adjustment{
 					AddDeviceNodes: gpuNodes(11),
 					CgroupRules:    gpuRules(11),
@@ -298,7 +308,8 @@ func TestDecide(t *testing.T) {
 			},
 			req: Request{Pod: pod(nil), Container: Container{ID: "app", Name: "c", ExclusiveCPUs: true}, Devices: Devices{Whole: []string{uuid1}}},
 			want: &Decision{
-				Entry: Entry{PodUID: "uid-p", Namespace: "ns", Pod: "p", Container: "c", ContainerID: "app", GPUs: []api.GPURef{{UUID: uuid1, Index: 1}}},
+				Action: ActionIsolate,
+				Entry:  Entry{PodUID: "uid-p", Namespace: "ns", Pod: "p", Container: "c", ContainerID: "app", GPUs: []api.GPURef{{UUID: uuid1, Index: 1}}},
 				Adjustment: Adjustment{
 					AddDeviceNodes: gpuNodes(11),
 					CgroupRules:    gpuRules(11),
@@ -463,6 +474,201 @@ func TestDecide(t *testing.T) {
 				t.Errorf("Decide (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// voidRules are the device cgroup rules every container without a Tessera
+// GPU gets (UVM major 510), then deny rules for each extra node.
+func voidRules(extra ...CgroupRule) []CgroupRule {
+	return append([]CgroupRule{
+		{Allow: false, Type: "c", Major: i64(195), Access: "rwm"},
+		{Allow: false, Type: "c", Major: i64(510), Access: "rwm"},
+	}, extra...)
+}
+
+func voidEnv() []EnvVar { return []EnvVar{{api.EnvNVIDIAVisibleDevices, "void"}} }
+
+func TestDecideNonGPU(t *testing.T) {
+	gpuPod := pod(annotate(t, api.ContainerAssignment{Name: "train", GPUs: []api.GPURef{{UUID: uuid1, Index: 1}}}))
+	for _, tc := range []struct {
+		name string
+		opts func(*Options)
+		pod  Pod
+		ctr  Container
+		want *Decision
+	}{
+		{
+			name: "env all",
+			ctr:  Container{Name: "c", Env: map[string]string{api.EnvNVIDIAVisibleDevices: "all"}},
+			want: &Decision{Action: ActionVoid, Adjustment: Adjustment{CgroupRules: voidRules(), Env: voidEnv()},
+				Voided: []string{"NVIDIA_VISIBLE_DEVICES=all"}},
+		},
+		{
+			name: "env none (driver without GPUs)",
+			ctr:  Container{Name: "c", Env: map[string]string{api.EnvNVIDIAVisibleDevices: "none"}},
+			want: &Decision{Action: ActionVoid, Adjustment: Adjustment{CgroupRules: voidRules(), Env: voidEnv()},
+				Voided: []string{"NVIDIA_VISIBLE_DEVICES=none"}},
+		},
+		{
+			name: "env unset: a legacy CUDA image would mean all",
+			ctr:  Container{Name: "c", Env: map[string]string{"CUDA_VERSION": "8.0"}},
+			want: &Decision{Action: ActionVoid, Adjustment: Adjustment{CgroupRules: voidRules(), Env: voidEnv()}},
+		},
+		{
+			name: "env already void",
+			ctr:  Container{Name: "c", Env: map[string]string{api.EnvNVIDIAVisibleDevices: "void"}},
+			want: &Decision{Action: ActionVoid, Adjustment: Adjustment{CgroupRules: voidRules(), Env: voidEnv()}},
+		},
+		{
+			name: "env UUID list",
+			ctr:  Container{Name: "c", Env: map[string]string{api.EnvNVIDIAVisibleDevices: uuid0 + "," + uuid3}},
+			want: &Decision{Action: ActionVoid, Adjustment: Adjustment{CgroupRules: voidRules(), Env: voidEnv()},
+				Voided: []string{"NVIDIA_VISIBLE_DEVICES=" + uuid0 + "," + uuid3}},
+		},
+		{
+			name: "other NVIDIA request variables are unset, CUDA's are kept",
+			ctr: Container{Name: "c", Env: map[string]string{
+				"NVIDIA_MIG_CONFIG_DEVICES": "all", "NVIDIA_MIG_MONITOR_DEVICES": "all", "NVIDIA_IMEX_CHANNELS": "0",
+				"DOCKER_RESOURCE_GPU": uuid1, "CUDA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "all",
+			}},
+			want: &Decision{Action: ActionVoid,
+				Adjustment: Adjustment{CgroupRules: voidRules(), Env: append(voidEnv(),
+					EnvVar{"DOCKER_RESOURCE_GPU", ""}, EnvVar{"NVIDIA_IMEX_CHANNELS", ""}, EnvVar{"NVIDIA_MIG_CONFIG_DEVICES", ""}, EnvVar{"NVIDIA_MIG_MONITOR_DEVICES", ""})},
+				Voided: []string{"DOCKER_RESOURCE_GPU=" + uuid1, "NVIDIA_IMEX_CHANNELS=0", "NVIDIA_MIG_CONFIG_DEVICES=all", "NVIDIA_MIG_MONITOR_DEVICES=all"}},
+		},
+		{
+			name: "device nodes of the driver are removed and denied, others kept",
+			ctr: Container{Name: "c", DeviceNodes: []DeviceNode{
+				{Path: "/dev/nvidia12", Type: "c", Major: 195, Minor: 12},
+				{Path: "/dev/null", Type: "c", Major: 1, Minor: 3},
+				{Path: "/dev/nvidia-uvm", Type: "c", Major: 510, Minor: 0},
+				{Path: "/dev/nvidiactl", Type: "c", Major: 195, Minor: 255},
+				{Path: "/dev/nvidia-caps/nvidia-cap1", Type: "c", Major: 237, Minor: 1},
+				{Path: "/dev/gpu0", Type: "c", Major: 195, Minor: 10}, // renamed by the spec
+				{Path: "/dev/fuse", Type: "c", Major: 10, Minor: 229},
+			}},
+			want: &Decision{Action: ActionVoid,
+				Adjustment: Adjustment{
+					RemoveDeviceNodes: []string{"/dev/gpu0", "/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-uvm", "/dev/nvidia12", "/dev/nvidiactl"},
+					CgroupRules:       voidRules(CgroupRule{Allow: false, Type: "c", Major: i64(237), Minor: i64(1), Access: "rwm"}),
+					Env:               voidEnv(),
+				},
+				Voided: []string{"device /dev/gpu0 (c 195:10)", "device /dev/nvidia-caps/nvidia-cap1 (c 237:1)", "device /dev/nvidia-uvm (c 510:0)", "device /dev/nvidia12 (c 195:12)", "device /dev/nvidiactl (c 195:255)"}},
+		},
+		{
+			name: "UVM major unknown: its nodes are removed by path and denied one by one",
+			opts: func(o *Options) { o.UVMMajor = -1 },
+			ctr: Container{Name: "c", DeviceNodes: []DeviceNode{
+				{Path: "/dev/nvidia-uvm-tools", Type: "c", Major: 511, Minor: 1},
+				{Path: "/dev/nvidia-uvm", Type: "c", Major: 511, Minor: 0},
+			}},
+			want: &Decision{Action: ActionVoid,
+				Adjustment: Adjustment{
+					RemoveDeviceNodes: []string{"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"},
+					CgroupRules: []CgroupRule{
+						{Allow: false, Type: "c", Major: i64(195), Access: "rwm"},
+						{Allow: false, Type: "c", Major: i64(511), Minor: i64(0), Access: "rwm"},
+						{Allow: false, Type: "c", Major: i64(511), Minor: i64(1), Access: "rwm"},
+					},
+					Env: voidEnv(),
+				},
+				Voided: []string{"device /dev/nvidia-uvm (c 511:0)", "device /dev/nvidia-uvm-tools (c 511:1)"}},
+		},
+		{
+			name: "device list volume mounts (GPUs, IMEX channels) are removed",
+			ctr:  Container{Name: "c", MountDestinations: []string{"/data", VolumeMountsDir + "/" + uuid1, VolumeMountsDir + "/imex/0", "/var/run/nvidia-container-devices-not"}},
+			want: &Decision{Action: ActionVoid,
+				Adjustment: Adjustment{CgroupRules: voidRules(), Env: voidEnv(),
+					RemoveMounts: []string{VolumeMountsDir + "/" + uuid1, VolumeMountsDir + "/imex/0"}},
+				Voided: []string{"mount " + VolumeMountsDir + "/" + uuid1, "mount " + VolumeMountsDir + "/imex/0"}},
+		},
+		{
+			name: "GPUs of cdi.k8s.io annotations are withdrawn, other devices kept",
+			ctr: Container{Name: "c", Annotations: map[string]string{
+				"cdi.k8s.io/gpu":     "nvidia.com/gpu=all",
+				"cdi.k8s.io/mixed":   "vendor.com/nic=0, nvidia.com/gpu=" + uuid1,
+				"cdi.k8s.io/nic":     "vendor.com/nic=1",
+				"example.com/devs":   "nvidia.com/gpu=0",
+				"io.kubernetes.hash": "1",
+			}},
+			want: &Decision{Action: ActionVoid,
+				Adjustment: Adjustment{CgroupRules: voidRules(), Env: voidEnv(),
+					RemoveAnnotations: []string{"cdi.k8s.io/gpu"},
+					SetAnnotations:    []Annotation{{Key: "cdi.k8s.io/mixed", Value: "vendor.com/nic=0"}}},
+				Voided: []string{"annotation cdi.k8s.io/gpu=nvidia.com/gpu=all", "annotation cdi.k8s.io/mixed=vendor.com/nic=0, nvidia.com/gpu=" + uuid1}},
+		},
+		{
+			name: "the configured CDI kind is the one withdrawn",
+			opts: func(o *Options) { o.CDIKind = "example.com/gpu" },
+			ctr:  Container{Name: "c", Annotations: map[string]string{"cdi.k8s.io/a": "nvidia.com/gpu=0", "cdi.k8s.io/b": "example.com/gpu=0"}},
+			want: &Decision{Action: ActionVoid,
+				Adjustment: Adjustment{CgroupRules: voidRules(), Env: voidEnv(), RemoveAnnotations: []string{"cdi.k8s.io/b"}},
+				Voided:     []string{"annotation cdi.k8s.io/b=example.com/gpu=0"}},
+		},
+		{
+			name: "CDI devices requested through the CRI: their device nodes go",
+			ctr: Container{Name: "c", CDIDevices: []string{"nvidia.com/gpu=" + uuid1, "vendor.com/nic=0"},
+				DeviceNodes: []DeviceNode{{Path: "/dev/nvidia11", Type: "c", Major: 195, Minor: 11}}},
+			want: &Decision{Action: ActionVoid,
+				Adjustment: Adjustment{CgroupRules: voidRules(), Env: voidEnv(), RemoveDeviceNodes: []string{"/dev/nvidia11"}},
+				Voided:     []string{"device /dev/nvidia11 (c 195:11)", "CDI device nvidia.com/gpu=" + uuid1 + " (its device nodes are removed)"}},
+		},
+		{
+			name: "a GPU pod's sidecar without GPU requests gets no GPU",
+			pod:  gpuPod,
+			ctr:  Container{Name: "sidecar", Env: map[string]string{api.EnvNVIDIAVisibleDevices: uuid1}},
+			want: &Decision{Action: ActionVoid, Adjustment: Adjustment{CgroupRules: voidRules(), Env: voidEnv()},
+				Voided: []string{"NVIDIA_VISIBLE_DEVICES=" + uuid1}},
+		},
+		{
+			name: "configured to leave: left alone whatever the spec says",
+			opts: func(o *Options) { o.NonGPU.Leave = true },
+			ctr: Container{Name: "c", Env: map[string]string{api.EnvNVIDIAVisibleDevices: "all"},
+				DeviceNodes: []DeviceNode{{Path: "/dev/nvidia0", Type: "c", Major: 195, Minor: 10}}},
+			want: &Decision{Action: ActionLeave},
+		},
+		{
+			name: "exempt namespace: left alone",
+			opts: func(o *Options) { o.NonGPU.ExemptNamespaces = []string{"monitoring", "ns"} },
+			ctr:  Container{Name: "c", Env: map[string]string{api.EnvNVIDIAVisibleDevices: "all"}},
+			want: &Decision{Action: ActionLeave},
+		},
+		{
+			name: "another namespace is exempt: void",
+			opts: func(o *Options) { o.NonGPU.ExemptNamespaces = []string{"monitoring"} },
+			ctr:  Container{Name: "c", Env: map[string]string{api.EnvNVIDIAVisibleDevices: "all"}},
+			want: &Decision{Action: ActionVoid, Adjustment: Adjustment{CgroupRules: voidRules(), Env: voidEnv()},
+				Voided: []string{"NVIDIA_VISIBLE_DEVICES=all"}},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := testOptions(t)
+			if tc.opts != nil {
+				tc.opts(&opts)
+			}
+			p := tc.pod
+			if p.UID == "" {
+				p = pod(nil)
+			}
+			got, err := Decide(opts, testNode(), Request{Pod: p, Container: tc.ctr})
+			if err != nil {
+				t.Fatalf("Decide: %v", err)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("Decide (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestNonGPUFromConfig(t *testing.T) {
+	c := api.NewNodeAgentConfig()
+	if got := NonGPUFromConfig(c); got.Leave || len(got.ExemptNamespaces) != 0 {
+		t.Errorf("default config: %+v, want void without exemptions", got)
+	}
+	c.NRI = api.NRIConfig{NonGPUContainers: api.NonGPUContainersLeave, NonGPUExemptNamespaces: []string{"monitoring"}}
+	if diff := cmp.Diff(NonGPU{Leave: true, ExemptNamespaces: []string{"monitoring"}}, NonGPUFromConfig(c)); diff != "" {
+		t.Errorf("NonGPUFromConfig (-want +got):\n%s", diff)
 	}
 }
 

@@ -377,15 +377,12 @@ func (p *Plugin) CreateContainer(ctx context.Context, sandbox *nriapi.PodSandbox
 			p.cfg.Metrics.observeDecision(ResultRefused)
 			return nil, nil, err
 		}
-		logger.V(2).Info("Cannot read the kubelet's allocations; the container shows no sign of GPUs and is left alone", "err", err)
-		return nil, nil, nil
+		logger.V(2).Info("Cannot read the kubelet's allocations; the container shows no sign of Tessera GPUs and is taken to hold none", "err", err)
+		devs = Devices{}
 	}
 	req.Devices = devs
 	if devs.Empty() {
-		if why := gpuSigns(p.cfg.Decide, req); why != "" {
-			logger.Info("The kubelet allocated no Tessera resource to the container, yet "+why+"; leaving it alone", "container", ctr.GetName())
-		}
-		return nil, nil, nil
+		return p.createNonGPU(logger, req)
 	}
 	if p.cfg.CPUs != nil {
 		excl, err := p.cfg.CPUs.HasExclusiveCPUs(pod.UID, ctr.GetName())
@@ -448,6 +445,37 @@ func (p *Plugin) CreateContainer(ctx context.Context, sandbox *nriapi.PodSandbox
 func (p *Plugin) UpdateContainer(_ context.Context, sandbox *nriapi.PodSandbox, ctr *nriapi.Container, res *nriapi.LinuxResources) ([]*nriapi.ContainerUpdate, error) {
 	pod := podOf(sandbox)
 	cpus := res.GetCpu().GetCpus()
+// createNonGPU applies Decide's decision on a container the kubelet
+// allocated no Tessera resource to: every GPU hidden (ActionVoid), or left
+// alone (ActionLeave). It takes no lock: such a decision reads no ledger.
+func (p *Plugin) createNonGPU(logger klog.Logger, req Request) (*nriapi.ContainerAdjustment, []*nriapi.ContainerUpdate, error) {
+	d, err := Decide(p.cfg.Decide, &Node{GPUs: p.cfg.GPUs, NUMANodes: p.cfg.NUMANodes}, req)
+	if err != nil {
+		logger.Error(err, "Container creation refused")
+		p.cfg.Metrics.observeDecision(ResultRefused)
+		return nil, nil, err
+	}
+	why := gpuSigns(p.cfg.Decide, req)
+	switch d.Action {
+	case ActionVoid:
+		if why != "" || len(d.Voided) > 0 {
+			logger.Info("The kubelet allocated no Tessera resource to the container: it gets no GPU", "signs", why, "overridden", d.Voided)
+		} else {
+			logger.V(4).Info("The kubelet allocated no Tessera resource to the container: it gets no GPU")
+		}
+		return toNRI(d.Adjustment), nil, nil
+	case ActionLeave:
+		if why != "" {
+			logger.Info("The kubelet allocated no Tessera resource to the container, yet " + why + "; leaving it alone as configured (nri.nonGPUContainers, nri.nonGPUExemptNamespaces)")
+		}
+		return nil, nil, nil
+	}
+	err = &DecisionError{Pod: req.Pod.String(), Container: req.Container.Name, Reason: fmt.Sprintf("decision %s on a container without Tessera resources", d.Action)}
+	logger.Error(err, "Container creation refused")
+	p.cfg.Metrics.observeDecision(ResultRefused)
+	return nil, nil, err
+}
+
 	if cpus == "" || api.NUMAAlignmentDisabled(pod.Annotations) {
 		return nil, nil
 	}
@@ -596,6 +624,7 @@ func toNRI(a Adjustment) *nriapi.ContainerAdjustment {
 	}
 	for _, path := range a.RemoveDeviceNodes {
 		adj.RemoveDevice(path)
+	out.Annotations = c.GetAnnotations()
 	}
 	for _, d := range a.AddDeviceNodes {
 		adj.AddDevice(&nriapi.LinuxDevice{Path: d.Path, Type: d.Type, Major: d.Major, Minor: d.Minor, FileMode: nriapi.FileMode(0o666)})
@@ -632,3 +661,12 @@ func toNRI(a Adjustment) *nriapi.ContainerAdjustment {
 	}
 	return adj
 }
+	for _, dst := range a.RemoveMounts {
+		adj.RemoveMount(dst)
+	}
+	for _, key := range a.RemoveAnnotations {
+		adj.RemoveAnnotation(key)
+	}
+	for _, an := range a.SetAnnotations {
+		adj.AddAnnotation(an.Key, an.Value)
+	}

@@ -28,8 +28,15 @@ import (
 // --- fakes of the plugin's collaborators ---
 
 type fakeAllocations struct {
-	mu sync.Mutex
-	m  map[string]Devices // podUID/container
+	mu  sync.Mutex
+	m   map[string]Devices // podUID/container
+	err error              // returned by every read when set
+}
+
+func (f *fakeAllocations) fail(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.err = err
 }
 
 func (f *fakeAllocations) set(podUID, container string, d Devices) {
@@ -44,6 +51,9 @@ func (f *fakeAllocations) ContainerDevices(_ context.Context, pod Pod, container
 	return f.m[pod.UID+"/"+container], nil
 }
 
+	if f.err != nil {
+		return Devices{}, f.err
+	}
 type fakeMPS struct {
 	mu    sync.Mutex
 	last  []string
@@ -224,6 +234,7 @@ type observed struct {
 }
 
 func observe(a *adaptation.ContainerAdjustment) observed {
+	Annotations []string
 	var o observed
 	if a == nil {
 		return o
@@ -256,6 +267,10 @@ func observe(a *adaptation.ContainerAdjustment) observed {
 	return o
 }
 
+	for k, v := range a.GetAnnotations() {
+		o.Annotations = append(o.Annotations, k+"="+v)
+	}
+	sort.Strings(o.Annotations)
 // machine is the DGX A100 mock: 8 GPUs, 4 per NUMA node.
 func machine(t *testing.T) ([]GPU, []topology.NUMANode) {
 	t.Helper()
@@ -292,7 +307,9 @@ type harness struct {
 	cancel   context.CancelFunc
 }
 
-func newHarness(t *testing.T) *harness {
+// newHarness starts a plugin on the DGX A100 mock; configure adjusts its
+// configuration before New.
+func newHarness(t *testing.T, configure ...func(*Config)) *harness {
 	t.Helper()
 	// Unix socket paths are limited to 108 bytes: keep the directory short.
 	dir, err := os.MkdirTemp("", "nri")
@@ -318,7 +335,7 @@ func newHarness(t *testing.T) *harness {
 		recorder: &fakeRecorder{},
 		done:     make(chan error, 1),
 	}
-	h.plugin, err = New(Config{
+	cfg := Config{
 		SocketPath: filepath.Join(dir, "nri.sock"),
 		StateDir:   filepath.Join(dir, "state"),
 		Decide: Options{
@@ -336,7 +353,11 @@ func newHarness(t *testing.T) *harness {
 		Metrics:          metrics,
 		RetryInterval:    20 * time.Millisecond,
 		MaxRetryInterval: 200 * time.Millisecond,
-	})
+	}
+	for _, f := range configure {
+		f(&cfg)
+	}
+	h.plugin, err = New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -451,7 +472,10 @@ func TestPluginOverNRI(t *testing.T) {
 		c    *adaptation.Container
 		want observed
 	}{
-		{"container without GPUs", plainPod, plainCtr, observed{}},
+		{"container without GPUs", plainPod, plainCtr, observed{
+			Env:         []string{"NVIDIA_VISIBLE_DEVICES=void"},
+			CgroupRules: []string{"deny c 195:* rwm", "deny c 508:* rwm"},
+		}},
 		{"whole pod", wholePod, wholeCtr, observed{
 			Env:         []string{"NVIDIA_VISIBLE_DEVICES=" + g[0].UUID + "," + g[1].UUID, "TESSERA_GPU_UUIDS=" + g[0].UUID + "," + g[1].UUID, "TESSERA_GPU_INDICES=0,1", "TESSERA_GPU_SHARED=false"},
 			Devices:     wantNodes(0, 1),
@@ -709,5 +733,117 @@ func TestPluginConfigRequired(t *testing.T) {
 		if _, err := New(tc.cfg); err == nil {
 			t.Errorf("%s: New succeeded", tc.name)
 		}
+	}
+}
+
+// Containers the kubelet allocated no Tessera resource to get no GPU over
+// NRI, whatever their spec asks for, unless the operator leaves them alone.
+func TestPluginNonGPUContainers(t *testing.T) {
+	voided := func(extra ...string) observed {
+		return observed{Env: []string{"NVIDIA_VISIBLE_DEVICES=void"}, CgroupRules: append([]string{"deny c 195:* rwm", "deny c 508:* rwm"}, extra...)}
+	}
+	// greedy asks for every GPU in every way the NVIDIA container runtime
+	// honours.
+	greedy := func(sb *adaptation.PodSandbox, name string) *adaptation.Container {
+		c := container(sb, name, "NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_IMEX_CHANNELS=0", "PATH=/bin")
+		c.Linux = &adaptation.LinuxContainer{Devices: []*adaptation.LinuxDevice{
+			{Path: "/dev/nvidia0", Type: "c", Major: 195, Minor: 0},
+			{Path: "/dev/nvidiactl", Type: "c", Major: 195, Minor: 255},
+			{Path: "/dev/null", Type: "c", Major: 1, Minor: 3},
+		}}
+		c.Mounts = []*adaptation.Mount{{Source: "/dev/null", Destination: VolumeMountsDir + "/all", Type: "bind"}}
+		c.Annotations = map[string]string{"cdi.k8s.io/greedy": "nvidia.com/gpu=all"}
+		return c
+	}
+	// NRI's adaptation (v0.12) drops removals of the container's own
+	// device nodes (the cgroup rules deny them); it applies mount and
+	// annotation removals.
+	greedyVoided := voided()
+	greedyVoided.Env = []string{"NVIDIA_VISIBLE_DEVICES=void", "NVIDIA_IMEX_CHANNELS="}
+	greedyVoided.Mounts = []string{" -> -" + VolumeMountsDir + "/all ( )"}
+	greedyVoided.Annotations = []string{"-cdi.k8s.io/greedy="}
+
+	t.Run("void (default)", func(t *testing.T) {
+		h := newHarness(t)
+		g := h.gpus
+		rt := startRuntime(t, h.dir, nil, nil)
+		t.Cleanup(rt.Stop)
+		rt.waitPlugin(t)
+		h.observer.want(t, true)
+
+		plain := sandbox("plain", nil)
+		gpuPod := sandbox("gpu", annotate(t, api.ContainerAssignment{Name: "train", GPUs: []api.GPURef{{UUID: g[2].UUID, Index: 2}}}))
+		h.allocs.set(gpuPod.Uid, "train", Devices{Whole: []string{g[2].UUID}})
+		for _, tc := range []struct {
+			name string
+			sb   *adaptation.PodSandbox
+			c    *adaptation.Container
+			want observed
+		}{
+			{"env unset", plain, container(plain, "a"), voided()},
+			{"env none", plain, container(plain, "b", "NVIDIA_VISIBLE_DEVICES=none"), voided()},
+			{"env UUID list", plain, container(plain, "c", "NVIDIA_VISIBLE_DEVICES="+g[0].UUID), voided()},
+			{"env all, device nodes, device list mount, CDI annotation", plain, greedy(plain, "d"), greedyVoided},
+			{"the GPU pod's GPU container", gpuPod, container(gpuPod, "train"), observed{
+				Env:         []string{"NVIDIA_VISIBLE_DEVICES=" + g[2].UUID, "TESSERA_GPU_UUIDS=" + g[2].UUID, "TESSERA_GPU_INDICES=2", "TESSERA_GPU_SHARED=false"},
+				Devices:     wantNodes(2),
+				CgroupRules: wantRules(2),
+				CPUs:        "0-63,128-191", Mems: "0",
+			}},
+			{"the GPU pod's sidecar without GPU requests", gpuPod, greedy(gpuPod, "sidecar"), greedyVoided},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				got, err := create(t, rt, tc.sb, tc.c)
+				if err != nil {
+					t.Fatalf("CreateContainer: %v", err)
+				}
+				if diff := cmp.Diff(tc.want, got); diff != "" {
+					t.Errorf("adjustment (-want +got):\n%s", diff)
+				}
+			})
+		}
+		if diff := cmp.Diff([]string{"ns/gpu train"}, ledgerNames(h.plugin.Ledger().Snapshot())); diff != "" {
+			t.Errorf("ledger (-want +got):\n%s", diff)
+		}
+
+		t.Run("kubelet unreadable", func(t *testing.T) {
+			h.allocs.fail(fmt.Errorf("kubelet down"))
+			defer h.allocs.fail(nil)
+			got, err := create(t, rt, plain, container(plain, "e", "NVIDIA_VISIBLE_DEVICES=all"))
+			if err != nil {
+				t.Fatalf("CreateContainer of a container without signs of GPUs: %v", err)
+			}
+			if diff := cmp.Diff(voided(), got); diff != "" {
+				t.Errorf("adjustment (-want +got):\n%s", diff)
+			}
+			_, err = create(t, rt, plain, container(plain, "f", "NVIDIA_VISIBLE_DEVICES="+g[0].UUID))
+			if want := "cannot read what the kubelet allocated to it (kubelet down) and NVIDIA_VISIBLE_DEVICES lists GPUs"; err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("CreateContainer of a container listing GPUs: %v, want an error containing %q", err, want)
+			}
+		})
+	})
+
+	for _, tc := range []struct {
+		name   string
+		nonGPU NonGPU
+	}{
+		{"leave", NonGPU{Leave: true}},
+		{"exempt namespace", NonGPU{ExemptNamespaces: []string{"ns"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(c *Config) { c.Decide.NonGPU = tc.nonGPU })
+			rt := startRuntime(t, h.dir, nil, nil)
+			t.Cleanup(rt.Stop)
+			rt.waitPlugin(t)
+			h.observer.want(t, true)
+			sb := sandbox("plain", nil)
+			got, err := create(t, rt, sb, greedy(sb, "c"))
+			if err != nil {
+				t.Fatalf("CreateContainer: %v", err)
+			}
+			if diff := cmp.Diff(observed{}, got); diff != "" {
+				t.Errorf("adjustment of a container left alone (-want +got):\n%s", diff)
+			}
+		})
 	}
 }

@@ -84,6 +84,9 @@ type Container struct {
 	DeviceNodes []DeviceNode
 	// MountDestinations are the container paths of its mounts.
 	MountDestinations []string
+	// Annotations are the container's annotations (OCI spec annotations,
+	// which the NVIDIA container runtime reads cdi.k8s.io/ requests from).
+	Annotations map[string]string
 	// CPUs is the cpuset the kubelet gave the container ("" when none).
 	CPUs string
 	// ExclusiveCPUs is true when the kubelet's CPU manager pinned the
@@ -157,6 +160,9 @@ type CgroupRule struct {
 // EnvVar is one environment variable.
 type EnvVar struct{ Name, Value string }
 
+// Annotation is one container annotation.
+type Annotation struct{ Key, Value string }
+
 // Adjustment is how a container is to be changed, as plain data.
 type Adjustment struct {
 	// CDIDevices are CDI device names to add.
@@ -170,14 +176,52 @@ type Adjustment struct {
 	CgroupRules []CgroupRule
 	Env         []EnvVar
 	Mounts      []Mount
+	// RemoveMounts are container paths of mounts to take out.
+	RemoveMounts []string
+	// SetAnnotations are annotations to set (replacing the container's);
+	// RemoveAnnotations are keys of annotations to take out.
+	SetAnnotations    []Annotation
+	RemoveAnnotations []string
 	// CPUSetCPUs and CPUSetMems are set when not empty.
 	CPUSetCPUs string
 	CPUSetMems string
 }
 
-// Decision is the outcome of Decide for a container with Tessera resources.
+// Action is what a Decision tells the plugin to do with a container.
+type Action int
+
+const (
+	// ActionLeave leaves the container as the runtime creates it: it holds
+	// no Tessera resource and the operator leaves such containers alone
+	// (nri.nonGPUContainers: leave, or an exempt namespace).
+	ActionLeave Action = iota
+	// ActionIsolate gives a container that holds Tessera resources exactly
+	// its GPUs: the plugin records Entry in the ledger and applies
+	// Adjustment.
+	ActionIsolate
+	// ActionVoid hides every GPU from a container that holds no Tessera
+	// resource: the plugin applies Adjustment and records nothing.
+	ActionVoid
+)
+
+func (a Action) String() string {
+	switch a {
+	case ActionLeave:
+		return "leave"
+	case ActionIsolate:
+		return "isolate"
+	case ActionVoid:
+		return "void"
+	}
+	return fmt.Sprintf("Action(%d)", int(a))
+}
+
+// Decision is the outcome of Decide.
 type Decision struct {
-	// Entry is the container's use to record in the ledger.
+	// Action is what to do with the container.
+	Action Action
+	// Entry is the container's use to record in the ledger (ActionIsolate
+	// only).
 	Entry Entry
 	// Adjustment is what the runtime is to change.
 	Adjustment Adjustment
@@ -185,6 +229,10 @@ type Decision struct {
 	// for the container's shared units and Decide placed them itself; the
 	// assignment must then be recorded on the pod.
 	PlacedLocally bool
+	// Voided lists what of the container's spec asked for GPUs that
+	// ActionVoid takes away (an environment variable, a device node, a
+	// mount, a CDI request), for the log.
+	Voided []string
 }
 
 // DecisionError is why a container must not be created.

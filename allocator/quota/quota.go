@@ -76,6 +76,11 @@ type Quota struct {
 	// Max caps use, borrowing included. A resource missing from Max is
 	// not capped.
 	Max Resources
+	// Invalid says why the namespace's quota object is malformed (min
+	// above max, a negative or fractional quantity): nothing new of the
+	// namespace is admitted until it is fixed. A broken quota must not
+	// make a namespace unlimited.
+	Invalid string
 }
 
 // State is what admission and reclaim look at.
@@ -116,6 +121,9 @@ func (s *State) Admit(ns string, req Resources) Decision {
 	q, ok := s.Quotas[ns]
 	if !ok {
 		return Decision{Allowed: true, Reason: "namespace has no quota"}
+	}
+	if q.Invalid != "" {
+		return Decision{Reason: fmt.Sprintf("%s's quota is invalid, so nothing new is admitted until it is fixed: %s", ns, q.Invalid)}
 	}
 	after := s.Used[ns].Add(req)
 	if name, over := after.exceeds(q.Max); over {
