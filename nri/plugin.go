@@ -612,6 +612,7 @@ func containerOf(c *nriapi.Container) Container {
 	for _, m := range c.GetMounts() {
 		out.MountDestinations = append(out.MountDestinations, m.GetDestination())
 	}
+	out.Annotations = c.GetAnnotations()
 	out.CPUs = c.GetLinux().GetResources().GetCpu().GetCpus()
 	return out
 }
@@ -624,7 +625,6 @@ func toNRI(a Adjustment) *nriapi.ContainerAdjustment {
 	}
 	for _, path := range a.RemoveDeviceNodes {
 		adj.RemoveDevice(path)
-	out.Annotations = c.GetAnnotations()
 	}
 	for _, d := range a.AddDeviceNodes {
 		adj.AddDevice(&nriapi.LinuxDevice{Path: d.Path, Type: d.Type, Major: d.Major, Minor: d.Minor, FileMode: nriapi.FileMode(0o666)})
@@ -650,8 +650,17 @@ func toNRI(a Adjustment) *nriapi.ContainerAdjustment {
 	for _, e := range a.Env {
 		adj.AddEnv(e.Name, e.Value)
 	}
+	for _, dst := range a.RemoveMounts {
+		adj.RemoveMount(dst)
+	}
 	for _, m := range a.Mounts {
 		adj.AddMount(&nriapi.Mount{Source: m.Source, Destination: m.Destination, Type: "bind", Options: m.Options})
+	}
+	for _, key := range a.RemoveAnnotations {
+		adj.RemoveAnnotation(key)
+	}
+	for _, an := range a.SetAnnotations {
+		adj.AddAnnotation(an.Key, an.Value)
 	}
 	if a.CPUSetCPUs != "" {
 		adj.SetLinuxCPUSetCPUs(a.CPUSetCPUs)
@@ -661,12 +670,3 @@ func toNRI(a Adjustment) *nriapi.ContainerAdjustment {
 	}
 	return adj
 }
-	for _, dst := range a.RemoveMounts {
-		adj.RemoveMount(dst)
-	}
-	for _, key := range a.RemoveAnnotations {
-		adj.RemoveAnnotation(key)
-	}
-	for _, an := range a.SetAnnotations {
-		adj.AddAnnotation(an.Key, an.Value)
-	}

@@ -48,12 +48,12 @@ func (f *fakeAllocations) set(podUID, container string, d Devices) {
 func (f *fakeAllocations) ContainerDevices(_ context.Context, pod Pod, container string) (Devices, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.m[pod.UID+"/"+container], nil
-}
-
 	if f.err != nil {
 		return Devices{}, f.err
 	}
+	return f.m[pod.UID+"/"+container], nil
+}
+
 type fakeMPS struct {
 	mu    sync.Mutex
 	last  []string
@@ -231,10 +231,10 @@ type observed struct {
 	Devices     []string
 	CgroupRules []string
 	CPUs, Mems  string
+	Annotations []string
 }
 
 func observe(a *adaptation.ContainerAdjustment) observed {
-	Annotations []string
 	var o observed
 	if a == nil {
 		return o
@@ -264,13 +264,13 @@ func observe(a *adaptation.ContainerAdjustment) observed {
 	}
 	o.CPUs = a.GetLinux().GetResources().GetCpu().GetCpus()
 	o.Mems = a.GetLinux().GetResources().GetCpu().GetMems()
-	return o
-}
-
 	for k, v := range a.GetAnnotations() {
 		o.Annotations = append(o.Annotations, k+"="+v)
 	}
 	sort.Strings(o.Annotations)
+	return o
+}
+
 // machine is the DGX A100 mock: 8 GPUs, 4 per NUMA node.
 func machine(t *testing.T) ([]GPU, []topology.NUMANode) {
 	t.Helper()
