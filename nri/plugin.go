@@ -439,12 +439,6 @@ func (p *Plugin) CreateContainer(ctx context.Context, sandbox *nriapi.PodSandbox
 	return toNRI(d.Adjustment), nil, nil
 }
 
-// UpdateContainer implements stub.UpdateContainerInterface: a cpuset the
-// kubelet's CPU manager reconciles for an aligned container is narrowed to
-// its GPUs' NUMA node(s) again.
-func (p *Plugin) UpdateContainer(_ context.Context, sandbox *nriapi.PodSandbox, ctr *nriapi.Container, res *nriapi.LinuxResources) ([]*nriapi.ContainerUpdate, error) {
-	pod := podOf(sandbox)
-	cpus := res.GetCpu().GetCpus()
 // createNonGPU applies Decide's decision on a container the kubelet
 // allocated no Tessera resource to: every GPU hidden (ActionVoid), or left
 // alone (ActionLeave). It takes no lock: such a decision reads no ledger.
@@ -476,6 +470,12 @@ func (p *Plugin) createNonGPU(logger klog.Logger, req Request) (*nriapi.Containe
 	return nil, nil, err
 }
 
+// UpdateContainer implements stub.UpdateContainerInterface: a cpuset the
+// kubelet's CPU manager reconciles for an aligned container is narrowed to
+// its GPUs' NUMA node(s) again.
+func (p *Plugin) UpdateContainer(_ context.Context, sandbox *nriapi.PodSandbox, ctr *nriapi.Container, res *nriapi.LinuxResources) ([]*nriapi.ContainerUpdate, error) {
+	pod := podOf(sandbox)
+	cpus := res.GetCpu().GetCpus()
 	if cpus == "" || api.NUMAAlignmentDisabled(pod.Annotations) {
 		return nil, nil
 	}
