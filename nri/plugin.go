@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 	"sync"
@@ -12,9 +13,11 @@ import (
 
 	nriapi "github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/internal/podtrust"
 	"github.com/tessera-gpu/tessera/topology"
 )
 
@@ -90,6 +93,9 @@ type Config struct {
 	// Recorder records locally placed assignments; optional (without it a
 	// pod that bypassed the extender is refused).
 	Recorder AssignmentRecorder
+	// Trust removes from a pod sandbox's annotations every decision that
+	// Tessera did not seal for that pod; nil trusts none (fail closed).
+	Trust *podtrust.Filter
 	// Health reports unhealthy GPUs; optional (all healthy).
 	Health Health
 	// CPUs tells exclusive CPUs; optional (then no container counts as
@@ -326,7 +332,7 @@ func (p *Plugin) accountUnknown(ctx context.Context, sandboxes map[string]*nriap
 		if known {
 			continue
 		}
-		pod := podOf(sb)
+		pod := p.podOf(sb)
 		logger := p.logger.WithValues("pod", klog.KRef(pod.Namespace, pod.Name), "container", c.GetName())
 		devs, err := p.cfg.Allocations.ContainerDevices(ctx, pod, c.GetName())
 		if err != nil {
@@ -366,7 +372,7 @@ func (p *Plugin) Shutdown(context.Context) { p.setConnected(false) }
 
 // CreateContainer implements stub.CreateContainerInterface.
 func (p *Plugin) CreateContainer(ctx context.Context, sandbox *nriapi.PodSandbox, ctr *nriapi.Container) (*nriapi.ContainerAdjustment, []*nriapi.ContainerUpdate, error) {
-	pod := podOf(sandbox)
+	pod := p.podOf(sandbox)
 	logger := p.logger.WithValues("pod", klog.KRef(pod.Namespace, pod.Name), "container", ctr.GetName())
 	req := Request{Pod: pod, Container: containerOf(ctr)}
 	devs, err := p.cfg.Allocations.ContainerDevices(ctx, pod, ctr.GetName())
@@ -474,7 +480,7 @@ func (p *Plugin) createNonGPU(logger klog.Logger, req Request) (*nriapi.Containe
 // kubelet's CPU manager reconciles for an aligned container is narrowed to
 // its GPUs' NUMA node(s) again.
 func (p *Plugin) UpdateContainer(_ context.Context, sandbox *nriapi.PodSandbox, ctr *nriapi.Container, res *nriapi.LinuxResources) ([]*nriapi.ContainerUpdate, error) {
-	pod := podOf(sandbox)
+	pod := p.podOf(sandbox)
 	cpus := res.GetCpu().GetCpus()
 	if cpus == "" || api.NUMAAlignmentDisabled(pod.Annotations) {
 		return nil, nil
@@ -593,8 +599,14 @@ func gpuSigns(opts Options, req Request) string {
 	return ""
 }
 
-func podOf(s *nriapi.PodSandbox) Pod {
-	return Pod{Namespace: s.GetNamespace(), Name: s.GetName(), UID: s.GetUid(), Annotations: s.GetAnnotations()}
+// podOf is the pod of a sandbox, with only the decision annotations
+// Tessera sealed for it.
+func (p *Plugin) podOf(s *nriapi.PodSandbox) Pod {
+	ann := maps.Clone(s.GetAnnotations())
+	if ignored := p.cfg.Trust.Annotations(types.UID(s.GetUid()), ann); len(ignored) > 0 {
+		p.logger.Info("Ignoring annotations Tessera did not write", "pod", klog.KRef(s.GetNamespace(), s.GetName()), "ignored", fmt.Sprint(ignored))
+	}
+	return Pod{Namespace: s.GetNamespace(), Name: s.GetName(), UID: s.GetUid(), Annotations: ann}
 }
 
 func containerOf(c *nriapi.Container) Container {

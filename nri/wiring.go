@@ -12,6 +12,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/internal/podtrust"
 	"github.com/tessera-gpu/tessera/isolation"
 )
 
@@ -61,6 +62,9 @@ func (l *Ledger) SharedGPUs() []api.GPURef { return sharedGPUs(l.Snapshot()) }
 // node agent's whole-GPU sync) is never overwritten.
 type KubeRecorder struct {
 	Client kubernetes.Interface
+	// Trust reads the pod's assignment (only Tessera's sealed one counts)
+	// and its Sealer seals what is written; required.
+	Trust *podtrust.Filter
 }
 
 var _ AssignmentRecorder = KubeRecorder{}
@@ -85,6 +89,10 @@ func (k KubeRecorder) recordOnce(ctx context.Context, pod Pod, container string,
 	if pod.UID != "" && string(p.UID) != pod.UID {
 		return fmt.Errorf("pod %s is now another pod (UID %s, not %s)", pod, p.UID, pod.UID)
 	}
+	if k.Trust == nil || k.Trust.Sealer == nil {
+		return fmt.Errorf("pod %s: no seal key to record its assignment with", pod)
+	}
+	k.Trust.Quiet().Pod(p)
 	a, found, err := api.GetAssignment(p.Annotations)
 	if err != nil {
 		return fmt.Errorf("pod %s: %w", pod, err)
@@ -109,7 +117,10 @@ func (k KubeRecorder) recordOnce(ctx context.Context, pod Pod, container string,
 	}
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
 		"resourceVersion": p.ResourceVersion,
-		"annotations":     map[string]string{api.AnnotationAssignment: value},
+		"annotations": map[string]string{
+			api.AnnotationAssignment:     value,
+			api.AnnotationAssignmentSeal: k.Trust.Sealer.Seal(p.UID, api.AnnotationAssignment, value),
+		},
 	}})
 	if err != nil {
 		return err

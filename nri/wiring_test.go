@@ -5,12 +5,16 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containerd/nri/pkg/adaptation"
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/internal/podtrust"
 	"github.com/tessera-gpu/tessera/isolation"
 )
 
@@ -41,12 +45,26 @@ func TestLedgerContainerLimits(t *testing.T) {
 }
 
 func TestKubeRecorder(t *testing.T) {
-	whole := annotate(t, api.ContainerAssignment{Name: "train", GPUs: []api.GPURef{{UUID: uuid0, Index: 0}}})
+	trust := testTrust()
+	a := api.NewAssignment()
+	a.Containers = []api.ContainerAssignment{{Name: "train", GPUs: []api.GPURef{{UUID: uuid0, Index: 0}}}}
+	whole, err := trust.Sealer.AssignmentAnnotations("uid-p", a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := corev1.PodSpec{Containers: []corev1.Container{
+		{Name: "train", Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{api.ResourceGPU: resource.MustParse("1")}}},
+		{Name: "helper", Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{api.ResourceGPUMemory: resource.MustParse("2")}}},
+	}}
 	cs := fake.NewSimpleClientset(
-		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "uid-p", Annotations: whole}},
-		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "q", UID: "uid-q"}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "uid-p", Annotations: whole}, Spec: spec},
+		// q's assignment is a tenant's: it is recorded over.
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "q", UID: "uid-q", Annotations: map[string]string{api.AnnotationAssignment: whole[api.AnnotationAssignment]}}, Spec: spec},
 	)
-	r := KubeRecorder{Client: cs}
+	if err := (KubeRecorder{Client: cs}).RecordShared(context.Background(), Pod{Namespace: "ns", Name: "p", UID: "uid-p"}, "helper", api.SharedGPU{}); err == nil {
+		t.Error("a recorder without a seal key recorded")
+	}
+	r := KubeRecorder{Client: cs, Trust: trust}
 	s := api.SharedGPU{GPU: api.GPURef{UUID: uuid2, Index: 2}, MemoryMiB: 2048, Cores: 10}
 	ctx := context.Background()
 	for _, name := range []string{"p", "q"} {
@@ -59,9 +77,9 @@ func TestKubeRecorder(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		a, found, err := api.GetAssignment(p.Annotations)
+		a, found, err := trust.Sealer.Assignment(p.UID, p.Annotations)
 		if err != nil || !found {
-			t.Fatalf("pod %s: assignment %v, %v", name, found, err)
+			t.Fatalf("pod %s: sealed assignment %v, %v", name, found, err)
 		}
 		return a
 	}
@@ -108,5 +126,39 @@ func TestHealthFromInventory(t *testing.T) {
 	got := HealthFromInventory(func() *api.GPUInventory { return inv }).Unhealthy()
 	if diff := cmp.Diff(map[string]string{uuid1: "XID 79"}, got); diff != "" {
 		t.Errorf("unhealthy (-want +got):\n%s", diff)
+	}
+}
+
+func TestPodOfKeepsOnlySealedDecisions(t *testing.T) {
+	a := api.NewAssignment()
+	a.Containers = []api.ContainerAssignment{{Name: "c", Shared: &api.SharedGPU{GPU: api.GPURef{UUID: uuid2, Index: 2}, MemoryMiB: 1024}}}
+	value, err := api.EncodeAssignment(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenant := map[string]string{api.AnnotationAssignment: value, "user": "x"}
+	for _, tc := range []struct {
+		name  string
+		trust *podtrust.Filter
+		sb    *adaptation.PodSandbox
+		kept  bool
+	}{
+		{"sealed", testTrust(), sandbox("p", map[string]string{api.AnnotationAssignment: value, "user": "x"}), true},
+		{"a tenant's", testTrust(), unsealedSandbox("p", tenant), false},
+		{"sealed for another pod", testTrust(), func() *adaptation.PodSandbox {
+			sb := sandbox("q", map[string]string{api.AnnotationAssignment: value, "user": "x"})
+			sb.Uid = "uid-p"
+			return sb
+		}(), false},
+		{"no key", nil, sandbox("p", map[string]string{api.AnnotationAssignment: value, "user": "x"}), false},
+	} {
+		p := &Plugin{cfg: Config{Trust: tc.trust}, logger: klog.Background()}
+		pod := p.podOf(tc.sb)
+		if _, ok := pod.Annotations[api.AnnotationAssignment]; ok != tc.kept || pod.Annotations["user"] != "x" {
+			t.Errorf("%s: annotations %v, want the assignment kept=%v and the user's own", tc.name, pod.Annotations, tc.kept)
+		}
+		if _, ok := tc.sb.Annotations[api.AnnotationAssignment]; !ok {
+			t.Errorf("%s: the sandbox's own annotations were changed", tc.name)
+		}
 	}
 }

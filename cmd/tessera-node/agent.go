@@ -29,6 +29,8 @@ import (
 	"github.com/tessera-gpu/tessera/deviceplugin/kubeletstate"
 	"github.com/tessera-gpu/tessera/gpu"
 	"github.com/tessera-gpu/tessera/internal/kubeclient"
+	"github.com/tessera-gpu/tessera/internal/podtrust"
+	"github.com/tessera-gpu/tessera/internal/sealkey"
 	"github.com/tessera-gpu/tessera/topology"
 )
 
@@ -59,6 +61,7 @@ type agentFlags struct {
 	kubeconfig         string
 	kubeAPIQPS         float64
 	kubeAPIBurst       int
+	sealKeyNamespace   string
 	nodeName           string
 	metricsAddr        string
 
@@ -88,6 +91,7 @@ func newAgentFlagSet(stderr io.Writer) (*flag.FlagSet, *agentFlags) {
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig of the API server; in a pod the in-cluster configuration is used. With neither, or without --node-name, the agent runs without an API server")
 	fs.Float64Var(&f.kubeAPIQPS, "kube-api-qps", 50, "API server queries per second (the kubelet's default): reads of the node's pods when whole GPUs are allocated, and records of pods' GPUs")
 	fs.IntVar(&f.kubeAPIBurst, "kube-api-burst", 100, "API server burst")
+	fs.StringVar(&f.sealKeyNamespace, "seal-key-namespace", "kube-system", "namespace of the Secret "+api.SealKeySecretName+" (made by tessera-extender) whose key seals Tessera's decision annotations; the agent waits for it")
 	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", ":9402", `address of the Prometheus /metrics and /healthz endpoint; "" turns it off`)
 	fs.StringVar(&f.resources, "resources", "", "comma-separated resources to advertise (overrides the config's resources)")
@@ -250,14 +254,25 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if cs, err = kubernetes.NewForConfig(restCfg); err != nil {
 			return fmt.Errorf("API server client: %w", err)
 		}
-		opts.Publisher = kube.New(cs, f.nodeName, nil)
-		opts.Pods = kube.NewPodWatch(cs, f.nodeName)
+	}
+	events, stopEvents := eventRecorder(ctx, cs, f.nodeName)
+	defer stopEvents()
+	// trust keeps only the pod decisions Tessera sealed (docs/isolation.md,
+	// threat model); without an API server there are none to read.
+	var trust *podtrust.Filter
+	if cs != nil {
+		logger.Info("Reading the seal key", "secret", klog.KRef(f.sealKeyNamespace, api.SealKeySecretName))
+		sealer, err := sealkey.Wait(ctx, sealkey.In(cs, f.sealKeyNamespace), 2*time.Second)
+		if err != nil {
+			return err
+		}
+		trust = &podtrust.Filter{Sealer: sealer, Events: events, Component: "tessera-node"}
+		opts.Publisher = kube.New(cs, f.nodeName, trust, nil)
+		opts.Pods = kube.NewPodWatch(cs, f.nodeName, trust)
 		logger.Info("Publishing to the API server", "node", klog.KRef("", f.nodeName), "server", restCfg.Host)
 	} else {
 		logger.Info("Running without an API server (give --kubeconfig or run in a pod, and --node-name, to publish the GPU inventory and pods' GPUs)")
 	}
-	events, stopEvents := eventRecorder(ctx, cs, f.nodeName)
-	defer stopEvents()
 
 	// The agent is built after the NRI plugin it is given; the plugin reads
 	// GPU health from the agent's inventory once both run.
@@ -266,7 +281,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if f.iso.nriSocket != "" {
 		iso, err = newIsolation(isolationDeps{
 			flags: &f.iso, cfg: cfg, backend: backend, topo: topo, kubelet: kubelet,
-			client: cs, events: events, reg: reg,
+			client: cs, trust: trust, events: events, reg: reg,
 			inventory: func() *api.GPUInventory { return agent.Inventory() },
 		})
 		if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/deviceplugin/kubeletstate"
 	"github.com/tessera-gpu/tessera/gpu"
+	"github.com/tessera-gpu/tessera/internal/podtrust"
 	"github.com/tessera-gpu/tessera/isolation"
 	"github.com/tessera-gpu/tessera/nri"
 	"github.com/tessera-gpu/tessera/topology"
@@ -68,6 +69,7 @@ type isolationDeps struct {
 	topo      *topology.Topology
 	kubelet   kubeletstate.Source
 	client    kubernetes.Interface // nil without an API server
+	trust     *podtrust.Filter     // nil without an API server: nothing is trusted
 	events    isolation.EventRecorder
 	reg       prometheus.Registerer
 	inventory func() *api.GPUInventory
@@ -131,6 +133,7 @@ func newIsolation(d isolationDeps) (*nodeIsolation, error) {
 		Health:      nri.HealthFromInventory(d.inventory),
 		CPUs:        nri.CPUManagerState{Path: f.cpuManagerState},
 		Metrics:     nriMetrics,
+		Trust:       d.trust,
 	}
 	wcfg := isolation.WatchdogConfig{
 		Processes:   d.backend,
@@ -142,7 +145,7 @@ func newIsolation(d isolationDeps) (*nodeIsolation, error) {
 		Metrics:     isoMetrics,
 	}
 	if d.client != nil {
-		pcfg.Recorder = nri.KubeRecorder{Client: d.client}
+		pcfg.Recorder = nri.KubeRecorder{Client: d.client, Trust: d.trust}
 		wcfg.Evictor = isolation.KubeEvictor{Client: d.client}
 	}
 	plugin, err := nri.New(pcfg)
