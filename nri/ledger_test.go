@@ -2,6 +2,7 @@ package nri
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -194,3 +195,35 @@ func TestKubeletAllocations(t *testing.T) {
 		}
 	}
 }
+
+// A regular init container is missing from PodResources; the device
+// manager's checkpoint (by pod UID) has its devices.
+func TestKubeletAllocationsInitContainers(t *testing.T) {
+	podResources := staticSource{{Namespace: "ns", Name: "p", Container: "main", Resource: api.ResourceGPU, DeviceIDs: []string{uuid1}}}
+	checkpoint := staticSource{
+		{PodUID: "uid-p", Container: "main", Resource: api.ResourceGPU, DeviceIDs: []string{uuid1}},
+		{PodUID: "uid-p", Container: "init", Resource: api.ResourceGPU, DeviceIDs: []string{uuid0}},
+		{PodUID: "uid-other", Container: "sidecar", Resource: api.ResourceGPU, DeviceIDs: []string{uuid3}},
+	}
+	k := KubeletAllocations{Source: podResources, InitContainers: checkpoint}
+	p := Pod{Namespace: "ns", Name: "p", UID: "uid-p"}
+	for ctr, want := range map[string]Devices{"main": {Whole: []string{uuid1}}, "init": {Whole: []string{uuid0}}, "sidecar": {}} {
+		got, err := k.ContainerDevices(context.Background(), p, ctr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", ctr, diff)
+		}
+	}
+	if _, err := (KubeletAllocations{Source: podResources, InitContainers: failing{}}).ContainerDevices(context.Background(), p, "init"); err == nil {
+		t.Error("an unreadable checkpoint for a container PodResources does not list gave no error")
+	}
+}
+
+type failing struct{}
+
+func (failing) Allocations(context.Context) ([]kubeletstate.ContainerDevices, error) {
+	return nil, errors.New("unreadable")
+}
+func (failing) Name() string { return "failing" }

@@ -80,6 +80,12 @@ func UVMMajor(procRoot string) (int64, error) {
 // the runtime creates it.
 type KubeletAllocations struct {
 	Source kubeletstate.Source
+	// InitContainers (optional, the device manager's checkpoint) is asked
+	// about a container Source lists no device for: the PodResources API
+	// leaves out regular (non-sidecar) init containers, which the kubelet
+	// does allocate devices to. Without it such a container is taken to
+	// hold none, and sees no GPU.
+	InitContainers kubeletstate.Source
 }
 
 var _ Allocations = KubeletAllocations{}
@@ -90,12 +96,26 @@ func (k KubeletAllocations) ContainerDevices(ctx context.Context, pod Pod, conta
 	if err != nil {
 		return Devices{}, err
 	}
+	d := containerDevices(allocs, pod, container)
+	if d.Empty() && k.InitContainers != nil {
+		more, err := k.InitContainers.Allocations(ctx)
+		if err != nil {
+			return Devices{}, fmt.Errorf("the kubelet lists no device for the container and its checkpoint cannot be read: %w", err)
+		}
+		// The checkpoint names pods by UID only: match on it.
+		d = containerDevices(more, Pod{UID: pod.UID}, container)
+	}
+	return d, nil
+}
+
+// containerDevices sums the Tessera devices allocs give container of pod.
+func containerDevices(allocs []kubeletstate.ContainerDevices, pod Pod, container string) Devices {
 	var d Devices
 	for _, a := range allocs {
 		if a.Container != container {
 			continue
 		}
-		samePod := (a.Namespace == pod.Namespace && a.Name == pod.Name) || (a.PodUID != "" && a.PodUID == pod.UID)
+		samePod := (a.Namespace != "" && a.Namespace == pod.Namespace && a.Name == pod.Name) || (a.PodUID != "" && a.PodUID == pod.UID)
 		if !samePod {
 			continue
 		}
@@ -108,7 +128,7 @@ func (k KubeletAllocations) ContainerDevices(ctx context.Context, pod Pod, conta
 			d.CoreUnits += len(a.DeviceIDs)
 		}
 	}
-	return d, nil
+	return d
 }
 
 // DefaultCPUManagerState is the kubelet's CPU manager checkpoint.

@@ -227,10 +227,8 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	kubelet := kubeletstate.First{
-		&kubeletstate.PodResources{Socket: f.podResourcesSocket},
-		&kubeletstate.Checkpoint{Path: filepath.Join(f.pluginDir, kubeletstate.CheckpointFile)},
-	}
+	checkpoint := &kubeletstate.Checkpoint{Path: filepath.Join(f.pluginDir, kubeletstate.CheckpointFile)}
+	kubelet := kubeletstate.First{&kubeletstate.PodResources{Socket: f.podResourcesSocket}, checkpoint}
 	opts := deviceplugin.Options{
 		Config:    cfg,
 		NodeName:  f.nodeName,
@@ -280,7 +278,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var iso *nodeIsolation
 	if f.iso.nriSocket != "" {
 		iso, err = newIsolation(isolationDeps{
-			flags: &f.iso, cfg: cfg, backend: backend, topo: topo, kubelet: kubelet,
+			flags: &f.iso, cfg: cfg, backend: backend, topo: topo, kubelet: kubelet, checkpoint: checkpoint,
 			client: cs, trust: trust, events: events, reg: reg,
 			inventory: func() *api.GPUInventory { return agent.Inventory() },
 		})

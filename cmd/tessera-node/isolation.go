@@ -63,16 +63,18 @@ type nodeIsolation struct {
 }
 
 type isolationDeps struct {
-	flags     *isolationFlags
-	cfg       *api.NodeAgentConfig
-	backend   *gpu.Backend
-	topo      *topology.Topology
-	kubelet   kubeletstate.Source
-	client    kubernetes.Interface // nil without an API server
-	trust     *podtrust.Filter     // nil without an API server: nothing is trusted
-	events    isolation.EventRecorder
-	reg       prometheus.Registerer
-	inventory func() *api.GPUInventory
+	flags   *isolationFlags
+	cfg     *api.NodeAgentConfig
+	backend *gpu.Backend
+	topo    *topology.Topology
+	kubelet kubeletstate.Source
+	// checkpoint is the device manager's checkpoint (init containers).
+	checkpoint kubeletstate.Source
+	client     kubernetes.Interface // nil without an API server
+	trust      *podtrust.Filter     // nil without an API server: nothing is trusted
+	events     isolation.EventRecorder
+	reg        prometheus.Registerer
+	inventory  func() *api.GPUInventory
 }
 
 // newIsolation builds the node's isolation. It starts nothing; run starts it.
@@ -128,7 +130,7 @@ func newIsolation(d isolationDeps) (*nodeIsolation, error) {
 		Decide:      nri.OptionsFromConfig(d.cfg, uvm, mps.PipeDir, policy),
 		GPUs:        gpus,
 		NUMANodes:   d.topo.NUMANodes,
-		Allocations: nri.KubeletAllocations{Source: d.kubelet},
+		Allocations: nri.KubeletAllocations{Source: d.kubelet, InitContainers: d.checkpoint},
 		MPS:         mps,
 		Health:      nri.HealthFromInventory(d.inventory),
 		CPUs:        nri.CPUManagerState{Path: f.cpuManagerState},
