@@ -266,3 +266,40 @@ func TestNodeFailsPodNRIRefuses(t *testing.T) {
 		t.Errorf("node record: %+v (%v); want Failed", rec, err)
 	}
 }
+
+// A container that holds no Tessera GPU sees none, whatever its spec asks
+// for: a pod without GPU requests and a GPU pod's sidecar both set
+// NVIDIA_VISIBLE_DEVICES=all and end with void, the NVIDIA devices denied
+// (NVIDIA/k8s-device-plugin#61); the sidecar's GPU container keeps its GPU.
+func TestContainerWithoutGPUSeesNone(t *testing.T) {
+	c := getCluster(t)
+	ns := namespace(t, c, "e2e-nogpu")
+	all := []v1.EnvVar{{Name: api.EnvNVIDIAVisibleDevices, Value: "all"}}
+	plain := podSpec{name: "plain"}.pod(ns)
+	plain.Spec.Containers[0].Env = all
+	gpu := podSpec{name: "gpu", gpus: 1}.pod(ns)
+	gpu.Spec.Containers = append(gpu.Spec.Containers, v1.Container{Name: "sidecar", Image: "registry.k8s.io/pause:3.10", Env: all})
+	for _, p := range []*v1.Pod{plain, gpu} {
+		if _, err := c.Client().CoreV1().Pods(ns).Create(t.Context(), p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct{ pod, container string }{{"plain", "main"}, {"gpu", "sidecar"}} {
+		_, rec := waitRunning(t, c, ns, tc.pod, 60*time.Second)
+		cr := rec.Container(tc.container)
+		if cr == nil {
+			t.Fatalf("pod %s: node record has no container %s", tc.pod, tc.container)
+		}
+		if got := cr.Env[api.EnvNVIDIAVisibleDevices]; got != "void" {
+			t.Errorf("pod %s container %s: %s=%q, want void", tc.pod, tc.container, api.EnvNVIDIAVisibleDevices, got)
+		}
+		if !slices.Contains(cr.CgroupRules, "deny c 195:* rwm") || slices.ContainsFunc(cr.CgroupRules, func(r string) bool { return strings.HasPrefix(r, "allow") }) {
+			t.Errorf("pod %s container %s: device cgroup rules %v, want NVIDIA devices denied and nothing allowed", tc.pod, tc.container, cr.CgroupRules)
+		}
+		if len(cr.Devices) > 0 || len(cr.CDIDevices) > 0 {
+			t.Errorf("pod %s container %s: given devices %v, CDI devices %v", tc.pod, tc.container, cr.Devices, cr.CDIDevices)
+		}
+	}
+	p, rec := waitRunning(t, c, ns, "gpu", 60*time.Second)
+	checkIsolated(t, c, p, rec, "main")
+}
