@@ -12,6 +12,7 @@ require (
 	github.com/prometheus/client_golang v1.22.0
 	google.golang.org/grpc v1.72.1
 	k8s.io/client-go v0.34.2
+	k8s.io/component-helpers v0.34.2
 	k8s.io/klog/v2 v2.130.1
 	k8s.io/kube-scheduler v0.34.2
 	k8s.io/kubelet v0.34.2

@@ -1,0 +1,266 @@
+package gpureq
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	resourcehelper "k8s.io/component-helpers/resource"
+
+	"github.com/tessera-gpu/tessera/allocator"
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// Kind is how a container runs within its pod.
+type Kind uint8
+
+const (
+	// Regular is a container of spec.containers.
+	Regular Kind = iota
+	// Init is an init container that runs to completion before the next
+	// one starts.
+	Init
+	// Sidecar is a restartable init container (restartPolicy: Always): it
+	// keeps running beside the init containers after it and the regular
+	// containers.
+	Sidecar
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Init:
+		return "init"
+	case Sidecar:
+		return "sidecar"
+	}
+	return "regular"
+}
+
+// KindOf is the kind of the init container c.
+func initKind(c *corev1.Container) Kind {
+	if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+		return Sidecar
+	}
+	return Init
+}
+
+// Container is what one container asks of the GPUs.
+type Container struct {
+	Name string
+	Kind Kind
+	// Whole is the number of whole GPUs (tessera.dev/gpu).
+	Whole int64
+	// MemUnits are tessera.dev/gpu-memory units, Cores tessera.dev/gpu-core
+	// percent of one GPU. Either or both make a shared slice.
+	MemUnits int64
+	Cores    int64
+}
+
+// Shared reports whether c asks for a shared slice.
+func (c Container) Shared() bool { return c.MemUnits > 0 || c.Cores > 0 }
+
+// Check refuses a container that asks for whole GPUs and a slice at once, or
+// for more than one GPU's cores. Every component checks a container with it
+// (the NRI plugin on what the kubelet allocated).
+func (c Container) Check() *Refusal {
+	if c.Whole > 0 && c.Shared() {
+		return &Refusal{Code: CodeWholeAndShared, Container: c.Name,
+			Message: fmt.Sprintf("container %q asks for whole GPUs (%s) and a shared slice (%s, %s) at once: an MPS client sees only its MPS server's GPU, so the two cannot be isolated together; put them in separate containers", c.Name, api.ResourceGPU, api.ResourceGPUMemory, api.ResourceGPUCore)}
+	}
+	if c.Cores > api.CoresPerGPU {
+		return &Refusal{Code: CodeCoresAboveGPU, Container: c.Name,
+			Message: fmt.Sprintf("container %q asks for %d %s, more than one GPU's %d: ask for %s instead", c.Name, c.Cores, api.ResourceGPUCore, api.CoresPerGPU, api.ResourceGPU)}
+	}
+	return nil
+}
+
+// Units are whole GPUs and slice units together.
+type Units struct {
+	Whole, MemUnits, Cores int64
+}
+
+// Pod is what a pod asks of the GPUs of a node, independent of the node.
+type Pod struct {
+	// Containers are the containers that ask for a Tessera resource, in
+	// the order they start: init containers (sidecars among them) in spec
+	// order, then the regular containers.
+	Containers []Container
+	// Peak is what the pod holds at once at its peak (KEP-753): the
+	// kubelet allocates, and kube-scheduler counts, that many devices of
+	// each resource.
+	Peak Units
+	// CPUMilli and MemMiB are the pod's effective CPU and memory requests
+	// (PodRequests: overhead and pod-level resources included), memory
+	// rounded up to a whole MiB.
+	CPUMilli int64
+	MemMiB   int64
+}
+
+// Shares are the containers that ask for a shared slice. All of them are
+// served from one GPU.
+func (p *Pod) Shares() []Container {
+	var out []Container
+	for _, c := range p.Containers {
+		if c.Shared() {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// ParsePod reads a pod's Tessera requests and its CPU and memory requests.
+// A request defaults to the limit. It refuses (a *Refusal) a quantity that
+// is not a non-negative integer, a container or a pod that asks for whole
+// GPUs and a slice, a container or the pod's concurrent containers asking
+// for more than one GPU's cores, and more whole GPUs than a node can have.
+// The CPU and memory are set even when it refuses.
+func ParsePod(pod *corev1.Pod) (Pod, error) {
+	var out Pod
+	eff := effective(pod)
+	reqs := resourcehelper.PodRequests(eff, resourcehelper.PodResourcesOptions{})
+	if q, ok := reqs[corev1.ResourceCPU]; ok {
+		out.CPUMilli = q.MilliValue()
+	}
+	if q, ok := reqs[corev1.ResourceMemory]; ok {
+		out.MemMiB = (q.Value() + (1<<20 - 1)) >> 20
+	}
+	read := func(c *corev1.Container, kind Kind) error {
+		rc := Container{Name: c.Name, Kind: kind}
+		for _, r := range []struct {
+			name corev1.ResourceName
+			dst  *int64
+		}{{api.ResourceGPU, &rc.Whole}, {api.ResourceGPUMemory, &rc.MemUnits}, {api.ResourceGPUCore, &rc.Cores}} {
+			q, ok := quantity(c, r.name)
+			if !ok {
+				continue
+			}
+			v, exact := q.AsInt64()
+			if !exact || v < 0 {
+				return &Refusal{Code: CodeInvalidQuantity, Container: c.Name,
+					Message: fmt.Sprintf("container %q: %s must be a non-negative integer, got %s", c.Name, r.name, q.String())}
+			}
+			*r.dst = v
+		}
+		if r := rc.Check(); r != nil {
+			return r
+		}
+		if rc.Whole > 0 || rc.Shared() {
+			out.Containers = append(out.Containers, rc)
+		}
+		return nil
+	}
+	for i := range pod.Spec.InitContainers {
+		c := &pod.Spec.InitContainers[i]
+		if err := read(c, initKind(c)); err != nil {
+			return out, err
+		}
+	}
+	for i := range pod.Spec.Containers {
+		if err := read(&pod.Spec.Containers[i], Regular); err != nil {
+			return out, err
+		}
+	}
+	out.Peak = PeakUnits(out.Containers)
+	whole, shared := false, false
+	for _, c := range out.Containers {
+		whole, shared = whole || c.Whole > 0, shared || c.Shared()
+	}
+	switch {
+	case whole && shared:
+		return out, &Refusal{Code: CodeWholeAndShared, Message: "the pod asks for whole GPUs and a shared slice: use one or the other"}
+	case out.Peak.Whole > allocator.MaxGPUsPerNode:
+		return out, &Refusal{Code: CodeTooManyGPUs, Message: fmt.Sprintf("the pod asks for %d GPUs, at most %d per node", out.Peak.Whole, allocator.MaxGPUsPerNode)}
+	case out.Peak.Cores > api.CoresPerGPU:
+		return out, &Refusal{Code: CodeCoresAboveGPU, Message: fmt.Sprintf("the pod's containers ask for %d %s together, more than one GPU's %d", out.Peak.Cores, api.ResourceGPUCore, api.CoresPerGPU)}
+	}
+	return out, nil
+}
+
+// quantity is the container's request of name, or its limit when it sets
+// only a limit.
+func quantity(c *corev1.Container, name corev1.ResourceName) (resource.Quantity, bool) {
+	if q, ok := c.Resources.Requests[name]; ok {
+		return q, true
+	}
+	q, ok := c.Resources.Limits[name]
+	return q, ok
+}
+
+// effective returns pod, or a copy of it whose containers' requests default
+// to their limits (the API server's defaulting, for pods that did not go
+// through it).
+func effective(pod *corev1.Pod) *corev1.Pod {
+	missing := func(cs []corev1.Container) bool {
+		for i := range cs {
+			for name := range cs[i].Resources.Limits {
+				if _, ok := cs[i].Resources.Requests[name]; !ok {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	if !missing(pod.Spec.InitContainers) && !missing(pod.Spec.Containers) {
+		return pod
+	}
+	fill := func(cs []corev1.Container) []corev1.Container {
+		out := make([]corev1.Container, len(cs))
+		for i := range cs {
+			out[i] = cs[i]
+			if len(cs[i].Resources.Limits) == 0 {
+				continue
+			}
+			reqs := make(corev1.ResourceList, len(cs[i].Resources.Limits)+len(cs[i].Resources.Requests))
+			for name, q := range cs[i].Resources.Limits {
+				reqs[name] = q
+			}
+			for name, q := range cs[i].Resources.Requests {
+				reqs[name] = q
+			}
+			out[i].Resources.Requests = reqs
+		}
+		return out
+	}
+	cp := *pod
+	cp.Spec.InitContainers = fill(pod.Spec.InitContainers)
+	cp.Spec.Containers = fill(pod.Spec.Containers)
+	return &cp
+}
+
+// peak aggregates per-container amounts (vals[i] of kinds[i], in start
+// order) the way the kubelet admits a pod and kube-scheduler counts it
+// (KEP-753, k8s.io/component-helpers/resource.AggregateContainerRequests):
+// regular containers and sidecars add up; an init container holds its own
+// amount beside the sidecars started before it; the pod holds the larger.
+func peak[T any](items []T, kind func(T) Kind, vals func(T) []int64, n int) []int64 {
+	run, sidecars, inits := make([]int64, n), make([]int64, n), make([]int64, n)
+	for _, it := range items {
+		v := vals(it)
+		switch kind(it) {
+		case Regular:
+			for j := range n {
+				run[j] += v[j]
+			}
+		case Sidecar:
+			for j := range n {
+				run[j] += v[j]
+				sidecars[j] += v[j]
+				inits[j] = max(inits[j], sidecars[j])
+			}
+		case Init:
+			for j := range n {
+				inits[j] = max(inits[j], v[j]+sidecars[j])
+			}
+		}
+	}
+	for j := range n {
+		run[j] = max(run[j], inits[j])
+	}
+	return run
+}
+
+// PeakUnits is what containers (in start order) hold at once at their peak.
+func PeakUnits(cs []Container) Units {
+	v := peak(cs, func(c Container) Kind { return c.Kind }, func(c Container) []int64 { return []int64{c.Whole, c.MemUnits, c.Cores} }, 3)
+	return Units{Whole: v[0], MemUnits: v[1], Cores: v[2]}
+}

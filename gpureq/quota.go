@@ -1,0 +1,31 @@
+package gpureq
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	resourcehelper "k8s.io/component-helpers/resource"
+
+	"github.com/tessera-gpu/tessera/allocator/quota"
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// QuotaUse is what pod counts against its namespace's quota: of each
+// resource quota governs (api.QuotaResources), what the pod holds at its
+// peak (the rule of PeakUnits, which kube-scheduler applies too; a request
+// defaults to the limit), in whole units. For a pod ParsePod accepts these
+// are its Peak units exactly (a core-only slice counts its cores, not the
+// memory it is given on its node). A pod ParsePod refuses still counts what
+// it asks for, rounded up to whole units (it can only run when bound
+// without the extender); the refusal is returned beside it.
+func QuotaUse(pod *corev1.Pod) (quota.Resources, error) {
+	_, err := ParsePod(pod)
+	reqs := resourcehelper.PodRequests(effective(pod), resourcehelper.PodResourcesOptions{ExcludeOverhead: true, SkipPodLevelResources: true})
+	out := quota.Resources{}
+	for _, name := range api.QuotaResources() {
+		if q, ok := reqs[name]; ok {
+			if v := q.Value(); v > 0 {
+				out[name] = v
+			}
+		}
+	}
+	return out, err
+}

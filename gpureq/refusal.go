@@ -1,0 +1,51 @@
+package gpureq
+
+// Code identifies why a request, a slice or an assignment is refused. It is
+// stable: components use it as a metric label and tests compare it.
+type Code string
+
+// Refusal codes.
+const (
+	// CodeInvalidQuantity: a Tessera resource is not a non-negative
+	// integer.
+	CodeInvalidQuantity Code = "invalid-quantity"
+	// CodeWholeAndShared: one container, or one pod, asks for whole GPUs
+	// and a shared slice (an MPS client sees only its server's GPU).
+	CodeWholeAndShared Code = "whole-and-shared"
+	// CodeCoresAboveGPU: a container, or the containers of a pod running
+	// together, ask for more than one GPU's cores.
+	CodeCoresAboveGPU Code = "cores-above-one-gpu"
+	// CodeTooManyGPUs: more whole GPUs than a node can have.
+	CodeTooManyGPUs Code = "too-many-gpus"
+	// CodeSliceTooLarge: a slice's memory is more than any GPU of the
+	// node shares.
+	CodeSliceTooLarge Code = "slice-larger-than-any-gpu"
+	// CodeGPUServesShared: a GPU asked for whole serves (or is assigned)
+	// shared slices.
+	CodeGPUServesShared Code = "gpu-serves-shared"
+	// CodeGPUUsedWhole: a GPU asked to serve a slice is used whole.
+	CodeGPUUsedWhole Code = "gpu-used-whole"
+	// CodeMemoryOvercommitted and CodeCoresOvercommitted: the slice does
+	// not fit beside the slices the GPU serves.
+	CodeMemoryOvercommitted Code = "memory-over-committed"
+	CodeCoresOvercommitted  Code = "cores-over-committed"
+	// CodeAssignmentDisagrees: an assignment gives a container what it
+	// does not ask for, or more than it holds.
+	CodeAssignmentDisagrees Code = "assignment-disagrees"
+)
+
+// Refusal is a typed "no": what is refused (Code), for which container
+// (empty: the pod or a GPU), and a sentence that says why.
+type Refusal struct {
+	Code      Code
+	Container string
+	Message   string
+	// Used, Capacity and Asked are the numbers behind an over-commit or
+	// an assignment that gives too much (MiB or cores, as Code says).
+	Used, Capacity, Asked int64
+}
+
+// Error implements error: the message.
+func (r *Refusal) Error() string { return r.Message }
+
+var _ error = (*Refusal)(nil)
