@@ -20,23 +20,30 @@ func (i Ignored) String() string {
 
 // ErrDisagrees is wrapped when a sealed decision does not fit the pod's own
 // resource requests (a container it names does not exist or does not ask
-// for what the decision gives it).
+// for what the decision gives it): see gpureq.CheckAssignment.
 var ErrDisagrees = errors.New("disagrees with the pod's resource requests")
+
+// AssignmentCheck checks a sealed assignment against the pod's own
+// resource requests (gpureq.CheckAssignment, which api cannot import: gpureq
+// imports api). Its error wraps ErrDisagrees.
+type AssignmentCheck func(a *Assignment, pod *corev1.Pod) error
 
 // Sanitize removes from pod, in place, every state annotation that is not
 // Tessera's decision for this very pod: a decision without a valid seal, a
-// sealed one that is malformed or disagrees with the pod's requests, and a
-// seal without its decision. It returns what it removed. Components call it
-// on every pod they read (informer transforms, API reads, the scheduler's
-// arguments), so nothing downstream can act on a tenant's annotation.
-func (s *Sealer) Sanitize(pod *corev1.Pod) []Ignored {
+// sealed one that is malformed or that fits rejects (it disagrees with the
+// pod's requests), and a seal without its decision. It returns what it
+// removed. Components call it (through internal/podtrust, which passes
+// gpureq.CheckAssignment) on every pod they read (informer transforms, API
+// reads, the scheduler's arguments), so nothing downstream can act on a
+// tenant's annotation. A nil fits checks the seal and the value only.
+func (s *Sealer) Sanitize(pod *corev1.Pod, fits AssignmentCheck) []Ignored {
 	if pod == nil || len(pod.Annotations) == 0 {
 		return nil
 	}
 	out := s.SanitizeAnnotations(pod.UID, pod.Annotations)
 	if a, found, err := s.Assignment(pod.UID, pod.Annotations); found {
-		if err == nil {
-			err = AssignmentFitsPod(a, pod)
+		if err == nil && fits != nil {
+			err = fits(a, pod)
 		}
 		if err != nil {
 			delete(pod.Annotations, AnnotationAssignment)
@@ -74,57 +81,4 @@ func (s *Sealer) SanitizeAnnotations(uid types.UID, annotations map[string]strin
 		}
 	}
 	return out
-}
-
-// AssignmentFitsPod checks that a names only containers of pod, gives whole
-// GPUs only to containers that ask for tessera.dev/gpu (at most as many as
-// they ask for: the node agent records them after the kubelet allocated
-// them) and a shared slice only to containers that ask for
-// tessera.dev/gpu-memory or tessera.dev/gpu-core, with no more cores than
-// they ask for when they ask for cores.
-func AssignmentFitsPod(a *Assignment, pod *corev1.Pod) error {
-	containers := map[string]*corev1.Container{}
-	for i := range pod.Spec.InitContainers {
-		containers[pod.Spec.InitContainers[i].Name] = &pod.Spec.InitContainers[i]
-	}
-	for i := range pod.Spec.Containers {
-		containers[pod.Spec.Containers[i].Name] = &pod.Spec.Containers[i]
-	}
-	for _, ca := range a.Containers {
-		c, ok := containers[ca.Name]
-		if !ok {
-			return fmt.Errorf("annotation %s: %w: the pod has no container %q", AnnotationAssignment, ErrDisagrees, ca.Name)
-		}
-		if n := containerQuantity(c, ResourceGPU); int64(len(ca.GPUs)) > n {
-			return fmt.Errorf("annotation %s: %w: container %q is given %d whole GPUs but asks for %d %s", AnnotationAssignment, ErrDisagrees, ca.Name, len(ca.GPUs), n, ResourceGPU)
-		}
-		if sh := ca.Shared; sh != nil {
-			mem, cores := containerQuantity(c, ResourceGPUMemory), containerQuantity(c, ResourceGPUCore)
-			if mem <= 0 && cores <= 0 {
-				return fmt.Errorf("annotation %s: %w: container %q is given a shared slice but asks for neither %s nor %s", AnnotationAssignment, ErrDisagrees, ca.Name, ResourceGPUMemory, ResourceGPUCore)
-			}
-			if cores > 0 && sh.Cores > cores {
-				return fmt.Errorf("annotation %s: %w: container %q is given %d cores but asks for %d %s", AnnotationAssignment, ErrDisagrees, ca.Name, sh.Cores, cores, ResourceGPUCore)
-			}
-		}
-	}
-	return nil
-}
-
-// containerQuantity is the container's integer request of an extended
-// resource (its limit when it sets only a limit); 0 when absent or not an
-// integer.
-func containerQuantity(c *corev1.Container, name corev1.ResourceName) int64 {
-	q, ok := c.Resources.Requests[name]
-	if !ok {
-		q, ok = c.Resources.Limits[name]
-	}
-	if !ok {
-		return 0
-	}
-	v, exact := q.AsInt64()
-	if !exact || v < 0 {
-		return 0
-	}
-	return v
 }

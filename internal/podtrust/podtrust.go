@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
 )
 
 // ReasonIgnored is the reason of the Warning Event for an ignored
@@ -48,7 +49,7 @@ func (f *Filter) Pod(pod *corev1.Pod) []api.Ignored {
 	if f == nil || f.Sealer == nil {
 		ignored = f.Annotations(pod.UID, pod.Annotations)
 	} else {
-		ignored = f.Sealer.Sanitize(pod)
+		ignored = f.Sealer.Sanitize(pod, gpureq.CheckAssignment)
 	}
 	if f != nil && f.Events != nil {
 		for _, ig := range ignored {
