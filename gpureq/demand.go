@@ -2,6 +2,7 @@ package gpureq
 
 import (
 	"fmt"
+	"math"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -36,7 +37,7 @@ func (k Kind) String() string {
 	return "regular"
 }
 
-// KindOf is the kind of the init container c.
+// initKind is the kind of the init container c.
 func initKind(c *corev1.Container) Kind {
 	if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
 		return Sidecar
@@ -119,10 +120,15 @@ func ParsePod(pod *corev1.Pod) (Pod, error) {
 	eff := effective(pod)
 	reqs := resourcehelper.PodRequests(eff, resourcehelper.PodResourcesOptions{})
 	if q, ok := reqs[corev1.ResourceCPU]; ok {
-		out.CPUMilli = q.MilliValue()
+		out.CPUMilli = saturated(q, resource.Milli)
 	}
 	if q, ok := reqs[corev1.ResourceMemory]; ok {
-		out.MemMiB = (q.Value() + (1<<20 - 1)) >> 20
+		out.MemMiB = saturated(q, 0)
+		if out.MemMiB < math.MaxInt64 {
+			out.MemMiB = (out.MemMiB + (1<<20 - 1)) >> 20
+		} else {
+			out.MemMiB >>= 20
+		}
 	}
 	read := func(c *corev1.Container, kind Kind) error {
 		rc := Container{Name: c.Name, Kind: kind}
@@ -174,6 +180,19 @@ func ParsePod(pod *corev1.Pod) (Pod, error) {
 		return out, &Refusal{Code: CodeCoresAboveGPU, Message: fmt.Sprintf("the pod's containers ask for %d %s together, more than one GPU's %d", out.Peak.Cores, api.ResourceGPUCore, api.CoresPerGPU)}
 	}
 	return out, nil
+}
+
+// saturated is q in units of 10^scale, rounded up, within int64: a
+// quantity beyond int64 (an absurd request the API server accepts) is
+// math.MaxInt64 or math.MinInt64, never wrapped around.
+func saturated(q resource.Quantity, scale resource.Scale) int64 {
+	if q.Cmp(*resource.NewScaledQuantity(math.MaxInt64, scale)) >= 0 {
+		return math.MaxInt64
+	}
+	if q.Cmp(*resource.NewScaledQuantity(math.MinInt64, scale)) <= 0 {
+		return math.MinInt64
+	}
+	return q.ScaledValue(scale)
 }
 
 // quantity is the container's request of name, or its limit when it sets
@@ -263,4 +282,15 @@ func peak[T any](items []T, kind func(T) Kind, vals func(T) []int64, n int) []in
 func PeakUnits(cs []Container) Units {
 	v := peak(cs, func(c Container) Kind { return c.Kind }, func(c Container) []int64 { return []int64{c.Whole, c.MemUnits, c.Cores} }, 3)
 	return Units{Whole: v[0], MemUnits: v[1], Cores: v[2]}
+}
+
+// KindOf is the kind of pod's container name (Regular when the pod has no
+// such container).
+func KindOf(pod *corev1.Pod, name string) Kind {
+	for i := range pod.Spec.InitContainers {
+		if c := &pod.Spec.InitContainers[i]; c.Name == name {
+			return initKind(c)
+		}
+	}
+	return Regular
 }

@@ -2,6 +2,7 @@ package gpureq
 
 import (
 	"errors"
+	"math"
 	"math/rand"
 	"testing"
 	"time"
@@ -63,6 +64,13 @@ func TestParsePod(t *testing.T) {
 		{name: "cpu and memory", pod: podOf(nil, cpuMem), want: Pod{CPUMilli: 1500, MemMiB: 1024}},
 		{name: "cpu and memory default to limits", pod: podOf(nil, limitsOnly), want: Pod{CPUMilli: 2000, MemMiB: 100}},
 		{name: "overhead counts, memory rounds up", pod: overhead, want: Pod{CPUMilli: 1750, MemMiB: 1025}},
+		{name: "absurd CPU and memory saturate", pod: func() *corev1.Pod {
+			c := ctr("main", 0, 0, 0)
+			c.Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("9223372036854775807"), corev1.ResourceMemory: resource.MustParse("8E")}
+			p := podOf(nil, c)
+			p.Spec.Overhead = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("8E")}
+			return p
+		}(), want: Pod{CPUMilli: math.MaxInt64, MemMiB: math.MaxInt64 >> 20}},
 		{name: "whole", pod: podOf(nil, ctr("main", 0, 0, 0), ctr("train", 2, 0, 0)),
 			want: Pod{Containers: []Container{{Name: "train", Whole: 2}}, Peak: Units{Whole: 2}}},
 		{name: "slice", pod: podOf(nil, ctr("main", 0, 8, 30)),
