@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
 )
 
 // Cache is the extender's ledger: the nodes' GPUs and what pods and
@@ -82,9 +83,8 @@ func (c *Cache) DeleteNode(name string) {
 // caller can report a malformed assignment.
 func (c *Cache) SetPod(pod *corev1.Pod) *PodUse {
 	var u *PodUse
-	finished := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
 	switch {
-	case finished:
+	case gpureq.Terminal(pod):
 	case pod.Spec.NodeName != "":
 		u = NewPodUse(pod)
 	default:
@@ -119,7 +119,7 @@ func (c *Cache) SetPod(pod *corev1.Pod) *PodUse {
 // to r's node with the shared slices r counts.
 func reservationSeen(r *PodUse, pod *corev1.Pod, u *PodUse) bool {
 	switch {
-	case pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed:
+	case gpureq.Terminal(pod):
 		return true
 	case pod.Spec.NodeName == "":
 		return false

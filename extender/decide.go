@@ -11,6 +11,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
 )
 
 // Reason says why a pod does not fit a node. It is a stable identifier,
@@ -90,7 +91,7 @@ func Check(st *NodeState, d *Demand) Reason {
 	case kind == allocator.Shared && !info.SharedIsolation:
 		return NoSharedIsolation
 	}
-	req := d.Request(info.UnitMiB, info.gpuMemMiB())
+	req := d.Request(info.UnitMiB, info.SliceBaseMiB)
 	if req.Validate() != nil {
 		return InvalidRequest
 	}
@@ -149,10 +150,13 @@ func Explain(r Reason, st *NodeState, d *Demand) string {
 	var req allocator.Request
 	model := ""
 	if st != nil {
-		req = d.Request(st.Info.UnitMiB, st.Info.gpuMemMiB())
+		req = d.Request(st.Info.UnitMiB, st.Info.SliceBaseMiB)
 		model = st.Info.Model
 	}
-	_, cores := d.SharedTotals()
+	var cores int64
+	if st != nil {
+		cores = d.SliceOn(st.Info.UnitMiB, st.Info.SliceBaseMiB).Cores
+	}
 	var m string
 	switch r {
 	case UnknownNode:
@@ -234,7 +238,7 @@ func Score(p allocator.Policy, st *NodeState, d *Demand) (score float64, ok bool
 	if Check(st, d) != Fits {
 		return 0, false
 	}
-	req := d.Request(st.Info.UnitMiB, st.Info.gpuMemMiB())
+	req := d.Request(st.Info.UnitMiB, st.Info.SliceBaseMiB)
 	return p.Evaluate(st.viewFor(d.Kind()), req).Score, true
 }
 
@@ -252,7 +256,7 @@ func NewQuery(d *Demand) *Query {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d/%d/%d/%t/%s", d.CPUMilli, d.MemMiB, d.WholeGPUs, d.NVLink, strings.Join(d.Models, "|"))
 	for _, s := range d.Shares {
-		fmt.Fprintf(&b, "/%d:%d", s.MemUnits, s.Cores)
+		fmt.Fprintf(&b, "/%d:%d:%d", s.Kind, s.MemUnits, s.Cores)
 	}
 	return &Query{D: d, key: b.String()}
 }
@@ -291,7 +295,7 @@ func (q *Query) Score(p allocator.Policy, st *NodeState) (float64, bool) {
 	if e.policy == p {
 		return e.score, true
 	}
-	req := q.D.Request(st.Info.UnitMiB, st.Info.gpuMemMiB())
+	req := q.D.Request(st.Info.UnitMiB, st.Info.SliceBaseMiB)
 	e.policy, e.score = p, p.Evaluate(st.viewFor(q.D.Kind()), req).Score
 	st.remember(e)
 	return e.score, true
@@ -338,7 +342,7 @@ func ChoosePlacement(p allocator.Policy, st *NodeState, uid types.UID, d *Demand
 		u.NVLink = d.NVLink
 	case allocator.Shared:
 		info := st.Info
-		req := d.Request(info.UnitMiB, info.gpuMemMiB())
+		req := d.Request(info.UnitMiB, info.SliceBaseMiB)
 		set, err := allocator.Place(p, st.viewFor(allocator.Shared), req)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrNoFit, err)
@@ -349,7 +353,8 @@ func ChoosePlacement(p allocator.Policy, st *NodeState, uid types.UID, d *Demand
 		}
 		g := info.GPUs[pos[0]]
 		for _, s := range d.Shares {
-			u.Shared = append(u.Shared, SharedUse{Container: s.Name, UUID: g.UUID, Index: g.Index, MemMiB: ShareMiB(s, info.UnitMiB, info.gpuMemMiB()), Cores: s.Cores})
+			a := gpureq.Resolve(s, info.UnitMiB, info.SliceBaseMiB)
+			u.Shared = append(u.Shared, SharedUse{Container: s.Name, Kind: s.Kind, UUID: g.UUID, Index: g.Index, MemMiB: a.MemMiB, Cores: a.Cores})
 		}
 	}
 	return u, nil
@@ -387,11 +392,11 @@ func reuseShared(st *NodeState, uid types.UID, d *Demand, a *api.Assignment, pla
 			return nil, false
 		}
 		uuid = c.Shared.GPU.UUID
-		want := ShareMiB(s, info.UnitMiB, info.gpuMemMiB())
-		if c.Shared.MemoryMiB != want || c.Shared.Cores != s.Cores {
+		want := gpureq.Resolve(s, info.UnitMiB, info.SliceBaseMiB)
+		if c.Shared.MemoryMiB != want.MemMiB || c.Shared.Cores != want.Cores {
 			return nil, false
 		}
-		u.Shared = append(u.Shared, SharedUse{Container: s.Name, UUID: uuid, MemMiB: want, Cores: s.Cores})
+		u.Shared = append(u.Shared, SharedUse{Container: s.Name, Kind: s.Kind, UUID: uuid, MemMiB: want.MemMiB, Cores: want.Cores})
 	}
 	p := info.position(uuid)
 	if p < 0 {
@@ -408,7 +413,7 @@ func reuseShared(st *NodeState, uid types.UID, d *Demand, a *api.Assignment, pla
 		}
 	}
 	without := BuildNodeState(info, others)
-	req := d.Request(info.UnitMiB, info.gpuMemMiB())
+	req := d.Request(info.UnitMiB, info.SliceBaseMiB)
 	view := without.viewFor(allocator.Shared)
 	if planned {
 		raw := without.buildView(0)

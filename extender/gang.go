@@ -25,6 +25,7 @@ import (
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/allocator/gang"
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
 )
 
 // GangClient is what the gang planner writes and reads at the API server.
@@ -235,7 +236,7 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 	groups := map[string]*group{}
 	malformed := map[string]bool{}
 	for _, pod := range pods {
-		if pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		if gpureq.Ended(pod) {
 			continue
 		}
 		g, ok, err := api.GangOf(pod)
@@ -518,7 +519,7 @@ func (p *GangPlanner) gangInput(snap map[string]*NodeState, g *api.Gang, members
 		kind = allocator.Shared
 	}
 	var nodes []gang.Node
-	var unitMiB, gpuMemMiB int64
+	var unitMiB, sliceBaseMiB int64
 	for _, n := range names {
 		st := snap[n]
 		info := st.Info
@@ -526,7 +527,7 @@ func (p *GangPlanner) gangInput(snap map[string]*NodeState, g *api.Gang, members
 			continue
 		}
 		if unitMiB == 0 && info.HasInventory {
-			unitMiB, gpuMemMiB = info.UnitMiB, info.gpuMemMiB()
+			unitMiB, sliceBaseMiB = info.UnitMiB, info.SliceBaseMiB
 		}
 		if st.PendingNVLink > 0 {
 			continue // its clique is not known yet (see Check)
@@ -548,7 +549,7 @@ func (p *GangPlanner) gangInput(snap map[string]*NodeState, g *api.Gang, members
 	for i, m := range members {
 		// Shared slices are sized with the memory unit of the cluster's
 		// first GPU node: nodes with another unit may be misjudged.
-		r := demands[i].Request(unitMiB, gpuMemMiB)
+		r := demands[i].Request(unitMiB, sliceBaseMiB)
 		r.Models = demands[i].Models
 		grp.Members = append(grp.Members, gang.Member{Name: m.Name, Request: r, NVLink: demands[i].NVLink, Allowed: podAllows(m)})
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
 )
 
 // Filter reasons of quota admission (metric label reason).
@@ -245,34 +246,13 @@ func QuotasOf(objs []*unstructured.Unstructured) (map[string]quota.Quota, map[st
 	return out, errs
 }
 
-// PodQuotaUse is what a pod counts against its namespace's quota: its
-// effective request (the larger of its containers' sum and its largest
-// init container; a request defaults to the limit) of each resource quota
-// governs.
+// PodQuotaUse is what a pod counts against its namespace's quota
+// (gpureq.QuotaUse: what it holds at its peak of each resource quota
+// governs, sidecars included; a pod with an invalid GPU request counts
+// what it asks for, rounded up).
 func PodQuotaUse(pod *corev1.Pod) quota.Resources {
-	out := quota.Resources{}
-	get := func(c *corev1.Container, name corev1.ResourceName) int64 {
-		if q, ok := c.Resources.Requests[name]; ok {
-			return q.Value()
-		}
-		if q, ok := c.Resources.Limits[name]; ok {
-			return q.Value()
-		}
-		return 0
-	}
-	for _, name := range api.QuotaResources() {
-		var sum, initMax int64
-		for i := range pod.Spec.Containers {
-			sum += get(&pod.Spec.Containers[i], name)
-		}
-		for i := range pod.Spec.InitContainers {
-			initMax = max(initMax, get(&pod.Spec.InitContainers[i], name))
-		}
-		if v := max(sum, initMax); v > 0 {
-			out[name] = v
-		}
-	}
-	return out
+	use, _ := gpureq.QuotaUse(pod)
+	return use
 }
 
 // QuotaLedger builds quota states from the quotas in force, the pods the
@@ -341,7 +321,7 @@ func (l *QuotaLedger) clock() time.Time {
 // deleted (a pod being deleted frees its share; the GPU ledger still
 // counts it until it is gone).
 func (l *QuotaLedger) Counted(pod *corev1.Pod) bool {
-	if pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+	if gpureq.Ended(pod) {
 		return false
 	}
 	if pod.Spec.NodeName != "" {
@@ -492,7 +472,7 @@ type indexedPod struct {
 // Set indexes a pod (added or updated).
 func (x *QuotaIndex) Set(pod *corev1.Pod) {
 	uses := PodQuotaUse(pod)
-	live := pod.DeletionTimestamp == nil && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed
+	live := !gpureq.Ended(pod)
 	counted := live && pod.Spec.NodeName != ""
 	if live && !counted {
 		plan, ok, err := api.GetGangPlan(pod.Annotations)
@@ -760,7 +740,7 @@ func PreemptVictims(v *QuotaView, members func(gang *api.Gang) []*corev1.Pod, pr
 			whole := true
 			for _, m := range members(g) {
 				_, planned := m.Annotations[api.AnnotationGangPlan]
-				if m.DeletionTimestamp != nil || m.Status.Phase == corev1.PodSucceeded || m.Status.Phase == corev1.PodFailed || (m.Spec.NodeName == "" && !planned) {
+				if gpureq.Ended(m) || (m.Spec.NodeName == "" && !planned) {
 					continue // not running: nothing to break
 				}
 				if !onNode[m.UID] {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
 	"github.com/tessera-gpu/tessera/internal/podtrust"
 )
 
@@ -180,9 +181,9 @@ func (s *Server) FilterArgs(ctx context.Context, args *extenderv1.ExtenderArgs) 
 	})
 	var counts map[Reason]int
 	type msgKey struct {
-		r              Reason
-		model          string
-		unit, gpuMemMi int64
+		r               Reason
+		model           string
+		unit, sliceBase int64
 	}
 	msgs := map[msgKey]string{}
 	for i, r := range reasons {
@@ -195,7 +196,7 @@ func (s *Server) FilterArgs(ctx context.Context, args *extenderv1.ExtenderArgs) 
 		counts[r]++
 		k := msgKey{r: r}
 		if st := states[i]; st != nil {
-			k.model, k.unit, k.gpuMemMi = st.Info.Model, st.Info.UnitMiB, st.Info.gpuMemMiB()
+			k.model, k.unit, k.sliceBase = st.Info.Model, st.Info.UnitMiB, st.Info.SliceBaseMiB
 		}
 		m, ok := msgs[k]
 		if !ok {
@@ -452,7 +453,8 @@ var ErrNotPlannedNode = errors.New("not the node of the pod's gang plan")
 func plannedAssignment(info *NodeInfo, d *Demand, gpu *api.GPURef) *api.Assignment {
 	a := api.NewAssignment()
 	for _, sh := range d.Shares {
-		a.Containers = append(a.Containers, api.ContainerAssignment{Name: sh.Name, Shared: &api.SharedGPU{GPU: *gpu, MemoryMiB: ShareMiB(sh, info.UnitMiB, info.gpuMemMiB()), Cores: sh.Cores}})
+		s := gpureq.Resolve(sh, info.UnitMiB, info.SliceBaseMiB)
+		a.Containers = append(a.Containers, api.ContainerAssignment{Name: sh.Name, Shared: &api.SharedGPU{GPU: *gpu, MemoryMiB: s.MemMiB, Cores: s.Cores}})
 	}
 	return a
 }

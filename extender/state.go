@@ -10,6 +10,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
 )
 
 // GPUInfo is one GPU of a node as its inventory describes it.
@@ -17,8 +18,8 @@ type GPUInfo struct {
 	UUID  string
 	Index int
 	Model string
-	// MemMiB is the memory the GPU shares out: its memory units times the
-	// unit size.
+	// MemMiB is the memory the GPU shares out (gpureq.GPUCapacity): the
+	// memory units the node agent advertises times the unit size.
 	MemMiB  int64
 	Healthy bool
 	Reason  string
@@ -32,8 +33,11 @@ type NodeInfo struct {
 	// node fits no GPU pod.
 	Err error
 	// HasInventory is false for a node without the annotation (no GPUs).
-	HasInventory    bool
-	UnitMiB         int64
+	HasInventory bool
+	UnitMiB      int64
+	// SliceBaseMiB is the GPU memory a core-only slice takes its
+	// percentage of (gpureq.CoreOnlyBaseMiB of the GPUs' MemMiB).
+	SliceBaseMiB    int64
 	SharedIsolation bool
 	GPUs            []GPUInfo
 	// Cliques are the NVLink cliques as positions in GPUs.
@@ -78,15 +82,6 @@ func (n *NodeInfo) maxHealthyMemMiB() int64 {
 	return m
 }
 
-// gpuMemMiB is the memory of the node's GPUs used to default a core-only
-// slice's memory: the first GPU's.
-func (n *NodeInfo) gpuMemMiB() int64 {
-	if len(n.GPUs) == 0 {
-		return 0
-	}
-	return n.GPUs[0].MemMiB
-}
-
 // NewNodeInfo reads a Node: its inventory annotation and allocatable CPU
 // and memory. A malformed annotation is recorded in Err, not returned.
 func NewNodeInfo(node *corev1.Node) *NodeInfo {
@@ -121,6 +116,11 @@ func NewNodeInfo(node *corev1.Node) *NodeInfo {
 		})
 		pos[g.Index] = i
 	}
+	caps := make([]int64, len(info.GPUs))
+	for i := range info.GPUs {
+		caps[i] = info.GPUs[i].MemMiB
+	}
+	info.SliceBaseMiB = gpureq.CoreOnlyBaseMiB(caps...)
 	if len(info.GPUs) > 0 {
 		info.Model = info.GPUs[0].Model
 	}
@@ -137,10 +137,13 @@ func NewNodeInfo(node *corev1.Node) *NodeInfo {
 // SharedUse is one container's slice of a GPU.
 type SharedUse struct {
 	Container string
-	UUID      string
-	Index     int
-	MemMiB    int64
-	Cores     int64
+	// Kind says whether the container runs beside the pod's others
+	// (gpureq.PeakAmount).
+	Kind   gpureq.Kind
+	UUID   string
+	Index  int
+	MemMiB int64
+	Cores  int64
 }
 
 // PodUse is what one pod uses on its node.
@@ -206,7 +209,7 @@ func NewPodUse(pod *corev1.Pod) *PodUse {
 				u.Whole = append(u.Whole, g.UUID)
 			}
 			if c.Shared != nil {
-				u.Shared = append(u.Shared, SharedUse{Container: c.Name, UUID: c.Shared.GPU.UUID, Index: c.Shared.GPU.Index, MemMiB: c.Shared.MemoryMiB, Cores: c.Shared.Cores})
+				u.Shared = append(u.Shared, SharedUse{Container: c.Name, Kind: gpureq.KindOf(pod, c.Name), UUID: c.Shared.GPU.UUID, Index: c.Shared.GPU.Index, MemMiB: c.Shared.MemoryMiB, Cores: c.Shared.Cores})
 			}
 		}
 	}
@@ -263,7 +266,8 @@ func (u *PodUse) sharedOn(info *NodeInfo) []SharedUse {
 	}
 	out := make([]SharedUse, 0, len(u.PlannedShares))
 	for _, sh := range u.PlannedShares {
-		out = append(out, SharedUse{Container: sh.Name, UUID: u.PlannedGPU, Index: info.GPUs[p].Index, MemMiB: ShareMiB(sh, info.UnitMiB, info.gpuMemMiB()), Cores: sh.Cores})
+		a := gpureq.Resolve(sh, info.UnitMiB, info.SliceBaseMiB)
+		out = append(out, SharedUse{Container: sh.Name, Kind: sh.Kind, UUID: u.PlannedGPU, Index: info.GPUs[p].Index, MemMiB: a.MemMiB, Cores: a.Cores})
 	}
 	return out
 }
@@ -397,14 +401,12 @@ func BuildNodeState(info *NodeInfo, uses []*PodUse) *NodeState {
 			// The planned GPU left the inventory: hold a GPU of the node.
 			s.PendingWhole++
 		}
-		for _, sh := range u.sharedOn(info) {
-			if p := info.position(sh.UUID); p >= 0 {
-				g := &s.GPUs[p]
-				g.MemUsedMiB += sh.MemMiB
-				g.CoresUsed += sh.Cores
-				if len(g.Pods) == 0 || g.Pods[len(g.Pods)-1] != u.UID {
-					g.Pods = append(g.Pods, u.UID)
-				}
+		for p, a := range sharedPeaks(info, u.sharedOn(info)) {
+			g := &s.GPUs[p]
+			g.MemUsedMiB += a.MemMiB
+			g.CoresUsed += a.Cores
+			if len(g.Pods) == 0 || g.Pods[len(g.Pods)-1] != u.UID {
+				g.Pods = append(g.Pods, u.UID)
 			}
 		}
 	}
@@ -414,6 +416,32 @@ func BuildNodeState(info *NodeInfo, uses []*PodUse) *NodeState {
 		s.sharedView = s.buildView(len(info.GPUs))
 	}
 	return s
+}
+
+// sharedPeaks is what one pod's slices take of each GPU of the node (by
+// position) at once: gpureq.PeakAmount of its slices on that GPU. Slices on
+// GPUs not in the inventory are left out.
+func sharedPeaks(info *NodeInfo, shared []SharedUse) map[int]gpureq.Amount {
+	if len(shared) == 0 {
+		return nil
+	}
+	held := map[int][]gpureq.Held{}
+	var order []int
+	for _, sh := range shared {
+		p := info.position(sh.UUID)
+		if p < 0 {
+			continue
+		}
+		if _, seen := held[p]; !seen {
+			order = append(order, p)
+		}
+		held[p] = append(held[p], gpureq.Held{Kind: sh.Kind, Amount: gpureq.Amount{MemMiB: sh.MemMiB, Cores: sh.Cores}})
+	}
+	out := make(map[int]gpureq.Amount, len(order))
+	for _, p := range order {
+		out[p] = gpureq.PeakAmount(held[p])
+	}
+	return out
 }
 
 // buildView builds an allocator view that holds back hold fully free
@@ -435,8 +463,8 @@ func (s *NodeState) buildView(hold int) allocator.Node {
 	for i, g := range info.GPUs {
 		st := s.GPUs[i]
 		ag := allocator.GPU{Index: g.Index, MemTotalMiB: g.MemMiB}
-		if g.Healthy && st.Whole == 0 {
-			ag.MilliFree = max(0, allocator.MilliPerGPU-coresToMilliUsed(st.CoresUsed))
+		if g.Healthy && gpureq.CheckShared(gpureq.GPUUse{Whole: st.Whole > 0}) == nil {
+			ag.MilliFree = max(0, allocator.MilliPerGPU-gpureq.UsedCoresToMilli(st.CoresUsed))
 			ag.MemFreeMiB = max(0, g.MemMiB-st.MemUsedMiB)
 		}
 		v.GPUs[i] = ag
@@ -448,9 +476,4 @@ func (s *NodeState) buildView(hold int) allocator.Node {
 		}
 	}
 	return v
-}
-
-// coresToMilliUsed maps used cores to milli without the slice cap.
-func coresToMilliUsed(cores int64) int64 {
-	return cores * (allocator.MilliPerGPU / api.CoresPerGPU)
 }
