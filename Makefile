@@ -100,6 +100,20 @@ bench: bench-go bench-scheduler ## Go benchmarks, then kube-scheduler throughput
 bench-go: ## Go benchmarks of the main module (allocation, scoring, extender verbs, device plugin)
 	$(GO) test -run='^$$' -bench=. -benchmem ./...
 
+# Fuzz targets (func FuzzX in a _test.go of the main module), each in turn:
+# go test -fuzz runs one target at a time. New failing inputs land in the
+# package's testdata/fuzz/FuzzX, where `go test` replays them.
+FUZZTIME ?= 10m
+.PHONY: fuzz
+fuzz: ## run every fuzz target of the main module in turn, FUZZTIME each (default 10m)
+	@for dir in $$(grep -rl --include='*_test.go' '^func Fuzz' . | grep -v '^./test/' | xargs -r -n1 dirname | sort -u); do \
+		list=$$($(GO) test -list 'Fuzz.*' $$dir); \
+		for target in $$(echo "$$list" | grep '^Fuzz' || true); do \
+			echo "== $$dir $$target ($(FUZZTIME))"; \
+			$(GO) test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) -parallel 1 $$dir; \
+		done; \
+	done
+
 .PHONY: image
 image: ## build the container image holding every binary (needs a Docker engine)
 	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE) .

@@ -104,9 +104,10 @@ type NodeAgentConfig struct {
 	// MemoryReserveMiB is kept back on every GPU and not advertised as
 	// memory units (for the CUDA context, the driver, monitoring).
 	MemoryReserveMiB uint64 `json:"memoryReserveMiB,omitempty"`
-	// IgnoredXIDs are XID errors that do not make a GPU unhealthy. Absent,
-	// DefaultIgnoredXIDs; an empty list ignores none.
-	IgnoredXIDs []uint64 `json:"ignoredXIDs,omitempty"`
+	// IgnoredXIDs are XID errors that do not make a GPU unhealthy. Absent
+	// (or null), DefaultIgnoredXIDs; an empty list ignores none, and is
+	// encoded as one (no omitempty).
+	IgnoredXIDs []uint64 `json:"ignoredXIDs"`
 	// DeviceListStrategy lists how Allocate passes whole GPUs to the
 	// runtime: any of cdi-cri, cdi-annotations, envvar, volume-mounts
 	// (default [cdi-cri]).

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -11,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // A pod joins a gang (a group scheduled all-or-nothing) in one of two ways:
@@ -45,6 +47,9 @@ const (
 	// DefaultGangTimeout applies when neither the PodGroup nor the
 	// annotation gives one.
 	DefaultGangTimeout = 10 * time.Minute
+	// MaxGangTimeoutSeconds is the longest timeout a time.Duration holds
+	// (about 292 years); a longer one is an error, not an overflow.
+	MaxGangTimeoutSeconds = int64(math.MaxInt64 / time.Second)
 )
 
 // PodGroupGVR and ElasticQuotaGVR are the scheduler-plugins CRDs Tessera
@@ -122,9 +127,9 @@ func GangOf(pod *corev1.Pod) (g *Gang, ok bool, err error) {
 		return fail("%s is required with %s", AnnotationGangMinMember, AnnotationGang)
 	}
 	if v, set := pod.Annotations[AnnotationGangTimeout]; set {
-		s, err := strconv.Atoi(strings.TrimSpace(v))
-		if err != nil || s < 1 {
-			return fail("%s=%q: want a number of seconds of at least 1", AnnotationGangTimeout, v)
+		s, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if err != nil || s < 1 || s > MaxGangTimeoutSeconds {
+			return fail("%s=%q: want a number of seconds from 1 to %d", AnnotationGangTimeout, v, MaxGangTimeoutSeconds)
 		}
 		g.Timeout = time.Duration(s) * time.Second
 	}
@@ -148,6 +153,7 @@ func ParseTopologyLevels(v string) ([]TopologyLevel, error) {
 			return nil, fmt.Errorf("%q has an empty level", v)
 		}
 		key, mode, hasMode := strings.Cut(part, ":")
+		key, mode = strings.TrimSpace(key), strings.TrimSpace(mode)
 		l := TopologyLevel{Key: key}
 		switch {
 		case !hasMode, mode == "preferred":
@@ -158,6 +164,10 @@ func ParseTopologyLevels(v string) ([]TopologyLevel, error) {
 		}
 		if key == "" || seen[key] {
 			return nil, fmt.Errorf("level %q is empty or repeated", key)
+		}
+		// A level is a node label key: any other never matches a node.
+		if errs := validation.IsQualifiedName(key); len(errs) > 0 {
+			return nil, fmt.Errorf("level %q is not a node label key: %s", key, strings.Join(errs, "; "))
 		}
 		seen[key] = true
 		levels = append(levels, l)
@@ -180,8 +190,8 @@ func (g *Gang) ApplyPodGroup(pg *unstructured.Unstructured, pod *corev1.Pod) err
 		g.MinMember = int(min)
 	}
 	secs, found, err := unstructured.NestedInt64(pg.Object, "spec", "scheduleTimeoutSeconds")
-	if err != nil || (found && secs < 1) {
-		return fmt.Errorf("PodGroup %s: %w: spec.scheduleTimeoutSeconds must be a number of at least 1", g.Key(), ErrInvalidGang)
+	if err != nil || (found && (secs < 1 || secs > MaxGangTimeoutSeconds)) {
+		return fmt.Errorf("PodGroup %s: %w: spec.scheduleTimeoutSeconds must be a number from 1 to %d", g.Key(), ErrInvalidGang, MaxGangTimeoutSeconds)
 	}
 	if _, set := pod.Annotations[AnnotationGangTimeout]; found && !set {
 		g.Timeout = time.Duration(secs) * time.Second

@@ -118,10 +118,13 @@ func (inv *GPUInventory) Validate() error {
 	if len(inv.Links) != n {
 		return fmt.Errorf("links: must have %d rows (one per GPU), got %d", n, len(inv.Links))
 	}
+	// Every row's length first: the symmetry check reads links[j][i].
 	for i, row := range inv.Links {
 		if len(row) != n {
 			return fmt.Errorf("links[%d]: must have %d columns, got %d", i, n, len(row))
 		}
+	}
+	for i, row := range inv.Links {
 		for j, l := range row {
 			if !linkPattern.MatchString(l) || (i == j) != (l == "X") {
 				return fmt.Errorf("links[%d][%d]: %q is not a link (X on the diagonal only, NV<n>, NVS<n>, BOARD, PIX, PXB, PHB, NODE, SYS)", i, j, l)

@@ -115,7 +115,7 @@ func (s *Sealer) Verify(uid types.UID, annotations map[string]string, name strin
 	if !ok {
 		return "", true, fmt.Errorf("annotation %s: %w (%s is not a %s seal)", name, ErrUnsealed, sealOf(name), strings.TrimSuffix(sealVersion, "."))
 	}
-	got, derr := base64.RawURLEncoding.DecodeString(enc)
+	got, derr := base64.RawURLEncoding.Strict().DecodeString(enc) // Strict: one encoding per seal
 	if derr != nil || !hmac.Equal(got, s.mac(uid, name, value)) {
 		return "", true, fmt.Errorf("annotation %s: %w (its seal does not match this pod and value)", name, ErrUnsealed)
 	}
