@@ -31,6 +31,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
 )
 
 // MaxDeviceIDLength is the kubelet's limit on a device ID.
@@ -145,14 +146,20 @@ func (m *Model) Units(r corev1.ResourceName, g GPU) int {
 	case api.ResourceGPU:
 		return 1
 	case api.ResourceGPUMemory:
-		if g.MemoryMiB <= m.opts.MemoryReserveMiB {
-			return 0
-		}
-		return int((g.MemoryMiB - m.opts.MemoryReserveMiB) / m.opts.MemoryUnitMiB)
+		return int(gpureq.MemoryUnits(g.MemoryMiB, m.opts.MemoryReserveMiB, m.opts.MemoryUnitMiB))
 	case api.ResourceGPUCore:
 		return api.CoresPerGPU
 	}
 	return 0
+}
+
+// maxUnits is the most devices of resource r one GPU of the node provides.
+func (m *Model) maxUnits(r corev1.ResourceName) int {
+	n := 0
+	for _, g := range m.gpus {
+		n = max(n, m.Units(r, g))
+	}
+	return n
 }
 
 // DeviceID is the ID of the n-th device of resource r on the GPU with the
@@ -309,14 +316,14 @@ func (m *Model) DeviceHealth(r corev1.ResourceName, uuid string, health HealthMa
 	}
 	switch r {
 	case api.ResourceGPU:
-		if usage.Shared[uuid] {
+		if gpureq.CheckWhole(gpureq.GPUUse{Shared: usage.Shared[uuid]}) != nil {
 			return false, ReasonSharedInUse
 		}
-		if usage.Assigned[uuid] {
+		if gpureq.CheckWhole(gpureq.GPUUse{Shared: usage.Assigned[uuid]}) != nil {
 			return false, ReasonAssigned
 		}
 	default:
-		if usage.Whole[uuid] {
+		if gpureq.CheckShared(gpureq.GPUUse{Whole: usage.Whole[uuid]}) != nil {
 			return false, ReasonWholeInUse
 		}
 	}
@@ -391,11 +398,11 @@ func (m *Model) CheckWhole(ids []string, health HealthMap, usage Usage) ([]GPU, 
 		if h := health.Of(g.UUID); !h.Healthy {
 			return nil, fmt.Errorf("GPU %d (%s) is unhealthy: %s", g.Index, g.UUID, h.Reason)
 		}
-		if usage.Shared[g.UUID] {
-			return nil, fmt.Errorf("GPU %d (%s) serves shared units and cannot be allocated whole", g.Index, g.UUID)
+		if r := gpureq.CheckWhole(gpureq.GPUUse{Shared: usage.Shared[g.UUID]}); r != nil {
+			return nil, fmt.Errorf("GPU %d (%s) %w", g.Index, g.UUID, r)
 		}
-		if usage.Assigned[g.UUID] {
-			return nil, fmt.Errorf("GPU %d (%s) is assigned to shared units of a pod on this node and cannot be allocated whole", g.Index, g.UUID)
+		if r := gpureq.CheckWhole(gpureq.GPUUse{Shared: usage.Assigned[g.UUID]}); r != nil {
+			return nil, fmt.Errorf("GPU %d (%s), assigned to shared units of a pod on this node, %w", g.Index, g.UUID, r)
 		}
 		gpus = append(gpus, g)
 	}
@@ -404,13 +411,19 @@ func (m *Model) CheckWhole(ids []string, health HealthMap, usage Usage) ([]GPU, 
 }
 
 // CheckShared checks an Allocate request for shared units of resource r: the
-// devices exist and none is listed twice.
+// devices exist, none is listed twice, and the container's slice could be
+// served (gpureq.CheckDevices: at most one GPU's cores, no more memory than
+// the node's largest GPU shares). The error wraps the *gpureq.Refusal when
+// there is one.
 func (m *Model) CheckShared(r corev1.ResourceName, ids []string) error {
 	if r == api.ResourceGPU {
 		return fmt.Errorf("%s is not a shared resource", r)
 	}
 	if len(ids) == 0 {
 		return fmt.Errorf("no %s devices requested", r)
+	}
+	if ref := gpureq.CheckDevices(r, int64(len(ids)), int64(m.maxUnits(api.ResourceGPUMemory))); ref != nil {
+		return fmt.Errorf("refusing %d %s devices for one container: %w", len(ids), r, ref)
 	}
 	seen := map[string]bool{}
 	for _, id := range ids {

@@ -1,6 +1,7 @@
 package devices_test
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/deviceplugin/devices"
+	"github.com/tessera-gpu/tessera/gpureq"
 )
 
 func uuid(i int) string { return fmt.Sprintf("GPU-%08d-0000-0000-0000-000000000000", i) }
@@ -360,6 +362,35 @@ func TestCheckShared(t *testing.T) {
 	} {
 		if err := m.CheckShared(tc.r, tc.ids); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("CheckShared(%s %v) error = %v, want %q", tc.r, tc.ids, err, tc.want)
+		}
+	}
+
+	// The slice rules Allocate can see (gpureq.CheckDevices): one GPU's
+	// cores at most, no more memory than the largest GPU shares.
+	units := func(r corev1.ResourceName, n int) []string {
+		var ids []string
+		for i := range n {
+			ids = append(ids, devices.DeviceID(r, uuid(i/m.Units(r, devices.GPU{MemoryMiB: 2048})), i%m.Units(r, devices.GPU{MemoryMiB: 2048})))
+		}
+		return ids
+	}
+	for _, tc := range []struct {
+		r    corev1.ResourceName
+		n    int
+		want gpureq.Code
+	}{
+		{api.ResourceGPUCore, 100, ""},
+		{api.ResourceGPUCore, 101, gpureq.CodeCoresAboveGPU},
+		{api.ResourceGPUMemory, 2, ""},
+		{api.ResourceGPUMemory, 3, gpureq.CodeSliceTooLarge},
+	} {
+		err := m.CheckShared(tc.r, units(tc.r, tc.n))
+		var ref *gpureq.Refusal
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("CheckShared(%d %s) = %v", tc.n, tc.r, err)
+		case tc.want != "" && (!errors.As(err, &ref) || ref.Code != tc.want):
+			t.Errorf("CheckShared(%d %s) = %v, want a %s refusal", tc.n, tc.r, err, tc.want)
 		}
 	}
 }

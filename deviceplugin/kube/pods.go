@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
 	"github.com/tessera-gpu/tessera/internal/podtrust"
 )
 
@@ -165,12 +166,11 @@ type podAssignment struct {
 	malformed bool            // its assignment annotation is
 }
 
-// ended: the pod no longer runs, or soon will not (or is bound elsewhere),
-// so its assignment no longer holds a GPU back. While its containers stop,
-// the kubelet's allocations still hold what it was admitted with.
-func (w *PodWatch) ended(pod *corev1.Pod) bool {
-	return pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed || pod.Spec.NodeName != w.node
-}
+// ended: the pod no longer runs, or soon will not (or is bound elsewhere):
+// gpureq.EndedOn. Its assignment no longer holds a GPU back; while its
+// containers stop, the kubelet's allocations still hold what it was
+// admitted with.
+func (w *PodWatch) ended(pod *corev1.Pod) bool { return gpureq.EndedOn(pod, w.node) }
 
 // sharedGPUs returns the UUIDs of the GPUs the shared parts of pod's
 // assignment name (none without an assignment). pod has been through the
