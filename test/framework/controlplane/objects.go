@@ -9,6 +9,8 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -189,4 +191,56 @@ func (cp *ControlPlane) WaitForPod(ctx context.Context, namespace, name, what st
 		return last, fmt.Errorf("waiting %s for pod %s/%s to be %s: %w (last get error: %v; pod: %s)", timeout, namespace, name, what, err, lastErr, detail)
 	}
 	return last, nil
+}
+
+// AggregateClusterRole fills the rules of ClusterRole name from its
+// aggregationRule, as kube-controller-manager's clusterrole-aggregation
+// controller does (the test control plane runs no controller manager, so
+// the API server's bootstrap roles edit, view and admin have no rules
+// until this runs). Selected roles that aggregate themselves are filled
+// first. It returns the rules name ends up with.
+func (cp *ControlPlane) AggregateClusterRole(ctx context.Context, name string) ([]rbacv1.PolicyRule, error) {
+	return cp.aggregateClusterRole(ctx, name, map[string]bool{})
+}
+
+func (cp *ControlPlane) aggregateClusterRole(ctx context.Context, name string, seen map[string]bool) ([]rbacv1.PolicyRule, error) {
+	roles := cp.client.RbacV1().ClusterRoles()
+	role, err := roles.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("get ClusterRole %s: %w", name, err)
+	}
+	if role.AggregationRule == nil || seen[name] {
+		return role.Rules, nil
+	}
+	seen[name] = true
+	var rules []rbacv1.PolicyRule
+	for _, sel := range role.AggregationRule.ClusterRoleSelectors {
+		s, err := metav1.LabelSelectorAsSelector(&sel)
+		if err != nil {
+			return nil, fmt.Errorf("ClusterRole %s: %w", name, err)
+		}
+		list, err := roles.List(ctx, metav1.ListOptions{LabelSelector: s.String()})
+		if err != nil {
+			return nil, fmt.Errorf("list ClusterRoles for %s: %w", name, err)
+		}
+		for _, r := range list.Items {
+			if r.Name == name {
+				continue
+			}
+			sub, err := cp.aggregateClusterRole(ctx, r.Name, seen)
+			if err != nil {
+				return nil, err
+			}
+			for _, rule := range sub {
+				if !slices.ContainsFunc(rules, func(have rbacv1.PolicyRule) bool { return equality.Semantic.DeepEqual(have, rule) }) {
+					rules = append(rules, rule)
+				}
+			}
+		}
+	}
+	role.Rules = rules
+	if _, err := roles.Update(ctx, role, metav1.UpdateOptions{}); err != nil {
+		return nil, fmt.Errorf("update ClusterRole %s: %w", name, err)
+	}
+	return rules, nil
 }

@@ -1,0 +1,715 @@
+// Package admission tests deploy/admission's ValidatingAdmissionPolicy and
+// deploy/crds' validation against a real kube-apiserver, with deploy/'s
+// RBAC, CRDs and policy installed as they are in the repository
+// (framework/install): every way a tenant could set, change or remove one
+// of Tessera's pod annotations is refused with a message that names it,
+// and what tenants and Tessera's own identities legitimately do passes.
+package admission
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/test/framework/controlplane"
+	"github.com/tessera-gpu/tessera/test/framework/install"
+)
+
+const (
+	tenantNS   = "team-a"
+	tenantName = "alice"
+	// refused is what the policy says about Tessera's annotations.
+	refused = " written only by Tessera (tessera-extender, tessera-node); "
+)
+
+// env is a control plane with deploy/'s RBAC, CRDs and admission policy,
+// and clients for the admin, a tenant and Tessera's two identities.
+type env struct {
+	cp                     *controlplane.ControlPlane
+	repo                   string
+	admin, tenant          kubernetes.Interface
+	extender, node         kubernetes.Interface
+	adminDyn, tenantDyn    dynamic.Interface
+	tessera, tesseraValues map[string]string // Tessera's four annotations on a pod
+}
+
+func start(t *testing.T) *env {
+	t.Helper()
+	repo, err := install.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenant := &controlplane.User{Name: tenantName}
+	ext, node := install.ExtenderUser(), install.NodeUser()
+	cp := controlplane.StartForTest(t, controlplane.Options{Users: []*controlplane.User{tenant, ext, node}})
+	ctx := t.Context()
+	admin := cp.RESTConfig()
+	if err := install.RBAC(ctx, admin, repo); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := install.CRDs(ctx, admin, repo); err != nil {
+		t.Fatal(err)
+	}
+	if err := install.AdmissionPolicy(ctx, admin, repo); err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range []string{tenantNS, "kube-system"} {
+		if err := cp.EnsureNamespace(ctx, ns); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The tenant: the stock edit ClusterRole in its namespace, as a
+	// namespace owner usually gets, plus pods/binding (a tenant running
+	// its own scheduler) and pods/status, which edit does not grant, so
+	// that those paths reach admission instead of stopping at RBAC.
+	// No controller manager aggregates edit's rules here: do it as it would.
+	if rules, err := cp.AggregateClusterRole(ctx, "edit"); err != nil || len(rules) == 0 {
+		t.Fatalf("aggregate ClusterRole edit: %d rules, %v", len(rules), err)
+	}
+	rbac := cp.Client().RbacV1()
+	user := []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: tenantName}}
+	if _, err := rbac.RoleBindings(tenantNS).Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "alice-edit"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "edit"},
+		Subjects:   user,
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rbac.Roles(tenantNS).Create(ctx, &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: "own-scheduler"},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"pods/binding"}, Verbs: []string{"create"}},
+			{APIGroups: []string{""}, Resources: []string{"pods/status"}, Verbs: []string{"update", "patch"}},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rbac.RoleBindings(tenantNS).Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "alice-own-scheduler"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "own-scheduler"},
+		Subjects:   user,
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e := &env{cp: cp, repo: repo, admin: cp.Client()}
+	for _, c := range []struct {
+		u   *controlplane.User
+		cs  *kubernetes.Interface
+		dyn *dynamic.Interface
+	}{
+		{tenant, &e.tenant, &e.tenantDyn},
+		{ext, &e.extender, nil},
+		{node, &e.node, nil},
+		{nil, nil, &e.adminDyn},
+	} {
+		cfg := admin
+		if c.u != nil {
+			cfg = cp.RESTConfigFor(c.u)
+		}
+		if c.cs != nil {
+			if *c.cs, err = kubernetes.NewForConfig(cfg); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if c.dyn != nil {
+			if *c.dyn, err = dynamic.NewForConfig(cfg); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// What Tessera writes: a sealed assignment and gang plan. The values
+	// only need to look like Tessera's; the API server does not parse them.
+	e.tessera = map[string]string{
+		api.AnnotationAssignment:     `{"apiVersion":"tessera.dev/v1alpha1","kind":"Assignment","containers":[]}`,
+		api.AnnotationAssignmentSeal: "v1.c2VhbC1vZi10aGUtYXNzaWdubWVudA",
+		api.AnnotationGangPlan:       `{"apiVersion":"tessera.dev/v1alpha1","kind":"GangPlan","gang":"g","node":"n1"}`,
+		api.AnnotationGangPlanSeal:   "v1.c2VhbC1vZi10aGUtcGxhbg",
+	}
+	return e
+}
+
+func testPod(name string, annotations map[string]string) *v1.Pod {
+	return &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: tenantNS, Labels: map[string]string{"app": "train"}, Annotations: maps.Clone(annotations)},
+		Spec:       v1.PodSpec{Containers: []v1.Container{{Name: "main", Image: "registry.k8s.io/pause:3.10"}}},
+	}
+}
+
+// plainPod creates a pod without Tessera's annotations (as the tenant).
+func (e *env) plainPod(t *testing.T, name string) *v1.Pod {
+	t.Helper()
+	p, err := e.tenant.CoreV1().Pods(tenantNS).Create(t.Context(), testPod(name, map[string]string{"team": "a"}), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("tenant creates a plain pod: %v", err)
+	}
+	return p
+}
+
+// tesseraPod creates a pod as the tenant, then has the extender write
+// Tessera's four annotations on it, as it does when it plans and binds.
+func (e *env) tesseraPod(t *testing.T, name string) *v1.Pod {
+	t.Helper()
+	e.plainPod(t, name)
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": e.tessera}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := e.extender.CoreV1().Pods(tenantNS).Patch(t.Context(), name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		t.Fatalf("tessera-extender writes its annotations: %v", err)
+	}
+	return p
+}
+
+func (e *env) get(t *testing.T, name string) *v1.Pod {
+	t.Helper()
+	p, err := e.admin.CoreV1().Pods(tenantNS).Get(t.Context(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// stateOf is the pod's Tessera annotations.
+func stateOf(p *v1.Pod) map[string]string {
+	out := map[string]string{}
+	for k, v := range p.Annotations {
+		if api.IsStateAnnotation(k) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func mergePatch(annotations map[string]any) []byte {
+	b, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
+	return b
+}
+
+// jsonPointer escapes an annotation key for a JSON patch path.
+func jsonPointer(key string) string {
+	return "/metadata/annotations/" + strings.NewReplacer("~", "~0", "/", "~1").Replace(key)
+}
+
+func jsonPatch(ops ...map[string]any) []byte {
+	b, _ := json.Marshal(ops)
+	return b
+}
+
+// one is the policy's message for a single annotation.
+func one(key, fix string) string { return "annotation " + key + " is" + refused + fix }
+
+// several is the policy's message for several annotations, in the order
+// of api.StateAnnotations.
+func several(fix string, keys ...string) string {
+	return "annotations " + strings.Join(keys, ", ") + " are" + refused + fix
+}
+
+// TestTenantCannotWriteTesseraAnnotations: every way a tenant (edit in its
+// namespace) can write a pod's annotations, for each of Tessera's four,
+// is refused with a message naming the annotation, and the pod keeps what
+// Tessera wrote. The admin is no exception. What tenants legitimately do,
+// and what Tessera's identities do, passes.
+func TestTenantCannotWriteTesseraAnnotations(t *testing.T) {
+	e := start(t)
+	ctx := t.Context()
+	pods := e.tenant.CoreV1().Pods(tenantNS)
+	plain := e.plainPod(t, "plain")
+	carrier := e.tesseraPod(t, "carrier")
+	unbound := e.plainPod(t, "unbound")
+	doomed := e.tesseraPod(t, "doomed")
+	if got := stateOf(carrier); !maps.Equal(got, e.tessera) {
+		t.Fatalf("carrier's annotations after tessera-extender's patch: %v, want %v", got, e.tessera)
+	}
+
+	type badCase struct {
+		name string
+		do   func(ctx context.Context) error
+		want string // the end of the refusal
+		pod  string // pod whose Tessera annotations must be unchanged afterwards
+	}
+	var cases []badCase
+	for _, key := range api.StateAnnotations() {
+		forged := "forged-" + key
+		cases = append(cases,
+			badCase{"create pod with " + key, func(ctx context.Context) error {
+				_, err := pods.Create(ctx, testPod("forged", map[string]string{key: forged}), metav1.CreateOptions{})
+				return err
+			}, one(key, "remove it from the pod"), ""},
+			badCase{"update (PUT) sets " + key, func(ctx context.Context) error {
+				p := e.get(t, plain.Name)
+				p.Annotations[key] = forged
+				_, err := pods.Update(ctx, p, metav1.UpdateOptions{})
+				return err
+			}, one(key, "leave it unchanged"), plain.Name},
+			badCase{"update (PUT) changes " + key, func(ctx context.Context) error {
+				p := e.get(t, carrier.Name)
+				p.Annotations[key] = forged
+				_, err := pods.Update(ctx, p, metav1.UpdateOptions{})
+				return err
+			}, one(key, "leave it unchanged"), carrier.Name},
+			badCase{"update (PUT) removes " + key, func(ctx context.Context) error {
+				p := e.get(t, carrier.Name)
+				delete(p.Annotations, key)
+				_, err := pods.Update(ctx, p, metav1.UpdateOptions{})
+				return err
+			}, one(key, "leave it unchanged"), carrier.Name},
+			badCase{"merge patch sets " + key, func(ctx context.Context) error {
+				_, err := pods.Patch(ctx, plain.Name, types.MergePatchType, mergePatch(map[string]any{key: forged}), metav1.PatchOptions{})
+				return err
+			}, one(key, "leave it unchanged"), plain.Name},
+			badCase{"merge patch removes " + key, func(ctx context.Context) error {
+				_, err := pods.Patch(ctx, carrier.Name, types.MergePatchType, mergePatch(map[string]any{key: nil}), metav1.PatchOptions{})
+				return err
+			}, one(key, "leave it unchanged"), carrier.Name},
+			badCase{"strategic merge patch changes " + key, func(ctx context.Context) error {
+				_, err := pods.Patch(ctx, carrier.Name, types.StrategicMergePatchType, mergePatch(map[string]any{key: forged}), metav1.PatchOptions{})
+				return err
+			}, one(key, "leave it unchanged"), carrier.Name},
+			badCase{"JSON patch adds " + key, func(ctx context.Context) error {
+				_, err := pods.Patch(ctx, plain.Name, types.JSONPatchType, jsonPatch(map[string]any{"op": "add", "path": jsonPointer(key), "value": forged}), metav1.PatchOptions{})
+				return err
+			}, one(key, "leave it unchanged"), plain.Name},
+			badCase{"JSON patch replaces " + key, func(ctx context.Context) error {
+				_, err := pods.Patch(ctx, carrier.Name, types.JSONPatchType, jsonPatch(map[string]any{"op": "replace", "path": jsonPointer(key), "value": forged}), metav1.PatchOptions{})
+				return err
+			}, one(key, "leave it unchanged"), carrier.Name},
+			badCase{"JSON patch removes " + key, func(ctx context.Context) error {
+				_, err := pods.Patch(ctx, carrier.Name, types.JSONPatchType, jsonPatch(map[string]any{"op": "remove", "path": jsonPointer(key)}), metav1.PatchOptions{})
+				return err
+			}, one(key, "leave it unchanged"), carrier.Name},
+			badCase{"server-side apply sets " + key, func(ctx context.Context) error {
+				body, _ := json.Marshal(map[string]any{"apiVersion": "v1", "kind": "Pod",
+					"metadata": map[string]any{"name": plain.Name, "namespace": tenantNS, "annotations": map[string]string{key: forged}}})
+				_, err := pods.Patch(ctx, plain.Name, types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: "alice", Force: ptrTo(true)})
+				return err
+			}, one(key, "leave it unchanged"), plain.Name},
+			badCase{"binding carries " + key, func(ctx context.Context) error {
+				return pods.Bind(ctx, &v1.Binding{
+					ObjectMeta: metav1.ObjectMeta{Name: unbound.Name, Annotations: map[string]string{key: forged}},
+					Target:     v1.ObjectReference{Kind: "Node", Name: "n1"},
+				}, metav1.CreateOptions{})
+			}, one(key, "remove it from the binding"), unbound.Name},
+			badCase{"status update changes " + key, func(ctx context.Context) error {
+				p := e.get(t, carrier.Name)
+				p.Annotations[key] = forged
+				_, err := pods.UpdateStatus(ctx, p, metav1.UpdateOptions{})
+				return err
+			}, one(key, "leave it unchanged"), carrier.Name},
+		)
+	}
+	all := api.StateAnnotations()
+	cases = append(cases,
+		badCase{"create pod with a decision and its seal", func(ctx context.Context) error {
+			_, err := pods.Create(ctx, testPod("forged", map[string]string{api.AnnotationAssignment: "x", api.AnnotationAssignmentSeal: "v1.x"}), metav1.CreateOptions{})
+			return err
+		}, several("remove them from the pod", api.AnnotationAssignment, api.AnnotationAssignmentSeal), ""},
+		badCase{"create pod copying all of another pod's annotations", func(ctx context.Context) error {
+			_, err := pods.Create(ctx, testPod("forged", e.get(t, carrier.Name).Annotations), metav1.CreateOptions{})
+			return err
+		}, several("remove them from the pod", all...), ""},
+		badCase{"update (PUT) drops every annotation", func(ctx context.Context) error {
+			p := e.get(t, carrier.Name)
+			p.Annotations = nil
+			_, err := pods.Update(ctx, p, metav1.UpdateOptions{})
+			return err
+		}, several("leave them unchanged", all...), carrier.Name},
+		badCase{"merge patch sets the plan and its seal", func(ctx context.Context) error {
+			_, err := pods.Patch(ctx, plain.Name, types.MergePatchType,
+				mergePatch(map[string]any{api.AnnotationGangPlan: "x", api.AnnotationGangPlanSeal: "v1.x"}), metav1.PatchOptions{})
+			return err
+		}, several("leave them unchanged", api.AnnotationGangPlan, api.AnnotationGangPlanSeal), plain.Name},
+		badCase{"JSON patch replaces the whole annotations map", func(ctx context.Context) error {
+			_, err := pods.Patch(ctx, carrier.Name, types.JSONPatchType,
+				jsonPatch(map[string]any{"op": "replace", "path": "/metadata/annotations", "value": map[string]string{"team": "a"}}), metav1.PatchOptions{})
+			return err
+		}, several("leave them unchanged", all...), carrier.Name},
+		badCase{"admin (system:masters) creates a pod with an assignment", func(ctx context.Context) error {
+			_, err := e.admin.CoreV1().Pods(tenantNS).Create(ctx, testPod("forged", map[string]string{api.AnnotationAssignment: "x"}), metav1.CreateOptions{})
+			return err
+		}, one(api.AnnotationAssignment, "remove it from the pod"), ""},
+		badCase{"admin changes an assignment", func(ctx context.Context) error {
+			_, err := e.admin.CoreV1().Pods(tenantNS).Patch(ctx, carrier.Name, types.MergePatchType, mergePatch(map[string]any{api.AnnotationAssignment: "x"}), metav1.PatchOptions{})
+			return err
+		}, one(api.AnnotationAssignment, "leave it unchanged"), carrier.Name},
+		badCase{"admin binds with a gang plan", func(ctx context.Context) error {
+			return e.admin.CoreV1().Pods(tenantNS).Bind(ctx, &v1.Binding{
+				ObjectMeta: metav1.ObjectMeta{Name: unbound.Name, Annotations: map[string]string{api.AnnotationGangPlan: "x"}},
+				Target:     v1.ObjectReference{Kind: "Node", Name: "n1"},
+			}, metav1.CreateOptions{})
+		}, one(api.AnnotationGangPlan, "remove it from the binding"), unbound.Name},
+		badCase{"create pod in kube-system with an assignment (admin)", func(ctx context.Context) error {
+			p := testPod("forged", map[string]string{api.AnnotationAssignment: "x"})
+			p.Namespace = "kube-system"
+			_, err := e.admin.CoreV1().Pods("kube-system").Create(ctx, p, metav1.CreateOptions{})
+			return err
+		}, one(api.AnnotationAssignment, "remove it from the pod"), ""},
+	)
+	if len(cases) < 30 {
+		t.Fatalf("only %d refusal cases", len(cases))
+	}
+	want := map[string]map[string]string{plain.Name: {}, carrier.Name: e.tessera, unbound.Name: {}}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.do(ctx)
+			if err == nil {
+				t.Fatalf("allowed; want refused with %q", c.want)
+			}
+			if !apierrors.IsForbidden(err) || !strings.HasSuffix(err.Error(), "denied request: "+c.want) {
+				t.Fatalf("error %q (reason %s), want Forbidden ending in %q", err, apierrors.ReasonForError(err), "denied request: "+c.want)
+			}
+			if c.pod != "" {
+				if got := stateOf(e.get(t, c.pod)); !maps.Equal(got, want[c.pod]) {
+					t.Errorf("pod %s's Tessera annotations are now %v, want %v", c.pod, got, want[c.pod])
+				}
+			}
+		})
+	}
+	if p := e.get(t, unbound.Name); p.Spec.NodeName != "" {
+		t.Errorf("a refused binding bound %s to %s", unbound.Name, p.Spec.NodeName)
+	}
+	if _, err := pods.Get(ctx, "forged", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("a refused create left pod forged behind (get: %v)", err)
+	}
+
+	// What is allowed.
+	type goodCase struct {
+		name string
+		do   func(ctx context.Context) error
+	}
+	good := []goodCase{
+		{"tenant labels a pod carrying Tessera's annotations (merge patch)", func(ctx context.Context) error {
+			_, err := pods.Patch(ctx, carrier.Name, types.MergePatchType, []byte(`{"metadata":{"labels":{"stage":"2"}}}`), metav1.PatchOptions{})
+			return err
+		}},
+		{"tenant updates (PUT) such a pod's labels and its own annotation", func(ctx context.Context) error {
+			p := e.get(t, carrier.Name)
+			p.Labels["stage"] = "3"
+			p.Annotations["team"] = "a"
+			_, err := pods.Update(ctx, p, metav1.UpdateOptions{})
+			return err
+		}},
+		{"tenant JSON-patches a label", func(ctx context.Context) error {
+			_, err := pods.Patch(ctx, carrier.Name, types.JSONPatchType, jsonPatch(map[string]any{"op": "add", "path": "/metadata/labels/stage", "value": "4"}), metav1.PatchOptions{})
+			return err
+		}},
+		{"tenant server-side applies a label", func(ctx context.Context) error {
+			_, err := pods.Patch(ctx, carrier.Name, types.ApplyPatchType,
+				[]byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"carrier","namespace":"team-a","labels":{"owner":"alice"}}}`),
+				metav1.PatchOptions{FieldManager: "alice"})
+			return err
+		}},
+		{"tenant status update leaves the annotations", func(ctx context.Context) error {
+			p := e.get(t, carrier.Name)
+			p.Status.Message = "still here"
+			_, err := pods.UpdateStatus(ctx, p, metav1.UpdateOptions{})
+			return err
+		}},
+		{"tenant creates a gang member (Tessera's request annotations are the tenant's)", func(ctx context.Context) error {
+			_, err := pods.Create(ctx, testPod("member", map[string]string{api.AnnotationGang: "g", api.AnnotationGangMinMember: "2", api.AnnotationNVLink: api.NVLinkRequired}), metav1.CreateOptions{})
+			return err
+		}},
+		{"tessera-node rewrites the assignment and its seal", func(ctx context.Context) error {
+			_, err := e.node.CoreV1().Pods(tenantNS).Patch(ctx, carrier.Name, types.MergePatchType,
+				mergePatch(map[string]any{api.AnnotationAssignment: e.tessera[api.AnnotationAssignment] + " ", api.AnnotationAssignmentSeal: "v1.bm9kZQ"}), metav1.PatchOptions{})
+			return err
+		}},
+		{"tessera-extender removes the gang plan and its seal", func(ctx context.Context) error {
+			_, err := e.extender.CoreV1().Pods(tenantNS).Patch(ctx, carrier.Name, types.MergePatchType,
+				mergePatch(map[string]any{api.AnnotationGangPlan: nil, api.AnnotationGangPlanSeal: nil}), metav1.PatchOptions{})
+			return err
+		}},
+		{"tessera-extender binds with an assignment in the Binding", func(ctx context.Context) error {
+			return e.extender.CoreV1().Pods(tenantNS).Bind(ctx, &v1.Binding{
+				ObjectMeta: metav1.ObjectMeta{Name: unbound.Name, Annotations: map[string]string{api.AnnotationAssignment: "x", api.AnnotationAssignmentSeal: "v1.x"}},
+				Target:     v1.ObjectReference{Kind: "Node", Name: "n1"},
+			}, metav1.CreateOptions{})
+		}},
+		{"tenant deletes a pod carrying Tessera's annotations", func(ctx context.Context) error {
+			return pods.Delete(ctx, doomed.Name, metav1.DeleteOptions{})
+		}},
+	}
+	for _, c := range good {
+		t.Run(c.name, func(t *testing.T) {
+			if err := c.do(ctx); err != nil {
+				t.Fatalf("refused: %v", err)
+			}
+		})
+	}
+	p := e.get(t, carrier.Name)
+	if p.Labels["stage"] != "4" || p.Labels["owner"] != "alice" || p.Annotations["team"] != "a" || p.Status.Message != "still here" {
+		t.Errorf("the tenant's allowed writes did not land: labels %v annotations %v status message %q", p.Labels, p.Annotations, p.Status.Message)
+	}
+	wantState := map[string]string{api.AnnotationAssignment: e.tessera[api.AnnotationAssignment] + " ", api.AnnotationAssignmentSeal: "v1.bm9kZQ"}
+	if got := stateOf(p); !maps.Equal(got, wantState) {
+		t.Errorf("carrier's Tessera annotations after Tessera's own writes: %v, want %v", got, wantState)
+	}
+	if b := e.get(t, unbound.Name); b.Spec.NodeName != "n1" || b.Annotations[api.AnnotationAssignment] != "x" {
+		t.Errorf("tessera-extender's binding: node %q, assignment %q", b.Spec.NodeName, b.Annotations[api.AnnotationAssignment])
+	}
+	e.noEvaluationErrors(t)
+}
+
+// noEvaluationErrors fails t when the API server logged an error
+// evaluating one of the policy's expressions: a refusal may then have
+// carried the static message instead of the one naming the annotation.
+func (e *env) noEvaluationErrors(t *testing.T) {
+	t.Helper()
+	log, ok := e.cp.LogFiles()["kube-apiserver"]
+	if !ok {
+		t.Fatal("no kube-apiserver log")
+	}
+	b, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.Contains(line, "error while evaluating") || strings.Contains(line, "expression") && strings.Contains(line, "resulted in error") {
+			t.Errorf("kube-apiserver: %s", line)
+		}
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+func quota(name string, minimum, maximum map[string]any) *unstructured.Unstructured {
+	spec := map[string]any{}
+	if minimum != nil {
+		spec["min"] = minimum
+	}
+	if maximum != nil {
+		spec["max"] = maximum
+	}
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "ElasticQuota",
+		"metadata": map[string]any{"name": name, "namespace": tenantNS}, "spec": spec,
+	}}
+}
+
+func podGroup(name string, spec map[string]any) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+		"metadata": map[string]any{"name": name, "namespace": tenantNS}, "spec": spec,
+	}}
+}
+
+// TestCRDValidation: deploy/crds refuse ElasticQuotas and PodGroups that
+// Tessera cannot act on, saying what is wrong; valid ones, in every
+// quantity spelling, pass.
+func TestCRDValidation(t *testing.T) {
+	e := start(t)
+	ctx := t.Context()
+	const gpu, mem = "tessera.dev/gpu", "tessera.dev/gpu-memory"
+	eqs := e.adminDyn.Resource(schema.GroupVersionResource{Group: "scheduling.x-k8s.io", Version: "v1alpha1", Resource: "elasticquotas"}).Namespace(tenantNS)
+	pgs := e.adminDyn.Resource(schema.GroupVersionResource{Group: "scheduling.x-k8s.io", Version: "v1alpha1", Resource: "podgroups"}).Namespace(tenantNS)
+	bad := []struct {
+		name string
+		obj  *unstructured.Unstructured
+		want []string
+	}{
+		{"quota min above max (strings)", quota("q", map[string]any{gpu: "8"}, map[string]any{gpu: "4"}),
+			[]string{"spec.min[tessera.dev/gpu] (8) must not exceed spec.max[tessera.dev/gpu] (4)"}},
+		{"quota min above max (integers)", quota("q", map[string]any{gpu: int64(8)}, map[string]any{gpu: int64(4)}),
+			[]string{"spec.min[tessera.dev/gpu] (8) must not exceed spec.max[tessera.dev/gpu] (4)"}},
+		{"quota min above max (integer and string)", quota("q", map[string]any{gpu: int64(5)}, map[string]any{gpu: "4"}),
+			[]string{"spec.min[tessera.dev/gpu] (5) must not exceed spec.max[tessera.dev/gpu] (4)"}},
+		{"quota min above max in other units", quota("q", map[string]any{"memory": "2Gi"}, map[string]any{"memory": "1500Mi"}),
+			[]string{"spec.min[memory] (2Gi) must not exceed spec.max[memory] (1500Mi)"}},
+		{"quota min above max, milli units", quota("q", map[string]any{"cpu": "1500m"}, map[string]any{"cpu": "1"}),
+			[]string{"spec.min[cpu] (1500m) must not exceed spec.max[cpu] (1)"}},
+		// A map has no order: either resource may be named.
+		{"quota min above max for two resources", quota("q", map[string]any{gpu: "8", mem: "100"}, map[string]any{gpu: "4", mem: "80", "cpu": "1"}),
+			[]string{"spec.min[tessera.dev/gpu] (8) must not exceed spec.max[tessera.dev/gpu] (4)|spec.min[tessera.dev/gpu-memory] (100) must not exceed spec.max[tessera.dev/gpu-memory] (80)"}},
+		{"quota negative min (string)", quota("q", map[string]any{gpu: "-1"}, nil),
+			[]string{"spec.min[tessera.dev/gpu]: Invalid value: \"\": must not be negative, got -1"}},
+		{"quota negative max (integer)", quota("q", nil, map[string]any{gpu: int64(-2)}),
+			[]string{"spec.max[tessera.dev/gpu]: Invalid value: \"\": must not be negative, got -2"}},
+		{"quota negative with units", quota("q", nil, map[string]any{"memory": "-1Gi"}),
+			[]string{"spec.max[memory]: Invalid value: \"\": must not be negative, got -1Gi"}},
+		{"quota malformed min", quota("q", map[string]any{gpu: "four"}, map[string]any{gpu: "8"}),
+			[]string{"spec.min[tessera.dev/gpu]: Invalid value: \"\": must be a quantity such as 4, 500m or 80Gi, not four"}},
+		{"quota malformed max", quota("q", nil, map[string]any{gpu: "1.5.3"}),
+			[]string{"spec.max[tessera.dev/gpu]: Invalid value: \"\": must be a quantity such as 4, 500m or 80Gi, not 1.5.3"}},
+		{"quota unit typo", quota("q", nil, map[string]any{"memory": "16GB"}),
+			[]string{"spec.max[memory]: Invalid value: \"\": must be a quantity such as 4, 500m or 80Gi, not 16GB"}},
+		{"podgroup minMember 0", podGroup("pg", map[string]any{"minMember": int64(0)}),
+			[]string{"spec.minMember: Invalid value: 0: spec.minMember in body should be greater than or equal to 1"}},
+		{"podgroup negative minMember", podGroup("pg", map[string]any{"minMember": int64(-3)}),
+			[]string{"spec.minMember: Invalid value: -3: spec.minMember in body should be greater than or equal to 1"}},
+		{"podgroup scheduleTimeoutSeconds 0", podGroup("pg", map[string]any{"minMember": int64(2), "scheduleTimeoutSeconds": int64(0)}),
+			[]string{"spec.scheduleTimeoutSeconds: Invalid value: 0: spec.scheduleTimeoutSeconds in body should be greater than or equal to 1"}},
+		{"podgroup negative minResources", podGroup("pg", map[string]any{"minMember": int64(2), "minResources": map[string]any{gpu: "-4"}}),
+			[]string{"spec.minResources[tessera.dev/gpu]: Invalid value: \"\": must not be negative, got -4"}},
+		{"podgroup malformed minResources", podGroup("pg", map[string]any{"minMember": int64(2), "minResources": map[string]any{"memory": "lots"}}),
+			[]string{"spec.minResources[memory]: Invalid value: \"\": must be a quantity such as 4, 500m or 80Gi, not lots"}},
+	}
+	for _, c := range bad {
+		t.Run(c.name, func(t *testing.T) {
+			ri := eqs
+			if c.obj.GetKind() == "PodGroup" {
+				ri = pgs
+			}
+			_, err := ri.Create(ctx, c.obj, metav1.CreateOptions{})
+			if err == nil {
+				t.Fatalf("created; want refused with %q", c.want)
+			}
+			if !apierrors.IsInvalid(err) {
+				t.Errorf("error %v is not Invalid", err)
+			}
+			for _, w := range c.want {
+				// w holds alternatives separated by |.
+				if !slices.ContainsFunc(strings.Split(w, "|"), func(alt string) bool { return strings.Contains(err.Error(), alt) }) {
+					t.Errorf("error %q\ndoes not say %q", err, w)
+				}
+			}
+		})
+	}
+	// An update is checked as a create is.
+	if _, err := eqs.Create(ctx, quota("ok", map[string]any{gpu: "4"}, map[string]any{gpu: int64(8)}), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("valid quota refused: %v", err)
+	}
+	_, err := eqs.Patch(ctx, "ok", types.MergePatchType, []byte(`{"spec":{"min":{"tessera.dev/gpu":"16"}}}`), metav1.PatchOptions{})
+	if want := "spec.min[tessera.dev/gpu] (16) must not exceed spec.max[tessera.dev/gpu] (8)"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("update to min > max: error %v, want %q", err, want)
+	}
+
+	good := []*unstructured.Unstructured{
+		quota("equal", map[string]any{gpu: "8"}, map[string]any{gpu: int64(8)}),
+		quota("units", map[string]any{"memory": "1Gi", "cpu": "500m", mem: int64(0)}, map[string]any{"memory": "1024Mi", "cpu": "2", mem: "+40"}),
+		quota("min-only", map[string]any{gpu: "1e3"}, nil),
+		quota("max-only", nil, map[string]any{gpu: "0"}),
+		quota("disjoint", map[string]any{gpu: "100"}, map[string]any{mem: "1"}),
+		podGroup("pg-ok", map[string]any{"minMember": int64(1), "scheduleTimeoutSeconds": int64(30), "minResources": map[string]any{gpu: int64(8), "memory": "64Gi"}}),
+	}
+	for _, o := range good {
+		ri := eqs
+		if o.GetKind() == "PodGroup" {
+			ri = pgs
+		}
+		if _, err := ri.Create(ctx, o, metav1.CreateOptions{}); err != nil {
+			t.Errorf("valid %s %s refused: %v", o.GetKind(), o.GetName(), err)
+		}
+	}
+}
+
+// TestPolicyNamesExactlyTheStateAnnotations: the policy protects exactly
+// api.StateAnnotations, every tessera.dev/ key it mentions is one of them,
+// and the identities it exempts are those of deploy/'s ServiceAccounts.
+func TestPolicyNamesExactlyTheStateAnnotations(t *testing.T) {
+	// The single-quoted string literals of a CEL expression.
+	quoted := regexp.MustCompile(`'([^']*)'`)
+	repo, err := install.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := install.KustomizationResources(repo, "deploy/admission")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var policy *unstructured.Unstructured
+	for _, f := range files {
+		objs, err := install.ReadDocuments(repo, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range objs {
+			if o.GetKind() == "ValidatingAdmissionPolicy" {
+				if policy != nil {
+					t.Fatalf("more than one ValidatingAdmissionPolicy in deploy/admission")
+				}
+				policy = o
+			}
+		}
+	}
+	if policy == nil {
+		t.Fatal("no ValidatingAdmissionPolicy in deploy/admission")
+	}
+	expressions := func(field string) map[string]string {
+		list, _, err := unstructured.NestedSlice(policy.Object, "spec", field)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for i, item := range list {
+			m, _ := item.(map[string]any)
+			name, _ := m["name"].(string)
+			if name == "" {
+				name = fmt.Sprint(i)
+			}
+			for _, k := range []string{"expression", "messageExpression"} {
+				if s, ok := m[k].(string); ok {
+					out[name+"."+k] = s
+				}
+			}
+		}
+		return out
+	}
+	variables := expressions("variables")
+	listed := quoted.FindAllStringSubmatch(variables["stateAnnotations.expression"], -1)
+	var got []string
+	for _, m := range listed {
+		got = append(got, m[1])
+	}
+	want := api.StateAnnotations()
+	if !slices.Equal(got, want) {
+		t.Errorf("variable stateAnnotations lists %q, want exactly api.StateAnnotations() %q (in that order: messages name them in it)", got, want)
+	}
+	// No other expression names a tessera.dev/ key of its own.
+	for name, expr := range mergeMaps(variables, expressions("validations"), expressions("matchConditions")) {
+		for _, m := range quoted.FindAllStringSubmatch(expr, -1) {
+			if strings.HasPrefix(m[1], api.Domain+"/") && !api.IsStateAnnotation(m[1]) {
+				t.Errorf("%s names %q, which is not one of api.StateAnnotations()", name, m[1])
+			}
+		}
+	}
+	// The exempt users are deploy's two ServiceAccounts.
+	var accounts []string
+	for _, f := range []string{"deploy/extender/rbac.yaml", "deploy/node/serviceaccount.yaml"} {
+		objs, err := install.ReadDocuments(repo, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range objs {
+			if o.GetKind() == "ServiceAccount" {
+				accounts = append(accounts, "system:serviceaccount:"+o.GetNamespace()+":"+o.GetName())
+			}
+		}
+	}
+	sort.Strings(accounts)
+	var exempt []string
+	for _, m := range quoted.FindAllStringSubmatch(expressions("matchConditions")["not-tessera.expression"], -1) {
+		exempt = append(exempt, m[1])
+	}
+	sort.Strings(exempt)
+	if wantExempt := []string{install.ExtenderUserName, install.NodeUserName}; !slices.Equal(accounts, wantExempt) || !slices.Equal(exempt, wantExempt) {
+		t.Errorf("exempt users %q, deploy's ServiceAccounts %q, identities the tests run Tessera as %q: want all three equal", exempt, accounts, wantExempt)
+	}
+}
+
+func mergeMaps(ms ...map[string]string) map[string]string {
+	out := map[string]string{}
+	for i, m := range ms {
+		for k, v := range m {
+			out[fmt.Sprint(i)+"."+k] = v
+		}
+	}
+	return out
+}

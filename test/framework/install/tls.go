@@ -1,0 +1,98 @@
+package install
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// TLS is a serving certificate for tessera-extender and the CA that
+// signed it: what the API server (gang webhook) and kube-scheduler
+// (extender calls) are given to trust the extender.
+type TLS struct {
+	// CAPEM is the CA certificate (PEM), for caBundle and tlsConfig.caData.
+	CAPEM []byte
+	// CertFile and KeyFile are the serving certificate and its key (PEM),
+	// for --tls-cert and --tls-key.
+	CertFile, KeyFile string
+}
+
+// ServingCert makes a fresh CA and a serving certificate it signs for
+// 127.0.0.1, localhost and the extender Service's names (valid for a
+// day), and writes the certificate and its key to dir.
+func ServingCert(dir string) (*TLS, error) {
+	now := time.Now()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generate CA key: %w", err)
+	}
+	caTmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "tessera-test-ca"},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(24 * time.Hour),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return nil, fmt.Errorf("create CA certificate: %w", err)
+	}
+	ca, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		return nil, fmt.Errorf("parse CA certificate: %w", err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generate serving key: %w", err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2),
+		Subject:      pkix.Name{CommonName: "tessera-extender"},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+		DNSNames:     []string{"localhost", "tessera-extender.kube-system.svc", "tessera-extender.kube-system.svc.cluster.local"},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		return nil, fmt.Errorf("create serving certificate: %w", err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("marshal serving key: %w", err)
+	}
+	out := &TLS{
+		CAPEM:    pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		CertFile: filepath.Join(dir, "extender-tls.crt"),
+		KeyFile:  filepath.Join(dir, "extender-tls.key"),
+	}
+	if err := os.WriteFile(out.CertFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		return nil, fmt.Errorf("write serving certificate: %w", err)
+	}
+	if err := os.WriteFile(out.KeyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		return nil, fmt.Errorf("write serving key: %w", err)
+	}
+	return out, nil
+}
+
+// CertPool is a pool holding only the CA, for clients of the extender.
+func (t *TLS) CertPool() (*x509.CertPool, error) {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(t.CAPEM) {
+		return nil, fmt.Errorf("no certificate in the CA PEM")
+	}
+	return pool, nil
+}
