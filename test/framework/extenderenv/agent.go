@@ -22,9 +22,14 @@ import (
 // each bound whole-GPU pod's assignment which GPUs it got, as the real
 // agent does from the kubelet's allocation. Like the device plugin it
 // avoids GPUs that any pod's assignment names, keeps NVLink pods in one
-// clique, and prefers the highest free indices.
+// clique, and prefers the highest free indices. It writes as the admin,
+// not as tessera-node: it lists every node and pod, which the agent's RBAC
+// does not allow (extenderenv installs no admission policy that would
+// refuse the admin).
 type FakeAgent struct {
 	Client kubernetes.Interface
+	// Sealer seals the assignments it writes, as the node agent does.
+	Sealer *api.Sealer
 	mu     sync.Mutex
 	// errs are the pods it could not find GPUs for at its last look. A
 	// stale shared claim (a pod whose Binding never happened, e.g. when the
@@ -142,11 +147,11 @@ func (a *FakeAgent) Pass(ctx context.Context) {
 			used[inv.GPUs[k].UUID] = true
 		}
 		as.Containers = append(as.Containers, api.ContainerAssignment{Name: p.Spec.Containers[0].Name, GPUs: refs})
-		value, err := api.EncodeAssignment(as)
+		annotations, err := a.Sealer.AssignmentAnnotations(p.UID, as)
 		if err != nil {
 			continue
 		}
-		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{api.AnnotationAssignment: value}}})
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
 		if _, err := a.Client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err == nil {
 			a.mu.Lock()
 			a.recorded++

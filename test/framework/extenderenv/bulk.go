@@ -11,8 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-
-	"github.com/tessera-gpu/tessera/api"
 )
 
 // FastClient is an admin client without client-side rate limits worth
@@ -75,13 +73,7 @@ func (e *Env) CreatePods(t testing.TB, specs []PodSpec, workers int) {
 	t.Helper()
 	client := e.FastClient(t)
 	parallel(t, specs, workers, func(ctx context.Context, s PodSpec) error {
-		p := s.Pod()
-		if s.Assign != nil {
-			if err := api.SetAssignment(p.Annotations, s.Assign); err != nil {
-				return err
-			}
-		}
-		_, err := client.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{})
+		_, err := createPod(ctx, client, e.Sealer, s)
 		return err
 	})
 }

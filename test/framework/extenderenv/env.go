@@ -1,12 +1,20 @@
 // Package extenderenv runs tessera-extender against the real kube-scheduler
 // for tests: a control plane (etcd, kube-apiserver) from
 // framework/controlplane, the extender built from cmd/tessera-extender and
-// run as its own process under the identity and ClusterRole of
-// deploy/extender/rbac.yaml, and kube-scheduler configured by
-// deploy/extender/scheduler-config.yaml (only the extender's address
-// replaced). Helpers create fake GPU Nodes (the inventory annotation and
-// the extended resources a node agent publishes), pods and gang members,
-// wait for bindings, read Events and watch every Binding.
+// run as its own process as the ServiceAccount of deploy/extender, with
+// every RBAC document of deploy/ applied unchanged (framework/install),
+// and kube-scheduler configured by deploy/extender/scheduler-config.yaml
+// (only the extender's address replaced). Helpers create fake GPU Nodes
+// (the inventory annotation and the extended resources a node agent
+// publishes), pods and gang members, wait for bindings, read Events and
+// watch every Binding.
+//
+// deploy/admission's policy is not installed here: the tests plant
+// Tessera's decisions themselves, as the admin (pre-bound pods'
+// assignments, FakeAgent's whole-GPU assignments), and the policy refuses
+// that to anyone but Tessera's ServiceAccounts. They seal them with the
+// key the extender made (Env.Sealer), as Tessera does. test/admission and
+// test/e2e run with the policy.
 //
 //	e := extenderenv.Start(t, extenderenv.Options{ExtenderArgs: []string{"--gang-resync=500ms"}})
 //	e.CreateNode(t, extenderenv.NodeSpec{Name: "n0", GPUs: 8})
@@ -19,7 +27,6 @@
 package extenderenv
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -28,30 +35,29 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	rbacv1 "k8s.io/api/rbac/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
-	"sigs.k8s.io/yaml"
 
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/internal/sealkey"
 	"github.com/tessera-gpu/tessera/test/framework/controlplane"
+	"github.com/tessera-gpu/tessera/test/framework/install"
 )
 
 const (
 	// DeployURL is the urlPrefix of deploy/extender/scheduler-config.yaml;
 	// Start replaces it with the address of the extender it runs.
-	DeployURL = "http://tessera-extender.kube-system.svc:8888"
-	// ExtenderUser is the identity the extender runs as, bound to the
-	// ClusterRole of deploy/extender/rbac.yaml.
-	ExtenderUser = "tessera-extender"
+	DeployURL = install.DeployURL
+	// ExtenderUser is the identity the extender runs as: its
+	// ServiceAccount, bound by deploy/extender/rbac.yaml.
+	ExtenderUser = install.ExtenderUserName
 	// DefaultNamespace is where pods go when PodSpec.Namespace is empty.
 	DefaultNamespace = "default"
 )
@@ -76,6 +82,11 @@ type Env struct {
 	Client kubernetes.Interface // admin (system:masters)
 	Ext    *Extender
 	Agent  *FakeAgent // nil unless Options.Agent
+	// Sealer seals with the key the extender keeps in the Secret
+	// kube-system/tessera-seal-key: what the tests write as Tessera's
+	// decisions (CreatePod's Assign, FakeAgent) is sealed with it, or the
+	// extender would ignore it.
+	Sealer *api.Sealer
 }
 
 // Start starts everything for t and registers its cleanup. When t has
@@ -84,23 +95,14 @@ type Env struct {
 // control plane's logs).
 func Start(t testing.TB, opts Options) *Env {
 	t.Helper()
-	user := &controlplane.User{Name: ExtenderUser}
+	user := install.ExtenderUser()
 	cp := controlplane.StartForTest(t, controlplane.Options{Users: append([]*controlplane.User{user}, opts.Users...)})
 	ctx := t.Context()
 	client := cp.Client()
 
-	// RBAC exactly as deployed, bound to the test's extender identity.
-	var role rbacv1.ClusterRole
-	ReadDeploy(t, "rbac.yaml", "ClusterRole", &role)
-	if _, err := client.RbacV1().ClusterRoles().Create(ctx, &role, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "tessera-extender-test"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: ExtenderUser}},
-	}
-	if _, err := client.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+	// RBAC exactly as deployed: the ServiceAccounts, (Cluster)Roles and
+	// bindings of deploy/extender and deploy/node.
+	if err := install.RBAC(ctx, cp.RESTConfig(), RepoRoot(t)); err != nil {
 		t.Fatal(err)
 	}
 
@@ -108,8 +110,8 @@ func Start(t testing.TB, opts Options) *Env {
 	kubeconfig := filepath.Join(dir, "extender.kubeconfig")
 	kc := clientcmdapi.NewConfig()
 	kc.Clusters["test"] = &clientcmdapi.Cluster{Server: cp.APIServerURL, CertificateAuthority: cp.CAFile()}
-	kc.AuthInfos[ExtenderUser] = &clientcmdapi.AuthInfo{Token: user.Token}
-	kc.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: ExtenderUser}
+	kc.AuthInfos["tessera-extender"] = &clientcmdapi.AuthInfo{Token: user.Token}
+	kc.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "tessera-extender"}
 	kc.CurrentContext = "test"
 	if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
 		t.Fatal(err)
@@ -130,24 +132,24 @@ func Start(t testing.TB, opts Options) *Env {
 		}
 	})
 
-	// The scheduler configuration exactly as deployed, but for the address.
-	raw, err := os.ReadFile(filepath.Join(RepoRoot(t), "deploy", "extender", "scheduler-config.yaml"))
+	// Ready means the extender has its seal key: read it, as the node
+	// agents do, to seal what the tests write as Tessera.
+	sealer, err := sealkey.Wait(ctx, sealkey.In(client, "kube-system"), 100*time.Millisecond)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("the extender's seal key: %v", err)
 	}
-	if !bytes.Contains(raw, []byte(DeployURL)) {
-		t.Fatalf("scheduler-config.yaml does not use %s", DeployURL)
-	}
+
+	// The scheduler configuration exactly as deployed, but for the address.
 	cfg := filepath.Join(dir, "scheduler-config.yaml")
-	if err := os.WriteFile(cfg, bytes.ReplaceAll(raw, []byte(DeployURL), []byte("http://"+ext.addr)), 0o600); err != nil {
+	if err := install.SchedulerConfig(RepoRoot(t), cfg, "http://"+ext.addr, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := cp.StartScheduler(ctx, controlplane.SchedulerOptions{ConfigFile: cfg}); err != nil {
 		t.Fatal(err)
 	}
-	e := &Env{CP: cp, Client: client, Ext: ext}
+	e := &Env{CP: cp, Client: client, Ext: ext, Sealer: sealer}
 	if opts.Agent {
-		e.Agent = &FakeAgent{Client: client}
+		e.Agent = &FakeAgent{Client: client, Sealer: sealer}
 		actx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { defer close(done); e.Agent.Run(actx) }()
@@ -227,29 +229,6 @@ func FreeAddr(t testing.TB) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
-}
-
-// ReadDeploy reads the YAML document of kind from deploy/extender/file
-// into into (strictly: unknown fields fail).
-func ReadDeploy(t testing.TB, file, kind string, into any) {
-	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(RepoRoot(t), "deploy", "extender", file))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, doc := range strings.Split(string(raw), "\n---\n") {
-		var meta metav1.TypeMeta
-		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
-			t.Fatalf("%s: %v", file, err)
-		}
-		if meta.Kind == kind {
-			if err := yaml.UnmarshalStrict([]byte(doc), into); err != nil {
-				t.Fatalf("%s %s: %v", file, kind, err)
-			}
-			return
-		}
-	}
-	t.Fatalf("%s has no %s", file, kind)
 }
 
 // Extender is tessera-extender running as its own process. Its log (all

@@ -2,6 +2,7 @@ package extenderenv
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -10,7 +11,9 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/test/framework/controlplane"
@@ -149,7 +152,8 @@ type PodSpec struct {
 	NVLink bool
 	// Selector is the pod's nodeSelector.
 	Selector map[string]string
-	// Node and Assign pre-bind the pod (an existing workload).
+	// Node and Assign pre-bind the pod (an existing workload); Assign is
+	// written sealed, right after the create.
 	Node   string
 	Assign *api.Assignment
 	// PriorityClass names a PriorityClass.
@@ -226,20 +230,39 @@ func (s PodSpec) Pod() *v1.Pod {
 	return p
 }
 
-// CreatePod creates the pod of s (its assignment annotation from Assign).
+// CreatePod creates the pod of s. With Assign, it then records the
+// assignment, sealed as Tessera seals it (the seal names the pod's UID, so
+// it can only be written once the pod exists).
 func (e *Env) CreatePod(t testing.TB, s PodSpec) *v1.Pod {
 	t.Helper()
-	p := s.Pod()
-	if s.Assign != nil {
-		if err := api.SetAssignment(p.Annotations, s.Assign); err != nil {
-			t.Fatal(err)
-		}
-	}
-	out, err := e.Client.CoreV1().Pods(p.Namespace).Create(t.Context(), p, metav1.CreateOptions{})
+	out, err := createPod(t.Context(), e.Client, e.Sealer, s)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// createPod creates the pod of s and, with s.Assign, patches its sealed
+// assignment onto it.
+func createPod(ctx context.Context, client kubernetes.Interface, sealer *api.Sealer, s PodSpec) (*v1.Pod, error) {
+	p := s.Pod()
+	pods := client.CoreV1().Pods(p.Namespace)
+	out, err := pods.Create(ctx, p, metav1.CreateOptions{})
+	if err != nil || s.Assign == nil {
+		return out, err
+	}
+	annotations, err := sealer.AssignmentAnnotations(out.UID, s.Assign)
+	if err != nil {
+		return nil, fmt.Errorf("pod %s/%s: %w", out.Namespace, out.Name, err)
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
+	if err != nil {
+		return nil, err
+	}
+	if out, err = pods.Patch(ctx, out.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return nil, fmt.Errorf("record the assignment of pod %s/%s: %w", p.Namespace, p.Name, err)
+	}
+	return out, nil
 }
 
 // GetPod reads a pod.
