@@ -12,6 +12,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
 )
 
 // Device numbers of the NVIDIA driver's character devices.
@@ -101,8 +102,17 @@ func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 	}
 	u := ledgerUsage(node.Ledger, Key{PodUID: pod.UID, Container: ctr.Name})
 
-	if len(req.Devices.Whole) > 0 && (req.Devices.MemoryUnits > 0 || req.Devices.CoreUnits > 0) {
-		return nil, fail("", "the container holds whole GPUs (%s) and shared units (%s, %s) at once; an MPS client sees only its MPS server's GPU, so the two cannot be isolated together: put them in separate containers", api.ResourceGPU, api.ResourceGPUMemory, api.ResourceGPUCore)
+	// The container's request, as the kubelet allocated it (gpureq's rules).
+	held := gpureq.Container{Name: ctr.Name, Whole: int64(len(req.Devices.Whole)), MemUnits: int64(req.Devices.MemoryUnits), Cores: int64(req.Devices.CoreUnits)}
+	if r := held.Check(); r != nil {
+		switch r.Code {
+		case gpureq.CodeWholeAndShared:
+			return nil, fail("", "the container holds whole GPUs (%s) and shared units (%s, %s) at once; an MPS client sees only its MPS server's GPU, so the two cannot be isolated together: put them in separate containers", api.ResourceGPU, api.ResourceGPUMemory, api.ResourceGPUCore)
+		case gpureq.CodeCoresAboveGPU:
+			return nil, fail("", "the container holds %d %s units, more than one GPU's %d", held.Cores, api.ResourceGPUCore, api.CoresPerGPU)
+		default:
+			return nil, fail("", "%v", r)
+		}
 	}
 
 	// Whole GPUs: the kubelet's allocation is what the container gets.
@@ -125,7 +135,7 @@ func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 		if e, used := u.whole[id]; used && e.PodUID != pod.UID {
 			return nil, fail(id, "already allocated whole to %s", e)
 		}
-		if es := u.sharedBy[id]; len(es) > 0 {
+		if es := u.sharedBy[id]; gpureq.CheckWhole(gpureq.GPUUse{Shared: len(es) > 0}) != nil {
 			return nil, fail(id, "serves %d shared container(s) (%s) and cannot also be used whole", len(es), es[0])
 		}
 		whole = append(whole, g)
@@ -146,43 +156,40 @@ func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 		return nil, fail("", "%v", err)
 	}
 
-	// Shared slice: the extender's assignment, or a local placement.
+	// Shared slice: the extender's assignment, or a local placement. What
+	// the container holds is its slice resolved on this node
+	// (gpureq.Resolve): a core-only slice gets cores% of the node's slice
+	// base as its memory limit, as the extender sized it.
 	var shared *api.SharedGPU
 	placed := false
-	if req.Devices.MemoryUnits > 0 || req.Devices.CoreUnits > 0 {
-		maxMem := int64(req.Devices.MemoryUnits) * int64(opts.MemoryUnitMiB)
-		maxCores := int64(req.Devices.CoreUnits)
-		if maxMem == 0 {
-			return nil, fail("", "the container holds %s but no %s; without a memory limit it could take the memory of its GPU's other tenants", api.ResourceGPUCore, api.ResourceGPUMemory)
-		}
+	if held.Shared() {
+		entitled := gpureq.Resolve(held, int64(opts.MemoryUnitMiB), sliceBaseMiB(opts, node))
 		var s api.SharedGPU
 		if ca != nil && ca.Shared != nil {
-			s = *ca.Shared
-			g, ok := node.GPU(s.GPU.UUID)
+			g, ok := node.GPU(ca.Shared.GPU.UUID)
 			if !ok {
-				return nil, fail(s.GPU.UUID, "assigned by the annotation but not a GPU of this node")
+				return nil, fail(ca.Shared.GPU.UUID, "assigned by the annotation but not a GPU of this node")
 			}
-			if g.Index != s.GPU.Index {
-				return nil, fail(s.GPU.UUID, "the assignment says index %d but it is GPU %d on this node", s.GPU.Index, g.Index)
+			if g.Index != ca.Shared.GPU.Index {
+				return nil, fail(ca.Shared.GPU.UUID, "the assignment says index %d but it is GPU %d on this node", ca.Shared.GPU.Index, g.Index)
 			}
-			if s.MemoryMiB > maxMem {
-				return nil, fail(s.GPU.UUID, "the assignment gives %d MiB of GPU memory but the kubelet allocated only %d %s units (%d MiB)", s.MemoryMiB, req.Devices.MemoryUnits, api.ResourceGPUMemory, maxMem)
-			}
-			if s.Cores > maxCores {
-				return nil, fail(s.GPU.UUID, "the assignment gives %d%% of the GPU's compute but the kubelet allocated only %d %s units", s.Cores, maxCores, api.ResourceGPUCore)
-			}
-			if s.MemoryMiB == 0 {
-				s.MemoryMiB = maxMem
-			}
-			if s.Cores == 0 {
-				s.Cores = maxCores
+			var r *gpureq.Refusal
+			if s, r = gpureq.GrantSlice(*ca.Shared, entitled); r != nil {
+				switch {
+				case ca.Shared.MemoryMiB > entitled.MemMiB && held.MemUnits > 0:
+					return nil, fail(s.GPU.UUID, "the assignment gives %d MiB of GPU memory but the kubelet allocated only %d %s units (%d MiB)", r.Asked, held.MemUnits, api.ResourceGPUMemory, r.Capacity)
+				case ca.Shared.MemoryMiB > entitled.MemMiB:
+					return nil, fail(s.GPU.UUID, "the assignment gives %d MiB of GPU memory but the container's %d %s units without %s entitle it to %d MiB", r.Asked, held.Cores, api.ResourceGPUCore, api.ResourceGPUMemory, r.Capacity)
+				default:
+					return nil, fail(s.GPU.UUID, "the assignment gives %d%% of the GPU's compute but the kubelet allocated only %d %s units", r.Asked, r.Capacity, api.ResourceGPUCore)
+				}
 			}
 		} else {
-			g, err := placeShared(opts, node, u, maxMem, maxCores)
+			g, err := placeShared(opts, node, u, entitled)
 			if err != nil {
 				return nil, fail("", "the pod carries no assignment for the container's shared units and none of this node's GPUs can take them: %v", err)
 			}
-			s = api.SharedGPU{GPU: api.GPURef{UUID: g.UUID, Index: g.Index}, MemoryMiB: maxMem, Cores: maxCores}
+			s = api.SharedGPU{GPU: api.GPURef{UUID: g.UUID, Index: g.Index}, MemoryMiB: entitled.MemMiB, Cores: entitled.Cores}
 			placed = true
 		}
 		id := s.GPU.UUID
@@ -190,15 +197,15 @@ func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 		if reason, bad := node.Unhealthy[id]; bad {
 			return nil, fail(id, "unhealthy: %s", reason)
 		}
-		if e, used := u.whole[id]; used {
+		if e, used := u.whole[id]; gpureq.CheckShared(gpureq.GPUUse{Whole: used}) != nil {
 			return nil, fail(id, "allocated whole to %s and cannot serve shared units", e)
 		}
-		capacity := sharedCapacityMiB(opts, g)
-		if used := u.sharedMem[id]; used+s.MemoryMiB > capacity {
-			return nil, fail(id, "over-committed: %d MiB of its %d shared MiB are in use by %d container(s) and the container asks for %d MiB", used, capacity, len(u.sharedBy[id]), s.MemoryMiB)
-		}
-		if used := u.sharedCores[id]; used+s.Cores > api.CoresPerGPU {
-			return nil, fail(id, "over-committed: %d%% of its compute is in use by %d container(s) and the container asks for %d%%", used, len(u.sharedBy[id]), s.Cores)
+		used := gpureq.Amount{MemMiB: u.sharedMem[id], Cores: u.sharedCores[id]}
+		if r := gpureq.FitSlice(sharedCapacity(opts, g), used, gpureq.Amount{MemMiB: s.MemoryMiB, Cores: s.Cores}); r != nil {
+			if r.Code == gpureq.CodeMemoryOvercommitted {
+				return nil, fail(id, "over-committed: %d MiB of its %d shared MiB are in use by %d container(s) and the container asks for %d MiB", r.Used, r.Capacity, len(u.sharedBy[id]), r.Asked)
+			}
+			return nil, fail(id, "over-committed: %d%% of its compute is in use by %d container(s) and the container asks for %d%%", r.Used, len(u.sharedBy[id]), r.Asked)
 		}
 		shared = &s
 	}
@@ -223,33 +230,42 @@ func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 	return d, nil
 }
 
-// sharedCapacityMiB is the memory of g that shared containers may use.
-func sharedCapacityMiB(opts Options, g GPU) int64 {
-	if g.MemoryMiB <= opts.MemoryReserveMiB {
-		return 0
+// sharedCapacity is what shared containers of g may use
+// (gpureq.GPUCapacity: memory less the reserve, in whole units, as the
+// device plugin advertises it).
+func sharedCapacity(opts Options, g GPU) gpureq.Amount {
+	return gpureq.GPUCapacity(g.MemoryMiB, opts.MemoryReserveMiB, opts.MemoryUnitMiB)
+}
+
+// sliceBaseMiB is the memory a core-only slice takes its percentage of on
+// node (gpureq.CoreOnlyBaseMiB over every GPU of the node).
+func sliceBaseMiB(opts Options, node *Node) int64 {
+	caps := make([]int64, len(node.GPUs))
+	for i, g := range node.GPUs {
+		caps[i] = sharedCapacity(opts, g).MemMiB
 	}
-	return int64(g.MemoryMiB - opts.MemoryReserveMiB)
+	return gpureq.CoreOnlyBaseMiB(caps...)
 }
 
 // placeShared places a shared slice on the node with opts.Policy, the way
 // the scheduler extender would have.
-func placeShared(opts Options, node *Node, u usage, memMiB, cores int64) (GPU, error) {
+func placeShared(opts Options, node *Node, u usage, slice gpureq.Amount) (GPU, error) {
 	if opts.Policy == nil {
 		return GPU{}, fmt.Errorf("no local placement policy is configured")
 	}
 	n := &allocator.Node{Name: "local"}
 	for _, g := range node.GPUs {
-		capacity := sharedCapacityMiB(opts, g)
+		capacity := sharedCapacity(opts, g).MemMiB
 		ag := allocator.GPU{Index: g.Index, MemTotalMiB: capacity}
 		_, unhealthy := node.Unhealthy[g.UUID]
 		_, whole := u.whole[g.UUID]
-		if !unhealthy && !whole {
+		if !unhealthy && gpureq.CheckShared(gpureq.GPUUse{Whole: whole}) == nil {
 			ag.MemFreeMiB = max(0, capacity-u.sharedMem[g.UUID])
-			ag.MilliFree = max(0, allocator.MilliPerGPU-10*u.sharedCores[g.UUID])
+			ag.MilliFree = max(0, allocator.MilliPerGPU-gpureq.UsedCoresToMilli(u.sharedCores[g.UUID]))
 		}
 		n.GPUs = append(n.GPUs, ag)
 	}
-	r := allocator.Request{GPUMemMiB: memMiB, GPUMilli: min(10*cores, allocator.MilliPerGPU-1)}
+	r := allocator.Request{GPUMemMiB: slice.MemMiB, GPUMilli: gpureq.CoresToMilli(slice.Cores)}
 	set, err := allocator.Place(opts.Policy, n, r)
 	if err != nil {
 		return GPU{}, err

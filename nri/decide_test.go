@@ -233,6 +233,49 @@ func TestDecide(t *testing.T) {
 			},
 		},
 		{
+			name: "core-only slice from the extender's assignment: memory limit cores% of the node's slice base",
+			req: Request{
+				Pod:       pod(annotate(t, sharedOn(uuid1, 1, 1536, 10))),
+				Container: Container{ID: "id", Name: "c"},
+				Devices:   Devices{CoreUnits: 10},
+			},
+			want: &Decision{
+				Action: ActionIsolate,
+				Entry: Entry{PodUID: "uid-p", Namespace: "ns", Pod: "p", Container: "c", ContainerID: "id",
+					Shared: &api.SharedGPU{GPU: api.GPURef{UUID: uuid1, Index: 1}, MemoryMiB: 1536, Cores: 10}},
+				Adjustment: Adjustment{
+					AddDeviceNodes: gpuNodes(11),
+					CgroupRules:    gpuRules(11),
+					Env:            sharedEnv(uuid1, "1", "1536", "10"),
+					Mounts:         mpsMount(uuid1),
+					CPUSetCPUs:     "0-7", CPUSetMems: "0",
+				},
+			},
+		},
+		{
+			name: "core-only slice placed locally: the same default memory",
+			node: func(n *Node) {
+				n.Ledger = []Entry{
+					other("a", &api.SharedGPU{GPU: api.GPURef{UUID: uuid3, Index: 3}, MemoryMiB: 4096, Cores: 50}),
+					other("b", nil, api.GPURef{UUID: uuid0, Index: 0}),
+				}
+			},
+			req: Request{Pod: pod(nil), Container: Container{ID: "id", Name: "c"}, Devices: Devices{CoreUnits: 30}},
+			want: &Decision{
+				Action: ActionIsolate,
+				Entry: Entry{PodUID: "uid-p", Namespace: "ns", Pod: "p", Container: "c", ContainerID: "id",
+					Shared: &api.SharedGPU{GPU: api.GPURef{UUID: uuid3, Index: 3}, MemoryMiB: 4608, Cores: 30}},
+				PlacedLocally: true,
+				Adjustment: Adjustment{
+					AddDeviceNodes: gpuNodes(13),
+					CgroupRules:    gpuRules(13),
+					Env:            sharedEnv(uuid3, "3", "4608", "30"),
+					Mounts:         mpsMount(uuid3),
+					CPUSetCPUs:     "8-15", CPUSetMems: "1",
+				},
+			},
+		},
+		{
 			name: "NUMA opt-out by annotation",
 			req: Request{
 				Pod: func() Pod {
@@ -424,9 +467,23 @@ func TestDecide(t *testing.T) {
 			wantErr: `holds whole GPUs (tessera.dev/gpu) and shared units`,
 		},
 		{
-			name:    "cores without memory",
-			req:     Request{Pod: pod(annotate(t, sharedOn(uuid1, 1, 0, 10))), Container: Container{Name: "c"}, Devices: Devices{CoreUnits: 10}},
-			wantErr: `holds tessera.dev/gpu-core but no tessera.dev/gpu-memory`,
+			name:    "core-only assignment gives more memory than cores% of the slice base",
+			req:     Request{Pod: pod(annotate(t, sharedOn(uuid1, 1, 2048, 10))), Container: Container{Name: "c"}, Devices: Devices{CoreUnits: 10}},
+			wantErr: `GPU ` + uuid1 + `: the assignment gives 2048 MiB of GPU memory but the container's 10 tessera.dev/gpu-core units without tessera.dev/gpu-memory entitle it to 1536 MiB`,
+		},
+		{
+			name:    "more than one GPU's cores",
+			req:     Request{Pod: pod(nil), Container: Container{Name: "c"}, Devices: Devices{MemoryUnits: 1, CoreUnits: 101}},
+			wantErr: `container "c" of pod ns/p: the container holds 101 tessera.dev/gpu-core units, more than one GPU's 100`,
+		},
+		{
+			name: "shared capacity is floored to whole memory units",
+			opts: func(o *Options) { o.MemoryReserveMiB = 1000 }, // 16384-1000 MiB: 15 units, 15360 MiB
+			node: func(n *Node) {
+				n.Ledger = []Entry{other("a", &api.SharedGPU{GPU: api.GPURef{UUID: uuid1, Index: 1}, MemoryMiB: 14336})}
+			},
+			req:     Request{Pod: pod(annotate(t, sharedOn(uuid1, 1, 1030, 10))), Container: Container{Name: "c"}, Devices: Devices{MemoryUnits: 2, CoreUnits: 10}},
+			wantErr: `GPU ` + uuid1 + `: over-committed: 14336 MiB of its 15360 shared MiB are in use by 1 container(s) and the container asks for 1030 MiB`,
 		},
 		{
 			name:    "malformed assignment annotation",
