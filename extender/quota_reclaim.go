@@ -20,6 +20,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
 )
 
 // Evicter evicts pods through the Eviction API, which honours
@@ -273,7 +274,7 @@ func (e *QuotaEnforcer) unschedulable() []types.NamespacedName {
 // pendingUnschedulable reports a pod kube-scheduler tried and could not
 // place (gang members are the planner's).
 func pendingUnschedulable(p *corev1.Pod) bool {
-	if p.Spec.NodeName != "" || p.DeletionTimestamp != nil || len(p.Spec.SchedulingGates) > 0 || p.Status.Phase != corev1.PodPending && p.Status.Phase != "" {
+	if p.Spec.NodeName != "" || gpureq.Ended(p) || len(p.Spec.SchedulingGates) > 0 || p.Status.Phase != corev1.PodPending && p.Status.Phase != "" {
 		return false
 	}
 	if _, planned := p.Annotations[api.AnnotationGangPlan]; planned {
@@ -292,7 +293,7 @@ func (e *QuotaEnforcer) reclaimForPod(ctx context.Context, key types.NamespacedN
 	if err != nil {
 		return fmt.Errorf("reading pod: %w", err)
 	}
-	if pod.Spec.NodeName != "" || pod.DeletionTimestamp != nil || api.HasGangGate(pod) {
+	if pod.Spec.NodeName != "" || gpureq.Ended(pod) || api.HasGangGate(pod) {
 		return nil
 	}
 	if _, planned := pod.Annotations[api.AnnotationGangPlan]; planned {
