@@ -89,9 +89,10 @@ func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 		return decideNonGPU(opts, req), nil
 	}
 	pod, ctr := req.Pod, req.Container
-	fail := func(gpu, format string, args ...any) error {
-		return &DecisionError{Pod: pod.String(), Container: ctr.Name, GPU: gpu, Reason: fmt.Sprintf(format, args...)}
+	refuse := func(code gpureq.Code, gpu, format string, args ...any) error {
+		return &DecisionError{Pod: pod.String(), Container: ctr.Name, GPU: gpu, Reason: fmt.Sprintf(format, args...), Code: code}
 	}
+	fail := func(gpu, format string, args ...any) error { return refuse("", gpu, format, args...) }
 	assignment, found, err := api.GetAssignment(pod.Annotations)
 	if err != nil {
 		return nil, fail("", "%v", err)
@@ -107,11 +108,11 @@ func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 	if r := held.Check(); r != nil {
 		switch r.Code {
 		case gpureq.CodeWholeAndShared:
-			return nil, fail("", "the container holds whole GPUs (%s) and shared units (%s, %s) at once; an MPS client sees only its MPS server's GPU, so the two cannot be isolated together: put them in separate containers", api.ResourceGPU, api.ResourceGPUMemory, api.ResourceGPUCore)
+			return nil, refuse(r.Code, "", "the container holds whole GPUs (%s) and shared units (%s, %s) at once; an MPS client sees only its MPS server's GPU, so the two cannot be isolated together: put them in separate containers", api.ResourceGPU, api.ResourceGPUMemory, api.ResourceGPUCore)
 		case gpureq.CodeCoresAboveGPU:
-			return nil, fail("", "the container holds %d %s units, more than one GPU's %d", held.Cores, api.ResourceGPUCore, api.CoresPerGPU)
+			return nil, refuse(r.Code, "", "the container holds %d %s units, more than one GPU's %d", held.Cores, api.ResourceGPUCore, api.CoresPerGPU)
 		default:
-			return nil, fail("", "%v", r)
+			return nil, refuse(r.Code, "", "%v", r)
 		}
 	}
 
@@ -136,7 +137,7 @@ func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 			return nil, fail(id, "already allocated whole to %s", e)
 		}
 		if es := u.sharedBy[id]; gpureq.CheckWhole(gpureq.GPUUse{Shared: len(es) > 0}) != nil {
-			return nil, fail(id, "serves %d shared container(s) (%s) and cannot also be used whole", len(es), es[0])
+			return nil, refuse(gpureq.CodeGPUServesShared, id, "serves %d shared container(s) (%s) and cannot also be used whole", len(es), es[0])
 		}
 		whole = append(whole, g)
 	}
@@ -177,14 +178,17 @@ func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 			if s, r = gpureq.GrantSlice(*ca.Shared, entitled); r != nil {
 				switch {
 				case ca.Shared.MemoryMiB > entitled.MemMiB && held.MemUnits > 0:
-					return nil, fail(s.GPU.UUID, "the assignment gives %d MiB of GPU memory but the kubelet allocated only %d %s units (%d MiB)", r.Asked, held.MemUnits, api.ResourceGPUMemory, r.Capacity)
+					return nil, refuse(r.Code, s.GPU.UUID, "the assignment gives %d MiB of GPU memory but the kubelet allocated only %d %s units (%d MiB)", r.Asked, held.MemUnits, api.ResourceGPUMemory, r.Capacity)
 				case ca.Shared.MemoryMiB > entitled.MemMiB:
-					return nil, fail(s.GPU.UUID, "the assignment gives %d MiB of GPU memory but the container's %d %s units without %s entitle it to %d MiB", r.Asked, held.Cores, api.ResourceGPUCore, api.ResourceGPUMemory, r.Capacity)
+					return nil, refuse(r.Code, s.GPU.UUID, "the assignment gives %d MiB of GPU memory but the container's %d %s units without %s entitle it to %d MiB", r.Asked, held.Cores, api.ResourceGPUCore, api.ResourceGPUMemory, r.Capacity)
 				default:
-					return nil, fail(s.GPU.UUID, "the assignment gives %d%% of the GPU's compute but the kubelet allocated only %d %s units", r.Asked, r.Capacity, api.ResourceGPUCore)
+					return nil, refuse(r.Code, s.GPU.UUID, "the assignment gives %d%% of the GPU's compute but the kubelet allocated only %d %s units", r.Asked, r.Capacity, api.ResourceGPUCore)
 				}
 			}
 		} else {
+			if most := largestCapacityMiB(opts, node); entitled.MemMiB > most {
+				return nil, refuse(gpureq.CodeSliceTooLarge, "", "the container's slice of %d MiB is more than any GPU of this node shares (%d MiB)", entitled.MemMiB, most)
+			}
 			g, err := placeShared(opts, node, u, entitled)
 			if err != nil {
 				return nil, fail("", "the pod carries no assignment for the container's shared units and none of this node's GPUs can take them: %v", err)
@@ -198,14 +202,14 @@ func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 			return nil, fail(id, "unhealthy: %s", reason)
 		}
 		if e, used := u.whole[id]; gpureq.CheckShared(gpureq.GPUUse{Whole: used}) != nil {
-			return nil, fail(id, "allocated whole to %s and cannot serve shared units", e)
+			return nil, refuse(gpureq.CodeGPUUsedWhole, id, "allocated whole to %s and cannot serve shared units", e)
 		}
 		used := gpureq.Amount{MemMiB: u.sharedMem[id], Cores: u.sharedCores[id]}
 		if r := gpureq.FitSlice(sharedCapacity(opts, g), used, gpureq.Amount{MemMiB: s.MemoryMiB, Cores: s.Cores}); r != nil {
 			if r.Code == gpureq.CodeMemoryOvercommitted {
-				return nil, fail(id, "over-committed: %d MiB of its %d shared MiB are in use by %d container(s) and the container asks for %d MiB", r.Used, r.Capacity, len(u.sharedBy[id]), r.Asked)
+				return nil, refuse(r.Code, id, "over-committed: %d MiB of its %d shared MiB are in use by %d container(s) and the container asks for %d MiB", r.Used, r.Capacity, len(u.sharedBy[id]), r.Asked)
 			}
-			return nil, fail(id, "over-committed: %d%% of its compute is in use by %d container(s) and the container asks for %d%%", r.Used, len(u.sharedBy[id]), r.Asked)
+			return nil, refuse(r.Code, id, "over-committed: %d%% of its compute is in use by %d container(s) and the container asks for %d%%", r.Used, len(u.sharedBy[id]), r.Asked)
 		}
 		shared = &s
 	}
@@ -245,6 +249,15 @@ func sliceBaseMiB(opts Options, node *Node) int64 {
 		caps[i] = sharedCapacity(opts, g).MemMiB
 	}
 	return gpureq.CoreOnlyBaseMiB(caps...)
+}
+
+// largestCapacityMiB is the most memory one GPU of node shares.
+func largestCapacityMiB(opts Options, node *Node) int64 {
+	var most int64
+	for _, g := range node.GPUs {
+		most = max(most, sharedCapacity(opts, g).MemMiB)
+	}
+	return most
 }
 
 // placeShared places a shared slice on the node with opts.Policy, the way

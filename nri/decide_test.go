@@ -10,6 +10,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
 	"github.com/tessera-gpu/tessera/topology"
 )
 
@@ -129,6 +130,9 @@ func TestDecide(t *testing.T) {
 		req     Request
 		want    *Decision
 		wantErr string // substring of the error; "" for success
+		// wantCode is the request model's refusal code of the error, when
+		// set.
+		wantCode gpureq.Code
 	}{
 		{
 			name: "container without Tessera resources gets no GPU",
@@ -462,19 +466,28 @@ func TestDecide(t *testing.T) {
 			wantErr: `GPU ` + uuid1 + `: the assignment says index 3 but it is GPU 1 on this node`,
 		},
 		{
-			name:    "whole and shared in one container",
-			req:     Request{Pod: pod(nil), Container: Container{Name: "c"}, Devices: Devices{Whole: []string{uuid0}, MemoryUnits: 1}},
-			wantErr: `holds whole GPUs (tessera.dev/gpu) and shared units`,
+			name:     "whole and shared in one container",
+			req:      Request{Pod: pod(nil), Container: Container{Name: "c"}, Devices: Devices{Whole: []string{uuid0}, MemoryUnits: 1}},
+			wantErr:  `holds whole GPUs (tessera.dev/gpu) and shared units`,
+			wantCode: gpureq.CodeWholeAndShared,
 		},
 		{
-			name:    "core-only assignment gives more memory than cores% of the slice base",
-			req:     Request{Pod: pod(annotate(t, sharedOn(uuid1, 1, 2048, 10))), Container: Container{Name: "c"}, Devices: Devices{CoreUnits: 10}},
-			wantErr: `GPU ` + uuid1 + `: the assignment gives 2048 MiB of GPU memory but the container's 10 tessera.dev/gpu-core units without tessera.dev/gpu-memory entitle it to 1536 MiB`,
+			name:     "core-only assignment gives more memory than cores% of the slice base",
+			req:      Request{Pod: pod(annotate(t, sharedOn(uuid1, 1, 2048, 10))), Container: Container{Name: "c"}, Devices: Devices{CoreUnits: 10}},
+			wantErr:  `GPU ` + uuid1 + `: the assignment gives 2048 MiB of GPU memory but the container's 10 tessera.dev/gpu-core units without tessera.dev/gpu-memory entitle it to 1536 MiB`,
+			wantCode: gpureq.CodeAssignmentDisagrees,
 		},
 		{
-			name:    "more than one GPU's cores",
-			req:     Request{Pod: pod(nil), Container: Container{Name: "c"}, Devices: Devices{MemoryUnits: 1, CoreUnits: 101}},
-			wantErr: `container "c" of pod ns/p: the container holds 101 tessera.dev/gpu-core units, more than one GPU's 100`,
+			name:     "more than one GPU's cores",
+			req:      Request{Pod: pod(nil), Container: Container{Name: "c"}, Devices: Devices{MemoryUnits: 1, CoreUnits: 101}},
+			wantErr:  `container "c" of pod ns/p: the container holds 101 tessera.dev/gpu-core units, more than one GPU's 100`,
+			wantCode: gpureq.CodeCoresAboveGPU,
+		},
+		{
+			name:     "bypassed the extender with a slice larger than any GPU",
+			req:      Request{Pod: pod(nil), Container: Container{Name: "c"}, Devices: Devices{MemoryUnits: 16, CoreUnits: 10}},
+			wantErr:  `the container's slice of 16384 MiB is more than any GPU of this node shares (15360 MiB)`,
+			wantCode: gpureq.CodeSliceTooLarge,
 		},
 		{
 			name: "shared capacity is floored to whole memory units",
@@ -482,8 +495,9 @@ func TestDecide(t *testing.T) {
 			node: func(n *Node) {
 				n.Ledger = []Entry{other("a", &api.SharedGPU{GPU: api.GPURef{UUID: uuid1, Index: 1}, MemoryMiB: 14336})}
 			},
-			req:     Request{Pod: pod(annotate(t, sharedOn(uuid1, 1, 1030, 10))), Container: Container{Name: "c"}, Devices: Devices{MemoryUnits: 2, CoreUnits: 10}},
-			wantErr: `GPU ` + uuid1 + `: over-committed: 14336 MiB of its 15360 shared MiB are in use by 1 container(s) and the container asks for 1030 MiB`,
+			req:      Request{Pod: pod(annotate(t, sharedOn(uuid1, 1, 1030, 10))), Container: Container{Name: "c"}, Devices: Devices{MemoryUnits: 2, CoreUnits: 10}},
+			wantErr:  `GPU ` + uuid1 + `: over-committed: 14336 MiB of its 15360 shared MiB are in use by 1 container(s) and the container asks for 1030 MiB`,
+			wantCode: gpureq.CodeMemoryOvercommitted,
 		},
 		{
 			name:    "malformed assignment annotation",
@@ -518,6 +532,9 @@ func TestDecide(t *testing.T) {
 				}
 				if !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("error %q\ndoes not contain %q", err, tc.wantErr)
+				}
+				if tc.wantCode != "" && de.Code != tc.wantCode {
+					t.Errorf("error code %q, want %q", de.Code, tc.wantCode)
 				}
 				if got != nil {
 					t.Errorf("Decide returned a decision with its error: %+v", got)

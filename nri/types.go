@@ -20,6 +20,7 @@ import (
 	"fmt"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
 	"github.com/tessera-gpu/tessera/topology"
 )
 
@@ -242,6 +243,11 @@ type DecisionError struct {
 	// GPU names the GPU concerned (UUID, or "" when none is).
 	GPU    string
 	Reason string
+	// Code is the request model's refusal behind the decision
+	// (gpureq.Code), or empty when the refusal is about the node rather
+	// than the request (an unknown or unhealthy GPU, a malformed
+	// annotation, the kubelet and the annotation disagreeing on whole GPUs).
+	Code gpureq.Code
 }
 
 func (e *DecisionError) Error() string {
