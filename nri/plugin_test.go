@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -16,12 +17,14 @@ import (
 	"github.com/containerd/nri/pkg/adaptation"
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/gpu"
 	"github.com/tessera-gpu/tessera/gpu/nvmlmock"
+	"github.com/tessera-gpu/tessera/internal/podtrust"
 	"github.com/tessera-gpu/tessera/topology"
 )
 
@@ -350,6 +353,7 @@ func newHarness(t *testing.T, configure ...func(*Config)) *harness {
 		MPS:              h.mps,
 		Observer:         h.observer,
 		Recorder:         h.recorder,
+		Trust:            testTrust(),
 		Metrics:          metrics,
 		RetryInterval:    20 * time.Millisecond,
 		MaxRetryInterval: 200 * time.Millisecond,
@@ -378,7 +382,31 @@ func newHarness(t *testing.T, configure ...func(*Config)) *harness {
 	return h
 }
 
+// testTrust is the trust filter of the tests' plugins: sandbox seals the
+// assignments it is given with its key, as Tessera would.
+func testTrust() *podtrust.Filter {
+	s, err := api.NewSealer([]byte("tessera-nri-unit-test-seal-key-0123"))
+	if err != nil {
+		panic(err)
+	}
+	return &podtrust.Filter{Sealer: s}
+}
+
+// sandbox returns the sandbox of pod name; an assignment in ann is sealed
+// for it unless ann carries a seal already (use unsealedSandbox for a
+// tenant's own).
 func sandbox(name string, ann map[string]string) *adaptation.PodSandbox {
+	sb := unsealedSandbox(name, ann)
+	if v, ok := ann[api.AnnotationAssignment]; ok {
+		if _, sealed := ann[api.AnnotationAssignmentSeal]; !sealed {
+			sb.Annotations = maps.Clone(ann)
+			sb.Annotations[api.AnnotationAssignmentSeal] = testTrust().Sealer.Seal(types.UID(sb.Uid), api.AnnotationAssignment, v)
+		}
+	}
+	return sb
+}
+
+func unsealedSandbox(name string, ann map[string]string) *adaptation.PodSandbox {
 	return &adaptation.PodSandbox{Id: "sb-" + name, Name: name, Namespace: "ns", Uid: "uid-" + name, Annotations: ann}
 }
 

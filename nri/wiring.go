@@ -146,6 +146,7 @@ func OptionsFromConfig(cfg *api.NodeAgentConfig, uvmMajor int64, pipeDir func(uu
 		UVMMajor:         uvmMajor,
 		MPSPipeDir:       pipeDir,
 		Policy:           policy,
+		NonGPU:           NonGPUFromConfig(cfg),
 	}
 }
 

@@ -115,9 +115,17 @@ func TestOptionsFromConfig(t *testing.T) {
 	if !o.CDI || o.CDIKind != api.DefaultCDIKind || o.CDIDeviceName != api.CDINameUUID || o.MemoryUnitMiB != 1024 || o.MemoryReserveMiB != 512 || o.UVMMajor != 508 || o.MPSPipeDir("x") != "/mps/x" {
 		t.Errorf("default config: %+v", o)
 	}
+	if o.NonGPU.Leave || len(o.NonGPU.ExemptNamespaces) != 0 {
+		t.Errorf("default config: containers without a Tessera GPU are not voided: %+v", o.NonGPU)
+	}
 	cfg.DeviceListStrategy = []string{api.DeviceListEnvvar}
 	if o := OptionsFromConfig(cfg, 508, pipe, nil); o.CDI {
 		t.Error("envvar strategy yields CDI devices; want device nodes")
+	}
+	// The operator's choice reaches Decide.
+	cfg.NRI = api.NRIConfig{NonGPUContainers: api.NonGPUContainersLeave, NonGPUExemptNamespaces: []string{"gpu-operator"}}
+	if o := OptionsFromConfig(cfg, 508, pipe, nil); !o.NonGPU.Leave || len(o.NonGPU.ExemptNamespaces) != 1 || o.NonGPU.ExemptNamespaces[0] != "gpu-operator" {
+		t.Errorf("nri config not passed on: %+v", o.NonGPU)
 	}
 }
 
