@@ -186,7 +186,7 @@ func describeNodes(nodes []nodesim.NodeSpec) string {
 	return strings.Join(parts, ", ")
 }
 
-func pod(ns, name string, limits v1.ResourceList, annotations map[string]string, gated bool) *v1.Pod {
+func pod(ns, name string, limits v1.ResourceList, annotations map[string]string) *v1.Pod {
 	p := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Annotations: annotations},
 		Spec: v1.PodSpec{
@@ -194,9 +194,6 @@ func pod(ns, name string, limits v1.ResourceList, annotations map[string]string,
 			Containers: []v1.Container{{Name: "main", Image: "registry.k8s.io/pause:3.10",
 				Resources: v1.ResourceRequirements{Limits: limits, Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse("500m")}}}},
 		},
-	}
-	if gated {
-		p.Spec.SchedulingGates = []v1.PodSchedulingGate{{Name: api.SchedulingGateGang}}
 	}
 	return p
 }
@@ -216,19 +213,20 @@ func submitWorkload(ctx context.Context, c *nodesim.Cluster, say func(string, ..
 	running := 0
 	// Fractional inference: slices of one GPU each.
 	for i := range 6 {
-		pods = append(pods, pod("inference", fmt.Sprintf("llm-7b-%d", i), v1.ResourceList{api.ResourceGPUMemory: q(16), api.ResourceGPUCore: q(30)}, nil, false))
+		pods = append(pods, pod("inference", fmt.Sprintf("llm-7b-%d", i), v1.ResourceList{api.ResourceGPUMemory: q(16), api.ResourceGPUCore: q(30)}, nil))
 	}
 	for i := range 4 {
-		pods = append(pods, pod("inference", fmt.Sprintf("embed-%d", i), v1.ResourceList{api.ResourceGPUMemory: q(4), api.ResourceGPUCore: q(10)}, nil, false))
+		pods = append(pods, pod("inference", fmt.Sprintf("embed-%d", i), v1.ResourceList{api.ResourceGPUMemory: q(4), api.ResourceGPUCore: q(10)}, nil))
 	}
 	running += 10
 	// A gang-scheduled training job: two 8-GPU workers on NVLink, placed
-	// all or nothing; and a 4-GPU fine-tuning pod on one NVLink clique.
+	// all or nothing (the gang webhook of deploy/extender gates them at
+	// creation); and a 4-GPU fine-tuning pod on one NVLink clique.
 	for i := range 2 {
 		pods = append(pods, pod("training", fmt.Sprintf("bert-large-worker-%d", i), v1.ResourceList{api.ResourceGPU: q(8)},
-			map[string]string{api.AnnotationGang: "bert-large", api.AnnotationGangMinMember: "2", api.AnnotationNVLink: "required"}, true))
+			map[string]string{api.AnnotationGang: "bert-large", api.AnnotationGangMinMember: "2", api.AnnotationNVLink: "required"}))
 	}
-	pods = append(pods, pod("training", "finetune", v1.ResourceList{api.ResourceGPU: q(4)}, map[string]string{api.AnnotationNVLink: "required"}, false))
+	pods = append(pods, pod("training", "finetune", v1.ResourceList{api.ResourceGPU: q(4)}, map[string]string{api.AnnotationNVLink: "required"}))
 	running += 3
 	// Notebooks in a namespace whose ElasticQuota allows 24 GiB of GPU
 	// memory: the fifth notebook waits.
@@ -252,7 +250,7 @@ func submitWorkload(ctx context.Context, c *nodesim.Cluster, say func(string, ..
 		}
 	}
 	for i := range 5 {
-		pods = append(pods, pod("notebooks", fmt.Sprintf("notebook-%d", i), v1.ResourceList{api.ResourceGPUMemory: q(6), api.ResourceGPUCore: q(10)}, nil, false))
+		pods = append(pods, pod("notebooks", fmt.Sprintf("notebook-%d", i), v1.ResourceList{api.ResourceGPUMemory: q(6), api.ResourceGPUCore: q(10)}, nil))
 	}
 	if quota {
 		running += 4

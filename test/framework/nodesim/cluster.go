@@ -1,8 +1,8 @@
 package nodesim
 
 import (
-	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -16,17 +16,15 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
-	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/test/framework/controlplane"
+	"github.com/tessera-gpu/tessera/test/framework/install"
 )
 
 // NodeSpec is one simulated node of a cluster.
@@ -79,7 +77,7 @@ type ClusterOptions struct {
 	Nodes []NodeSpec
 	// Binaries: the node simulator, tessera-node and tessera-extender.
 	NodeSim, Agent, Extender string
-	// RepoRoot is the repository (deploy/extender is read from it).
+	// RepoRoot is the repository (deploy/ is read from it).
 	RepoRoot string
 	// ExtenderArgs are added to the extender's command line.
 	ExtenderArgs []string
@@ -101,25 +99,29 @@ type Cluster struct {
 	extKC     string
 	agentUser *controlplane.User
 	agentKC   string
+	tls       *install.TLS
 	mu        sync.Mutex
 	extender  *proc
 	nodes     map[string]*proc
 	specs     []NodeSpec
 }
 
-// ExtenderUser is the identity tessera-extender runs as, bound to the
-// ClusterRole of deploy/extender/rbac.yaml.
-const ExtenderUser = "tessera-extender"
+// ExtenderUser is the identity tessera-extender runs as: its
+// Deployment's ServiceAccount, so deploy/extender/rbac.yaml's bindings and
+// the admission policy's exemption apply unchanged.
+const ExtenderUser = install.ExtenderUserName
 
 // AgentUser is the identity every tessera-node runs as: the DaemonSet's
-// ServiceAccount, so deploy/node/rbac.yaml's binding applies unchanged.
-const AgentUser = "system:serviceaccount:tessera-system:tessera-node"
+// ServiceAccount, so deploy/node/rbac.yaml's bindings apply unchanged.
+const AgentUser = install.NodeUserName
 
-// deployURL is the urlPrefix of deploy/extender/scheduler-config.yaml.
-const deployURL = "http://tessera-extender.kube-system.svc:8888"
-
-// StartCluster starts everything and waits until every node advertises its
-// GPUs with shared isolation.
+// StartCluster starts everything, installed as deploy/ says
+// (framework/install): the RBAC of deploy/extender and deploy/node, the
+// CRDs of deploy/crds, the admission policy of deploy/admission, the
+// extender serving HTTPS (a CA and certificate made here) as its
+// ServiceAccount, the gang webhook of deploy/extender/webhook.yaml pointed
+// at it, kube-scheduler calling it over HTTPS, and node agents as theirs.
+// It waits until every node advertises its GPUs with shared isolation.
 func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err error) {
 	if len(opts.Nodes) == 0 {
 		opts.Nodes = DefaultNodes()
@@ -156,8 +158,8 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 		return nil, err
 	}
 
-	c.extUser = &controlplane.User{Name: ExtenderUser}
-	c.agentUser = &controlplane.User{Name: AgentUser, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:tessera-system"}}
+	c.extUser = install.ExtenderUser()
+	c.agentUser = install.NodeUser()
 	cpOpts := controlplane.Options{BaseDir: c.Dir, Users: []*controlplane.User{c.extUser, c.agentUser}}
 	if opts.ControlPlaneBinaries != nil {
 		cpOpts.Binaries = *opts.ControlPlaneBinaries
@@ -168,33 +170,38 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 	if c.CP, err = controlplane.Start(ctx, cpOpts); err != nil {
 		return nil, err
 	}
-	client := c.CP.Client()
-	if err := c.extenderRBAC(ctx, client); err != nil {
+	// Installed as deploy/ says: RBAC, the CRDs and the admission policy,
+	// then the extender, serving HTTPS, its gang webhook, and kube-scheduler
+	// calling it.
+	admin := c.CP.RESTConfig()
+	if err := install.RBAC(ctx, admin, opts.RepoRoot); err != nil {
 		return nil, err
 	}
-	if err := c.agentRBAC(ctx, client); err != nil {
+	if err := c.writeKubeconfigs(); err != nil {
 		return nil, err
 	}
-	crds, err := c.installCRDs(ctx)
+	crds, err := install.CRDs(ctx, admin, opts.RepoRoot)
 	if err != nil {
 		return nil, err
 	}
-	if len(crds) > 0 {
-		opts.Logf("installed the CRDs of deploy/crds: %s", strings.Join(crds, ", "))
+	opts.Logf("installed RBAC (%s) and the CRDs of deploy/crds: %s", strings.Join(install.RBACFiles(), ", "), strings.Join(crds, ", "))
+	if err := install.AdmissionPolicy(ctx, admin, opts.RepoRoot); err != nil {
+		return nil, err
 	}
-	opts.Logf("starting tessera-extender")
+	opts.Logf("installed deploy/admission: Tessera's pod annotations are written only by its service accounts")
+	if c.tls, err = install.ServingCert(c.Dir); err != nil {
+		return nil, err
+	}
+	opts.Logf("starting tessera-extender (HTTPS, as %s)", ExtenderUser)
 	if err := c.StartExtender(ctx); err != nil {
 		return nil, err
 	}
-	raw, err := os.ReadFile(filepath.Join(opts.RepoRoot, "deploy", "extender", "scheduler-config.yaml"))
-	if err != nil {
+	if err := install.GangWebhook(ctx, admin, opts.RepoRoot, "https://"+c.extAddr, c.tls.CAPEM); err != nil {
 		return nil, err
 	}
-	if !bytes.Contains(raw, []byte(deployURL)) {
-		return nil, fmt.Errorf("deploy/extender/scheduler-config.yaml does not use %s", deployURL)
-	}
+	opts.Logf("installed the gang webhook of deploy/extender/webhook.yaml at https://%s", c.extAddr)
 	schedCfg := filepath.Join(c.Dir, "scheduler-config.yaml")
-	if err := os.WriteFile(schedCfg, bytes.ReplaceAll(raw, []byte(deployURL), []byte("http://"+c.extAddr)), 0o600); err != nil {
+	if err := install.SchedulerConfig(opts.RepoRoot, schedCfg, "https://"+c.extAddr, c.tls.CAPEM); err != nil {
 		return nil, err
 	}
 	opts.Logf("starting kube-scheduler with deploy/extender/scheduler-config.yaml")
@@ -236,92 +243,28 @@ func (c *Cluster) LogFiles() map[string]string {
 	return out
 }
 
-func (c *Cluster) extenderRBAC(ctx context.Context, client kubernetes.Interface) error {
-	raw, err := os.ReadFile(filepath.Join(c.opts.RepoRoot, "deploy", "extender", "rbac.yaml"))
-	if err != nil {
-		return err
-	}
-	var role *rbacv1.ClusterRole
-	for _, doc := range strings.Split(string(raw), "\n---\n") {
-		var meta metav1.TypeMeta
-		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
-			return fmt.Errorf("rbac.yaml: %w", err)
-		}
-		if meta.Kind == "ClusterRole" {
-			role = &rbacv1.ClusterRole{}
-			if err := yaml.Unmarshal([]byte(doc), role); err != nil {
-				return fmt.Errorf("rbac.yaml: %w", err)
-			}
-			break
-		}
-	}
-	if role == nil {
-		return errors.New("deploy/extender/rbac.yaml has no ClusterRole")
-	}
-	if _, err := client.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return err
-	}
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "tessera-extender-local"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: ExtenderUser}},
-	}
-	if _, err := client.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return err
-	}
-	c.extKC = filepath.Join(c.Dir, "extender.kubeconfig")
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["local"] = &clientcmdapi.Cluster{Server: c.CP.APIServerURL, CertificateAuthority: c.CP.CAFile()}
-	kc.AuthInfos[ExtenderUser] = &clientcmdapi.AuthInfo{Token: c.extUser.Token}
-	kc.Contexts["local"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: ExtenderUser}
-	kc.CurrentContext = "local"
-	return clientcmd.WriteToFile(*kc, c.extKC)
-}
-
-// agentRBAC applies deploy/node/rbac.yaml (ClusterRole and its binding to
-// the tessera-node ServiceAccount) and writes the agents' kubeconfig.
-func (c *Cluster) agentRBAC(ctx context.Context, client kubernetes.Interface) error {
-	raw, err := os.ReadFile(filepath.Join(c.opts.RepoRoot, "deploy", "node", "rbac.yaml"))
-	if err != nil {
-		return err
-	}
-	var roles, bindings int
-	for _, doc := range strings.Split(string(raw), "\n---\n") {
-		var meta metav1.TypeMeta
-		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
-			return fmt.Errorf("deploy/node/rbac.yaml: %w", err)
-		}
-		switch meta.Kind {
-		case "ClusterRole":
-			var r rbacv1.ClusterRole
-			if err := yaml.Unmarshal([]byte(doc), &r); err != nil {
-				return err
-			}
-			if _, err := client.RbacV1().ClusterRoles().Create(ctx, &r, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-				return err
-			}
-			roles++
-		case "ClusterRoleBinding":
-			var b rbacv1.ClusterRoleBinding
-			if err := yaml.Unmarshal([]byte(doc), &b); err != nil {
-				return err
-			}
-			if _, err := client.RbacV1().ClusterRoleBindings().Create(ctx, &b, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-				return err
-			}
-			bindings++
+// writeKubeconfigs writes the kubeconfigs of the extender and of the node
+// agents, each with its ServiceAccount's identity.
+func (c *Cluster) writeKubeconfigs() error {
+	for _, k := range []struct {
+		path *string
+		file string
+		user *controlplane.User
+	}{
+		{&c.extKC, "extender.kubeconfig", c.extUser},
+		{&c.agentKC, "tessera-node.kubeconfig", c.agentUser},
+	} {
+		*k.path = filepath.Join(c.Dir, k.file)
+		kc := clientcmdapi.NewConfig()
+		kc.Clusters["local"] = &clientcmdapi.Cluster{Server: c.CP.APIServerURL, CertificateAuthority: c.CP.CAFile()}
+		kc.AuthInfos["tessera"] = &clientcmdapi.AuthInfo{Token: k.user.Token}
+		kc.Contexts["local"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: "tessera"}
+		kc.CurrentContext = "local"
+		if err := clientcmd.WriteToFile(*kc, *k.path); err != nil {
+			return fmt.Errorf("write %s: %w", k.file, err)
 		}
 	}
-	if roles == 0 || bindings == 0 {
-		return errors.New("deploy/node/rbac.yaml: want a ClusterRole and a ClusterRoleBinding")
-	}
-	c.agentKC = filepath.Join(c.Dir, "tessera-node.kubeconfig")
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["local"] = &clientcmdapi.Cluster{Server: c.CP.APIServerURL, CertificateAuthority: c.CP.CAFile()}
-	kc.AuthInfos["tessera-node"] = &clientcmdapi.AuthInfo{Token: c.agentUser.Token}
-	kc.Contexts["local"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: "tessera-node"}
-	kc.CurrentContext = "local"
-	return clientcmd.WriteToFile(*kc, c.agentKC)
+	return nil
 }
 
 // StartExtender starts tessera-extender (again) and waits for /readyz.
@@ -334,7 +277,12 @@ func (c *Cluster) StartExtender(ctx context.Context) error {
 		c.extAddr = l.Addr().String()
 		l.Close()
 	}
-	args := append([]string{"--kubeconfig=" + c.extKC, "--listen=" + c.extAddr, "--v=2"}, c.opts.ExtenderArgs...)
+	pool, err := c.tls.CertPool()
+	if err != nil {
+		return err
+	}
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	args := append([]string{"--kubeconfig=" + c.extKC, "--listen=" + c.extAddr, "--tls-cert=" + c.tls.CertFile, "--tls-key=" + c.tls.KeyFile, "--v=2"}, c.opts.ExtenderArgs...)
 	p, err := startProc("tessera-extender", c.opts.Extender, args, filepath.Join(c.Dir, "logs", "tessera-extender.log"), false)
 	if err != nil {
 		return err
@@ -346,8 +294,8 @@ func (c *Cluster) StartExtender(ctx context.Context) error {
 		if p.exited() {
 			return false, fmt.Errorf("tessera-extender exited; see %s", p.log)
 		}
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+c.extAddr+"/readyz", nil)
-		resp, err := http.DefaultClient.Do(req)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+c.extAddr+"/readyz", nil)
+		resp, err := hc.Do(req)
 		if err != nil {
 			return false, nil
 		}
