@@ -524,7 +524,7 @@ func (s *Server) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs,
 	}
 	use.Namespace, use.Name = pod.Namespace, pod.Name
 	if len(use.Shared) > 0 {
-		a := sharedAssignment(prev, use)
+		a := SharedAssignment(prev, use)
 		value, err := api.EncodeAssignment(a)
 		if err != nil {
 			s.state.Unreserve(pod.UID)
@@ -572,9 +572,9 @@ func (s *Server) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs,
 	return nil
 }
 
-// sharedAssignment returns the assignment recording use's shared slices,
+// SharedAssignment returns the assignment recording use's shared slices,
 // keeping the whole GPUs prev records.
-func sharedAssignment(prev *api.Assignment, use *PodUse) *api.Assignment {
+func SharedAssignment(prev *api.Assignment, use *PodUse) *api.Assignment {
 	a := api.NewAssignment()
 	if prev != nil {
 		for _, c := range prev.Containers {

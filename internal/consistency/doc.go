@@ -1,0 +1,9 @@
+// Package consistency holds only a test: one table of GPU requests run
+// through every component that judges them — the scheduler extender's fit
+// (extender.ParseDemand, Filter, ChoosePlacement), the device plugin's
+// Allocate checks (devices.Model.CheckWhole, CheckShared), the NRI plugin's
+// decision (nri.Decide, with the extender's assignment and placed locally)
+// and quota (extender.PodQuotaUse, gpureq.QuotaUse) — which must agree on
+// accept or refuse, on the refusal's gpureq.Code, and on the amounts. It
+// fails when one component's rule drifts from package gpureq's.
+package consistency
