@@ -43,12 +43,11 @@ const (
 // env is a control plane with deploy/'s RBAC, CRDs and admission policy,
 // and clients for the admin, a tenant and Tessera's two identities.
 type env struct {
-	cp                     *controlplane.ControlPlane
-	repo                   string
-	admin, tenant          kubernetes.Interface
-	extender, node         kubernetes.Interface
-	adminDyn, tenantDyn    dynamic.Interface
-	tessera, tesseraValues map[string]string // Tessera's four annotations on a pod
+	cp             *controlplane.ControlPlane
+	admin, tenant  kubernetes.Interface
+	extender, node kubernetes.Interface
+	adminDyn       dynamic.Interface
+	tessera        map[string]string // Tessera's four annotations on a pod
 }
 
 func start(t *testing.T) *env {
@@ -109,13 +108,13 @@ func start(t *testing.T) *env {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	e := &env{cp: cp, repo: repo, admin: cp.Client()}
+	e := &env{cp: cp, admin: cp.Client()}
 	for _, c := range []struct {
 		u   *controlplane.User
 		cs  *kubernetes.Interface
 		dyn *dynamic.Interface
 	}{
-		{tenant, &e.tenant, &e.tenantDyn},
+		{tenant, &e.tenant, nil},
 		{ext, &e.extender, nil},
 		{node, &e.node, nil},
 		{nil, nil, &e.adminDyn},
