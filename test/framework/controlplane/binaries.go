@@ -24,17 +24,24 @@ type Binaries struct {
 }
 
 // BinariesFromEnv resolves the binaries from $TESSERA_TEST_K8S_BIN_DIR
-// (default: bin/k8s in the repository that contains the working directory)
+// (default: bin/k8s in the repository that contains the working directory;
+// a relative path is relative to the repository's test/ directory)
 // and $TESSERA_TEST_ETCD (default: etcd on PATH). It fails, naming the make
 // target that provides them, when one is missing.
 func BinariesFromEnv() (Binaries, error) {
 	binDir := os.Getenv(EnvK8sBinDir)
-	if binDir == "" {
+	if binDir == "" || !filepath.IsAbs(binDir) {
 		root, err := repoRoot()
 		if err != nil {
-			return Binaries{}, fmt.Errorf("%s is not set: %w", EnvK8sBinDir, err)
+			return Binaries{}, fmt.Errorf("%s is %q: %w", EnvK8sBinDir, binDir, err)
 		}
-		binDir = filepath.Join(root, "bin", "k8s")
+		if binDir == "" {
+			binDir = filepath.Join(root, "bin", "k8s")
+		} else {
+			// go test runs each package in its own directory: a relative
+			// path is taken from test/, where `go test ./...` is run.
+			binDir = filepath.Join(root, "test", binDir)
+		}
 	}
 	etcd := os.Getenv(EnvEtcd)
 	if etcd == "" {
