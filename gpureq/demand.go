@@ -117,8 +117,7 @@ func (p *Pod) Shares() []Container {
 // The CPU and memory are set even when it refuses.
 func ParsePod(pod *corev1.Pod) (Pod, error) {
 	var out Pod
-	eff := effective(pod)
-	reqs := resourcehelper.PodRequests(eff, resourcehelper.PodResourcesOptions{})
+	reqs := resourcehelper.PodRequests(effective(pod, cpuOrMemory), resourcehelper.PodResourcesOptions{})
 	if q, ok := reqs[corev1.ResourceCPU]; ok {
 		out.CPUMilli = saturated(q, resource.Milli)
 	}
@@ -132,7 +131,7 @@ func ParsePod(pod *corev1.Pod) (Pod, error) {
 	}
 	read := func(c *corev1.Container, kind Kind) error {
 		rc := Container{Name: c.Name, Kind: kind}
-		for _, r := range []struct {
+		for _, r := range [...]struct {
 			name corev1.ResourceName
 			dst  *int64
 		}{{api.ResourceGPU, &rc.Whole}, {api.ResourceGPUMemory, &rc.MemUnits}, {api.ResourceGPUCore, &rc.Cores}} {
@@ -205,14 +204,21 @@ func quantity(c *corev1.Container, name corev1.ResourceName) (resource.Quantity,
 	return q, ok
 }
 
+func cpuOrMemory(name corev1.ResourceName) bool {
+	return name == corev1.ResourceCPU || name == corev1.ResourceMemory
+}
+
+func anyResource(corev1.ResourceName) bool { return true }
+
 // effective returns pod, or a copy of it whose containers' requests default
 // to their limits (the API server's defaulting, for pods that did not go
-// through it).
-func effective(pod *corev1.Pod) *corev1.Pod {
+// through it) when some of the resources of interest lack a request. The
+// pods the API server stored need no copy.
+func effective(pod *corev1.Pod, of func(corev1.ResourceName) bool) *corev1.Pod {
 	missing := func(cs []corev1.Container) bool {
 		for i := range cs {
 			for name := range cs[i].Resources.Limits {
-				if _, ok := cs[i].Resources.Requests[name]; !ok {
+				if _, ok := cs[i].Resources.Requests[name]; !ok && of(name) {
 					return true
 				}
 			}
@@ -246,33 +252,36 @@ func effective(pod *corev1.Pod) *corev1.Pod {
 	return &cp
 }
 
-// peak aggregates per-container amounts (vals[i] of kinds[i], in start
-// order) the way the kubelet admits a pod and kube-scheduler counts it
-// (KEP-753, k8s.io/component-helpers/resource.AggregateContainerRequests):
-// regular containers and sidecars add up; an init container holds its own
-// amount beside the sidecars started before it; the pod holds the larger.
-func peak[T any](items []T, kind func(T) Kind, vals func(T) []int64, n int) []int64 {
-	run, sidecars, inits := make([]int64, n), make([]int64, n), make([]int64, n)
+// vec is up to three amounts aggregated together.
+type vec [3]int64
+
+// peak aggregates per-container amounts (of items in start order) the way
+// the kubelet admits a pod and kube-scheduler counts it (KEP-753,
+// k8s.io/component-helpers/resource.AggregateContainerRequests): regular
+// containers and sidecars add up; an init container holds its own amount
+// beside the sidecars started before it; the pod holds the larger.
+func peak[T any](items []T, kind func(T) Kind, vals func(T) vec) vec {
+	var run, sidecars, inits vec
 	for _, it := range items {
 		v := vals(it)
 		switch kind(it) {
 		case Regular:
-			for j := range n {
+			for j := range v {
 				run[j] += v[j]
 			}
 		case Sidecar:
-			for j := range n {
+			for j := range v {
 				run[j] += v[j]
 				sidecars[j] += v[j]
 				inits[j] = max(inits[j], sidecars[j])
 			}
 		case Init:
-			for j := range n {
+			for j := range v {
 				inits[j] = max(inits[j], v[j]+sidecars[j])
 			}
 		}
 	}
-	for j := range n {
+	for j := range run {
 		run[j] = max(run[j], inits[j])
 	}
 	return run
@@ -280,7 +289,7 @@ func peak[T any](items []T, kind func(T) Kind, vals func(T) []int64, n int) []in
 
 // PeakUnits is what containers (in start order) hold at once at their peak.
 func PeakUnits(cs []Container) Units {
-	v := peak(cs, func(c Container) Kind { return c.Kind }, func(c Container) []int64 { return []int64{c.Whole, c.MemUnits, c.Cores} }, 3)
+	v := peak(cs, func(c Container) Kind { return c.Kind }, func(c Container) vec { return vec{c.Whole, c.MemUnits, c.Cores} })
 	return Units{Whole: v[0], MemUnits: v[1], Cores: v[2]}
 }
 

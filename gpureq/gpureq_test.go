@@ -146,7 +146,7 @@ func TestPeakIsPodRequests(t *testing.T) {
 		}
 		pod := podOf(inits, cs...)
 		got, _ := ParsePod(pod)
-		reqs := resourcehelper.PodRequests(effective(pod), resourcehelper.PodResourcesOptions{})
+		reqs := resourcehelper.PodRequests(effective(pod, anyResource), resourcehelper.PodResourcesOptions{})
 		want := Units{MemUnits: valueOf(reqs, api.ResourceGPUMemory), Cores: valueOf(reqs, api.ResourceGPUCore)}
 		if got.Peak != want {
 			t.Fatalf("pod %+v: PeakUnits = %+v, PodRequests = %+v", pod.Spec, got.Peak, want)

@@ -18,7 +18,7 @@ import (
 // without the extender); the refusal is returned beside it.
 func QuotaUse(pod *corev1.Pod) (quota.Resources, error) {
 	_, err := ParsePod(pod)
-	reqs := resourcehelper.PodRequests(effective(pod), resourcehelper.PodResourcesOptions{ExcludeOverhead: true, SkipPodLevelResources: true})
+	reqs := resourcehelper.PodRequests(effective(pod, anyResource), resourcehelper.PodResourcesOptions{ExcludeOverhead: true, SkipPodLevelResources: true})
 	out := quota.Resources{}
 	for _, name := range api.QuotaResources() {
 		if q, ok := reqs[name]; ok {

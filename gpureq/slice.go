@@ -48,7 +48,7 @@ type Held struct {
 // PeakAmount is what the slices held (in start order) take of their GPU at
 // once at the pod's peak (the rule of PeakUnits).
 func PeakAmount(held []Held) Amount {
-	v := peak(held, func(h Held) Kind { return h.Kind }, func(h Held) []int64 { return []int64{h.Amount.MemMiB, h.Amount.Cores} }, 2)
+	v := peak(held, func(h Held) Kind { return h.Kind }, func(h Held) vec { return vec{h.Amount.MemMiB, h.Amount.Cores} })
 	return Amount{MemMiB: v[0], Cores: v[1]}
 }
 
