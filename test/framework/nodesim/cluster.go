@@ -149,9 +149,12 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 			return nil, err
 		}
 	}
+	// `return nil, err` clears c before deferred calls run: stop what was
+	// started through a copy.
+	started := c
 	defer func() {
 		if err != nil {
-			c.Stop()
+			started.Stop()
 		}
 	}()
 	if err := os.MkdirAll(filepath.Join(c.Dir, "logs"), 0o755); err != nil {
