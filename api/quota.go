@@ -2,6 +2,7 @@ package api
 
 import (
 	"fmt"
+	"math"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -47,6 +48,11 @@ func ElasticQuotaFromUnstructured(u *unstructured.Unstructured) (*ElasticQuota, 
 			}
 			if qty.Sign() < 0 {
 				return nil, fmt.Errorf("ElasticQuota %s/%s: spec.%s.%s: %q is negative", q.Namespace, q.Name, field, name, s)
+			}
+			// Quota counts in int64: a larger value would wrap (found by
+			// FuzzElasticQuota).
+			if qty.CmpInt64(math.MaxInt64) > 0 {
+				return nil, fmt.Errorf("ElasticQuota %s/%s: spec.%s.%s: %q is too large (at most %d)", q.Namespace, q.Name, field, name, s, int64(math.MaxInt64))
 			}
 			list[corev1.ResourceName(name)] = qty
 		}
