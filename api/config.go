@@ -178,6 +178,11 @@ func (c *NodeAgentConfig) Default() {
 	if len(c.Resources) == 0 {
 		c.Resources = Resources()
 	}
+	// No exempt namespace, written [] or left out, is one value (found by
+	// FuzzLoadNodeAgentConfig: [] did not survive a round trip).
+	if len(c.NRI.NonGPUExemptNamespaces) == 0 {
+		c.NRI.NonGPUExemptNamespaces = nil
+	}
 	if c.MemoryUnitMiB == 0 {
 		c.MemoryUnitMiB = DefaultMemoryUnitMiB
 	}
