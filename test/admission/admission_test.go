@@ -21,6 +21,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -630,16 +631,16 @@ func TestPolicyNamesExactlyTheStateAnnotations(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, o := range objs {
-			if o.GetKind() == "ValidatingAdmissionPolicy" {
+			if o.GetKind() == "ValidatingAdmissionPolicy" && o.GetName() == "tessera-state-annotations" {
 				if policy != nil {
-					t.Fatalf("more than one ValidatingAdmissionPolicy in deploy/admission")
+					t.Fatalf("two ValidatingAdmissionPolicies tessera-state-annotations in deploy/admission")
 				}
 				policy = o
 			}
 		}
 	}
 	if policy == nil {
-		t.Fatal("no ValidatingAdmissionPolicy in deploy/admission")
+		t.Fatal("no ValidatingAdmissionPolicy tessera-state-annotations in deploy/admission")
 	}
 	expressions := func(field string) map[string]string {
 		list, _, err := unstructured.NestedSlice(policy.Object, "spec", field)
@@ -711,4 +712,51 @@ func mergeMaps(ms ...map[string]string) map[string]string {
 		}
 	}
 	return out
+}
+
+// TestGPUPodsAreNotBoundBySpecNodeName: deploy/admission's
+// tessera-gpu-placement refuses a tenant's pod that asks for Tessera GPUs
+// and sets spec.nodeName (it would skip the extender: quota, gangs, per-GPU
+// fit); pods without Tessera GPUs, and a cluster admin's, pass.
+func TestGPUPodsAreNotBoundBySpecNodeName(t *testing.T) {
+	e := start(t)
+	const message = "a pod that asks for Tessera GPUs is placed by the scheduler and tessera-extender, not by spec.nodeName"
+	pod := func(name, node string, init bool, requests bool, res v1.ResourceName) *v1.Pod {
+		p := testPod(name, nil)
+		p.Spec.NodeName = node
+		if res != "" {
+			rl := v1.ResourceList{res: resource.MustParse("1")}
+			c := &p.Spec.Containers[0]
+			if init {
+				p.Spec.InitContainers = []v1.Container{{Name: "init", Image: "registry.k8s.io/pause:3.10"}}
+				c = &p.Spec.InitContainers[0]
+			}
+			if requests {
+				c.Resources.Requests = rl
+			}
+			c.Resources.Limits = rl
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name   string
+		client kubernetes.Interface
+		pod    *v1.Pod
+		refuse bool
+	}{
+		{"tenant, whole GPU by nodeName", e.tenant, pod("w", "gpu-node", false, false, api.ResourceGPU), true},
+		{"tenant, GPU memory by nodeName", e.tenant, pod("m", "gpu-node", false, true, api.ResourceGPUMemory), true},
+		{"tenant, GPU cores in an init container by nodeName", e.tenant, pod("c", "gpu-node", true, false, api.ResourceGPUCore), true},
+		{"tenant, no GPU by nodeName", e.tenant, pod("cpu", "gpu-node", false, false, ""), false},
+		{"tenant, GPU without nodeName", e.tenant, pod("sched", "", false, false, api.ResourceGPU), false},
+		{"cluster admin, GPU by nodeName", e.admin, pod("admin", "gpu-node", false, false, api.ResourceGPU), false},
+	} {
+		_, err := tc.client.CoreV1().Pods(tenantNS).Create(t.Context(), tc.pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		switch {
+		case tc.refuse && (err == nil || !strings.Contains(err.Error(), message)):
+			t.Errorf("%s: create = %v, want refused with %q", tc.name, err, message)
+		case !tc.refuse && err != nil:
+			t.Errorf("%s: create refused: %v", tc.name, err)
+		}
+	}
 }
