@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -127,7 +126,7 @@ type Agent struct {
 	opts     Options
 	cfg      *api.NodeAgentConfig
 	model    *devices.Model
-	policy   *preferred.GPUPolicy
+	kinds    []Kind
 	health   *health.Watcher
 	gpuIndex map[string]int
 
@@ -191,11 +190,15 @@ func New(opts Options) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("preferred allocation policy: %w", err)
 	}
+	kinds, err := newKinds(kindEnv{cfg: cfg, model: model, policy: policy})
+	if err != nil {
+		return nil, err
+	}
 	a := &Agent{
 		opts:        opts,
 		cfg:         cfg,
 		model:       model,
-		policy:      policy,
+		kinds:       kinds,
 		gpuIndex:    gpuIndex,
 		registerNow: make(chan struct{}, 1),
 		syncNow:     make(chan struct{}, 1),
@@ -244,16 +247,20 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("watching the device-plugin directory %s: %w", a.opts.PluginDir, err)
 	}
 
-	a.state = newState(a.logger, a.model, a.cfg.AllocationGrace.Duration, a.opts.Now, a.opts.Metrics)
+	a.state = newState(a.logger, a.model, a.kinds, a.cfg.AllocationGrace.Duration, a.opts.Now, a.opts.Metrics)
 	a.health.CheckAll(ctx)
 	a.state.setHealth(a.health.Health())
 	if err := a.syncKubelet(ctx); err != nil {
 		a.logger.Error(err, "Cannot read the kubelet's allocations yet; retrying", "interval", a.cfg.KubeletSyncInterval.Duration)
 	}
-	for _, r := range a.model.Resources() {
-		a.plugins = append(a.plugins, newPlugin(a.logger, r, filepath.Join(a.opts.PluginDir, SocketName(r)), a))
+	shares := false
+	for _, k := range a.kinds {
+		a.plugins = append(a.plugins, newPlugin(a.logger, k, filepath.Join(a.opts.PluginDir, SocketName(k.Resource())), a))
+		if _, ok := k.(SharedKind); ok {
+			shares = true
+		}
 	}
-	if !a.nriConnected() && (a.cfg.ResourceEnabled(api.ResourceGPUMemory) || a.cfg.ResourceEnabled(api.ResourceGPUCore)) {
+	if !a.nriConnected() && shares {
 		a.logger.Info("WARNING: the NRI plugin is not connected; shared GPU units are refused until it is (isolated sharing requires NRI)", "node", a.opts.NodeName)
 	}
 
@@ -519,7 +526,7 @@ func (a *Agent) applyKubelet(allocs []kubeletstate.ContainerDevices) {
 	out := make([]devices.Allocation, 0, len(allocs))
 	for _, c := range allocs {
 		d := devices.Allocation{Resource: c.Resource, DeviceIDs: c.DeviceIDs}
-		if c.Resource != api.ResourceGPU && c.Name != "" {
+		if isSharedResource(c.Resource) && c.Name != "" {
 			d.SharedGPU = placements[c.Key()]
 		}
 		out = append(out, d)
@@ -537,7 +544,11 @@ func (a *Agent) nriMessage() string {
 	if node == "" {
 		node = "this node"
 	}
-	return fmt.Sprintf("isolated GPU sharing requires the Tessera NRI plugin, which is not connected on %s; %s and %s are refused until it is (enable NRI in the container runtime and run the NRI plugin)", node, api.ResourceGPUMemory, api.ResourceGPUCore)
+	names := make([]string, len(sharedResources))
+	for i, r := range sharedResources {
+		names[i] = string(r)
+	}
+	return fmt.Sprintf("isolated GPU sharing requires the Tessera NRI plugin, which is not connected on %s; %s are refused until it is (enable NRI in the container runtime and run the NRI plugin)", node, strings.Join(names, " and "))
 }
 
 // publishLoop keeps the Node's inventory annotation and shared-isolation
@@ -627,40 +638,49 @@ func BuildInventory(t *topology.Topology, m *devices.Model, cfg *api.NodeAgentCo
 }
 
 // devices implements handler.
-func (a *Agent) devices(r corev1.ResourceName) ([]devices.Device, <-chan struct{}) {
-	return a.state.devices(r)
+func (a *Agent) devices(k Kind) ([]devices.Device, <-chan struct{}) {
+	return a.state.devices(k.Resource())
+}
+
+// assignedFor is, for an AssignedReader, the GPUs assigned to slices of the
+// node's pods as the API server lists them now (assignedNow); nil for
+// other kinds.
+func (a *Agent) assignedFor(ctx context.Context, k Kind) map[string]bool {
+	if _, ok := k.(AssignedReader); ok {
+		return a.assignedNow(ctx)
+	}
+	return nil
 }
 
 // preferred implements handler: the preferred set among the devices that
 // are usable now (a device that turned unhealthy or withheld after the
 // kubelet's last list is left out; must-include devices are kept).
-func (a *Agent) preferred(ctx context.Context, r corev1.ResourceName, available, mustInclude []string, size int) ([]string, error) {
-	h, u := a.state.snapshot()
-	if r == api.ResourceGPU {
-		u = u.WithAssigned(a.assignedNow(ctx))
+func (a *Agent) preferred(ctx context.Context, k Kind, available, mustInclude []string, size int) ([]string, error) {
+	r := k.Resource()
+	pa, ok := k.(PreferredAllocator)
+	if !ok {
+		err := fmt.Errorf("%s has no preferred allocation", r)
+		a.opts.Metrics.observePreferred(r, err)
+		return nil, err
 	}
-	usable := make([]string, 0, len(available))
+	h, u := a.state.snapshot()
+	u = u.WithAssigned(a.assignedFor(ctx, k))
+	usableIDs := make([]string, 0, len(available))
 	must := map[string]bool{}
 	for _, id := range mustInclude {
 		must[id] = true
 	}
 	for _, id := range available {
-		g, err := a.model.Lookup(r, id)
+		g, err := k.Lookup(id)
 		if err != nil {
 			a.opts.Metrics.observePreferred(r, err)
 			return nil, err
 		}
-		if ok, _ := a.model.DeviceHealth(r, g.UUID, h, u); ok || must[id] {
-			usable = append(usable, id)
+		if ok, _ := usable(k, g.UUID, h, u); ok || must[id] {
+			usableIDs = append(usableIDs, id)
 		}
 	}
-	var ids []string
-	var err error
-	if r == api.ResourceGPU {
-		ids, err = a.policy.GPUs(usable, mustInclude, size)
-	} else {
-		ids, err = preferred.Units(r, usable, mustInclude, size, u.Shared)
-	}
+	ids, err := pa.Preferred(usableIDs, mustInclude, size, u)
 	a.opts.Metrics.observePreferred(r, err)
 	if err != nil {
 		return nil, err
@@ -674,51 +694,25 @@ func (a *Agent) preferred(ctx context.Context, r corev1.ResourceName, available,
 var ErrNRIRequired = errors.New("isolated GPU sharing requires the Tessera NRI plugin, which is not connected")
 
 // allocateRequest implements handler.
-func (a *Agent) allocateRequest(ctx context.Context, r corev1.ResourceName, containers [][]string) ([]*pluginapi.ContainerAllocateResponse, error) {
+func (a *Agent) allocateRequest(ctx context.Context, k Kind, containers [][]string) ([]*pluginapi.ContainerAllocateResponse, error) {
+	r := k.Resource()
 	// The request's context carries gRPC's, not the agent's, logger.
 	logger := a.logger.WithValues("resource", r)
+	_, shared := k.(SharedKind)
+	assigned := a.assignedFor(ctx, k)
 	var resps []*pluginapi.ContainerAllocateResponse
-	var assigned map[string]bool
-	if r == api.ResourceGPU {
-		assigned = a.assignedNow(ctx)
-	}
 	err := a.state.allocate(func(h devices.HealthMap, u devices.Usage) ([]devices.Allocation, error) {
-		resps = nil
-		var allocs []devices.Allocation
-		if r == api.ResourceGPU {
-			u = u.WithAssigned(assigned)
-			taken := map[string]bool{}
-			for _, ids := range containers {
-				gpus, err := a.model.CheckWhole(ids, h, u)
-				if err != nil {
-					return nil, err
-				}
-				for _, g := range gpus {
-					if taken[g.UUID] {
-						return nil, fmt.Errorf("GPU %d (%s) is requested for two containers", g.Index, g.UUID)
-					}
-					taken[g.UUID] = true
-				}
-				resps = append(resps, wholeResponse(a.cfg, gpus))
-				allocs = append(allocs, devices.Allocation{Resource: r, DeviceIDs: slices.Sorted(slices.Values(ids))})
-			}
-			return allocs, nil
-		}
-		if !a.nriConnected() {
+		if shared && !a.nriConnected() {
 			return nil, fmt.Errorf("refusing to allocate %s on %s: %w; shared units are never handed out without isolation (fail closed)", r, a.nodeLabel(), ErrNRIRequired)
 		}
+		var err error
+		resps, err = k.Allocate(containers, h, u.WithAssigned(assigned))
+		if err != nil {
+			return nil, err
+		}
+		allocs := make([]devices.Allocation, 0, len(containers))
 		for _, ids := range containers {
-			if err := a.model.CheckShared(r, ids); err != nil {
-				return nil, err
-			}
-			for _, id := range ids {
-				g, _ := a.model.Lookup(r, id)
-				if ok, reason := a.model.DeviceHealth(r, g.UUID, h, u); !ok {
-					return nil, fmt.Errorf("%s device %s of GPU %d is not usable: %s", r, id, g.Index, reason)
-				}
-			}
-			resps = append(resps, sharedResponse())
-			allocs = append(allocs, devices.Allocation{Resource: r, DeviceIDs: slices.Sorted(slices.Values(ids))})
+			allocs = append(allocs, devices.Allocation{Resource: r, DeviceIDs: sortedIDs(ids)})
 		}
 		return allocs, nil
 	})

@@ -25,20 +25,21 @@ import (
 // handler is what a plugin server asks the agent. The server speaks the
 // protocol; the handler decides.
 type handler interface {
-	// devices returns the resource's devices and a channel closed when
-	// they change.
-	devices(r corev1.ResourceName) ([]devices.Device, <-chan struct{})
+	// devices returns the kind's devices and a channel closed when they
+	// change.
+	devices(k Kind) ([]devices.Device, <-chan struct{})
 	// preferred answers one container's GetPreferredAllocation request.
-	preferred(ctx context.Context, r corev1.ResourceName, available, mustInclude []string, size int) ([]string, error)
+	preferred(ctx context.Context, k Kind, available, mustInclude []string, size int) ([]string, error)
 	// allocateRequest checks and records the containers of one Allocate
 	// request together: all succeed or none does.
-	allocateRequest(ctx context.Context, r corev1.ResourceName, containers [][]string) ([]*pluginapi.ContainerAllocateResponse, error)
+	allocateRequest(ctx context.Context, k Kind, containers [][]string) ([]*pluginapi.ContainerAllocateResponse, error)
 }
 
-// plugin serves the device plugin API for one resource on one socket.
+// plugin serves the device plugin API for one kind on one socket.
 type plugin struct {
 	pluginapi.UnimplementedDevicePluginServer
 
+	kind     Kind
 	resource corev1.ResourceName
 	socket   string
 	h        handler
@@ -51,8 +52,9 @@ type plugin struct {
 
 var _ pluginapi.DevicePluginServer = (*plugin)(nil)
 
-func newPlugin(logger klog.Logger, r corev1.ResourceName, socket string, h handler) *plugin {
-	return &plugin{resource: r, socket: socket, h: h, logger: logger.WithValues("resource", r)}
+func newPlugin(logger klog.Logger, k Kind, socket string, h handler) *plugin {
+	r := k.Resource()
+	return &plugin{kind: k, resource: r, socket: socket, h: h, logger: logger.WithValues("resource", r)}
 }
 
 // start listens on the plugin's socket (replacing a stale one) and serves.
@@ -101,7 +103,8 @@ func (p *plugin) stop() {
 
 // options are the plugin's DevicePluginOptions.
 func (p *plugin) options() *pluginapi.DevicePluginOptions {
-	return &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true}
+	_, ok := p.kind.(PreferredAllocator)
+	return &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: ok}
 }
 
 // GetDevicePluginOptions implements the device plugin API.
@@ -116,7 +119,7 @@ func (p *plugin) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingSer
 	var last []devices.Device
 	first := true
 	for {
-		list, changed := p.h.devices(p.resource)
+		list, changed := p.h.devices(p.kind)
 		if first || !equalDevices(last, list) {
 			if err := stream.Send(listResponse(list)); err != nil {
 				return fmt.Errorf("sending %s devices: %w", p.resource, err)
@@ -178,7 +181,7 @@ func listResponse(list []devices.Device) *pluginapi.ListAndWatchResponse {
 func (p *plugin) GetPreferredAllocation(ctx context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
 	resp := &pluginapi.PreferredAllocationResponse{}
 	for _, c := range req.GetContainerRequests() {
-		ids, err := p.h.preferred(ctx, p.resource, c.GetAvailableDeviceIDs(), c.GetMustIncludeDeviceIDs(), int(c.GetAllocationSize()))
+		ids, err := p.h.preferred(ctx, p.kind, c.GetAvailableDeviceIDs(), c.GetMustIncludeDeviceIDs(), int(c.GetAllocationSize()))
 		if err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "%s: %v", p.resource, err)
 		}
@@ -197,7 +200,7 @@ func (p *plugin) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) (
 	if len(containers) == 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "%s: Allocate without container requests", p.resource)
 	}
-	resps, err := p.h.allocateRequest(ctx, p.resource, containers)
+	resps, err := p.h.allocateRequest(ctx, p.kind, containers)
 	if err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "%s: %v", p.resource, err)
 	}

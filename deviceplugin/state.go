@@ -18,6 +18,7 @@ import (
 // streams whose list changed.
 type state struct {
 	model   *devices.Model
+	kinds   []Kind
 	grace   time.Duration
 	now     func() time.Time
 	metrics *Metrics
@@ -42,9 +43,10 @@ type pending struct {
 	at time.Time
 }
 
-func newState(logger klog.Logger, model *devices.Model, grace time.Duration, now func() time.Time, metrics *Metrics) *state {
+func newState(logger klog.Logger, model *devices.Model, kinds []Kind, grace time.Duration, now func() time.Time, metrics *Metrics) *state {
 	s := &state{
 		model:   model,
+		kinds:   kinds,
 		grace:   grace,
 		now:     now,
 		metrics: metrics,
@@ -53,8 +55,8 @@ func newState(logger klog.Logger, model *devices.Model, grace time.Duration, now
 		lists:   map[corev1.ResourceName][]devices.Device{},
 		changed: map[corev1.ResourceName]chan struct{}{},
 	}
-	for _, r := range model.Resources() {
-		s.changed[r] = make(chan struct{})
+	for _, k := range kinds {
+		s.changed[k.Resource()] = make(chan struct{})
 	}
 	s.mu.Lock()
 	s.recomputeLocked()
@@ -178,8 +180,9 @@ func (s *state) recomputeLocked() {
 		}
 	}
 	s.usage = usage
-	for _, r := range s.model.Resources() {
-		next := s.model.Devices(r, s.health, usage)
+	for _, k := range s.kinds {
+		r := k.Resource()
+		next := kindDevices(k, s.health, usage)
 		prev := s.lists[r]
 		if slices.Equal(prev, next) {
 			continue

@@ -1,0 +1,76 @@
+package deviceplugin
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/tessera-gpu/tessera/deviceplugin/devices"
+	"github.com/tessera-gpu/tessera/deviceplugin/preferred"
+)
+
+// unitKind is what the shared kinds (kind_memory.go, kind_core.go) have in
+// common: devices that are units of a GPU, withheld while the GPU is
+// allocated whole, packed onto few GPUs when preferred, checked against the
+// request rules of package gpureq (through devices.Model.CheckShared) and
+// answered with no GPU at all: the NRI plugin injects the assigned one.
+type unitKind struct {
+	resource corev1.ResourceName
+	model    *devices.Model
+	list     []devices.Device
+}
+
+var (
+	_ Kind               = (*unitKind)(nil)
+	_ PreferredAllocator = (*unitKind)(nil)
+	_ Withholder         = (*unitKind)(nil)
+	_ SharedKind         = (*unitKind)(nil)
+)
+
+func newUnitKind(r corev1.ResourceName, env kindEnv) unitKind {
+	return unitKind{resource: r, model: env.model, list: env.model.Devices(r, nil, devices.Usage{})}
+}
+
+func (k *unitKind) Resource() corev1.ResourceName { return k.resource }
+
+func (k *unitKind) Devices() []devices.Device { return k.list }
+
+func (k *unitKind) Lookup(id string) (devices.GPU, error) {
+	return k.model.Lookup(k.resource, id)
+}
+
+// Withheld implements Withholder: the units of a GPU allocated whole are
+// withheld.
+func (k *unitKind) Withheld(uuid string, u devices.Usage) (bool, string) {
+	ok, reason := k.model.DeviceHealth(k.resource, uuid, nil, u)
+	return !ok, reason
+}
+
+// SharesGPU implements SharedKind.
+func (k *unitKind) SharesGPU() {}
+
+// Preferred implements PreferredAllocator: units packed onto one GPU, best
+// fit, preferring GPUs already shared.
+func (k *unitKind) Preferred(usable, mustInclude []string, size int, u devices.Usage) ([]string, error) {
+	return preferred.Units(k.resource, usable, mustInclude, size, u.Shared)
+}
+
+// Allocate checks every container's units (the request rules, known, not
+// twice, usable) and answers with no GPU.
+func (k *unitKind) Allocate(containers [][]string, h devices.HealthMap, u devices.Usage) ([]*pluginapi.ContainerAllocateResponse, error) {
+	var resps []*pluginapi.ContainerAllocateResponse
+	for _, ids := range containers {
+		if err := k.model.CheckShared(k.resource, ids); err != nil {
+			return nil, err
+		}
+		for _, id := range ids {
+			g, _ := k.model.Lookup(k.resource, id)
+			if ok, reason := usable(k, g.UUID, h, u); !ok {
+				return nil, fmt.Errorf("%s device %s of GPU %d is not usable: %s", k.resource, id, g.Index, reason)
+			}
+		}
+		resps = append(resps, sharedResponse())
+	}
+	return resps, nil
+}
