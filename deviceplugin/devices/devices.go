@@ -43,6 +43,25 @@ const (
 	coreSep   = "::core::"
 )
 
+// scheme is how the devices of one resource are numbered on a GPU (the
+// device plugin's per-resource side is deviceplugin.Kind).
+type scheme struct {
+	// whole: one device per GPU whose ID is the GPU's UUID; otherwise
+	// shared units with IDs <uuid><sep><n>.
+	whole bool
+	sep   string
+	// units is the number of devices GPU g provides.
+	units func(g GPU, o Options) int
+}
+
+var schemes = map[corev1.ResourceName]scheme{
+	api.ResourceGPU: {whole: true, units: func(GPU, Options) int { return 1 }},
+	api.ResourceGPUMemory: {sep: memorySep, units: func(g GPU, o Options) int {
+		return int(gpureq.MemoryUnits(g.MemoryMiB, o.MemoryReserveMiB, o.MemoryUnitMiB))
+	}},
+	api.ResourceGPUCore: {sep: coreSep, units: func(GPU, Options) int { return api.CoresPerGPU }},
+}
+
 // GPU is what the model knows of one GPU.
 type GPU struct {
 	Index int
@@ -142,15 +161,11 @@ func (m *Model) GPU(uuid string) (GPU, bool) {
 
 // Units is the number of devices of resource r that GPU g provides.
 func (m *Model) Units(r corev1.ResourceName, g GPU) int {
-	switch r {
-	case api.ResourceGPU:
-		return 1
-	case api.ResourceGPUMemory:
-		return int(gpureq.MemoryUnits(g.MemoryMiB, m.opts.MemoryReserveMiB, m.opts.MemoryUnitMiB))
-	case api.ResourceGPUCore:
-		return api.CoresPerGPU
+	s, ok := schemes[r]
+	if !ok {
+		return 0
 	}
-	return 0
+	return s.units(g, m.opts)
 }
 
 // maxUnits is the most devices of resource r one GPU of the node provides.
@@ -165,11 +180,8 @@ func (m *Model) maxUnits(r corev1.ResourceName) int {
 // DeviceID is the ID of the n-th device of resource r on the GPU with the
 // given UUID.
 func DeviceID(r corev1.ResourceName, uuid string, n int) string {
-	switch r {
-	case api.ResourceGPUMemory:
-		return uuid + memorySep + strconv.Itoa(n)
-	case api.ResourceGPUCore:
-		return uuid + coreSep + strconv.Itoa(n)
+	if s, ok := schemes[r]; ok && !s.whole {
+		return uuid + s.sep + strconv.Itoa(n)
 	}
 	return uuid
 }
@@ -178,20 +190,17 @@ func DeviceID(r corev1.ResourceName, uuid string, n int) string {
 // number (0 for a whole GPU). It checks the form only; Model.Lookup also
 // checks that the device exists.
 func ParseDeviceID(r corev1.ResourceName, id string) (uuid string, n int, err error) {
-	var sep string
-	switch r {
-	case api.ResourceGPU:
+	s, ok := schemes[r]
+	if !ok {
+		return "", 0, fmt.Errorf("%q is not a Tessera resource", r)
+	}
+	if s.whole {
 		if id == "" || strings.Contains(id, "::") {
 			return "", 0, fmt.Errorf("%s device ID %q: want a GPU UUID", r, id)
 		}
 		return id, 0, nil
-	case api.ResourceGPUMemory:
-		sep = memorySep
-	case api.ResourceGPUCore:
-		sep = coreSep
-	default:
-		return "", 0, fmt.Errorf("%q is not a Tessera resource", r)
 	}
+	sep := s.sep
 	uuid, num, ok := strings.Cut(id, sep)
 	if !ok || uuid == "" {
 		return "", 0, fmt.Errorf("%s device ID %q: want <uuid>%s<n>", r, id, sep)
@@ -314,18 +323,17 @@ func (m *Model) DeviceHealth(r corev1.ResourceName, uuid string, health HealthMa
 	if h := health.Of(uuid); !h.Healthy {
 		return false, h.Reason
 	}
-	switch r {
-	case api.ResourceGPU:
+	if schemes[r].whole {
 		if gpureq.CheckWhole(gpureq.GPUUse{Shared: usage.Shared[uuid]}) != nil {
 			return false, ReasonSharedInUse
 		}
 		if gpureq.CheckWhole(gpureq.GPUUse{Shared: usage.Assigned[uuid]}) != nil {
 			return false, ReasonAssigned
 		}
-	default:
-		if gpureq.CheckShared(gpureq.GPUUse{Whole: usage.Whole[uuid]}) != nil {
-			return false, ReasonWholeInUse
-		}
+		return true, ""
+	}
+	if gpureq.CheckShared(gpureq.GPUUse{Whole: usage.Whole[uuid]}) != nil {
+		return false, ReasonWholeInUse
 	}
 	return true, ""
 }
@@ -350,7 +358,8 @@ func (m *Model) UsageOf(allocs []Allocation) (Usage, []error) {
 		if !api.IsTesseraResource(a.Resource) {
 			continue
 		}
-		if a.Resource != api.ResourceGPU && a.SharedGPU != "" {
+		whole := schemes[a.Resource].whole
+		if !whole && a.SharedGPU != "" {
 			if _, ok := m.GPU(a.SharedGPU); ok {
 				u.Shared[a.SharedGPU] = true
 				continue
@@ -367,7 +376,7 @@ func (m *Model) UsageOf(allocs []Allocation) (Usage, []error) {
 				errs = append(errs, fmt.Errorf("%s device %q: no GPU %s on this node", a.Resource, id, uuid))
 				continue
 			}
-			if a.Resource == api.ResourceGPU {
+			if whole {
 				u.Whole[uuid] = true
 			} else {
 				u.Shared[uuid] = true
@@ -416,7 +425,7 @@ func (m *Model) CheckWhole(ids []string, health HealthMap, usage Usage) ([]GPU, 
 // the node's largest GPU shares). The error wraps the *gpureq.Refusal when
 // there is one.
 func (m *Model) CheckShared(r corev1.ResourceName, ids []string) error {
-	if r == api.ResourceGPU {
+	if schemes[r].whole {
 		return fmt.Errorf("%s is not a shared resource", r)
 	}
 	if len(ids) == 0 {
