@@ -53,7 +53,7 @@ type env struct {
 
 func start(t *testing.T) *env {
 	t.Helper()
-	repo, err := install.RepoRoot()
+	repo, err := controlplane.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -616,7 +616,7 @@ func TestCRDValidation(t *testing.T) {
 func TestPolicyNamesExactlyTheStateAnnotations(t *testing.T) {
 	// The single-quoted string literals of a CEL expression.
 	quoted := regexp.MustCompile(`'([^']*)'`)
-	repo, err := install.RepoRoot()
+	repo, err := controlplane.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -100,30 +100,13 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, errors.New("--pods, --pod-workers and --node-workers must be positive")
 	}
 	if c.repo == "" {
-		root, err := findRepo()
+		root, err := controlplane.RepoRoot()
 		if err != nil {
 			return nil, err
 		}
 		c.repo = root
 	}
 	return c, nil
-}
-
-func findRepo() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", fmt.Errorf("working directory: %w", err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "test", "test.mk")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no test/test.mk above the working directory; pass --repo")
-		}
-		dir = parent
-	}
 }
 
 // phase is one node count's pair of runs.

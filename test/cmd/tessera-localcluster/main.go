@@ -29,6 +29,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/test/framework/controlplane"
 	"github.com/tessera-gpu/tessera/test/framework/nodesim"
 )
 
@@ -67,28 +68,13 @@ func run() int {
 	return 0
 }
 
-func findRepo() (string, error) {
-	wd, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for d := wd; ; d = filepath.Dir(d) {
-		if _, err := os.Stat(filepath.Join(d, "test", "test.mk")); err == nil {
-			return d, nil
-		}
-		if d == filepath.Dir(d) {
-			return "", errors.New("no Tessera repository above the working directory; give --repo")
-		}
-	}
-}
-
 func localCluster(o options) error {
 	if os.Geteuid() != 0 {
 		return errors.New("needs root: every simulated node runs in its own mount namespace")
 	}
 	var err error
 	if o.repo == "" {
-		if o.repo, err = findRepo(); err != nil {
+		if o.repo, err = controlplane.RepoRoot(); err != nil {
 			return err
 		}
 	}

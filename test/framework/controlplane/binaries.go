@@ -31,7 +31,7 @@ type Binaries struct {
 func BinariesFromEnv() (Binaries, error) {
 	binDir := os.Getenv(EnvK8sBinDir)
 	if binDir == "" || !filepath.IsAbs(binDir) {
-		root, err := repoRoot()
+		root, err := RepoRoot()
 		if err != nil {
 			return Binaries{}, fmt.Errorf("%s is %q: %w", EnvK8sBinDir, binDir, err)
 		}
@@ -80,9 +80,10 @@ func (b Binaries) validate(withScheduler bool) error {
 	return errors.Join(errs...)
 }
 
-// repoRoot walks up from the working directory to the directory that holds
-// test/test.mk.
-func repoRoot() (string, error) {
+// RepoRoot walks up from the working directory to the repository root: the
+// directory that holds test/test.mk. Every test and command of this module
+// finds the repository with it.
+func RepoRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", fmt.Errorf("get working directory: %w", err)

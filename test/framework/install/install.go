@@ -342,22 +342,3 @@ func probePod(name string, annotations map[string]any) *unstructured.Unstructure
 		"spec":     map[string]any{"containers": []any{map[string]any{"name": "main", "image": "registry.k8s.io/pause:3.10"}}},
 	}}
 }
-
-// RepoRoot is the repository root: the nearest directory above the
-// working directory that holds test/test.mk.
-func RepoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", fmt.Errorf("working directory: %w", err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "test", "test.mk")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no directory above the working directory holds test/test.mk")
-		}
-		dir = parent
-	}
-}
