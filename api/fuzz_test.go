@@ -402,6 +402,11 @@ func FuzzParseGPUInventory(f *testing.F) {
 		func(i *api.GPUInventory) { i.Links[1] = []string{} },
 		func(i *api.GPUInventory) { i.NVLinkCliques = [][]int{{0, 7}} },
 		func(i *api.GPUInventory) { i.GPUs, i.Links, i.NVLinkCliques = nil, nil, nil },
+		func(i *api.GPUInventory) {
+			i.WithheldFromWhole, i.WithheldFromShared = []string{uuid0}, []string{uuid1}
+		},
+		func(i *api.GPUInventory) { i.WithheldFromWhole = []string{"GPU-ffffffff"} },
+		func(i *api.GPUInventory) { i.WithheldFromShared = []string{uuid1, uuid1} },
 	} {
 		f.Add(mustEncode(f, inventory(m)))
 	}

@@ -52,6 +52,17 @@ type GPUInventory struct {
 	// NVLinkCliques are the maximal sets of GPU indices all NVLink- or
 	// NVSwitch-connected to each other, largest first.
 	NVLinkCliques [][]int `json:"nvlinkCliques"`
+	// WithheldFromWhole are the UUIDs of the GPUs whose tessera.dev/gpu
+	// device the node agent withholds from the kubelet (reports
+	// unhealthy) because the GPU serves, or is assigned to, shared units;
+	// WithheldFromShared those whose memory and core units it withholds
+	// because the GPU is allocated whole. A GPU leaves a list only after
+	// the kubelet has been sent the device list that offers it again, so
+	// the scheduler extender places the other kind on it only once the
+	// kubelet can admit it. Both are optional (absent: nothing withheld);
+	// the GPUs' own health is in GPUs.
+	WithheldFromWhole  []string `json:"withheldFromWhole,omitempty"`
+	WithheldFromShared []string `json:"withheldFromShared,omitempty"`
 }
 
 // InventoryGPU is one GPU of a GPUInventory.
@@ -143,6 +154,21 @@ func (inv *GPUInventory) Validate() error {
 			if !indices[idx] {
 				return fmt.Errorf("nvlinkCliques[%d][%d]: %d is not the index of one of gpus", i, k, idx)
 			}
+		}
+	}
+	for _, l := range []struct {
+		field string
+		uuids []string
+	}{{"withheldFromWhole", inv.WithheldFromWhole}, {"withheldFromShared", inv.WithheldFromShared}} {
+		seen := map[string]int{}
+		for i, u := range l.uuids {
+			if _, ok := uuids[u]; !ok {
+				return fmt.Errorf("%s[%d]: %q is not the UUID of one of gpus", l.field, i, u)
+			}
+			if j, dup := seen[u]; dup {
+				return fmt.Errorf("%s[%d]: %q is also %s[%d]", l.field, i, u, l.field, j)
+			}
+			seen[u] = i
 		}
 	}
 	return nil

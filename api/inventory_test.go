@@ -61,6 +61,8 @@ func TestGPUInventoryErrors(t *testing.T) {
 		{"asymmetric", func(i *api.GPUInventory) { i.Links[0][1] = "NV2" }, "links[0][1]: must equal links[1][0]"},
 		{"unknown link", func(i *api.GPUInventory) { i.Links[0][1], i.Links[1][0] = "QPI", "QPI" }, `"QPI" is not a link`},
 		{"clique", func(i *api.GPUInventory) { i.NVLinkCliques = [][]int{{0, 7}} }, "nvlinkCliques[0][1]"},
+		{"withheld from whole unknown", func(i *api.GPUInventory) { i.WithheldFromWhole = []string{uuid0, "GPU-ffffffff"} }, `withheldFromWhole[1]: "GPU-ffffffff" is not the UUID of one of gpus`},
+		{"withheld from shared twice", func(i *api.GPUInventory) { i.WithheldFromShared = []string{uuid1, uuid1} }, "withheldFromShared[1]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ann := map[string]string{}
@@ -72,6 +74,35 @@ func TestGPUInventoryErrors(t *testing.T) {
 				t.Errorf("SetGPUInventory(invalid) wrote %v", ann)
 			}
 		})
+	}
+}
+
+func TestGPUInventoryWithheld(t *testing.T) {
+	in := inventory(func(i *api.GPUInventory) {
+		i.WithheldFromWhole, i.WithheldFromShared = []string{uuid0}, []string{uuid1}
+	})
+	value, err := api.EncodeGPUInventory(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(value, `"withheldFromWhole":["`+uuid0+`"]`) || !strings.Contains(value, `"withheldFromShared":["`+uuid1+`"]`) {
+		t.Errorf("encoded %s lacks the withheld lists", value)
+	}
+	got, err := api.ParseGPUInventory(value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(in, got); diff != "" {
+		t.Errorf("round trip (-want +got):\n%s", diff)
+	}
+	// Absent lists (an agent before the fields existed) mean nothing
+	// withheld, and are not written when empty.
+	plain, err := api.EncodeGPUInventory(inventory())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(plain, "withheld") {
+		t.Errorf("encoded %s names withheld lists", plain)
 	}
 }
 

@@ -248,6 +248,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 
 	a.state = newState(a.logger, a.model, a.kinds, a.cfg.AllocationGrace.Duration, a.opts.Now, a.opts.Metrics)
+	// A changed or sent device list may change the inventory's withheld
+	// lists: publish them without waiting for the ticker.
+	a.state.onChange = func() { poke(a.publishNow) }
 	a.health.CheckAll(ctx)
 	a.state.setHealth(a.health.Health())
 	if err := a.syncKubelet(ctx); err != nil {
@@ -577,15 +580,18 @@ func (a *Agent) publishLoop(ctx context.Context) {
 	}
 }
 
-// Inventory is the node's GPU inventory now.
+// Inventory is the node's GPU inventory now, with the GPUs whose devices
+// the agent withholds from whole and from shared use (state.inventoryView:
+// a release only once the kubelet was sent the list that offers the GPU
+// again).
 func (a *Agent) Inventory() *api.GPUInventory {
-	var h devices.HealthMap
-	if a.state != nil {
-		h, _ = a.state.snapshot()
-	} else {
-		h = a.health.Health()
+	if a.state == nil {
+		return BuildInventory(a.opts.Topology, a.model, a.cfg, a.health.Health(), a.nriConnected())
 	}
-	return BuildInventory(a.opts.Topology, a.model, a.cfg, h, a.nriConnected())
+	h, whole, shared := a.state.inventoryView()
+	inv := BuildInventory(a.opts.Topology, a.model, a.cfg, h, a.nriConnected())
+	inv.WithheldFromWhole, inv.WithheldFromShared = whole, shared
+	return inv
 }
 
 // BuildInventory renders the node's GPUs for the inventory annotation.
@@ -640,6 +646,11 @@ func BuildInventory(t *topology.Topology, m *devices.Model, cfg *api.NodeAgentCo
 // devices implements handler.
 func (a *Agent) devices(k Kind) ([]devices.Device, <-chan struct{}) {
 	return a.state.devices(k.Resource())
+}
+
+// sent implements handler.
+func (a *Agent) sent(k Kind, list []devices.Device) {
+	a.state.markSent(k.Resource(), list)
 }
 
 // assignedFor is, for an AssignedReader, the GPUs assigned to slices of the

@@ -820,3 +820,56 @@ func TestPodWatchWithholdsAssignedGPUsAndRereadsOnRelease(t *testing.T) {
 	pods.updates <- podsUpdate{assigned: map[string]bool{}, released: true}
 	e.kubelet.waitCounts("GPU 5's units offered again", all, e.healthyBut(0, 1))
 }
+
+// The inventory names the GPUs whose devices the agent withholds, so that
+// the extender does not place the other kind there before the kubelet can
+// admit it; a GPU leaves the list once the kubelet was offered it again.
+func TestPublishesWithheldGPUs(t *testing.T) {
+	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	pods := &fakePodWatch{updates: make(chan podsUpdate)}
+	kubelet := &fakeSource{}
+	e := newEnv(t, nvmlmock.DGXA100(), func(c *api.NodeAgentConfig) {
+		c.KubeletSyncInterval.Duration = time.Hour // only pokes publish and read the kubelet
+	}, withPublisher(kube.New(cs, "n1", nil, nil)), func(o *deviceplugin.Options) { o.Pods = pods; o.Kubelet = kubelet })
+	e.nri.connected.Store(true)
+	e.start(true)
+	all := e.totals()
+	e.kubelet.waitCounts("registration", all, all)
+	waitWithheld := func(what string, whole, shared []string) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			n, err := cs.CoreV1().Nodes().Get(context.Background(), "n1", metav1.GetOptions{})
+			var inv *api.GPUInventory
+			if err == nil {
+				inv, _, err = api.GetGPUInventory(n.Annotations)
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			if inv != nil && cmp.Equal(inv.WithheldFromWhole, whole) && cmp.Equal(inv.WithheldFromShared, shared) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s: inventory %+v", what, inv)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitWithheld("nothing withheld", nil, nil)
+
+	pods.updates <- podsUpdate{assigned: map[string]bool{e.uuid(3): true}}
+	waitWithheld("GPU 3 withheld from whole use", []string{e.uuid(3)}, nil)
+	pods.updates <- podsUpdate{assigned: map[string]bool{}, released: true}
+	waitWithheld("GPU 3 released", nil, nil)
+	if d := e.kubelet.device(gpuR, e.uuid(3)); d.Health != pluginapi.Healthy {
+		t.Errorf("GPU 3 published as released while the kubelet has it %s", d.Health)
+	}
+
+	kubelet.set(kubeletstate.ContainerDevices{Namespace: "ns", Name: "w", Container: "c", Resource: gpuR, DeviceIDs: []string{e.uuid(5), e.uuid(6)}})
+	pods.updates <- podsUpdate{assigned: map[string]bool{}, released: true}
+	waitWithheld("GPUs 5 and 6 withheld from shared use", nil, []string{e.uuid(5), e.uuid(6)})
+	kubelet.set()
+	pods.updates <- podsUpdate{assigned: map[string]bool{}, released: true}
+	waitWithheld("GPUs 5 and 6 released", nil, nil)
+}

@@ -28,6 +28,9 @@ type handler interface {
 	// devices returns the kind's devices and a channel closed when they
 	// change.
 	devices(k Kind) ([]devices.Device, <-chan struct{})
+	// sent is told each list a ListAndWatch stream sent to the kubelet,
+	// after the Send returned.
+	sent(k Kind, list []devices.Device)
 	// preferred answers one container's GetPreferredAllocation request.
 	preferred(ctx context.Context, k Kind, available, mustInclude []string, size int) ([]string, error)
 	// allocateRequest checks and records the containers of one Allocate
@@ -124,6 +127,9 @@ func (p *plugin) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingSer
 			if err := stream.Send(listResponse(list)); err != nil {
 				return fmt.Errorf("sending %s devices: %w", p.resource, err)
 			}
+			// Only now may the inventory stop naming a GPU this list
+			// offers again (state.inventoryView).
+			p.h.sent(p.kind, list)
 			healthy := 0
 			for _, d := range list {
 				if d.Healthy {

@@ -34,6 +34,13 @@ type state struct {
 	usage    devices.Usage
 	lists    map[corev1.ResourceName][]devices.Device
 	changed  map[corev1.ResourceName]chan struct{}
+	// sent is, per resource, the last device list a ListAndWatch stream
+	// sent to the kubelet (markSent); absent until one was sent.
+	sent map[corev1.ResourceName][]devices.Device
+	// onChange, when set, is called (under mu; it must not block or take
+	// mu) when a device list changes or one was sent: the inventory's
+	// withheld lists may have changed.
+	onChange func()
 }
 
 // pending is an allocation the agent answered that the kubelet has not
@@ -54,6 +61,7 @@ func newState(logger klog.Logger, model *devices.Model, kinds []Kind, grace time
 		health:  devices.HealthMap{},
 		lists:   map[corev1.ResourceName][]devices.Device{},
 		changed: map[corev1.ResourceName]chan struct{}{},
+		sent:    map[corev1.ResourceName][]devices.Device{},
 	}
 	for _, k := range kinds {
 		s.changed[k.Resource()] = make(chan struct{})
@@ -192,8 +200,67 @@ func (s *state) recomputeLocked() {
 		close(s.changed[r])
 		s.changed[r] = make(chan struct{})
 		s.metrics.setDevices(r, next, s.health)
+		if s.onChange != nil {
+			s.onChange()
+		}
 	}
 	s.metrics.setGPUHealth(s.model.GPUs(), s.health)
+}
+
+// markSent records that a ListAndWatch stream sent list, resource r's
+// device list, to the kubelet: the Send returned.
+func (s *state) markSent(r corev1.ResourceName, list []devices.Device) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sent[r] = list
+	if s.onChange != nil {
+		s.onChange()
+	}
+}
+
+// inventoryView returns the GPUs' health and the UUIDs of the healthy GPUs
+// whose devices the node withholds from whole use and from shared use, in
+// the model's GPU order, for the inventory annotation. A GPU counts as
+// withheld from a kind while any of the kind's device lists, the one the
+// agent computes now or the last one sent to the kubelet, reports its
+// devices unhealthy. So a new withholding is published at once (before the
+// kubelet hears of it: the extender only gets more careful), and a
+// release only once the list that offers the GPU again has been sent to
+// the kubelet: markSent runs after ListAndWatch's Send returned, and the
+// kubelet reads that message from its stream long before a pod the
+// extender binds after seeing the published inventory reaches its
+// admission (an API write, an informer event, a scheduling cycle, a
+// Binding and the kubelet's pod watch later).
+func (s *state) inventoryView() (h devices.HealthMap, whole, shared []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fromWhole, fromShared := map[string]bool{}, map[string]bool{}
+	for _, k := range s.kinds {
+		if _, ok := k.(Withholder); !ok {
+			continue
+		}
+		into := fromWhole
+		if _, ok := k.(SharedKind); ok {
+			into = fromShared
+		}
+		r := k.Resource()
+		for _, list := range [][]devices.Device{s.lists[r], s.sent[r]} {
+			for _, d := range list {
+				if !d.Healthy && s.health.Of(d.GPU).Healthy {
+					into[d.GPU] = true
+				}
+			}
+		}
+	}
+	for _, g := range s.model.GPUs() {
+		if fromWhole[g.UUID] {
+			whole = append(whole, g.UUID)
+		}
+		if fromShared[g.UUID] {
+			shared = append(shared, g.UUID)
+		}
+	}
+	return s.health, whole, shared
 }
 
 // logChanges logs, per GPU, when its devices of resource r turn unhealthy

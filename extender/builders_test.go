@@ -100,6 +100,22 @@ func (b *nodeBuilder) Unhealthy(i int) *nodeBuilder {
 	return b
 }
 
+// WithheldFromWhole and WithheldFromShared name GPUs (indices) the node
+// agent withholds from that use in the inventory.
+func (b *nodeBuilder) WithheldFromWhole(idx ...int) *nodeBuilder {
+	for _, i := range idx {
+		b.inv.WithheldFromWhole = append(b.inv.WithheldFromWhole, gpuUUID(b.node.Name, i))
+	}
+	return b
+}
+
+func (b *nodeBuilder) WithheldFromShared(idx ...int) *nodeBuilder {
+	for _, i := range idx {
+		b.inv.WithheldFromShared = append(b.inv.WithheldFromShared, gpuUUID(b.node.Name, i))
+	}
+	return b
+}
+
 func (b *nodeBuilder) NoIsolation() *nodeBuilder { b.inv.SharedIsolation = false; return b }
 
 func (b *nodeBuilder) CPU(q string) *nodeBuilder {

@@ -343,7 +343,12 @@ func ChoosePlacement(p allocator.Policy, st *NodeState, uid types.UID, d *Demand
 	case allocator.Shared:
 		info := st.Info
 		req := d.Request(info.UnitMiB, info.SliceBaseMiB)
-		set, err := allocator.Place(p, st.viewFor(allocator.Shared), req)
+		// A GPU the node offers for slices now, else one it still
+		// withholds after whole use (the bind then waits: Offers).
+		set, err := allocator.Place(p, &st.offeredSharedView, req)
+		if err != nil {
+			set, err = allocator.Place(p, st.viewFor(allocator.Shared), req)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrNoFit, err)
 		}
@@ -416,7 +421,7 @@ func reuseShared(st *NodeState, uid types.UID, d *Demand, a *api.Assignment, pla
 	req := d.Request(info.UnitMiB, info.SliceBaseMiB)
 	view := without.viewFor(allocator.Shared)
 	if planned {
-		raw := without.buildView(0)
+		raw := without.buildView(0, false)
 		view = &raw
 	}
 	g := view.GPUs[p]

@@ -240,3 +240,65 @@ func TestPreempt(t *testing.T) {
 		})
 	}
 }
+
+// The withheld-GPU race of issue 17: the ledger frees a GPU when its pod
+// ends, but the node agent offers it to the other kind only once the
+// kubelet's allocations show it free (the inventory's withheld lists).
+// Filter still passes (the scheduler would not retry the pod when the node
+// releases the GPU); Offers says whether a pod counted on the node can be
+// bound now, and ChoosePlacement puts a slice on a GPU offered for slices
+// when there is one.
+func TestOffersWaitsForWithheldGPUs(t *testing.T) {
+	a100 := "NVIDIA A100-SXM4-40GB"
+	whole := func(n int64) *corev1.Pod { return makePod("x").Whole(n).Node("n").Obj() }
+	slice := func(gpu int) *corev1.Pod { return makePod("x").Shared(4, 0).Node("n").On(gpu, 4096, 0).Obj() }
+	for _, tc := range []struct {
+		name string
+		node *nodeBuilder
+		pods []*corev1.Pod
+		want bool
+	}{
+		{name: "a slice's GPU still withheld from whole use after the slice ended", node: makeNode("n").GPUs(8, a100, 40960).WithheldFromWhole(3), pods: []*corev1.Pod{whole(8)}},
+		{name: "released", node: makeNode("n").GPUs(8, a100, 40960), pods: []*corev1.Pod{whole(8)}, want: true},
+		{name: "7 whole GPUs beside the withheld one", node: makeNode("n").GPUs(8, a100, 40960).WithheldFromWhole(3), pods: []*corev1.Pod{whole(7)}, want: true},
+		{name: "other pending whole GPUs need offered GPUs too", node: makeNode("n").GPUs(8, a100, 40960).WithheldFromWhole(3),
+			pods: []*corev1.Pod{whole(6), makePod("y").Whole(1).Node("n").Obj()}, want: true},
+		{name: "other pending whole GPUs leave too few", node: makeNode("n").GPUs(8, a100, 40960).WithheldFromWhole(3),
+			pods: []*corev1.Pod{whole(6), makePod("y").Whole(2).Node("n").Obj()}},
+		{name: "an NVLink pod needs a clique offered whole", node: makeNode("n").GPUs(4, a100, 40960).Cliques([]int{0, 1}, []int{2, 3}).WithheldFromWhole(0),
+			pods: []*corev1.Pod{makePod("x").Whole(2).NVLink().Node("n").Obj()}, want: true},
+		{name: "an NVLink pod with no clique offered whole", node: makeNode("n").GPUs(4, a100, 40960).Cliques([]int{0, 1}, []int{2, 3}).WithheldFromWhole(0, 2),
+			pods: []*corev1.Pod{makePod("x").Whole(2).NVLink().Node("n").Obj()}},
+		{name: "a GPU withheld from whole use takes slices", node: makeNode("n").GPUs(1, a100, 40960).WithheldFromWhole(0), pods: []*corev1.Pod{slice(0)}, want: true},
+		{name: "a whole GPU's units still withheld after its pod ended", node: makeNode("n").GPUs(2, a100, 40960).WithheldFromShared(1), pods: []*corev1.Pod{slice(1)}},
+		{name: "units of another GPU withheld", node: makeNode("n").GPUs(2, a100, 40960).WithheldFromShared(1), pods: []*corev1.Pod{slice(0)}, want: true},
+		{name: "a GPU withheld from shared use is offered whole", node: makeNode("n").GPUs(8, a100, 40960).WithheldFromShared(0, 1, 2, 3, 4, 5, 6, 7), pods: []*corev1.Pod{whole(8)}, want: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := mustState(t, newTestCache(t, []*corev1.Node{tc.node.Obj()}, tc.pods), "n")
+			got, why := st.Offers(st.Pods["uid-x"])
+			if got != tc.want || (got != (why == "")) {
+				t.Errorf("Offers() = %v, %q; want %v", got, why, tc.want)
+			}
+		})
+	}
+
+	// Filter counts what the ledger counts; the slice goes where it need
+	// not wait.
+	st := mustState(t, newTestCache(t, []*corev1.Node{makeNode("n").GPUs(2, a100, 40960).WithheldFromShared(0).WithheldFromWhole(1).Obj()}, nil), "n")
+	for _, p := range []*corev1.Pod{makePod("w").Whole(2).Obj(), makePod("s").Shared(4, 0).Obj()} {
+		if v := Filter(st, mustDemand(t, p)); !v.Fits() {
+			t.Errorf("Filter(%s) = %s", p.Name, v.Message)
+		}
+	}
+	for range 4 {
+		u, err := ChoosePlacement(testPolicy(t, PolicyBinpack), st, "uid-s", mustDemand(t, makePod("s").Shared(4, 0).Obj()))
+		if err != nil || len(u.Shared) != 1 || u.Shared[0].Index != 1 {
+			t.Fatalf("ChoosePlacement() = %+v, %v; want the slice on GPU 1, offered for slices", u, err)
+		}
+	}
+	only := mustState(t, newTestCache(t, []*corev1.Node{makeNode("n").GPUs(1, a100, 40960).WithheldFromShared(0).Obj()}, nil), "n")
+	if u, err := ChoosePlacement(testPolicy(t, PolicyBinpack), only, "uid-s", mustDemand(t, makePod("s").Shared(4, 0).Obj())); err != nil || u.Shared[0].Index != 0 {
+		t.Errorf("ChoosePlacement() on a node whose only GPU is withheld = %+v, %v; want GPU 0 (the bind waits)", u, err)
+	}
+}

@@ -210,3 +210,38 @@ func TestWholeBindWaitsForPlannedSlices(t *testing.T) {
 		t.Errorf("API calls (-want +got):\n%s", diff)
 	}
 }
+
+// A bind waits until the node offers the pod's GPUs: the ledger freed
+// GPU 0 when its slice ended, but the node agent still withholds it from
+// whole use; the Binding is created once the inventory releases it.
+func TestBindWaitsUntilTheNodeOffersTheGPU(t *testing.T) {
+	withheld := makeNode("n").GPUs(1, "A100", 40960).WithheldFromWhole(0).Obj()
+	whole := makePod("w").Whole(1).Obj()
+	f := newFixture(t, []*corev1.Node{withheld}, nil, whole)
+	done := make(chan string, 1)
+	go func() {
+		var res extenderv1.ExtenderBindingResult
+		f.post(t, PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "w", PodUID: whole.UID, Node: "n"}, &res)
+		done <- res.Error
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("whole-GPU pod bound (error %q) while its node withholds its GPU from whole use", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	f.cache.SetNode(makeNode("n").GPUs(1, "A100", 40960).Obj())
+	select {
+	case err := <-done:
+		if err != "" {
+			t.Fatalf("bind: %s", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("bind still waits after the node released the GPU")
+	}
+	f.pods.mu.Lock()
+	calls := append([]string(nil), f.pods.calls...)
+	f.pods.mu.Unlock()
+	if diff := cmp.Diff([]string{"bind w n"}, calls); diff != "" {
+		t.Errorf("API calls (-want +got):\n%s", diff)
+	}
+}

@@ -444,6 +444,51 @@ func (s *Server) waitPlannedSlices(ctx context.Context, node string, self types.
 	}
 }
 
+// offeredWait bounds how long a bind waits for its node to offer what the
+// pod needs (NodeState.Offers); past it the bind fails and the scheduler
+// tries the pod again. It is below the scheduler's httpTimeout for the
+// extender (30 s in deploy/extender/scheduler-config.yaml).
+const offeredWait = 20 * time.Second
+
+// waitOffered waits until node offers what the pod uid reserved there
+// needs from its kubelet (NodeState.Offers): a GPU the ledger freed when
+// its pod of the other kind ended, but whose devices for this kind the
+// node agent still withholds, is offered once the agent's inventory says
+// so, which it does only after the kubelet was sent the device again. The
+// agent's withholding follows the kubelet's allocations and the slices
+// assigned to the node's pods, which the ledger counts too, so the wait
+// ends when the kubelet frees what ended; a node whose agent is down keeps
+// its last inventory, and the bind fails after offeredWait.
+func (s *Server) waitOffered(ctx context.Context, node string, uid types.UID) error {
+	ctx, cancel := context.WithTimeout(ctx, offeredWait)
+	defer cancel()
+	t := time.NewTicker(plannedSlicePoll)
+	defer t.Stop()
+	start := time.Now()
+	for {
+		st, ok := s.state.Node(node)
+		if !ok {
+			return nil
+		}
+		u, ok := st.Pods[uid]
+		if !ok {
+			return nil
+		}
+		offered, why := st.Offers(u)
+		if offered {
+			if waited := time.Since(start); waited > plannedSlicePoll {
+				klog.FromContext(ctx).V(2).Info("The node offers the pod's GPUs again", "pod", u.Key(), "node", node, "waited", waited.Round(time.Millisecond))
+			}
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("node %s does not offer the pod's GPUs yet: %s: %w", node, why, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
 // ErrNotPlannedNode is wrapped when a gang member is bound to a node other
 // than its plan's.
 var ErrNotPlannedNode = errors.New("not the node of the pod's gang plan")
@@ -554,6 +599,14 @@ func (s *Server) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs,
 			s.state.Unreserve(pod.UID)
 			return fmt.Errorf("bind %s/%s to %s: %w", pod.Namespace, pod.Name, args.Node, err)
 		}
+	}
+	// The ledger may have freed a GPU the node still withholds from this
+	// pod's kind (its last pod of the other kind just ended): the kubelet
+	// would refuse the pod until the node offers it again.
+	if err := s.waitOffered(ctx, args.Node, pod.UID); err != nil {
+		s.state.Unreserve(pod.UID)
+		s.event(pod, "FailedBinding", "%v", err)
+		return fmt.Errorf("bind %s/%s to %s: %w", pod.Namespace, pod.Name, args.Node, err)
 	}
 	if err := s.pods.Bind(ctx, pod, args.Node); err != nil {
 		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {

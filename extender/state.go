@@ -23,6 +23,15 @@ type GPUInfo struct {
 	MemMiB  int64
 	Healthy bool
 	Reason  string
+	// WithheldWhole and WithheldShared: the node agent still withholds the
+	// GPU's whole device, or its memory and core units, from the kubelet
+	// (the inventory's withheldFromWhole and withheldFromShared). The
+	// extender's ledger frees a GPU when its pod ends; the node offers it
+	// to the other kind only once the kubelet's allocations show it free.
+	// Until then a pod of that kind is not bound to use it (NodeState.Offers,
+	// Server.waitOffered), or the kubelet would refuse it.
+	WithheldWhole  bool
+	WithheldShared bool
 }
 
 // NodeInfo is the static part of a node: its GPUs (from the inventory
@@ -108,11 +117,19 @@ func NewNodeInfo(node *corev1.Node) *NodeInfo {
 	info.UnitMiB = int64(inv.MemoryUnitMiB)
 	info.SharedIsolation = inv.SharedIsolation
 	pos := map[int]int{}
+	withheldWhole, withheldShared := map[string]bool{}, map[string]bool{}
+	for _, u := range inv.WithheldFromWhole {
+		withheldWhole[u] = true
+	}
+	for _, u := range inv.WithheldFromShared {
+		withheldShared[u] = true
+	}
 	for i, g := range inv.GPUs {
 		info.GPUs = append(info.GPUs, GPUInfo{
 			UUID: g.UUID, Index: g.Index, Model: g.Model,
 			MemMiB:  int64(g.MemoryUnits) * int64(inv.MemoryUnitMiB),
 			Healthy: g.Healthy, Reason: g.Reason,
+			WithheldWhole: withheldWhole[g.UUID], WithheldShared: withheldShared[g.UUID],
 		})
 		pos[g.Index] = i
 	}
@@ -309,6 +326,10 @@ type NodeState struct {
 	// on one of them (the count rule, "enough free GPUs remain", cannot
 	// know which). Slices still go to GPUs already in use.
 	sharedView allocator.Node
+	// offeredSharedView is sharedView without the GPUs the node still
+	// withholds from shared use: where a new slice goes when it can
+	// (ChoosePlacement), so that its bind need not wait (Offers).
+	offeredSharedView allocator.Node
 	// memo caches Check and Score results of this state (see Query): a
 	// ring of the last maxMemo demands, inline to spare a pointer chase.
 	memoMu   sync.Mutex
@@ -361,6 +382,48 @@ func (s *NodeState) rawFree(p int) bool {
 	return s.Info.GPUs[p].Healthy && g.Whole == 0 && g.MemUsedMiB == 0 && g.CoresUsed == 0
 }
 
+// offeredWhole reports whether the GPU at position p is free (rawFree) and
+// the node offers it whole now (gpureq.CheckWhole: a GPU the node still
+// withholds from whole use counts as shared).
+func (s *NodeState) offeredWhole(p int) bool {
+	return s.rawFree(p) && gpureq.CheckWhole(gpureq.GPUUse{Shared: s.Info.GPUs[p].WithheldWhole}) == nil
+}
+
+// Offers reports whether the node offers now what u, a use counted in s,
+// needs from its kubelet, and if not, why: every GPU of u's slices not
+// withheld from shared use, and for whole GPUs the kubelet is still to
+// choose, as many free GPUs offered whole as pending whole GPUs are
+// counted on the node (u's among them), in one NVLink clique for u when it
+// needs one. The ledger frees a GPU when its pod ends, but the node agent
+// offers it to the other kind only once the kubelet's allocations show it
+// free (the inventory's withheld lists); a pod bound before would be
+// refused by the kubelet. Filter does not ask this (the scheduler would
+// not retry the pod when the node releases the GPU); Bind waits for it.
+func (s *NodeState) Offers(u *PodUse) (bool, string) {
+	info := s.Info
+	for _, sh := range u.sharedOn(info) {
+		if p := info.position(sh.UUID); p >= 0 && gpureq.CheckShared(gpureq.GPUUse{Whole: info.GPUs[p].WithheldShared}) != nil {
+			return false, fmt.Sprintf("GPU %d is still withheld from shared use (its whole-GPU pod ended; the kubelet has not freed it yet)", info.GPUs[p].Index)
+		}
+	}
+	if u.WholePending == 0 {
+		return true, ""
+	}
+	offered := 0
+	for p := range info.GPUs {
+		if s.offeredWhole(p) {
+			offered++
+		}
+	}
+	if offered < s.PendingWhole {
+		return false, fmt.Sprintf("%d free GPUs are offered whole, %d pending whole GPUs need them (GPUs whose slices ended are still withheld from whole use until the kubelet frees them)", offered, s.PendingWhole)
+	}
+	if u.NVLink && u.WholePending > 1 && largestClique(info, s.offeredWhole) < u.WholePending {
+		return false, fmt.Sprintf("no NVLink clique has %d free GPUs offered whole", u.WholePending)
+	}
+	return true, ""
+}
+
 // View returns a copy of the allocator view of the node for pods of
 // kind.
 func (s *NodeState) View(kind allocator.Kind) *allocator.Node { return s.viewFor(kind).Clone() }
@@ -410,11 +473,13 @@ func BuildNodeState(info *NodeInfo, uses []*PodUse) *NodeState {
 			}
 		}
 	}
-	s.view = s.buildView(s.PendingWhole)
-	s.sharedView = s.view
-	if s.PendingWhole > 0 {
-		s.sharedView = s.buildView(len(info.GPUs))
+	s.view = s.buildView(s.PendingWhole, false)
+	hold := s.PendingWhole
+	if hold > 0 {
+		hold = len(info.GPUs)
 	}
+	s.sharedView = s.buildView(hold, false)
+	s.offeredSharedView = s.buildView(hold, true)
 	return s
 }
 
@@ -445,8 +510,10 @@ func sharedPeaks(info *NodeInfo, shared []SharedUse) map[int]gpureq.Amount {
 }
 
 // buildView builds an allocator view that holds back hold fully free
-// GPUs (from the last position).
-func (s *NodeState) buildView(hold int) allocator.Node {
+// GPUs (from the last position). With slicesOffered, a GPU the node still
+// withholds from shared use has no room (gpureq.CheckShared: it counts as
+// used whole).
+func (s *NodeState) buildView(hold int, slicesOffered bool) allocator.Node {
 	info := s.Info
 	v := allocator.Node{
 		Name:             info.Name,
@@ -463,7 +530,8 @@ func (s *NodeState) buildView(hold int) allocator.Node {
 	for i, g := range info.GPUs {
 		st := s.GPUs[i]
 		ag := allocator.GPU{Index: g.Index, MemTotalMiB: g.MemMiB}
-		if g.Healthy && gpureq.CheckShared(gpureq.GPUUse{Whole: st.Whole > 0}) == nil {
+		whole := st.Whole > 0 || (slicesOffered && g.WithheldShared)
+		if g.Healthy && gpureq.CheckShared(gpureq.GPUUse{Whole: whole}) == nil {
 			ag.MilliFree = max(0, allocator.MilliPerGPU-gpureq.UsedCoresToMilli(st.CoresUsed))
 			ag.MemFreeMiB = max(0, g.MemMiB-st.MemUsedMiB)
 		}
