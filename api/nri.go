@@ -25,6 +25,11 @@ const (
 	// EnvNVIDIAVisibleDevices lists the GPUs (by UUID) the NVIDIA
 	// container runtime exposes.
 	EnvNVIDIAVisibleDevices = "NVIDIA_VISIBLE_DEVICES"
+	// VisibleDevicesVoid is the EnvNVIDIAVisibleDevices value under which
+	// the NVIDIA container runtime gives a container no GPU, no device node
+	// and no driver library (unlike "none", which still mounts the driver),
+	// even when its image asks for all of them.
+	VisibleDevicesVoid = "void"
 	// EnvMPSPipeDirectory is where a CUDA client finds its MPS control
 	// daemon's pipes.
 	EnvMPSPipeDirectory = "CUDA_MPS_PIPE_DIRECTORY"
@@ -58,3 +63,15 @@ const (
 // MPSPipeMountPath is where the NRI plugin mounts a shared GPU's MPS pipe
 // directory inside the container; EnvMPSPipeDirectory points there.
 const MPSPipeMountPath = "/run/tessera/mps"
+
+// Where else the NVIDIA container runtime reads a container's devices.
+const (
+	// NVIDIAVolumeMountsDir is where the volume-mounts device list
+	// strategy lists GPUs, one mount per GPU.
+	NVIDIAVolumeMountsDir = "/var/run/nvidia-container-devices"
+	// CDIAnnotationPrefix is the prefix of the container annotations by
+	// which device plugins' Allocate and the NVIDIA container runtime's CDI
+	// mode request CDI devices: a comma-separated list of fully qualified
+	// device names.
+	CDIAnnotationPrefix = "cdi.k8s.io/"
+)

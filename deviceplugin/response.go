@@ -12,19 +12,8 @@ import (
 	"github.com/tessera-gpu/tessera/deviceplugin/devices"
 )
 
-// Environment the NVIDIA container runtime reads.
-const (
-	envVisibleDevices = "NVIDIA_VISIBLE_DEVICES"
-	// visibleDevicesVoid gives a container no GPU even when its image
-	// asks for all of them (NVIDIA_VISIBLE_DEVICES=all in CUDA images).
-	visibleDevicesVoid = "void"
-	// volumeMountsDir is where the volume-mounts strategy lists GPUs.
-	volumeMountsDir = "/var/run/nvidia-container-devices"
-	// cdiAnnotationPrefix starts CDI container annotations.
-	cdiAnnotationPrefix = "cdi.k8s.io/"
-	// cdiAnnotationPlugin names this plugin in CDI annotation keys.
-	cdiAnnotationPlugin = "tessera-node"
-)
+// cdiAnnotationPlugin names this plugin in CDI annotation keys.
+const cdiAnnotationPlugin = "tessera-node"
 
 // wholeResponse tells the runtime to give a container exactly gpus, in
 // every form the configuration asks for. An image's own
@@ -32,7 +21,7 @@ const (
 // GPUs, to the volume-mounts directory, or to "void" where CDI alone passes
 // the devices.
 func wholeResponse(cfg *api.NodeAgentConfig, gpus []devices.GPU) *pluginapi.ContainerAllocateResponse {
-	resp := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{envVisibleDevices: visibleDevicesVoid}}
+	resp := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{api.EnvNVIDIAVisibleDevices: api.VisibleDevicesVoid}}
 	var names, uuids []string
 	for _, g := range gpus {
 		uuids = append(uuids, g.UUID)
@@ -51,12 +40,12 @@ func wholeResponse(cfg *api.NodeAgentConfig, gpus []devices.GPU) *pluginapi.Cont
 		resp.Annotations = map[string]string{cdiAnnotationKey(api.ResourceGPU): strings.Join(names, ",")}
 	}
 	if cfg.HasStrategy(api.DeviceListEnvvar) {
-		resp.Envs[envVisibleDevices] = strings.Join(uuids, ",")
+		resp.Envs[api.EnvNVIDIAVisibleDevices] = strings.Join(uuids, ",")
 	}
 	if cfg.HasStrategy(api.DeviceListVolumeMounts) {
-		resp.Envs[envVisibleDevices] = volumeMountsDir
+		resp.Envs[api.EnvNVIDIAVisibleDevices] = api.NVIDIAVolumeMountsDir
 		for _, u := range uuids {
-			resp.Mounts = append(resp.Mounts, &pluginapi.Mount{HostPath: "/dev/null", ContainerPath: path.Join(volumeMountsDir, u), ReadOnly: true})
+			resp.Mounts = append(resp.Mounts, &pluginapi.Mount{HostPath: "/dev/null", ContainerPath: path.Join(api.NVIDIAVolumeMountsDir, u), ReadOnly: true})
 		}
 	}
 	return resp
@@ -67,12 +56,12 @@ func wholeResponse(cfg *api.NodeAgentConfig, gpus []devices.GPU) *pluginapi.Cont
 // container was assigned), and NVIDIA_VISIBLE_DEVICES=void so an image
 // cannot ask the NVIDIA runtime for more.
 func sharedResponse() *pluginapi.ContainerAllocateResponse {
-	return &pluginapi.ContainerAllocateResponse{Envs: map[string]string{envVisibleDevices: visibleDevicesVoid}}
+	return &pluginapi.ContainerAllocateResponse{Envs: map[string]string{api.EnvNVIDIAVisibleDevices: api.VisibleDevicesVoid}}
 }
 
 // cdiAnnotationKey is the CDI annotation key for resource r's devices; one
 // per resource, so the kubelet's merge of several resources' annotations
 // into one container keeps them all.
 func cdiAnnotationKey(r corev1.ResourceName) string {
-	return cdiAnnotationPrefix + cdiAnnotationPlugin + "_" + path.Base(string(r))
+	return api.CDIAnnotationPrefix + cdiAnnotationPlugin + "_" + path.Base(string(r))
 }

@@ -335,7 +335,7 @@ func gpuList(gpus []GPU) string {
 // directory, and what images set.
 func visibleDevicesIsList(v string) bool {
 	switch v {
-	case "", "void", "none", "all":
+	case "", api.VisibleDevicesVoid, "none", "all":
 		return false
 	}
 	return !strings.HasPrefix(v, "/")
@@ -393,19 +393,15 @@ func checkCDIDevices(opts Options, node *Node, names []string, whole []GPU) erro
 	return nil
 }
 
-// VolumeMountsDir is where the NVIDIA container runtime's volume-mounts
-// device list strategy lists GPUs, one mount per GPU.
-const VolumeMountsDir = "/var/run/nvidia-container-devices"
-
 // checkVolumeMountList checks that every GPU the device plugin listed as a
-// volume mount under VolumeMountsDir is one of the container's whole GPUs.
+// volume mount under api.NVIDIAVolumeMountsDir is one of the container's whole GPUs.
 func checkVolumeMountList(node *Node, destinations []string, whole []GPU) error {
 	ok := map[string]bool{}
 	for _, g := range whole {
 		ok[g.UUID] = true
 	}
 	for _, d := range destinations {
-		name, listed := strings.CutPrefix(d, VolumeMountsDir+"/")
+		name, listed := strings.CutPrefix(d, api.NVIDIAVolumeMountsDir+"/")
 		if !listed {
 			continue
 		}
@@ -613,11 +609,6 @@ func NonGPUFromConfig(cfg *api.NodeAgentConfig) NonGPU {
 	}
 }
 
-// VisibleDevicesVoid is the NVIDIA_VISIBLE_DEVICES value under which the
-// NVIDIA container runtime gives a container no GPU, no device node and no
-// driver library (unlike "none", which still mounts the driver).
-const VisibleDevicesVoid = "void"
-
 // nvidiaRequestEnv are the environment variables other than
 // NVIDIA_VISIBLE_DEVICES by which a container asks the NVIDIA container
 // runtime (toolkit) for NVIDIA devices: MIG configuration and monitoring
@@ -634,12 +625,6 @@ var nvidiaRequestEnv = []string{
 	"NVIDIA_MIG_MONITOR_DEVICES",
 }
 
-// CDIAnnotationPrefix is the prefix of the container annotations by which
-// the kubelet (device plugins' Allocate) and the NVIDIA container runtime's
-// CDI mode request CDI devices: a comma-separated list of fully qualified
-// device names.
-const CDIAnnotationPrefix = "cdi.k8s.io/"
-
 // decideNonGPU decides on a container that holds no Tessera resource. Unless
 // the operator leaves such containers alone (opts.NonGPU), the container gets
 // no GPU whatever its spec asks for, so that a pod without a GPU request and
@@ -655,7 +640,7 @@ const CDIAnnotationPrefix = "cdi.k8s.io/"
 //     has: the device cgroup rules are what denies them);
 //   - the device cgroup denies major 195, the UVM major when known, and each
 //     other removed node;
-//   - mounts under VolumeMountsDir (the runtime's device list as volume
+//   - mounts under api.NVIDIAVolumeMountsDir (the runtime's device list as volume
 //     mounts, GPUs and IMEX channels) removed;
 //   - devices of kind opts.CDIKind removed from cdi.k8s.io/ annotations (the
 //     runtime's CDI mode prefers them to the environment).
@@ -671,10 +656,10 @@ func decideNonGPU(opts Options, req Request) *Decision {
 	d := &Decision{Action: ActionVoid}
 	a := &d.Adjustment
 
-	if v, ok := ctr.Env[api.EnvNVIDIAVisibleDevices]; ok && v != VisibleDevicesVoid {
+	if v, ok := ctr.Env[api.EnvNVIDIAVisibleDevices]; ok && v != api.VisibleDevicesVoid {
 		d.Voided = append(d.Voided, api.EnvNVIDIAVisibleDevices+"="+v)
 	}
-	a.Env = append(a.Env, EnvVar{api.EnvNVIDIAVisibleDevices, VisibleDevicesVoid})
+	a.Env = append(a.Env, EnvVar{api.EnvNVIDIAVisibleDevices, api.VisibleDevicesVoid})
 	for _, name := range nvidiaRequestEnv {
 		if v, ok := ctr.Env[name]; ok {
 			a.Env = append(a.Env, EnvVar{name, ""})
@@ -707,7 +692,7 @@ func decideNonGPU(opts Options, req Request) *Decision {
 	}
 
 	for _, dst := range slices.Sorted(slices.Values(ctr.MountDestinations)) {
-		if dst == VolumeMountsDir || strings.HasPrefix(dst, VolumeMountsDir+"/") {
+		if dst == api.NVIDIAVolumeMountsDir || strings.HasPrefix(dst, api.NVIDIAVolumeMountsDir+"/") {
 			a.RemoveMounts = append(a.RemoveMounts, dst)
 			d.Voided = append(d.Voided, "mount "+dst)
 		}
@@ -719,7 +704,7 @@ func decideNonGPU(opts Options, req Request) *Decision {
 	}
 	isOurs := func(name string) bool { return strings.HasPrefix(strings.TrimSpace(name), kind+"=") }
 	for _, key := range slices.Sorted(maps.Keys(ctr.Annotations)) {
-		if !strings.HasPrefix(key, CDIAnnotationPrefix) {
+		if !strings.HasPrefix(key, api.CDIAnnotationPrefix) {
 			continue
 		}
 		var kept []string

@@ -148,7 +148,7 @@ func TestDecide(t *testing.T) {
 				Pod: pod(nil),
 				Container: Container{ID: "id", Name: "c",
 					Env:               map[string]string{api.EnvNVIDIAVisibleDevices: uuid2 + "," + uuid3},
-					MountDestinations: []string{VolumeMountsDir + "/" + uuid3, VolumeMountsDir + "/" + uuid2},
+					MountDestinations: []string{api.NVIDIAVolumeMountsDir + "/" + uuid3, api.NVIDIAVolumeMountsDir + "/" + uuid2},
 					DeviceNodes:       []DeviceNode{{Path: "/dev/nvidia10", Type: "c", Major: 195, Minor: 10}, {Path: "/dev/null", Type: "c", Major: 1, Minor: 3}}},
 				Devices: Devices{Whole: []string{uuid3, uuid2}},
 			},
@@ -444,10 +444,10 @@ func TestDecide(t *testing.T) {
 		{
 			name: "volume-mounts device list names a GPU the container was not allocated",
 			req: Request{Pod: pod(nil), Container: Container{Name: "c",
-				Env:               map[string]string{api.EnvNVIDIAVisibleDevices: VolumeMountsDir},
-				MountDestinations: []string{"/data", VolumeMountsDir + "/" + uuid1, VolumeMountsDir + "/" + uuid2}},
+				Env:               map[string]string{api.EnvNVIDIAVisibleDevices: api.NVIDIAVolumeMountsDir},
+				MountDestinations: []string{"/data", api.NVIDIAVolumeMountsDir + "/" + uuid1, api.NVIDIAVolumeMountsDir + "/" + uuid2}},
 				Devices: Devices{Whole: []string{uuid1}}},
-			wantErr: `the device list mount ` + VolumeMountsDir + "/" + uuid2 + ` names GPU ` + uuid2 + `, which is not one of the container's GPUs [` + uuid1 + `]`,
+			wantErr: `the device list mount ` + api.NVIDIAVolumeMountsDir + "/" + uuid2 + ` names GPU ` + uuid2 + `, which is not one of the container's GPUs [` + uuid1 + `]`,
 		},
 		{
 			name: "assignment and kubelet disagree on whole GPUs",
@@ -650,11 +650,11 @@ func TestDecideNonGPU(t *testing.T) {
 		},
 		{
 			name: "device list volume mounts (GPUs, IMEX channels) are removed",
-			ctr:  Container{Name: "c", MountDestinations: []string{"/data", VolumeMountsDir + "/" + uuid1, VolumeMountsDir + "/imex/0", "/var/run/nvidia-container-devices-not"}},
+			ctr:  Container{Name: "c", MountDestinations: []string{"/data", api.NVIDIAVolumeMountsDir + "/" + uuid1, api.NVIDIAVolumeMountsDir + "/imex/0", "/var/run/nvidia-container-devices-not"}},
 			want: &Decision{Action: ActionVoid,
 				Adjustment: Adjustment{CgroupRules: voidRules(), Env: voidEnv(),
-					RemoveMounts: []string{VolumeMountsDir + "/" + uuid1, VolumeMountsDir + "/imex/0"}},
-				Voided: []string{"mount " + VolumeMountsDir + "/" + uuid1, "mount " + VolumeMountsDir + "/imex/0"}},
+					RemoveMounts: []string{api.NVIDIAVolumeMountsDir + "/" + uuid1, api.NVIDIAVolumeMountsDir + "/imex/0"}},
+				Voided: []string{"mount " + api.NVIDIAVolumeMountsDir + "/" + uuid1, "mount " + api.NVIDIAVolumeMountsDir + "/imex/0"}},
 		},
 		{
 			name: "GPUs of cdi.k8s.io annotations are withdrawn, other devices kept",

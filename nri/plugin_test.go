@@ -779,7 +779,7 @@ func TestPluginNonGPUContainers(t *testing.T) {
 			{Path: "/dev/nvidiactl", Type: "c", Major: 195, Minor: 255},
 			{Path: "/dev/null", Type: "c", Major: 1, Minor: 3},
 		}}
-		c.Mounts = []*adaptation.Mount{{Source: "/dev/null", Destination: VolumeMountsDir + "/all", Type: "bind"}}
+		c.Mounts = []*adaptation.Mount{{Source: "/dev/null", Destination: api.NVIDIAVolumeMountsDir + "/all", Type: "bind"}}
 		c.Annotations = map[string]string{"cdi.k8s.io/greedy": "nvidia.com/gpu=all"}
 		return c
 	}
@@ -788,7 +788,7 @@ func TestPluginNonGPUContainers(t *testing.T) {
 	// annotation removals.
 	greedyVoided := voided()
 	greedyVoided.Env = []string{"NVIDIA_VISIBLE_DEVICES=void", "NVIDIA_IMEX_CHANNELS="}
-	greedyVoided.Mounts = []string{" -> -" + VolumeMountsDir + "/all ( )"}
+	greedyVoided.Mounts = []string{" -> -" + api.NVIDIAVolumeMountsDir + "/all ( )"}
 	greedyVoided.Annotations = []string{"-cdi.k8s.io/greedy="}
 
 	t.Run("void (default)", func(t *testing.T) {
