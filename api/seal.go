@@ -145,6 +145,13 @@ func (s *Sealer) GangPlan(uid types.UID, annotations map[string]string) (p *Gang
 	return p, true, err
 }
 
+// Annotations returns the decision annotation name holding value on the
+// pod uid together with its seal annotation: what a writer puts in one
+// patch.
+func (s *Sealer) Annotations(uid types.UID, name, value string) map[string]string {
+	return map[string]string{name: value, sealOf(name): s.Seal(uid, name, value)}
+}
+
 // AssignmentAnnotations validates a and returns the annotations that
 // record it on the pod uid: the value and its seal, to be written together
 // in one patch.
@@ -153,7 +160,7 @@ func (s *Sealer) AssignmentAnnotations(uid types.UID, a *Assignment) (map[string
 	if err != nil {
 		return nil, err
 	}
-	return map[string]string{AnnotationAssignment: value, AnnotationAssignmentSeal: s.Seal(uid, AnnotationAssignment, value)}, nil
+	return s.Annotations(uid, AnnotationAssignment, value), nil
 }
 
 // GangPlanAnnotations returns the annotations that record p (apiVersion
@@ -168,5 +175,5 @@ func (s *Sealer) GangPlanAnnotations(uid types.UID, p GangPlan) (map[string]stri
 	if _, err := ParseGangPlan(value); err != nil {
 		return nil, err
 	}
-	return map[string]string{AnnotationGangPlan: value, AnnotationGangPlanSeal: s.Seal(uid, AnnotationGangPlan, value)}, nil
+	return s.Annotations(uid, AnnotationGangPlan, value), nil
 }

@@ -61,17 +61,15 @@ func (k *KubePods) GetFreshPod(ctx context.Context, namespace, name string) (*co
 // merge patch that is conditional on the pod's UID and resourceVersion: a
 // pod that changed since it was read (bound meanwhile, say) is a Conflict.
 func (k *KubePods) PatchAssignment(ctx context.Context, pod *corev1.Pod, value string) error {
-	if k.Trust == nil || k.Trust.Sealer == nil {
-		return fmt.Errorf("assignment of pod %s/%s: no seal key", pod.Namespace, pod.Name)
+	annotations, err := k.Trust.Sealed(pod.UID, api.AnnotationAssignment, value)
+	if err != nil {
+		return fmt.Errorf("assignment of pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	patch, err := json.Marshal(map[string]any{
 		"metadata": map[string]any{
 			"uid":             pod.UID,
 			"resourceVersion": pod.ResourceVersion,
-			"annotations": map[string]string{
-				api.AnnotationAssignment:     value,
-				api.AnnotationAssignmentSeal: k.Trust.Sealer.Seal(pod.UID, api.AnnotationAssignment, value),
-			},
+			"annotations":     annotations,
 		},
 	})
 	if err != nil {

@@ -89,9 +89,6 @@ func (k KubeRecorder) recordOnce(ctx context.Context, pod Pod, container string,
 	if pod.UID != "" && string(p.UID) != pod.UID {
 		return fmt.Errorf("pod %s is now another pod (UID %s, not %s)", pod, p.UID, pod.UID)
 	}
-	if k.Trust == nil || k.Trust.Sealer == nil {
-		return fmt.Errorf("pod %s: no seal key to record its assignment with", pod)
-	}
 	k.Trust.Quiet().Pod(p)
 	a, found, err := api.GetAssignment(p.Annotations)
 	if err != nil {
@@ -115,12 +112,13 @@ func (k KubeRecorder) recordOnce(ctx context.Context, pod Pod, container string,
 	if err != nil {
 		return fmt.Errorf("pod %s: %w", pod, err)
 	}
+	annotations, err := k.Trust.Sealed(p.UID, api.AnnotationAssignment, value)
+	if err != nil {
+		return fmt.Errorf("recording the assignment of pod %s: %w", pod, err)
+	}
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
 		"resourceVersion": p.ResourceVersion,
-		"annotations": map[string]string{
-			api.AnnotationAssignment:     value,
-			api.AnnotationAssignmentSeal: k.Trust.Sealer.Seal(p.UID, api.AnnotationAssignment, value),
-		},
+		"annotations":     annotations,
 	}})
 	if err != nil {
 		return err

@@ -259,17 +259,15 @@ func (c *Client) syncPod(ctx context.Context, k podKey, whole map[string][]api.G
 	if found && pod.Annotations[api.AnnotationAssignment] == value {
 		return sharedGPUs, nil
 	}
-	if c.trust == nil || c.trust.Sealer == nil {
-		return nil, fmt.Errorf("pod %s/%s: no seal key to record its GPUs with", k.namespace, k.name)
+	annotations, err := c.trust.Sealed(pod.UID, api.AnnotationAssignment, value)
+	if err != nil {
+		return nil, fmt.Errorf("recording the GPUs of pod %s/%s: %w", k.namespace, k.name, err)
 	}
 	// The resourceVersion makes the patch fail rather than overwrite a
 	// concurrent change (the extender's); the next sync retries.
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
 		"resourceVersion": pod.ResourceVersion,
-		"annotations": map[string]string{
-			api.AnnotationAssignment:     value,
-			api.AnnotationAssignmentSeal: c.trust.Sealer.Seal(pod.UID, api.AnnotationAssignment, value),
-		},
+		"annotations":     annotations,
 	}})
 	if err != nil {
 		return nil, err

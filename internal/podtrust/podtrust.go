@@ -76,6 +76,16 @@ func (f *Filter) Annotations(uid types.UID, annotations map[string]string) []api
 	return f.Sealer.SanitizeAnnotations(uid, annotations)
 }
 
+// Sealed returns the decision annotation name holding value on the pod uid
+// with its seal (api.Sealer.Annotations), for a writer to patch; an error
+// when the Filter has no key (it then writes nothing Tessera would trust).
+func (f *Filter) Sealed(uid types.UID, name, value string) (map[string]string, error) {
+	if f == nil || f.Sealer == nil {
+		return nil, errors.New("no seal key")
+	}
+	return f.Sealer.Annotations(uid, name, value), nil
+}
+
 // Quiet returns a Filter with the same key that records no Events: for
 // repeated reads of pods the informer's Filter already reported.
 func (f *Filter) Quiet() *Filter {

@@ -2,6 +2,7 @@ package podtrust
 
 import (
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"testing"
@@ -134,6 +135,15 @@ func TestFilterWithoutKeyTrustsNothing(t *testing.T) {
 		if diff := cmp.Diff(map[string]string{"user": "x"}, p.Annotations); diff != "" || len(ignored) != 2 {
 			t.Errorf("%s: annotations (-want +got):\n%s ignored %v", name, diff, ignored)
 		}
+	}
+	for name, f := range map[string]*Filter{"nil": nil, "no sealer": {}} {
+		if ann, err := f.Sealed("uid-p", api.AnnotationAssignment, "v"); err == nil {
+			t.Errorf("%s: Sealed without a key = %v", name, ann)
+		}
+	}
+	ann, err := (&Filter{Sealer: sealer(t)}).Sealed("uid-p", api.AnnotationAssignment, good[api.AnnotationAssignment])
+	if err != nil || !maps.Equal(ann, good) {
+		t.Errorf("Sealed = %v, %v; want %v", ann, err, good)
 	}
 	if (*Filter)(nil).Quiet() != nil {
 		t.Error("Quiet of nil is not nil")
