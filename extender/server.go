@@ -410,38 +410,52 @@ func (s *Server) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs)
 	return err
 }
 
-// plannedSlicePoll is how often a whole-GPU bind looks again for the gang
-// members planned on a shared GPU of its node that are not bound yet.
-const plannedSlicePoll = 20 * time.Millisecond
+// bindPoll is how often a bind that waits on its node (waitPlannedSlices,
+// waitOffered) looks at the node's state again.
+const bindPoll = 20 * time.Millisecond
+
+// waitNode calls check on node's state every bindPoll until it is
+// satisfied or the node is gone (nil), or ctx ends: then it returns the last
+// reason check gave with ctx's error.
+func (s *Server) waitNode(ctx context.Context, node string, check func(*NodeState) (ok bool, why string)) (string, error) {
+	t := time.NewTicker(bindPoll)
+	defer t.Stop()
+	for {
+		st, ok := s.state.Node(node)
+		if !ok {
+			return "", nil
+		}
+		done, why := check(st)
+		if done {
+			return "", nil
+		}
+		select {
+		case <-ctx.Done():
+			return why, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
 
 // waitPlannedSlices waits until node has no gang member but self that is
 // planned on one of its GPUs for a slice and not bound yet, or ctx ends.
 // Such a member's GPU is known to the ledger but not to the node, whose
 // kubelet could give it to the whole-GPU pod being bound.
 func (s *Server) waitPlannedSlices(ctx context.Context, node string, self types.UID) error {
-	t := time.NewTicker(plannedSlicePoll)
-	defer t.Stop()
-	for {
-		st, ok := s.state.Node(node)
-		if !ok {
-			return nil
-		}
+	why, err := s.waitNode(ctx, node, func(st *NodeState) (bool, string) {
 		var waiting []string
 		for uid, u := range st.Pods {
 			if uid != self && u.Planned && u.PlannedGPU != "" {
 				waiting = append(waiting, u.Key())
 			}
 		}
-		if len(waiting) == 0 {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			sort.Strings(waiting)
-			return fmt.Errorf("waiting for gang members planned on shared GPUs of %s to be bound (%s): %w", node, strings.Join(waiting, ", "), ctx.Err())
-		case <-t.C:
-		}
+		sort.Strings(waiting)
+		return len(waiting) == 0, strings.Join(waiting, ", ")
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for gang members planned on shared GPUs of %s to be bound (%s): %w", node, why, err)
 	}
+	return nil
 }
 
 // offeredWait bounds how long a bind waits for its node to offer what the
@@ -462,31 +476,23 @@ const offeredWait = 20 * time.Second
 func (s *Server) waitOffered(ctx context.Context, node string, uid types.UID) error {
 	ctx, cancel := context.WithTimeout(ctx, offeredWait)
 	defer cancel()
-	t := time.NewTicker(plannedSlicePoll)
-	defer t.Stop()
 	start := time.Now()
-	for {
-		st, ok := s.state.Node(node)
-		if !ok {
-			return nil
-		}
+	var key string
+	why, err := s.waitNode(ctx, node, func(st *NodeState) (bool, string) {
 		u, ok := st.Pods[uid]
 		if !ok {
-			return nil
+			return true, ""
 		}
-		offered, why := st.Offers(u)
-		if offered {
-			if waited := time.Since(start); waited > plannedSlicePoll {
-				klog.FromContext(ctx).V(2).Info("The node offers the pod's GPUs again", "pod", u.Key(), "node", node, "waited", waited.Round(time.Millisecond))
-			}
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("node %s does not offer the pod's GPUs yet: %s: %w", node, why, ctx.Err())
-		case <-t.C:
-		}
+		key = u.Key()
+		return st.Offers(u)
+	})
+	if err != nil {
+		return fmt.Errorf("node %s does not offer the pod's GPUs yet: %s: %w", node, why, err)
 	}
+	if waited := time.Since(start); waited > bindPoll && key != "" {
+		klog.FromContext(ctx).V(2).Info("The node offers the pod's GPUs again", "pod", key, "node", node, "waited", waited.Round(time.Millisecond))
+	}
+	return nil
 }
 
 // ErrNotPlannedNode is wrapped when a gang member is bound to a node other
