@@ -2,6 +2,7 @@ package extender
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 
@@ -473,13 +474,19 @@ func BuildNodeState(info *NodeInfo, uses []*PodUse) *NodeState {
 			}
 		}
 	}
+	// Each view is built only where it differs from the one before it:
+	// the ledger is rebuilt on every change of a node's pods.
 	s.view = s.buildView(s.PendingWhole, false)
-	hold := s.PendingWhole
-	if hold > 0 {
+	s.sharedView = s.view
+	hold := 0
+	if s.PendingWhole > 0 {
 		hold = len(info.GPUs)
+		s.sharedView = s.buildView(hold, false)
 	}
-	s.sharedView = s.buildView(hold, false)
-	s.offeredSharedView = s.buildView(hold, true)
+	s.offeredSharedView = s.sharedView
+	if slices.ContainsFunc(info.GPUs, func(g GPUInfo) bool { return g.WithheldShared }) {
+		s.offeredSharedView = s.buildView(hold, true)
+	}
 	return s
 }
 
