@@ -55,12 +55,13 @@ func (w *PodWatch) Run(ctx context.Context, changed func(assigned map[string]boo
 		logger.Error(err, "Cannot filter the node's pods; not following them")
 		return
 	}
-	// The handler's calls are sequential, so this needs no lock.
-	assignments := map[string]podAssignment{} // by namespace/name
+	// The handler's calls are sequential, so this needs no lock. By
+	// namespace/name, the shared GPUs of each pod that has not ended.
+	assignments := map[string]map[string]bool{}
 	report := func(released bool) {
 		assigned := map[string]bool{}
-		for _, p := range assignments {
-			maps.Copy(assigned, p.gpus)
+		for _, gpus := range assignments {
+			maps.Copy(assigned, gpus)
 		}
 		changed(assigned, released)
 	}
@@ -79,23 +80,16 @@ func (w *PodWatch) Run(ctx context.Context, changed func(assigned map[string]boo
 			}
 			return
 		}
-		gpus, err := sharedGPUs(pod)
-		now := podAssignment{gpus: gpus}
-		if err == nil && len(gpus) == 0 && len(before.gpus) > 0 {
+		now := sharedGPUs(pod)
+		if len(now) == 0 && len(before) > 0 {
 			// Tessera never takes a shared GPU back from a pod that runs;
-			// an assignment gone or no longer sealed (the pod's creator
-			// edited it) keeps the last good reading.
+			// an assignment gone or no longer Tessera's (the pod's creator
+			// edited it: the trust filter dropped it) keeps the last good
+			// reading.
 			now = before
 		}
-		if err != nil {
-			// Lose nothing: the pod's last good reading stays.
-			if !before.malformed {
-				logger.Error(err, "Ignoring the pod's malformed assignment; the kubelet's allocations say what it holds once it is admitted", "pod", klog.KObj(pod))
-			}
-			now = podAssignment{gpus: before.gpus, malformed: true}
-		}
 		assignments[key] = now
-		if !maps.Equal(before.gpus, now.gpus) {
+		if !maps.Equal(before, now) {
 			report(false)
 		}
 	}
@@ -136,8 +130,8 @@ func (w *PodWatch) onNode(o *metav1.ListOptions) {
 
 // Assigned lists the node's pods from the API server (a consistent read,
 // not the watch's cache) and returns the GPUs named by the shared
-// assignments of those that have not ended. Malformed assignments are
-// skipped; Run logs them.
+// assignments of those that have not ended (read through the trust
+// filter).
 func (w *PodWatch) Assigned(ctx context.Context) (map[string]bool, error) {
 	opts := metav1.ListOptions{}
 	w.onNode(&opts)
@@ -153,17 +147,9 @@ func (w *PodWatch) Assigned(ctx context.Context) (map[string]bool, error) {
 			continue
 		}
 		quiet.Pod(p)
-		if gpus, err := sharedGPUs(p); err == nil {
-			maps.Copy(assigned, gpus)
-		}
+		maps.Copy(assigned, sharedGPUs(p))
 	}
 	return assigned, nil
-}
-
-// podAssignment is what the watch keeps of a pod that has not ended.
-type podAssignment struct {
-	gpus      map[string]bool // shared GPUs, by UUID
-	malformed bool            // its assignment annotation is
 }
 
 // ended: the pod no longer runs, or soon will not (or is bound elsewhere):
@@ -173,12 +159,12 @@ type podAssignment struct {
 func (w *PodWatch) ended(pod *corev1.Pod) bool { return gpureq.EndedOn(pod, w.node) }
 
 // sharedGPUs returns the UUIDs of the GPUs the shared parts of pod's
-// assignment name (none without an assignment). pod has been through the
-// trust filter.
-func sharedGPUs(pod *corev1.Pod) (map[string]bool, error) {
+// assignment name (none without one). pod has been through the trust
+// filter, which drops a malformed or unsealed assignment.
+func sharedGPUs(pod *corev1.Pod) map[string]bool {
 	a, found, err := api.GetAssignment(pod.Annotations)
 	if err != nil || !found {
-		return nil, err
+		return nil
 	}
 	gpus := map[string]bool{}
 	for _, c := range a.Containers {
@@ -186,5 +172,5 @@ func sharedGPUs(pod *corev1.Pod) (map[string]bool, error) {
 			gpus[c.Shared.GPU.UUID] = true
 		}
 	}
-	return gpus, nil
+	return gpus
 }
