@@ -2,13 +2,16 @@ package kube_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/tessera-gpu/tessera/api"
@@ -35,6 +38,20 @@ func TestPodWatch(t *testing.T) {
 		pod("ns", "forged", "n1", map[string]string{api.AnnotationAssignment: assignmentValue(t, slice(gpu4))}),
 		pod("ns", "copied", "n1", sealed(t, "a", slice(gpu4))),
 	)
+	// The fake clientset does not replay to a watch what was created
+	// between the informer's list and its watch: the test creates pods only
+	// once the watch is established.
+	watching := make(chan struct{})
+	var watchOnce sync.Once
+	cs.PrependWatchReactor("pods", func(action k8stesting.Action) (bool, watch.Interface, error) {
+		var opts metav1.ListOptions
+		if wa, ok := action.(k8stesting.WatchActionImpl); ok {
+			opts = wa.ListOptions
+		}
+		w, err := cs.Tracker().Watch(action.GetResource(), action.GetNamespace(), opts)
+		watchOnce.Do(func() { close(watching) })
+		return true, w, err
+	})
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
 	reports := make(chan podsReport, 100)
@@ -74,6 +91,11 @@ func TestPodWatch(t *testing.T) {
 		return m
 	}
 	wait("start: the slice on this node only", set(gpu0), false)
+	select {
+	case <-watching:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the pod watch never started watching")
+	}
 
 	if _, err := cs.CoreV1().Pods("ns").Create(ctx, pod("ns", "b", "n1", sealed(t, "b", slice(gpu2))), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
