@@ -247,12 +247,11 @@ func QuotasOf(objs []*unstructured.Unstructured) (map[string]quota.Quota, map[st
 }
 
 // PodQuotaUse is what a pod counts against its namespace's quota
-// (gpureq.QuotaUse: what it holds at its peak of each resource quota
+// (gpureq.QuotaCount: what it holds at its peak of each resource quota
 // governs, sidecars included; a pod with an invalid GPU request counts
 // what it asks for, rounded up).
 func PodQuotaUse(pod *corev1.Pod) quota.Resources {
-	use, _ := gpureq.QuotaUse(pod)
-	return use
+	return gpureq.QuotaCount(pod)
 }
 
 // QuotaLedger builds quota states from the quotas in force, the pods the
