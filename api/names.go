@@ -36,6 +36,17 @@ func Resources() []corev1.ResourceName {
 	return []corev1.ResourceName{ResourceGPU, ResourceGPUMemory, ResourceGPUCore}
 }
 
+// SharedResources lists the resources that serve slices of a GPU (memory
+// units and compute units), in a fixed order.
+func SharedResources() []corev1.ResourceName {
+	return []corev1.ResourceName{ResourceGPUMemory, ResourceGPUCore}
+}
+
+// IsSharedResource reports whether name is one of SharedResources.
+func IsSharedResource(name corev1.ResourceName) bool {
+	return name == ResourceGPUMemory || name == ResourceGPUCore
+}
+
 // IsTesseraResource reports whether name is one of the resources in Resources.
 func IsTesseraResource(name corev1.ResourceName) bool {
 	switch name {

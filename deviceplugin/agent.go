@@ -529,7 +529,9 @@ func (a *Agent) applyKubelet(allocs []kubeletstate.ContainerDevices) {
 	out := make([]devices.Allocation, 0, len(allocs))
 	for _, c := range allocs {
 		d := devices.Allocation{Resource: c.Resource, DeviceIDs: c.DeviceIDs}
-		if isSharedResource(c.Resource) && c.Name != "" {
+		// Shared resources whether this node advertises them or not: the
+		// kubelet may still hold devices of one the configuration dropped.
+		if api.IsSharedResource(c.Resource) && c.Name != "" {
 			d.SharedGPU = placements[c.Key()]
 		}
 		out = append(out, d)
@@ -547,8 +549,9 @@ func (a *Agent) nriMessage() string {
 	if node == "" {
 		node = "this node"
 	}
-	names := make([]string, len(sharedResources))
-	for i, r := range sharedResources {
+	shared := api.SharedResources()
+	names := make([]string, len(shared))
+	for i, r := range shared {
 		names[i] = string(r)
 	}
 	return fmt.Sprintf("isolated GPU sharing requires the Tessera NRI plugin, which is not connected on %s; %s are refused until it is (enable NRI in the container runtime and run the NRI plugin)", node, strings.Join(names, " and "))

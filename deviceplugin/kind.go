@@ -103,20 +103,6 @@ func newKinds(env kindEnv) ([]Kind, error) {
 	return kinds, nil
 }
 
-// sharedResources are the resources of shared kinds, advertised or not:
-// the kubelet may still hold devices of a resource the configuration no
-// longer advertises.
-var sharedResources = []corev1.ResourceName{api.ResourceGPUMemory, api.ResourceGPUCore}
-
-func isSharedResource(r corev1.ResourceName) bool {
-	for _, s := range sharedResources {
-		if s == r {
-			return true
-		}
-	}
-	return false
-}
-
 // usable is the health of kind k's devices of the GPU with the given UUID:
 // the GPU's own, then whether k withholds them.
 func usable(k Kind, uuid string, h devices.HealthMap, u devices.Usage) (bool, string) {
