@@ -1,0 +1,171 @@
+package queue
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tessera-gpu/tessera/allocator/quota"
+)
+
+func TestFairShare(t *testing.T) {
+	tests := []struct {
+		name     string
+		specs    []Spec
+		capacity int64
+		used     map[string]int64
+		pending  map[string]int64
+		want     map[string]int64
+	}{
+		{
+			name:     "guarantees first, then the rest by weight, the odd unit by name",
+			specs:    []Spec{q("a", "", 2), q("b", "", 2).weigh(3)},
+			capacity: 10,
+			pending:  map[string]int64{"a": 10, "b": 10},
+			// 2 + 2, then 6 split 1:3 = 1.5 and 4.5: equal remainders,
+			// the unit goes to a.
+			want: map[string]int64{"a": 4, "b": 6},
+		},
+		{
+			name:     "a limit caps, and what it leaves goes round again",
+			specs:    []Spec{q("a", "", 0).limit(3), q("b", "", 0), q("c", "", 0)},
+			capacity: 12,
+			pending:  map[string]int64{"a": 12, "b": 12, "c": 12},
+			want:     map[string]int64{"a": 3, "b": 5, "c": 4},
+		},
+		{
+			name:     "demand caps",
+			specs:    []Spec{q("a", "", 4), q("b", "", 4)},
+			capacity: 16,
+			used:     map[string]int64{"a": 1},
+			pending:  map[string]int64{"b": 20},
+			want:     map[string]int64{"a": 1, "b": 15},
+		},
+		{
+			name:     "remainders by name",
+			specs:    []Spec{q("c", "", 0), q("b", "", 0), q("a", "", 0)},
+			capacity: 10,
+			pending:  map[string]int64{"a": 10, "b": 10, "c": 10},
+			want:     map[string]int64{"a": 4, "b": 3, "c": 3},
+		},
+		{
+			name:     "larger remainder before name",
+			specs:    []Spec{q("a", "", 0), q("b", "", 0).weigh(2)},
+			capacity: 4,
+			pending:  map[string]int64{"a": 10, "b": 10},
+			// 4/3 and 8/3: b's remainder 2/3 beats a's 1/3.
+			want: map[string]int64{"a": 1, "b": 3},
+		},
+		{
+			name:     "weight 0 gets its guarantee and nothing more",
+			specs:    []Spec{q("a", "", 2).weigh(0), q("b", "", 2)},
+			capacity: 10,
+			pending:  map[string]int64{"a": 10, "b": 10},
+			want:     map[string]int64{"a": 2, "b": 8},
+		},
+		{
+			name:     "capacity below the guarantees: split in proportion to them",
+			specs:    []Spec{q("a", "", 6), q("b", "", 2)},
+			capacity: 4,
+			pending:  map[string]int64{"a": 10, "b": 10},
+			want:     map[string]int64{"a": 3, "b": 1},
+		},
+		{
+			name: "two levels: a department lends what its teams do not ask for",
+			specs: []Spec{
+				q("dept-a", "", 8), q("dept-b", "", 8),
+				q("a1", "dept-a", 4), q("a2", "dept-a", 4),
+				q("b1", "dept-b", 4), q("b2", "dept-b", 4),
+			},
+			capacity: 16,
+			used:     map[string]int64{"a1": 6, "b1": 1},
+			pending:  map[string]int64{"a1": 10, "a2": 2},
+			// dept-b asks 1: dept-a gets its 8 and the 7 left (demand
+			// 18); within it a2 gets its 2, a1 the rest.
+			want: map[string]int64{"dept-a": 15, "dept-b": 1, "a1": 13, "a2": 2, "b1": 1, "b2": 0},
+		},
+		{
+			name:     "an invalid queue's pending does not count, its used does",
+			specs:    []Spec{q("a", "", 4).limit(2), q("b", "", 0)},
+			capacity: 10,
+			used:     map[string]int64{"a": 3},
+			pending:  map[string]int64{"a": 5, "b": 20},
+			want:     map[string]int64{"a": 2, "b": 8},
+		},
+		{
+			name:     "nothing asked, nothing shared",
+			specs:    []Spec{q("a", "", 4), q("b", "", 0)},
+			capacity: 10,
+			want:     map[string]int64{"a": 0, "b": 0},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := state(Build(tc.specs), tc.used, tc.pending)
+			s.Capacity = gpus(tc.capacity)
+			got := map[string]int64{}
+			for name, r := range s.FairShare() {
+				got[name] = r[gpu]
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("FairShare (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// Fair shares of siblings never add up to more than their parent's, and
+// the top level's never to more than capacity.
+func TestFairShareFitsItsParent(t *testing.T) {
+	tree := departments()
+	for cap := int64(0); cap <= 20; cap++ {
+		for a1 := int64(0); a1 <= 12; a1 += 3 {
+			s := state(tree, map[string]int64{"a1": a1, "b2": 3}, map[string]int64{"a2": 5, "b1": 7, "b2": 1})
+			s.Capacity = gpus(cap)
+			fair := s.FairShare()
+			for _, parent := range append([]string{""}, tree.Names()...) {
+				kids := tree.Children(parent)
+				if len(kids) == 0 {
+					continue
+				}
+				var sum int64
+				for _, c := range kids {
+					sum += fair[c][gpu]
+				}
+				limit := cap
+				if parent != "" {
+					limit = fair[parent][gpu]
+				}
+				if sum > limit {
+					t.Errorf("capacity %d, a1 %d: children of %q share %d, above %d", cap, a1, parent, sum, limit)
+				}
+			}
+		}
+	}
+}
+
+func TestFairShareSeveralResources(t *testing.T) {
+	spec := Spec{Name: "a", Guaranteed: quota.Resources{gpu: 1, mem: 100}}
+	s := &State{
+		Tree:     Build([]Spec{spec, {Name: "b"}}),
+		Capacity: quota.Resources{gpu: 4, mem: 1000},
+		Pending:  map[string]quota.Resources{"a": {gpu: 4, mem: 300}, "b": {gpu: 4, mem: 900}},
+	}
+	// GPUs: a's 1, then 3 split evenly, the odd one to a. Memory: a's
+	// 100, then 900 split evenly, a capped at its 300.
+	want := map[string]quota.Resources{
+		"a": {gpu: 3, mem: 300},
+		"b": {gpu: 1, mem: 700},
+	}
+	if diff := cmp.Diff(want, s.FairShare()); diff != "" {
+		t.Errorf("FairShare (-want +got):\n%s", diff)
+	}
+}
+
+func TestWaterfillHugeNumbers(t *testing.T) {
+	const big = 1 << 62
+	got := waterfill(big, []int64{big, big}, []int64{big, big}, []string{"a", "b"})
+	if got[0]+got[1] != big || got[0] != big/2 {
+		t.Errorf("waterfill = %v, want halves of %d", got, int64(big))
+	}
+}

@@ -1,0 +1,139 @@
+package queue
+
+import (
+	"math"
+	"sort"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/tessera-gpu/tessera/allocator/quota"
+)
+
+// State is what fair share, order, admission and reclaim look at: a
+// snapshot, read and never changed by this package.
+type State struct {
+	Tree *Tree
+	// Capacity is what the cluster has of each resource for the queues.
+	Capacity quota.Resources
+	// Used is what each leaf queue's running and reserved work uses. A
+	// parent's used is the sum of its subtree (an entry for a parent is
+	// added to that sum).
+	Used map[string]quota.Resources
+	// Pending is each leaf queue's waiting demand, summed the same way.
+	Pending map[string]quota.Resources
+	// Usage is the decayed history per queue, leaf or parent (Accrue). A
+	// queue without an entry has the sum of its children's.
+	Usage map[string]Usage
+	// HalfLife is the half-life Usage decays with; it normalises Share.
+	// 0 or less means Usage is a plain sum.
+	HalfLife time.Duration
+}
+
+// view is what the questions derive from a State once: subtree sums, fair
+// shares, history and shares of every queue.
+type view struct {
+	s    *State
+	t    *Tree
+	used map[string]quota.Resources // subtree sums, every queue
+	pend map[string]quota.Resources
+	// demand is used plus pending, pending counting only under valid
+	// queues (an invalid one admits nothing more).
+	demand map[string]quota.Resources
+	fair   map[string]quota.Resources
+	hist   map[string]Usage
+	// share and current are Share with and without history.
+	share, current map[string]float64
+}
+
+func (s *State) view() *view {
+	v := &view{s: s, t: s.Tree, used: map[string]quota.Resources{}, pend: map[string]quota.Resources{}, hist: map[string]Usage{}}
+	if v.t == nil {
+		v.t = Build(nil)
+	}
+	order := v.t.order
+	for i := len(order) - 1; i >= 0; i-- {
+		name := order[i]
+		u := quota.Resources{}.Add(s.Used[name])
+		p := quota.Resources{}.Add(s.Pending[name])
+		var h Usage
+		if own, ok := s.Usage[name]; ok {
+			h = own.clone()
+		}
+		for _, c := range v.t.nodes[name].children {
+			u = u.Add(v.used[c])
+			p = p.Add(v.pend[c])
+			if _, ok := s.Usage[name]; !ok {
+				h = h.add(v.hist[c])
+			}
+		}
+		v.used[name], v.pend[name], v.hist[name] = u, p, h
+	}
+	v.demand = map[string]quota.Resources{}
+	for i := len(order) - 1; i >= 0; i-- {
+		name := order[i]
+		d := quota.Resources{}.Add(s.Used[name])
+		if v.t.Invalid(name) == "" {
+			d = d.Add(s.Pending[name])
+		}
+		for _, c := range v.t.nodes[name].children {
+			d = d.Add(v.demand[c])
+		}
+		v.demand[name] = d
+	}
+	v.fair = v.fairShare()
+	v.share, v.current = map[string]float64{}, map[string]float64{}
+	for _, name := range order {
+		v.share[name], v.current[name] = v.shareOf(name)
+	}
+	return v
+}
+
+// totalUsed is what every queue uses together.
+func (v *view) totalUsed() quota.Resources {
+	total := quota.Resources{}
+	for _, r := range v.t.roots {
+		total = total.Add(v.used[r])
+	}
+	return total
+}
+
+func (v *view) spec(name string) Spec { return v.t.nodes[name].spec }
+
+// onPath reports whether q is on path.
+func onPath(path []string, q string) bool {
+	for _, p := range path {
+		if p == q {
+			return true
+		}
+	}
+	return false
+}
+
+func sortedNames[V any](r map[corev1.ResourceName]V) []corev1.ResourceName {
+	names := make([]corev1.ResourceName, 0, len(r))
+	for k := range r {
+		names = append(names, k)
+	}
+	sort.Slice(names, func(i, j int) bool { return names[i] < names[j] })
+	return names
+}
+
+// positive returns the resources r names with an amount above 0, sorted.
+func positive(r quota.Resources) []corev1.ResourceName {
+	var out []corev1.ResourceName
+	for _, k := range sortedNames(r) {
+		if r[k] > 0 {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// satAdd adds non-negative amounts, saturating at math.MaxInt64.
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
