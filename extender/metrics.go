@@ -17,6 +17,9 @@ type Metrics struct {
 	evictions  *prometheus.CounterVec
 	blocked    *prometheus.CounterVec
 	leftOut    prometheus.Counter
+	// Tessera's priority preemption (Preemptor).
+	preemptions *prometheus.CounterVec
+	preemptOut  *prometheus.CounterVec
 }
 
 // NewMetrics registers the extender's metrics on reg.
@@ -52,7 +55,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Namespace: "tessera", Subsystem: "extender", Name: "filter_left_out_total",
 		Help: "Fitting nodes that filter did not pass because --filter-shortlist others scored better.",
 	})
-	reg.MustRegister(m.latency, m.placements, m.rejections, m.errors, m.evictions, m.blocked, m.leftOut)
+	m.preemptions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "tessera", Subsystem: "extender", Name: "preemption_evictions_total",
+		Help: "Pods evicted by Tessera's priority preemption, by the namespace they were taken from.",
+	}, []string{"namespace"})
+	m.preemptOut = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "tessera", Subsystem: "extender", Name: "preemptions_unused_total",
+		Help: "Preemptions whose room was not used: blocked (a PodDisruptionBudget refused a chosen victim; another choice is made) and useless (the room was held for a pod that did not bind there before the hold expired).",
+	}, []string{"outcome"})
+	reg.MustRegister(m.latency, m.placements, m.rejections, m.errors, m.evictions, m.blocked, m.leftOut, m.preemptions, m.preemptOut)
 	return m
 }
 
@@ -89,6 +100,24 @@ func (m *Metrics) failed(verb string) {
 func (m *Metrics) reclaimEvicted(ns string) {
 	if m != nil {
 		m.evictions.WithLabelValues(ns).Inc()
+	}
+}
+
+func (m *Metrics) preempted(ns string) {
+	if m != nil {
+		m.preemptions.WithLabelValues(ns).Inc()
+	}
+}
+
+func (m *Metrics) preemptionBlocked() {
+	if m != nil {
+		m.preemptOut.WithLabelValues("blocked").Inc()
+	}
+}
+
+func (m *Metrics) preemptionUseless() {
+	if m != nil {
+		m.preemptOut.WithLabelValues("useless").Inc()
 	}
 }
 

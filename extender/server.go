@@ -157,6 +157,20 @@ func (s *Server) FilterArgs(ctx context.Context, args *extenderv1.ExtenderArgs) 
 		s.filterPlanned(ctx, args, plan, res)
 		return res
 	}
+	if msg, member := unplannedMember(args.Pod); member {
+		// A gang is bound whole or not at all: a member the planner has
+		// not placed passes no node, webhook or not (the planner plans
+		// ungated members too; the plan's update brings it back).
+		for _, n := range argNames(args) {
+			res.FailedNodes[n] = msg
+		}
+		if args.NodeNames != nil {
+			res.NodeNames = &[]string{}
+		} else if args.Nodes != nil {
+			res.Nodes = &corev1.NodeList{Items: []corev1.Node{}}
+		}
+		return res
+	}
 	d, err := ParseDemand(args.Pod)
 	if err != nil {
 		res.Error = err.Error()
@@ -267,6 +281,9 @@ func (s *Server) filterPlanned(ctx context.Context, args *extenderv1.ExtenderArg
 	names := argNames(args)
 	passed := make([]bool, len(names))
 	other := fmt.Sprintf("tessera: gang %s planned this pod on node %s", plan.Gang, plan.Node)
+	if _, member, _ := api.GangOf(args.Pod); !member && plan.Gang == args.Pod.Name {
+		other = fmt.Sprintf("tessera: the room preempted for this pod is held on node %s", plan.Node)
+	}
 	for i, n := range names {
 		switch {
 		case n != plan.Node:
@@ -499,6 +516,19 @@ func (s *Server) waitOffered(ctx context.Context, node string, uid types.UID) er
 // than its plan's.
 var ErrNotPlannedNode = errors.New("not the node of the pod's gang plan")
 
+// unplannedMember reports a pod that belongs to a gang (or declares one
+// malformed) and has no plan, with the message the filter and bind give.
+func unplannedMember(pod *corev1.Pod) (string, bool) {
+	g, member, err := api.GangOf(pod)
+	switch {
+	case !member:
+		return "", false
+	case err != nil:
+		return fmt.Sprintf("tessera: %v", err), true
+	}
+	return fmt.Sprintf("tessera: gang %s is placed whole by Tessera's gang planner, and this member is not planned yet", g.Key()), true
+}
+
 // plannedAssignment is the assignment that puts every shared container of
 // d on the planned GPU of a node described by info.
 func plannedAssignment(info *NodeInfo, d *Demand, gpu *api.GPURef) *api.Assignment {
@@ -537,6 +567,10 @@ func (s *Server) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs,
 		return fmt.Errorf("bind %s/%s: %w", pod.Namespace, pod.Name, err)
 	case planned && plan.Node != args.Node:
 		return fmt.Errorf("bind %s/%s to %s: %w: gang %s planned it on %s", pod.Namespace, pod.Name, args.Node, ErrNotPlannedNode, plan.Gang, plan.Node)
+	case !planned:
+		if msg, member := unplannedMember(pod); member {
+			return fmt.Errorf("bind %s/%s to %s: %w: %s", pod.Namespace, pod.Name, args.Node, ErrNotPlannedNode, msg)
+		}
 	}
 	d, err := ParseDemand(pod)
 	if err != nil {
@@ -678,6 +712,11 @@ func (s *Server) handleBind(w http.ResponseWriter, r *http.Request) {
 func (s *Server) PreemptArgs(ctx context.Context, args *extenderv1.ExtenderPreemptionArgs) (*extenderv1.ExtenderPreemptionResult, error) {
 	if args.Pod == nil {
 		return nil, errors.New("preempt: the request names no pod")
+	}
+	if _, planned := args.Pod.Annotations[api.AnnotationGangPlan]; planned {
+		// Its room is planned (a gang's, or held by Tessera's preemption):
+		// nothing more is evicted for it.
+		return &extenderv1.ExtenderPreemptionResult{NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{}}, nil
 	}
 	d, err := ParseDemand(args.Pod)
 	if err != nil {

@@ -83,6 +83,11 @@ type options struct {
 	quotaResync      time.Duration
 	shortlist        int
 	sealKeyNamespace string
+
+	preemption           bool
+	preemptionMinRuntime time.Duration
+	preemptionHold       time.Duration
+	preemptionResync     time.Duration
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -113,6 +118,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.quotaRetry, "quota-crd-retry", 30*time.Second, "how often to look again for an ElasticQuota CRD that is not installed")
 	fs.DurationVar(&o.quotaHold, "quota-reclaim-hold", 2*time.Minute, "how long room reclaimed for a namespace is held for its waiting work (no other namespace may borrow it meanwhile)")
 	fs.DurationVar(&o.quotaResync, "quota-resync", 2*time.Second, "how often pods kube-scheduler found unschedulable are checked for a reclaim within their namespace's min")
+	fs.BoolVar(&o.preemption, "preemption", true, "Tessera's priority preemption for GPU pods of every shape (whole GPUs and slices), which kube-scheduler cannot see (docs/extender.md)")
+	fs.DurationVar(&o.preemptionMinRuntime, "preemption-min-runtime", 0, "a pod that started less than this long ago is not preempted")
+	fs.DurationVar(&o.preemptionHold, "preemption-hold", 2*time.Minute, "how long the room preemption frees is held for the pod it was freed for")
+	fs.DurationVar(&o.preemptionResync, "preemption-resync", time.Second, "how often pending pods kube-scheduler found unschedulable are checked for a preemption")
 	fs.StringVar(&o.sealKeyNamespace, "seal-key-namespace", "kube-system", "namespace of the Secret "+api.SealKeySecretName+" holding the key that seals Tessera's decision annotations (created when missing); the extender's own namespace")
 	fs.IntVar(&o.shortlist, "filter-shortlist", 100, "filter passes at most this many fitting nodes, those the policy scores best, so that kube-scheduler scores and prioritizes only nodes that can win (the extender's weight outweighs every other score); 0: every fitting node")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
@@ -285,6 +294,16 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
 	servers = append([]*http.Server{apiSrv}, servers...)
 
+	var preemptor *extender.Preemptor
+	if o.preemption {
+		preemptor = &extender.Preemptor{
+			Cache:  cache,
+			Client: &extender.KubePreempt{Evicter: &extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()}, Gang: gangClient},
+			Pods:   func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) },
+			Policy: policy, Events: recorder, Metrics: metrics, Quota: enforcer,
+			MinRuntime: o.preemptionMinRuntime, HoldFor: o.preemptionHold,
+		}
+	}
 	var planner *extender.GangPlanner
 	if o.gangPlanner {
 		pcfg := extender.GangPlannerConfig{
@@ -338,6 +357,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 				}
 			}
 			go enforcer.Run(ctx, o.quotaResync)
+		}
+		if preemptor != nil {
+			go preemptor.Run(ctx, o.preemptionResync)
 		}
 		ready.Store(true)
 		logger.Info("Caches synced; ready")

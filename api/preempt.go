@@ -1,0 +1,17 @@
+package api
+
+// Events of Tessera's priority preemption (extender.Preemptor).
+const (
+	// EventPreempting: on the pod that needs room, naming the victims, the
+	// node and how long the room is held for it.
+	EventPreempting = "Preempting"
+	// EventPreempted: on each evicted pod, naming the pod it was evicted
+	// for and why it was chosen.
+	EventPreempted = "Preempted"
+	// EventPreemptionBlocked: a chosen victim could not be evicted (a
+	// PodDisruptionBudget refused it); another choice is made without it.
+	EventPreemptionBlocked = "PreemptionBlocked"
+	// EventPreemptionExpired: the room freed for a pod was held until its
+	// plan expired without the pod binding there; the hold is released.
+	EventPreemptionExpired = "PreemptionExpired"
+)

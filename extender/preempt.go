@@ -1,0 +1,479 @@
+package extender
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/allocator"
+	"github.com/tessera-gpu/tessera/allocator/preempt"
+	"github.com/tessera-gpu/tessera/allocator/quota"
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
+)
+
+// PreemptClient is what the preemptor writes to the API server.
+type PreemptClient interface {
+	// Evict evicts a pod through the Eviction API (a dry run when dryRun).
+	Evict(ctx context.Context, pod *corev1.Pod, dryRun bool) error
+	// SetPlan writes (sealed) or, with "", removes a pod's plan.
+	SetPlan(ctx context.Context, pod *corev1.Pod, value string) error
+}
+
+// KubePreempt is the PreemptClient of a real API server.
+type KubePreempt struct {
+	Evicter *KubeEvicter
+	Gang    *KubeGang
+}
+
+var _ PreemptClient = (*KubePreempt)(nil)
+
+func (k *KubePreempt) Evict(ctx context.Context, pod *corev1.Pod, dryRun bool) error {
+	return k.Evicter.Evict(ctx, pod, dryRun)
+}
+
+func (k *KubePreempt) SetPlan(ctx context.Context, pod *corev1.Pod, value string) error {
+	return k.Gang.SetPlan(ctx, pod, value)
+}
+
+// Preemptor makes room for a pending GPU pod of a higher priority by
+// evicting pods of lower priorities, whatever the shapes: a slice may
+// evict whole-GPU pods, a whole-GPU pod may evict slices, a large slice
+// may evict the slices that fragment a GPU. kube-scheduler cannot see
+// these cases (a node's slice resources read 0 while its GPUs are used
+// whole; its dry run keeps every slice as the node's memory units add
+// up), so Tessera decides them itself.
+//
+// For each pending pod kube-scheduler found unschedulable (highest
+// priority first, then oldest) that fits no node even once the pods
+// already leaving are gone, it chooses the node and the fewest,
+// least important victims whose removal makes the pod fit there, at GPU
+// level (allocator/preempt, with the extender's own fit). Victims are
+// whole workloads (a gang goes whole) of lower priority, that have run at
+// least MinRuntime, that quota lets go (a namespace is never taken under
+// its ElasticQuota min by another namespace), and that their
+// PodDisruptionBudgets let go (a dry run first; a refused workload is
+// passed over and the choice made again). A pod whose preemptionPolicy is
+// Never preempts nothing.
+//
+// The room freed goes to the pod it was freed for: the pod gets a sealed
+// plan (api.GangPlan) naming the node (and the GPU, for a slice), which
+// the ledger counts and the filter honours, so no other pod takes it. The
+// plan expires after HoldFor; an expired plan of a pod that did not bind
+// is removed, with an Event and the useless-preemption metric.
+//
+// Sync is not safe for concurrent use: run it from one goroutine (Run).
+type Preemptor struct {
+	Cache  *Cache
+	Client PreemptClient
+	// Pods lists the pods (from the informer's cache).
+	Pods   func() ([]*corev1.Pod, error)
+	Policy allocator.Policy
+	Events EventRecorder
+	// Metrics may be nil.
+	Metrics *Metrics
+	// Quota may be nil: no quota rule applies.
+	Quota *QuotaEnforcer
+	// MinRuntime protects pods that started less than this long ago.
+	MinRuntime time.Duration
+	// HoldFor is how long the freed room is held for the asker (default
+	// 2m).
+	HoldFor time.Duration
+	// BlockedFor is how long a workload a budget protected is passed over
+	// (default 1m).
+	BlockedFor time.Duration
+	Now        func() time.Time
+
+	mu      sync.Mutex
+	blocked map[string]time.Time
+}
+
+func (p *Preemptor) now() time.Time {
+	if p.Now != nil {
+		return p.Now()
+	}
+	return time.Now()
+}
+
+// Run calls Sync every period until ctx is done.
+func (p *Preemptor) Run(ctx context.Context, period time.Duration) {
+	logger := klog.FromContext(ctx)
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		if err := p.Sync(ctx); err != nil {
+			logger.Info("Preemption pass failed; retrying", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Sync makes one pass: it releases expired holds, then preempts for the
+// pods that need it.
+func (p *Preemptor) Sync(ctx context.Context) error {
+	pods, err := p.Pods()
+	if err != nil {
+		return fmt.Errorf("listing pods: %w", err)
+	}
+	var errs []error
+	var askers []*corev1.Pod
+	for _, pod := range pods {
+		switch {
+		case p.expired(pod):
+			errs = append(errs, p.release(ctx, pod))
+		case mayPreempt(pod):
+			askers = append(askers, pod)
+		}
+	}
+	if len(askers) == 0 {
+		return errors.Join(errs...)
+	}
+	sort.Slice(askers, func(i, j int) bool {
+		a, b := priorityOf(askers[i]), priorityOf(askers[j])
+		if a != b {
+			return a > b
+		}
+		if !askers[i].CreationTimestamp.Equal(&askers[j].CreationTimestamp) {
+			return askers[i].CreationTimestamp.Before(&askers[j].CreationTimestamp)
+		}
+		return askers[i].Namespace+"/"+askers[i].Name < askers[j].Namespace+"/"+askers[j].Name
+	})
+	for _, a := range askers {
+		if err := p.preemptFor(ctx, a, pods); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// mayPreempt reports a pending GPU pod kube-scheduler found unschedulable
+// that may preempt: not a gang member (the gang planner places gangs),
+// without a plan, with a priority and no preemptionPolicy Never.
+func mayPreempt(pod *corev1.Pod) bool {
+	if !pendingUnschedulable(pod) || priorityOf(pod) == 0 {
+		return false
+	}
+	if pod.Spec.PreemptionPolicy != nil && *pod.Spec.PreemptionPolicy == corev1.PreemptNever {
+		return false
+	}
+	if _, member, _ := api.GangOf(pod); member {
+		return false
+	}
+	return gpureq.QuotaCount(pod) != nil
+}
+
+func priorityOf(pod *corev1.Pod) int32 {
+	if pod.Spec.Priority != nil {
+		return *pod.Spec.Priority
+	}
+	return 0
+}
+
+// expired reports a pod outside any gang, not bound, whose plan (a hold of
+// preempted room) has expired.
+func (p *Preemptor) expired(pod *corev1.Pod) bool {
+	if pod.Spec.NodeName != "" || gpureq.Ended(pod) {
+		return false
+	}
+	plan, ok, err := api.GetGangPlan(pod.Annotations)
+	if !ok || err != nil || !p.now().After(plan.Expires) {
+		return false
+	}
+	_, member, _ := api.GangOf(pod)
+	return !member
+}
+
+func (p *Preemptor) release(ctx context.Context, pod *corev1.Pod) error {
+	if err := p.Client.SetPlan(ctx, pod, ""); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("releasing the hold of %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	p.Cache.ReleaseGang([]types.UID{pod.UID})
+	p.Metrics.preemptionUseless()
+	p.event(pod, corev1.EventTypeWarning, api.EventPreemptionExpired, "tessera: the room preempted for this pod was held until its plan expired and the pod did not bind there; the hold is released and the pod is considered again")
+	klog.FromContext(ctx).Info("Released an expired preemption hold", "pod", klog.KObj(pod))
+	return nil
+}
+
+// workload is one eviction unit and its pods.
+type workload struct {
+	unit preempt.Unit
+	w    quota.Workload
+	pods []*corev1.Pod
+}
+
+// preemptFor makes room for asker when it fits nowhere, or does nothing.
+func (p *Preemptor) preemptFor(ctx context.Context, asker *corev1.Pod, pods []*corev1.Pod) error {
+	logger := klog.FromContext(ctx)
+	d, err := ParseDemand(asker)
+	if err != nil {
+		return nil // the filter reports it on the pod
+	}
+	for attempt := 0; attempt < 4; attempt++ {
+		c, units, after, err := p.choose(asker, &d, pods)
+		if err != nil || c == nil {
+			return err
+		}
+		var victims []*workload
+		for _, v := range c.Victims {
+			victims = append(victims, units[v.Key])
+		}
+		if blocker := p.dryRun(ctx, asker, victims); blocker != "" {
+			logger.V(2).Info("Preemption victim protected by a budget; choosing again", "pod", klog.KObj(asker), "victim", blocker)
+			continue
+		}
+		return p.apply(ctx, asker, &d, c.Node, victims, after)
+	}
+	return nil
+}
+
+// choose decides a preemption for asker on the current snapshot: nil
+// when asker fits somewhere already (or will, once leaving pods are
+// gone) or when no preemption makes room. after is the chosen node's
+// state without the victims.
+func (p *Preemptor) choose(asker *corev1.Pod, d *Demand, pods []*corev1.Pod) (*preempt.Choice, map[string]*workload, *NodeState, error) {
+	now := p.now()
+	byUID := make(map[types.UID]*corev1.Pod, len(pods))
+	gone := map[types.UID]bool{}
+	var running []*corev1.Pod
+	for _, pod := range pods {
+		byUID[pod.UID] = pod
+		switch {
+		case pod.DeletionTimestamp != nil:
+			gone[pod.UID] = true
+		case pod.Spec.NodeName != "" && !gpureq.Ended(pod):
+			running = append(running, pod)
+		}
+	}
+	base := without(p.Cache.Snapshot(), gone)
+	allowed := nodeaffinity.GetRequiredNodeAffinity(asker)
+	var nodes []*NodeState
+	for _, st := range base {
+		if matches(allowed, st.Info) {
+			if Check(st, d) == Fits {
+				return nil, nil, nil, nil // kube-scheduler will place it (or the room is being freed)
+			}
+			nodes = append(nodes, st)
+		}
+	}
+	units := p.units(asker, running, now)
+	var cands []preempt.Candidate
+	for _, st := range nodes {
+		c := preempt.Candidate{Node: st.Info.Name}
+		seen := map[string]bool{}
+		for uid := range st.Pods {
+			w, ok := units[unitOf(byUID[uid])]
+			if ok && !seen[w.unit.Key] {
+				seen[w.unit.Key] = true
+				c.Units = append(c.Units, w.unit)
+			}
+		}
+		if len(c.Units) > 0 {
+			cands = append(cands, c)
+		}
+	}
+	stateWithout := func(node string, victims []preempt.Unit) *NodeState {
+		g := map[types.UID]bool{}
+		for _, v := range victims {
+			for _, pod := range units[v.Key].pods {
+				g[pod.UID] = true
+			}
+		}
+		return without(map[string]*NodeState{node: base[node]}, g)[node]
+	}
+	choice, ok := preempt.Choose(cands, func(node string, victims []preempt.Unit) bool {
+		return Check(stateWithout(node, victims), d) == Fits
+	})
+	if !ok {
+		return nil, nil, nil, nil
+	}
+	return &choice, units, stateWithout(choice.Node, choice.Victims), nil
+}
+
+// matches reports whether a node described by info passes the pod's
+// required node affinity and nodeSelector.
+func matches(req nodeaffinity.RequiredNodeAffinity, info *NodeInfo) bool {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: info.Name, Labels: info.Labels}}
+	ok, err := req.Match(node)
+	return err == nil && ok
+}
+
+// unitOf is the eviction unit key of a pod: its gang's, or its own.
+func unitOf(pod *corev1.Pod) string {
+	if pod == nil {
+		return ""
+	}
+	if g, ok, err := api.GangOf(pod); ok && err == nil {
+		return "gang " + g.Key()
+	}
+	return "pod " + pod.Namespace + "/" + pod.Name
+}
+
+// units are the workloads asker may evict, by unit key: every pod of the
+// workload of lower priority than asker, run at least MinRuntime, not
+// passed over for a budget, and let go by quota.
+func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Time) map[string]*workload {
+	prio := priorityOf(asker)
+	groups := map[string][]*corev1.Pod{}
+	for _, pod := range running {
+		if gpureq.QuotaCount(pod) == nil {
+			continue
+		}
+		k := unitOf(pod)
+		groups[k] = append(groups[k], pod)
+	}
+	p.mu.Lock()
+	for k, until := range p.blocked {
+		if now.After(until) {
+			delete(p.blocked, k)
+		}
+	}
+	blocked := make(map[string]bool, len(p.blocked))
+	for k := range p.blocked {
+		blocked[k] = true
+	}
+	p.mu.Unlock()
+	var qs *quota.State
+	if p.Quota != nil {
+		if v, err := p.Quota.Ledger.View(asker.Namespace, func(pod *corev1.Pod) bool { return pod.UID == asker.UID }); err == nil {
+			qs = v.State
+		}
+	}
+	req := gpureq.QuotaCount(asker)
+	out := map[string]*workload{}
+	for k, members := range groups {
+		if blocked[k] {
+			continue
+		}
+		ws := Workloads(members)
+		if len(ws) != 1 {
+			continue
+		}
+		w := &workload{w: ws[0], pods: members, unit: preempt.Unit{Key: k, Priority: ws[0].Priority, Pods: len(members)}}
+		ok := true
+		for _, m := range members {
+			started := m.CreationTimestamp.Time
+			if m.Status.StartTime != nil {
+				started = m.Status.StartTime.Time
+			}
+			if started.After(w.unit.Started) {
+				w.unit.Started = started
+			}
+			if priorityOf(m) >= prio || now.Sub(started) < p.MinRuntime {
+				ok = false
+			}
+		}
+		if ok && qs != nil {
+			ok, _ = qs.CanPreempt(asker.Namespace, req, w.w)
+		}
+		if ok {
+			out[k] = w
+		}
+	}
+	return out
+}
+
+// dryRun checks every victim pod may be evicted; it returns the first
+// refused workload (passed over for BlockedFor), or "".
+func (p *Preemptor) dryRun(ctx context.Context, asker *corev1.Pod, victims []*workload) string {
+	for _, v := range victims {
+		for _, pod := range v.pods {
+			err := p.Client.Evict(ctx, pod, true)
+			if err == nil || apierrors.IsNotFound(err) {
+				continue
+			}
+			d := p.BlockedFor
+			if d <= 0 {
+				d = time.Minute
+			}
+			p.mu.Lock()
+			if p.blocked == nil {
+				p.blocked = map[string]time.Time{}
+			}
+			p.blocked[v.unit.Key] = p.now().Add(d)
+			p.mu.Unlock()
+			p.Metrics.preemptionBlocked()
+			msg := fmt.Sprintf("tessera: preemption for %s/%s passed over %s: pod %s cannot be evicted: %v", asker.Namespace, asker.Name, v.unit.Key, pod.Name, err)
+			p.event(asker, corev1.EventTypeWarning, api.EventPreemptionBlocked, "%s", msg)
+			p.event(pod, corev1.EventTypeWarning, api.EventPreemptionBlocked, "%s", msg)
+			return v.unit.Key
+		}
+	}
+	return ""
+}
+
+// apply evicts the victims and holds the freed room for asker with a
+// plan on node (after is the node's state without the victims).
+func (p *Preemptor) apply(ctx context.Context, asker *corev1.Pod, d *Demand, node string, victims []*workload, after *NodeState) error {
+	logger := klog.FromContext(ctx)
+	hold := p.HoldFor
+	if hold <= 0 {
+		hold = 2 * time.Minute
+	}
+	plan := api.GangPlan{Gang: asker.Name, Node: node, Expires: p.now().Add(hold).UTC().Truncate(time.Second)}
+	if d.Kind() == allocator.Shared {
+		u, err := ChoosePlacement(p.Policy, after, asker.UID, d)
+		if err != nil || len(u.Shared) == 0 {
+			return fmt.Errorf("preemption for %s/%s on %s: placing the slice: %v", asker.Namespace, asker.Name, node, err)
+		}
+		plan.GPU = &api.GPURef{UUID: u.Shared[0].UUID, Index: u.Shared[0].Index}
+	}
+	ann := map[string]string{}
+	if err := api.SetGangPlan(ann, plan); err != nil {
+		return fmt.Errorf("preemption for %s/%s: %w", asker.Namespace, asker.Name, err)
+	}
+	var names []string
+	for _, v := range victims {
+		names = append(names, fmt.Sprintf("%s (priority %d)", strings.TrimPrefix(strings.TrimPrefix(v.unit.Key, "pod "), "gang "), v.unit.Priority))
+	}
+	where := "node " + node
+	if plan.GPU != nil {
+		where = fmt.Sprintf("GPU %d of node %s", plan.GPU.Index, node)
+	}
+	// The hold first: once a victim is gone its room must not be taken by
+	// another pod before the asker's plan is recorded.
+	if err := p.Client.SetPlan(ctx, asker, ann[api.AnnotationGangPlan]); err != nil {
+		return fmt.Errorf("preemption for %s/%s: writing the plan: %w", asker.Namespace, asker.Name, err)
+	}
+	var errs []error
+	for _, v := range victims {
+		for _, pod := range v.pods {
+			err := p.Client.Evict(ctx, pod, false)
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("evicting %s/%s for %s/%s: %w", pod.Namespace, pod.Name, asker.Namespace, asker.Name, err))
+				continue
+			}
+			p.Metrics.preempted(pod.Namespace)
+			p.event(pod, corev1.EventTypeWarning, api.EventPreempted,
+				"tessera: evicted for %s/%s (priority %d), which needs %s and fits no node: %s has priority %d, the lowest whose removal makes room on %s; the room is held for %s/%s until %s",
+				asker.Namespace, asker.Name, priorityOf(asker), describeUse(gpureq.QuotaCount(asker)), strings.TrimPrefix(strings.TrimPrefix(v.unit.Key, "pod "), "gang "), v.unit.Priority, where, asker.Namespace, asker.Name, plan.Expires.Format(time.RFC3339))
+		}
+	}
+	p.event(asker, corev1.EventTypeNormal, api.EventPreempting, "tessera: evicting %s to make room on %s; the room is held for this pod until %s",
+		strings.Join(names, ", "), where, plan.Expires.Format(time.RFC3339))
+	logger.Info("Preempting", "pod", klog.KObj(asker), "node", node, "victims", names, "expires", plan.Expires)
+	return errors.Join(errs...)
+}
+
+func (p *Preemptor) event(pod *corev1.Pod, typ, reason, format string, args ...any) {
+	if p.Events != nil && pod != nil {
+		p.Events.Eventf(pod, typ, reason, format, args...)
+	}
+}

@@ -1,0 +1,318 @@
+package extender
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// fakePreemptClient records evictions and plans; pods named in pdb refuse
+// eviction.
+type fakePreemptClient struct {
+	evicted []string
+	plans   map[string]string
+	pdb     map[string]bool
+}
+
+func (f *fakePreemptClient) Evict(_ context.Context, pod *corev1.Pod, dryRun bool) error {
+	if f.pdb[pod.Name] {
+		return errors.New("Cannot evict pod as it would violate the pod's disruption budget.")
+	}
+	if !dryRun {
+		f.evicted = append(f.evicted, pod.Name)
+	}
+	return nil
+}
+
+func (f *fakePreemptClient) SetPlan(_ context.Context, pod *corev1.Pod, value string) error {
+	if f.plans == nil {
+		f.plans = map[string]string{}
+	}
+	f.plans[pod.Name] = value
+	return nil
+}
+
+var preemptNow = time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
+
+// running is a bound pod started minutes ago.
+func running(b *podBuilder, minutesAgo int) *corev1.Pod {
+	p := b.Obj()
+	start := metav1.NewTime(preemptNow.Add(-time.Duration(minutesAgo) * time.Minute))
+	p.CreationTimestamp, p.Status.StartTime, p.Status.Phase = start, &start, corev1.PodRunning
+	return p
+}
+
+// asking is a pending pod kube-scheduler found unschedulable.
+func asking(b *podBuilder) *corev1.Pod {
+	p := b.Obj()
+	p.CreationTimestamp = metav1.NewTime(preemptNow.Add(-time.Minute))
+	p.Status.Phase = corev1.PodPending
+	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable}}
+	return p
+}
+
+func gangPod(p *corev1.Pod, gang string, min int) *corev1.Pod {
+	p.Annotations[api.AnnotationGang] = gang
+	p.Annotations[api.AnnotationGangMinMember] = strings.Repeat("", 0) + string(rune('0'+min))
+	return p
+}
+
+const (
+	inference = 100000
+	training  = 10000
+	notebook  = 1000
+)
+
+func TestPreemptorAcrossShapes(t *testing.T) {
+	never := corev1.PreemptNever
+	twoGPUs := func(name string) *corev1.Node { return makeNode(name).GPUs(2, "A100", 40960).Obj() }
+	tests := []struct {
+		name       string
+		nodes      []*corev1.Node
+		pods       []*corev1.Pod
+		pdb        []string
+		minRuntime time.Duration
+		want       []string // evicted, sorted
+		wantPlan   string   // the asker's planned node ("" = no plan)
+		wantGPU    int      // the planned GPU of a slice (-1: none)
+	}{
+		{
+			name:  "an inference slice evicts one whole-GPU notebook, the newest",
+			nodes: []*corev1.Node{twoGPUs("n1")},
+			pods: []*corev1.Pod{
+				running(makePod("nb-old").Whole(1).Priority(notebook).Node("n1").Holding(0), 30),
+				running(makePod("nb-new").Whole(1).Priority(notebook).Node("n1").Holding(1), 10),
+				asking(makePod("inf").Shared(10, 20).Priority(inference)),
+			},
+			want: []string{"nb-new"}, wantPlan: "n1", wantGPU: 1,
+		},
+		{
+			name:  "an inference whole GPU evicts the notebook slices of one GPU, the fewest",
+			nodes: []*corev1.Node{twoGPUs("n1")},
+			pods: []*corev1.Pod{
+				running(makePod("s-a").Shared(10, 20).Priority(notebook).Node("n1").On(0, 10240, 20), 10),
+				running(makePod("s-b").Shared(10, 20).Priority(notebook).Node("n1").On(0, 10240, 20), 10),
+				running(makePod("s-c").Shared(10, 20).Priority(notebook).Node("n1").On(1, 10240, 20), 10),
+				asking(makePod("inf").Whole(1).Priority(inference)),
+			},
+			want: []string{"s-c"}, wantPlan: "n1", wantGPU: -1,
+		},
+		{
+			name:  "a 20 GiB slice against fragmented slices: only what makes one GPU fit",
+			nodes: []*corev1.Node{twoGPUs("n1")},
+			pods: []*corev1.Pod{
+				// GPU 0: 35 GiB used (5 free); GPU 1: 30 GiB used (10 free).
+				running(makePod("f-a").Shared(20, 10).Priority(notebook).Node("n1").On(0, 20480, 10), 10),
+				running(makePod("f-b").Shared(15, 10).Priority(notebook).Node("n1").On(0, 15360, 10), 5),
+				running(makePod("f-c").Shared(30, 10).Priority(notebook).Node("n1").On(1, 30720, 10), 20),
+				asking(makePod("inf").Shared(20, 10).Priority(inference)),
+			},
+			// newest first: f-b frees 15 GiB on GPU 0 (5+15 = 20): enough.
+			want: []string{"f-b"}, wantPlan: "n1", wantGPU: 0,
+		},
+		{
+			name:  "training (preemptionPolicy Never) waits",
+			nodes: []*corev1.Node{twoGPUs("n1")},
+			pods: []*corev1.Pod{
+				running(makePod("nb-0").Whole(2).Priority(notebook).Node("n1").Holding(0, 1), 10),
+				func() *corev1.Pod {
+					p := asking(makePod("train").Whole(1).Priority(training))
+					p.Spec.PreemptionPolicy = &never
+					return p
+				}(),
+			},
+			wantGPU: -1,
+		},
+		{
+			name:  "nothing of equal or higher priority is taken",
+			nodes: []*corev1.Node{twoGPUs("n1")},
+			pods: []*corev1.Pod{
+				running(makePod("inf-0").Whole(2).Priority(inference).Node("n1").Holding(0, 1), 10),
+				asking(makePod("inf-1").Whole(1).Priority(inference)),
+			},
+			wantGPU: -1,
+		},
+		{
+			name:  "a pod that fits already preempts nothing",
+			nodes: []*corev1.Node{twoGPUs("n1")},
+			pods: []*corev1.Pod{
+				running(makePod("nb-0").Whole(1).Priority(notebook).Node("n1").Holding(0), 10),
+				asking(makePod("inf").Whole(1).Priority(inference)),
+			},
+			wantGPU: -1,
+		},
+		{
+			name:       "minimum runtime protects young pods",
+			nodes:      []*corev1.Node{twoGPUs("n1")},
+			minRuntime: 15 * time.Minute,
+			pods: []*corev1.Pod{
+				running(makePod("nb-old").Whole(1).Priority(notebook).Node("n1").Holding(0), 30),
+				running(makePod("nb-new").Whole(1).Priority(notebook).Node("n1").Holding(1), 10),
+				asking(makePod("inf").Whole(1).Priority(inference)),
+			},
+			want: []string{"nb-old"}, wantPlan: "n1", wantGPU: -1,
+		},
+		{
+			name:  "a budget that refuses passes the workload over",
+			nodes: []*corev1.Node{twoGPUs("n1")},
+			pdb:   []string{"nb-new"},
+			pods: []*corev1.Pod{
+				running(makePod("nb-old").Whole(1).Priority(notebook).Node("n1").Holding(0), 30),
+				running(makePod("nb-new").Whole(1).Priority(notebook).Node("n1").Holding(1), 10),
+				asking(makePod("inf").Whole(1).Priority(inference)),
+			},
+			want: []string{"nb-old"}, wantPlan: "n1", wantGPU: -1,
+		},
+		{
+			name:  "a gang goes whole, so a single pod on another node is the cheaper victim",
+			nodes: []*corev1.Node{twoGPUs("n1"), twoGPUs("n2")},
+			pods: []*corev1.Pod{
+				gangPod(running(makePod("g-0").Whole(1).Priority(notebook).Node("n1").Holding(0), 10), "g", 2),
+				gangPod(running(makePod("g-1").Whole(1).Priority(notebook).Node("n1").Holding(1), 10), "g", 2),
+				running(makePod("solo").Whole(2).Priority(notebook).Node("n2").Holding(0, 1), 10),
+				asking(makePod("inf").Whole(1).Priority(inference)),
+			},
+			want: []string{"solo"}, wantPlan: "n2", wantGPU: -1,
+		},
+		{
+			name:  "a gang member's eviction takes the whole gang",
+			nodes: []*corev1.Node{twoGPUs("n1"), twoGPUs("n2")},
+			pods: []*corev1.Pod{
+				gangPod(running(makePod("g-0").Whole(2).Priority(notebook).Node("n1").Holding(0, 1), 10), "g", 2),
+				gangPod(running(makePod("g-1").Whole(2).Priority(notebook).Node("n2").Holding(0, 1), 10), "g", 2),
+				asking(makePod("inf").Whole(2).Priority(inference)),
+			},
+			want: []string{"g-0", "g-1"}, wantPlan: "n1", wantGPU: -1,
+		},
+		{
+			name:  "a nodeSelector keeps the victims on the nodes the pod may use",
+			nodes: []*corev1.Node{twoGPUs("n1"), makeNode("n2").GPUs(2, "A100", 40960).Obj()},
+			pods: []*corev1.Pod{
+				running(makePod("nb-1").Whole(2).Priority(notebook).Node("n1").Holding(0, 1), 10),
+				running(makePod("nb-2").Whole(2).Priority(notebook).Node("n2").Holding(0, 1), 30),
+				func() *corev1.Pod {
+					p := asking(makePod("inf").Whole(1).Priority(inference))
+					p.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": "n2"}
+					return p
+				}(),
+			},
+			want: []string{"nb-2"}, wantPlan: "n2", wantGPU: -1,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, n := range tc.nodes {
+				if n.Labels == nil {
+					n.Labels = map[string]string{}
+				}
+				n.Labels["kubernetes.io/hostname"] = n.Name
+			}
+			cache := newTestCache(t, tc.nodes, tc.pods)
+			client := &fakePreemptClient{pdb: map[string]bool{}}
+			for _, n := range tc.pdb {
+				client.pdb[n] = true
+			}
+			p := &Preemptor{Cache: cache, Client: client, Pods: func() ([]*corev1.Pod, error) { return tc.pods, nil },
+				Policy: testPolicy(t, PolicyBinpack), Events: &fakeEvents{}, MinRuntime: tc.minRuntime, Now: func() time.Time { return preemptNow }}
+			if err := p.Sync(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			sort.Strings(client.evicted)
+			if diff := cmp.Diff(tc.want, client.evicted); diff != "" {
+				t.Errorf("evicted (-want +got):\n%s", diff)
+			}
+			var asker *corev1.Pod
+			for _, pod := range tc.pods {
+				if pod.Spec.NodeName == "" {
+					asker = pod
+				}
+			}
+			v, planned := client.plans[asker.Name]
+			if tc.wantPlan == "" {
+				if planned {
+					t.Errorf("plan %s, want none", v)
+				}
+				return
+			}
+			plan, err := api.ParseGangPlan(v)
+			if err != nil {
+				t.Fatalf("plan %q: %v", v, err)
+			}
+			if plan.Node != tc.wantPlan {
+				t.Errorf("planned on %s, want %s", plan.Node, tc.wantPlan)
+			}
+			switch {
+			case tc.wantGPU < 0 && plan.GPU != nil:
+				t.Errorf("planned GPU %d, want none (whole GPUs)", plan.GPU.Index)
+			case tc.wantGPU >= 0 && (plan.GPU == nil || plan.GPU.Index != tc.wantGPU):
+				t.Errorf("planned GPU %+v, want %d", plan.GPU, tc.wantGPU)
+			}
+			if !plan.Expires.Equal(preemptNow.Add(2 * time.Minute)) {
+				t.Errorf("hold expires %s, want 2m after now", plan.Expires)
+			}
+		})
+	}
+}
+
+// The ledger counts the hold: once the plan is seen, nothing more is
+// evicted, and another pod does not fit the held room.
+func TestPreemptorHoldsTheRoom(t *testing.T) {
+	node := makeNode("n1").GPUs(1, "A100", 40960).Obj()
+	nb := running(makePod("nb").Whole(1).Priority(notebook).Node("n1").Holding(0), 10)
+	inf := asking(makePod("inf").Shared(10, 20).Priority(inference))
+	pods := []*corev1.Pod{nb, inf}
+	cache := newTestCache(t, []*corev1.Node{node}, pods)
+	client := &fakePreemptClient{}
+	p := &Preemptor{Cache: cache, Client: client, Pods: func() ([]*corev1.Pod, error) { return pods, nil },
+		Policy: testPolicy(t, PolicyBinpack), Now: func() time.Time { return preemptNow }}
+	if err := p.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"nb"}, client.evicted); diff != "" {
+		t.Fatalf("evicted (-want +got):\n%s", diff)
+	}
+	// The informer shows the plan and the victim leaving.
+	inf = inf.DeepCopy()
+	inf.Annotations[api.AnnotationGangPlan] = client.plans["inf"]
+	nb = nb.DeepCopy()
+	nb.DeletionTimestamp = &metav1.Time{Time: preemptNow}
+	cache.SetPod(inf)
+	cache.SetPod(nb)
+	other := asking(makePod("other").Shared(40, 100).Priority(inference))
+	pods = []*corev1.Pod{nb, inf, other}
+	if err := p.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(client.evicted) != 1 {
+		t.Errorf("evicted %v: the second pass must not evict again", client.evicted)
+	}
+	// Once the victim is gone, the held GPU does not fit a second 40 GiB slice.
+	cache.DeletePod(nb.UID)
+	st := mustState(t, cache, "n1")
+	d, err := ParseDemand(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := Check(st, &d); r == Fits {
+		t.Errorf("a 40 GiB slice fits the GPU held for inf")
+	}
+
+	// The hold expires: released, counted useless.
+	p.Now = func() time.Time { return preemptNow.Add(3 * time.Minute) }
+	pods = []*corev1.Pod{inf}
+	if err := p.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := client.plans["inf"]; !ok || v != "" {
+		t.Errorf("plan after expiry %q (set %v), want removed", v, ok)
+	}
+}
