@@ -20,31 +20,26 @@ func (e *ReclaimError) Error() string {
 	return fmt.Sprintf("reclaim for queue %s: %s", e.Queue, e.Reason)
 }
 
-// reclaimMode is why an asker may reclaim.
-type reclaimMode int
-
-const (
-	// forGuarantee: the asker stays within its guarantee at every level.
-	forGuarantee reclaimMode = iota
-	// forFairShare: the asker's leaf stays within its fair share.
-	forFairShare
-)
-
 // Reclaim chooses whole workloads of other queues to evict so that queue,
 // asking for req, gets room. The asker must stay within its limits, and
-// either within its guarantee at every level of its path or, its leaf,
-// within its fair share (FairShare).
+// its leaf either within its guarantee or within its fair share
+// (FairShare) with the request.
 //
 // Candidates are other queues' preemptible workloads that use something
 // req asks for, lowest priority first, then the queue furthest above its
-// fair share, then newest, then by Key. A candidate is taken only if,
-// after every eviction chosen so far and it, no queue on its path falls
-// below its guarantee in a resource it uses (the asker's ancestors among
-// them, counting the request), so reclaim never flaps. Reclaiming for a
-// fair share also requires, like Kueue's LessThanOrEqualToFinalShare, that
-// under the deepest common ancestor the asker's side, with the request, is
-// not above the victim's side after the eviction, measured as used over
-// fair share in the requested resources.
+// fair share (dominant used over fair share), then newest, then by Key. A
+// candidate is taken only if, after every eviction chosen so far and it:
+//   - no queue on its path falls below its guarantee in a resource it uses
+//     (the asker's ancestors among them counting the request), so reclaim
+//     never flaps;
+//   - and, under the deepest common ancestor of the asker and the victim,
+//     either the asker's queues stay within their guarantees with the
+//     request (a team takes back its guarantee from a sibling that
+//     borrowed it, even when their department as a whole is at its own
+//     guarantee), or the asker reclaims for its fair share and, like
+//     Kueue's LessThanOrEqualToFinalShare, its side with the request is
+//     not above the victim's side after the eviction, measured as used
+//     over fair share in the requested resources.
 //
 // enough reports whether victims free enough room (the caller checks real
 // placement, GPU by GPU); it must be monotone (a superset of an enough set
@@ -63,15 +58,9 @@ func (s *State) Reclaim(queue string, req quota.Resources, running []Workload, e
 			return fail("%s", d.Reason)
 		}
 	}
-	mode := forGuarantee
-	if q, r, over := a.overGuarantee(); over {
-		mode = forFairShare
-		for _, r2 := range a.res {
-			entitled := max(v.spec(queue).Guaranteed[r2], v.fair[queue][r2])
-			if after := v.used[queue][r2] + req[r2]; after > entitled {
-				return fail("queue %s would use %d %s, above its fair share %d, and %s would be above its guarantee %d in %s: only guarantees and fair shares are reclaimed", queue, after, r2, v.fair[queue][r2], q, v.spec(q).Guaranteed[r], r)
-			}
-		}
+	fair := v.fairShareEligible(a)
+	if q, r, over := a.overGuarantee(); over && a.path[len(a.path)-1] == q && fair != "" {
+		return fail("queue %s would use %d %s, above its guarantee %d, and %s: only guarantees and fair shares are reclaimed", queue, v.used[q][r]+req[r], r, v.spec(q).Guaranteed[r], fair)
 	}
 	if enough(nil) {
 		return nil, nil
@@ -80,7 +69,7 @@ func (s *State) Reclaim(queue string, req quota.Resources, running []Workload, e
 	taken := map[string]quota.Resources{} // evicted so far, per queue's subtree
 	var victims []Workload
 	for _, w := range cands {
-		if ok, _ := v.mayTake(a, mode, taken, w); !ok {
+		if ok, _ := v.mayTake(a, fair == "", taken, w); !ok {
 			continue
 		}
 		for _, q := range v.t.nodes[w.Queue].path {
@@ -144,44 +133,83 @@ func (v *view) candidates(queue string, res []corev1.ResourceName, running []Wor
 	return out
 }
 
-// mayTake says whether w can be evicted for the asker after taken: no
-// queue on w's path goes below its guarantee in a resource w uses, and for
-// a fair share the asker's side stays at or below the victim's side.
-func (v *view) mayTake(a *admission, mode reclaimMode, taken map[string]quota.Resources, w Workload) (bool, string) {
-	vpath := v.t.nodes[w.Queue].path
-	after := func(q string) quota.Resources {
-		u := v.used[q].Sub(taken[q])
-		if onPath(a.path, q) {
-			u = u.Add(a.req)
+// fairShareEligible says why the asker's leaf, with the request, would be
+// above its fair share (and its guarantee, if larger); "" when it is not.
+func (v *view) fairShareEligible(a *admission) string {
+	for _, r := range a.res {
+		entitled := max(v.spec(a.queue).Guaranteed[r], v.fair[a.queue][r])
+		if after := v.used[a.queue][r] + a.req[r]; after > entitled {
+			return fmt.Sprintf("%d %s is above its fair share %d", after, r, v.fair[a.queue][r])
 		}
-		return u
 	}
+	return ""
+}
+
+// mayTake says whether w can be evicted for the asker after taken.
+//
+// Always: no queue on w's path goes below its guarantee in a resource w
+// uses (victimKeepsGuarantee).
+//
+// Then, with d the deepest common ancestor of the asker and w: either
+// every queue of the asker's path below d stays within its guarantee with
+// the request (the asker takes back a guarantee, whatever d's own use), or
+// the asker reclaims up to its fair share (fairOK) and, like Kueue's
+// LessThanOrEqualToFinalShare, its side under d with the request is not
+// above w's side after the eviction, measured as used over fair share in
+// the requested resources, so the victim cannot take it back in turn.
+func (v *view) mayTake(a *admission, fairOK bool, taken map[string]quota.Resources, w Workload) (bool, string) {
+	if ok, why := v.victimKeepsGuarantee(a, taken, w); !ok {
+		return false, why
+	}
+	vpath := v.t.nodes[w.Queue].path
+	i := 0
+	for i < len(a.path) && i < len(vpath) && a.path[i] == vpath[i] {
+		i++
+	}
+	if i == len(a.path) || i == len(vpath) {
+		return false, fmt.Sprintf("%s's queue %s is on queue %s's path", w.Key, w.Queue, a.queue)
+	}
+	within := true
+	for _, q := range a.path[i:] {
+		for _, r := range a.res {
+			if v.used[q][r]+a.req[r] > v.spec(q).Guaranteed[r] {
+				within = false
+			}
+		}
+	}
+	if within {
+		return true, fmt.Sprintf("queue %s stays at or above its guarantee", w.Queue)
+	}
+	if !fairOK {
+		return false, fmt.Sprintf("queue %s would be above both its guarantee and its fair share", a.queue)
+	}
+	mine, theirs := a.path[i], vpath[i]
+	ra := v.ratio(mine, v.used[mine].Sub(taken[mine]).Add(a.req), a.res)
+	rb := v.ratio(theirs, v.used[theirs].Sub(taken[theirs]).Sub(w.Uses), a.res)
+	if ra > rb {
+		return false, fmt.Sprintf("after evicting %s, queue %s would be at %.3g of its fair share, below queue %s at %.3g", w.Key, theirs, rb, mine, ra)
+	}
+	return true, fmt.Sprintf("queue %s stays at or above queue %s's share of its fair share", theirs, mine)
+}
+
+// victimKeepsGuarantee says whether evicting w, after taken, leaves every
+// queue on w's path at or above its guarantee in the resources w uses; the
+// asker's ancestors among them count the request.
+func (v *view) victimKeepsGuarantee(a *admission, taken map[string]quota.Resources, w Workload) (bool, string) {
+	vpath := v.t.nodes[w.Queue].path
 	for i := len(vpath) - 1; i >= 0; i-- {
 		q := vpath[i]
-		rest := after(q).Sub(w.Uses)
+		rest := v.used[q].Sub(taken[q]).Sub(w.Uses)
+		if onPath(a.path, q) {
+			rest = rest.Add(a.req)
+		}
 		for _, r := range positive(w.Uses) {
 			if g := v.spec(q).Guaranteed[r]; rest[r] < g {
 				return false, fmt.Sprintf("evicting %s would put queue %s at %d %s, below its guarantee %d", w.Key, q, rest[r], r, g)
 			}
 		}
 	}
-	if mode == forGuarantee {
-		return true, fmt.Sprintf("queue %s stays at or above its guarantee", w.Queue)
-	}
-	i := 0
-	for i < len(a.path) && i < len(vpath) && a.path[i] == vpath[i] {
-		i++
-	}
-	if i == len(a.path) || i == len(vpath) {
-		return false, "the victim's queue is on the asker's path"
-	}
-	mine, theirs := a.path[i], vpath[i]
-	ra := v.ratio(mine, after(mine), a.res)
-	rb := v.ratio(theirs, after(theirs).Sub(w.Uses), a.res)
-	if ra > rb {
-		return false, fmt.Sprintf("after evicting %s, queue %s would be at %.3g of its fair share, below queue %s at %.3g", w.Key, theirs, rb, mine, ra)
-	}
-	return true, fmt.Sprintf("queue %s stays at or above queue %s's share of its fair share", theirs, mine)
+	return true, fmt.Sprintf("queue %s stays at or above its guarantee", w.Queue)
 }
 
 // ratio is a queue's dominant used over fair share, over res (every
@@ -239,5 +267,5 @@ func (s *State) CanPreempt(asker string, req quota.Resources, victim Workload) (
 	if _, known := v.t.node(victim.Queue); !known {
 		return true, fmt.Sprintf("%s's queue %s is not defined, so nothing of it is guaranteed", victim.Key, victim.Queue)
 	}
-	return v.mayTake(a, forGuarantee, nil, victim)
+	return v.victimKeepsGuarantee(a, nil, victim)
 }

@@ -1,0 +1,143 @@
+package queue
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tessera-gpu/tessera/allocator/quota"
+)
+
+func TestAdmit(t *testing.T) {
+	tests := []struct {
+		name    string
+		tree    *Tree
+		used    map[string]int64
+		pending map[string]int64
+		queue   string
+		req     quota.Resources
+		want    Decision // Reason not compared
+		wantMsg string   // a refusal containing this
+	}{
+		{
+			name: "within guarantee at every level",
+			tree: departments(), queue: "a1", req: gpus(4),
+			want: Decision{Allowed: true},
+		},
+		{
+			name: "within its team's guarantee, the department's full: borrows",
+			tree: departments(), used: map[string]int64{"a2": 6}, queue: "a1", req: gpus(4),
+			want: Decision{Allowed: true, Borrowing: true},
+		},
+		{
+			name: "a team borrows its idle sibling's guarantee",
+			tree: departments(), used: map[string]int64{"a1": 4}, queue: "a1", req: gpus(4),
+			want: Decision{Allowed: true, Borrowing: true},
+		},
+		{
+			name: "a department borrows across departments",
+			tree: departments(), used: map[string]int64{"a1": 4, "a2": 4}, queue: "a1", req: gpus(8),
+			want: Decision{Allowed: true, Borrowing: true},
+		},
+		{
+			name: "never what another queue's guarantee needs",
+			tree: departments(), used: map[string]int64{"a1": 4, "a2": 4, "b1": 1}, pending: map[string]int64{"b1": 2, "b2": 9},
+			queue: "a1", req: gpus(4),
+			// dept-b (guarantee 8) uses 1 and asks 11 more: its
+			// guarantee needs 7 of the 7 left.
+			wantMsg: "queue a1 would borrow tessera.dev/gpu, but after the request the cluster would have 3 left while other queues' unmet guarantees need 7 (dept-b 7)",
+		},
+		{
+			name: "the sibling team's unmet guarantee is not lent either",
+			tree: departments(), used: map[string]int64{"a1": 4, "b1": 4, "b2": 4}, pending: map[string]int64{"a2": 3},
+			queue: "a1", req: gpus(2),
+			wantMsg: "other queues' unmet guarantees need 3 (a2 3)",
+		},
+		{
+			name: "what the sibling does not ask for is lent",
+			tree: departments(), used: map[string]int64{"a1": 4, "b1": 4, "b2": 4}, pending: map[string]int64{"a2": 2},
+			queue: "a1", req: gpus(2),
+			want: Decision{Allowed: true, Borrowing: true},
+		},
+		{
+			name: "a team's limit",
+			tree: Build([]Spec{q("d", "", 8), q("t", "d", 2, "ns").limit(4)}), used: map[string]int64{"t": 3}, queue: "t", req: gpus(2),
+			wantMsg: "queue t would use 5 tessera.dev/gpu, above its limit 4",
+		},
+		{
+			name: "a department's limit",
+			tree: Build([]Spec{q("d", "", 2).limit(6), q("t", "d", 2)}), used: map[string]int64{"t": 5}, queue: "t", req: gpus(2),
+			wantMsg: "queue d would use 7 tessera.dev/gpu, above its limit 6",
+		},
+		{
+			name: "weight 0 borrows nothing",
+			tree: Build([]Spec{q("t", "", 2).weigh(0)}), used: map[string]int64{"t": 2}, queue: "t", req: gpus(1),
+			wantMsg: "queue t would use 3 tessera.dev/gpu, above its guarantee 2, and its weight for tessera.dev/gpu is 0: it borrows nothing",
+		},
+		{
+			name: "weight 0 still admits within the guarantee",
+			tree: Build([]Spec{q("t", "", 2).weigh(0)}), queue: "t", req: gpus(2),
+			want: Decision{Allowed: true},
+		},
+		{
+			name: "beyond capacity",
+			tree: departments(), used: map[string]int64{"a1": 12, "b1": 4}, queue: "a1", req: gpus(1),
+			wantMsg: "queue a1 would borrow tessera.dev/gpu, but the queues would use 17 of the cluster's 16",
+		},
+		{
+			name: "a resource without capacity",
+			tree: departments(), queue: "a1", req: quota.Resources{mem: 1},
+			wantMsg: "would use 1 of the cluster's 0",
+		},
+		{
+			name: "unknown queue", tree: departments(), queue: "nope", req: gpus(1),
+			wantMsg: "queue nope is not defined",
+		},
+		{
+			name: "a parent admits nothing itself", tree: departments(), queue: "dept-a", req: gpus(1),
+			wantMsg: "queue dept-a has child queues (a1, a2): only leaf queues admit work",
+		},
+		{
+			name: "invalid ancestor fails closed",
+			tree: Build([]Spec{q("d", "missing", 8), q("t", "d", 4)}), queue: "t", req: gpus(1),
+			wantMsg: "queue t admits nothing until it is fixed: queue t is under invalid queue d: queue d's parent missing is not defined",
+		},
+		{
+			name: "invalid queue's running work still counts",
+			tree: Build([]Spec{q("bad", "", 4).limit(2), q("ok", "", 4)}), used: map[string]int64{"bad": 14}, queue: "ok", req: gpus(4),
+			want: Decision{Allowed: true},
+		},
+		{
+			name: "invalid queue's running work still counts when borrowing",
+			tree: Build([]Spec{q("bad", "", 4).limit(2), q("ok", "", 4)}), used: map[string]int64{"bad": 14, "ok": 2}, queue: "ok", req: gpus(3),
+			wantMsg: "queue ok would borrow tessera.dev/gpu, but the queues would use 19 of the cluster's 16",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := state(tc.tree, tc.used, tc.pending).Admit(tc.queue, tc.req)
+			if tc.wantMsg != "" {
+				if got.Allowed || !strings.Contains(got.Reason, tc.wantMsg) {
+					t.Fatalf("Admit = %+v, want refused with %q", got, tc.wantMsg)
+				}
+				return
+			}
+			if got.Reason == "" {
+				t.Errorf("Admit gave no reason: %+v", got)
+			}
+			got.Reason = ""
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("Admit (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestAdmitBorrowingReasonNamesTheLevel(t *testing.T) {
+	got := state(departments(), map[string]int64{"a2": 6}, nil).Admit("a1", gpus(4))
+	want := "queue a1 borrows: dept-a would use 10 tessera.dev/gpu, above its guarantee 8"
+	if got.Reason != want {
+		t.Errorf("Reason = %q, want %q", got.Reason, want)
+	}
+}

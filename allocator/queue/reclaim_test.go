@@ -1,0 +1,253 @@
+package queue
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tessera-gpu/tessera/allocator/quota"
+)
+
+func TestReclaim(t *testing.T) {
+	tests := []struct {
+		name     string
+		tree     *Tree
+		used     map[string]int64
+		pending  map[string]int64
+		capacity int64 // 16 when 0
+		queue    string
+		req      quota.Resources
+		running  []Workload
+		enough   func([]Workload) bool // freed(req) when nil
+		want     []string
+		wantErr  string
+	}{
+		{
+			name: "a team takes back its guarantee from the other department's borrower, newest first",
+			tree: departments(), used: map[string]int64{"a1": 12, "a2": 4}, queue: "b1", req: gpus(4),
+			running: []Workload{wl("a1", "old", 0, time.Hour, 4), wl("a1", "mid", 0, 30*time.Minute, 4), wl("a1", "new", 0, time.Minute, 4), wl("a2", "x", 0, 0, 4)},
+			want:    []string{"a1/new"},
+		},
+		{
+			name: "never below a team's guarantee",
+			tree: departments(), used: map[string]int64{"a1": 12, "a2": 4}, queue: "b1", req: gpus(4),
+			// a1's one workload would leave it at 0, a2's too.
+			running: []Workload{wl("a1", "all", 0, time.Hour, 12), wl("a2", "x", 0, 0, 4)},
+			wantErr: "other queues borrow too little to free tessera.dev/gpu=4 without falling below their own guarantees",
+		},
+		{
+			name: "never below a department's guarantee, though the team borrows",
+			// a1 borrows a2's idle guarantee; dept-a uses exactly its 8.
+			tree: departments(), used: map[string]int64{"a1": 8}, queue: "b1", req: gpus(4),
+			running: []Workload{wl("a1", "w1", 0, time.Hour, 4), wl("a1", "w2", 0, time.Minute, 4)},
+			wantErr: "borrow too little",
+		},
+		{
+			name: "within one department a team takes back its guarantee from its sibling",
+			tree: departments(), used: map[string]int64{"a1": 8, "b1": 4, "b2": 4}, queue: "a2", req: gpus(4),
+			running: []Workload{wl("a1", "w1", 0, time.Hour, 4), wl("a1", "w2", 0, time.Minute, 4), wl("b1", "x", -10, 0, 4)},
+			want:    []string{"a1/w2"},
+		},
+		{
+			name: "lowest priority before the queue furthest above its fair share",
+			// Fair shares: a 3, b 5, c 4; b is further above.
+			tree: Build([]Spec{q("a", "", 0), q("b", "", 2), q("c", "", 4)}), capacity: 12,
+			used: map[string]int64{"a": 4, "b": 8}, pending: map[string]int64{"c": 4}, queue: "c", req: gpus(4),
+			running: []Workload{wl("b", "b1", 0, time.Minute, 4), wl("b", "b2", 0, time.Hour, 4), wl("a", "a-low", -1, time.Hour, 4)},
+			want:    []string{"a/a-low"},
+		},
+		{
+			name: "the queue furthest above its fair share before newest",
+			tree: Build([]Spec{q("a", "", 0), q("b", "", 2), q("c", "", 4)}), capacity: 12,
+			used: map[string]int64{"a": 4, "b": 8}, pending: map[string]int64{"c": 4}, queue: "c", req: gpus(4),
+			running: []Workload{wl("a", "a-new", 0, time.Minute, 4), wl("b", "b-old", 0, time.Hour, 4)},
+			want:    []string{"b/b-old"},
+		},
+		{
+			name: "not preemptible, not taken",
+			tree: departments(), used: map[string]int64{"a1": 12, "a2": 4}, queue: "b1", req: gpus(4),
+			running: []Workload{wl("a1", "old", 0, time.Hour, 4), func() Workload { w := wl("a1", "new", 0, time.Minute, 4); w.Preemptible = false; return w }()},
+			want:    []string{"a1/old"},
+		},
+		{
+			name: "the asker's own work is no victim",
+			tree: Build([]Spec{q("a", "", 0), q("b", "", 8)}), used: map[string]int64{"a": 8, "b": 4}, queue: "b", req: gpus(4),
+			running: []Workload{wl("b", "mine", -5, time.Minute, 4)},
+			wantErr: "borrow too little",
+		},
+		{
+			name: "above guarantee and fair share: nothing reclaimed",
+			tree: departments(), used: map[string]int64{"a1": 12, "b1": 4}, queue: "b1", req: gpus(4),
+			running: []Workload{wl("a1", "w", 0, 0, 4)},
+			wantErr: "queue b1 would use 8 tessera.dev/gpu, above its guarantee 4, and 8 tessera.dev/gpu is above its fair share 4: only guarantees and fair shares are reclaimed",
+		},
+		{
+			name: "up to its fair share beyond its guarantee",
+			tree: Build([]Spec{q("a", "", 0), q("b", "", 0)}), used: map[string]int64{"a": 16}, pending: map[string]int64{"b": 8}, queue: "b", req: gpus(8),
+			running: []Workload{wl("a", "w1", 0, time.Hour, 8), wl("a", "w2", 0, time.Minute, 8)},
+			want:    []string{"a/w2"},
+		},
+		{
+			name: "a fair share is not taken below the victim's",
+			// a's fair share 8, b's 8: taking a 12-GPU workload would
+			// leave a at 4 while b would be at 8.
+			tree: Build([]Spec{q("a", "", 0), q("b", "", 0)}), used: map[string]int64{"a": 16}, pending: map[string]int64{"b": 8}, queue: "b", req: gpus(8),
+			running: []Workload{wl("a", "w1", 0, time.Hour, 4), wl("a", "w2", 0, time.Minute, 12)},
+			enough:  freed(8),
+			wantErr: "borrow too little",
+		},
+		{
+			name: "an invalid asker reclaims nothing",
+			tree: Build([]Spec{q("a", "", 8), q("b", "", 8).limit(4)}), used: map[string]int64{"a": 16}, queue: "b", req: gpus(4),
+			running: []Workload{wl("a", "w", 0, 0, 8)},
+			wantErr: "queue b admits nothing until it is fixed",
+		},
+		{
+			name: "beyond the asker's limit, nothing",
+			tree: Build([]Spec{q("a", "", 0), q("b", "", 8).limit(8)}), used: map[string]int64{"a": 12, "b": 6}, queue: "b", req: gpus(4),
+			running: []Workload{wl("a", "w", 0, 0, 8)},
+			wantErr: "queue b would use 10 tessera.dev/gpu, above its limit 8",
+		},
+		{
+			name: "unknown asker",
+			tree: departments(), queue: "nope", req: gpus(1),
+			wantErr: "queue nope is not defined",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			enough := tc.enough
+			if enough == nil {
+				enough = freed(tc.req[gpu])
+			}
+			s := state(tc.tree, tc.used, tc.pending)
+			if tc.capacity != 0 {
+				s.Capacity = gpus(tc.capacity)
+			}
+			victims, err := s.Reclaim(tc.queue, tc.req, tc.running, enough)
+			if tc.wantErr != "" {
+				var re *ReclaimError
+				if !errors.As(err, &re) || re.Queue != tc.queue || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Reclaim = %v, %v; want a ReclaimError containing %q", keys(victims), err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, keys(victims)); diff != "" {
+				t.Errorf("victims (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// Reclaim never takes a queue, or any of its ancestors, below its
+// guarantee, however the work is cut.
+func TestReclaimKeepsEveryGuarantee(t *testing.T) {
+	tree := departments()
+	reclaimed := 0
+	for n := int64(1); n <= 8; n++ {
+		var running []Workload
+		used := map[string]int64{}
+		for i, queue := range []string{"a1", "a1", "a2", "a1", "b2", "a1", "a2", "b2"} {
+			w := wl(queue, string(rune('a'+i)), int32(i%3), time.Duration(i)*time.Minute, 1+int64(i)%3)
+			running = append(running, w)
+			used[queue] += w.Uses[gpu]
+		}
+		s := state(tree, used, nil)
+		victims, err := s.Reclaim("b1", gpus(n), running, freed(n))
+		if err != nil {
+			continue
+		}
+		reclaimed++
+		left := map[string]int64{}
+		for _, name := range tree.Names() {
+			left[name] = s.view().used[name][gpu]
+		}
+		for _, v := range victims {
+			for _, p := range tree.Path(v.Queue) {
+				left[p] -= v.Uses[gpu]
+			}
+		}
+		for _, p := range tree.Path("b1") {
+			left[p] += n
+		}
+		for _, name := range tree.Names() {
+			g := s.Tree.nodes[name].spec.Guaranteed[gpu]
+			if left[name] < g && left[name] < s.view().used[name][gpu] {
+				t.Errorf("request %d: victims %v put %s at %d, below its guarantee %d", n, keys(victims), name, left[name], g)
+			}
+		}
+	}
+	if reclaimed == 0 {
+		t.Error("no request was reclaimed for: the test checks nothing")
+	}
+}
+
+// The greedy prefix may take small workloads that turn out not to be
+// needed once a big one is taken: they are given back.
+func TestReclaimMinimal(t *testing.T) {
+	s := state(Build([]Spec{q("a", "", 0), q("b", "", 8)}), map[string]int64{"a": 16}, nil)
+	running := []Workload{
+		wl("a", "small-newest", 0, time.Minute, 1),
+		wl("a", "small-newer", 0, 2*time.Minute, 1),
+		wl("a", "big", 0, time.Hour, 6),
+		wl("a", "older", 0, 2*time.Hour, 8),
+	}
+	var calls int
+	enough := func(v []Workload) bool { calls++; return freed(6)(v) }
+	victims, err := s.Reclaim("b", gpus(6), running, enough)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"a/big"}, keys(victims)); diff != "" {
+		t.Errorf("victims (-want +got):\n%s", diff)
+	}
+	// Greedy: nil, 1, 2, 3 victims; backward: two tries.
+	if calls != 6 {
+		t.Errorf("enough called %d times, want 6", calls)
+	}
+}
+
+func TestReclaimNeedsNothingWhenRoomExists(t *testing.T) {
+	s := state(departments(), map[string]int64{"a1": 8}, nil)
+	victims, err := s.Reclaim("b1", gpus(4), []Workload{wl("a1", "w", 0, 0, 4)}, func([]Workload) bool { return true })
+	if err != nil || len(victims) != 0 {
+		t.Fatalf("Reclaim = %v, %v; want no victims", keys(victims), err)
+	}
+}
+
+func TestCanPreempt(t *testing.T) {
+	s := state(departments(), map[string]int64{"a1": 8, "a2": 2, "b1": 4}, nil)
+	pinned := wl("a1", "pinned", 0, 0, 2)
+	pinned.Preemptible = false
+	tests := []struct {
+		name    string
+		asker   string
+		req     quota.Resources
+		victim  Workload
+		want    bool
+		wantMsg string
+	}{
+		{"same queue", "a1", gpus(8), wl("a1", "w", 0, 0, 8), true, "same queue"},
+		{"victim's team and department stay at their guarantees", "b2", gpus(2), wl("a1", "w", 0, 0, 2), true, "queue a1 stays at or above its guarantee"},
+		{"victim's department would fall below", "b2", gpus(4), wl("a1", "w", 0, 0, 4), false, "evicting a1/w would put queue dept-a at 6 tessera.dev/gpu, below its guarantee 8"},
+		{"victim's team would fall below", "b2", gpus(2), wl("b1", "w", 0, 0, 2), false, "evicting b1/w would put queue b1 at 2 tessera.dev/gpu, below its guarantee 4"},
+		{"a sibling's use counts the request on the common department", "a2", gpus(4), wl("a1", "w", 0, 0, 4), true, "queue a1 stays at or above its guarantee"},
+		{"not preemptible", "a1", gpus(2), pinned, false, "a1/pinned may not be evicted now"},
+		{"unknown asker", "nope", gpus(2), wl("a1", "w", 0, 0, 2), false, "queue nope is not defined"},
+		{"victim outside any queue", "b1", gpus(2), wl("elsewhere", "w", 0, 0, 2), true, "queue elsewhere is not defined"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, why := s.CanPreempt(tc.asker, tc.req, tc.victim)
+			if got != tc.want || !strings.Contains(why, tc.wantMsg) {
+				t.Errorf("CanPreempt = %v (%s), want %v (%s)", got, why, tc.want, tc.wantMsg)
+			}
+		})
+	}
+}
