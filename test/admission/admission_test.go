@@ -12,11 +12,13 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"reflect"
 	"regexp"
 	"slices"
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -759,4 +761,221 @@ func TestGPUPodsAreNotBoundBySpecNodeName(t *testing.T) {
 			t.Errorf("%s: create refused: %v", tc.name, err)
 		}
 	}
+}
+
+// queueRequest makes a request on Queues (a name, a subresource) with a
+// typed clientset's credentials: start keeps no dynamic client for the
+// extender or the tenant.
+func queueRequest(ctx context.Context, cs kubernetes.Interface, method, name, sub string, body *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+	req := cs.CoreV1().RESTClient().Verb(method).AbsPath("/apis", api.QueueGVR.Group, api.QueueGVR.Version, api.QueueGVR.Resource, name, sub)
+	if body != nil {
+		b, err := body.MarshalJSON()
+		if err != nil {
+			return nil, err
+		}
+		req = req.SetHeader("Content-Type", "application/json").Body(b)
+	}
+	raw, err := req.DoRaw(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := &unstructured.Unstructured{}
+	return out, out.UnmarshalJSON(raw)
+}
+
+func queueObj(name string, spec map[string]any) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": api.QueueGVR.GroupVersion().String(), "kind": api.QueueKind,
+		"metadata": map[string]any{"name": name}, "spec": spec,
+	}}
+}
+
+// TestQueueValidation: deploy/crds/queues.yaml refuses Queues that
+// api.QueueFromUnstructured refuses, saying what is wrong; a two-level
+// hierarchy passes and parses; the extender (deploy/extender/rbac.yaml)
+// reads Queues and writes the status api.QueueStatus.Object makes, which
+// the CRD's schema keeps as written and the printer columns show.
+func TestQueueValidation(t *testing.T) {
+	e := start(t)
+	ctx := t.Context()
+	const gpu, mem = "tessera.dev/gpu", "tessera.dev/gpu-memory"
+	queues := e.adminDyn.Resource(api.QueueGVR)
+	res := func(kv ...any) map[string]any {
+		m := map[string]any{}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i].(string)] = kv[i+1]
+		}
+		return m
+	}
+	bad := []struct {
+		name string
+		obj  *unstructured.Unstructured
+		want string
+	}{
+		{"guaranteed above limit", queueObj("q", map[string]any{"resources": map[string]any{gpu: res("guaranteed", "8", "limit", "4")}}),
+			`spec.resources[tessera.dev/gpu]: Invalid value: "object": guaranteed (8) must not exceed limit (4)`},
+		{"guaranteed above limit (integers, units)", queueObj("q", map[string]any{"resources": map[string]any{mem: res("guaranteed", "2k", "limit", int64(1999))}}),
+			`spec.resources[tessera.dev/gpu-memory]: Invalid value: "object": guaranteed (2k) must not exceed limit (1999)`},
+		{"own parent", queueObj("q", map[string]any{"parent": "q"}),
+			`spec.parent: Invalid value: "object": a Queue cannot be its own parent`},
+		{"parent not a name", queueObj("q", map[string]any{"parent": "Research_Dept"}),
+			`spec.parent: Invalid value: "string": must be a Queue name (a DNS-1123 subdomain: lower case letters, digits, - and .), not Research_Dept`},
+		{"unknown resource", queueObj("q", map[string]any{"resources": map[string]any{"cpu": res("guaranteed", "4")}}),
+			`spec.resources: Invalid value: "object": unknown resource cpu: queues govern tessera.dev/gpu, tessera.dev/gpu-memory, tessera.dev/gpu-core and nvidia.com/gpu`},
+		{"weight above 1000", queueObj("q", map[string]any{"resources": map[string]any{gpu: res("weight", int64(1001))}}),
+			`spec.resources[tessera.dev/gpu].weight: Invalid value: "integer": must be between 0 and 1000`},
+		{"negative weight", queueObj("q", map[string]any{"resources": map[string]any{gpu: res("weight", int64(-1))}}),
+			`spec.resources[tessera.dev/gpu].weight: Invalid value: "integer": must be between 0 and 1000`},
+		{"fractional guarantee", queueObj("q", map[string]any{"resources": map[string]any{gpu: res("guaranteed", "500m")}}),
+			`spec.resources[tessera.dev/gpu].guaranteed: Invalid value: "": must be a whole number of units such as 4, 80 or 1e3, not 500m`},
+		{"negative limit", queueObj("q", map[string]any{"resources": map[string]any{gpu: res("limit", int64(-2))}}),
+			`spec.resources[tessera.dev/gpu].limit: Invalid value: "": must not be negative, got -2`},
+		{"malformed limit", queueObj("q", map[string]any{"resources": map[string]any{gpu: res("limit", "eight")}}),
+			`spec.resources[tessera.dev/gpu].limit: Invalid value: "": must be a quantity such as 4, 80 or 1e3, not eight`},
+		// apimachinery takes seconds to parse this one: the pattern refuses
+		// it before isQuantity would.
+		{"exponent of many digits", queueObj("q", map[string]any{"resources": map[string]any{gpu: res("limit", "1e-1011001000000020")}}),
+			`spec.resources[tessera.dev/gpu].limit: Invalid value: "": must be a quantity such as 4, 80 or 1e3, not 1e-1011001000000020`},
+		{"namespace twice", queueObj("q", map[string]any{"namespaces": []any{"team-a", "team-b", "team-a"}}),
+			`spec.namespaces[2]: Duplicate value: "team-a"`},
+		{"namespace not a name", queueObj("q", map[string]any{"namespaces": []any{"Team.A"}}),
+			`spec.namespaces[0]: Invalid value: "string": must be a namespace name (a DNS-1123 label), not Team.A`},
+	}
+	for _, c := range bad {
+		t.Run(c.name, func(t *testing.T) {
+			began := time.Now()
+			_, err := queues.Create(ctx, c.obj, metav1.CreateOptions{})
+			if err == nil {
+				t.Fatalf("created; want refused with %q", c.want)
+			}
+			if !apierrors.IsInvalid(err) {
+				t.Errorf("error %v is not Invalid", err)
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Errorf("error %q\ndoes not say %q", err, c.want)
+			}
+			if d := time.Since(began); c.name == "exponent of many digits" && d > 5*time.Second {
+				t.Errorf("refused after %v", d)
+			}
+			// Tessera's parser refuses it too (fail closed), naming the queue.
+			if _, perr := api.QueueFromUnstructured(c.obj); perr == nil || !strings.Contains(perr.Error(), "Queue q: ") {
+				t.Errorf("api.QueueFromUnstructured error = %v, want one naming Queue q", perr)
+			}
+		})
+	}
+	// An update is checked as a create is.
+	if _, err := queues.Create(ctx, queueObj("upd", map[string]any{"resources": map[string]any{gpu: res("guaranteed", "4", "limit", int64(8))}}), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("valid queue refused: %v", err)
+	}
+	_, err := queues.Patch(ctx, "upd", types.MergePatchType, []byte(`{"spec":{"resources":{"tessera.dev/gpu":{"guaranteed":"16"}}}}`), metav1.PatchOptions{})
+	if want := "guaranteed (16) must not exceed limit (8)"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("update to guaranteed > limit: error %v, want %q", err, want)
+	}
+
+	// A department and a team below it, in every quantity spelling.
+	good := []*unstructured.Unstructured{
+		queueObj("research", map[string]any{"resources": map[string]any{
+			gpu: res("guaranteed", int64(8), "limit", "16", "weight", int64(2)),
+			mem: res("guaranteed", "1e3"),
+		}}),
+		queueObj("team-a", map[string]any{"parent": "research", "namespaces": []any{"team-a", "team-a-dev"}, "resources": map[string]any{
+			gpu:                    res("guaranteed", "4", "limit", "4", "weight", int64(0)),
+			"tessera.dev/gpu-core": res("limit", "+400"),
+			"nvidia.com/gpu":       res("weight", int64(1000)),
+		}}),
+	}
+	want := map[string]*api.Queue{
+		"research": {Name: "research", Resources: map[v1.ResourceName]api.QueueResource{
+			gpu: {Guaranteed: 8, Limit: 16, Limited: true, Weight: 2},
+			mem: {Guaranteed: 1000, Weight: 1},
+		}},
+		"team-a": {Name: "team-a", Parent: "research", Namespaces: []string{"team-a", "team-a-dev"}, Resources: map[v1.ResourceName]api.QueueResource{
+			gpu:                    {Guaranteed: 4, Limit: 4, Limited: true, Weight: 0},
+			"tessera.dev/gpu-core": {Limit: 400, Limited: true, Weight: 1},
+			"nvidia.com/gpu":       {Weight: 1000},
+		}},
+	}
+	var parsed []*api.Queue
+	for _, o := range good {
+		if _, err := queues.Create(ctx, o, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("valid Queue %s refused: %v", o.GetName(), err)
+		}
+		// Read back as the extender reads it.
+		got, err := queueRequest(ctx, e.extender, "GET", o.GetName(), "", nil)
+		if err != nil {
+			t.Fatalf("extender get Queue %s: %v", o.GetName(), err)
+		}
+		q, err := api.QueueFromUnstructured(got)
+		if err != nil {
+			t.Fatalf("stored Queue %s does not parse: %v", o.GetName(), err)
+		}
+		if !reflect.DeepEqual(q, want[o.GetName()]) {
+			t.Errorf("Queue %s parsed as %+v, want %+v", o.GetName(), q, want[o.GetName()])
+		}
+		parsed = append(parsed, q)
+	}
+	if errs := api.CheckQueueTree(parsed); len(errs) > 0 {
+		t.Errorf("CheckQueueTree: %v", errs)
+	}
+	if _, err := queueRequest(ctx, e.extender, "GET", "", "", nil); err != nil {
+		t.Errorf("extender list Queues: %v", err)
+	}
+
+	// The extender writes the status; the tenant (edit in its namespace)
+	// and the extender's spec writes are refused by RBAC.
+	status := api.QueueStatus{
+		Used:         map[v1.ResourceName]int64{gpu: 3},
+		Guaranteed:   map[v1.ResourceName]int64{gpu: 4},
+		FairShare:    map[v1.ResourceName]int64{gpu: 5, mem: 80},
+		Usage:        map[v1.ResourceName]float64{gpu: 12345.6, mem: 1e-7},
+		UsageUpdated: time.Date(2026, 11, 24, 1, 0, 0, 0, time.UTC),
+	}
+	cur, err := queueRequest(ctx, e.extender, "GET", "team-a", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Object["status"] = status.Object()
+	if _, err := queueRequest(ctx, e.extender, "PUT", "team-a", "status", cur); err != nil {
+		t.Fatalf("extender update Queue status: %v", err)
+	}
+	back, err := queues.Get(ctx, "team-a", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotStatus, err := api.QueueStatusFromUnstructured(back)
+	if err != nil {
+		t.Fatalf("stored status does not parse: %v", err)
+	}
+	if !reflect.DeepEqual(gotStatus, status) {
+		t.Errorf("status read back %+v, want %+v", gotStatus, status)
+	}
+	if _, err := queueRequest(ctx, e.extender, "PUT", "team-a", "", back); !apierrors.IsForbidden(err) {
+		t.Errorf("extender update of a Queue's spec: error %v, want Forbidden", err)
+	}
+	if _, err := queueRequest(ctx, e.tenant, "POST", "", "", queueObj("mine", nil)); !apierrors.IsForbidden(err) {
+		t.Errorf("tenant create Queue: error %v, want Forbidden", err)
+	}
+
+	// The printer columns: Parent, Used GPUs, Fair share.
+	var table metav1.Table
+	raw, err := e.admin.CoreV1().RESTClient().Get().AbsPath("/apis", api.QueueGVR.Group, api.QueueGVR.Version, api.QueueGVR.Resource, "team-a").
+		SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io").DoRaw(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &table); err != nil {
+		t.Fatal(err)
+	}
+	cells := map[string]any{}
+	for i, c := range table.ColumnDefinitions {
+		if len(table.Rows) == 1 && i < len(table.Rows[0].Cells) {
+			cells[c.Name] = table.Rows[0].Cells[i]
+		}
+	}
+	for col, want := range map[string]any{"Parent": "research", "Used GPUs": "3", "Fair share": "5"} {
+		if cells[col] != want {
+			t.Errorf("column %s = %v, want %v (table %s)", col, cells[col], want, raw)
+		}
+	}
+	e.noEvaluationErrors(t)
 }
