@@ -245,3 +245,39 @@ func TestBindWaitsUntilTheNodeOffersTheGPU(t *testing.T) {
 		t.Errorf("API calls (-want +got):\n%s", diff)
 	}
 }
+
+// A gang member without a plan passes no node and is not bound, whether
+// or not it carries the gate (the webhook may be absent or fail open): no
+// member is ever bound alone.
+func TestUnplannedGangMemberPassesNoNode(t *testing.T) {
+	nodes := []*corev1.Node{makeNode("a").GPUs(8, "A100", 40960).Obj()}
+	member := makePod("m").Whole(1).Obj()
+	member.Annotations[api.AnnotationGang] = "g"
+	member.Annotations[api.AnnotationGangMinMember] = "2"
+	malformed := makePod("bad").Whole(1).Obj()
+	malformed.Annotations[api.AnnotationGang] = "g"
+	malformed.Annotations[api.AnnotationGangMinMember] = "two"
+	f := newFixture(t, nodes, nil, member, malformed)
+	names := []string{"a"}
+	for _, tc := range []struct {
+		pod  *corev1.Pod
+		want string
+	}{
+		{member, "gang default/g is placed whole by Tessera's gang planner, and this member is not planned yet"},
+		{malformed, "gang-min-member"},
+	} {
+		var res extenderv1.ExtenderFilterResult
+		f.post(t, PathFilter, &extenderv1.ExtenderArgs{Pod: tc.pod, NodeNames: &names}, &res)
+		if res.NodeNames == nil || len(*res.NodeNames) != 0 {
+			t.Errorf("%s: filter passed %v, want no node", tc.pod.Name, res.NodeNames)
+		}
+		if msg := res.FailedNodes["a"]; !strings.Contains(msg, tc.want) {
+			t.Errorf("%s: reason %q, want it to say %q", tc.pod.Name, msg, tc.want)
+		}
+		var br extenderv1.ExtenderBindingResult
+		f.post(t, PathBind, &extenderv1.ExtenderBindingArgs{PodName: tc.pod.Name, PodNamespace: tc.pod.Namespace, PodUID: tc.pod.UID, Node: "a"}, &br)
+		if !strings.Contains(br.Error, tc.want) {
+			t.Errorf("%s: bind answered %q, want a refusal saying %q", tc.pod.Name, br.Error, tc.want)
+		}
+	}
+}

@@ -1,0 +1,186 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// The tiers: inference always gets GPUs, training queues (it may
+// not preempt), notebooks give way.
+const (
+	tierInference = "inference-critical"
+	tierTraining  = "training-standard"
+	tierNotebook  = "notebook-dev"
+)
+
+func priorityClasses(t *testing.T, client kubernetes.Interface) {
+	t.Helper()
+	never := v1.PreemptNever
+	for _, pc := range []schedulingv1.PriorityClass{
+		{ObjectMeta: metav1.ObjectMeta{Name: tierInference}, Value: 100000},
+		{ObjectMeta: metav1.ObjectMeta{Name: tierTraining}, Value: 10000, PreemptionPolicy: &never},
+		{ObjectMeta: metav1.ObjectMeta{Name: tierNotebook}, Value: 1000},
+	} {
+		if _, err := client.SchedulingV1().PriorityClasses().Create(t.Context(), &pc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+}
+
+func createTier(t *testing.T, client kubernetes.Interface, ns, class string, s podSpec) *v1.Pod {
+	t.Helper()
+	p := s.pod(ns)
+	p.Spec.PriorityClassName = class
+	p, err := client.CoreV1().Pods(ns).Create(t.Context(), p, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create pod %s: %v", s.name, err)
+	}
+	return p
+}
+
+// gone lists which of names no longer exist (or are being deleted).
+func gone(t *testing.T, client kubernetes.Interface, ns string, names []string) []string {
+	t.Helper()
+	var out []string
+	for _, n := range names {
+		p, err := client.CoreV1().Pods(ns).Get(t.Context(), n, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || err == nil && p.DeletionTimestamp != nil {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// Tier preemption across shapes, on one node (l40s-1) with notebooks on
+// every GPU: an inference slice against whole-GPU notebooks, an inference
+// whole GPU against notebook slices, a 20 GiB inference slice against
+// slices that leave no GPU 20 GiB. Each inference pod runs within 10 s,
+// exactly one notebook is evicted for it, and a training pod
+// (preemptionPolicy Never) created first keeps waiting, evicting nothing.
+func TestTierPreemptionAcrossShapes(t *testing.T) {
+	c := getCluster(t)
+	client := c.Client()
+	priorityClasses(t, client)
+	const node = "l40s-1"
+	inv := inventory(t, c, node)
+	gpus := len(inv.GPUs)
+	memUnits := int64(inv.GPUs[0].MemoryUnits)
+	cases := []struct {
+		name     string
+		notebook func(i int) podSpec
+		asker    podSpec
+	}{
+		{
+			name:     "slice-vs-whole",
+			notebook: func(i int) podSpec { return podSpec{name: fmt.Sprintf("nb-%d", i), gpus: 1, node: node} },
+			asker:    podSpec{name: "inf", memUnits: 10, cores: 20, node: node},
+		},
+		{
+			name: "whole-vs-slices",
+			// Over half a GPU each: one notebook slice per GPU.
+			notebook: func(i int) podSpec {
+				return podSpec{name: fmt.Sprintf("nb-%d", i), memUnits: memUnits/2 + 2, cores: 30, node: node}
+			},
+			asker: podSpec{name: "inf", gpus: 1, node: node},
+		},
+		{
+			name: "large-slice-vs-fragments",
+			// Each GPU keeps less than 20 GiB free; the node has plenty.
+			notebook: func(i int) podSpec {
+				return podSpec{name: fmt.Sprintf("nb-%d", i), memUnits: memUnits - 19, cores: 30, node: node}
+			},
+			asker: podSpec{name: "inf", memUnits: 20, cores: 30, node: node},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := namespace(t, c, "e2e-tiers-"+tc.name)
+			waitReleased(t, c)
+			var notebooks []string
+			for i := range gpus {
+				s := tc.notebook(i)
+				createTier(t, client, ns, tierNotebook, s)
+				notebooks = append(notebooks, s.name)
+			}
+			for _, n := range notebooks {
+				waitRunning(t, c, ns, n, 90*time.Second)
+			}
+			createTier(t, client, ns, tierTraining, podSpec{name: "train", gpus: 1, node: node})
+			// Training fits nowhere, and may not preempt: it waits.
+			waitUnschedulable(t, client, ns, "train", 30*time.Second)
+			if g := gone(t, client, ns, notebooks); len(g) > 0 {
+				t.Fatalf("training (preemptionPolicy Never) evicted %v", g)
+			}
+			start := time.Now()
+			createTier(t, client, ns, tierInference, tc.asker)
+			p, _ := waitRunning(t, c, ns, tc.asker.name, 60*time.Second)
+			took := time.Since(start)
+			t.Logf("%s Running on %s %s after creation", tc.asker.name, p.Spec.NodeName, took.Round(time.Millisecond))
+			if took > 10*time.Second {
+				t.Errorf("inference took %s to run, want within 10s\nevents: %s", took.Round(time.Millisecond), describe(t, c, p))
+			}
+			if g := gone(t, client, ns, notebooks); len(g) != 1 {
+				t.Errorf("evicted %v, want exactly one notebook", g)
+			}
+			if tr := getPod(t, client, ns, "train"); tr.Spec.NodeName != "" {
+				t.Errorf("training bound to %s: it was to wait", tr.Spec.NodeName)
+			}
+			if ev := events(t, client, ns, tc.asker.name); !strings.Contains(ev, api.EventPreempting) {
+				t.Errorf("no %s Event on %s: %s", api.EventPreempting, tc.asker.name, ev)
+			}
+			occ, pods := occupancy(t, c)
+			checkNoOvercommit(t, occ)
+			checkRunningPods(t, c, pods)
+		})
+	}
+}
+
+// waitUnschedulable waits until kube-scheduler marks the pod
+// unschedulable (and checks it stays unbound).
+func waitUnschedulable(t *testing.T, client kubernetes.Interface, ns, name string, timeout time.Duration) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		p, err := client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		if p.Spec.NodeName != "" {
+			return false, fmt.Errorf("bound to %s", p.Spec.NodeName)
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse && c.Reason == v1.PodReasonUnschedulable {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s/%s not found unschedulable: %v", ns, name, err)
+	}
+}
+
+// events renders the Events of a pod, oldest first.
+func events(t *testing.T, client kubernetes.Interface, ns, name string) string {
+	t.Helper()
+	l, err := client.CoreV1().Events(ns).List(t.Context(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+	if err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	for _, e := range l.Items {
+		fmt.Fprintf(&b, "\n  %s %s: %s", e.Type, e.Reason, e.Message)
+	}
+	return b.String()
+}
