@@ -1,21 +1,16 @@
 package extender
 
 import (
-	"context"
 	"fmt"
 	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
@@ -40,26 +35,11 @@ type QuotaSource interface {
 	Quotas() map[string]quota.Quota
 }
 
-// GroupVersionResourcer is the part of a discovery client the quota
-// watcher needs to see whether the ElasticQuota CRD is installed.
-type GroupVersionResourcer interface {
-	ServerResourcesForGroupVersion(groupVersion string) (*metav1.APIResourceList, error)
-}
 
 // QuotaWatcher watches ElasticQuota objects (scheduling.x-k8s.io/v1alpha1)
-// with a dynamic informer. While the CRD is not installed it says so once
-// in the log, treats that as "no quotas", and looks again every Retry, so
-// that a CRD installed later is picked up without a restart.
+// (a CRDWatcher of api.ElasticQuotaGVR) and decodes them.
 type QuotaWatcher struct {
-	Dynamic   dynamic.Interface
-	Discovery GroupVersionResourcer
-	// Retry is how often an absent CRD is looked for again.
-	Retry time.Duration
-
-	store   atomic.Pointer[toolscache.Store]
-	decided atomic.Bool
-	// OnChange, when set before Run, is called on every quota change.
-	OnChange func()
+	CRDWatcher
 
 	mu        sync.Mutex
 	malformed map[string]string // key -> last error logged
@@ -67,121 +47,16 @@ type QuotaWatcher struct {
 
 var _ QuotaSource = (*QuotaWatcher)(nil)
 
-// Decided reports whether the watcher knows the quotas in force: the CRD
-// was found absent, or the informer has synced. The extender is not ready
-// before.
-func (w *QuotaWatcher) Decided() bool { return w.decided.Load() }
-
-// crdInstalled reports whether the API server serves elasticquotas.
-func (w *QuotaWatcher) crdInstalled() (bool, error) {
-	gv := api.ElasticQuotaGVR.GroupVersion().String()
-	list, err := w.Discovery.ServerResourcesForGroupVersion(gv)
-	if apierrors.IsNotFound(err) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("discovering %s: %w", gv, err)
-	}
-	for _, r := range list.APIResources {
-		if r.Name == api.ElasticQuotaGVR.Resource {
-			return true, nil
-		}
-	}
-	return false, nil
-}
-
-// Run looks for the CRD until it is installed, then runs the informer
-// until ctx is done.
-func (w *QuotaWatcher) Run(ctx context.Context) {
-	logger := klog.FromContext(ctx).WithValues("resource", api.ElasticQuotaGVR.String())
-	retry := w.Retry
-	if retry <= 0 {
-		retry = 30 * time.Second
-	}
-	saidAbsent := false
-	for {
-		ok, err := w.crdInstalled()
-		switch {
-		case err != nil:
-			logger.Info("Cannot tell whether the ElasticQuota CRD is installed; no quotas enforced meanwhile, retrying", "err", err, "retry", retry)
-			w.decided.Store(true)
-		case !ok:
-			if !saidAbsent {
-				logger.Info("The ElasticQuota CRD is not installed: no quotas are enforced; looking for it again periodically", "retry", retry)
-				saidAbsent = true
-			}
-			w.decided.Store(true)
-		default:
-			w.watch(ctx, logger, retry)
-			if ctx.Err() != nil {
-				return
-			}
-			saidAbsent = true // watch said it went
-			continue
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(retry):
-		}
-	}
-}
-
-// watch runs the informer until ctx is done or the CRD is found removed
-// (checked every retry; a discovery error changes nothing): then the
-// quotas are dropped, since nothing can be enforced that cannot be read.
-func (w *QuotaWatcher) watch(ctx context.Context, logger klog.Logger, retry time.Duration) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	inf := dynamicinformer.NewFilteredDynamicInformer(w.Dynamic, api.ElasticQuotaGVR, metav1.NamespaceAll, 0, toolscache.Indexers{}, nil).Informer()
-	if w.OnChange != nil {
-		changed := func(any) { w.OnChange() }
-		if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-			AddFunc: changed, UpdateFunc: func(_, o any) { changed(o) }, DeleteFunc: changed,
-		}); err != nil {
-			logger.Error(err, "ElasticQuota informer handler")
-		}
-	}
-	go inf.Run(ctx.Done())
-	if !toolscache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
-		return
-	}
-	store := inf.GetStore()
-	w.store.Store(&store)
-	w.decided.Store(true)
-	logger.Info("Watching ElasticQuotas", "count", len(store.List()))
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(retry):
-		}
-		if ok, err := w.crdInstalled(); err == nil && !ok {
-			logger.Info("The ElasticQuota CRD was removed: no quotas are enforced; looking for it again periodically", "retry", retry)
-			w.store.Store(nil)
-			if w.OnChange != nil {
-				w.OnChange()
-			}
-			return
-		}
-	}
+// NewQuotaWatcher returns a watcher of ElasticQuotas.
+func NewQuotaWatcher(dyn dynamic.Interface, disc GroupVersionResourcer, retry time.Duration, onChange func()) *QuotaWatcher {
+	return &QuotaWatcher{CRDWatcher: CRDWatcher{Dynamic: dyn, Discovery: disc, Retry: retry, Resource: api.ElasticQuotaGVR, Kind: "ElasticQuota", OnChange: onChange}}
 }
 
 // Quotas decodes the ElasticQuotas of the informer's store. A malformed
 // object is logged (once per error) and admits nothing in its namespace
 // (QuotasOf); of several in one namespace, the first by name applies.
 func (w *QuotaWatcher) Quotas() map[string]quota.Quota {
-	sp := w.store.Load()
-	if sp == nil {
-		return map[string]quota.Quota{}
-	}
-	var objs []*unstructured.Unstructured
-	for _, o := range (*sp).List() {
-		if u, ok := o.(*unstructured.Unstructured); ok {
-			objs = append(objs, u)
-		}
-	}
-	out, errs := QuotasOf(objs)
+	out, errs := QuotasOf(w.Objects())
 	if len(errs) > 0 {
 		w.mu.Lock()
 		if w.malformed == nil {

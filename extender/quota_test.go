@@ -697,7 +697,7 @@ func TestQuotaWatcherMissingCRD(t *testing.T) {
 		elasticQuota("a", "q", map[string]any{"tessera.dev/gpu": "16"}, map[string]any{"tessera.dev/gpu": "32", "cpu": "100"}))
 	disc := &fakeDiscovery{}
 	changed := make(chan struct{}, 10)
-	w := &QuotaWatcher{Dynamic: dyn, Discovery: disc, Retry: 20 * time.Millisecond, OnChange: func() { changed <- struct{}{} }}
+	w := NewQuotaWatcher(dyn, disc, 20*time.Millisecond, func() { changed <- struct{}{} })
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go w.Run(ctx)

@@ -230,12 +230,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	var enforcer *extender.QuotaEnforcer
 	trigger := make(chan struct{}, 1)
 	if o.quota {
-		quotas = &extender.QuotaWatcher{Dynamic: dyn, Discovery: client.Discovery(), Retry: o.quotaRetry, OnChange: func() {
+		quotas = extender.NewQuotaWatcher(dyn, client.Discovery(), o.quotaRetry, func() {
 			select { // quotas changed: a waiting gang may now be admitted
 			case trigger <- struct{}{}:
 			default:
 			}
-		}}
+		})
 		nodeLister := factory.Core().V1().Nodes().Lister()
 		index := &extender.QuotaIndex{}
 		if _, err := podInf.AddEventHandler(index.Handler()); err != nil {
