@@ -35,7 +35,6 @@ type QuotaSource interface {
 	Quotas() map[string]quota.Quota
 }
 
-
 // QuotaWatcher watches ElasticQuota objects (scheduling.x-k8s.io/v1alpha1)
 // (a CRDWatcher of api.ElasticQuotaGVR) and decodes them.
 type QuotaWatcher struct {
