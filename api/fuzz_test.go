@@ -165,8 +165,8 @@ func encodeLevels(levels []api.TopologyLevel) string {
 
 func FuzzGangOf(f *testing.F) {
 	for _, s := range []struct {
-		label, gang, min, timeout, topology                string
-		hasLabel, hasGang, hasMin, hasTimeout, hasTopology bool
+		label, gang, min, timeout, topology, volcano, volcano2                      string
+		hasLabel, hasGang, hasMin, hasTimeout, hasTopology, hasVolcano, hasVolcano2 bool
 	}{
 		{gang: "train", min: "4", timeout: "30", hasGang: true, hasMin: true, hasTimeout: true},
 		{label: "train", hasLabel: true},
@@ -183,10 +183,18 @@ func FuzzGangOf(f *testing.F) {
 		{gang: "t", min: "1", topology: "rack :required, zone: preferred", hasGang: true, hasMin: true, hasTopology: true},
 		{gang: "t", min: "+3", topology: ",", hasGang: true, hasMin: true, hasTopology: true},
 		{gang: "t", min: "1", topology: "a b:required", hasGang: true, hasMin: true, hasTopology: true},
+		{volcano: "train", hasVolcano: true},
+		{volcano2: "train", hasVolcano2: true},
+		{volcano: "train", volcano2: "train", gang: "train", min: "3", timeout: "30", hasVolcano: true, hasVolcano2: true, hasGang: true, hasMin: true, hasTimeout: true},
+		{volcano: "a", volcano2: "b", hasVolcano: true, hasVolcano2: true},
+		{volcano: "", hasVolcano: true},
+		{label: "a", volcano: "a", hasLabel: true, hasVolcano: true},
+		{volcano: "a", gang: "b", min: "1", hasVolcano: true, hasGang: true, hasMin: true},
+		{volcano: "t", min: "0", topology: "rack:required", hasVolcano: true, hasMin: true, hasTopology: true},
 	} {
-		f.Add(s.label, s.gang, s.min, s.timeout, s.topology, s.hasLabel, s.hasGang, s.hasMin, s.hasTimeout, s.hasTopology)
+		f.Add(s.label, s.gang, s.min, s.timeout, s.topology, s.volcano, s.volcano2, s.hasLabel, s.hasGang, s.hasMin, s.hasTimeout, s.hasTopology, s.hasVolcano, s.hasVolcano2)
 	}
-	f.Fuzz(func(t *testing.T, label, gang, min, timeout, topology string, hasLabel, hasGang, hasMin, hasTimeout, hasTopology bool) {
+	f.Fuzz(func(t *testing.T, label, gang, min, timeout, topology, volcano, volcano2 string, hasLabel, hasGang, hasMin, hasTimeout, hasTopology, hasVolcano, hasVolcano2 bool) {
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "worker-0", Labels: map[string]string{}, Annotations: map[string]string{}}}
 		set := func(m map[string]string, on bool, k, v string) {
 			if on {
@@ -198,16 +206,19 @@ func FuzzGangOf(f *testing.F) {
 		set(pod.Annotations, hasMin, api.AnnotationGangMinMember, min)
 		set(pod.Annotations, hasTimeout, api.AnnotationGangTimeout, timeout)
 		set(pod.Annotations, hasTopology, api.AnnotationGangTopology, topology)
+		set(pod.Annotations, hasVolcano, api.AnnotationVolcanoGroupName, volcano)
+		set(pod.Annotations, hasVolcano2, api.AnnotationVolcanoGroupNameV2, volcano2)
 
 		g, ok, err := api.GangOf(pod)
-		if ok != (hasLabel || hasGang) {
-			t.Fatalf("ok = %v for label %v, annotation %v", ok, hasLabel, hasGang)
+		if ok != (hasLabel || hasGang || hasVolcano || hasVolcano2) {
+			t.Fatalf("ok = %v for label %v, annotations %v (tessera), %v, %v (Volcano)", ok, hasLabel, hasGang, hasVolcano, hasVolcano2)
 		}
 		if err != nil {
 			if !errors.Is(err, api.ErrInvalidGang) || !strings.Contains(err.Error(), "ml/worker-0") {
 				t.Fatalf("error %v is not ErrInvalidGang naming the pod", err)
 			}
-			if !strings.Contains(err.Error(), api.Domain+"/") && !strings.Contains(err.Error(), api.LabelPodGroup) && !strings.Contains(err.Error(), "gang name") {
+			if !strings.Contains(err.Error(), api.Domain+"/") && !strings.Contains(err.Error(), api.LabelPodGroup) && !strings.Contains(err.Error(), "gang name") &&
+				!strings.Contains(err.Error(), api.AnnotationVolcanoGroupName) && !strings.Contains(err.Error(), api.AnnotationVolcanoGroupNameV2) {
 				t.Fatalf("error %v names neither the annotation nor the label", err)
 			}
 			return
@@ -227,9 +238,12 @@ func FuzzGangOf(f *testing.F) {
 		}
 		// Re-encode what was parsed: the same gang.
 		re := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "worker-0", Labels: map[string]string{}, Annotations: map[string]string{}}}
-		if g.Source == api.GangFromPodGroup {
+		switch g.Source {
+		case api.GangFromPodGroup:
 			re.Labels[api.LabelPodGroup] = g.Name
-		} else {
+		case api.GangFromVolcano:
+			re.Annotations[api.AnnotationVolcanoGroupName] = g.Name
+		default:
 			re.Annotations[api.AnnotationGang] = g.Name
 		}
 		if g.MinMember > 0 {

@@ -15,18 +15,33 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
-// A pod joins a gang (a group scheduled all-or-nothing) in one of two ways:
+// A pod joins a gang (a group scheduled all-or-nothing) in one of three ways:
 //   - the scheduler-plugins way: the label LabelPodGroup names a PodGroup
 //     object (scheduling.x-k8s.io/v1alpha1) in the pod's namespace, which
 //     holds minMember and scheduleTimeoutSeconds;
+//   - the Volcano way: the annotation AnnotationVolcanoGroupName (or
+//     AnnotationVolcanoGroupNameV2) names a Volcano PodGroup object
+//     (scheduling.volcano.sh/v1beta1) in the pod's namespace, which holds
+//     minMember, minTaskMember, queue and priorityClassName (no timeout:
+//     the default or the pod's AnnotationGangTimeout applies);
 //   - without any CRD: the annotation AnnotationGang names the group and
 //     AnnotationGangMinMember gives its minimum size (and optionally
 //     AnnotationGangTimeout its timeout).
 //
-// Both lead to one model, Gang.
+// All lead to one model, Gang.
 const (
 	// LabelPodGroup is the scheduler-plugins coscheduling label.
 	LabelPodGroup = "scheduling.x-k8s.io/pod-group"
+	// AnnotationVolcanoGroupName is the annotation by which Volcano (and
+	// the controllers that generate pods for it) names a pod's Volcano
+	// PodGroup.
+	AnnotationVolcanoGroupName = "scheduling.k8s.io/group-name"
+	// AnnotationVolcanoGroupNameV2 is the newer spelling Volcano reads as
+	// well; a pod carrying both must name the same PodGroup.
+	AnnotationVolcanoGroupNameV2 = "scheduling.volcano.sh/group-name"
+	// VolcanoDefaultQueue is the queue of a Volcano PodGroup that names
+	// none (Volcano's own default).
+	VolcanoDefaultQueue = "default"
 	// AnnotationGang names the pod's gang (tessera's own way).
 	AnnotationGang = Domain + "/gang"
 	// AnnotationGangMinMember is the gang's minimum size, an integer >= 1.
@@ -53,10 +68,11 @@ const (
 )
 
 // PodGroupGVR and ElasticQuotaGVR are the scheduler-plugins CRDs Tessera
-// reads.
+// reads; VolcanoPodGroupGVR is Volcano's PodGroup.
 var (
-	PodGroupGVR     = schema.GroupVersionResource{Group: "scheduling.x-k8s.io", Version: "v1alpha1", Resource: "podgroups"}
-	ElasticQuotaGVR = schema.GroupVersionResource{Group: "scheduling.x-k8s.io", Version: "v1alpha1", Resource: "elasticquotas"}
+	PodGroupGVR        = schema.GroupVersionResource{Group: "scheduling.x-k8s.io", Version: "v1alpha1", Resource: "podgroups"}
+	ElasticQuotaGVR    = schema.GroupVersionResource{Group: "scheduling.x-k8s.io", Version: "v1alpha1", Resource: "elasticquotas"}
+	VolcanoPodGroupGVR = schema.GroupVersionResource{Group: "scheduling.volcano.sh", Version: "v1beta1", Resource: "podgroups"}
 )
 
 // GangSource says how a pod named its gang.
@@ -65,8 +81,28 @@ type GangSource string
 // Gang sources.
 const (
 	GangFromPodGroup    GangSource = "PodGroup"
+	GangFromVolcano     GangSource = "VolcanoPodGroup"
 	GangFromAnnotations GangSource = "Annotations"
 )
+
+// PodGroupGVR is the resource of the PodGroup object a gang of source s is
+// read from; ok is false for a source without one (annotations).
+func (s GangSource) PodGroupGVR() (gvr schema.GroupVersionResource, ok bool) {
+	switch s {
+	case GangFromPodGroup:
+		return PodGroupGVR, true
+	case GangFromVolcano:
+		return VolcanoPodGroupGVR, true
+	}
+	return schema.GroupVersionResource{}, false
+}
+
+// FromPodGroup reports whether a gang of source s is completed from a
+// PodGroup object (ApplyPodGroup).
+func (s GangSource) FromPodGroup() bool {
+	_, ok := s.PodGroupGVR()
+	return ok
+}
 
 // TopologyLevel is one level of AnnotationGangTopology.
 type TopologyLevel struct {
@@ -86,6 +122,15 @@ type Gang struct {
 	// Levels come from AnnotationGangTopology; nil means the extender's
 	// configured levels.
 	Levels []TopologyLevel
+	// MinTaskMember, Queue and PriorityClassName come from a Volcano
+	// PodGroup (spec.minTaskMember, spec.queue, VolcanoDefaultQueue when
+	// unset, spec.priorityClassName); empty for other sources.
+	// MinTaskMember is the minimum number of pods per Volcano task (the
+	// pods' volcano.sh/task-spec annotation); ApplyPodGroup raises
+	// MinMember to their sum, but nothing yet checks each task's count.
+	MinTaskMember     map[string]int
+	Queue             string
+	PriorityClassName string
 }
 
 // Key is "namespace/name".
@@ -95,27 +140,51 @@ func (g *Gang) Key() string { return g.Namespace + "/" + g.Name }
 var ErrInvalidGang = errors.New("invalid gang declaration")
 
 // GangOf returns the gang a pod belongs to; ok is false for a pod in none.
-// A pod that declares its gang both ways must agree on the name.
+// A pod that names its gang more than one way must name the same gang each
+// time, and may not name both a scheduler-plugins and a Volcano PodGroup
+// (which object would hold its size is then ambiguous).
 func GangOf(pod *corev1.Pod) (g *Gang, ok bool, err error) {
-	label, hasLabel := pod.Labels[LabelPodGroup]
-	name, hasAnn := pod.Annotations[AnnotationGang]
-	if !hasLabel && !hasAnn {
+	type decl struct{ key, name string }
+	var decls []decl
+	if v, set := pod.Labels[LabelPodGroup]; set {
+		decls = append(decls, decl{"label " + LabelPodGroup, v})
+	}
+	for _, k := range []string{AnnotationVolcanoGroupName, AnnotationVolcanoGroupNameV2} {
+		if v, set := pod.Annotations[k]; set {
+			decls = append(decls, decl{"annotation " + k, v})
+		}
+	}
+	if v, set := pod.Annotations[AnnotationGang]; set {
+		decls = append(decls, decl{"annotation " + AnnotationGang, v})
+	}
+	if len(decls) == 0 {
 		return nil, false, nil
 	}
 	fail := func(format string, a ...any) (*Gang, bool, error) {
 		return nil, true, fmt.Errorf("pod %s/%s: %w: %s", pod.Namespace, pod.Name, ErrInvalidGang, fmt.Sprintf(format, a...))
 	}
-	if hasLabel && hasAnn && label != name {
-		return fail("label %s=%q and annotation %s=%q name different gangs", LabelPodGroup, label, AnnotationGang, name)
+	for _, d := range decls[1:] {
+		if d.name != decls[0].name {
+			return fail("%s=%q and %s=%q name different gangs", decls[0].key, decls[0].name, d.key, d.name)
+		}
 	}
-	g = &Gang{Namespace: pod.Namespace, Timeout: DefaultGangTimeout}
-	if hasLabel {
-		g.Name, g.Source = label, GangFromPodGroup
-	} else {
-		g.Name, g.Source = name, GangFromAnnotations
+	_, hasLabel := pod.Labels[LabelPodGroup]
+	_, hasVolcano := pod.Annotations[AnnotationVolcanoGroupName]
+	_, hasVolcanoV2 := pod.Annotations[AnnotationVolcanoGroupNameV2]
+	if hasLabel && (hasVolcano || hasVolcanoV2) {
+		return fail("%s names a scheduler-plugins PodGroup and %s a Volcano PodGroup: use one", decls[0].key, decls[1].key)
+	}
+	g = &Gang{Namespace: pod.Namespace, Name: decls[0].name, Timeout: DefaultGangTimeout}
+	switch {
+	case hasLabel:
+		g.Source = GangFromPodGroup
+	case hasVolcano || hasVolcanoV2:
+		g.Source = GangFromVolcano
+	default:
+		g.Source = GangFromAnnotations
 	}
 	if strings.TrimSpace(g.Name) == "" {
-		return fail("the gang name is empty")
+		return fail("the gang name (%s) is empty", decls[0].key)
 	}
 	if v, set := pod.Annotations[AnnotationGangMinMember]; set {
 		n, err := strconv.Atoi(strings.TrimSpace(v))
@@ -175,28 +244,117 @@ func ParseTopologyLevels(v string) ([]TopologyLevel, error) {
 	return levels, nil
 }
 
-// ApplyPodGroup completes a PodGroup-declared gang from its PodGroup object
-// (spec.minMember, spec.scheduleTimeoutSeconds). Pod annotations that set
-// the same fields win, so a pod may override the object.
+// ApplyPodGroup completes a PodGroup-declared gang from its PodGroup object,
+// of the kind the gang's Source names:
+//   - scheduler-plugins (GangFromPodGroup): spec.minMember and
+//     spec.scheduleTimeoutSeconds;
+//   - Volcano (GangFromVolcano): spec.minMember, raised to the sum of
+//     spec.minTaskMember when that is larger (Volcano needs every task's
+//     minimum), spec.queue and spec.priorityClassName. Volcano has no
+//     timeout: the default or the pod's annotation applies, and
+//     spec.minResources is not read (Tessera plans the members' own
+//     requests).
+//
+// Pod annotations that set the same fields win, so a pod may override the
+// object. A malformed object is an ErrInvalidGang naming the field.
 func (g *Gang) ApplyPodGroup(pg *unstructured.Unstructured, pod *corev1.Pod) error {
+	kind := "PodGroup"
+	if g.Source == GangFromVolcano {
+		kind = "Volcano PodGroup"
+	}
 	if pg.GetNamespace() != g.Namespace || pg.GetName() != g.Name {
-		return fmt.Errorf("PodGroup %s/%s is not gang %s", pg.GetNamespace(), pg.GetName(), g.Key())
+		return fmt.Errorf("%s %s/%s is not gang %s", kind, pg.GetNamespace(), pg.GetName(), g.Key())
+	}
+	gvr, ok := g.Source.PodGroupGVR()
+	if !ok {
+		return fmt.Errorf("gang %s is declared by %s, not by a PodGroup", g.Key(), g.Source)
+	}
+	// An object of the other PodGroup kind (same resource name, other
+	// group) never completes the gang.
+	if av := pg.GetAPIVersion(); av != "" {
+		if gv, err := schema.ParseGroupVersion(av); err != nil || gv.Group != gvr.Group {
+			return fmt.Errorf("%s %s: apiVersion %q is not of group %s", kind, g.Key(), av, gvr.Group)
+		}
+	}
+	invalid := func(field, want string) error {
+		v, found, _ := unstructured.NestedFieldNoCopy(pg.Object, "spec", field)
+		got := "it is missing"
+		if found {
+			got = fmt.Sprintf("got %s", describeValue(v))
+		}
+		return fmt.Errorf("%s %s: %w: spec.%s must be %s; %s", kind, g.Key(), ErrInvalidGang, field, want, got)
 	}
 	min, found, err := unstructured.NestedInt64(pg.Object, "spec", "minMember")
-	if err != nil || !found || min < 1 {
-		return fmt.Errorf("PodGroup %s: %w: spec.minMember must be an integer of at least 1", g.Key(), ErrInvalidGang)
+	if err != nil || !found || min < 1 || min > math.MaxInt32 {
+		return invalid("minMember", fmt.Sprintf("an integer from 1 to %d", math.MaxInt32))
+	}
+	if g.Source == GangFromVolcano {
+		return g.applyVolcano(pg, pod, int(min), invalid)
 	}
 	if _, set := pod.Annotations[AnnotationGangMinMember]; !set {
 		g.MinMember = int(min)
 	}
 	secs, found, err := unstructured.NestedInt64(pg.Object, "spec", "scheduleTimeoutSeconds")
 	if err != nil || (found && (secs < 1 || secs > MaxGangTimeoutSeconds)) {
-		return fmt.Errorf("PodGroup %s: %w: spec.scheduleTimeoutSeconds must be a number from 1 to %d", g.Key(), ErrInvalidGang, MaxGangTimeoutSeconds)
+		return invalid("scheduleTimeoutSeconds", fmt.Sprintf("a number from 1 to %d", MaxGangTimeoutSeconds))
 	}
 	if _, set := pod.Annotations[AnnotationGangTimeout]; found && !set {
 		g.Timeout = time.Duration(secs) * time.Second
 	}
 	return nil
+}
+
+// applyVolcano reads the fields of a Volcano PodGroup past minMember. The
+// gang is changed only once every field is valid.
+func (g *Gang) applyVolcano(pg *unstructured.Unstructured, pod *corev1.Pod, min int, invalid func(field, want string) error) error {
+	var tasks map[string]int
+	sum := 0
+	if raw, found, _ := unstructured.NestedFieldNoCopy(pg.Object, "spec", "minTaskMember"); found && raw != nil {
+		m, ok := raw.(map[string]any)
+		if !ok {
+			return invalid("minTaskMember", "a map of task names to integers")
+		}
+		tasks = make(map[string]int, len(m))
+		for task, v := range m {
+			n, ok := v.(int64)
+			if !ok || task == "" || n < 0 || n > math.MaxInt32 {
+				return invalid("minTaskMember", fmt.Sprintf("a map of task names to integers from 0 to %d (task %q)", math.MaxInt32, task))
+			}
+			tasks[task] = int(n)
+			if sum += int(n); sum > math.MaxInt32 {
+				return invalid("minTaskMember", fmt.Sprintf("a map whose integers add up to at most %d", math.MaxInt32))
+			}
+		}
+	}
+	queue, _, err := unstructured.NestedString(pg.Object, "spec", "queue")
+	if err != nil {
+		return invalid("queue", "a string")
+	}
+	pc, _, err := unstructured.NestedString(pg.Object, "spec", "priorityClassName")
+	if err != nil {
+		return invalid("priorityClassName", "a string")
+	}
+	if queue == "" {
+		queue = VolcanoDefaultQueue
+	}
+	if _, set := pod.Annotations[AnnotationGangMinMember]; !set {
+		g.MinMember = max(min, sum)
+	}
+	g.MinTaskMember, g.Queue, g.PriorityClassName = tasks, queue, pc
+	return nil
+}
+
+// describeValue shows a field's value in an error: its JSON, cut short.
+func describeValue(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprintf("%T", v)
+	}
+	const limit = 64
+	if len(b) > limit {
+		return string(b[:limit]) + "..."
+	}
+	return string(b)
 }
 
 // HasGangGate reports whether the pod is held by SchedulingGateGang.

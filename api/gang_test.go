@@ -2,6 +2,7 @@ package api
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -45,12 +46,36 @@ func TestGangOf(t *testing.T) {
 				Levels: []TopologyLevel{{Key: "nvidia.com/gpu.clique"}, {Key: "rack", Required: true}}},
 			wantOK: true,
 		},
+		{
+			name:   "Volcano annotation, size from the object",
+			pod:    gangPod(nil, map[string]string{AnnotationVolcanoGroupName: "train"}),
+			want:   &Gang{Namespace: "ml", Name: "train", Source: GangFromVolcano, Timeout: DefaultGangTimeout},
+			wantOK: true,
+		},
+		{
+			name:   "Volcano's newer annotation",
+			pod:    gangPod(nil, map[string]string{AnnotationVolcanoGroupNameV2: "train"}),
+			want:   &Gang{Namespace: "ml", Name: "train", Source: GangFromVolcano, Timeout: DefaultGangTimeout},
+			wantOK: true,
+		},
+		{
+			name: "Volcano, both spellings and tessera's annotations agreeing",
+			pod: gangPod(nil, map[string]string{AnnotationVolcanoGroupName: "train", AnnotationVolcanoGroupNameV2: "train",
+				AnnotationGang: "train", AnnotationGangMinMember: "2", AnnotationGangTimeout: "30"}),
+			want:   &Gang{Namespace: "ml", Name: "train", Source: GangFromVolcano, MinMember: 2, Timeout: 30 * time.Second},
+			wantOK: true,
+		},
 		{name: "annotation without size", pod: gangPod(nil, map[string]string{AnnotationGang: "t"}), wantOK: true, wantErr: "tessera.dev/gang-min-member is required"},
 		{name: "size not a number", pod: gangPod(nil, map[string]string{AnnotationGang: "t", AnnotationGangMinMember: "four"}), wantOK: true, wantErr: `gang-min-member="four"`},
 		{name: "size zero", pod: gangPod(nil, map[string]string{AnnotationGang: "t", AnnotationGangMinMember: "0"}), wantOK: true, wantErr: "at least 1"},
 		{name: "bad timeout", pod: gangPod(nil, map[string]string{AnnotationGang: "t", AnnotationGangMinMember: "1", AnnotationGangTimeout: "-5"}), wantOK: true, wantErr: "gang-timeout-seconds"},
 		{name: "names disagree", pod: gangPod(map[string]string{LabelPodGroup: "a"}, map[string]string{AnnotationGang: "b", AnnotationGangMinMember: "1"}), wantOK: true, wantErr: "name different gangs"},
 		{name: "empty name", pod: gangPod(map[string]string{LabelPodGroup: " "}, nil), wantOK: true, wantErr: "empty"},
+		{name: "empty Volcano name", pod: gangPod(nil, map[string]string{AnnotationVolcanoGroupName: ""}), wantOK: true, wantErr: "annotation scheduling.k8s.io/group-name) is empty"},
+		{name: "Volcano spellings disagree", pod: gangPod(nil, map[string]string{AnnotationVolcanoGroupName: "a", AnnotationVolcanoGroupNameV2: "b"}), wantOK: true, wantErr: `scheduling.k8s.io/group-name="a" and annotation scheduling.volcano.sh/group-name="b" name different gangs`},
+		{name: "Volcano and tessera disagree", pod: gangPod(nil, map[string]string{AnnotationVolcanoGroupName: "a", AnnotationGang: "b", AnnotationGangMinMember: "1"}), wantOK: true, wantErr: "name different gangs"},
+		{name: "both PodGroup kinds", pod: gangPod(map[string]string{LabelPodGroup: "a"}, map[string]string{AnnotationVolcanoGroupName: "a"}), wantOK: true, wantErr: "scheduler-plugins PodGroup and annotation scheduling.k8s.io/group-name a Volcano PodGroup"},
+		{name: "Volcano with a bad size", pod: gangPod(nil, map[string]string{AnnotationVolcanoGroupName: "a", AnnotationGangMinMember: "0"}), wantOK: true, wantErr: "at least 1"},
 		{name: "bad level mode", pod: gangPod(nil, map[string]string{AnnotationGang: "t", AnnotationGangMinMember: "1", AnnotationGangTopology: "rack:always"}), wantOK: true, wantErr: `mode "always"`},
 		{name: "repeated level", pod: gangPod(nil, map[string]string{AnnotationGang: "t", AnnotationGangMinMember: "1", AnnotationGangTopology: "rack,rack"}), wantOK: true, wantErr: "repeated"},
 	}
@@ -112,6 +137,201 @@ func TestApplyPodGroup(t *testing.T) {
 			t.Errorf("%s: ApplyPodGroup = %v, want ErrInvalidGang", name, err)
 		}
 	}
+}
+
+func volcanoPodGroup(spec map[string]any) *unstructured.Unstructured {
+	u := podGroup(spec)
+	u.SetAPIVersion("scheduling.volcano.sh/v1beta1")
+	u.SetKind("PodGroup")
+	return u
+}
+
+func TestApplyVolcanoPodGroup(t *testing.T) {
+	volcanoGang := func(ann map[string]string) (*Gang, *corev1.Pod) {
+		t.Helper()
+		a := map[string]string{AnnotationVolcanoGroupName: "train"}
+		for k, v := range ann {
+			a[k] = v
+		}
+		pod := gangPod(nil, a)
+		g, ok, err := GangOf(pod)
+		if !ok || err != nil || g.Source != GangFromVolcano {
+			t.Fatalf("GangOf = %+v, %v, %v", g, ok, err)
+		}
+		return g, pod
+	}
+	tests := []struct {
+		name string
+		ann  map[string]string
+		spec map[string]any
+		want *Gang
+	}{
+		{
+			name: "minMember, queue and priority class; no timeout in Volcano",
+			spec: map[string]any{"minMember": int64(3), "queue": "research", "priorityClassName": "high",
+				"minResources": map[string]any{"nvidia.com/gpu": "3"}},
+			want: &Gang{Namespace: "ml", Name: "train", Source: GangFromVolcano, MinMember: 3, Timeout: DefaultGangTimeout, Queue: "research", PriorityClassName: "high"},
+		},
+		{
+			name: "no queue is Volcano's default queue",
+			spec: map[string]any{"minMember": int64(1)},
+			want: &Gang{Namespace: "ml", Name: "train", Source: GangFromVolcano, MinMember: 1, Timeout: DefaultGangTimeout, Queue: VolcanoDefaultQueue},
+		},
+		{
+			name: "minTaskMember above minMember raises the size",
+			spec: map[string]any{"minMember": int64(2), "minTaskMember": map[string]any{"ps": int64(1), "worker": int64(3)}},
+			want: &Gang{Namespace: "ml", Name: "train", Source: GangFromVolcano, MinMember: 4, Timeout: DefaultGangTimeout, Queue: VolcanoDefaultQueue,
+				MinTaskMember: map[string]int{"ps": 1, "worker": 3}},
+		},
+		{
+			name: "minTaskMember below minMember",
+			spec: map[string]any{"minMember": int64(5), "minTaskMember": map[string]any{"worker": int64(3)}},
+			want: &Gang{Namespace: "ml", Name: "train", Source: GangFromVolcano, MinMember: 5, Timeout: DefaultGangTimeout, Queue: VolcanoDefaultQueue,
+				MinTaskMember: map[string]int{"worker": 3}},
+		},
+		{
+			name: "the pod's annotations win; tessera's timeout applies",
+			ann:  map[string]string{AnnotationGangMinMember: "2", AnnotationGangTimeout: "45"},
+			spec: map[string]any{"minMember": int64(3), "scheduleTimeoutSeconds": int64(5)},
+			want: &Gang{Namespace: "ml", Name: "train", Source: GangFromVolcano, MinMember: 2, Timeout: 45 * time.Second, Queue: VolcanoDefaultQueue},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			g, pod := volcanoGang(tc.ann)
+			if err := g.ApplyPodGroup(volcanoPodGroup(tc.spec), pod); err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, g); diff != "" {
+				t.Errorf("gang (-want +got):\n%s", diff)
+			}
+		})
+	}
+	for name, tc := range map[string]struct {
+		spec    map[string]any
+		wantErr string
+	}{
+		"no minMember":            {map[string]any{"queue": "q"}, "spec.minMember must be an integer from 1 to 2147483647; it is missing"},
+		"zero minMember":          {map[string]any{"minMember": int64(0)}, "spec.minMember must be an integer from 1 to 2147483647; got 0"},
+		"string minMember":        {map[string]any{"minMember": "3"}, `spec.minMember must be an integer from 1 to 2147483647; got "3"`},
+		"minMember above int32":   {map[string]any{"minMember": int64(1) << 31}, "spec.minMember"},
+		"negative task minimum":   {map[string]any{"minMember": int64(1), "minTaskMember": map[string]any{"w": int64(-1)}}, `spec.minTaskMember must be a map of task names to integers from 0 to 2147483647 (task "w"); got {"w":-1}`},
+		"task minimum a string":   {map[string]any{"minMember": int64(1), "minTaskMember": map[string]any{"w": "1"}}, "spec.minTaskMember"},
+		"minTaskMember a list":    {map[string]any{"minMember": int64(1), "minTaskMember": []any{int64(1)}}, "spec.minTaskMember must be a map"},
+		"task minimums overflow":  {map[string]any{"minMember": int64(1), "minTaskMember": map[string]any{"a": int64(math.MaxInt32), "b": int64(1)}}, "add up to at most"},
+		"queue a number":          {map[string]any{"minMember": int64(1), "queue": int64(3)}, "spec.queue must be a string; got 3"},
+		"priority class a number": {map[string]any{"minMember": int64(1), "priorityClassName": true}, "spec.priorityClassName must be a string; got true"},
+	} {
+		g, pod := volcanoGang(nil)
+		before := *g
+		err := g.ApplyPodGroup(volcanoPodGroup(tc.spec), pod)
+		if !errors.Is(err, ErrInvalidGang) || !strings.Contains(err.Error(), "Volcano PodGroup ml/train") || !strings.Contains(err.Error(), tc.wantErr) {
+			t.Errorf("%s: ApplyPodGroup = %v, want ErrInvalidGang naming the Volcano PodGroup and containing %q", name, err, tc.wantErr)
+		}
+		if diff := cmp.Diff(&before, g); diff != "" {
+			t.Errorf("%s: a refused PodGroup changed the gang (-before +after):\n%s", name, diff)
+		}
+	}
+	// An object of the other kind, or another object, never completes it.
+	g, pod := volcanoGang(nil)
+	if err := g.ApplyPodGroup(podGroupOf("scheduling.x-k8s.io/v1alpha1", map[string]any{"minMember": int64(3)}), pod); err == nil || !strings.Contains(err.Error(), "not of group scheduling.volcano.sh") {
+		t.Errorf("a scheduler-plugins object applied to a Volcano gang: %v", err)
+	}
+	other := volcanoPodGroup(map[string]any{"minMember": int64(3)})
+	other.SetName("other")
+	if err := g.ApplyPodGroup(other, pod); err == nil {
+		t.Error("another PodGroup applied to the gang")
+	}
+	// And a Volcano object never completes a scheduler-plugins gang.
+	spPod := gangPod(map[string]string{LabelPodGroup: "train"}, nil)
+	sp, _, _ := GangOf(spPod)
+	if err := sp.ApplyPodGroup(volcanoPodGroup(map[string]any{"minMember": int64(3)}), spPod); err == nil || !strings.Contains(err.Error(), "not of group scheduling.x-k8s.io") {
+		t.Errorf("a Volcano object applied to a scheduler-plugins gang: %v", err)
+	}
+	// Nor any object a gang declared by annotations.
+	annPod := gangPod(nil, map[string]string{AnnotationGang: "train", AnnotationGangMinMember: "1"})
+	ag, _, _ := GangOf(annPod)
+	if err := ag.ApplyPodGroup(volcanoPodGroup(map[string]any{"minMember": int64(3)}), annPod); err == nil {
+		t.Error("a PodGroup applied to a gang declared by annotations")
+	}
+}
+
+func podGroupOf(apiVersion string, spec map[string]any) *unstructured.Unstructured {
+	u := podGroup(spec)
+	u.SetAPIVersion(apiVersion)
+	u.SetKind("PodGroup")
+	return u
+}
+
+func TestGangSourcePodGroupGVR(t *testing.T) {
+	for src, want := range map[GangSource]string{GangFromPodGroup: "scheduling.x-k8s.io", GangFromVolcano: "scheduling.volcano.sh", GangFromAnnotations: ""} {
+		gvr, ok := src.PodGroupGVR()
+		if gvr.Group != want || ok != (want != "") || src.FromPodGroup() != ok {
+			t.Errorf("%s: PodGroupGVR = %v, %v", src, gvr, ok)
+		}
+	}
+	if VolcanoPodGroupGVR.String() != "scheduling.volcano.sh/v1beta1, Resource=podgroups" {
+		t.Errorf("VolcanoPodGroupGVR = %v", VolcanoPodGroupGVR)
+	}
+}
+
+// FuzzApplyVolcanoPodGroup: a Volcano PodGroup either completes the gang
+// with a valid size, queue and task minimums, or is refused with an error
+// naming the object and a spec field, leaving the gang as it was.
+func FuzzApplyVolcanoPodGroup(f *testing.F) {
+	f.Add(int64(3), true, "research", "high", "worker", int64(2), true, "")
+	f.Add(int64(0), true, "", "", "", int64(0), false, "")
+	f.Add(int64(2), true, "", "", "worker", int64(5), true, "")
+	f.Add(int64(2), false, "", "", "", int64(0), false, "")
+	f.Add(int64(1), true, "", "", "w", int64(-1), true, "")
+	f.Add(int64(1)<<31, true, "", "", "", int64(0), false, "")
+	f.Add(int64(4), true, "q", "", "w", int64(1), true, "2")
+	f.Fuzz(func(t *testing.T, minMember int64, hasMin bool, queue, pc, task string, taskMin int64, hasTask bool, podMin string) {
+		ann := map[string]string{AnnotationVolcanoGroupName: "train"}
+		if podMin != "" {
+			ann[AnnotationGangMinMember] = podMin
+		}
+		pod := gangPod(nil, ann)
+		g, _, err := GangOf(pod)
+		if err != nil {
+			return
+		}
+		spec := map[string]any{}
+		if hasMin {
+			spec["minMember"] = minMember
+		}
+		if queue != "" {
+			spec["queue"] = queue
+		}
+		if pc != "" {
+			spec["priorityClassName"] = pc
+		}
+		if hasTask {
+			spec["minTaskMember"] = map[string]any{task: taskMin}
+		}
+		before := *g
+		if err := g.ApplyPodGroup(volcanoPodGroup(spec), pod); err != nil {
+			if !errors.Is(err, ErrInvalidGang) || !strings.Contains(err.Error(), "Volcano PodGroup ml/train") || !strings.Contains(err.Error(), "spec.") {
+				t.Fatalf("error %v is not ErrInvalidGang naming the PodGroup and a field", err)
+			}
+			if diff := cmp.Diff(&before, g); diff != "" {
+				t.Fatalf("a refused PodGroup changed the gang:\n%s", diff)
+			}
+			return
+		}
+		if g.MinMember < 1 || g.Timeout <= 0 || g.Queue == "" || g.Source != GangFromVolcano {
+			t.Fatalf("applied an invalid PodGroup: %+v", g)
+		}
+		if podMin == "" {
+			sum := 0
+			for _, n := range g.MinTaskMember {
+				sum += n
+			}
+			if g.MinMember < sum || int64(g.MinMember) < minMember {
+				t.Fatalf("size %d below minMember %d or the tasks' sum %d", g.MinMember, minMember, sum)
+			}
+		}
+	})
 }
 
 func TestHasGangGate(t *testing.T) {
