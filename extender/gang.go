@@ -37,8 +37,10 @@ type GangClient interface {
 	RemoveGate(ctx context.Context, pod *corev1.Pod) error
 	// Evict evicts the pod through the Eviction API.
 	Evict(ctx context.Context, pod *corev1.Pod) error
-	// GetPodGroup reads a PodGroup (scheduling.x-k8s.io/v1alpha1).
-	GetPodGroup(ctx context.Context, namespace, name string) (*unstructured.Unstructured, error)
+	// GetPodGroup reads the PodGroup object of a gang declared by one:
+	// scheduler-plugins' (scheduling.x-k8s.io/v1alpha1) or Volcano's
+	// (scheduling.volcano.sh/v1beta1), by the gang's Source.
+	GetPodGroup(ctx context.Context, g *api.Gang) (*unstructured.Unstructured, error)
 }
 
 // KubeGang is the GangClient of a real API server. Dynamic may be nil:
@@ -128,12 +130,16 @@ func (k *KubeGang) Evict(ctx context.Context, pod *corev1.Pod) error {
 // ErrNoPodGroupClient is returned by GetPodGroup without a dynamic client.
 var ErrNoPodGroupClient = errors.New("the extender reads no PodGroup objects (no dynamic client)")
 
-// GetPodGroup reads a PodGroup.
-func (k *KubeGang) GetPodGroup(ctx context.Context, namespace, name string) (*unstructured.Unstructured, error) {
+// GetPodGroup reads the gang's PodGroup, of the kind its Source names.
+func (k *KubeGang) GetPodGroup(ctx context.Context, g *api.Gang) (*unstructured.Unstructured, error) {
+	gvr, ok := g.Source.PodGroupGVR()
+	if !ok {
+		return nil, fmt.Errorf("gang %s is declared by %s, not by a PodGroup", g.Key(), g.Source)
+	}
 	if k.Dynamic == nil {
 		return nil, ErrNoPodGroupClient
 	}
-	return k.Dynamic.Resource(api.PodGroupGVR).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
+	return k.Dynamic.Resource(gvr).Namespace(g.Namespace).Get(ctx, g.Name, metav1.GetOptions{})
 }
 
 // GangPlanner plans gangs all-or-nothing: it holds gated members until
@@ -294,8 +300,8 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 	logger := klog.FromContext(ctx)
 	g := gr.gang
-	if g.Source == api.GangFromPodGroup {
-		pg, err := p.client.GetPodGroup(ctx, g.Namespace, g.Name)
+	if g.Source.FromPodGroup() {
+		pg, err := p.client.GetPodGroup(ctx, g)
 		switch {
 		case err == nil:
 			if err := g.ApplyPodGroup(pg, gr.members[0]); err != nil {
@@ -303,7 +309,7 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 				return nil
 			}
 		case g.MinMember == 0:
-			p.wait(g.Key(), gatedOf(gr.members), fmt.Sprintf("PodGroup %s cannot be read: %v", g.Key(), err))
+			p.wait(g.Key(), gatedOf(gr.members), fmt.Sprintf("%s %s cannot be read: %v", g.Source, g.Key(), err))
 			return nil
 		}
 	}

@@ -39,6 +39,15 @@ func (b *podBuilder) PodGroup(name string) *podBuilder {
 	return b
 }
 
+// Volcano sets the annotation by which Volcano names the pod's PodGroup.
+func (b *podBuilder) Volcano(key, name string) *podBuilder {
+	if b.pod.Annotations == nil {
+		b.pod.Annotations = map[string]string{}
+	}
+	b.pod.Annotations[key] = name
+	return b
+}
+
 func (b *podBuilder) Gates(names ...string) *podBuilder {
 	for _, n := range names {
 		b.pod.Spec.SchedulingGates = append(b.pod.Spec.SchedulingGates, corev1.PodSchedulingGate{Name: n})
@@ -62,6 +71,9 @@ func TestReview(t *testing.T) {
 		{name: "not a gang member", req: makePod().Request(admissionv1.Create)},
 		{name: "annotated member", req: makePod().Gang("train", "4").Request(admissionv1.Create), wantPatch: `[{"op":"add","path":"/spec/schedulingGates","value":[` + gate + `]}]`},
 		{name: "PodGroup member with other gates", req: makePod().PodGroup("train").Gates("other").Request(admissionv1.Create), wantPatch: `[{"op":"add","path":"/spec/schedulingGates/-","value":` + gate + `}]`},
+		{name: "Volcano PodGroup member", req: makePod().Volcano(api.AnnotationVolcanoGroupName, "train").Request(admissionv1.Create), wantPatch: `[{"op":"add","path":"/spec/schedulingGates","value":[` + gate + `]}]`},
+		{name: "Volcano member, newer annotation", req: makePod().Volcano(api.AnnotationVolcanoGroupNameV2, "train").Gates("other").Request(admissionv1.Create), wantPatch: `[{"op":"add","path":"/spec/schedulingGates/-","value":` + gate + `}]`},
+		{name: "Volcano and scheduler-plugins PodGroups", req: makePod().PodGroup("train").Volcano(api.AnnotationVolcanoGroupName, "train").Request(admissionv1.Create), wantDeny: "ml/w-0: invalid gang declaration: label scheduling.x-k8s.io/pod-group names a scheduler-plugins PodGroup"},
 		{name: "already gated", req: makePod().Gang("train", "4").Gates(api.SchedulingGateGang).Request(admissionv1.Create)},
 		{name: "update passes", req: makePod().Gang("train", "4").Request(admissionv1.Update)},
 		{name: "malformed declaration", req: makePod().Gang("train", "").Request(admissionv1.Create), wantDeny: "ml/w-0: invalid gang declaration: tessera.dev/gang-min-member is required"},

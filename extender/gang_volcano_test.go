@@ -1,0 +1,119 @@
+package extender
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+func podGroupObject(gvr schema.GroupVersionResource, ns, name string, spec map[string]any) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": gvr.GroupVersion().String(), "kind": "PodGroup",
+		"metadata": map[string]any{"namespace": ns, "name": name},
+		"spec":     spec,
+	}}
+}
+
+// withPodGroups gives the fixture's planner a dynamic client holding
+// PodGroup objects of both kinds.
+func (f *gangFixture) withPodGroups(objs ...runtime.Object) {
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
+		api.PodGroupGVR: "PodGroupList", api.VolcanoPodGroupGVR: "PodGroupList",
+	}, objs...)
+	f.planner.client = &KubeGang{Client: f.client, Dynamic: dyn, Sealer: testSealer(f.t)}
+}
+
+// volcanoMember creates a gated pod naming its Volcano PodGroup.
+func (f *gangFixture) volcanoMember(group string, i, gpus int) {
+	f.t.Helper()
+	p := makePod(fmt.Sprintf("%s-%d", group, i)).Whole(int64(gpus)).Obj()
+	p.Annotations[api.AnnotationVolcanoGroupName] = group
+	p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "other.example/gate"}, {Name: api.SchedulingGateGang}}
+	if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// A Volcano gang is sized by its Volcano PodGroup, not by a
+// scheduler-plugins PodGroup of the same name.
+func TestGangVolcanoPodGroup(t *testing.T) {
+	f := newGangFixture(t, eightGPUNodes(2)...)
+	f.withPodGroups(
+		podGroupObject(api.VolcanoPodGroupGVR, "default", "train", map[string]any{"minMember": int64(3), "queue": "research"}),
+		podGroupObject(api.PodGroupGVR, "default", "train", map[string]any{"minMember": int64(5)}),
+	)
+	f.volcanoMember("train", 0, 4)
+	f.volcanoMember("train", 1, 4)
+	f.sync()
+	for name, s := range f.state("train-") {
+		if s.planned || !s.gated {
+			t.Fatalf("%s planned with 2 of 3 members: %+v", name, s)
+		}
+	}
+	if !f.hasEvent("2 of 3 members exist") {
+		t.Errorf("no Event says 2 of 3 members exist: %v", f.events.events)
+	}
+	f.volcanoMember("train", 2, 4)
+	f.sync()
+	st := f.state("train-")
+	if len(st) != 3 {
+		t.Fatalf("members %v", st)
+	}
+	for name, s := range st {
+		if !s.planned || s.gated || s.node == "" {
+			t.Errorf("%s not planned and released with the whole Volcano gang: %+v", name, s)
+		}
+	}
+}
+
+// A malformed Volcano PodGroup, or a missing one, holds the members with
+// an Event that says why.
+func TestGangVolcanoPodGroupRefused(t *testing.T) {
+	for name, tc := range map[string]struct {
+		objs []runtime.Object
+		want string
+	}{
+		"minMember 0":      {[]runtime.Object{podGroupObject(api.VolcanoPodGroupGVR, "default", "bad", map[string]any{"minMember": int64(0)})}, "Volcano PodGroup default/bad: invalid gang declaration: spec.minMember must be an integer from 1 to 2147483647; got 0"},
+		"minMember string": {[]runtime.Object{podGroupObject(api.VolcanoPodGroupGVR, "default", "bad", map[string]any{"minMember": "2"})}, `spec.minMember must be an integer from 1 to 2147483647; got "2"`},
+		"only a scheduler-plugins PodGroup": {[]runtime.Object{podGroupObject(api.PodGroupGVR, "default", "bad", map[string]any{"minMember": int64(2)})},
+			"VolcanoPodGroup default/bad cannot be read"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newGangFixture(t, eightGPUNodes(1)...)
+			f.withPodGroups(tc.objs...)
+			f.volcanoMember("bad", 0, 1)
+			f.volcanoMember("bad", 1, 1)
+			f.sync()
+			f.sync()
+			for name, s := range f.state("bad-") {
+				if s.planned || !s.gated {
+					t.Errorf("%s of a refused Volcano PodGroup: %+v; want it held", name, s)
+				}
+			}
+			if !f.hasEvent(tc.want) {
+				t.Errorf("no Event containing %q: %v", tc.want, f.events.events)
+			}
+		})
+	}
+}
+
+func (f *gangFixture) hasEvent(want string) bool {
+	f.events.mu.Lock()
+	defer f.events.mu.Unlock()
+	for _, e := range f.events.events {
+		if strings.HasPrefix(e, "GangWaiting: ") && strings.Contains(e, want) {
+			return true
+		}
+	}
+	return false
+}
