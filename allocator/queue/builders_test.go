@@ -24,8 +24,8 @@ func q(name, parent string, g int64, namespaces ...string) Spec {
 	return Spec{Name: name, Parent: parent, Namespaces: namespaces, Guaranteed: gpus(g)}
 }
 
-func (s Spec) limit(n int64) Spec     { s.Limit = gpus(n); return s }
-func (s Spec) weigh(w int64) Spec     { s.Weight = map[corev1.ResourceName]int64{gpu: w}; return s }
+func (s Spec) limit(n int64) Spec { s.Limit = gpus(n); return s }
+func (s Spec) weigh(w int64) Spec { s.Weight = map[corev1.ResourceName]int64{gpu: w}; return s }
 
 // departments is two departments of two teams each, every team
 // guaranteed 4 GPUs, every department 8, on 16 GPUs.
