@@ -509,3 +509,28 @@ func quotaResourceList() string {
 	}
 	return strings.Join(names, ", ")
 }
+
+// SchedulingGateQueue holds a GPU pod of a namespace a Queue serves until
+// Tessera admits it in queue order (priority tier, fair share, age). The
+// extender's admission webhook adds it; a gang member gets
+// SchedulingGateGang instead, which the same planner lifts.
+const SchedulingGateQueue = Domain + "/queue"
+
+// HasQueueGate reports whether the pod is held by SchedulingGateQueue.
+func HasQueueGate(pod *corev1.Pod) bool {
+	for _, gate := range pod.Spec.SchedulingGates {
+		if gate.Name == SchedulingGateQueue {
+			return true
+		}
+	}
+	return false
+}
+
+// IsTesseraGate reports whether a scheduling gate is one Tessera lifts.
+func IsTesseraGate(name string) bool {
+	return name == SchedulingGateGang || name == SchedulingGateQueue
+}
+
+// EventQueueWaiting: on a queued workload's pods, why its Queue does not
+// admit it yet (a limit, what other queues' guarantees need, ...).
+const EventQueueWaiting = "QueueWaiting"

@@ -24,6 +24,8 @@ import (
 
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/allocator/gang"
+	"github.com/tessera-gpu/tessera/allocator/queue"
+	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/gpureq"
 )
@@ -75,7 +77,7 @@ func (k *KubeGang) SetPlan(ctx context.Context, pod *corev1.Pod, value string) e
 	return err
 }
 
-// RemoveGate removes the gang gate with a JSON patch that first tests the
+// RemoveGate removes Tessera's gates (gang, queue) with a JSON patch that first tests the
 // gate is where pod has it, so a concurrent change fails instead of
 // removing another gate. When pod is stale (the informer's copy, say) the
 // test fails: the pod is read afresh and the removal tried once more.
@@ -95,21 +97,19 @@ func (k *KubeGang) RemoveGate(ctx context.Context, pod *corev1.Pod) error {
 }
 
 func (k *KubeGang) removeGate(ctx context.Context, pod *corev1.Pod) error {
-	i := -1
-	for j, g := range pod.Spec.SchedulingGates {
-		if g.Name == api.SchedulingGateGang {
-			i = j
+	ops := []map[string]any{{"op": "test", "path": "/metadata/uid", "value": pod.UID}}
+	// Every Tessera gate (the gang's, the queue's), last first so that the
+	// indices of the others hold.
+	for j := len(pod.Spec.SchedulingGates) - 1; j >= 0; j-- {
+		if name := pod.Spec.SchedulingGates[j].Name; api.IsTesseraGate(name) {
+			path := fmt.Sprintf("/spec/schedulingGates/%d", j)
+			ops = append(ops, map[string]any{"op": "test", "path": path + "/name", "value": name}, map[string]any{"op": "remove", "path": path})
 		}
 	}
-	if i < 0 {
+	if len(ops) == 1 {
 		return nil
 	}
-	path := fmt.Sprintf("/spec/schedulingGates/%d", i)
-	patch, err := json.Marshal([]map[string]any{
-		{"op": "test", "path": "/metadata/uid", "value": pod.UID},
-		{"op": "test", "path": path + "/name", "value": api.SchedulingGateGang},
-		{"op": "remove", "path": path},
-	})
+	patch, err := json.Marshal(ops)
 	if err != nil {
 		return fmt.Errorf("gate patch for pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
@@ -168,6 +168,13 @@ type GangPlanner struct {
 	// quota, when set, admits each gang whole and reclaims room for a
 	// gang within its namespace's min.
 	quota GangQuota
+	// queues, when set, orders the workloads and admits them by their
+	// Queue; qsnap is its snapshot for the current pass.
+	queues *QueueBook
+	qsnap  *QueueSnapshot
+	// schedulers are the schedulerNames whose pods the extender serves:
+	// only their ungated gang members are planned.
+	schedulers map[string]bool
 }
 
 // GangPlannerConfig configures a GangPlanner.
@@ -186,13 +193,28 @@ type GangPlannerConfig struct {
 	Now func() time.Time
 	// Quota may be nil: no quota.
 	Quota GangQuota
+	// Queues may be nil: no workload queues.
+	Queues *QueueBook
+	// SchedulerNames are the schedulerNames whose pods go through the
+	// extender (kube-scheduler's profiles that call it); default
+	// default-scheduler. A gang member of another scheduler is planned
+	// only when gated.
+	SchedulerNames []string
 }
 
 // NewGangPlanner returns a planner.
 func NewGangPlanner(cfg GangPlannerConfig) *GangPlanner {
-	p := &GangPlanner{cache: cfg.Cache, client: cfg.Client, pods: cfg.Pods, policy: cfg.Policy, events: cfg.Events, now: cfg.Now, waiting: map[string]string{}, quota: cfg.Quota}
+	p := &GangPlanner{cache: cfg.Cache, client: cfg.Client, pods: cfg.Pods, policy: cfg.Policy, events: cfg.Events, now: cfg.Now, waiting: map[string]string{}, quota: cfg.Quota,
+		queues: cfg.Queues, schedulers: map[string]bool{}}
 	if p.now == nil {
 		p.now = time.Now
+	}
+	names := cfg.SchedulerNames
+	if len(names) == 0 {
+		names = []string{corev1.DefaultSchedulerName}
+	}
+	for _, n := range names {
+		p.schedulers[n] = true
 	}
 	p.levels = toGangLevels(cfg.Levels)
 	return p
@@ -230,6 +252,12 @@ type group struct {
 	gang    *api.Gang
 	members []*corev1.Pod
 	oldest  time.Time
+	// key names the group in waiting and the queue order: the gang's key,
+	// or "pod <namespace>/<name>" for a single queued pod.
+	key string
+	// single is a GPU pod outside any gang held by the queue gate: a
+	// workload of one.
+	single bool
 }
 
 // Sync makes one pass over every gang. Errors of single gangs are
@@ -247,6 +275,11 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 		}
 		g, ok, err := api.GangOf(pod)
 		if !ok {
+			if api.HasQueueGate(pod) && pod.Spec.NodeName == "" {
+				key := "pod " + pod.Namespace + "/" + pod.Name
+				single := &api.Gang{Namespace: pod.Namespace, Name: pod.Name, MinMember: 1, Timeout: api.DefaultGangTimeout}
+				groups[key] = &group{gang: single, members: []*corev1.Pod{pod}, oldest: pod.CreationTimestamp.Time, key: key, single: true}
+			}
 			continue
 		}
 		if err != nil {
@@ -259,7 +292,7 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 		}
 		gr := groups[g.Key()]
 		if gr == nil {
-			gr = &group{gang: g, oldest: pod.CreationTimestamp.Time}
+			gr = &group{gang: g, oldest: pod.CreationTimestamp.Time, key: g.Key()}
 			groups[g.Key()] = gr
 		}
 		gr.members = append(gr.members, pod)
@@ -275,14 +308,13 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 		sort.Slice(gr.members, func(i, j int) bool { return gr.members[i].Name < gr.members[j].Name })
 		order = append(order, gr)
 	}
-	// Oldest gang first: a gang that waits is not overtaken forever by
-	// newer ones that fit in what it leaves.
-	sort.Slice(order, func(i, j int) bool {
-		if !order[i].oldest.Equal(order[j].oldest) {
-			return order[i].oldest.Before(order[j].oldest)
+	p.qsnap = nil
+	if p.queues != nil {
+		if p.qsnap, err = p.queues.Snapshot(); err != nil {
+			return fmt.Errorf("queues: %w", err)
 		}
-		return order[i].gang.Key() < order[j].gang.Key()
-	})
+	}
+	p.order(order)
 	var errs []error
 	for _, gr := range order {
 		if err := p.syncGroup(ctx, gr); err != nil {
@@ -297,9 +329,51 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// order sorts the groups into the order they are planned. Without queues,
+// oldest first: a gang that waits is not overtaken forever by newer ones
+// that fit in what it leaves. With queues, the queues' order: priority
+// tier first, then fair share (the queue's share of its entitlement, by
+// decayed usage history), then age; workloads of namespaces no Queue
+// serves go after queued ones of their tier.
+func (p *GangPlanner) order(order []*group) {
+	if p.qsnap == nil || p.qsnap.State.Tree == nil || len(p.qsnap.State.Tree.Names()) == 0 {
+		sort.Slice(order, func(i, j int) bool {
+			if !order[i].oldest.Equal(order[j].oldest) {
+				return order[i].oldest.Before(order[j].oldest)
+			}
+			return order[i].key < order[j].key
+		})
+		return
+	}
+	ws := make([]queue.Workload, len(order))
+	byKey := make(map[string]*group, len(order))
+	for i, gr := range order {
+		q, _ := p.qsnap.QueueOf(gr.gang.Namespace)
+		w := queue.Workload{Key: gr.key, Queue: q, Created: gr.oldest, Uses: quota.Resources{}}
+		for _, m := range gr.members {
+			w.Priority = max(w.Priority, priorityOf(m))
+			w.Uses = w.Uses.Add(gpureq.QuotaCount(m))
+		}
+		ws[i] = w
+		byKey[gr.key] = gr
+	}
+	p.qsnap.State.Order(ws)
+	for i, w := range ws {
+		order[i] = byKey[w.Key]
+	}
+}
+
 func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 	logger := klog.FromContext(ctx)
 	g := gr.gang
+	if gr.single {
+		m := gr.members[0]
+		if plan, ok, err := api.GetGangPlan(m.Annotations); ok && err == nil && plan.Gang == m.Name {
+			// Planned, but the gate's removal failed: lift it again.
+			return p.client.RemoveGate(ctx, m)
+		}
+		return p.plan(ctx, gr.key, g, gr.members, 1)
+	}
 	if g.Source.FromPodGroup() {
 		pg, err := p.client.GetPodGroup(ctx, g)
 		switch {
@@ -332,6 +406,11 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 			gated = append(gated, m)
 		case api.HasGangGate(m):
 			gated = append(gated, m)
+		case m.Spec.NodeName == "" && p.serves(m):
+			// Created without the gate (the webhook absent or failing
+			// open): the extender binds no member without a plan, so the
+			// planner plans it as if gated.
+			gated = append(gated, m)
 		}
 	}
 	if len(planned) > 0 {
@@ -355,7 +434,7 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 		if len(gated) > 0 && len(errs) == 0 {
 			// Members beyond minMember that came later join the running
 			// gang one plan at a time.
-			errs = append(errs, p.plan(ctx, g, gated, len(gated)))
+			errs = append(errs, p.plan(ctx, gr.key, g, gated, len(gated)))
 		}
 		return errors.Join(errs...)
 	}
@@ -366,7 +445,17 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 		p.wait(g.Key(), gated, fmt.Sprintf("gang %s: %d of %d members exist (gated)", g.Key(), len(gated), g.MinMember))
 		return nil
 	}
-	return p.plan(ctx, g, gated, g.MinMember)
+	return p.plan(ctx, gr.key, g, gated, g.MinMember)
+}
+
+// serves reports whether the extender schedules pod (its schedulerName is
+// one of the profiles that call the extender).
+func (p *GangPlanner) serves(pod *corev1.Pod) bool {
+	name := pod.Spec.SchedulerName
+	if name == "" {
+		name = corev1.DefaultSchedulerName
+	}
+	return p.schedulers[name]
 }
 
 func anyBound(pods []*corev1.Pod) bool {
@@ -413,24 +502,45 @@ func (p *GangPlanner) waitQuota(key string, pods []*corev1.Pod, reason string) {
 	p.wait(key, pods, reason)
 }
 
+// waitQueue is wait for a queue's refusal, with a QueueWaiting Event.
+func (p *GangPlanner) waitQueue(key string, pods []*corev1.Pod, reason string) {
+	if p.waiting[key] != reason && p.events != nil {
+		for _, m := range pods {
+			p.events.Eventf(m, corev1.EventTypeNormal, api.EventQueueWaiting, "tessera: %s", reason)
+		}
+	}
+	p.waiting[key] = reason
+}
+
 // plan plans members (at least minMember of them) as one group and, when
 // the whole group fits, reserves, records and releases it.
-func (p *GangPlanner) plan(ctx context.Context, g *api.Gang, members []*corev1.Pod, minMember int) error {
+func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members []*corev1.Pod, minMember int) error {
 	logger := klog.FromContext(ctx)
 	demands := make([]Demand, len(members))
 	shared := false
 	for i, m := range members {
 		d, err := ParseDemand(m)
 		if err != nil {
-			p.wait(g.Key(), members, fmt.Sprintf("gang %s: member %s: %v", g.Key(), m.Name, err))
+			p.wait(key, members, fmt.Sprintf("gang %s: member %s: %v", g.Key(), m.Name, err))
 			return nil
 		}
 		demands[i] = d
 		shared = shared || d.Kind() == allocator.Shared
 	}
+	q, queued := p.qsnap.QueueOf(g.Namespace)
+	want := quota.Resources{}
+	if queued {
+		for _, m := range members {
+			want = want.Add(gpureq.QuotaCount(m))
+		}
+		if d := p.qsnap.State.Admit(q, want); !d.Allowed {
+			p.waitQueue(key, members, d.Reason)
+			return nil
+		}
+	}
 	if p.quota != nil {
 		if v := p.quota.AdmitGang(ctx, g.Namespace, members); !v.Allowed {
-			p.waitQuota(g.Key(), members, v.Message)
+			p.waitQuota(key, members, v.Message)
 			return nil
 		}
 	}
@@ -455,7 +565,7 @@ func (p *GangPlanner) plan(ctx context.Context, g *api.Gang, members []*corev1.P
 				reason += "; quota reclaim: " + rerr.Error()
 			}
 		}
-		p.wait(g.Key(), members, reason)
+		p.wait(key, members, reason)
 		return nil
 	}
 	expires := p.now().Add(g.Timeout).UTC().Truncate(time.Second)
@@ -499,7 +609,17 @@ func (p *GangPlanner) plan(ctx context.Context, g *api.Gang, members []*corev1.P
 			errs = append(errs, fmt.Errorf("gang %s: removing the gate of %s: %w", g.Key(), m.Name, err))
 		}
 	}
-	delete(p.waiting, g.Key())
+	delete(p.waiting, key)
+	if queued {
+		// The next workloads of this pass see what this one takes.
+		st := p.qsnap.State
+		st.Used[q] = st.Used[q].Add(want)
+		pend := st.Pending[q].Sub(want)
+		for r, v := range pend {
+			pend[r] = max(v, 0)
+		}
+		st.Pending[q] = pend
+	}
 	where := "the cluster"
 	if res.Level != "" {
 		where = res.Level + "=" + res.Domain
@@ -619,10 +739,9 @@ func GangTrigger(trigger chan<- struct{}) toolscache.ResourceEventHandler {
 		if !ok {
 			return
 		}
-		_, isGang := pod.Annotations[api.AnnotationGang]
-		_, isGroup := pod.Labels[api.LabelPodGroup]
+		_, member, _ := api.GangOf(pod)
 		_, planned := pod.Annotations[api.AnnotationGangPlan]
-		if !isGang && !isGroup && !planned {
+		if !member && !planned && !api.HasQueueGate(pod) {
 			// A pod leaving frees room a waiting gang may need: only
 			// deletions and completions of other pods matter, and the
 			// periodic pass sees those soon enough.

@@ -51,6 +51,10 @@ import (
 // is served.
 const pathAdmissionGang = "/admission/gang"
 
+// pathAdmissionQueue is where the mutating webhook that gates the GPU pods
+// of namespaces a Queue serves is served (deploy/extender/webhook.yaml).
+const pathAdmissionQueue = "/admission/queue"
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stderr)
@@ -83,6 +87,10 @@ type options struct {
 	quotaResync      time.Duration
 	shortlist        int
 	sealKeyNamespace string
+
+	queues          bool
+	queueHalfLife   time.Duration
+	queueStatusEach time.Duration
 
 	preemption           bool
 	preemptionMinRuntime time.Duration
@@ -118,6 +126,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.quotaRetry, "quota-crd-retry", 30*time.Second, "how often to look again for an ElasticQuota CRD that is not installed")
 	fs.DurationVar(&o.quotaHold, "quota-reclaim-hold", 2*time.Minute, "how long room reclaimed for a namespace is held for its waiting work (no other namespace may borrow it meanwhile)")
 	fs.DurationVar(&o.quotaResync, "quota-resync", 2*time.Second, "how often pods kube-scheduler found unschedulable are checked for a reclaim within their namespace's min")
+	fs.BoolVar(&o.queues, "queues", true, "admit the GPU workloads of namespaces a Queue (queues.tessera.dev) serves in queue order, by the Queues' guarantees, limits and fair share (docs/queues.md); without the CRD installed nothing is queued until it appears")
+	fs.DurationVar(&o.queueHalfLife, "queue-half-life", 24*time.Hour, "half-life of the Queues' usage history (fair share by what a queue used lately)")
+	fs.DurationVar(&o.queueStatusEach, "queue-status-period", 10*time.Second, "how often each Queue's status (used, fair share, usage history) is written")
 	fs.BoolVar(&o.preemption, "preemption", true, "Tessera's priority preemption for GPU pods of every shape (whole GPUs and slices), which kube-scheduler cannot see (docs/extender.md)")
 	fs.DurationVar(&o.preemptionMinRuntime, "preemption-min-runtime", 0, "a pod that started less than this long ago is not preempted")
 	fs.DurationVar(&o.preemptionHold, "preemption-hold", 2*time.Minute, "how long the room preemption frees is held for the pod it was freed for")
@@ -220,7 +231,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	srv.SetShortlist(o.shortlist)
 
 	var dyn dynamic.Interface
-	if o.gangPlanner || o.quota {
+	if o.gangPlanner || o.quota || o.queues {
 		if dyn, err = dynamic.NewForConfig(cfg); err != nil {
 			return fmt.Errorf("dynamic client: %w", err)
 		}
@@ -266,12 +277,38 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}})
 	}
 
+	var queues *extender.QueueBook
+	var queueWatcher *extender.CRDWatcher
+	if o.queues && o.gangPlanner { // the planner lifts the queue gate
+		nodeLister := factory.Core().V1().Nodes().Lister()
+		queueWatcher = &extender.CRDWatcher{Dynamic: dyn, Discovery: client.Discovery(), Retry: o.quotaRetry, Resource: api.QueueGVR, Kind: api.QueueKind, OnChange: func() {
+			select { // queues changed: a waiting workload may now be admitted
+			case trigger <- struct{}{}:
+			default:
+			}
+		}}
+		queues = &extender.QueueBook{
+			Queues:   queueWatcher,
+			Pods:     func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) },
+			Nodes:    func() ([]*corev1.Node, error) { return nodeLister.List(labels.Everything()) },
+			HalfLife: o.queueHalfLife, Dynamic: dyn,
+		}
+	}
+
 	var ready atomic.Bool
 	verbs := http.NewServeMux()
 	srv.Register(verbs)
 	mux := http.NewServeMux()
-	// The webhook needs no cache: it only looks at the pod under review.
-	mux.Handle("POST "+pathAdmissionGang, admission.Handler{})
+	// The gang webhook needs no cache: it only looks at the pod under
+	// review. The queue webhook asks the Queues which namespaces they
+	// serve (none until they are read: pods are then not gated, as with
+	// the webhook down).
+	webhook := admission.Handler{}
+	if queues != nil {
+		webhook.Queued = queues.Queued
+	}
+	mux.Handle("POST "+pathAdmissionGang, webhook)
+	mux.Handle("POST "+pathAdmissionQueue, webhook)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !ready.Load() {
@@ -314,6 +351,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		if enforcer != nil {
 			pcfg.Quota = enforcer
 		}
+		pcfg.Queues = queues
 		planner = extender.NewGangPlanner(pcfg)
 		if _, err := podInf.AddEventHandler(extender.GangTrigger(trigger)); err != nil {
 			return fmt.Errorf("pod informer: %w", err)
@@ -340,6 +378,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		if quotas != nil {
 			go quotas.Run(ctx)
 		}
+		if queues != nil {
+			go queueWatcher.Run(ctx)
+		}
 		for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
 			if !ok {
 				logger.Info("Informer cache did not sync", "type", typ)
@@ -357,6 +398,18 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 				}
 			}
 			go enforcer.Run(ctx, o.quotaResync)
+		}
+		if queues != nil {
+			// Not ready before the Queues are known (or known to be
+			// none): planning meanwhile could pass a limit.
+			for !queueWatcher.Decided() {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+			go queues.Run(ctx, o.queueStatusEach)
 		}
 		if preemptor != nil {
 			go preemptor.Run(ctx, o.preemptionResync)

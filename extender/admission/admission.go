@@ -1,8 +1,10 @@
-// Package admission is the extender's mutating admission webhook for gangs:
-// a pod that declares a gang (api.GangOf) is created with the scheduling
-// gate api.SchedulingGateGang, so kube-scheduler leaves it alone until the
-// gang planner has placed the whole gang and lifts the gate. A malformed
-// gang declaration is refused at creation with the reason.
+// Package admission is the extender's mutating admission webhook for gangs
+// and queues: a pod that declares a gang (api.GangOf) is created with the
+// scheduling gate api.SchedulingGateGang, so kube-scheduler leaves it alone
+// until the gang planner has placed the whole gang and lifts the gate. A
+// malformed gang declaration is refused at creation with the reason. A GPU
+// pod outside any gang, in a namespace a Queue serves, is created with
+// api.SchedulingGateQueue: the same planner admits it in queue order.
 //
 // The HTTP handler decodes, calls the pure Review, and encodes.
 package admission
@@ -20,6 +22,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
 )
 
 // patchOp is one JSON Patch (RFC 6902) operation.
@@ -32,8 +35,9 @@ type patchOp struct {
 var podResource = metav1.GroupVersionResource{Version: "v1", Resource: "pods"}
 
 // Review decides one admission request. It never fails: a request it cannot
-// read is refused with the reason.
-func Review(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+// read is refused with the reason. queued reports whether a Queue serves a
+// namespace (nil: none does).
+func Review(req *admissionv1.AdmissionRequest, queued func(namespace string) bool) *admissionv1.AdmissionResponse {
 	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
 	if req.Resource != podResource || req.Operation != admissionv1.Create {
 		return resp
@@ -52,10 +56,16 @@ func Review(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
 	if err != nil {
 		return deny(resp, http.StatusUnprocessableEntity, err.Error())
 	}
-	if !member || api.HasGangGate(&pod) {
-		return resp
-	}
 	gate := corev1.PodSchedulingGate{Name: api.SchedulingGateGang}
+	switch {
+	case member && api.HasGangGate(&pod):
+		return resp
+	case member:
+	case queued == nil || api.HasQueueGate(&pod) || len(gpureq.QuotaCount(&pod)) == 0 || !queued(pod.Namespace):
+		return resp
+	default:
+		gate.Name = api.SchedulingGateQueue
+	}
 	op := patchOp{Op: "add", Path: "/spec/schedulingGates/-", Value: gate}
 	if len(pod.Spec.SchedulingGates) == 0 {
 		op = patchOp{Op: "add", Path: "/spec/schedulingGates", Value: []corev1.PodSchedulingGate{gate}}
@@ -80,7 +90,10 @@ func deny(resp *admissionv1.AdmissionResponse, code int32, msg string) *admissio
 const maxBody = 8 << 20
 
 // Handler serves Review over HTTP as the API server calls webhooks.
-type Handler struct{}
+type Handler struct {
+	// Queued reports whether a Queue serves a namespace; nil: none does.
+	Queued func(namespace string) bool
+}
 
 var _ http.Handler = Handler{}
 
@@ -88,7 +101,7 @@ type errorReply struct {
 	Error string `json:"error"`
 }
 
-func (Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (h Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	logger := klog.FromContext(r.Context())
 	fail := func(code int, msg string) {
 		w.Header().Set("Content-Type", "application/json")
@@ -117,7 +130,7 @@ func (Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fail(http.StatusBadRequest, errors.New("admission review without a request").Error())
 		return
 	}
-	resp := Review(review.Request)
+	resp := Review(review.Request, h.Queued)
 	if !resp.Allowed {
 		logger.Info("Refused a pod's gang declaration", "pod", klog.KRef(review.Request.Namespace, review.Request.Name), "reason", resp.Result.Message)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
@@ -81,7 +82,7 @@ func TestReview(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			resp := Review(tc.req)
+			resp := Review(tc.req, nil)
 			if resp.UID != tc.req.UID {
 				t.Errorf("UID = %q, want %q", resp.UID, tc.req.UID)
 			}
@@ -143,5 +144,54 @@ func TestHandler(t *testing.T) {
 		if resp.StatusCode != tc.code || err != nil || reply.Error == "" {
 			t.Errorf("%s: status %d, JSON error %q (%v); want %d with a JSON error", name, resp.StatusCode, reply.Error, err, tc.code)
 		}
+	}
+}
+
+// A GPU pod outside any gang, in a namespace a Queue serves, gets the
+// queue gate; a gang member the gang gate; nothing else is touched.
+func TestReviewQueued(t *testing.T) {
+	gpu := func(b *podBuilder) *podBuilder {
+		b.pod.Spec.Containers = []corev1.Container{{Name: "main", Resources: corev1.ResourceRequirements{
+			Limits: corev1.ResourceList{api.ResourceGPU: resource.MustParse("1")}}}}
+		return b
+	}
+	queued := func(ns string) bool { return ns == "ml" }
+	tests := []struct {
+		name   string
+		req    *admissionv1.AdmissionRequest
+		queued func(string) bool
+		want   string // the gate added, "" for none
+	}{
+		{"GPU pod in a queued namespace", gpu(makePod()).Request(admissionv1.Create), queued, api.SchedulingGateQueue},
+		{"gang member in a queued namespace", gpu(makePod()).Gang("g", "2").Request(admissionv1.Create), queued, api.SchedulingGateGang},
+		{"already gated by its user", gpu(makePod()).Gates(api.SchedulingGateQueue).Request(admissionv1.Create), queued, ""},
+		{"pod without a GPU", makePod().Request(admissionv1.Create), queued, ""},
+		{"namespace no Queue serves", gpu(makePod()).Request(admissionv1.Create), func(string) bool { return false }, ""},
+		{"no queues at all", gpu(makePod()).Request(admissionv1.Create), nil, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := Review(tc.req, tc.queued)
+			if !resp.Allowed {
+				t.Fatalf("refused: %v", resp.Result)
+			}
+			got := ""
+			if resp.Patch != nil {
+				var ops []struct {
+					Value json.RawMessage `json:"value"`
+				}
+				if err := json.Unmarshal(resp.Patch, &ops); err != nil || len(ops) != 1 {
+					t.Fatalf("patch %s: %v", resp.Patch, err)
+				}
+				for _, n := range []string{api.SchedulingGateGang, api.SchedulingGateQueue} {
+					if strings.Contains(string(ops[0].Value), `"`+n+`"`) {
+						got = n
+					}
+				}
+			}
+			if got != tc.want {
+				t.Errorf("gate %q (patch %s), want %q", got, resp.Patch, tc.want)
+			}
+		})
 	}
 }

@@ -1,0 +1,303 @@
+package extender
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/allocator/queue"
+	"github.com/tessera-gpu/tessera/allocator/quota"
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
+)
+
+// ObjectSource gives the objects of a custom resource.
+type ObjectSource interface {
+	Objects() []*unstructured.Unstructured
+}
+
+var _ ObjectSource = (*CRDWatcher)(nil)
+
+// QueueBook is the extender's view of the workload queues
+// (tessera.dev/v1alpha1 Queue): the Queue objects (a CRDWatcher of
+// api.QueueGVR), what each leaf queue's namespaces use and wait for (the
+// pod informer), the cluster's capacity (the nodes' GPU capacity), and
+// each queue's decayed usage history, kept in the Queue's status so that
+// a restart keeps it (Run writes it).
+type QueueBook struct {
+	// Queues gives the Queue objects (a CRDWatcher of api.QueueGVR).
+	Queues ObjectSource
+	// Pods and Nodes list the informers' caches.
+	Pods  func() ([]*corev1.Pod, error)
+	Nodes func() ([]*corev1.Node, error)
+	// HalfLife is the half-life of the usage history.
+	HalfLife time.Duration
+	// Dynamic writes the Queues' status (Run); may be nil for a book that
+	// only reads.
+	Dynamic dynamic.Interface
+	Now     func() time.Time
+
+	mu        sync.Mutex
+	malformed map[string]string // queue -> last error logged
+}
+
+func (b *QueueBook) now() time.Time {
+	if b.Now != nil {
+		return b.Now()
+	}
+	return time.Now()
+}
+
+// queueObjects are the decoded Queues.
+type queueObjects struct {
+	specs  []queue.Spec
+	status map[string]api.QueueStatus
+	objs   map[string]*unstructured.Unstructured
+}
+
+// load decodes the watcher's Queues. A malformed Queue is logged (once
+// per error) and kept as a queue that admits nothing (every limit 0) for
+// the namespaces it names, so that a broken object never lets its
+// namespaces run unqueued. A malformed status only loses its history.
+func (b *QueueBook) load() queueObjects {
+	out := queueObjects{status: map[string]api.QueueStatus{}, objs: map[string]*unstructured.Unstructured{}}
+	var objs []*unstructured.Unstructured
+	if b.Queues != nil {
+		objs = b.Queues.Objects()
+	}
+	for _, u := range objs {
+		out.objs[u.GetName()] = u
+		q, err := api.QueueFromUnstructured(u)
+		if err != nil {
+			b.logMalformed(u.GetName(), err)
+			ns, _, _ := unstructured.NestedStringSlice(u.Object, "spec", "namespaces")
+			closed := quota.Resources{}
+			for _, r := range api.QuotaResources() {
+				closed[r] = 0
+			}
+			out.specs = append(out.specs, queue.Spec{Name: u.GetName(), Namespaces: ns, Limit: closed})
+			continue
+		}
+		out.specs = append(out.specs, specOf(q))
+		st, err := api.QueueStatusFromUnstructured(u)
+		if err != nil {
+			b.logMalformed(u.GetName()+" status", err)
+			continue
+		}
+		out.status[q.Name] = st
+	}
+	sort.Slice(out.specs, func(i, j int) bool { return out.specs[i].Name < out.specs[j].Name })
+	return out
+}
+
+func (b *QueueBook) logMalformed(key string, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.malformed == nil {
+		b.malformed = map[string]string{}
+	}
+	if b.malformed[key] != err.Error() {
+		b.malformed[key] = err.Error()
+		klog.Background().Info("Malformed Queue: its namespaces admit nothing new until it is fixed", "queue", key, "err", err)
+	}
+}
+
+// specOf is the pure core's view of a Queue.
+func specOf(q *api.Queue) queue.Spec {
+	sp := queue.Spec{Name: q.Name, Parent: q.Parent, Namespaces: q.Namespaces, Guaranteed: quota.Resources{}, Limit: quota.Resources{}, Weight: map[corev1.ResourceName]int64{}}
+	for r, v := range q.Resources {
+		sp.Guaranteed[r] = v.Guaranteed
+		if v.Limited {
+			sp.Limit[r] = v.Limit
+		}
+		sp.Weight[r] = v.Weight
+	}
+	return sp
+}
+
+// QueueSnapshot is the queues' state at one moment.
+type QueueSnapshot struct {
+	State *queue.State
+	// Status is each Queue's status as last written.
+	Status map[string]api.QueueStatus
+	objs   map[string]*unstructured.Unstructured
+}
+
+// QueueOf returns the leaf queue serving namespace ns.
+func (s *QueueSnapshot) QueueOf(ns string) (string, bool) {
+	if s == nil || s.State == nil || s.State.Tree == nil {
+		return "", false
+	}
+	return s.State.Tree.QueueOf(ns)
+}
+
+// Snapshot builds the queues' state now: used is what the served
+// namespaces' pods bound or planned use, pending what their other pods
+// wait for; the history is each leaf's status usage accrued to now.
+func (b *QueueBook) Snapshot() (*QueueSnapshot, error) {
+	objs := b.load()
+	tree := queue.Build(objs.specs)
+	snap := &QueueSnapshot{Status: objs.status, objs: objs.objs, State: &queue.State{
+		Tree: tree, Used: map[string]quota.Resources{}, Pending: map[string]quota.Resources{}, Usage: map[string]queue.Usage{}, HalfLife: b.HalfLife,
+	}}
+	if len(objs.specs) == 0 {
+		return snap, nil
+	}
+	nodes, err := b.Nodes()
+	if err != nil {
+		return nil, fmt.Errorf("listing nodes: %w", err)
+	}
+	snap.State.Capacity = clusterCapacity(nodes, func(n *corev1.Node) corev1.ResourceList { return n.Status.Capacity })
+	pods, err := b.Pods()
+	if err != nil {
+		return nil, fmt.Errorf("listing pods: %w", err)
+	}
+	for _, p := range pods {
+		q, ok := tree.QueueOf(p.Namespace)
+		if !ok || gpureq.Ended(p) {
+			continue
+		}
+		uses := gpureq.QuotaCount(p)
+		if len(uses) == 0 {
+			continue
+		}
+		_, planned := p.Annotations[api.AnnotationGangPlan]
+		if p.Spec.NodeName != "" || planned {
+			snap.State.Used[q] = snap.State.Used[q].Add(uses)
+		} else {
+			snap.State.Pending[q] = snap.State.Pending[q].Add(uses)
+		}
+	}
+	now := b.now()
+	for _, leaf := range tree.Leaves() {
+		st, ok := objs.status[leaf]
+		if !ok || st.UsageUpdated.IsZero() {
+			continue
+		}
+		snap.State.Usage[leaf] = queue.Accrue(queue.Usage(st.Usage), snap.State.Used[leaf], elapsedSince(st.UsageUpdated, now), b.HalfLife)
+	}
+	return snap, nil
+}
+
+// elapsedSince is now − t, 0 when t is in the future (a skewed clock).
+func elapsedSince(t, now time.Time) time.Duration {
+	if d := now.Sub(t); d > 0 {
+		return d
+	}
+	return 0
+}
+
+// Queued reports whether namespace ns is served by a queue: its GPU pods
+// are then admitted in queue order (the admission webhook gates them).
+func (b *QueueBook) Queued(ns string) bool {
+	_, ok := queue.Build(b.load().specs).QueueOf(ns)
+	return ok
+}
+
+// Run writes every Queue's status every period until ctx is done.
+func (b *QueueBook) Run(ctx context.Context, period time.Duration) {
+	logger := klog.FromContext(ctx)
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := b.WriteStatus(ctx); err != nil {
+			logger.Info("Writing Queue status failed; retrying", "err", err)
+		}
+	}
+}
+
+// WriteStatus writes each Queue's status: used (its subtree's), its
+// guarantee, its fair share, and its usage history accrued to now (a
+// parent's is the sum of its leaves'). A Queue whose status changed
+// meanwhile is written on the next pass (a conflict is not an error).
+func (b *QueueBook) WriteStatus(ctx context.Context) error {
+	if b.Dynamic == nil {
+		return nil
+	}
+	snap, err := b.Snapshot()
+	if err != nil {
+		return err
+	}
+	st := snap.State
+	if st.Tree == nil || len(snap.objs) == 0 {
+		return nil
+	}
+	now := b.now().UTC().Truncate(time.Millisecond)
+	fair := st.FairShare()
+	statuses := b.statuses(snap, fair, now)
+	var errs []error
+	for name, status := range statuses {
+		u := snap.objs[name].DeepCopy()
+		u.Object["status"] = status.Object()
+		_, err := b.Dynamic.Resource(api.QueueGVR).UpdateStatus(ctx, u, metav1.UpdateOptions{FieldManager: FieldManager})
+		if err != nil && !apierrors.IsConflict(err) {
+			errs = append(errs, fmt.Errorf("queue %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// statuses computes what WriteStatus writes, by queue.
+func (b *QueueBook) statuses(snap *QueueSnapshot, fair map[string]quota.Resources, now time.Time) map[string]api.QueueStatus {
+	st := snap.State
+	tree := st.Tree
+	out := map[string]api.QueueStatus{}
+	used := map[string]quota.Resources{}
+	usage := map[string]queue.Usage{}
+	// Leaves first, then each parent sums its children (names in Build's
+	// order do not say depth, so walk each leaf's path).
+	for _, leaf := range tree.Leaves() {
+		u := queue.Usage{}
+		if prev, ok := snap.Status[leaf]; ok && !prev.UsageUpdated.IsZero() {
+			u = queue.Accrue(queue.Usage(prev.Usage), st.Used[leaf], elapsedSince(prev.UsageUpdated, now), b.HalfLife)
+		}
+		for _, q := range tree.Path(leaf) {
+			used[q] = used[q].Add(st.Used[leaf])
+			sum := usage[q]
+			if sum == nil {
+				sum = queue.Usage{}
+			}
+			for r, v := range u {
+				sum[r] += v
+			}
+			usage[q] = sum
+		}
+	}
+	for _, name := range tree.Names() {
+		if _, ok := snap.objs[name]; !ok {
+			continue
+		}
+		sp, _ := tree.Spec(name)
+		status := api.QueueStatus{Used: map[corev1.ResourceName]int64{}, Guaranteed: map[corev1.ResourceName]int64{}, FairShare: map[corev1.ResourceName]int64{},
+			Usage: map[corev1.ResourceName]float64{}, UsageUpdated: now}
+		for r, v := range used[name] {
+			status.Used[r] = v
+		}
+		for r, v := range sp.Guaranteed {
+			status.Guaranteed[r] = v
+		}
+		for r, v := range fair[name] {
+			status.FairShare[r] = v
+		}
+		for r, v := range usage[name] {
+			status.Usage[r] = v
+		}
+		out[name] = status
+	}
+	return out
+}
