@@ -170,8 +170,9 @@ type GangPlanner struct {
 	quota GangQuota
 	// queues, when set, orders the workloads and admits them by their
 	// Queue; qsnap is its snapshot for the current pass.
-	queues *QueueBook
-	qsnap  *QueueSnapshot
+	queues       *QueueBook
+	qsnap        *QueueSnapshot
+	queueReclaim QueueReclaim
 	// schedulers are the schedulerNames whose pods the extender serves:
 	// only their ungated gang members are planned.
 	schedulers map[string]bool
@@ -193,8 +194,10 @@ type GangPlannerConfig struct {
 	Now func() time.Time
 	// Quota may be nil: no quota.
 	Quota GangQuota
-	// Queues may be nil: no workload queues.
-	Queues *QueueBook
+	// Queues may be nil: no workload queues. QueueReclaim may be nil: no
+	// reclaim for queues.
+	Queues       *QueueBook
+	QueueReclaim QueueReclaim
 	// SchedulerNames are the schedulerNames whose pods go through the
 	// extender (kube-scheduler's profiles that call it); default
 	// default-scheduler. A gang member of another scheduler is planned
@@ -205,7 +208,7 @@ type GangPlannerConfig struct {
 // NewGangPlanner returns a planner.
 func NewGangPlanner(cfg GangPlannerConfig) *GangPlanner {
 	p := &GangPlanner{cache: cfg.Cache, client: cfg.Client, pods: cfg.Pods, policy: cfg.Policy, events: cfg.Events, now: cfg.Now, waiting: map[string]string{}, quota: cfg.Quota,
-		queues: cfg.Queues, schedulers: map[string]bool{}}
+		queues: cfg.Queues, queueReclaim: cfg.QueueReclaim, schedulers: map[string]bool{}}
 	if p.now == nil {
 		p.now = time.Now
 	}
@@ -314,13 +317,12 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 			return fmt.Errorf("queues: %w", err)
 		}
 	}
-	p.order(order)
 	var errs []error
-	for _, gr := range order {
+	p.inOrder(order, func(gr *group) {
 		if err := p.syncGroup(ctx, gr); err != nil {
 			errs = append(errs, err)
 		}
-	}
+	})
 	for key := range p.waiting {
 		if _, live := groups[key]; !live && !malformed[key] {
 			delete(p.waiting, key)
@@ -329,37 +331,67 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// order sorts the groups into the order they are planned. Without queues,
-// oldest first: a gang that waits is not overtaken forever by newer ones
-// that fit in what it leaves. With queues, the queues' order: priority
-// tier first, then fair share (the queue's share of its entitlement, by
-// decayed usage history), then age; workloads of namespaces no Queue
-// serves go after queued ones of their tier.
-func (p *GangPlanner) order(order []*group) {
+// inOrder calls sync for each group in the order they are planned.
+// Without queues, oldest first: a gang that waits is not overtaken forever
+// by newer ones that fit in what it leaves. With queues, the queues'
+// order, asked afresh before each workload since every admission raises
+// its queue's share: priority tier first, then fair share (the queue's
+// use, recent history included, over its entitlement), then age; each
+// queue's own workloads go by priority, then age. Workloads of namespaces
+// no Queue serves go after queued ones of their tier.
+func (p *GangPlanner) inOrder(groups []*group, sync func(*group)) {
+	older := func(a, b *group) bool {
+		if !a.oldest.Equal(b.oldest) {
+			return a.oldest.Before(b.oldest)
+		}
+		return a.key < b.key
+	}
 	if p.qsnap == nil || p.qsnap.State.Tree == nil || len(p.qsnap.State.Tree.Names()) == 0 {
-		sort.Slice(order, func(i, j int) bool {
-			if !order[i].oldest.Equal(order[j].oldest) {
-				return order[i].oldest.Before(order[j].oldest)
-			}
-			return order[i].key < order[j].key
-		})
+		sort.Slice(groups, func(i, j int) bool { return older(groups[i], groups[j]) })
+		for _, gr := range groups {
+			sync(gr)
+		}
 		return
 	}
-	ws := make([]queue.Workload, len(order))
-	byKey := make(map[string]*group, len(order))
-	for i, gr := range order {
+	// One line per queue ("" for the unqueued), best first; the heads
+	// compete through the queues' order.
+	lines := map[string][]*group{}
+	work := map[*group]queue.Workload{}
+	for _, gr := range groups {
 		q, _ := p.qsnap.QueueOf(gr.gang.Namespace)
 		w := queue.Workload{Key: gr.key, Queue: q, Created: gr.oldest, Uses: quota.Resources{}}
 		for _, m := range gr.members {
 			w.Priority = max(w.Priority, priorityOf(m))
 			w.Uses = w.Uses.Add(gpureq.QuotaCount(m))
 		}
-		ws[i] = w
+		work[gr] = w
+		lines[q] = append(lines[q], gr)
+	}
+	for _, line := range lines {
+		sort.Slice(line, func(i, j int) bool {
+			if a, b := work[line[i]].Priority, work[line[j]].Priority; a != b {
+				return a > b
+			}
+			return older(line[i], line[j])
+		})
+	}
+	byKey := map[string]*group{}
+	for _, gr := range groups {
 		byKey[gr.key] = gr
 	}
-	p.qsnap.State.Order(ws)
-	for i, w := range ws {
-		order[i] = byKey[w.Key]
+	heads := make([]queue.Workload, 0, len(lines))
+	for len(lines) > 0 {
+		heads = heads[:0]
+		for _, line := range lines {
+			heads = append(heads, work[line[0]])
+		}
+		p.qsnap.State.Order(heads)
+		gr := byKey[heads[0].Key]
+		q := heads[0].Queue
+		if lines[q] = lines[q][1:]; len(lines[q]) == 0 {
+			delete(lines, q)
+		}
+		sync(gr)
 	}
 }
 
@@ -549,14 +581,34 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 	res, err := gang.PlanGroup(grp, nodes, p.policy)
 	if err != nil {
 		reason := err.Error()
-		if p.quota != nil && errors.Is(err, gang.ErrNoRoom) {
-			// Within its namespace's min, the gang may get room by
-			// reclaim; the planner tries again on its next pass.
-			fits := func(s map[string]*NodeState) bool {
-				grp, nodes := p.gangInput(s, g, members, demands, minMember, shared)
-				_, err := gang.PlanGroup(grp, nodes, p.policy)
-				return err == nil
+		// Within its queue's guarantee or fair share, or its namespace's
+		// min, the workload may get room by reclaim; the planner tries
+		// again on its next pass.
+		fits := func(s map[string]*NodeState) bool {
+			grp, nodes := p.gangInput(s, g, members, demands, minMember, shared)
+			_, err := gang.PlanGroup(grp, nodes, p.policy)
+			return err == nil
+		}
+		switch {
+		case !errors.Is(err, gang.ErrNoRoom):
+		case queued && p.queueReclaim != nil:
+			msg, gone, rerr := p.queueReclaim.ReclaimFor(ctx, p.qsnap, q, members, want, fits)
+			switch {
+			case rerr != nil:
+				reason += "; queue reclaim: " + rerr.Error()
+			case len(gone) > 0:
+				// The room freed (or being freed) is the asker's: it is
+				// planned there now, so that no other workload takes it;
+				// the ledger holds it, and the members bind once the
+				// pods leaving are gone.
+				grp, nodes := p.gangInput(without(snap, gone), g, members, demands, minMember, shared)
+				if r, perr := gang.PlanGroup(grp, nodes, p.policy); perr == nil {
+					res, err = r, nil
+				} else if msg != "" {
+					reason += "; queue reclaim: " + msg
+				}
 			}
+		case p.quota != nil:
 			msg, rerr := p.quota.ReclaimFor(ctx, g.Namespace, members, fits)
 			switch {
 			case rerr == nil && msg != "":
@@ -565,8 +617,10 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 				reason += "; quota reclaim: " + rerr.Error()
 			}
 		}
-		p.wait(key, members, reason)
-		return nil
+		if err != nil {
+			p.wait(key, members, reason)
+			return nil
+		}
 	}
 	expires := p.now().Add(g.Timeout).UTC().Truncate(time.Second)
 	uses := make([]*PodUse, len(members))

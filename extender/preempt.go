@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -95,8 +94,7 @@ type Preemptor struct {
 	BlockedFor time.Duration
 	Now        func() time.Time
 
-	mu      sync.Mutex
-	blocked map[string]time.Time
+	blocked passOver
 }
 
 func (p *Preemptor) now() time.Time {
@@ -336,17 +334,7 @@ func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Tim
 		k := unitOf(pod)
 		groups[k] = append(groups[k], pod)
 	}
-	p.mu.Lock()
-	for k, until := range p.blocked {
-		if now.After(until) {
-			delete(p.blocked, k)
-		}
-	}
-	blocked := make(map[string]bool, len(p.blocked))
-	for k := range p.blocked {
-		blocked[k] = true
-	}
-	p.mu.Unlock()
+	blocked := p.blocked.current(now)
 	var qs *quota.State
 	if p.Quota != nil {
 		if v, err := p.Quota.Ledger.View(asker.Namespace, func(pod *corev1.Pod) bool { return pod.UID == asker.UID }); err == nil {
@@ -391,27 +379,20 @@ func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Tim
 // refused workload (passed over for BlockedFor), or "".
 func (p *Preemptor) dryRun(ctx context.Context, asker *corev1.Pod, victims []*workload) string {
 	for _, v := range victims {
-		for _, pod := range v.pods {
-			err := p.Client.Evict(ctx, pod, true)
-			if err == nil || apierrors.IsNotFound(err) {
-				continue
-			}
-			d := p.BlockedFor
-			if d <= 0 {
-				d = time.Minute
-			}
-			p.mu.Lock()
-			if p.blocked == nil {
-				p.blocked = map[string]time.Time{}
-			}
-			p.blocked[v.unit.Key] = p.now().Add(d)
-			p.mu.Unlock()
-			p.Metrics.preemptionBlocked()
-			msg := fmt.Sprintf("tessera: preemption for %s/%s passed over %s: pod %s cannot be evicted: %v", asker.Namespace, asker.Name, v.unit.Key, pod.Name, err)
-			p.event(asker, corev1.EventTypeWarning, api.EventPreemptionBlocked, "%s", msg)
-			p.event(pod, corev1.EventTypeWarning, api.EventPreemptionBlocked, "%s", msg)
-			return v.unit.Key
+		pod, err := firstRefused(ctx, p.Client.Evict, v.pods)
+		if pod == nil {
+			continue
 		}
+		d := p.BlockedFor
+		if d <= 0 {
+			d = time.Minute
+		}
+		p.blocked.add(v.unit.Key, p.now().Add(d))
+		p.Metrics.preemptionBlocked()
+		msg := fmt.Sprintf("tessera: preemption for %s/%s passed over %s: pod %s cannot be evicted: %v", asker.Namespace, asker.Name, v.unit.Key, pod.Name, err)
+		p.event(asker, corev1.EventTypeWarning, api.EventPreemptionBlocked, "%s", msg)
+		p.event(pod, corev1.EventTypeWarning, api.EventPreemptionBlocked, "%s", msg)
+		return v.unit.Key
 	}
 	return ""
 }

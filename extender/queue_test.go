@@ -145,3 +145,93 @@ func TestQueueLimitHolds(t *testing.T) {
 		t.Errorf("no Event naming the limit: %s", ev)
 	}
 }
+
+// Two departments of one team each, 8 GPUs guaranteed to each, on two
+// 8-GPU nodes: team-b borrowed the whole cluster while team-a was idle.
+// team-a's pods take its guarantee back: exactly as many of team-b's pods
+// are evicted as team-a needs (on the nodes team-a's pods may use), and
+// team-b never goes below its own guarantee.
+func TestQueueReclaimAcrossDepartments(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		asks     int
+		selector string // team-a's pods' kubernetes.io/hostname, "" any
+		want     int
+	}{
+		{name: "guarantee back", asks: 8, want: 8},
+		{name: "asks beyond its guarantee: only the guarantee is reclaimed", asks: 12, want: 8},
+		{name: "nodeSelector: victims only where the asker may run", asks: 4, selector: "n1", want: 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var nodes []*corev1.Node
+			for i := range 2 {
+				n := makeNode(fmt.Sprintf("n%d", i)).GPUs(8, "H100", 81920).Obj()
+				n.Labels = map[string]string{corev1.LabelHostname: n.Name}
+				nodes = append(nodes, n)
+			}
+			nodes = withGPUCapacity(nodes)
+			f := newGangFixture(t, nodes...)
+			guar := func(name, parent string, ns []string) *unstructured.Unstructured {
+				return queueObj(t, name, parent, ns, 8, 0, f.now)
+			}
+			book := &QueueBook{
+				Queues: staticObjects{guar("dept-1", "", nil), guar("team-a", "dept-1", []string{"ns-a"}), guar("dept-2", "", nil), guar("team-b", "dept-2", []string{"ns-b"})},
+				Pods:   f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }, HalfLife: time.Hour, Now: func() time.Time { return f.now },
+			}
+			evicter := &fakePreemptClient{}
+			reclaim := &QueueReclaimer{Cache: f.cache, Evicter: evicter, Pods: f.list, Events: f.events, Now: func() time.Time { return f.now }}
+			f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+				Events: f.events, Now: func() time.Time { return f.now }, Queues: book, QueueReclaim: reclaim})
+			onNode := map[string]string{}
+			for i := range 16 {
+				node := fmt.Sprintf("n%d", i/8)
+				p := makePod(fmt.Sprintf("b-%d", i)).Whole(1).Node(node).Holding(i % 8).Obj()
+				p.Namespace, p.UID = "ns-b", types.UID(fmt.Sprintf("uid-b-%d", i))
+				p.CreationTimestamp = metav1.NewTime(f.now.Add(-time.Hour))
+				onNode[p.Name] = node
+				if _, err := f.client.CoreV1().Pods("ns-b").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i := range tc.asks {
+				f.queued("ns-a", fmt.Sprintf("a-%d", i), f.now)
+				if tc.selector != "" {
+					p, _ := f.client.CoreV1().Pods("ns-a").Get(context.Background(), fmt.Sprintf("a-%d", i), metav1.GetOptions{})
+					p.Spec.NodeSelector = map[string]string{corev1.LabelHostname: tc.selector}
+					if _, err := f.client.CoreV1().Pods("ns-a").Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			pods, _ := f.list()
+			for _, p := range pods {
+				f.cache.SetPod(p)
+			}
+			// Passes: the victims leave between them, as their kubelets
+			// would end them.
+			seen := 0
+			for pass := 0; pass < 6; pass++ {
+				f.sync()
+				for _, name := range evicter.evicted[seen:] {
+					if err := f.client.CoreV1().Pods("ns-b").Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+						t.Fatal(err)
+					}
+					f.cache.DeletePod(types.UID("uid-" + name))
+				}
+				seen = len(evicter.evicted)
+				f.now = f.now.Add(2 * time.Second)
+			}
+			if len(evicter.evicted) != tc.want {
+				t.Errorf("evicted %d of team-b's pods %v, want %d\nevents:\n%s", len(evicter.evicted), evicter.evicted, tc.want, strings.Join(f.events.events, "\n"))
+			}
+			for _, name := range evicter.evicted {
+				if tc.selector != "" && onNode[name] != tc.selector {
+					t.Errorf("evicted %s on %s, where team-a's pods may not run", name, onNode[name])
+				}
+			}
+			if a, _ := f.admitted("ns-a"); a != tc.want {
+				t.Errorf("team-a admitted %d, want %d\nevents:\n%s", a, tc.want, strings.Join(f.events.events, "\n"))
+			}
+		})
+	}
+}

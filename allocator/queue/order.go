@@ -11,23 +11,20 @@ import (
 )
 
 // Share is a queue's dominant share of its entitlement: the larger it is,
-// the later the queue's workloads go.
+// the later the queue's workloads go. It is the maximum over resources r
+// of
 //
-// With history (any Usage of the queue above 0) it is the maximum over
-// resources r of
+//	(Usage[q][r] / (h/ln 2) + used[q][r]) / entitlement[q][r]
 //
-//	Usage[q][r] / (entitlement[q][r] · h/ln 2)
-//
-// where h/ln 2 (h the State's HalfLife) is what Accrue sums up to for one
-// unit used forever. So a share of 1 means "has used exactly its
-// entitlement, continuously, for a long time", 0.5 half of it (or all of
-// it for about one half-life), and at equal entitlements the queue with
-// more decayed history has the larger share and goes second. Without decay
-// (HalfLife ≤ 0) the normalisation is one second: the share counts
-// seconds at the entitlement.
-//
-// Without history it is the current share, max over r of used[q][r] /
-// entitlement[q][r].
+// where h is the State's HalfLife. Usage[q][r] / (h/ln 2) is the queue's
+// average use lately: Accrue sums one unit used forever up to h/ln 2, so a
+// queue that used u units steadily for a long while has u there, and one
+// that used u for one half-life u/2. The current use is added, so that
+// the share of every queue, with history or without, grows as its work is
+// admitted, and a pass that admits workload after workload goes back and
+// forth between queues by their shares. At equal entitlements the queue
+// with more recent history goes second. Without decay (HalfLife ≤ 0) the
+// history is a plain sum in resource-seconds.
 //
 // The entitlement of r is the queue's guarantee when above 0, else its fair
 // share (FairShare) when above 0, else Capacity; resources with none of
@@ -37,7 +34,8 @@ func (s *State) Share(queue string) float64 {
 	return s.view().share[queue]
 }
 
-// shareOf returns Share and the current share of a queue.
+// shareOf returns Share and the current share (used over entitlement) of
+// a queue.
 func (v *view) shareOf(name string) (share, current float64) {
 	sp := v.spec(name)
 	ent := func(rn corev1.ResourceName) float64 {
@@ -51,21 +49,27 @@ func (v *view) shareOf(name string) (share, current float64) {
 		}
 		return 0
 	}
+	norm := steadyState(v.s.HalfLife)
+	recent := map[corev1.ResourceName]float64{}
+	for r, u := range v.hist[name] {
+		if u > 0 {
+			recent[r] = u / norm
+		}
+	}
 	for r, u := range v.used[name] {
-		if e := ent(r); e > 0 && u > 0 {
+		e := ent(r)
+		if e <= 0 {
+			continue
+		}
+		if u > 0 {
 			current = math.Max(current, float64(u)/e)
 		}
+		recent[r] += float64(u)
 	}
-	norm := steadyState(v.s.HalfLife)
-	history := false
-	for r, u := range v.hist[name] {
+	for r, u := range recent {
 		if e := ent(r); e > 0 && u > 0 {
-			history = true
-			share = math.Max(share, u/(e*norm))
+			share = math.Max(share, u/e)
 		}
-	}
-	if !history {
-		share = current
 	}
 	return share, current
 }

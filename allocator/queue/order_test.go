@@ -24,7 +24,7 @@ func TestShare(t *testing.T) {
 		Used:    map[string]quota.Resources{"a": gpus(2), "b": gpus(3)},
 		Pending: map[string]quota.Resources{"b": gpus(3)},
 		Usage: map[string]Usage{
-			// Its guarantee, forever: share 1.
+			// Its guarantee, forever, plus the 2 it uses now: 6/4.
 			"a": {gpu: 4 * steadyState(halfLife)},
 		},
 	}
@@ -32,7 +32,7 @@ func TestShare(t *testing.T) {
 		queue string
 		want  float64
 	}{
-		{"a", 1},
+		{"a", 1.5},
 		// No history: used over fair share (b's guarantee is 0; its
 		// fair share is its demand, 6).
 		{"b", 0.5},

@@ -352,6 +352,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			pcfg.Quota = enforcer
 		}
 		pcfg.Queues = queues
+		if queues != nil {
+			pcfg.QueueReclaim = &extender.QueueReclaimer{
+				Cache: cache, Evicter: &extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()},
+				Pods:   func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) },
+				Events: recorder, Metrics: metrics, MinRuntime: o.preemptionMinRuntime,
+			}
+		}
 		planner = extender.NewGangPlanner(pcfg)
 		if _, err := podInf.AddEventHandler(extender.GangTrigger(trigger)); err != nil {
 			return fmt.Errorf("pod informer: %w", err)

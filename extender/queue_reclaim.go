@@ -1,0 +1,236 @@
+package extender
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/allocator/queue"
+	"github.com/tessera-gpu/tessera/allocator/quota"
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
+)
+
+// QueueReclaim is what the gang planner asks of queue reclaim.
+type QueueReclaim interface {
+	// ReclaimFor frees room for askers (a workload of queue q asking for
+	// want within its guarantee or fair share) when fits says they fit no
+	// node state: it returns what it did and the pods gone once the room
+	// is free (those already leaving and the victims), or why it cannot.
+	ReclaimFor(ctx context.Context, snap *QueueSnapshot, q string, askers []*corev1.Pod, want quota.Resources, fits func(map[string]*NodeState) bool) (string, map[types.UID]bool, error)
+}
+
+// QueueReclaimer takes back, for a queue within its guarantee (or below
+// its fair share), what other queues borrow: it evicts their workloads
+// whole (a gang goes whole) through the Eviction API, the fewest whose
+// removal makes the asker fit (allocator/queue Reclaim with the
+// extender's placement as the test of "enough"), never taking any queue
+// below its guarantee at any level, never a workload that started less
+// than MinRuntime ago or that its PodDisruptionBudget protects (a dry run
+// first; a refused workload is passed over for BlockedFor and the choice
+// made again). Pods already leaving count as gone, so a reclaim in flight
+// is not repeated.
+type QueueReclaimer struct {
+	Cache   *Cache
+	Evicter Evicter
+	// Pods lists the pods (informer cache).
+	Pods   func() ([]*corev1.Pod, error)
+	Events EventRecorder
+	// Metrics may be nil.
+	Metrics    *Metrics
+	MinRuntime time.Duration
+	BlockedFor time.Duration
+	Now        func() time.Time
+
+	blocked passOver
+
+	mu       sync.Mutex
+	inflight map[types.UID]time.Time // evicted, not yet seen leaving
+}
+
+var _ QueueReclaim = (*QueueReclaimer)(nil)
+
+func (r *QueueReclaimer) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+// ReclaimFor implements QueueReclaim.
+func (r *QueueReclaimer) ReclaimFor(ctx context.Context, snap *QueueSnapshot, q string, askers []*corev1.Pod, want quota.Resources, fits func(map[string]*NodeState) bool) (string, map[types.UID]bool, error) {
+	logger := klog.FromContext(ctx)
+	pods, err := r.Pods()
+	if err != nil {
+		return "", nil, fmt.Errorf("listing pods: %w", err)
+	}
+	for attempt := 0; attempt < 4; attempt++ {
+		victims, podsOf, gone, err := r.choose(snap, q, askers, want, pods, fits)
+		if err != nil {
+			return "", nil, err
+		}
+		if len(victims) == 0 {
+			return "", gone, nil // room is being freed by pods that are leaving
+		}
+		if blocker := r.dryRun(ctx, victims, podsOf); blocker != "" {
+			logger.V(2).Info("Queue reclaim victim protected by a budget; choosing again", "queue", q, "victim", blocker)
+			continue
+		}
+		var names []string
+		var errs []error
+		for _, w := range victims {
+			for _, p := range podsOf[w.Key] {
+				gone[p.UID] = true
+			}
+			names = append(names, fmt.Sprintf("%s of queue %s", strings.TrimPrefix(strings.TrimPrefix(w.Key, "pod "), "gang "), w.Queue))
+			why := fmt.Sprintf("queue %s asks for %s within its guarantee or fair share; queue %s borrows beyond its own", q, describeUse(want), w.Queue)
+			for _, p := range podsOf[w.Key] {
+				err := r.Evicter.Evict(ctx, p, false)
+				if apierrors.IsNotFound(err) {
+					continue
+				}
+				if err != nil {
+					errs = append(errs, fmt.Errorf("evicting %s/%s for queue %s: %w", p.Namespace, p.Name, q, err))
+					continue
+				}
+				r.evicted(p.UID)
+				r.Metrics.reclaimEvicted(p.Namespace)
+				r.event(p, corev1.EventTypeWarning, api.EventReclaimed, "tessera: evicted to reclaim for queue %s: %s", q, why)
+			}
+		}
+		msg := fmt.Sprintf("queue %s reclaims %s: evicting %s", q, describeUse(want), strings.Join(names, ", "))
+		for _, p := range askers {
+			r.event(p, corev1.EventTypeNormal, api.EventQuotaReclaiming, "tessera: %s", msg)
+		}
+		logger.Info("Queue reclaim", "queue", q, "victims", names)
+		return msg, gone, errors.Join(errs...)
+	}
+	return "", nil, &queue.ReclaimError{Queue: q, Reason: "every workload that could be reclaimed is protected by a PodDisruptionBudget"}
+}
+
+// choose decides the victims on the current ledger, the pods already
+// leaving (gone) counted as gone; none when the askers fit once those are
+// gone.
+func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.Pod, want quota.Resources, pods []*corev1.Pod, fits func(map[string]*NodeState) bool) (victims []queue.Workload, podsOf map[string][]*corev1.Pod, gone map[types.UID]bool, err error) {
+	now := r.now()
+	asker := map[types.UID]bool{}
+	for _, p := range askers {
+		asker[p.UID] = true
+	}
+	gone = r.evicting(now)
+	groups := map[string][]*corev1.Pod{}
+	for _, p := range pods {
+		switch {
+		case p.DeletionTimestamp != nil:
+			gone[p.UID] = true
+		case gone[p.UID]:
+		case p.Spec.NodeName != "" && !gpureq.Ended(p) && !asker[p.UID]:
+			if _, queued := snap.QueueOf(p.Namespace); queued && gpureq.QuotaCount(p) != nil {
+				groups[unitOf(p)] = append(groups[unitOf(p)], p)
+			}
+		}
+	}
+	base := without(r.Cache.Snapshot(), gone)
+	if fits(base) {
+		return nil, nil, gone, nil
+	}
+	blocked := r.blocked.current(now)
+	keys := make([]string, 0, len(groups))
+	for k := range groups {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var running []queue.Workload
+	for _, k := range keys {
+		members := groups[k]
+		wq, _ := snap.QueueOf(members[0].Namespace)
+		w := queue.Workload{Key: k, Queue: wq, Uses: quota.Resources{}, Preemptible: !blocked[k]}
+		for _, m := range members {
+			w.Priority = max(w.Priority, priorityOf(m))
+			w.Uses = w.Uses.Add(gpureq.QuotaCount(m))
+			started := m.CreationTimestamp.Time
+			if m.Status.StartTime != nil {
+				started = m.Status.StartTime.Time
+			}
+			if started.After(w.Created) {
+				w.Created = started
+			}
+			if now.Sub(started) < r.MinRuntime {
+				w.Preemptible = false
+			}
+		}
+		running = append(running, w)
+	}
+	victims, err = snap.State.Reclaim(q, want, running, func(ws []queue.Workload) bool {
+		g := map[types.UID]bool{}
+		for _, w := range ws {
+			for _, p := range groups[w.Key] {
+				g[p.UID] = true
+			}
+		}
+		return fits(without(base, g))
+	})
+	return victims, groups, gone, err
+}
+
+// evicted records an eviction made, until the informer shows the pod
+// leaving (the next choice counts it as gone meanwhile).
+func (r *QueueReclaimer) evicted(uid types.UID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.inflight == nil {
+		r.inflight = map[types.UID]time.Time{}
+	}
+	r.inflight[uid] = r.now()
+}
+
+// evicting returns the evictions made in the last two minutes (the
+// informer shows a pod leaving well before).
+func (r *QueueReclaimer) evicting(now time.Time) map[types.UID]bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[types.UID]bool{}
+	for uid, at := range r.inflight {
+		if now.Sub(at) > 2*time.Minute {
+			delete(r.inflight, uid)
+			continue
+		}
+		out[uid] = true
+	}
+	return out
+}
+
+// dryRun checks every victim pod may be evicted; it returns the first
+// refused workload (passed over for BlockedFor), or "".
+func (r *QueueReclaimer) dryRun(ctx context.Context, victims []queue.Workload, podsOf map[string][]*corev1.Pod) string {
+	for _, w := range victims {
+		p, err := firstRefused(ctx, r.Evicter.Evict, podsOf[w.Key])
+		if p == nil {
+			continue
+		}
+		d := r.BlockedFor
+		if d <= 0 {
+			d = time.Minute
+		}
+		r.blocked.add(w.Key, r.now().Add(d))
+		r.Metrics.reclaimBlocked(p.Namespace)
+		r.event(p, corev1.EventTypeWarning, api.EventReclaimBlocked, "tessera: queue reclaim passed over %s: pod %s cannot be evicted: %v", w.Key, p.Name, err)
+		return w.Key
+	}
+	return ""
+}
+
+func (r *QueueReclaimer) event(pod *corev1.Pod, typ, reason, format string, args ...any) {
+	if r.Events != nil && pod != nil {
+		r.Events.Eventf(pod, typ, reason, format, args...)
+	}
+}
