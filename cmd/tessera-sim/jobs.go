@@ -32,6 +32,12 @@ type jobsOptions struct {
 	sampleEvery  time.Duration
 	format       string
 	series       string
+	queueTeams   int
+	queueDepts   int
+	queueGuar    float64
+	queueHalf    time.Duration
+	teamShares   bool
+	queueFit     bool
 }
 
 func parseJobsFlags(args []string, stderr io.Writer) (*jobsOptions, error) {
@@ -42,7 +48,7 @@ func parseJobsFlags(args []string, stderr io.Writer) (*jobsOptions, error) {
 	fs.StringVar(&o.traces, "trace", "", "comma-separated job trace CSVs (job_id, submission_time, duration, num_gpu), e.g. ../shared/traces/microsoft-itp/cluster01.csv")
 	fs.IntVar(&o.nodes, "nodes", def.Nodes, "nodes in the simulated cluster")
 	fs.IntVar(&o.gpusPerNode, "gpus-per-node", def.GPUsPerNode, "GPUs per node (NVSwitch-connected)")
-	fs.StringVar(&o.strategies, "strategy", "gang,nogang,fifo", "comma-separated strategies: gang (Tessera), nogang, fifo")
+	fs.StringVar(&o.strategies, "strategy", "gang,nogang,fifo", "comma-separated strategies: gang (Tessera), nogang, fifo, queues (hierarchical queues with fair share by usage history)")
 	fs.StringVar(&o.policy, "policy", def.Policy, "node policy: "+strings.Join(allocator.PolicyNames(), ", "))
 	fs.IntVar(&o.teams, "teams", 0, "spread jobs over this many namespaces with ElasticQuota min=capacity/teams, max=capacity (gang only); 0: no quota")
 	fs.DurationVar(&o.holdAfter, "hold-after", 0, "gang: hold draining nodes for a blocked job once it has waited this long (0: never, pure backfill)")
@@ -50,11 +56,26 @@ func parseJobsFlags(args []string, stderr io.Writer) (*jobsOptions, error) {
 	fs.DurationVar(&o.sampleEvery, "sample-every", time.Hour, "period of the utilisation series")
 	fs.StringVar(&o.format, "format", "table", "table or json (one object per trace and strategy)")
 	fs.StringVar(&o.series, "series", "", "write GPU use over time (trace, strategy, hours, running, held) as CSV to this file")
+	fs.IntVar(&o.queueTeams, "queue-teams", 0, "teams (leaf queues) of the queues strategy and of every strategy's fairness metric, jobs spread by a hash of the ID; 0: --teams, or 4 when that is 0")
+	fs.IntVar(&o.queueDepts, "queue-departments", 2, "departments (parent queues) the teams alternate between")
+	fs.Float64Var(&o.queueGuar, "queue-guarantee-fraction", 1, "queues: each team guarantees floor(cluster GPUs x this / teams)")
+	fs.DurationVar(&o.queueHalf, "queue-half-life", jobs.DefaultQueueHalfLife, "queues: half-life of the decayed usage history that orders the teams")
+	fs.BoolVar(&o.queueFit, "queue-pending-within-guarantee", false, "queues: count as a team's pending demand only jobs no larger than its guarantee (works around jobs larger than a guarantee blocking each other forever; see docs/sim.md)")
+	fs.BoolVar(&o.teamShares, "team-shares", false, "table: also print each team's received and entitled GPU-hours while it waited")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("jobs: unexpected arguments %q", fs.Args())
+	}
+	if o.queueGuar <= 0 || o.queueGuar > 1 {
+		return nil, fmt.Errorf("jobs: --queue-guarantee-fraction %v: want above 0, at most 1", o.queueGuar)
+	}
+	if o.queueHalf <= 0 {
+		return nil, fmt.Errorf("jobs: --queue-half-life %v: want above 0", o.queueHalf)
+	}
+	if o.queueDepts < 1 || o.queueTeams < 0 {
+		return nil, fmt.Errorf("jobs: --queue-departments %d, --queue-teams %d: want at least 1 department and 0 or more teams", o.queueDepts, o.queueTeams)
 	}
 	if o.traces == "" {
 		return nil, fmt.Errorf("jobs: --trace is required")
@@ -95,6 +116,12 @@ func runJobs(args []string, stdout, stderr io.Writer) error {
 				Strategy: st, Nodes: o.nodes, GPUsPerNode: o.gpusPerNode, Policy: o.policy,
 				MaxBackfillWait: int64(o.holdAfter / time.Second), ReclaimAfter: int64(o.reclaimAfter / time.Second),
 				SampleEvery: int64(o.sampleEvery / time.Second),
+				Queues:      jobs.QueueConfig{Teams: o.queueTeams, Departments: o.queueDepts, GuaranteeFraction: o.queueGuar, HalfLife: o.queueHalf, PendingWithinGuarantee: o.queueFit},
+			}
+			if o.queueTeams == 0 {
+				// The fairness metric's teams are --teams for every
+				// strategy, not only gang's quota.
+				cfg.Queues.Teams = o.teams
 			}
 			if st == jobs.StrategyGang {
 				cfg.Teams = o.teams
@@ -126,10 +153,25 @@ func runJobs(args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "trace\tstrategy\tjobs\tfinished\tmean JCT h\tp95 JCT h\tmax JCT h\tmean queue h\tutil %\tpartial-gang GPU-h\theld idle GPU-h\tevictions\tlost GPU-h\t")
+	fmt.Fprintln(tw, "trace\tstrategy\tjobs\tfinished\tmean JCT h\tp95 JCT h\tmax JCT h\tmean queue h\tutil %\tpartial-gang GPU-h\theld idle GPU-h\tevictions\tlost GPU-h\tJain\tmin recv/ent\t")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2f\t%.2f\t%.1f\t%.2f\t%.1f\t%.0f\t%.0f\t%d\t%.0f\t\n", r.Trace, r.Variant, r.Jobs, r.Finished,
-			r.MeanJCTHours, r.P95JCTHours, r.MaxJCTHours, r.MeanQueueHours, r.UtilizationPct, r.WastedGPUHours, r.ReservedIdleGPUHours, r.Evictions, r.LostGPUHours)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2f\t%.2f\t%.1f\t%.2f\t%.1f\t%.0f\t%.0f\t%d\t%.0f\t%.3f\t%.3f\t\n", r.Trace, r.Variant, r.Jobs, r.Finished,
+			r.MeanJCTHours, r.P95JCTHours, r.MaxJCTHours, r.MeanQueueHours, r.UtilizationPct, r.WastedGPUHours, r.ReservedIdleGPUHours, r.Evictions, r.LostGPUHours,
+			r.Fairness.JainIndex, r.Fairness.MinShareRatio)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if !o.teamShares {
+		return nil
+	}
+	fmt.Fprintln(stdout)
+	tw = tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "trace\tstrategy\tteam\twaiting h\treceived GPU-h\tentitled GPU-h\trecv/ent\tused GPU-h\t")
+	for _, r := range rows {
+		for _, ts := range r.Fairness.Teams {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%.0f\t%.0f\t%.3f\t%.0f\t\n", r.Trace, r.Variant, ts.Team, ts.WaitingHours, ts.ReceivedGPUHours, ts.EntitledGPUHours, ts.Ratio, ts.UsedGPUHours)
+		}
 	}
 	return tw.Flush()
 }
@@ -137,6 +179,18 @@ func runJobs(args []string, stdout, stderr io.Writer) error {
 // variant names a strategy with its settings, e.g. "gang+quota4".
 func variant(cfg jobs.Config) string {
 	v := string(cfg.Strategy)
+	if cfg.Strategy == jobs.StrategyQueues {
+		if cfg.Queues.HalfLife != jobs.DefaultQueueHalfLife {
+			v += "+hl" + cfg.Queues.HalfLife.String()
+		}
+		if f := cfg.Queues.GuaranteeFraction; f != 1 {
+			v += "+guar" + strconv.FormatFloat(f, 'g', -1, 64)
+		}
+		if cfg.Queues.PendingWithinGuarantee {
+			v += "+fitpending"
+		}
+		return v
+	}
 	if cfg.Strategy != jobs.StrategyGang {
 		return v
 	}

@@ -69,10 +69,24 @@ func TestJobsCommand(t *testing.T) {
 	if !strings.Contains(out.String(), "gang+hold1h0m0s+quota2") || !strings.Contains(out.String(), "mean JCT h") {
 		t.Errorf("table:\n%s", out.String())
 	}
+	out.Reset()
+	args = []string{"jobs", "--trace", trace, "--nodes", "2", "--strategy", "queues,gang", "--queue-half-life", "1h", "--queue-guarantee-fraction", "0.5",
+		"--queue-pending-within-guarantee", "--team-shares"}
+	if err := run(args, &out, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"queues+hl1h0m0s+guar0.5+fitpending", "Jain", "min recv/ent", "entitled GPU-h", "team-3"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
 	for name, tc := range map[string]struct {
 		args []string
 		want string
 	}{
+		"bad fraction":     {[]string{"jobs", "--trace", trace, "--queue-guarantee-fraction", "1.5"}, "--queue-guarantee-fraction 1.5"},
+		"bad half-life":    {[]string{"jobs", "--trace", trace, "--queue-half-life", "0s"}, "--queue-half-life 0s"},
+		"no departments":   {[]string{"jobs", "--trace", trace, "--queue-departments", "0"}, "--queue-departments 0"},
 		"no trace":         {[]string{"jobs"}, "--trace is required"},
 		"missing trace":    {[]string{"jobs", "--trace", filepath.Join(dir, "nope.csv")}, "nope.csv"},
 		"unknown strategy": {[]string{"jobs", "--trace", trace, "--nodes", "2", "--strategy", "lottery"}, `unknown strategy "lottery"`},

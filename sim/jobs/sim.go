@@ -33,7 +33,9 @@ const (
 )
 
 // Strategies lists every strategy.
-func Strategies() []Strategy { return []Strategy{StrategyGang, StrategyNoGang, StrategyFIFO} }
+func Strategies() []Strategy {
+	return []Strategy{StrategyGang, StrategyNoGang, StrategyFIFO, StrategyQueues}
+}
 
 // Config sets up a replay.
 type Config struct {
@@ -56,6 +58,9 @@ type Config struct {
 	ReclaimAfter int64
 	// SampleEvery (seconds) is the period of the utilisation series.
 	SampleEvery int64
+	// Queues sets up StrategyQueues and the teams of the fairness metric
+	// (queues.go).
+	Queues QueueConfig
 }
 
 // DefaultConfig is an 8-GPU-node cluster scheduled by Tessera.
@@ -98,6 +103,8 @@ type Result struct {
 	LostGPUHours float64  `json:"lostGPUHours"`
 	EndTime      int64    `json:"endTime"`
 	Series       []Sample `json:"series,omitempty"`
+	// Fairness over the teams of Config.Queues, for every strategy.
+	Fairness Fairness `json:"fairness"`
 
 	jctSec []float64
 }
@@ -105,6 +112,7 @@ type Result struct {
 type jobState struct {
 	job     Job
 	team    string
+	fteam   string // the team of StrategyQueues and the fairness metric
 	sizes   []int
 	nodes   []int // node of each pod, -1 while unplaced
 	gpus    []allocator.GPUSet
@@ -139,9 +147,12 @@ func Run(jobs []Job, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	switch cfg.Strategy {
-	case StrategyGang, StrategyNoGang, StrategyFIFO:
+	case StrategyGang, StrategyNoGang, StrategyFIFO, StrategyQueues:
 	default:
-		return nil, fmt.Errorf("unknown strategy %q (known: gang, nogang, fifo)", cfg.Strategy)
+		return nil, fmt.Errorf("unknown strategy %q (known: gang, nogang, fifo, queues)", cfg.Strategy)
+	}
+	if err := cfg.Queues.validate(); err != nil {
+		return nil, err
 	}
 	capacity := cfg.Nodes * cfg.GPUsPerNode
 	for _, j := range jobs {
@@ -168,6 +179,7 @@ type sim struct {
 	idleArea    float64
 	running     completions
 	quota       *quota.State
+	q           *queueSim
 	res         Result
 	now         int64
 	lastT       int64
@@ -181,6 +193,7 @@ type sim struct {
 
 func newSim(cfg Config, p allocator.Policy) *sim {
 	s := &sim{cfg: cfg, policy: p, res: Result{Strategy: cfg.Strategy}}
+	s.initQueues()
 	clique := make([]int, cfg.GPUsPerNode)
 	for i := range clique {
 		clique[i] = i
@@ -241,7 +254,8 @@ func (s *sim) run(jobs []Job) (*Result, error) {
 		}
 		for next < len(jobs) && jobs[next].Submit == t {
 			j := jobs[next]
-			js := &jobState{job: j, team: s.teamOf(j), sizes: j.pods(s.cfg.GPUsPerNode), order: next}
+			js := &jobState{job: j, team: s.teamOf(j), fteam: s.fairTeam(j), sizes: j.pods(s.cfg.GPUsPerNode), order: next}
+			s.queueArrive(js)
 			js.nodes = make([]int, len(js.sizes))
 			js.gpus = make([]allocator.GPUSet, len(js.sizes))
 			for i := range js.nodes {
@@ -267,6 +281,7 @@ func (s *sim) run(jobs []Job) (*Result, error) {
 		s.res.MaxJCTHours = max(s.res.MaxJCTHours, h)
 	}
 	s.res.MeanQueueHours, _, s.res.P95QueueHours = stats(s.wait)
+	s.res.Fairness = s.fairnessResult()
 	return &s.res, nil
 }
 
@@ -285,6 +300,7 @@ func (s *sim) nextEvent(jobs []Job, next int) (int64, bool) {
 
 // advance moves the clock, integrating GPU use.
 func (s *sim) advance(t int64) {
+	s.accrueQueues(t - s.lastT)
 	dt := float64(t - s.lastT)
 	s.runArea += dt * float64(s.runGPUs)
 	s.heldArea += dt * float64(s.heldGPUs)
@@ -293,6 +309,7 @@ func (s *sim) advance(t int64) {
 }
 
 func (s *sim) finish(j *jobState) {
+	s.queueFinish(j)
 	s.release(j)
 	s.runGPUs -= j.job.GPUs
 	s.res.Finished++
@@ -319,6 +336,7 @@ func (s *sim) release(j *jobState) {
 
 func (s *sim) startJob(j *jobState) {
 	j.started, j.start = true, s.now
+	s.queueStart(j)
 	s.runGPUs += j.job.GPUs
 	if !j.waited {
 		j.waited = true
@@ -331,11 +349,14 @@ func (s *sim) startJob(j *jobState) {
 }
 
 func (s *sim) schedule() error {
+	defer s.observeQueues()
 	switch s.cfg.Strategy {
 	case StrategyNoGang:
 		return s.scheduleNoGang()
 	case StrategyFIFO:
 		return s.scheduleWhole(true)
+	case StrategyQueues:
+		return s.scheduleQueues()
 	}
 	return s.scheduleWhole(false)
 }
@@ -566,6 +587,7 @@ func (s *sim) evict(j *jobState) {
 		}
 	}
 	s.res.Evictions++
+	s.queueEvict(j)
 	s.noRoom = map[string]bool{} // the eviction freed room
 	s.res.LostGPUHours += float64(s.now-j.start) * float64(j.job.GPUs) / 3600
 	s.runGPUs -= j.job.GPUs
