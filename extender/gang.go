@@ -170,8 +170,16 @@ type GangPlanner struct {
 	quota GangQuota
 	// queues, when set, orders the workloads and admits them by their
 	// Queue; qsnap is its snapshot for the current pass.
-	queues       *QueueBook
-	qsnap        *QueueSnapshot
+	queues *QueueBook
+	qsnap  *QueueSnapshot
+	// passSnap is the ledger as the current pass sees it: taken once, so
+	// that room freed while the pass goes on is not taken by a workload
+	// ordered after one that waited for it; the pass's own reservations
+	// are added as they are made.
+	passSnap map[string]*NodeState
+	// replanning is set while a workload plans again after its pass
+	// snapshot went stale (once).
+	replanning   bool
 	queueReclaim QueueReclaim
 	// schedulers are the schedulerNames whose pods the extender serves:
 	// only their ungated gang members are planned.
@@ -317,6 +325,8 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 			return fmt.Errorf("queues: %w", err)
 		}
 	}
+	p.passSnap = p.cache.Snapshot()
+	defer func() { p.passSnap = nil }()
 	var errs []error
 	p.inOrder(order, func(gr *group) {
 		if err := p.syncGroup(ctx, gr); err != nil {
@@ -576,7 +586,10 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 			return nil
 		}
 	}
-	snap := p.cache.Snapshot()
+	snap := p.passSnap
+	if snap == nil {
+		snap = p.cache.Snapshot()
+	}
 	grp, nodes := p.gangInput(snap, g, members, demands, minMember, shared)
 	res, err := gang.PlanGroup(grp, nodes, p.policy)
 	if err != nil {
@@ -643,7 +656,29 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		uses[i] = PlannedPodUse(members[i], &plan)
 	}
 	if err := p.cache.ReserveGang(snap, uses); err != nil {
+		if errors.Is(err, ErrStaleSnapshot) && p.passSnap != nil && !p.replanning {
+			// A node changed since the pass began (a pod bound or left):
+			// this workload, which comes first, plans again at once on
+			// the node as it is now.
+			for _, u := range uses {
+				if st, ok := p.cache.Node(u.Node); ok {
+					p.passSnap[u.Node] = st
+				}
+			}
+			p.replanning = true
+			defer func() { p.replanning = false }()
+			return p.plan(ctx, key, g, members, minMember)
+		}
 		return fmt.Errorf("gang %s: %w (planned again on the next pass)", g.Key(), err)
+	}
+	if p.passSnap != nil {
+		// The workloads after this one in the pass see its reservation
+		// (and nothing else that changed on the cluster meanwhile).
+		for _, u := range uses {
+			if st, ok := p.cache.Node(u.Node); ok {
+				p.passSnap[u.Node] = st
+			}
+		}
 	}
 	uids := make([]types.UID, len(members))
 	for i, m := range members {

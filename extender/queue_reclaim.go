@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/allocator/queue"
@@ -142,6 +143,27 @@ func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.
 	base := without(r.Cache.Snapshot(), gone)
 	if fits(base) {
 		return nil, nil, gone, nil
+	}
+	// Only workloads with a pod on a node some asker may run on are
+	// candidates: GPUs freed elsewhere cannot serve the askers, and would
+	// spend the victims' queues' surplus for nothing.
+	useful := map[string]bool{}
+	for name, st := range base {
+		for _, a := range askers {
+			if matches(nodeaffinity.GetRequiredNodeAffinity(a), st.Info) {
+				useful[name] = true
+				break
+			}
+		}
+	}
+	for k, members := range groups {
+		keep := false
+		for _, m := range members {
+			keep = keep || useful[m.Spec.NodeName]
+		}
+		if !keep {
+			delete(groups, k)
+		}
 	}
 	blocked := r.blocked.current(now)
 	keys := make([]string, 0, len(groups))

@@ -187,7 +187,9 @@ func TestQueueReclaimAcrossDepartments(t *testing.T) {
 				node := fmt.Sprintf("n%d", i/8)
 				p := makePod(fmt.Sprintf("b-%d", i)).Whole(1).Node(node).Holding(i % 8).Obj()
 				p.Namespace, p.UID = "ns-b", types.UID(fmt.Sprintf("uid-b-%d", i))
-				p.CreationTimestamp = metav1.NewTime(f.now.Add(-time.Hour))
+				// n1's pods are the oldest: reclaim's order (newest first)
+				// comes to them last.
+				p.CreationTimestamp = metav1.NewTime(f.now.Add(-time.Hour - time.Duration(i/8)*time.Hour))
 				onNode[p.Name] = node
 				if _, err := f.client.CoreV1().Pods("ns-b").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
 					t.Fatal(err)
