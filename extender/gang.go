@@ -490,6 +490,21 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 	return p.plan(ctx, gr.key, g, gated, g.MinMember)
 }
 
+// equalUses reports whether a and b ask for the same amounts.
+func equalUses(a, b quota.Resources) bool {
+	for r, v := range a {
+		if b[r] != v {
+			return false
+		}
+	}
+	for r, v := range b {
+		if a[r] != v {
+			return false
+		}
+	}
+	return true
+}
+
 // serves reports whether the extender schedules pod (its schedulerName is
 // one of the profiles that call the extender).
 func (p *GangPlanner) serves(pod *corev1.Pod) bool {
@@ -708,6 +723,12 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 			pend[r] = max(v, 0)
 		}
 		st.Pending[q] = pend
+		for i, w := range st.Waiting[q] {
+			if equalUses(w, want) {
+				st.Waiting[q] = append(st.Waiting[q][:i:i], st.Waiting[q][i+1:]...)
+				break
+			}
+		}
 	}
 	where := "the cluster"
 	if res.Level != "" {

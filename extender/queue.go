@@ -162,6 +162,8 @@ func (b *QueueBook) Snapshot() (*QueueSnapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing pods: %w", err)
 	}
+	waiting := map[string]quota.Resources{} // workload key -> what it asks for
+	leafOf := map[string]string{}
 	for _, p := range pods {
 		q, ok := tree.QueueOf(p.Namespace)
 		if !ok || gpureq.Ended(p) {
@@ -176,7 +178,20 @@ func (b *QueueBook) Snapshot() (*QueueSnapshot, error) {
 			snap.State.Used[q] = snap.State.Used[q].Add(uses)
 		} else {
 			snap.State.Pending[q] = snap.State.Pending[q].Add(uses)
+			k := unitOf(p)
+			waiting[k], leafOf[k] = waiting[k].Add(uses), q
 		}
+	}
+	// Lending protects only waiting work that could start within its
+	// queue's guarantee (queue.State.Waiting).
+	snap.State.Waiting = map[string][]quota.Resources{}
+	keys := make([]string, 0, len(waiting))
+	for k := range waiting {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		snap.State.Waiting[leafOf[k]] = append(snap.State.Waiting[leafOf[k]], waiting[k])
 	}
 	now := b.now()
 	for _, leaf := range tree.Leaves() {

@@ -237,3 +237,32 @@ func TestQueueReclaimAcrossDepartments(t *testing.T) {
 		})
 	}
 }
+
+// Two teams guaranteed 2 GPUs each wait with an 8-GPU pod each on an
+// 8-GPU cluster: both must borrow, and lending protects neither (neither
+// could start within its guarantee), so one runs instead of both waiting
+// for ever.
+func TestQueuedWorkLargerThanGuaranteesRuns(t *testing.T) {
+	nodes := withGPUCapacity([]*corev1.Node{makeNode("n0").GPUs(8, "H100", 81920).Obj()})
+	f := newGangFixture(t, nodes...)
+	book := &QueueBook{
+		Queues: staticObjects{queueObj(t, "team-a", "", []string{"ns-a"}, 2, 0, f.now), queueObj(t, "team-b", "", []string{"ns-b"}, 2, 0, f.now)},
+		Pods:   f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil },
+	}
+	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+		Events: f.events, Now: func() time.Time { return f.now }, Queues: book})
+	for _, ns := range []string{"ns-a", "ns-b"} {
+		p := makePod("big").Whole(8).Obj()
+		p.Namespace, p.UID = ns, types.UID("uid-"+ns+"-big")
+		p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: api.SchedulingGateQueue}}
+		if _, err := f.client.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.sync()
+	a, _ := f.admitted("ns-a")
+	b, _ := f.admitted("ns-b")
+	if a+b != 1 {
+		t.Errorf("admitted %d of team-a's and %d of team-b's 8-GPU pods, want one of the two\nevents:\n%s", a, b, strings.Join(f.events.events, "\n"))
+	}
+}

@@ -188,9 +188,15 @@ func (a *admission) others() []string {
 }
 
 // unmetGuarantee is what a queue's guarantee of r still needs:
-// min(guaranteed, demand) − used, at least 0.
+// min(guaranteed, demand) − used, at least 0; with State.Waiting, only
+// what of it the waiting work that could start within the guarantee
+// needs.
 func (v *view) unmetGuarantee(q string, r corev1.ResourceName) int64 {
-	return max(min(v.spec(q).Guaranteed[r], v.demand[q][r])-v.used[q][r], 0)
+	n := max(min(v.spec(q).Guaranteed[r], v.demand[q][r])-v.used[q][r], 0)
+	if v.startable != nil {
+		n = min(n, v.startable[q][r])
+	}
+	return n
 }
 
 func (a *admission) borrowed() string {

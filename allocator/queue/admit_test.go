@@ -141,3 +141,37 @@ func TestAdmitBorrowingReasonNamesTheLevel(t *testing.T) {
 		t.Errorf("Reason = %q, want %q", got.Reason, want)
 	}
 }
+
+// Workloads larger than their queues' guarantees must borrow: lending
+// protects only the waiting work that could start within a guarantee
+// (State.Waiting), else two such workloads keep each other waiting for
+// ever (found by the ITP replay, sim/jobs).
+func TestLendingProtectsOnlyWorkThatFitsTheGuarantee(t *testing.T) {
+	tree := Build([]Spec{q("a", "", 8), q("b", "", 8)})
+	tests := []struct {
+		name     string
+		pendingB int64
+		waiting  map[string][]quota.Resources
+		want     bool
+	}{
+		{name: "no Waiting: b's whole pending demand is protected", pendingB: 16, want: false},
+		{name: "b's 16-GPU job cannot start within its 8", pendingB: 16, waiting: map[string][]quota.Resources{"a": {gpus(16)}, "b": {gpus(16)}}, want: true},
+		{name: "b's 2-GPU job could: 2 stay protected", pendingB: 18, waiting: map[string][]quota.Resources{"a": {gpus(16)}, "b": {gpus(16), gpus(2)}}, want: false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := state(tree, nil, map[string]int64{"a": 16, "b": tc.pendingB})
+			s.Waiting = tc.waiting
+			d := s.Admit("a", gpus(16))
+			if d.Allowed != tc.want {
+				t.Errorf("Admit(a, 16) = %+v, want allowed %v", d, tc.want)
+			}
+		})
+	}
+	// With b's 2-GPU job protected, a may still borrow up to 14.
+	s := state(tree, nil, map[string]int64{"a": 14, "b": 18})
+	s.Waiting = map[string][]quota.Resources{"a": {gpus(14)}, "b": {gpus(16), gpus(2)}}
+	if d := s.Admit("a", gpus(14)); !d.Allowed {
+		t.Errorf("Admit(a, 14) = %+v, want allowed (2 left for b's 2-GPU job)", d)
+	}
+}

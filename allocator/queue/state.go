@@ -22,6 +22,14 @@ type State struct {
 	Used map[string]quota.Resources
 	// Pending is each leaf queue's waiting demand, summed the same way.
 	Pending map[string]quota.Resources
+	// Waiting, when set, lists what each leaf queue's waiting workloads
+	// use, one entry per workload. Lending then protects, of a queue's
+	// unmet guarantee, only the waiting work that could start within it:
+	// a workload larger than what the queue's guarantee leaves would
+	// have to borrow anyway, and protecting room for it would keep every
+	// such workload of every queue waiting for ever. Without Waiting, all
+	// of Pending is protected (up to the guarantee).
+	Waiting map[string][]quota.Resources
 	// Usage is the decayed history per queue, leaf or parent (Accrue). A
 	// queue without an entry has the sum of its children's.
 	Usage map[string]Usage
@@ -40,8 +48,11 @@ type view struct {
 	// demand is used plus pending, pending counting only under valid
 	// queues (an invalid one admits nothing more).
 	demand map[string]quota.Resources
-	fair   map[string]quota.Resources
-	hist   map[string]Usage
+	// startable is, when State.Waiting is set, the waiting work of each
+	// queue's subtree that could start within its leaf's guarantee.
+	startable map[string]quota.Resources
+	fair      map[string]quota.Resources
+	hist      map[string]Usage
 	// share and current are Share with and without history.
 	share, current map[string]float64
 }
@@ -80,6 +91,20 @@ func (s *State) view() *view {
 			d = d.Add(v.demand[c])
 		}
 		v.demand[name] = d
+	}
+	if s.Waiting != nil {
+		v.startable = map[string]quota.Resources{}
+		for i := len(order) - 1; i >= 0; i-- {
+			name := order[i]
+			st := quota.Resources{}
+			if v.t.Invalid(name) == "" {
+				st = startableWithin(v.spec(name).Guaranteed, s.Used[name], s.Waiting[name])
+			}
+			for _, c := range v.t.nodes[name].children {
+				st = st.Add(v.startable[c])
+			}
+			v.startable[name] = st
+		}
 	}
 	v.fair = v.fairShare()
 	v.share, v.current = map[string]float64{}, map[string]float64{}
@@ -136,4 +161,36 @@ func satAdd(a, b int64) int64 {
 		return math.MaxInt64
 	}
 	return a + b
+}
+
+// startableWithin sums the waiting workloads that fit, one after another,
+// smallest first, in what guaranteed leaves beyond used.
+func startableWithin(guaranteed, used quota.Resources, waiting []quota.Resources) quota.Resources {
+	room := quota.Resources{}
+	for r, g := range guaranteed {
+		room[r] = max(g-used[r], 0)
+	}
+	ws := append([]quota.Resources(nil), waiting...)
+	size := func(w quota.Resources) int64 {
+		var n int64
+		for _, v := range w {
+			n = satAdd(n, v)
+		}
+		return n
+	}
+	sort.SliceStable(ws, func(i, j int) bool { return size(ws[i]) < size(ws[j]) })
+	out := quota.Resources{}
+next:
+	for _, w := range ws {
+		for r, v := range w {
+			if v > room[r] {
+				continue next
+			}
+		}
+		for r, v := range w {
+			room[r] -= v
+			out[r] += v
+		}
+	}
+	return out
 }
