@@ -40,7 +40,6 @@ func createQueue(t *testing.T, dyn dynamic.Interface, name, parent string, names
 	}
 }
 
-
 // Fair share by usage history: two teams with equal guarantees (2 GPUs)
 // each submit as many one-GPU pods as the cluster has GPUs while the
 // cluster is full; team-a has used 6 GPUs on average lately (its history
