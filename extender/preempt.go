@@ -17,6 +17,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/allocator/preempt"
+	"github.com/tessera-gpu/tessera/allocator/queue"
 	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/gpureq"
@@ -84,6 +85,9 @@ type Preemptor struct {
 	Metrics *Metrics
 	// Quota may be nil: no quota rule applies.
 	Quota *QuotaEnforcer
+	// Queues may be nil: no queue rule applies. With queues, no victim is
+	// taken whose queue would go below its guarantee at any level.
+	Queues *QueueBook
 	// MinRuntime protects pods that started less than this long ago.
 	MinRuntime time.Duration
 	// HoldFor is how long the freed room is held for the asker (default
@@ -342,6 +346,11 @@ func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Tim
 		}
 	}
 	req := gpureq.QuotaCount(asker)
+	var qsnap *QueueSnapshot
+	if p.Queues != nil {
+		qsnap, _ = p.Queues.Snapshot() // unreadable: no queue rule, as without queues
+	}
+	askerQueue, _ := qsnap.QueueOf(asker.Namespace)
 	out := map[string]*workload{}
 	for k, members := range groups {
 		if blocked[k] {
@@ -367,6 +376,9 @@ func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Tim
 		}
 		if ok && qs != nil {
 			ok, _ = qs.CanPreempt(asker.Namespace, req, w.w)
+		}
+		if vq, queued := qsnap.QueueOf(members[0].Namespace); ok && queued {
+			ok, _ = qsnap.State.CanPreempt(askerQueue, req, queue.Workload{Key: k, Queue: vq, Uses: w.w.Uses, Preemptible: true})
 		}
 		if ok {
 			out[k] = w

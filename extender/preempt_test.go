@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-gpu/tessera/api"
@@ -314,5 +315,33 @@ func TestPreemptorHoldsTheRoom(t *testing.T) {
 	}
 	if v, ok := client.plans["inf"]; !ok || v != "" {
 		t.Errorf("plan after expiry %q (set %v), want removed", v, ok)
+	}
+}
+
+// A higher tier never takes a queue below its guarantee: the notebook of
+// a queue at its guarantee is spared, the one of a queue above it goes.
+func TestPreemptorKeepsQueueGuarantees(t *testing.T) {
+	node := makeNode("n1").GPUs(2, "A100", 40960).Obj()
+	node.Status.Capacity = corev1.ResourceList{api.ResourceGPU: resource.MustParse("2")}
+	atGuarantee := running(makePod("nb-guaranteed").Whole(1).Priority(notebook).Node("n1").Holding(0), 10)
+	atGuarantee.Namespace, atGuarantee.UID = "ns-a", "uid-nb-guaranteed"
+	borrowed := running(makePod("nb-borrowed").Whole(1).Priority(notebook).Node("n1").Holding(1), 30)
+	borrowed.Namespace, borrowed.UID = "ns-b", "uid-nb-borrowed"
+	inf := asking(makePod("inf").Whole(1).Priority(inference))
+	pods := []*corev1.Pod{atGuarantee, borrowed, inf}
+	cache := newTestCache(t, []*corev1.Node{node}, pods)
+	client := &fakePreemptClient{}
+	book := &QueueBook{
+		Queues: staticObjects{queueObj(t, "team-a", "", []string{"ns-a"}, 1, 0, preemptNow), queueObj(t, "team-b", "", []string{"ns-b"}, 0, 0, preemptNow)},
+		Pods:   func() ([]*corev1.Pod, error) { return pods, nil }, Nodes: func() ([]*corev1.Node, error) { return []*corev1.Node{node}, nil },
+	}
+	p := &Preemptor{Cache: cache, Client: client, Pods: func() ([]*corev1.Pod, error) { return pods, nil },
+		Policy: testPolicy(t, PolicyBinpack), Queues: book, Now: func() time.Time { return preemptNow }}
+	if err := p.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// Without queues the newer nb-guaranteed would go (newest first).
+	if diff := cmp.Diff([]string{"nb-borrowed"}, client.evicted); diff != "" {
+		t.Errorf("evicted (-want +got):\n%s", diff)
 	}
 }

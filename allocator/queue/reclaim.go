@@ -249,7 +249,8 @@ func positiveIn(r quota.Resources, res []corev1.ResourceName) []corev1.ResourceN
 // higher priority, may evict victim. Within one queue priority alone
 // decides. Across queues the victim's queue must stay at or above its
 // guarantee at every level of its path (the asker's ancestors counting the
-// request), so a higher tier never takes a queue below its guarantee.
+// request), so a higher tier never takes a queue below its guarantee. An
+// asker of no queue ("") is held to the victim's side only.
 func (s *State) CanPreempt(asker string, req quota.Resources, victim Workload) (bool, string) {
 	if !victim.Preemptible {
 		return false, fmt.Sprintf("%s may not be evicted now", victim.Key)
@@ -259,9 +260,11 @@ func (s *State) CanPreempt(asker string, req quota.Resources, victim Workload) (
 	}
 	v := s.view()
 	a := &admission{v: v, queue: asker, req: req, res: positive(req), path: v.t.Path(asker)}
-	for _, check := range []admitCheck{checkKnown, checkValid} {
-		if d := check(a); d != nil {
-			return false, d.Reason
+	if asker != "" {
+		for _, check := range []admitCheck{checkKnown, checkValid} {
+			if d := check(a); d != nil {
+				return false, d.Reason
+			}
 		}
 	}
 	if _, known := v.t.node(victim.Queue); !known {

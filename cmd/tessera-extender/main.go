@@ -338,7 +338,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			Client: &extender.KubePreempt{Evicter: &extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()}, Gang: gangClient},
 			Pods:   func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) },
 			Policy: policy, Events: recorder, Metrics: metrics, Quota: enforcer,
-			MinRuntime: o.preemptionMinRuntime, HoldFor: o.preemptionHold,
+			MinRuntime: o.preemptionMinRuntime, HoldFor: o.preemptionHold, Queues: queues,
 		}
 	}
 	var planner *extender.GangPlanner
