@@ -290,15 +290,21 @@ func (l *QuotaLedger) capacity() (quota.Resources, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing nodes: %w", err)
 	}
+	return clusterCapacity(nodes, func(n *corev1.Node) corev1.ResourceList { return n.Status.Allocatable }), nil
+}
+
+// clusterCapacity sums what of (allocatable or capacity) says the nodes
+// have of the governed resources.
+func clusterCapacity(nodes []*corev1.Node, of func(*corev1.Node) corev1.ResourceList) quota.Resources {
 	c := quota.Resources{}
 	for _, n := range nodes {
 		for _, name := range api.QuotaResources() {
-			if q, ok := n.Status.Allocatable[name]; ok {
+			if q, ok := of(n)[name]; ok {
 				c[name] += q.Value()
 			}
 		}
 	}
-	return c, nil
+	return c
 }
 
 // FastState is View's state without the pods, from the Index (nil when
