@@ -534,3 +534,7 @@ func IsTesseraGate(name string) bool {
 // EventQueueWaiting: on a queued workload's pods, why its Queue does not
 // admit it yet (a limit, what other queues' guarantees need, ...).
 const EventQueueWaiting = "QueueWaiting"
+
+// EventQueueAdmitted: on a queued pod outside any gang, that its Queue
+// admitted it and where it is planned.
+const EventQueueAdmitted = "QueueAdmitted"

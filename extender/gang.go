@@ -559,6 +559,21 @@ func (p *GangPlanner) waitQuota(key string, pods []*corev1.Pod, reason string) {
 	p.wait(key, pods, reason)
 }
 
+// admittedWhy says on what terms queue q admitted want (before it is
+// counted).
+func (p *GangPlanner) admittedWhy(q string, want quota.Resources) string {
+	if p.qsnap == nil {
+		return ""
+	}
+	st := p.qsnap.State
+	return fmt.Sprintf("it uses %s, guaranteed %s, fair share %s", describeUse(st.Used[q]), describeUse(p.guaranteed(q)), describeUse(st.FairShare()[q]))
+}
+
+func (p *GangPlanner) guaranteed(q string) quota.Resources {
+	sp, _ := p.qsnap.State.Tree.Spec(q)
+	return sp.Guaranteed
+}
+
 // waitQueue is wait for a queue's refusal, with a QueueWaiting Event.
 func (p *GangPlanner) waitQueue(key string, pods []*corev1.Pod, reason string) {
 	if p.waiting[key] != reason && p.events != nil {
@@ -737,6 +752,10 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 	logger.Info("Planned gang", "gang", g.Key(), "members", len(members), "domain", where, "expires", expires)
 	if p.events != nil {
 		for i, m := range members {
+			if strings.HasPrefix(key, "pod ") {
+				p.events.Eventf(m, corev1.EventTypeNormal, api.EventQueueAdmitted, "tessera: admitted by queue %s (%s); planned on node %s", q, p.admittedWhy(q, want), res.Placements[i].Node)
+				continue
+			}
 			p.events.Eventf(m, corev1.EventTypeNormal, "GangPlanned", "tessera: gang %s planned in %s: this member on node %s", g.Key(), where, res.Placements[i].Node)
 		}
 	}
