@@ -414,7 +414,8 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 			// Planned, but the gate's removal failed: lift it again.
 			return p.client.RemoveGate(ctx, m)
 		}
-		return p.plan(ctx, gr.key, g, gr.members, 1)
+		_, err := p.plan(ctx, gr.key, g, gr.members, 1)
+		return err
 	}
 	if g.Source.FromPodGroup() {
 		pg, err := p.client.GetPodGroup(ctx, g)
@@ -474,9 +475,9 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 			}
 		}
 		if len(gated) > 0 && len(errs) == 0 {
-			// Members beyond minMember that came later join the running
-			// gang one plan at a time.
-			errs = append(errs, p.plan(ctx, gr.key, g, gated, len(gated)))
+			// Members beyond minMember join the running gang one at a
+			// time, as room appears (an elastic gang grows).
+			errs = append(errs, p.grow(ctx, gr.key, g, gated))
 		}
 		return errors.Join(errs...)
 	}
@@ -487,7 +488,29 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 		p.wait(g.Key(), gated, fmt.Sprintf("gang %s: %d of %d members exist (gated)", g.Key(), len(gated), g.MinMember))
 		return nil
 	}
-	return p.plan(ctx, gr.key, g, gated, g.MinMember)
+	if len(gated) == g.MinMember {
+		_, err := p.plan(ctx, gr.key, g, gated, g.MinMember)
+		return err
+	}
+	// An elastic gang (more members than minMember) starts with minMember
+	// of them, as soon as those fit, and the others join one at a time.
+	started, err := p.plan(ctx, gr.key, g, gated[:g.MinMember], g.MinMember)
+	if !started || err != nil {
+		return err
+	}
+	return p.grow(ctx, gr.key, g, gated[g.MinMember:])
+}
+
+// grow plans the gang's waiting members one at a time, in name order,
+// until one does not fit.
+func (p *GangPlanner) grow(ctx context.Context, key string, g *api.Gang, waiting []*corev1.Pod) error {
+	for _, m := range waiting {
+		planned, err := p.plan(ctx, key, g, []*corev1.Pod{m}, 1)
+		if !planned || err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // equalUses reports whether a and b ask for the same amounts.
@@ -586,7 +609,7 @@ func (p *GangPlanner) waitQueue(key string, pods []*corev1.Pod, reason string) {
 
 // plan plans members (at least minMember of them) as one group and, when
 // the whole group fits, reserves, records and releases it.
-func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members []*corev1.Pod, minMember int) error {
+func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members []*corev1.Pod, minMember int) (bool, error) {
 	logger := klog.FromContext(ctx)
 	demands := make([]Demand, len(members))
 	shared := false
@@ -594,7 +617,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		d, err := ParseDemand(m)
 		if err != nil {
 			p.wait(key, members, fmt.Sprintf("gang %s: member %s: %v", g.Key(), m.Name, err))
-			return nil
+			return false, nil
 		}
 		demands[i] = d
 		shared = shared || d.Kind() == allocator.Shared
@@ -607,13 +630,13 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		}
 		if d := p.qsnap.State.Admit(q, want); !d.Allowed {
 			p.waitQueue(key, members, d.Reason)
-			return nil
+			return false, nil
 		}
 	}
 	if p.quota != nil {
 		if v := p.quota.AdmitGang(ctx, g.Namespace, members); !v.Allowed {
 			p.waitQuota(key, members, v.Message)
-			return nil
+			return false, nil
 		}
 	}
 	snap := p.passSnap
@@ -662,7 +685,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		}
 		if err != nil {
 			p.wait(key, members, reason)
-			return nil
+			return false, nil
 		}
 	}
 	expires := p.now().Add(g.Timeout).UTC().Truncate(time.Second)
@@ -673,14 +696,14 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		if demands[i].Kind() == allocator.Shared {
 			pos := pl.GPUs.Positions()
 			if len(pos) != 1 {
-				return fmt.Errorf("gang %s: member %s planned on %d GPUs for a slice", g.Key(), members[i].Name, len(pos))
+				return false, fmt.Errorf("gang %s: member %s planned on %d GPUs for a slice", g.Key(), members[i].Name, len(pos))
 			}
 			gi := snap[pl.Node].Info.GPUs[pos[0]]
 			plan.GPU = &api.GPURef{UUID: gi.UUID, Index: gi.Index}
 		}
 		ann := map[string]string{}
 		if err := api.SetGangPlan(ann, plan); err != nil {
-			return fmt.Errorf("gang %s: %w", g.Key(), err)
+			return false, fmt.Errorf("gang %s: %w", g.Key(), err)
 		}
 		values[i] = ann[api.AnnotationGangPlan]
 		uses[i] = PlannedPodUse(members[i], &plan)
@@ -699,7 +722,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 			defer func() { p.replanning = false }()
 			return p.plan(ctx, key, g, members, minMember)
 		}
-		return fmt.Errorf("gang %s: %w (planned again on the next pass)", g.Key(), err)
+		return false, fmt.Errorf("gang %s: %w (planned again on the next pass)", g.Key(), err)
 	}
 	if p.passSnap != nil {
 		// The workloads after this one in the pass see its reservation
@@ -719,7 +742,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 	for i, m := range members {
 		if err := p.client.SetPlan(ctx, m, values[i]); err != nil {
 			p.cache.ReleaseGang(uids)
-			return errors.Join(fmt.Errorf("gang %s: writing the plan of %s: %w", g.Key(), m.Name, err), p.clearPlans(ctx, members[:i]))
+			return false, errors.Join(fmt.Errorf("gang %s: writing the plan of %s: %w", g.Key(), m.Name, err), p.clearPlans(ctx, members[:i]))
 		}
 	}
 	var errs []error
@@ -759,7 +782,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 			p.events.Eventf(m, corev1.EventTypeNormal, "GangPlanned", "tessera: gang %s planned in %s: this member on node %s", g.Key(), where, res.Placements[i].Node)
 		}
 	}
-	return errors.Join(errs...)
+	return true, errors.Join(errs...)
 }
 
 // gangInput is the planning input of members on the node states snap.
