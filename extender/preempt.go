@@ -272,18 +272,20 @@ func (p *Preemptor) choose(asker *corev1.Pod, d *Demand, pods []*corev1.Pod) (*p
 			nodes = append(nodes, st)
 		}
 	}
-	units := p.units(asker, running, now)
+	units, unitsOf := p.units(asker, running, now)
 	var cands []preempt.Candidate
 	for _, st := range nodes {
 		c := preempt.Candidate{Node: st.Info.Name}
 		seen := map[string]bool{}
 		for uid := range st.Pods {
-			w, ok := units[unitOf(byUID[uid])]
-			if ok && !seen[w.unit.Key] {
-				seen[w.unit.Key] = true
-				c.Units = append(c.Units, w.unit)
+			for _, k := range unitsOf[uid] {
+				if w, ok := units[k]; ok && !seen[k] {
+					seen[k] = true
+					c.Units = append(c.Units, w.unit)
+				}
 			}
 		}
+		sort.Slice(c.Units, func(i, j int) bool { return c.Units[i].Key < c.Units[j].Key })
 		if len(c.Units) > 0 {
 			cands = append(cands, c)
 		}
@@ -327,8 +329,12 @@ func unitOf(pod *corev1.Pod) string {
 
 // units are the workloads asker may evict, by unit key: every pod of the
 // workload of lower priority than asker, run at least MinRuntime, not
-// passed over for a budget, and let go by quota.
-func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Time) map[string]*workload {
+// passed over for a budget, and let go by quota and queues. An elastic
+// gang running more members than its minMember is also offered member by
+// member for those beyond the minimum, newest first (its whole is still a
+// unit: taking that ends every member, so it never drops below its
+// minimum). unitsOf gives each pod's units.
+func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Time) (map[string]*workload, map[types.UID][]string) {
 	prio := priorityOf(asker)
 	groups := map[string][]*corev1.Pod{}
 	for _, pod := range running {
@@ -352,6 +358,7 @@ func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Tim
 	}
 	askerQueue, _ := qsnap.QueueOf(asker.Namespace)
 	out := map[string]*workload{}
+	unitsOf := map[types.UID][]string{}
 	for k, members := range groups {
 		if blocked[k] {
 			continue
@@ -363,10 +370,7 @@ func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Tim
 		w := &workload{w: ws[0], pods: members, unit: preempt.Unit{Key: k, Priority: ws[0].Priority, Pods: len(members)}}
 		ok := true
 		for _, m := range members {
-			started := m.CreationTimestamp.Time
-			if m.Status.StartTime != nil {
-				started = m.Status.StartTime.Time
-			}
+			started := startedAt(m)
 			if started.After(w.unit.Started) {
 				w.unit.Started = started
 			}
@@ -380,11 +384,44 @@ func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Tim
 		if vq, queued := qsnap.QueueOf(members[0].Namespace); ok && queued {
 			ok, _ = qsnap.State.CanPreempt(askerQueue, req, queue.Workload{Key: k, Queue: vq, Uses: w.w.Uses, Preemptible: true})
 		}
-		if ok {
-			out[k] = w
+		if !ok {
+			continue
+		}
+		out[k] = w
+		for _, m := range members {
+			unitsOf[m.UID] = append(unitsOf[m.UID], k)
+		}
+		for _, e := range extras(members) {
+			ek := k + " member " + e.Name
+			if blocked[ek] {
+				continue
+			}
+			ew := Workloads([]*corev1.Pod{e})[0]
+			out[ek] = &workload{w: ew, pods: []*corev1.Pod{e}, unit: preempt.Unit{Key: ek, Priority: w.unit.Priority, Started: startedAt(e), Pods: 1, Extra: true}}
+			unitsOf[e.UID] = append(unitsOf[e.UID], ek)
 		}
 	}
-	return out
+	return out, unitsOf
+}
+
+func startedAt(pod *corev1.Pod) time.Time {
+	if pod.Status.StartTime != nil {
+		return pod.Status.StartTime.Time
+	}
+	return pod.CreationTimestamp.Time
+}
+
+// extras are the running members of an elastic gang beyond its
+// minMember, newest first; none for a pod outside a gang or a gang
+// without a known minimum.
+func extras(members []*corev1.Pod) []*corev1.Pod {
+	g, ok, err := api.GangOf(members[0])
+	if !ok || err != nil || g.MinMember < 1 || len(members) <= g.MinMember {
+		return nil
+	}
+	byAge := append([]*corev1.Pod(nil), members...)
+	sort.SliceStable(byAge, func(i, j int) bool { return startedAt(byAge[i]).After(startedAt(byAge[j])) })
+	return byAge[:len(members)-g.MinMember]
 }
 
 // dryRun checks every victim pod may be evicted; it returns the first

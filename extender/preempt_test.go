@@ -195,6 +195,21 @@ func TestPreemptorAcrossShapes(t *testing.T) {
 			want: []string{"g-0", "g-1"}, wantPlan: "n1", wantGPU: -1,
 		},
 		{
+			name:  "an elastic gang gives back its newest extra member before any whole workload",
+			nodes: []*corev1.Node{makeNode("n2").GPUs(4, "A100", 40960).Obj(), makeNode("n1").GPUs(1, "A100", 40960).Obj()},
+			pods: []*corev1.Pod{
+				gangPod(running(makePod("el-0").Whole(1).Priority(notebook).Node("n2").Holding(0), 40), "el", 2),
+				gangPod(running(makePod("el-1").Whole(1).Priority(notebook).Node("n2").Holding(1), 40), "el", 2),
+				gangPod(running(makePod("el-2").Whole(1).Priority(notebook).Node("n2").Holding(2), 20), "el", 2),
+				gangPod(running(makePod("el-3").Whole(1).Priority(notebook).Node("n2").Holding(3), 30), "el", 2),
+				// newer than every extra, on the node first by name, but
+				// whole: it stays.
+				running(makePod("solo").Whole(1).Priority(notebook).Node("n1").Holding(0), 5),
+				asking(makePod("inf").Whole(1).Priority(inference)),
+			},
+			want: []string{"el-2"}, wantPlan: "n2", wantGPU: -1,
+		},
+		{
 			name:  "a nodeSelector keeps the victims on the nodes the pod may use",
 			nodes: []*corev1.Node{twoGPUs("n1"), makeNode("n2").GPUs(2, "A100", 40960).Obj()},
 			pods: []*corev1.Pod{

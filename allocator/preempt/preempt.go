@@ -22,6 +22,9 @@ type Unit struct {
 	Started time.Time
 	// Pods is how many pods evicting the unit ends, on every node.
 	Pods int
+	// Extra marks a member of an elastic gang beyond its minimum: among
+	// equal priorities, extras go before any whole workload.
+	Extra bool
 }
 
 // Candidate is a node and the units with a pod on it that may be evicted.
@@ -41,13 +44,15 @@ type Fits func(node string, victims []Unit) bool
 
 // Choose returns the cheapest preemption among the candidates, or false
 // when none makes the asker fit. On each node the units are taken lowest
-// priority first, then newest first, until the asker fits; then every
+// priority first, then the extra members of elastic gangs, then newest
+// first, until the asker fits; then every
 // taken unit is given back again, highest priority first, while the asker
 // still fits without it, so that no eviction is made that the fit does not
 // need; a single unit that suffices alone replaces that set when it costs
 // less. Among nodes, the choice whose most important victim has the lowest
-// priority wins, then the one that ends the fewest pods, then the fewest
-// units, then the node name. Choose assumes the asker fits no node as it
+// priority wins, then the one that ends the fewest pods, then the one
+// that takes the fewest whole workloads (the extra members of elastic
+// gangs go first), then the fewest units, then the node name. Choose assumes the asker fits no node as it
 // is: the caller checks that first (a node where it fits would still get
 // one victim).
 func Choose(cands []Candidate, fits Fits) (Choice, bool) {
@@ -76,6 +81,8 @@ func onNode(c Candidate, fits Fits) ([]Unit, bool) {
 		switch {
 		case a.Priority != b.Priority:
 			return a.Priority < b.Priority
+		case a.Extra != b.Extra:
+			return a.Extra
 		case !a.Started.Equal(b.Started):
 			return a.Started.After(b.Started)
 		}
@@ -120,8 +127,8 @@ func reprieve(node string, taken []Unit, fits Fits) []Unit {
 }
 
 type cost struct {
-	top         int32
-	pods, units int
+	top                int32
+	whole, pods, units int
 }
 
 func (a cost) less(b cost) bool {
@@ -130,6 +137,8 @@ func (a cost) less(b cost) bool {
 		return a.top < b.top
 	case a.pods != b.pods:
 		return a.pods < b.pods
+	case a.whole != b.whole:
+		return a.whole < b.whole
 	}
 	return a.units < b.units
 }
@@ -141,6 +150,9 @@ func costOf(victims []Unit) cost {
 			k.top = v.Priority
 		}
 		k.pods += v.Pods
+		if !v.Extra {
+			k.whole++
+		}
 	}
 	return k
 }
