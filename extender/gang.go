@@ -164,7 +164,7 @@ type GangPlanner struct {
 	now    func() time.Time
 	// waiting is the last reason reported per waiting gang, so that an
 	// Event is emitted when the reason changes, not on every pass.
-	waiting map[string]string
+	waiting map[string]*waitState
 	// quota, when set, admits each gang whole and reclaims room for a
 	// gang within its namespace's min.
 	quota GangQuota
@@ -215,7 +215,7 @@ type GangPlannerConfig struct {
 
 // NewGangPlanner returns a planner.
 func NewGangPlanner(cfg GangPlannerConfig) *GangPlanner {
-	p := &GangPlanner{cache: cfg.Cache, client: cfg.Client, pods: cfg.Pods, policy: cfg.Policy, events: cfg.Events, now: cfg.Now, waiting: map[string]string{}, quota: cfg.Quota,
+	p := &GangPlanner{cache: cfg.Cache, client: cfg.Client, pods: cfg.Pods, policy: cfg.Policy, events: cfg.Events, now: cfg.Now, waiting: map[string]*waitState{}, quota: cfg.Quota,
 		queues: cfg.Queues, queueReclaim: cfg.QueueReclaim, schedulers: map[string]bool{}}
 	if p.now == nil {
 		p.now = time.Now
@@ -557,29 +557,48 @@ func gatedOf(pods []*corev1.Pod) []*corev1.Pod {
 	return out
 }
 
-// wait records that gang key waits for reason, with an Event on each of
-// pods when the reason changed.
-func (p *GangPlanner) wait(key string, pods []*corev1.Pod, reason string) {
-	if p.waiting[key] == reason {
-		return
+// waitState is why a workload waits, and which of its pods were told.
+type waitState struct {
+	reason string
+	told   map[types.UID]bool
+}
+
+// untold records that workload key waits for reason and returns the pods
+// not told that reason yet (all of them when the reason changed), so
+// that each pod gets one Event per reason, members that come later too.
+func (p *GangPlanner) untold(key, reason string, pods []*corev1.Pod) []*corev1.Pod {
+	w := p.waiting[key]
+	if w == nil || w.reason != reason {
+		w = &waitState{reason: reason, told: map[types.UID]bool{}}
+		p.waiting[key] = w
 	}
-	p.waiting[key] = reason
-	if p.events == nil {
-		return
-	}
+	var out []*corev1.Pod
 	for _, m := range pods {
+		if !w.told[m.UID] {
+			w.told[m.UID] = true
+			out = append(out, m)
+		}
+	}
+	if p.events == nil {
+		return nil
+	}
+	return out
+}
+
+// wait records that gang key waits for reason, with a GangWaiting Event
+// on each of pods not told yet.
+func (p *GangPlanner) wait(key string, pods []*corev1.Pod, reason string) {
+	for _, m := range p.untold(key, reason, pods) {
 		p.events.Eventf(m, corev1.EventTypeNormal, "GangWaiting", "tessera: %s", reason)
 	}
 }
 
 // waitQuota is wait for a quota refusal, with a QuotaExceeded Event too.
 func (p *GangPlanner) waitQuota(key string, pods []*corev1.Pod, reason string) {
-	if p.waiting[key] != reason && p.events != nil {
-		for _, m := range pods {
-			p.events.Eventf(m, corev1.EventTypeWarning, api.EventQuotaExceeded, "%s", reason)
-		}
+	for _, m := range p.untold(key, reason, pods) {
+		p.events.Eventf(m, corev1.EventTypeWarning, api.EventQuotaExceeded, "%s", reason)
+		p.events.Eventf(m, corev1.EventTypeNormal, "GangWaiting", "tessera: %s", reason)
 	}
-	p.wait(key, pods, reason)
 }
 
 // admittedWhy says on what terms queue q admitted want (before it is
@@ -597,14 +616,12 @@ func (p *GangPlanner) guaranteed(q string) quota.Resources {
 	return sp.Guaranteed
 }
 
-// waitQueue is wait for a queue's refusal, with a QueueWaiting Event.
+// waitQueue records a queue's refusal, with a QueueWaiting Event on each
+// of pods not told yet.
 func (p *GangPlanner) waitQueue(key string, pods []*corev1.Pod, reason string) {
-	if p.waiting[key] != reason && p.events != nil {
-		for _, m := range pods {
-			p.events.Eventf(m, corev1.EventTypeNormal, api.EventQueueWaiting, "tessera: %s", reason)
-		}
+	for _, m := range p.untold(key, reason, pods) {
+		p.events.Eventf(m, corev1.EventTypeNormal, api.EventQueueWaiting, "tessera: %s", reason)
 	}
-	p.waiting[key] = reason
 }
 
 // plan plans members (at least minMember of them) as one group and, when

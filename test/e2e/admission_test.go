@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -42,10 +43,18 @@ func TestInstalledAsDeployed(t *testing.T) {
 	if err != nil {
 		t.Fatalf("gang webhook: %v", err)
 	}
+	// The gang webhook fails closed (a member admitted without its gate
+	// would run alone); the queue webhook fails open (docs/queues.md).
+	wantPolicy := map[string]admissionregistrationv1.FailurePolicyType{"gang.tessera.dev": admissionregistrationv1.Fail, "queue.tessera.dev": admissionregistrationv1.Ignore}
 	for _, w := range whc.Webhooks {
-		if w.ClientConfig.URL == nil || len(w.ClientConfig.CABundle) == 0 || w.FailurePolicy == nil || *w.FailurePolicy != "Fail" || len(w.MatchConditions) == 0 {
-			t.Errorf("webhook %s: url %v, CA bundle %d bytes, failurePolicy %v, %d match conditions", w.Name, w.ClientConfig.URL, len(w.ClientConfig.CABundle), w.FailurePolicy, len(w.MatchConditions))
+		want, known := wantPolicy[w.Name]
+		if !known || w.ClientConfig.URL == nil || len(w.ClientConfig.CABundle) == 0 || w.FailurePolicy == nil || *w.FailurePolicy != want || len(w.MatchConditions) == 0 {
+			t.Errorf("webhook %s: url %v, CA bundle %d bytes, failurePolicy %v (want %q), %d match conditions", w.Name, w.ClientConfig.URL, len(w.ClientConfig.CABundle), w.FailurePolicy, want, len(w.MatchConditions))
 		}
+		delete(wantPolicy, w.Name)
+	}
+	for name := range wantPolicy {
+		t.Errorf("webhook %s is not installed", name)
 	}
 
 	// The extender created the seal key (deploy/extender's Role allows

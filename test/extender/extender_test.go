@@ -157,20 +157,31 @@ func TestScenarios(t *testing.T) {
 		// 10 GiB free: kube-scheduler's own dry run keeps the more important
 		// pods and picks B (20 GiB on GPU 0) as the victim, which would
 		// leave 30 GiB free on the node but 20 and 10 GiB on the GPUs. The
-		// extender drops the node: no candidate, nobody preempted.
+		// extender drops the node from kube-scheduler's candidates; Tessera's
+		// own preemption evicts C instead (GPU 1 then has 40 GiB): the
+		// lowest priority whose removal makes the pod fit one GPU. B, which
+		// cannot make room, and A stay.
 		e.CreateNode(t, extenderenv.NodeSpec{Name: "pre1", GPUs: 2, Model: a100, MemMiB: 40960, Labels: sel("pre1")})
 		e.CreatePod(t, extenderenv.PodSpec{Name: "pre1-a", MemUnits: 20, PriorityClass: "low-3", Node: "pre1", Assign: extenderenv.SharedAssignment("pre1", 0, 20480, 0)})
 		e.CreatePod(t, extenderenv.PodSpec{Name: "pre1-b", MemUnits: 20, PriorityClass: "low-1", Node: "pre1", Assign: extenderenv.SharedAssignment("pre1", 0, 20480, 0)})
 		e.CreatePod(t, extenderenv.PodSpec{Name: "pre1-c", MemUnits: 30, PriorityClass: "low-2", Node: "pre1", Assign: extenderenv.SharedAssignment("pre1", 1, 30720, 0)})
 		e.CreatePod(t, extenderenv.PodSpec{Name: "pre1-hi", MemUnits: 30, PriorityClass: "high", Selector: sel("pre1")})
-		e.WaitPendingWith(t, ns, "pre1-hi", "preemption: no candidate node for preemption", time.Minute)
-		// Give a (wrong) preemption time to show.
-		time.Sleep(3 * time.Second)
-		for _, n := range []string{"pre1-a", "pre1-b", "pre1-c"} {
+		c1, err := e.CP.WaitForPod(t.Context(), ns, "pre1-c", "preempted", time.Minute, func(p *v1.Pod) (bool, error) { return p.DeletionTimestamp != nil, nil })
+		if err != nil {
+			t.Fatalf("%v\nevents of pre1-hi: %s", err, e.Events(t, ns, "pre1-hi"))
+		}
+		for _, n := range []string{"pre1-a", "pre1-b"} {
 			p, err := e.Client.CoreV1().Pods(ns).Get(t.Context(), n, metav1.GetOptions{})
 			if err != nil || p.DeletionTimestamp != nil {
-				t.Errorf("pod %s preempted (err %v) although that cannot make pre1-hi fit one GPU", n, err)
+				t.Errorf("pod %s preempted (err %v): only pre1-c makes pre1-hi fit one GPU", n, err)
 			}
+		}
+		zero := int64(0)
+		if err := e.Client.CoreV1().Pods(ns).Delete(t.Context(), c1.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+			t.Fatal(err)
+		}
+		if g := sharedGPU(t, e.WaitBound(t, ns, "pre1-hi", time.Minute)); g != extenderenv.GPUUUID("pre1", 1) {
+			t.Errorf("pre1-hi on GPU %s, want the freed GPU 1 (%s)", g, extenderenv.GPUUUID("pre1", 1))
 		}
 
 		// Here the scheduler's victim C (35 GiB on GPU 1) frees a GPU: kept.
@@ -189,7 +200,6 @@ func TestScenarios(t *testing.T) {
 			}
 		}
 		// No kubelet: finish the victim's termination as it would.
-		zero := int64(0)
 		if err := e.Client.CoreV1().Pods(ns).Delete(t.Context(), victim.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
 			t.Fatal(err)
 		}
