@@ -394,27 +394,21 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 				return
 			}
 		}
+		// Not ready before the quotas and Queues in force are known (or
+		// known to be none): admitting meanwhile could pass a max or a
+		// limit.
+		decided := func(w interface{ Decided() bool }) bool {
+			return wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(context.Context) (bool, error) { return w.Decided(), nil }) == nil
+		}
 		if quotas != nil {
-			// Not ready before the quotas in force are known (or known
-			// to be none): admitting meanwhile could pass a max.
-			for !quotas.Decided() {
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(50 * time.Millisecond):
-				}
+			if !decided(quotas) {
+				return
 			}
 			go enforcer.Run(ctx, o.quotaResync)
 		}
 		if queues != nil {
-			// Not ready before the Queues are known (or known to be
-			// none): planning meanwhile could pass a limit.
-			for !queueWatcher.Decided() {
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(50 * time.Millisecond):
-				}
+			if !decided(queueWatcher) {
+				return
 			}
 			go queues.Run(ctx, o.queueStatusEach)
 		}
