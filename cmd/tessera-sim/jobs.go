@@ -37,7 +37,6 @@ type jobsOptions struct {
 	queueGuar    float64
 	queueHalf    time.Duration
 	teamShares   bool
-	queueFit     bool
 }
 
 func parseJobsFlags(args []string, stderr io.Writer) (*jobsOptions, error) {
@@ -60,7 +59,6 @@ func parseJobsFlags(args []string, stderr io.Writer) (*jobsOptions, error) {
 	fs.IntVar(&o.queueDepts, "queue-departments", 2, "departments (parent queues) the teams alternate between")
 	fs.Float64Var(&o.queueGuar, "queue-guarantee-fraction", 1, "queues: each team guarantees floor(cluster GPUs x this / teams)")
 	fs.DurationVar(&o.queueHalf, "queue-half-life", jobs.DefaultQueueHalfLife, "queues: half-life of the decayed usage history that orders the teams")
-	fs.BoolVar(&o.queueFit, "queue-pending-within-guarantee", false, "queues: count as a team's pending demand only jobs no larger than its guarantee (works around jobs larger than a guarantee blocking each other forever; see docs/sim.md)")
 	fs.BoolVar(&o.teamShares, "team-shares", false, "table: also print each team's received and entitled GPU-hours while it waited")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -116,7 +114,7 @@ func runJobs(args []string, stdout, stderr io.Writer) error {
 				Strategy: st, Nodes: o.nodes, GPUsPerNode: o.gpusPerNode, Policy: o.policy,
 				MaxBackfillWait: int64(o.holdAfter / time.Second), ReclaimAfter: int64(o.reclaimAfter / time.Second),
 				SampleEvery: int64(o.sampleEvery / time.Second),
-				Queues:      jobs.QueueConfig{Teams: o.queueTeams, Departments: o.queueDepts, GuaranteeFraction: o.queueGuar, HalfLife: o.queueHalf, PendingWithinGuarantee: o.queueFit},
+				Queues:      jobs.QueueConfig{Teams: o.queueTeams, Departments: o.queueDepts, GuaranteeFraction: o.queueGuar, HalfLife: o.queueHalf},
 			}
 			if o.queueTeams == 0 {
 				// The fairness metric's teams are --teams for every
@@ -185,9 +183,6 @@ func variant(cfg jobs.Config) string {
 		}
 		if f := cfg.Queues.GuaranteeFraction; f != 1 {
 			v += "+guar" + strconv.FormatFloat(f, 'g', -1, 64)
-		}
-		if cfg.Queues.PendingWithinGuarantee {
-			v += "+fitpending"
 		}
 		return v
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tessera-gpu/tessera/allocator"
+	"github.com/tessera-gpu/tessera/allocator/quota"
 )
 
 // queuesConfig is a cluster of nodes x 8 GPUs under StrategyQueues with two
@@ -62,9 +63,10 @@ func TestQueuesServeTheTeamWithLessHistoryFirst(t *testing.T) {
 			map[string]int64{"a": 100, "b": 200}},
 		{"gang (arrival order) ignores history", twoNodesOf(StrategyGang, 1), []Job{history, a, b},
 			map[string]int64{"history": 3600, "a": 100, "b": 200}},
-		// Guarantees of 4 each, jobs of 8: they borrow; with the
-		// workaround (below) the order is the same.
-		{"guarantees 4 + 4, history: team-1 first", withFit(queuesConfig(1, 1)), []Job{history, a, b},
+		// Guarantees of 4 each, jobs of 8: they borrow, and neither
+		// blocks the other (Admit protects only waiting work that could
+		// start within a guarantee); the order is the same.
+		{"guarantees 4 + 4, history: team-1 first", queuesConfig(1, 1), []Job{history, a, b},
 			map[string]int64{"history": 3600, "b": 100, "a": 200}},
 	}
 	for _, tc := range tests {
@@ -80,35 +82,29 @@ func TestQueuesServeTheTeamWithLessHistoryFirst(t *testing.T) {
 	}
 }
 
-func withFit(cfg Config) Config {
-	cfg.Queues.PendingWithinGuarantee = true
-	return cfg
-}
-
 func twoNodesOf(st Strategy, nodes int) Config {
 	cfg := twoNodes(st)
 	cfg.Nodes = nodes
 	return cfg
 }
 
-// TestQueuesJobsLargerThanGuaranteesBlockEachOther records how
-// allocator/queue's Admit treats jobs larger than their team's guarantee:
-// each team's waiting job counts as its unmet guarantee, which the other
-// may not borrow, so on an idle cluster neither 8-GPU job is admitted and
-// the replay ends with both unfinished. PendingWithinGuarantee (the
-// simulator's workaround) runs both.
-func TestQueuesJobsLargerThanGuaranteesBlockEachOther(t *testing.T) {
+// TestQueuesJobsLargerThanGuaranteesRunInTurn: two teams guaranteeing 4
+// GPUs each both wait with an 8-GPU job on an idle node. Each must borrow,
+// and neither job could start within its team's guarantee, so the lending
+// check protects nothing for the other (State.Waiting, allocator/queue
+// since 69ff7a4): a runs first (by name, no history), b after it. Before,
+// each counted the other's job as unmet guarantee and neither ever ran.
+func TestQueuesJobsLargerThanGuaranteesRunInTurn(t *testing.T) {
 	jobs := []Job{
 		{ID: "a", Team: "team-0", Submit: 0, Duration: 100, GPUs: 8},
 		{ID: "b", Team: "team-1", Submit: 0, Duration: 100, GPUs: 8},
 	}
-	r := run(t, jobs, queuesConfig(1, 1))
-	if r.Finished != 0 || r.Unfinished != 2 {
-		t.Errorf("as the core stands: finished %d, unfinished %d; want 0 and 2 (if Admit changed, update this test and docs/sim.md)", r.Finished, r.Unfinished)
+	got, r := jctByID(t, jobs, queuesConfig(1, 1))
+	if diff := cmp.Diff(map[string]int64{"a": 100, "b": 200}, got); diff != "" {
+		t.Errorf("completion times in seconds (-want +got):\n%s", diff)
 	}
-	got, r := jctByID(t, jobs, withFit(queuesConfig(1, 1)))
-	if diff := cmp.Diff(map[string]int64{"a": 100, "b": 200}, got); diff != "" || r.Unfinished != 0 {
-		t.Errorf("with PendingWithinGuarantee: completion times (-want +got):\n%s unfinished %d", diff, r.Unfinished)
+	if r.Finished != 2 || r.Unfinished != 0 || r.Evictions != 0 {
+		t.Errorf("finished %d, unfinished %d, evictions %d; want 2, 0, 0", r.Finished, r.Unfinished, r.Evictions)
 	}
 }
 
@@ -175,8 +171,9 @@ func TestQueuesReclaim(t *testing.T) {
 
 // TestQueuesNeverEvictBelowGuarantee replays random job lists on 4 nodes
 // with 2 to 4 teams and checks, at every eviction, that the victim's team
-// still uses at least its guarantee, and that every job finishes (with
-// the workaround for jobs larger than a guarantee).
+// still uses at least its guarantee, and that every job finishes (with 3
+// or 4 teams the guarantees, 10 or 8 of 32 GPUs, are smaller than the
+// 16-GPU jobs, which must borrow).
 func TestQueuesNeverEvictBelowGuarantee(t *testing.T) {
 	rng := rand.New(rand.NewSource(1))
 	sizes := []int{1, 2, 4, 8, 16}
@@ -191,7 +188,7 @@ func TestQueuesNeverEvictBelowGuarantee(t *testing.T) {
 		}
 		cfg := twoNodes(StrategyQueues)
 		cfg.Nodes = 4
-		cfg.Queues = QueueConfig{Teams: teams, PendingWithinGuarantee: true, HalfLife: 600e9}
+		cfg.Queues = QueueConfig{Teams: teams, HalfLife: 600e9}
 		policy, err := allocator.NewPolicy(cfg.Policy)
 		if err != nil {
 			t.Fatal(err)
@@ -262,5 +259,47 @@ func TestQueueConfigRejectsBadFraction(t *testing.T) {
 	cfg := queuesConfig(1, 1.5)
 	if _, err := Run(nil, cfg); err == nil {
 		t.Error("a guarantee fraction of 1.5 was accepted")
+	}
+}
+
+// TestQueuesWaitingPrefixAdmitsAsEveryJob: state lists of each team's
+// waiting jobs only those, smallest first, that fit in what its guarantee
+// leaves; Admit must answer exactly as with every waiting job listed.
+func TestQueuesWaitingPrefixAdmitsAsEveryJob(t *testing.T) {
+	rng := rand.New(rand.NewSource(2))
+	sizes := []int{1, 2, 4, 8, 16, 32, 64}
+	policy, err := allocator.NewPolicy(queuesConfig(16, 1).Policy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for trial := 0; trial < 300; trial++ {
+		cfg := queuesConfig(16, []float64{1, 0.5, 0.25}[rng.Intn(3)])
+		cfg.Queues.Teams = 2 + rng.Intn(3)
+		s := newSim(cfg, policy)
+		left := s.q.capacity
+		for _, team := range s.q.teams {
+			u := min(int64(rng.Intn(int(s.q.guarantee)*2+1)), left)
+			s.q.used[team], left = u, left-u
+			for i := rng.Intn(12); i > 0; i-- {
+				s.addPending(&jobState{job: Job{GPUs: sizes[rng.Intn(len(sizes))]}, fteam: team}, 1)
+			}
+		}
+		got := s.state()
+		all := s.books()
+		all.Waiting = map[string][]quota.Resources{}
+		for team, bySize := range s.q.waiting {
+			for g, n := range bySize {
+				for range n {
+					all.Waiting[team] = append(all.Waiting[team], gpuRes(g))
+				}
+			}
+		}
+		for _, team := range s.q.teams {
+			for _, g := range sizes {
+				if a, b := got.Admit(team, gpuRes(g)), all.Admit(team, gpuRes(g)); a != b {
+					t.Fatalf("trial %d, %s asks %d GPUs: Admit with the prefix %+v, with every waiting job %+v (used %v, waiting %v)", trial, team, g, a, b, s.q.used, s.q.waiting)
+				}
+			}
+		}
 	}
 }
