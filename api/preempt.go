@@ -14,4 +14,8 @@ const (
 	// EventPreemptionExpired: the room freed for a pod was held until its
 	// plan expired without the pod binding there; the hold is released.
 	EventPreemptionExpired = "PreemptionExpired"
+	// EventReserved: on a workload's pods, that nodes are reserved for it
+	// after it waited too long (extender reservations), which and until
+	// when.
+	EventReserved = "Reserved"
 )

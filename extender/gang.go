@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -181,6 +182,13 @@ type GangPlanner struct {
 	// snapshot went stale (once).
 	replanning   bool
 	queueReclaim QueueReclaim
+	// reservation configures reservations (reserve.go); reserved holds
+	// the current one by workload key, cooldown the workloads whose
+	// reservation ran out, until when they may not reserve again.
+	reservation  ReservationConfig
+	reserved     map[string]*reservation
+	cooldown     map[string]time.Time
+	reservations atomic.Int64
 	// schedulers are the schedulerNames whose pods the extender serves:
 	// only their ungated gang members are planned.
 	schedulers map[string]bool
@@ -206,6 +214,9 @@ type GangPlannerConfig struct {
 	// reclaim for queues.
 	Queues       *QueueBook
 	QueueReclaim QueueReclaim
+	// Reservation configures reservations for workloads that wait too
+	// long; the zero value makes none.
+	Reservation ReservationConfig
 	// SchedulerNames are the schedulerNames whose pods go through the
 	// extender (kube-scheduler's profiles that call it); default
 	// default-scheduler. A gang member of another scheduler is planned
@@ -216,7 +227,8 @@ type GangPlannerConfig struct {
 // NewGangPlanner returns a planner.
 func NewGangPlanner(cfg GangPlannerConfig) *GangPlanner {
 	p := &GangPlanner{cache: cfg.Cache, client: cfg.Client, pods: cfg.Pods, policy: cfg.Policy, events: cfg.Events, now: cfg.Now, waiting: map[string]*waitState{}, quota: cfg.Quota,
-		queues: cfg.Queues, queueReclaim: cfg.QueueReclaim, schedulers: map[string]bool{}}
+		queues: cfg.Queues, queueReclaim: cfg.QueueReclaim, schedulers: map[string]bool{},
+		reservation: cfg.Reservation, reserved: map[string]*reservation{}, cooldown: map[string]time.Time{}}
 	if p.now == nil {
 		p.now = time.Now
 	}
@@ -336,6 +348,16 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 	for key := range p.waiting {
 		if _, live := groups[key]; !live && !malformed[key] {
 			delete(p.waiting, key)
+		}
+	}
+	for key := range p.reserved {
+		if _, live := groups[key]; !live {
+			p.releaseReservation(key)
+		}
+	}
+	for key := range p.cooldown {
+		if _, live := groups[key]; !live {
+			delete(p.cooldown, key)
 		}
 	}
 	return errors.Join(errs...)
@@ -528,6 +550,9 @@ func equalUses(a, b quota.Resources) bool {
 	return true
 }
 
+// Reservations is how many workloads hold a reservation (0 or 1).
+func (p *GangPlanner) Reservations() int64 { return p.reservations.Load() }
+
 // serves reports whether the extender schedules pod (its schedulerName is
 // one of the profiles that call the extender).
 func (p *GangPlanner) serves(pod *corev1.Pod) bool {
@@ -656,6 +681,8 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 			return false, nil
 		}
 	}
+	// A reservation of this workload's is its own room.
+	since, _ := p.releaseReservation(key)
 	snap := p.passSnap
 	if snap == nil {
 		snap = p.cache.Snapshot()
@@ -701,6 +728,11 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 			}
 		}
 		if err != nil {
+			if errors.Is(err, gang.ErrNoRoom) && !shared {
+				if msg := p.reserve(key, g, members, demands, minMember, since); msg != "" {
+					reason += "; " + msg
+				}
+			}
 			p.wait(key, members, reason)
 			return false, nil
 		}

@@ -92,6 +92,9 @@ type options struct {
 	queueHalfLife   time.Duration
 	queueStatusEach time.Duration
 
+	reserveAfter time.Duration
+	reserveFor   time.Duration
+
 	preemption           bool
 	preemptionMinRuntime time.Duration
 	preemptionHold       time.Duration
@@ -129,6 +132,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.queues, "queues", true, "admit the GPU workloads of namespaces a Queue (queues.tessera.dev) serves in queue order, by the Queues' guarantees, limits and fair share (docs/queues.md); without the CRD installed nothing is queued until it appears")
 	fs.DurationVar(&o.queueHalfLife, "queue-half-life", 24*time.Hour, "half-life of the Queues' usage history (fair share by what a queue used lately)")
 	fs.DurationVar(&o.queueStatusEach, "queue-status-period", 10*time.Second, "how often each Queue's status (used, fair share, usage history) is written")
+	fs.DurationVar(&o.reserveAfter, "reservation-wait", 10*time.Minute, "a whole-GPU gang or queued pod that has waited this long and fits nowhere gets the nodes that will hold it soonest reserved: nothing else starts on them until it fits (docs/queues.md); 0: no reservations")
+	fs.DurationVar(&o.reserveFor, "reservation-max", time.Hour, "how long a reservation lasts at most; the workload then does not reserve again for as long")
 	fs.BoolVar(&o.preemption, "preemption", true, "Tessera's priority preemption for GPU pods of every shape (whole GPUs and slices), which kube-scheduler cannot see (docs/extender.md)")
 	fs.DurationVar(&o.preemptionMinRuntime, "preemption-min-runtime", 0, "a pod that started less than this long ago is not preempted")
 	fs.DurationVar(&o.preemptionHold, "preemption-hold", 2*time.Minute, "how long the room preemption frees is held for the pod it was freed for")
@@ -352,6 +357,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			pcfg.Quota = enforcer
 		}
 		pcfg.Queues = queues
+		pcfg.Reservation = extender.ReservationConfig{ReserveAfter: o.reserveAfter, ReserveFor: o.reserveFor}
 		if queues != nil {
 			pcfg.QueueReclaim = &extender.QueueReclaimer{
 				Cache: cache, Evicter: &extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()},
@@ -360,6 +366,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			}
 		}
 		planner = extender.NewGangPlanner(pcfg)
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: "tessera", Subsystem: "extender", Name: "workload_reservations",
+			Help: "Workloads (gangs, queued pods) that hold a reservation of nodes after waiting --reservation-wait.",
+		}, func() float64 { return float64(planner.Reservations()) }))
 		if _, err := podInf.AddEventHandler(extender.GangTrigger(trigger)); err != nil {
 			return fmt.Errorf("pod informer: %w", err)
 		}

@@ -115,7 +115,9 @@ func getCluster(t *testing.T) *nodesim.Cluster {
 		defer cancel()
 		cluster, clusterErr = nodesim.StartCluster(ctx, nodesim.ClusterOptions{
 			NodeSim: ns, Agent: ag, Extender: ext, RepoRoot: repoRoot(),
-			Logf: func(f string, a ...any) { t.Logf(f, a...) },
+			// Reservations after 10 s, not 10 min (TestReservation...).
+			ExtenderArgs: []string{"--reservation-wait=10s"},
+			Logf:         func(f string, a ...any) { t.Logf(f, a...) },
 		})
 		if clusterErr == nil {
 			t.Logf("cluster up in %s (dir %s)", time.Since(start).Round(time.Millisecond), cluster.Dir)
