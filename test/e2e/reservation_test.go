@@ -1,0 +1,106 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// A stream of 1-GPU pods keeps every 8-GPU node busy (each node always
+// runs one, replaced before it ends). A gang of 2 x 8 GPUs would wait for
+// ever behind it; once it has waited the reservation wait (10 s here,
+// --reservation-wait), two nodes are reserved for it, the stream's new
+// pods stay off them, and the gang runs when their last small pods end.
+func TestReservationStopsAStreamStarvingAGang(t *testing.T) {
+	c := getCluster(t)
+	client := c.Client()
+	ns := namespace(t, c, "e2e-reserve")
+	waitReleased(t, c)
+	nodes := []string{"a100-1", "a100-2", "v100-1"}
+	ctx, stop := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	defer func() { stop(); wg.Wait() }()
+	// The stream: per node, a pod lives 4 s; its successor is created 2 s
+	// into its life.
+	for _, node := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ctx.Err() == nil; i++ {
+				name := fmt.Sprintf("s-%s-%d", node, i)
+				if _, err := client.CoreV1().Pods(ns).Create(ctx, podSpec{name: name, gpus: 1, node: node}.pod(ns), metav1.CreateOptions{}); err != nil {
+					return
+				}
+				go func() {
+					select {
+					case <-ctx.Done():
+					case <-time.After(4 * time.Second):
+					}
+					_ = client.CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+				}()
+				select {
+				case <-ctx.Done():
+				case <-time.After(2 * time.Second):
+				}
+			}
+		}()
+	}
+	time.Sleep(5 * time.Second) // the stream runs on every node
+	start := time.Now()
+	for i := range 2 {
+		create(t, client, ns, podSpec{name: fmt.Sprintf("big-%d", i), gpus: 8,
+			annotations: map[string]string{api.AnnotationGang: "big", api.AnnotationGangMinMember: "2"}})
+	}
+	err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+		for i := range 2 {
+			p, err := client.CoreV1().Pods(ns).Get(ctx, fmt.Sprintf("big-%d", i), metav1.GetOptions{})
+			if err != nil || p.Status.Phase != v1.PodRunning {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("the 2 x 8 GPU gang did not run behind the stream: %v\nevents of big-0: %s", err, events(t, client, ns, "big-0"))
+	}
+	t.Logf("the gang ran %s after it was created (reservation wait 10 s)", took.Round(time.Millisecond))
+	if ev := events(t, client, ns, "big-0"); !strings.Contains(ev, api.EventReserved) {
+		t.Errorf("no %s Event on big-0: %s", api.EventReserved, ev)
+	}
+	if took > 40*time.Second {
+		t.Errorf("the gang ran %s after creation: want within the reservation wait plus the stream's pod life and binding (40 s)", took)
+	}
+	stop()
+	wg.Wait()
+	// The stream's last pods go before the cluster-wide checks.
+	err = wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		l, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		left := 0
+		for _, p := range l.Items {
+			if strings.HasPrefix(p.Name, "s-") {
+				left++
+				_ = client.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+			}
+		}
+		return left == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("the stream's pods are not gone: %v", err)
+	}
+	occ, pods := occupancy(t, c)
+	checkNoOvercommit(t, occ)
+	checkRunningPods(t, c, pods)
+}
