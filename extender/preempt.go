@@ -99,6 +99,9 @@ type Preemptor struct {
 	Now        func() time.Time
 
 	blocked passOver
+	// qsnap is the queues' state for the current pass (nil: no queues,
+	// or unreadable: no queue rule applies, as without queues).
+	qsnap *QueueSnapshot
 }
 
 func (p *Preemptor) now() time.Time {
@@ -144,6 +147,10 @@ func (p *Preemptor) Sync(ctx context.Context) error {
 	}
 	if len(askers) == 0 {
 		return errors.Join(errs...)
+	}
+	p.qsnap = nil
+	if p.Queues != nil {
+		p.qsnap, _ = p.Queues.Snapshot()
 	}
 	sort.Slice(askers, func(i, j int) bool {
 		a, b := priorityOf(askers[i]), priorityOf(askers[j])
@@ -352,10 +359,7 @@ func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Tim
 		}
 	}
 	req := gpureq.QuotaCount(asker)
-	var qsnap *QueueSnapshot
-	if p.Queues != nil {
-		qsnap, _ = p.Queues.Snapshot() // unreadable: no queue rule, as without queues
-	}
+	qsnap := p.qsnap
 	askerQueue, _ := qsnap.QueueOf(asker.Namespace)
 	out := map[string]*workload{}
 	unitsOf := map[types.UID][]string{}
