@@ -179,10 +179,7 @@ func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.
 		for _, m := range members {
 			w.Priority = max(w.Priority, priorityOf(m))
 			w.Uses = w.Uses.Add(gpureq.QuotaCount(m))
-			started := m.CreationTimestamp.Time
-			if m.Status.StartTime != nil {
-				started = m.Status.StartTime.Time
-			}
+			started := startedAt(m)
 			if started.After(w.Created) {
 				w.Created = started
 			}
