@@ -182,6 +182,9 @@ type GangPlanner struct {
 	// snapshot went stale (once).
 	replanning   bool
 	queueReclaim QueueReclaim
+	// preempt, when set, preempts lower tiers for a queued pod that fits
+	// nowhere.
+	preempt TierPreempt
 	// reservation configures reservations (reserve.go); reserved holds
 	// the current one by workload key, cooldown the workloads whose
 	// reservation ran out, until when they may not reserve again.
@@ -193,6 +196,15 @@ type GangPlanner struct {
 	// only their ungated gang members are planned.
 	schedulers map[string]bool
 }
+
+// TierPreempt is what the planner asks of tier preemption.
+type TierPreempt interface {
+	// For preempts lower tiers for pod, a queued pod that fits nowhere;
+	// it reports whether it evicted (the room is then held for pod).
+	For(ctx context.Context, pod *corev1.Pod) (bool, error)
+}
+
+var _ TierPreempt = (*Preemptor)(nil)
 
 // GangPlannerConfig configures a GangPlanner.
 type GangPlannerConfig struct {
@@ -214,6 +226,8 @@ type GangPlannerConfig struct {
 	// reclaim for queues.
 	Queues       *QueueBook
 	QueueReclaim QueueReclaim
+	// Preempt may be nil: queued pods do not preempt lower tiers.
+	Preempt TierPreempt
 	// Reservation configures reservations for workloads that wait too
 	// long; the zero value makes none.
 	Reservation ReservationConfig
@@ -228,7 +242,7 @@ type GangPlannerConfig struct {
 func NewGangPlanner(cfg GangPlannerConfig) *GangPlanner {
 	p := &GangPlanner{cache: cfg.Cache, client: cfg.Client, pods: cfg.Pods, policy: cfg.Policy, events: cfg.Events, now: cfg.Now, waiting: map[string]*waitState{}, quota: cfg.Quota,
 		queues: cfg.Queues, queueReclaim: cfg.QueueReclaim, schedulers: map[string]bool{},
-		reservation: cfg.Reservation, reserved: map[string]*reservation{}, cooldown: map[string]time.Time{}}
+		reservation: cfg.Reservation, reserved: map[string]*reservation{}, cooldown: map[string]time.Time{}, preempt: cfg.Preempt}
 	if p.now == nil {
 		p.now = time.Now
 	}
@@ -725,6 +739,14 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 				reason += "; quota reclaim: " + msg
 			case rerr != nil && !errors.Is(rerr, ErrNothingGuaranteed):
 				reason += "; quota reclaim: " + rerr.Error()
+			}
+		}
+		if err != nil && errors.Is(err, gang.ErrNoRoom) && p.preempt != nil && strings.HasPrefix(key, "pod ") {
+			// A queued pod of a higher tier preempts as any pod would.
+			if evicted, perr := p.preempt.For(ctx, members[0]); perr != nil {
+				reason += "; preemption: " + perr.Error()
+			} else if evicted {
+				reason += "; preempting lower tiers for it"
 			}
 		}
 		if err != nil {

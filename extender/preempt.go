@@ -99,9 +99,6 @@ type Preemptor struct {
 	Now        func() time.Time
 
 	blocked passOver
-	// qsnap is the queues' state for the current pass (nil: no queues,
-	// or unreadable: no queue rule applies, as without queues).
-	qsnap *QueueSnapshot
 }
 
 func (p *Preemptor) now() time.Time {
@@ -148,10 +145,7 @@ func (p *Preemptor) Sync(ctx context.Context) error {
 	if len(askers) == 0 {
 		return errors.Join(errs...)
 	}
-	p.qsnap = nil
-	if p.Queues != nil {
-		p.qsnap, _ = p.Queues.Snapshot()
-	}
+	qsnap := p.queues()
 	sort.Slice(askers, func(i, j int) bool {
 		a, b := priorityOf(askers[i]), priorityOf(askers[j])
 		if a != b {
@@ -163,18 +157,37 @@ func (p *Preemptor) Sync(ctx context.Context) error {
 		return askers[i].Namespace+"/"+askers[i].Name < askers[j].Namespace+"/"+askers[j].Name
 	})
 	for _, a := range askers {
-		if err := p.preemptFor(ctx, a, pods); err != nil {
+		if err := p.preemptFor(ctx, a, pods, qsnap); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
+// queues is the queues' state now: nil without queues, or when it cannot
+// be read (no queue rule applies then, as without queues).
+func (p *Preemptor) queues() *QueueSnapshot {
+	if p.Queues == nil {
+		return nil
+	}
+	snap, err := p.Queues.Snapshot()
+	if err != nil {
+		return nil
+	}
+	return snap
+}
+
 // mayPreempt reports a pending GPU pod kube-scheduler found unschedulable
 // that may preempt: not a gang member (the gang planner places gangs),
 // without a plan, with a priority and no preemptionPolicy Never.
 func mayPreempt(pod *corev1.Pod) bool {
-	if !pendingUnschedulable(pod) || priorityOf(pod) == 0 {
+	return pendingUnschedulable(pod) && preempts(pod)
+}
+
+// preempts reports a GPU pod outside any gang with a priority and no
+// preemptionPolicy Never.
+func preempts(pod *corev1.Pod) bool {
+	if priorityOf(pod) == 0 {
 		return false
 	}
 	if pod.Spec.PreemptionPolicy != nil && *pod.Spec.PreemptionPolicy == corev1.PreemptNever {
@@ -218,6 +231,39 @@ func (p *Preemptor) release(ctx context.Context, pod *corev1.Pod) error {
 	return nil
 }
 
+// For preempts for a queued pod the planner could not place (it is held
+// by the queue gate, so kube-scheduler never finds it unschedulable): the
+// same choice as for any pod; the plan it writes is the planner's to
+// honour (it lifts the gate). It reports whether it evicted.
+func (p *Preemptor) For(ctx context.Context, pod *corev1.Pod) (bool, error) {
+	if !preempts(pod) || pod.Spec.NodeName != "" {
+		return false, nil
+	}
+	if _, planned := pod.Annotations[api.AnnotationGangPlan]; planned {
+		return false, nil
+	}
+	pods, err := p.Pods()
+	if err != nil {
+		return false, fmt.Errorf("listing pods: %w", err)
+	}
+	d, err := ParseDemand(pod)
+	if err != nil {
+		return false, nil
+	}
+	c, units, after, err := p.choose(pod, &d, pods, p.queues())
+	if err != nil || c == nil {
+		return false, err
+	}
+	var victims []*workload
+	for _, v := range c.Victims {
+		victims = append(victims, units[v.Key])
+	}
+	if p.dryRun(ctx, pod, victims) != "" {
+		return false, nil // the next pass chooses again without it
+	}
+	return true, p.apply(ctx, pod, &d, c.Node, victims, after)
+}
+
 // workload is one eviction unit and its pods.
 type workload struct {
 	unit preempt.Unit
@@ -226,14 +272,14 @@ type workload struct {
 }
 
 // preemptFor makes room for asker when it fits nowhere, or does nothing.
-func (p *Preemptor) preemptFor(ctx context.Context, asker *corev1.Pod, pods []*corev1.Pod) error {
+func (p *Preemptor) preemptFor(ctx context.Context, asker *corev1.Pod, pods []*corev1.Pod, qsnap *QueueSnapshot) error {
 	logger := klog.FromContext(ctx)
 	d, err := ParseDemand(asker)
 	if err != nil {
 		return nil // the filter reports it on the pod
 	}
 	for attempt := 0; attempt < 4; attempt++ {
-		c, units, after, err := p.choose(asker, &d, pods)
+		c, units, after, err := p.choose(asker, &d, pods, qsnap)
 		if err != nil || c == nil {
 			return err
 		}
@@ -254,7 +300,7 @@ func (p *Preemptor) preemptFor(ctx context.Context, asker *corev1.Pod, pods []*c
 // when asker fits somewhere already (or will, once leaving pods are
 // gone) or when no preemption makes room. after is the chosen node's
 // state without the victims.
-func (p *Preemptor) choose(asker *corev1.Pod, d *Demand, pods []*corev1.Pod) (*preempt.Choice, map[string]*workload, *NodeState, error) {
+func (p *Preemptor) choose(asker *corev1.Pod, d *Demand, pods []*corev1.Pod, qsnap *QueueSnapshot) (*preempt.Choice, map[string]*workload, *NodeState, error) {
 	now := p.now()
 	byUID := make(map[types.UID]*corev1.Pod, len(pods))
 	gone := map[types.UID]bool{}
@@ -279,7 +325,7 @@ func (p *Preemptor) choose(asker *corev1.Pod, d *Demand, pods []*corev1.Pod) (*p
 			nodes = append(nodes, st)
 		}
 	}
-	units, unitsOf := p.units(asker, running, now)
+	units, unitsOf := p.units(asker, running, now, qsnap)
 	var cands []preempt.Candidate
 	for _, st := range nodes {
 		c := preempt.Candidate{Node: st.Info.Name}
@@ -341,7 +387,7 @@ func unitOf(pod *corev1.Pod) string {
 // member for those beyond the minimum, newest first (its whole is still a
 // unit: taking that ends every member, so it never drops below its
 // minimum). unitsOf gives each pod's units.
-func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Time) (map[string]*workload, map[types.UID][]string) {
+func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Time, qsnap *QueueSnapshot) (map[string]*workload, map[types.UID][]string) {
 	prio := priorityOf(asker)
 	groups := map[string][]*corev1.Pod{}
 	for _, pod := range running {
@@ -359,7 +405,6 @@ func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Tim
 		}
 	}
 	req := gpureq.QuotaCount(asker)
-	qsnap := p.qsnap
 	askerQueue, _ := qsnap.QueueOf(asker.Namespace)
 	out := map[string]*workload{}
 	unitsOf := map[types.UID][]string{}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -264,5 +265,53 @@ func TestQueuedWorkLargerThanGuaranteesRuns(t *testing.T) {
 	b, _ := f.admitted("ns-b")
 	if a+b != 1 {
 		t.Errorf("admitted %d of team-a's and %d of team-b's 8-GPU pods, want one of the two\nevents:\n%s", a, b, strings.Join(f.events.events, "\n"))
+	}
+}
+
+// planWriter is a PreemptClient that records evictions and writes plans
+// through the fixture's clientset, so the planner sees them.
+type planWriter struct {
+	*fakePreemptClient
+	gang *KubeGang
+}
+
+func (w planWriter) SetPlan(ctx context.Context, pod *corev1.Pod, value string) error {
+	return w.gang.SetPlan(ctx, pod, value)
+}
+
+// A queued inference pod that fits nowhere preempts a lower-tier notebook
+// like any pod would: the planner asks the preemptor, which evicts and
+// holds the room with a plan; the next pass lifts the gate.
+func TestQueuedPodPreemptsLowerTier(t *testing.T) {
+	nodes := withGPUCapacity([]*corev1.Node{makeNode("n0").GPUs(1, "H100", 81920).Obj()})
+	f := newGangFixture(t, nodes...)
+	nb := makePod("nb").Whole(1).Priority(notebook).Node("n0").Holding(0).Obj()
+	nb.Namespace, nb.UID = "notebooks", "uid-nb"
+	start := metav1.NewTime(f.now.Add(-time.Hour))
+	nb.CreationTimestamp, nb.Status.StartTime = start, &start
+	if _, err := f.client.CoreV1().Pods("notebooks").Create(context.Background(), nb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.cache.SetPod(nb)
+	book := &QueueBook{Queues: staticObjects{queueObj(t, "serving", "", []string{"ns-a"}, 1, 0, f.now)}, Pods: f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }}
+	evicter := &fakePreemptClient{}
+	pre := &Preemptor{Cache: f.cache, Client: planWriter{evicter, &KubeGang{Client: f.client, Sealer: testSealer(t)}}, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+		Events: f.events, Queues: book, Now: func() time.Time { return f.now }}
+	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+		Events: f.events, Now: func() time.Time { return f.now }, Queues: book, Preempt: pre})
+	f.queued("ns-a", "inf", f.now)
+	p, _ := f.client.CoreV1().Pods("ns-a").Get(context.Background(), "inf", metav1.GetOptions{})
+	prio := int32(inference)
+	p.Spec.Priority = &prio
+	if _, err := f.client.CoreV1().Pods("ns-a").Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.sync()
+	if diff := cmp.Diff([]string{"nb"}, evicter.evicted); diff != "" {
+		t.Fatalf("evicted (-want +got):\n%s\nevents:\n%s", diff, strings.Join(f.events.events, "\n"))
+	}
+	f.sync()
+	if a, g := f.admitted("ns-a"); a != 1 || g != 0 {
+		t.Errorf("inf: admitted %d, gated %d; want planned on the preempted room with its gate lifted", a, g)
 	}
 }

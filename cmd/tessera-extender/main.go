@@ -357,6 +357,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			pcfg.Quota = enforcer
 		}
 		pcfg.Queues = queues
+		if preemptor != nil {
+			pcfg.Preempt = preemptor
+		}
 		pcfg.Reservation = extender.ReservationConfig{ReserveAfter: o.reserveAfter, ReserveFor: o.reserveFor}
 		if queues != nil {
 			pcfg.QueueReclaim = &extender.QueueReclaimer{
