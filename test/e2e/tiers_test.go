@@ -184,3 +184,50 @@ func events(t *testing.T, client kubernetes.Interface, ns, name string) string {
 	}
 	return b.String()
 }
+
+// The same tiers in a namespace a Queue serves: the inference slice is
+// held by the queue gate, so kube-scheduler never finds it unschedulable;
+// the planner asks Tessera's preemption, which evicts one notebook, and
+// the slice runs within 10 s.
+func TestTierPreemptionInQueuedNamespace(t *testing.T) {
+	c := getCluster(t)
+	client := c.Client()
+	dyn, err := c.Dynamic()
+	if err != nil {
+		t.Fatal(err)
+	}
+	priorityClasses(t, client)
+	const node = "l40s-1"
+	gpus := len(inventory(t, c, node).GPUs)
+	nsNB := namespace(t, c, "e2e-tiers-q-notebooks")
+	nsInf := namespace(t, c, "e2e-tiers-q-serving")
+	waitReleased(t, c)
+	createQueue(t, dyn, "e2e-serving", "", []string{nsInf}, 2, 0)
+	time.Sleep(2 * time.Second)
+	var notebooks []string
+	for i := range gpus {
+		s := podSpec{name: fmt.Sprintf("nb-%d", i), gpus: 1, node: node}
+		createTier(t, client, nsNB, tierNotebook, s)
+		notebooks = append(notebooks, s.name)
+	}
+	for _, n := range notebooks {
+		waitRunning(t, c, nsNB, n, 90*time.Second)
+	}
+	start := time.Now()
+	inf := createTier(t, client, nsInf, tierInference, podSpec{name: "inf", memUnits: 10, cores: 20, node: node})
+	if len(inf.Spec.SchedulingGates) == 0 {
+		t.Errorf("the inference pod of a queued namespace was created without the queue gate")
+	}
+	p, _ := waitRunning(t, c, nsInf, "inf", 60*time.Second)
+	took := time.Since(start)
+	t.Logf("queued inference slice Running on %s %s after creation", p.Spec.NodeName, took.Round(time.Millisecond))
+	if took > 10*time.Second {
+		t.Errorf("took %s, want within 10s\n%s", took.Round(time.Millisecond), describe(t, c, p))
+	}
+	if g := gone(t, client, nsNB, notebooks); len(g) != 1 {
+		t.Errorf("evicted %v, want exactly one notebook", g)
+	}
+	occ, pods := occupancy(t, c)
+	checkNoOvercommit(t, occ)
+	checkRunningPods(t, c, pods)
+}
