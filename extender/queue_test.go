@@ -3,6 +3,7 @@ package extender
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -314,4 +315,63 @@ func TestQueuedPodPreemptsLowerTier(t *testing.T) {
 	if a, g := f.admitted("ns-a"); a != 1 || g != 0 {
 		t.Errorf("inf: admitted %d, gated %d; want planned on the preempted room with its gate lifted", a, g)
 	}
+}
+
+// Topology-aware reclaim: a 4-GPU pod that needs one NVLink clique (a
+// node of two 4-GPU cliques, each with two of team-b's 1-GPU pods)
+// reclaims the two pods of one clique, not one of each (which would free
+// 4 GPUs that cannot serve it).
+func TestQueueReclaimFreesOneClique(t *testing.T) {
+	n := makeNode("n0").GPUs(8, "H100", 81920).Cliques([]int{0, 1, 2, 3}, []int{4, 5, 6, 7}).Obj()
+	nodes := withGPUCapacity([]*corev1.Node{n})
+	f := newGangFixture(t, nodes...)
+	book := &QueueBook{
+		Queues: staticObjects{queueObj(t, "team-a", "", []string{"ns-a"}, 4, 0, f.now), queueObj(t, "team-b", "", []string{"ns-b"}, 0, 0, f.now)},
+		Pods:   f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil },
+	}
+	evicter := &fakePreemptClient{}
+	reclaim := &QueueReclaimer{Cache: f.cache, Evicter: evicter, Pods: f.list, Events: f.events, Now: func() time.Time { return f.now }}
+	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+		Events: f.events, Now: func() time.Time { return f.now }, Queues: book, QueueReclaim: reclaim})
+	// Newest first alternates between the cliques: 0, 4, 1, 5 (and the
+	// other GPUs, 2, 3, 6, 7, are busy too, with older pods).
+	for i, gpu := range []int{0, 4, 1, 5, 2, 3, 6, 7} {
+		p := makePod(fmt.Sprintf("b-%d", gpu)).Whole(1).Node("n0").Holding(gpu).Obj()
+		p.Namespace, p.UID = "ns-b", types.UID(fmt.Sprintf("uid-b-%d", gpu))
+		age := metav1.NewTime(f.now.Add(-time.Duration(i+1) * time.Minute))
+		p.CreationTimestamp, p.Status.StartTime = age, &age
+		if _, err := f.client.CoreV1().Pods("ns-b").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		f.cache.SetPod(p)
+	}
+	asker := makePod("a-0").Whole(4).NVLink().Obj()
+	asker.Namespace, asker.UID = "ns-a", "uid-ns-a-a-0"
+	asker.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: api.SchedulingGateQueue}}
+	asker.CreationTimestamp = metav1.NewTime(f.now)
+	if _, err := f.client.CoreV1().Pods("ns-a").Create(context.Background(), asker, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.sync()
+	got := append([]string(nil), evicter.evicted...)
+	sort.Strings(got)
+	if len(got) != 4 || !(sameClique(got, []int{0, 1, 2, 3}) || sameClique(got, []int{4, 5, 6, 7})) {
+		t.Errorf("evicted %v, want the four pods of one clique\nevents:\n%s", got, strings.Join(f.events.events, "\n"))
+	}
+	if a, _ := f.admitted("ns-a"); a != 1 {
+		t.Errorf("the 4-GPU pod is not planned on the freed clique")
+	}
+}
+
+func sameClique(names []string, clique []int) bool {
+	in := map[string]bool{}
+	for _, g := range clique {
+		in[fmt.Sprintf("b-%d", g)] = true
+	}
+	for _, n := range names {
+		if !in[n] {
+			return false
+		}
+	}
+	return true
 }
