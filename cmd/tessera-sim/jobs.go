@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tessera-gpu/tessera/allocator"
+	"github.com/tessera-gpu/tessera/allocator/reserve"
 	"github.com/tessera-gpu/tessera/sim/jobs"
 )
 
@@ -37,6 +38,7 @@ type jobsOptions struct {
 	queueGuar    float64
 	queueHalf    time.Duration
 	teamShares   bool
+	reserve      reserve.Policy
 }
 
 func parseJobsFlags(args []string, stderr io.Writer) (*jobsOptions, error) {
@@ -47,7 +49,7 @@ func parseJobsFlags(args []string, stderr io.Writer) (*jobsOptions, error) {
 	fs.StringVar(&o.traces, "trace", "", "comma-separated job trace CSVs (job_id, submission_time, duration, num_gpu), e.g. ../shared/traces/microsoft-itp/cluster01.csv")
 	fs.IntVar(&o.nodes, "nodes", def.Nodes, "nodes in the simulated cluster")
 	fs.IntVar(&o.gpusPerNode, "gpus-per-node", def.GPUsPerNode, "GPUs per node (NVSwitch-connected)")
-	fs.StringVar(&o.strategies, "strategy", "gang,nogang,fifo", "comma-separated strategies: gang (Tessera), nogang, fifo, queues (hierarchical queues with fair share by usage history)")
+	fs.StringVar(&o.strategies, "strategy", "gang,nogang,fifo", "comma-separated strategies: gang (Tessera), nogang, fifo, queues (hierarchical queues with fair share by usage history), reserve (gang with a reservation for a starving big job, --reserve-*)")
 	fs.StringVar(&o.policy, "policy", def.Policy, "node policy: "+strings.Join(allocator.PolicyNames(), ", "))
 	fs.IntVar(&o.teams, "teams", 0, "spread jobs over this many namespaces with ElasticQuota min=capacity/teams, max=capacity (gang only); 0: no quota")
 	fs.DurationVar(&o.holdAfter, "hold-after", 0, "gang: hold draining nodes for a blocked job once it has waited this long (0: never, pure backfill)")
@@ -59,9 +61,21 @@ func parseJobsFlags(args []string, stderr io.Writer) (*jobsOptions, error) {
 	fs.IntVar(&o.queueDepts, "queue-departments", 2, "departments (parent queues) the teams alternate between")
 	fs.Float64Var(&o.queueGuar, "queue-guarantee-fraction", 1, "queues: each team guarantees floor(cluster GPUs x this / teams)")
 	fs.DurationVar(&o.queueHalf, "queue-half-life", jobs.DefaultQueueHalfLife, "queues: half-life of the decayed usage history that orders the teams")
+	fs.IntVar(&o.reserve.MinGPUs, "reserve-min-gpus", def.Reserve.MinGPUs, "reserve: jobs of fewer GPUs never get a reservation")
+	fs.DurationVar(&o.reserve.Wait, "reserve-wait", def.Reserve.Wait, "reserve: a big job is due a reservation after waiting this long, plus --reserve-wait-per-gpu per GPU")
+	fs.DurationVar(&o.reserve.WaitPerGPU, "reserve-wait-per-gpu", def.Reserve.WaitPerGPU, "reserve: added to --reserve-wait per GPU of the job")
+	fs.BoolVar(&o.reserve.Preemptible, "reserve-preemptible", def.Reserve.Preemptible, "reserve: other jobs may start on held GPUs and are evicted when the reservation fills (false: held GPUs stay idle)")
+	fs.Float64Var(&o.reserve.Relative, "reserve-relative", def.Reserve.Relative, "reserve: add this many times the wait of the longest-waiting job smaller than --reserve-min-gpus to a big job's due wait")
+	fs.IntVar(&o.reserve.Max, "reserve-max", def.Reserve.Max, "reserve: jobs holding reservations at once, on disjoint nodes")
+	fs.BoolVar(&o.reserve.ByAge, "reserve-by-age", def.Reserve.ByAge, "reserve: hold the nodes whose longest-running pod is youngest first (else the fewest GPUs to drain first)")
+	reserveOrder := fs.String("reserve-order", string(def.Reserve.Order), "reserve: tie-break between nodes with as many GPUs to drain: youngest, oldest (by their longest-running pod) or name")
 	fs.BoolVar(&o.teamShares, "team-shares", false, "table: also print each team's received and entitled GPU-hours while it waited")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	o.reserve.Order = reserve.Order(*reserveOrder)
+	if err := o.reserve.Validate(); err != nil {
+		return nil, fmt.Errorf("jobs: %w", err)
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("jobs: unexpected arguments %q", fs.Args())
@@ -115,6 +129,7 @@ func runJobs(args []string, stdout, stderr io.Writer) error {
 				MaxBackfillWait: int64(o.holdAfter / time.Second), ReclaimAfter: int64(o.reclaimAfter / time.Second),
 				SampleEvery: int64(o.sampleEvery / time.Second),
 				Queues:      jobs.QueueConfig{Teams: o.queueTeams, Departments: o.queueDepts, GuaranteeFraction: o.queueGuar, HalfLife: o.queueHalf},
+				Reserve:     o.reserve,
 			}
 			if o.queueTeams == 0 {
 				// The fairness metric's teams are --teams for every
@@ -151,10 +166,10 @@ func runJobs(args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "trace\tstrategy\tjobs\tfinished\tmean JCT h\tp95 JCT h\tmax JCT h\tmean queue h\tutil %\tpartial-gang GPU-h\theld idle GPU-h\tevictions\tlost GPU-h\tJain\tmin recv/ent\t")
+	fmt.Fprintln(tw, "trace\tstrategy\tjobs\tfinished\tmean JCT h\tp95 JCT h\tmax JCT h\tmax JCT h >=16 GPUs\tmean queue h\tutil %\tpartial-gang GPU-h\theld idle GPU-h\tevictions\tlost GPU-h\tJain\tmin recv/ent\t")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2f\t%.2f\t%.1f\t%.2f\t%.1f\t%.0f\t%.0f\t%d\t%.0f\t%.3f\t%.3f\t\n", r.Trace, r.Variant, r.Jobs, r.Finished,
-			r.MeanJCTHours, r.P95JCTHours, r.MaxJCTHours, r.MeanQueueHours, r.UtilizationPct, r.WastedGPUHours, r.ReservedIdleGPUHours, r.Evictions, r.LostGPUHours,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2f\t%.2f\t%.1f\t%.1f\t%.2f\t%.1f\t%.0f\t%.0f\t%d\t%.0f\t%.3f\t%.3f\t\n", r.Trace, r.Variant, r.Jobs, r.Finished,
+			r.MeanJCTHours, r.P95JCTHours, r.MaxJCTHours, r.MaxBigGangJCTHours, r.MeanQueueHours, r.UtilizationPct, r.WastedGPUHours, r.ReservedIdleGPUHours, r.Evictions, r.LostGPUHours,
 			r.Fairness.JainIndex, r.Fairness.MinShareRatio)
 	}
 	if err := tw.Flush(); err != nil {
@@ -185,6 +200,9 @@ func variant(cfg jobs.Config) string {
 			v += "+guar" + strconv.FormatFloat(f, 'g', -1, 64)
 		}
 		return v
+	}
+	if cfg.Strategy == jobs.StrategyReserve {
+		return v + reserveVariant(cfg.Reserve)
 	}
 	if cfg.Strategy != jobs.StrategyGang {
 		return v
@@ -222,4 +240,36 @@ func writeSeries(path string, rows []jobsRow) (err error) {
 	}
 	w.Flush()
 	return w.Error()
+}
+
+// reserveVariant names the reservation settings that differ from the
+// defaults, e.g. "+w6h0m0s+pre".
+func reserveVariant(p reserve.Policy) string {
+	def := jobs.DefaultReservePolicy()
+	v := ""
+	if p.MinGPUs != def.MinGPUs {
+		v += "+min" + strconv.Itoa(p.MinGPUs)
+	}
+	if p.Wait != def.Wait {
+		v += "+w" + p.Wait.String()
+	}
+	if p.WaitPerGPU != def.WaitPerGPU {
+		v += "+wpg" + p.WaitPerGPU.String()
+	}
+	if p.Preemptible != def.Preemptible {
+		v += "+pre=" + strconv.FormatBool(p.Preemptible)
+	}
+	if p.Relative != def.Relative {
+		v += "+rel" + strconv.FormatFloat(p.Relative, 'g', -1, 64)
+	}
+	if p.Max != def.Max {
+		v += "+max" + strconv.Itoa(p.Max)
+	}
+	if p.ByAge != def.ByAge {
+		v += "+byage=" + strconv.FormatBool(p.ByAge)
+	}
+	if p.Order != def.Order {
+		v += "+" + string(p.Order)
+	}
+	return v
 }

@@ -80,18 +80,42 @@ func TestJobsCommand(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, out.String())
 		}
 	}
+	out.Reset()
+	args = []string{"jobs", "--trace", trace, "--nodes", "2", "--strategy", "reserve", "--format", "json"}
+	if err := run(args, &out, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	// j2 (16 GPUs) is not due within the default wait: j3 backfills, as
+	// under gang.
+	if !strings.Contains(out.String(), `"variant":"reserve"`) || !strings.Contains(out.String(), `"endTime":200`) || !strings.Contains(out.String(), `"maxBigGangJCTHours":0.0552`) {
+		t.Errorf("reserve json:\n%s", out.String())
+	}
+	out.Reset()
+	args = []string{"jobs", "--trace", trace, "--nodes", "2", "--strategy", "reserve", "--format", "json",
+		"--reserve-wait", "0s", "--reserve-wait-per-gpu", "1s", "--reserve-min-gpus", "9", "--reserve-preemptible=false", "--reserve-relative", "0", "--reserve-max", "2", "--reserve-by-age", "--reserve-order", "oldest"}
+	if err := run(args, &out, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	// j2 is due at t=17, after j3 started: nothing to evict.
+	for _, want := range []string{`"variant":"reserve+min9+w0s+wpg1s+pre=false+rel0+max2+byage=true+oldest"`, `"evictions":0`, `"endTime":200`} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("reserve json lacks %s:\n%s", want, out.String())
+		}
+	}
 	for name, tc := range map[string]struct {
 		args []string
 		want string
 	}{
-		"bad fraction":     {[]string{"jobs", "--trace", trace, "--queue-guarantee-fraction", "1.5"}, "--queue-guarantee-fraction 1.5"},
-		"bad half-life":    {[]string{"jobs", "--trace", trace, "--queue-half-life", "0s"}, "--queue-half-life 0s"},
-		"no departments":   {[]string{"jobs", "--trace", trace, "--queue-departments", "0"}, "--queue-departments 0"},
-		"no trace":         {[]string{"jobs"}, "--trace is required"},
-		"missing trace":    {[]string{"jobs", "--trace", filepath.Join(dir, "nope.csv")}, "nope.csv"},
-		"unknown strategy": {[]string{"jobs", "--trace", trace, "--nodes", "2", "--strategy", "lottery"}, `unknown strategy "lottery"`},
-		"bad format":       {[]string{"jobs", "--trace", trace, "--format", "xml"}, `--format "xml"`},
-		"too small":        {[]string{"jobs", "--trace", trace, "--nodes", "1"}, "more than the cluster's 8"},
+		"bad fraction":      {[]string{"jobs", "--trace", trace, "--queue-guarantee-fraction", "1.5"}, "--queue-guarantee-fraction 1.5"},
+		"bad half-life":     {[]string{"jobs", "--trace", trace, "--queue-half-life", "0s"}, "--queue-half-life 0s"},
+		"no departments":    {[]string{"jobs", "--trace", trace, "--queue-departments", "0"}, "--queue-departments 0"},
+		"no trace":          {[]string{"jobs"}, "--trace is required"},
+		"missing trace":     {[]string{"jobs", "--trace", filepath.Join(dir, "nope.csv")}, "nope.csv"},
+		"unknown strategy":  {[]string{"jobs", "--trace", trace, "--nodes", "2", "--strategy", "lottery"}, `unknown strategy "lottery"`},
+		"bad reserve order": {[]string{"jobs", "--trace", trace, "--reserve-order", "soonest"}, `order "soonest"`},
+		"bad reserve min":   {[]string{"jobs", "--trace", trace, "--reserve-min-gpus", "0"}, "MinGPUs 0"},
+		"bad format":        {[]string{"jobs", "--trace", trace, "--format", "xml"}, `--format "xml"`},
+		"too small":         {[]string{"jobs", "--trace", trace, "--nodes", "1"}, "more than the cluster's 8"},
 	} {
 		if err := run(tc.args, &bytes.Buffer{}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want an error containing %q", name, err, tc.want)

@@ -10,6 +10,7 @@ import (
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/allocator/gang"
 	"github.com/tessera-gpu/tessera/allocator/quota"
+	"github.com/tessera-gpu/tessera/allocator/reserve"
 	"github.com/tessera-gpu/tessera/api"
 )
 
@@ -34,7 +35,7 @@ const (
 
 // Strategies lists every strategy.
 func Strategies() []Strategy {
-	return []Strategy{StrategyGang, StrategyNoGang, StrategyFIFO, StrategyQueues}
+	return []Strategy{StrategyGang, StrategyNoGang, StrategyFIFO, StrategyQueues, StrategyReserve}
 }
 
 // Config sets up a replay.
@@ -61,11 +62,13 @@ type Config struct {
 	// Queues sets up StrategyQueues and the teams of the fairness metric
 	// (queues.go).
 	Queues QueueConfig
+	// Reserve is StrategyReserve's reservation policy (reserve.go).
+	Reserve reserve.Policy
 }
 
 // DefaultConfig is an 8-GPU-node cluster scheduled by Tessera.
 func DefaultConfig() Config {
-	return Config{Strategy: StrategyGang, Nodes: 32, GPUsPerNode: 8, Policy: allocator.PolicyBestFit, Teams: 4, MaxBackfillWait: 4 * 3600, SampleEvery: 3600}
+	return Config{Strategy: StrategyGang, Nodes: 32, GPUsPerNode: 8, Policy: allocator.PolicyBestFit, Teams: 4, MaxBackfillWait: 4 * 3600, SampleEvery: 3600, Reserve: DefaultReservePolicy()}
 }
 
 // Sample is the cluster's GPU use at one time.
@@ -84,12 +87,15 @@ type Result struct {
 	Finished   int      `json:"finished"`
 	Unfinished int      `json:"unfinished"`
 	// Job completion time and queueing delay of finished jobs, in hours.
-	MeanJCTHours   float64 `json:"meanJCTHours"`
-	P50JCTHours    float64 `json:"p50JCTHours"`
-	P95JCTHours    float64 `json:"p95JCTHours"`
-	MaxJCTHours    float64 `json:"maxJCTHours"`
-	MeanQueueHours float64 `json:"meanQueueHours"`
-	P95QueueHours  float64 `json:"p95QueueHours"`
+	MeanJCTHours float64 `json:"meanJCTHours"`
+	P50JCTHours  float64 `json:"p50JCTHours"`
+	P95JCTHours  float64 `json:"p95JCTHours"`
+	MaxJCTHours  float64 `json:"maxJCTHours"`
+	// MaxBigGangJCTHours is the largest completion time of a finished job
+	// of at least BigGangGPUs GPUs (0 when none finished).
+	MaxBigGangJCTHours float64 `json:"maxBigGangJCTHours"`
+	MeanQueueHours     float64 `json:"meanQueueHours"`
+	P95QueueHours      float64 `json:"p95QueueHours"`
 	// UtilizationPct is the time-average share of GPUs doing work, from
 	// the first arrival to the end of the replay.
 	UtilizationPct float64 `json:"utilizationPct"`
@@ -106,7 +112,8 @@ type Result struct {
 	// Fairness over the teams of Config.Queues, for every strategy.
 	Fairness Fairness `json:"fairness"`
 
-	jctSec []float64
+	jctSec  []float64
+	jctByID map[string]int64 // seconds, for tests
 }
 
 type jobState struct {
@@ -148,8 +155,12 @@ func Run(jobs []Job, cfg Config) (*Result, error) {
 	}
 	switch cfg.Strategy {
 	case StrategyGang, StrategyNoGang, StrategyFIFO, StrategyQueues:
+	case StrategyReserve:
+		if err := cfg.Reserve.Validate(); err != nil {
+			return nil, err
+		}
 	default:
-		return nil, fmt.Errorf("unknown strategy %q (known: gang, nogang, fifo, queues)", cfg.Strategy)
+		return nil, fmt.Errorf("unknown strategy %q (known: gang, nogang, fifo, queues, reserve)", cfg.Strategy)
 	}
 	if err := cfg.Queues.validate(); err != nil {
 		return nil, err
@@ -180,6 +191,7 @@ type sim struct {
 	running     completions
 	quota       *quota.State
 	q           *queueSim
+	rsv         *reservation
 	res         Result
 	now         int64
 	lastT       int64
@@ -194,6 +206,7 @@ type sim struct {
 func newSim(cfg Config, p allocator.Policy) *sim {
 	s := &sim{cfg: cfg, policy: p, res: Result{Strategy: cfg.Strategy}}
 	s.initQueues()
+	s.initReserve()
 	clique := make([]int, cfg.GPUsPerNode)
 	for i := range clique {
 		clique[i] = i
@@ -309,11 +322,15 @@ func (s *sim) advance(t int64) {
 }
 
 func (s *sim) finish(j *jobState) {
+	s.reserveFinish(j)
 	s.queueFinish(j)
 	s.release(j)
 	s.runGPUs -= j.job.GPUs
 	s.res.Finished++
 	s.jct = append(s.jct, float64(s.now-j.job.Submit)/3600)
+	if j.job.GPUs >= BigGangGPUs {
+		s.res.MaxBigGangJCTHours = max(s.res.MaxBigGangJCTHours, float64(s.now-j.job.Submit)/3600)
+	}
 	s.res.jctSec = append(s.res.jctSec, float64(s.now-j.job.Submit))
 }
 
@@ -357,6 +374,8 @@ func (s *sim) schedule() error {
 		return s.scheduleWhole(true)
 	case StrategyQueues:
 		return s.scheduleQueues()
+	case StrategyReserve:
+		return s.scheduleReserve()
 	}
 	return s.scheduleWhole(false)
 }

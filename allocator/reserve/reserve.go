@@ -1,0 +1,262 @@
+// Package reserve decides reservations for large waiting workloads, so that
+// backfill does not starve them: which waiting job gets a reservation, which
+// nodes are held for it, and whether another job may start on a held node.
+//
+// It works on what a scheduler knows, never on job durations: the GPUs in
+// use on each node, which of them were started inside a reservation
+// (preemptible backfill), how long each running pod has run, and how long
+// each waiting job has waited. The simulator (sim/jobs, strategy reserve)
+// and the scheduler extender call the same functions.
+//
+// The scheme is EASY backfill without runtime estimates: at most one
+// reservation, for the first job in queue order that is due (large enough,
+// waited long enough). It holds the nodes that will hold the job soonest,
+// those with the fewest GPUs still to drain. Other jobs start outside the
+// held nodes freely; inside them only when Policy.Preemptible, and then they
+// are evicted when the held nodes can otherwise take the job.
+package reserve
+
+import (
+	"fmt"
+	"sort"
+	"time"
+)
+
+// Order breaks ties between nodes with as many GPUs still to drain.
+type Order string
+
+// Orders.
+const (
+	// OrderYoungest prefers the node whose longest-running occupant has run
+	// the shortest time: with heavy-tailed run times, the longer a job has
+	// run, the longer it is likely still to run.
+	OrderYoungest Order = "youngest"
+	// OrderOldest prefers the node whose longest-running occupant has run
+	// the longest.
+	OrderOldest Order = "oldest"
+	// OrderName uses only the node name.
+	OrderName Order = "name"
+)
+
+// Policy says which jobs get a reservation and how it is held.
+type Policy struct {
+	// MinGPUs: smaller jobs never get a reservation.
+	MinGPUs int
+	// A job is due once it has waited Wait + WaitPerGPU x its GPUs.
+	Wait       time.Duration
+	WaitPerGPU time.Duration
+	// Relative adds this many times the wait of the longest-waiting job
+	// smaller than MinGPUs: a big job is due when it waits that much
+	// longer than the small ones, i.e. when backfill is passing it, not
+	// when the whole queue is slow.
+	Relative float64
+	// Preemptible lets other jobs start on the held nodes' free GPUs; they
+	// are marked preemptible and evicted when the reservation fills.
+	// Otherwise held GPUs stay idle until the job starts.
+	Preemptible bool
+	// Order breaks ties between nodes (default OrderYoungest).
+	Order Order
+	// ByAge ranks nodes by the run time of their longest-running pod still
+	// to drain before the GPUs still to drain (a node of short-lived pods
+	// first).
+	ByAge bool
+	// Max is the number of jobs that hold reservations at once, on
+	// disjoint nodes, in queue order (0 means 1).
+	Max int
+}
+
+// Validate reports a policy that cannot work.
+func (p Policy) Validate() error {
+	if p.MinGPUs < 1 {
+		return fmt.Errorf("reserve: MinGPUs %d: want at least 1", p.MinGPUs)
+	}
+	if p.Relative < 0 {
+		return fmt.Errorf("reserve: Relative %v: want 0 or more", p.Relative)
+	}
+	if p.Max < 0 {
+		return fmt.Errorf("reserve: Max %d: want 0 or more", p.Max)
+	}
+	if p.Wait < 0 || p.WaitPerGPU < 0 {
+		return fmt.Errorf("reserve: waits %v + %v per GPU: want 0 or more", p.Wait, p.WaitPerGPU)
+	}
+	switch p.Order {
+	case "", OrderYoungest, OrderOldest, OrderName:
+	default:
+		return fmt.Errorf("reserve: order %q: want %s, %s or %s", p.Order, OrderYoungest, OrderOldest, OrderName)
+	}
+	return nil
+}
+
+// DueAfter is how long a job of gpus GPUs waits before it is due a
+// reservation, when the longest-waiting job smaller than MinGPUs has waited
+// smallWaited; ok is false when it never is (smaller than MinGPUs).
+func (p Policy) DueAfter(gpus int, smallWaited time.Duration) (wait time.Duration, ok bool) {
+	if gpus < p.MinGPUs {
+		return 0, false
+	}
+	return p.Wait + time.Duration(gpus)*p.WaitPerGPU + time.Duration(p.Relative*float64(smallWaited)), true
+}
+
+// Due reports whether a job of gpus GPUs that has waited waited is due a
+// reservation (smallWaited as in DueAfter).
+func (p Policy) Due(gpus int, waited, smallWaited time.Duration) bool {
+	d, ok := p.DueAfter(gpus, smallWaited)
+	return ok && waited >= d
+}
+
+// Waiting is a job that has not started.
+type Waiting struct {
+	GPUs   int
+	Waited time.Duration
+}
+
+// SmallWaited is the longest wait of a job of queue smaller than MinGPUs.
+func (p Policy) SmallWaited(queue []Waiting) time.Duration {
+	var out time.Duration
+	for _, w := range queue {
+		if w.GPUs < p.MinGPUs {
+			out = max(out, w.Waited)
+		}
+	}
+	return out
+}
+
+// Slots is how many jobs hold reservations at once.
+func (p Policy) Slots() int { return max(p.Max, 1) }
+
+// Heads returns the indices of the jobs reservations are for: the first
+// Slots() due jobs of queue, in queue order (queue holds every waiting job,
+// for SmallWaited).
+func (p Policy) Heads(queue []Waiting) []int {
+	var out []int
+	small := p.SmallWaited(queue)
+	for i, w := range queue {
+		if len(out) == p.Slots() {
+			break
+		}
+		if p.Due(w.GPUs, w.Waited, small) {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// Occupant is a running pod on a node.
+type Occupant struct {
+	GPUs int
+	// Age is how long it has run.
+	Age time.Duration
+	// Preemptible pods started inside a reservation; they do not count as
+	// GPUs still to drain.
+	Preemptible bool
+}
+
+// Node is a node as a reservation sees it.
+type Node struct {
+	Name string
+	// GPUs is the node's capacity.
+	GPUs      int
+	Occupants []Occupant
+	// Held: the node was held for the same job in the last decision, so
+	// it keeps being held on a tie.
+	Held bool
+}
+
+// draining is the GPUs of n that must still finish before the job can
+// have the node, and the age of its longest-running such pod.
+func (n Node) draining() (gpus int, oldest time.Duration) {
+	for _, o := range n.Occupants {
+		if o.Preemptible {
+			continue
+		}
+		gpus += o.GPUs
+		oldest = max(oldest, o.Age)
+	}
+	return gpus, oldest
+}
+
+// Pick returns the indices of the nodes to hold for a job whose pods need
+// pods GPUs each (one node per pod, as whole-node gang pods need): for each
+// pod, largest first, the node of enough capacity with the fewest GPUs
+// still to drain (with ByAge, first the youngest longest-running pod);
+// ties go to a node held before, then by p.Order, then by name. Nodes with
+// taken set are skipped (held for another job). It returns nil when the
+// nodes cannot hold the pods.
+func (p Policy) Pick(nodes []Node, pods []int, taken map[int]bool) []int {
+	type cand struct {
+		i      int
+		drain  int
+		oldest time.Duration
+	}
+	cs := make([]cand, len(nodes))
+	for i, n := range nodes {
+		d, o := n.draining()
+		cs[i] = cand{i, d, o}
+	}
+	sort.SliceStable(cs, func(a, b int) bool {
+		x, y := cs[a], cs[b]
+		if p.ByAge && x.oldest != y.oldest {
+			return x.oldest < y.oldest
+		}
+		if x.drain != y.drain {
+			return x.drain < y.drain
+		}
+		if hx, hy := nodes[x.i].Held, nodes[y.i].Held; hx != hy {
+			return hx
+		}
+		switch p.Order {
+		case "", OrderYoungest:
+			if x.oldest != y.oldest {
+				return x.oldest < y.oldest
+			}
+		case OrderOldest:
+			if x.oldest != y.oldest {
+				return x.oldest > y.oldest
+			}
+		}
+		return nodes[x.i].Name < nodes[y.i].Name
+	})
+	sizes := append([]int(nil), pods...)
+	sort.Sort(sort.Reverse(sort.IntSlice(sizes)))
+	used := make([]bool, len(cs))
+	var out []int
+	for _, g := range sizes {
+		found := false
+		for k, c := range cs {
+			if used[k] || taken[c.i] || nodes[c.i].GPUs < g {
+				continue
+			}
+			used[k], found = true, true
+			out = append(out, c.i)
+			break
+		}
+		if !found {
+			return nil
+		}
+	}
+	sort.Ints(out)
+	return out
+}
+
+// MayStartInside reports whether a job other than the reservation's may
+// start on a held node's free GPUs; if so it starts preemptible.
+func (p Policy) MayStartInside() bool { return p.Preemptible }
+
+// Victims returns, of the occupants of the held nodes, those to evict so
+// that the job can start: every preemptible occupant of a held node, once
+// the held nodes have no GPU left to drain. ok is false while some
+// non-preemptible pod still runs there (the job must wait). Indices are
+// [node in held][occupant].
+func Victims(held []Node) (victims [][2]int, ok bool) {
+	for i, n := range held {
+		if d, _ := n.draining(); d > 0 {
+			return nil, false
+		}
+		for k, o := range n.Occupants {
+			if o.Preemptible {
+				victims = append(victims, [2]int{i, k})
+			}
+		}
+	}
+	return victims, true
+}

@@ -1,0 +1,287 @@
+package jobs
+
+import (
+	"errors"
+	"time"
+
+	"github.com/tessera-gpu/tessera/allocator/gang"
+	"github.com/tessera-gpu/tessera/allocator/reserve"
+)
+
+// StrategyReserve is gang scheduling with backfill and reservations
+// (allocator/reserve, Config.Reserve): once a big job has waited its due
+// time (reserve.Policy.Due), the nodes with the fewest GPUs still to drain
+// are held for it, up to Policy.Max jobs at once in queue order; others
+// backfill outside them, and inside them only when the policy makes such
+// backfill preemptible (evicted when the reservation fills).
+const StrategyReserve Strategy = "reserve"
+
+// BigGangGPUs is the size from which a job counts as a big gang in
+// Result.MaxBigGangJCTHours (two 8-GPU nodes).
+const BigGangGPUs = 16
+
+// DefaultReservePolicy is the reservation policy of StrategyReserve, tuned
+// on the ITP traces (docs/gang-quota.md, "Reservation and backfill"): a job
+// of 16 GPUs or more is due once it has waited 48 h plus 0.9 times the wait
+// of the longest-waiting smaller job; one reservation at a time; other jobs
+// may start on held GPUs and are evicted when the reservation fills.
+func DefaultReservePolicy() reserve.Policy {
+	return reserve.Policy{MinGPUs: BigGangGPUs, Wait: 48 * time.Hour, Relative: 0.9, Preemptible: true, Order: reserve.OrderYoungest, Max: 1}
+}
+
+// reservation is StrategyReserve's state.
+type reservation struct {
+	policy reserve.Policy
+	// holds are the current reservations, in queue order of their jobs;
+	// heldBy maps each held node to its job, outside lists the others.
+	holds   []*jobState
+	heldBy  map[int]*jobState
+	outside []gang.Node
+	// inside are the running jobs started on held nodes (preemptible),
+	// with the job whose nodes they used.
+	inside map[*jobState]*jobState
+}
+
+func (s *sim) initReserve() {
+	if s.cfg.Strategy == StrategyReserve {
+		s.rsv = &reservation{policy: s.cfg.Reserve, heldBy: map[int]*jobState{}, inside: map[*jobState]*jobState{}}
+	}
+}
+
+// reserveFinish forgets a finished job and records its completion time by
+// ID (for tests).
+func (s *sim) reserveFinish(j *jobState) {
+	if s.rsv != nil {
+		delete(s.rsv.inside, j)
+	}
+	if s.res.jctByID == nil {
+		s.res.jctByID = map[string]int64{}
+	}
+	s.res.jctByID[j.job.ID] = s.now - j.job.Submit
+}
+
+// scheduleReserve starts whole jobs in queue order under the reservations.
+func (s *sim) scheduleReserve() error {
+	for {
+		evicted, err := s.reservePass()
+		if err != nil || !evicted {
+			return err
+		}
+	}
+}
+
+// reservePass is one walk of the queue; it reports whether it evicted
+// preemptible jobs (which then wait again).
+func (s *sim) reservePass() (bool, error) {
+	r := s.rsv
+	s.noRoom = map[string]bool{}
+	s.hold()
+	var small time.Duration
+	for _, j := range s.queue {
+		if j.job.GPUs < r.policy.MinGPUs {
+			small = time.Duration(s.now-j.job.Submit) * time.Second // the queue is in arrival order
+			break
+		}
+	}
+	kept := s.queue[:0]
+	for _, j := range s.queue {
+		started, err := s.reserveTry(j)
+		if err != nil {
+			return false, err
+		}
+		if started {
+			continue
+		}
+		kept = append(kept, j)
+		if len(r.holds) < r.policy.Slots() && !r.holding(j) && r.policy.Due(j.job.GPUs, time.Duration(s.now-j.job.Submit)*time.Second, small) {
+			r.holds = append(r.holds, j)
+			s.hold()
+		}
+	}
+	s.queue = kept
+	evicted := len(s.evicted) > 0
+	s.requeueEvicted()
+	s.idleGPUs = 0
+	for i := range r.heldBy {
+		s.idleGPUs += s.nodes[i].Node.FullyFreeGPUs()
+	}
+	return evicted, nil
+}
+
+func (r *reservation) holding(j *jobState) bool {
+	for _, h := range r.holds {
+		if h == j {
+			return true
+		}
+	}
+	return false
+}
+
+// hold recomputes the nodes held for each reservation, in order, each on
+// nodes the earlier ones left.
+func (s *sim) hold() {
+	r := s.rsv
+	nodes := make([]reserve.Node, len(s.nodes))
+	for i, n := range s.nodes {
+		nodes[i] = reserve.Node{Name: n.Node.Name, GPUs: len(n.Node.GPUs)}
+	}
+	for _, c := range s.running {
+		j := c.job
+		for k, n := range j.nodes {
+			if n >= 0 {
+				nodes[n].Occupants = append(nodes[n].Occupants, reserve.Occupant{GPUs: j.sizes[k], Age: time.Duration(s.now-j.start) * time.Second, Preemptible: r.inside[j] != nil})
+			}
+		}
+	}
+	old := r.heldBy
+	r.heldBy = map[int]*jobState{}
+	taken := map[int]bool{}
+	for _, h := range r.holds {
+		for i := range nodes {
+			nodes[i].Held = old[i] == h
+		}
+		for _, i := range r.policy.Pick(nodes, h.sizes, taken) {
+			r.heldBy[i], taken[i] = h, true
+		}
+	}
+	r.outside = r.outside[:0]
+	for i, n := range s.nodes {
+		if r.heldBy[i] == nil {
+			r.outside = append(r.outside, n)
+		}
+	}
+}
+
+// started ends j's reservation.
+func (s *sim) reserveStarted(j *jobState) {
+	r := s.rsv
+	for k, h := range r.holds {
+		if h == j {
+			r.holds = append(r.holds[:k], r.holds[k+1:]...)
+			for i, b := range r.heldBy {
+				if b == j {
+					delete(r.heldBy, i)
+				}
+			}
+			for in, b := range r.inside {
+				if b == j {
+					delete(r.inside, in)
+				}
+			}
+			s.hold()
+			s.noRoom = map[string]bool{} // the held nodes it did not use are free to others
+			return
+		}
+	}
+}
+
+// reserveTry starts j if it can: a reservation's job outside the other
+// reservations (evicting preemptible backfill on its held nodes once
+// nothing else drains there), other jobs outside the held nodes, or inside
+// them when preemptible.
+func (s *sim) reserveTry(j *jobState) (bool, error) {
+	r := s.rsv
+	if len(r.holds) == 0 {
+		return s.startOn(j, s.nodes, j.shapeKey(false), false)
+	}
+	if r.holding(j) {
+		var cands []gang.Node
+		for i, n := range s.nodes {
+			if b := r.heldBy[i]; b == nil || b == j {
+				cands = append(cands, n)
+			}
+		}
+		ok, err := s.startOn(j, cands, "", false)
+		if ok {
+			s.reserveStarted(j)
+		}
+		if ok || err != nil || !r.policy.Preemptible {
+			return ok, err
+		}
+		return s.startEvicting(j)
+	}
+	ok, err := s.startOn(j, r.outside, j.shapeKey(false), false)
+	if ok || err != nil || !r.policy.MayStartInside() {
+		return ok, err
+	}
+	return s.startOn(j, s.nodes, j.shapeKey(false)+"inside", true)
+}
+
+// startEvicting starts a reservation's job on its held nodes once only
+// preemptible backfill runs there, evicting it.
+func (s *sim) startEvicting(j *jobState) (bool, error) {
+	r := s.rsv
+	var held []int
+	var nodes []reserve.Node
+	var owners [][]*jobState
+	pos := map[int]int{}
+	for i := range s.nodes {
+		if r.heldBy[i] != j {
+			continue
+		}
+		pos[i] = len(held)
+		held = append(held, i)
+		nodes = append(nodes, reserve.Node{Name: s.nodes[i].Node.Name, GPUs: len(s.nodes[i].Node.GPUs)})
+		owners = append(owners, nil)
+	}
+	for _, c := range s.running {
+		for k, n := range c.job.nodes {
+			if p, ok := pos[n]; ok && n >= 0 {
+				nodes[p].Occupants = append(nodes[p].Occupants, reserve.Occupant{GPUs: c.job.sizes[k], Preemptible: r.inside[c.job] != nil})
+				owners[p] = append(owners[p], c.job)
+			}
+		}
+	}
+	victims, ok := reserve.Victims(nodes)
+	if !ok || len(victims) == 0 {
+		return false, nil
+	}
+	done := map[*jobState]bool{}
+	for _, v := range victims {
+		vj := owners[v[0]][v[1]]
+		if !done[vj] {
+			done[vj] = true
+			delete(r.inside, vj)
+			s.evict(vj)
+		}
+	}
+	cands := make([]gang.Node, 0, len(held))
+	for _, i := range held {
+		cands = append(cands, s.nodes[i])
+	}
+	ok, err := s.startOn(j, cands, "", false)
+	if ok {
+		s.reserveStarted(j)
+	}
+	return ok, err
+}
+
+// startOn plans j on nodes and starts it; key memoises shapes that found no
+// room in this pass ("" for none). inside marks j as started on held nodes
+// when it landed on one.
+func (s *sim) startOn(j *jobState, nodes []gang.Node, key string, inside bool) (bool, error) {
+	if key != "" && s.noRoom[key] {
+		return false, nil
+	}
+	plan, err := gang.PlanGroup(s.group(j), nodes, s.policy)
+	if errors.Is(err, gang.ErrNoRoom) {
+		if key != "" {
+			s.noRoom[key] = true
+		}
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	s.apply(j, plan)
+	if inside {
+		for _, n := range j.nodes {
+			if b := s.rsv.heldBy[n]; b != nil {
+				s.rsv.inside[j] = b
+				break
+			}
+		}
+	}
+	s.startJob(j)
+	return true, nil
+}
