@@ -190,6 +190,7 @@ type GangPlanner struct {
 	// reservation ran out, until when they may not reserve again.
 	reservation  ReservationConfig
 	reserved     map[string]*reservation
+	heldBefore   map[string]map[string]bool // workload key -> nodes it last held
 	cooldown     map[string]time.Time
 	reservations atomic.Int64
 	// schedulers are the schedulerNames whose pods the extender serves:
@@ -242,7 +243,7 @@ type GangPlannerConfig struct {
 func NewGangPlanner(cfg GangPlannerConfig) *GangPlanner {
 	p := &GangPlanner{cache: cfg.Cache, client: cfg.Client, pods: cfg.Pods, policy: cfg.Policy, events: cfg.Events, now: cfg.Now, waiting: map[string]*waitState{}, quota: cfg.Quota,
 		queues: cfg.Queues, queueReclaim: cfg.QueueReclaim, schedulers: map[string]bool{},
-		reservation: cfg.Reservation, reserved: map[string]*reservation{}, cooldown: map[string]time.Time{}, preempt: cfg.Preempt}
+		reservation: cfg.Reservation, reserved: map[string]*reservation{}, heldBefore: map[string]map[string]bool{}, cooldown: map[string]time.Time{}, preempt: cfg.Preempt}
 	if p.now == nil {
 		p.now = time.Now
 	}
@@ -372,6 +373,11 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 	for key := range p.cooldown {
 		if _, live := groups[key]; !live {
 			delete(p.cooldown, key)
+		}
+	}
+	for key := range p.heldBefore {
+		if _, live := groups[key]; !live {
+			delete(p.heldBefore, key)
 		}
 	}
 	return errors.Join(errs...)

@@ -10,14 +10,16 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/allocator/gang"
+	"github.com/tessera-gpu/tessera/allocator/reserve"
 	"github.com/tessera-gpu/tessera/api"
 )
 
 // A reservation keeps a starving workload's room from being taken by the
 // work behind it. When a whole-GPU workload of the planner (a gang, or a
 // queued pod) has waited longer than ReserveAfter and fits nowhere, the
-// planner picks the nodes that will hold it soonest (those with the fewest
-// GPUs in use, then the fewest pods) and counts the workload there in the
+// planner picks the nodes that will hold it soonest (allocator/reserve's
+// order: the fewest GPUs in use, the nodes it held before on a tie) and
+// counts the workload there in the
 // ledger as if planned, though its members stay gated: what frees on those
 // nodes is no one else's, neither the planner's nor kube-scheduler's (the
 // filter sees the nodes full). Other work backfills everywhere else. One
@@ -116,7 +118,7 @@ func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, de
 	if snap == nil {
 		snap = p.cache.Snapshot()
 	}
-	res, ok := p.soonest(snap, g, members, demands, minMember)
+	res, ok := p.soonest(snap, g, members, demands, minMember, p.heldBefore[key])
 	if !ok {
 		return ""
 	}
@@ -135,6 +137,10 @@ func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, de
 		return "" // a node changed meanwhile: the next pass reserves
 	}
 	p.reserved[key] = r
+	p.heldBefore[key] = map[string]bool{}
+	for _, n := range r.nodes {
+		p.heldBefore[key][n] = true
+	}
 	p.reservations.Store(int64(len(p.reserved)))
 	p.refresh(r.nodes)
 	sort.Strings(r.nodes)
@@ -147,28 +153,27 @@ func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, de
 }
 
 // soonest plans the workload on the fewest nodes that will hold it
-// soonest, as if they were empty: nodes with the fewest GPUs in use first,
-// then the fewest pods, then by name; the smallest such prefix that holds
-// it (found by bisection: a longer prefix holds whatever a shorter one
-// does).
-func (p *GangPlanner) soonest(snap map[string]*NodeState, g *api.Gang, members []*corev1.Pod, demands []Demand, minMember int) (*gang.Plan, bool) {
-	var nodes []*NodeState
+// soonest, as if they were empty: in allocator/reserve's order (the fewest
+// GPUs still in use first, the nodes held before on a tie, then by name);
+// the smallest such prefix that holds it (found by bisection: a longer
+// prefix holds whatever a shorter one does). held are the nodes the
+// workload held before.
+func (p *GangPlanner) soonest(snap map[string]*NodeState, g *api.Gang, members []*corev1.Pod, demands []Demand, minMember int, held map[string]bool) (*gang.Plan, bool) {
+	var candidates []*NodeState
 	for _, st := range snap {
 		if st.Info.HasInventory && st.Info.Err == nil {
-			nodes = append(nodes, st)
+			candidates = append(candidates, st)
 		}
 	}
-	sort.Slice(nodes, func(i, j int) bool {
-		a, b := nodes[i], nodes[j]
-		ua, ub := len(a.Info.GPUs)-a.FreeGPUs(), len(b.Info.GPUs)-b.FreeGPUs()
-		switch {
-		case ua != ub:
-			return ua < ub
-		case len(a.Pods) != len(b.Pods):
-			return len(a.Pods) < len(b.Pods)
-		}
-		return a.Info.Name < b.Info.Name
-	})
+	view := make([]reserve.Node, len(candidates))
+	for i, st := range candidates {
+		view[i] = reserve.Node{Name: st.Info.Name, GPUs: len(st.Info.GPUs), Held: held[st.Info.Name],
+			Occupants: []reserve.Occupant{{GPUs: len(st.Info.GPUs) - st.FreeGPUs()}}}
+	}
+	nodes := make([]*NodeState, len(candidates))
+	for k, i := range (reserve.Policy{}).Rank(view) {
+		nodes[k] = candidates[i]
+	}
 	empty := func(k int) map[string]*NodeState {
 		out := make(map[string]*NodeState, k)
 		for _, st := range nodes[:k] {

@@ -175,14 +175,11 @@ func (n Node) draining() (gpus int, oldest time.Duration) {
 	return gpus, oldest
 }
 
-// Pick returns the indices of the nodes to hold for a job whose pods need
-// pods GPUs each (one node per pod, as whole-node gang pods need): for each
-// pod, largest first, the node of enough capacity with the fewest GPUs
-// still to drain (with ByAge, first the youngest longest-running pod);
-// ties go to a node held before, then by p.Order, then by name. Nodes with
-// taken set are skipped (held for another job). It returns nil when the
-// nodes cannot hold the pods.
-func (p Policy) Pick(nodes []Node, pods []int, taken map[int]bool) []int {
+// Rank orders the nodes by how soon they should hold a waiting job: the
+// fewest GPUs still to drain first (with ByAge, first the youngest
+// longest-running pod); ties go to a node held before, then by p.Order,
+// then by name. It returns node indices, best first.
+func (p Policy) Rank(nodes []Node) []int {
 	type cand struct {
 		i      int
 		drain  int
@@ -216,18 +213,32 @@ func (p Policy) Pick(nodes []Node, pods []int, taken map[int]bool) []int {
 		}
 		return nodes[x.i].Name < nodes[y.i].Name
 	})
+	out := make([]int, len(cs))
+	for k, c := range cs {
+		out[k] = c.i
+	}
+	return out
+}
+
+// Pick returns the indices of the nodes to hold for a job whose pods need
+// pods GPUs each (one node per pod, as whole-node gang pods need): for each
+// pod, largest first, the first node in Rank's order of enough capacity.
+// Nodes with taken set are skipped (held for another job). It returns nil
+// when the nodes cannot hold the pods.
+func (p Policy) Pick(nodes []Node, pods []int, taken map[int]bool) []int {
+	ranked := p.Rank(nodes)
 	sizes := append([]int(nil), pods...)
 	sort.Sort(sort.Reverse(sort.IntSlice(sizes)))
-	used := make([]bool, len(cs))
+	used := make([]bool, len(ranked))
 	var out []int
 	for _, g := range sizes {
 		found := false
-		for k, c := range cs {
-			if used[k] || taken[c.i] || nodes[c.i].GPUs < g {
+		for k, i := range ranked {
+			if used[k] || taken[i] || nodes[i].GPUs < g {
 				continue
 			}
 			used[k], found = true, true
-			out = append(out, c.i)
+			out = append(out, i)
 			break
 		}
 		if !found {
