@@ -684,6 +684,9 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		demands[i] = d
 		shared = shared || d.Kind() == allocator.Shared
 	}
+	// A reservation of this workload's is its own room (or nobody's, if
+	// the workload is not admitted now).
+	since, _ := p.releaseReservation(key)
 	q, queued := p.qsnap.QueueOf(g.Namespace)
 	want := quota.Resources{}
 	if queued {
@@ -701,8 +704,6 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 			return false, nil
 		}
 	}
-	// A reservation of this workload's is its own room.
-	since, _ := p.releaseReservation(key)
 	snap := p.passSnap
 	if snap == nil {
 		snap = p.cache.Snapshot()
@@ -747,16 +748,20 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 				reason += "; quota reclaim: " + rerr.Error()
 			}
 		}
+		preempting := false
 		if err != nil && errors.Is(err, gang.ErrNoRoom) && p.preempt != nil && strings.HasPrefix(key, "pod ") {
 			// A queued pod of a higher tier preempts as any pod would.
-			if evicted, perr := p.preempt.For(ctx, members[0]); perr != nil {
+			evicted, perr := p.preempt.For(ctx, members[0])
+			switch {
+			case perr != nil:
 				reason += "; preemption: " + perr.Error()
-			} else if evicted {
+			case evicted:
 				reason += "; preempting lower tiers for it"
+				preempting = true
 			}
 		}
 		if err != nil {
-			if errors.Is(err, gang.ErrNoRoom) && !shared {
+			if errors.Is(err, gang.ErrNoRoom) && !shared && !preempting {
 				if msg := p.reserve(key, g, members, demands, minMember, since); msg != "" {
 					reason += "; " + msg
 				}
