@@ -89,8 +89,8 @@ var (
 // once, resources are among QuotaResources, quantities are whole,
 // non-negative units, guaranteed <= limit, weight in 0..MaxQueueWeight.
 // Every error names the queue and the field. What it cannot check alone
-// (the parent exists, no cycle, a namespace served by one queue) is
-// CheckQueueTree's.
+// (the parent exists, no cycle, a namespace served by one queue) is the
+// queue tree's (allocator/queue Build, which fails closed per queue).
 func QueueFromUnstructured(u *unstructured.Unstructured) (*Queue, error) {
 	name := u.GetName()
 	fail := func(path string, format string, args ...any) (*Queue, error) {
@@ -239,71 +239,6 @@ func (q *Queue) Unstructured() *unstructured.Unstructured {
 		"metadata":   map[string]any{"name": q.Name},
 		"spec":       spec,
 	}}
-}
-
-// CheckQueueTree checks what no single Queue can, over the queues that
-// QueueFromUnstructured accepted: each ancestor exists (one that was
-// refused counts as missing), no queue is its own ancestor, and each
-// namespace is served by one queue (the first by name keeps it). It
-// returns an error per failing queue name, naming the queue; a queue whose
-// ancestor fails fails too, as it has no place in the tree.
-func CheckQueueTree(queues []*Queue) map[string]error {
-	errs := map[string]error{}
-	byName := map[string]*Queue{}
-	for _, q := range queues {
-		if _, dup := byName[q.Name]; dup {
-			errs[q.Name] = fmt.Errorf("Queue %s: named twice", q.Name)
-		}
-		byName[q.Name] = q
-	}
-	servedBy := map[string]string{}
-	names := make([]string, 0, len(byName))
-	for name := range byName {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
-		for _, ns := range byName[name].Namespaces {
-			if first, dup := servedBy[ns]; dup {
-				errs[name] = fmt.Errorf("Queue %s: spec.namespaces: namespace %q is already served by Queue %s", name, ns, first)
-				continue
-			}
-			servedBy[ns] = name
-		}
-	}
-	for _, name := range names {
-		if errs[name] != nil {
-			continue
-		}
-		seen := map[string]bool{name: true}
-		for cur := byName[name]; cur.Parent != ""; {
-			parent, ok := byName[cur.Parent]
-			if !ok {
-				errs[name] = fmt.Errorf("Queue %s: spec.parent: no valid Queue %s (an ancestor) exists", name, cur.Parent)
-				break
-			}
-			if seen[parent.Name] {
-				errs[name] = fmt.Errorf("Queue %s: spec.parent: Queue %s is its own ancestor (a cycle)", name, parent.Name)
-				break
-			}
-			seen[parent.Name] = true
-			cur = parent
-		}
-	}
-	// A queue below a failed one fails too (the loop above caught missing
-	// parents and cycles on the way up; namespace conflicts are caught here).
-	for _, name := range names {
-		if errs[name] != nil {
-			continue
-		}
-		for cur := byName[name]; cur.Parent != ""; cur = byName[cur.Parent] {
-			if errs[cur.Parent] != nil {
-				errs[name] = fmt.Errorf("Queue %s: spec.parent: ancestor Queue %s is invalid", name, cur.Parent)
-				break
-			}
-		}
-	}
-	return errs
 }
 
 // QueueStatus is what the extender writes in a Queue's status, per

@@ -145,45 +145,6 @@ func TestQueueResourceDefaults(t *testing.T) {
 	}
 }
 
-func TestCheckQueueTree(t *testing.T) {
-	q := func(name, parent string, namespaces ...string) *Queue {
-		return &Queue{Name: name, Parent: parent, Namespaces: namespaces}
-	}
-	tests := []struct {
-		name   string
-		queues []*Queue
-		want   map[string]string // queue -> error substring
-	}{
-		{"two levels", []*Queue{q("research", ""), q("team-a", "research", "a"), q("team-b", "research", "b")}, map[string]string{}},
-		{"missing parent", []*Queue{q("team-a", "research", "a"), q("sub", "team-a")}, map[string]string{
-			"team-a": "Queue team-a: spec.parent: no valid Queue research (an ancestor) exists",
-			"sub":    "Queue sub: spec.parent: no valid Queue research (an ancestor) exists",
-		}},
-		{"cycle", []*Queue{q("a", "b"), q("b", "a"), q("c", "a"), q("ok", "")}, map[string]string{
-			"a": "Queue a: spec.parent: Queue a is its own ancestor (a cycle)",
-			"b": "Queue b: spec.parent: Queue b is its own ancestor (a cycle)",
-			"c": "Queue c: spec.parent: Queue a is its own ancestor (a cycle)",
-		}},
-		{"namespace served twice", []*Queue{q("p", ""), q("x", "p", "a"), q("y", "p", "b", "a"), q("z", "y")}, map[string]string{
-			"y": `Queue y: spec.namespaces: namespace "a" is already served by Queue x`,
-			"z": "Queue z: spec.parent: ancestor Queue y is invalid",
-		}},
-		{"named twice", []*Queue{q("a", ""), q("a", "")}, map[string]string{"a": "Queue a: named twice"}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			errs := CheckQueueTree(tc.queues)
-			got := map[string]string{}
-			for name, err := range errs {
-				got[name] = err.Error()
-			}
-			if diff := cmp.Diff(tc.want, got, cmp.Comparer(func(want, got string) bool { return strings.Contains(got, want) || strings.Contains(want, got) })); diff != "" {
-				t.Errorf("(-want +got):\n%s", diff)
-			}
-		})
-	}
-}
-
 func TestQueueStatus(t *testing.T) {
 	s := QueueStatus{
 		Used:         map[corev1.ResourceName]int64{ResourceGPU: 3},

@@ -31,6 +31,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/tessera-gpu/tessera/allocator/queue"
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/test/framework/controlplane"
 	"github.com/tessera-gpu/tessera/test/framework/install"
@@ -914,8 +915,16 @@ func TestQueueValidation(t *testing.T) {
 		}
 		parsed = append(parsed, q)
 	}
-	if errs := api.CheckQueueTree(parsed); len(errs) > 0 {
-		t.Errorf("CheckQueueTree: %v", errs)
+	// The pair is a valid tree by the rule the extender applies.
+	var specs []queue.Spec
+	for _, q := range parsed {
+		specs = append(specs, queue.Spec{Name: q.Name, Parent: q.Parent, Namespaces: q.Namespaces})
+	}
+	tree := queue.Build(specs)
+	for _, q := range parsed {
+		if why := tree.Invalid(q.Name); why != "" {
+			t.Errorf("Queue %s is not a valid queue of the tree: %s", q.Name, why)
+		}
 	}
 	if _, err := queueRequest(ctx, e.extender, "GET", "", "", nil); err != nil {
 		t.Errorf("extender list Queues: %v", err)
