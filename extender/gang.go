@@ -413,7 +413,7 @@ func (p *GangPlanner) inOrder(groups []*group, sync func(*group)) {
 		q, _ := p.qsnap.QueueOf(gr.gang.Namespace)
 		w := queue.Workload{Key: gr.key, Queue: q, Created: gr.oldest, Uses: quota.Resources{}}
 		for _, m := range gr.members {
-			w.Priority = max(w.Priority, priorityOf(m))
+			w.Priority = max(w.Priority, podPriority(m))
 			w.Uses = w.Uses.Add(gpureq.QuotaCount(m))
 		}
 		work[gr] = w

@@ -147,7 +147,7 @@ func (p *Preemptor) Sync(ctx context.Context) error {
 	}
 	qsnap := p.queues()
 	sort.Slice(askers, func(i, j int) bool {
-		a, b := priorityOf(askers[i]), priorityOf(askers[j])
+		a, b := podPriority(askers[i]), podPriority(askers[j])
 		if a != b {
 			return a > b
 		}
@@ -157,7 +157,7 @@ func (p *Preemptor) Sync(ctx context.Context) error {
 		return askers[i].Namespace+"/"+askers[i].Name < askers[j].Namespace+"/"+askers[j].Name
 	})
 	for _, a := range askers {
-		if err := p.preemptFor(ctx, a, pods, qsnap); err != nil {
+		if _, err := p.preemptFor(ctx, a, pods, qsnap); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -187,7 +187,7 @@ func mayPreempt(pod *corev1.Pod) bool {
 // preempts reports a GPU pod outside any gang with a priority and no
 // preemptionPolicy Never.
 func preempts(pod *corev1.Pod) bool {
-	if priorityOf(pod) == 0 {
+	if podPriority(pod) == 0 {
 		return false
 	}
 	if pod.Spec.PreemptionPolicy != nil && *pod.Spec.PreemptionPolicy == corev1.PreemptNever {
@@ -196,14 +196,7 @@ func preempts(pod *corev1.Pod) bool {
 	if _, member, _ := api.GangOf(pod); member {
 		return false
 	}
-	return gpureq.QuotaCount(pod) != nil
-}
-
-func priorityOf(pod *corev1.Pod) int32 {
-	if pod.Spec.Priority != nil {
-		return *pod.Spec.Priority
-	}
-	return 0
+	return len(gpureq.QuotaCount(pod)) > 0
 }
 
 // expired reports a pod outside any gang, not bound, whose plan (a hold of
@@ -246,22 +239,7 @@ func (p *Preemptor) For(ctx context.Context, pod *corev1.Pod) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("listing pods: %w", err)
 	}
-	d, err := ParseDemand(pod)
-	if err != nil {
-		return false, nil
-	}
-	c, units, after, err := p.choose(pod, &d, pods, p.queues())
-	if err != nil || c == nil {
-		return false, err
-	}
-	var victims []*workload
-	for _, v := range c.Victims {
-		victims = append(victims, units[v.Key])
-	}
-	if p.dryRun(ctx, pod, victims) != "" {
-		return false, nil // the next pass chooses again without it
-	}
-	return true, p.apply(ctx, pod, &d, c.Node, victims, after)
+	return p.preemptFor(ctx, pod, pods, p.queues())
 }
 
 // workload is one eviction unit and its pods.
@@ -271,17 +249,19 @@ type workload struct {
 	pods []*corev1.Pod
 }
 
-// preemptFor makes room for asker when it fits nowhere, or does nothing.
-func (p *Preemptor) preemptFor(ctx context.Context, asker *corev1.Pod, pods []*corev1.Pod, qsnap *QueueSnapshot) error {
+// preemptFor makes room for asker when it fits nowhere, or does nothing;
+// it reports whether it evicted. A victim a budget protects is passed
+// over and the choice made again.
+func (p *Preemptor) preemptFor(ctx context.Context, asker *corev1.Pod, pods []*corev1.Pod, qsnap *QueueSnapshot) (bool, error) {
 	logger := klog.FromContext(ctx)
 	d, err := ParseDemand(asker)
 	if err != nil {
-		return nil // the filter reports it on the pod
+		return false, nil // the filter reports it on the pod
 	}
 	for attempt := 0; attempt < 4; attempt++ {
 		c, units, after, err := p.choose(asker, &d, pods, qsnap)
 		if err != nil || c == nil {
-			return err
+			return false, err
 		}
 		var victims []*workload
 		for _, v := range c.Victims {
@@ -291,9 +271,9 @@ func (p *Preemptor) preemptFor(ctx context.Context, asker *corev1.Pod, pods []*c
 			logger.V(2).Info("Preemption victim protected by a budget; choosing again", "pod", klog.KObj(asker), "victim", blocker)
 			continue
 		}
-		return p.apply(ctx, asker, &d, c.Node, victims, after)
+		return true, p.apply(ctx, asker, &d, c.Node, victims, after)
 	}
-	return nil
+	return false, nil
 }
 
 // choose decides a preemption for asker on the current snapshot: nil
@@ -388,10 +368,10 @@ func unitOf(pod *corev1.Pod) string {
 // unit: taking that ends every member, so it never drops below its
 // minimum). unitsOf gives each pod's units.
 func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Time, qsnap *QueueSnapshot) (map[string]*workload, map[types.UID][]string) {
-	prio := priorityOf(asker)
+	prio := podPriority(asker)
 	groups := map[string][]*corev1.Pod{}
 	for _, pod := range running {
-		if gpureq.QuotaCount(pod) == nil {
+		if len(gpureq.QuotaCount(pod)) == 0 {
 			continue
 		}
 		k := unitOf(pod)
@@ -423,7 +403,7 @@ func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Tim
 			if started.After(w.unit.Started) {
 				w.unit.Started = started
 			}
-			if priorityOf(m) >= prio || now.Sub(started) < p.MinRuntime {
+			if podPriority(m) >= prio || now.Sub(started) < p.MinRuntime {
 				ok = false
 			}
 		}
@@ -542,7 +522,7 @@ func (p *Preemptor) apply(ctx context.Context, asker *corev1.Pod, d *Demand, nod
 			p.Metrics.preempted(pod.Namespace)
 			p.event(pod, corev1.EventTypeWarning, api.EventPreempted,
 				"tessera: evicted for %s/%s (priority %d), which needs %s and fits no node: %s has priority %d, the lowest whose removal makes room on %s; the room is held for %s/%s until %s",
-				asker.Namespace, asker.Name, priorityOf(asker), describeUse(gpureq.QuotaCount(asker)), strings.TrimPrefix(strings.TrimPrefix(v.unit.Key, "pod "), "gang "), v.unit.Priority, where, asker.Namespace, asker.Name, plan.Expires.Format(time.RFC3339))
+				asker.Namespace, asker.Name, podPriority(asker), describeUse(gpureq.QuotaCount(asker)), strings.TrimPrefix(strings.TrimPrefix(v.unit.Key, "pod "), "gang "), v.unit.Priority, where, asker.Namespace, asker.Name, plan.Expires.Format(time.RFC3339))
 		}
 	}
 	p.event(asker, corev1.EventTypeNormal, api.EventPreempting, "tessera: evicting %s to make room on %s; the room is held for this pod until %s",

@@ -210,6 +210,15 @@ func TestPreemptorAcrossShapes(t *testing.T) {
 			want: []string{"el-2"}, wantPlan: "n2", wantGPU: -1,
 		},
 		{
+			name:  "pods without GPUs are no victims: CPU is kube-scheduler's to preempt for",
+			nodes: []*corev1.Node{twoGPUs("n1")},
+			pods: []*corev1.Pod{
+				running(makePod("cpu-low").CPU("100").Priority(notebook).Node("n1"), 10),
+				asking(makePod("inf").Whole(1).CPU("100").Priority(inference)),
+			},
+			wantGPU: -1,
+		},
+		{
 			name:  "a nodeSelector keeps the victims on the nodes the pod may use",
 			nodes: []*corev1.Node{twoGPUs("n1"), makeNode("n2").GPUs(2, "A100", 40960).Obj()},
 			pods: []*corev1.Pod{

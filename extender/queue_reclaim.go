@@ -135,7 +135,7 @@ func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.
 			gone[p.UID] = true
 		case gone[p.UID]:
 		case p.Spec.NodeName != "" && !gpureq.Ended(p) && !asker[p.UID]:
-			if _, queued := snap.QueueOf(p.Namespace); queued && gpureq.QuotaCount(p) != nil {
+			if _, queued := snap.QueueOf(p.Namespace); queued && len(gpureq.QuotaCount(p)) > 0 {
 				groups[unitOf(p)] = append(groups[unitOf(p)], p)
 			}
 		}
@@ -177,7 +177,7 @@ func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.
 		wq, _ := snap.QueueOf(members[0].Namespace)
 		w := queue.Workload{Key: k, Queue: wq, Uses: quota.Resources{}, Preemptible: !blocked[k]}
 		for _, m := range members {
-			w.Priority = max(w.Priority, priorityOf(m))
+			w.Priority = max(w.Priority, podPriority(m))
 			w.Uses = w.Uses.Add(gpureq.QuotaCount(m))
 			started := startedAt(m)
 			if started.After(w.Created) {
