@@ -313,7 +313,7 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 		}
 		g, ok, err := api.GangOf(pod)
 		if !ok {
-			if api.HasQueueGate(pod) && pod.Spec.NodeName == "" {
+			if pod.Spec.NodeName == "" && p.queuedSingle(pod) {
 				key := "pod " + pod.Namespace + "/" + pod.Name
 				single := &api.Gang{Namespace: pod.Namespace, Name: pod.Name, MinMember: 1, Timeout: api.DefaultGangTimeout}
 				groups[key] = &group{gang: single, members: []*corev1.Pod{pod}, oldest: pod.CreationTimestamp.Time, key: key, single: true}
@@ -572,6 +572,20 @@ func equalUses(a, b quota.Resources) bool {
 
 // Reservations is how many workloads hold a reservation (0 or 1).
 func (p *GangPlanner) Reservations() int64 { return p.reservations.Load() }
+
+// queuedSingle reports a pod outside any gang that the planner admits:
+// one held by the queue gate, or a GPU pod of a namespace a Queue serves
+// that its owner ungated (or the webhook, failing open, never gated) and
+// that has no plan yet: the verbs place it only once it is planned.
+func (p *GangPlanner) queuedSingle(pod *corev1.Pod) bool {
+	if api.HasQueueGate(pod) {
+		return true
+	}
+	if _, planned := pod.Annotations[api.AnnotationGangPlan]; planned || p.queues == nil || !p.serves(pod) || len(gpureq.QuotaCount(pod)) == 0 {
+		return false
+	}
+	return p.queues.Queued(pod.Namespace)
+}
 
 // serves reports whether the extender schedules pod (its schedulerName is
 // one of the profiles that call the extender).

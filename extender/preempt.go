@@ -138,7 +138,9 @@ func (p *Preemptor) Sync(ctx context.Context) error {
 		switch {
 		case p.expired(pod):
 			errs = append(errs, p.release(ctx, pod))
-		case mayPreempt(pod):
+		case mayPreempt(pod) && (p.Queues == nil || !p.Queues.Queued(pod.Namespace)):
+			// A pod of a queued namespace is the planner's: it asks For
+			// in queue order.
 			askers = append(askers, pod)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -49,6 +50,13 @@ type QueueBook struct {
 
 	mu        sync.Mutex
 	malformed map[string]string // queue -> last error logged
+	// decoded caches load's answer for the objects it was computed
+	// from (their names and resource versions), with their tree.
+	decoded struct {
+		key  string
+		objs queueObjects
+		tree *queue.Tree
+	}
 }
 
 func (b *QueueBook) now() time.Time {
@@ -69,12 +77,34 @@ type queueObjects struct {
 // per error) and kept as a queue that admits nothing (every limit 0) for
 // the namespaces it names, so that a broken object never lets its
 // namespaces run unqueued. A malformed status only loses its history.
-func (b *QueueBook) load() queueObjects {
-	out := queueObjects{status: map[string]api.QueueStatus{}, objs: map[string]*unstructured.Unstructured{}}
+func (b *QueueBook) load() (queueObjects, *queue.Tree) {
 	var objs []*unstructured.Unstructured
 	if b.Queues != nil {
 		objs = b.Queues.Objects()
 	}
+	keys := make([]string, len(objs))
+	for i, u := range objs {
+		keys[i] = u.GetName() + "@" + u.GetResourceVersion()
+	}
+	sort.Strings(keys)
+	key := strings.Join(keys, ",")
+	b.mu.Lock()
+	if b.decoded.tree != nil && b.decoded.key == key {
+		defer b.mu.Unlock()
+		return b.decoded.objs, b.decoded.tree
+	}
+	b.mu.Unlock()
+	out := b.decode(objs)
+	tree := queue.Build(out.specs)
+	b.mu.Lock()
+	b.decoded.key, b.decoded.objs, b.decoded.tree = key, out, tree
+	b.mu.Unlock()
+	return out, tree
+}
+
+// decode decodes Queue objects (load's work, without the cache).
+func (b *QueueBook) decode(objs []*unstructured.Unstructured) queueObjects {
+	out := queueObjects{status: map[string]api.QueueStatus{}, objs: map[string]*unstructured.Unstructured{}}
 	for _, u := range objs {
 		out.objs[u.GetName()] = u
 		q, err := api.QueueFromUnstructured(u)
@@ -145,8 +175,7 @@ func (s *QueueSnapshot) QueueOf(ns string) (string, bool) {
 // namespaces' pods bound or planned use, pending what their other pods
 // wait for; the history is each leaf's status usage accrued to now.
 func (b *QueueBook) Snapshot() (*QueueSnapshot, error) {
-	objs := b.load()
-	tree := queue.Build(objs.specs)
+	objs, tree := b.load()
 	snap := &QueueSnapshot{Status: objs.status, objs: objs.objs, State: &queue.State{
 		Tree: tree, Used: map[string]quota.Resources{}, Pending: map[string]quota.Resources{}, Usage: map[string]queue.Usage{}, HalfLife: b.HalfLife,
 	}}
@@ -215,7 +244,8 @@ func elapsedSince(t, now time.Time) time.Duration {
 // Queued reports whether namespace ns is served by a queue: its GPU pods
 // are then admitted in queue order (the admission webhook gates them).
 func (b *QueueBook) Queued(ns string) bool {
-	_, ok := queue.Build(b.load().specs).QueueOf(ns)
+	_, tree := b.load()
+	_, ok := tree.QueueOf(ns)
 	return ok
 }
 

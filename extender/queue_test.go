@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/tessera-gpu/tessera/api"
 )
@@ -374,4 +375,64 @@ func sameClique(names []string, clique []int) bool {
 		}
 	}
 	return true
+}
+
+// namespaces is a fixed QueueGate.
+type namespaces map[string]bool
+
+func (n namespaces) Queued(ns string) bool { return n[ns] }
+
+// A GPU pod of a queued namespace that its owner ungated (or that the
+// webhook, failing open, never gated) passes no node and is not bound
+// until the planner admits it with a plan: nothing its creator writes
+// skips the queue.
+func TestUngatedQueuedPodWaitsForItsPlan(t *testing.T) {
+	nodes := []*corev1.Node{makeNode("a").GPUs(8, "A100", 40960).Obj()}
+	pod := makePod("p").Whole(1).Obj()
+	pod.Namespace = "ns-a"
+	other := makePod("o").Whole(1).Obj() // a namespace no Queue serves
+	cpu := makePod("c").CPU("1").Obj()
+	cpu.Namespace = "ns-a" // no GPU: not the queue's
+	f := newFixture(t, nodes, nil, pod, other, cpu)
+	f.server.SetQueues(namespaces{"ns-a": true})
+	names := []string{"a"}
+	for _, tc := range []struct {
+		pod  *corev1.Pod
+		pass bool
+	}{{pod, false}, {other, true}, {cpu, true}} {
+		var res extenderv1.ExtenderFilterResult
+		f.post(t, PathFilter, &extenderv1.ExtenderArgs{Pod: tc.pod, NodeNames: &names}, &res)
+		if passed := res.NodeNames != nil && len(*res.NodeNames) == 1; passed != tc.pass {
+			t.Errorf("%s/%s: filter passed %v (reasons %v), want %v", tc.pod.Namespace, tc.pod.Name, res.NodeNames, res.FailedNodes, tc.pass)
+		}
+	}
+	var br extenderv1.ExtenderBindingResult
+	f.post(t, PathBind, &extenderv1.ExtenderBindingArgs{PodName: pod.Name, PodNamespace: pod.Namespace, PodUID: pod.UID, Node: "a"}, &br)
+	if !strings.Contains(br.Error, "waits to be admitted in its queue's order") {
+		t.Errorf("bind answered %q, want a refusal", br.Error)
+	}
+	planned := withPlan(t, pod, "a", -1)
+	var res extenderv1.ExtenderFilterResult
+	f.post(t, PathFilter, &extenderv1.ExtenderArgs{Pod: planned, NodeNames: &names}, &res)
+	if res.NodeNames == nil || len(*res.NodeNames) != 1 {
+		t.Errorf("planned: filter passed %v, want its node", res.NodeNames)
+	}
+}
+
+// The planner admits such a pod like a gated one.
+func TestPlannerAdmitsUngatedQueuedPod(t *testing.T) {
+	nodes := withGPUCapacity([]*corev1.Node{makeNode("n0").GPUs(8, "H100", 81920).Obj()})
+	f := newGangFixture(t, nodes...)
+	book := &QueueBook{Queues: staticObjects{queueObj(t, "team-a", "", []string{"ns-a"}, 1, 0, f.now)}, Pods: f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }}
+	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+		Events: f.events, Now: func() time.Time { return f.now }, Queues: book})
+	p := makePod("ungated").Whole(1).Obj()
+	p.Namespace, p.UID = "ns-a", "uid-ungated"
+	if _, err := f.client.CoreV1().Pods("ns-a").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.sync()
+	if a, _ := f.admitted("ns-a"); a != 1 {
+		t.Errorf("the ungated pod of a queued namespace is not planned\nevents:\n%s", strings.Join(f.events.events, "\n"))
+	}
 }

@@ -74,6 +74,7 @@ type Server struct {
 	events  EventRecorder
 	metrics *Metrics
 	quota   QuotaHooks
+	queues  QueueGate
 	// shortlist: filter passes at most this many fitting nodes, the
 	// policy's best (0: all).
 	shortlist int
@@ -157,7 +158,7 @@ func (s *Server) FilterArgs(ctx context.Context, args *extenderv1.ExtenderArgs) 
 		s.filterPlanned(ctx, args, plan, res)
 		return res
 	}
-	if msg, member := unplannedMember(args.Pod); member {
+	if msg, held := s.unadmitted(args.Pod); held {
 		// A gang is bound whole or not at all: a member the planner has
 		// not placed passes no node, webhook or not (the planner plans
 		// ungated members too; the plan's update brings it back).
@@ -516,6 +517,30 @@ func (s *Server) waitOffered(ctx context.Context, node string, uid types.UID) er
 // than its plan's.
 var ErrNotPlannedNode = errors.New("not the node of the pod's gang plan")
 
+// QueueGate tells the namespaces a Queue serves.
+type QueueGate interface {
+	Queued(namespace string) bool
+}
+
+// SetQueues makes the verbs hold back the GPU pods of namespaces a Queue
+// serves until the planner admits them (their plan): without it, a pod
+// whose gate was removed by its owner (or never added: the webhook failed
+// open) would skip its queue's order and limits.
+func (s *Server) SetQueues(q QueueGate) { s.queues = q }
+
+// unadmitted reports a pod with no plan that only the planner may place:
+// a gang member, or a GPU pod of a queued namespace; with the message the
+// filter and bind give.
+func (s *Server) unadmitted(pod *corev1.Pod) (string, bool) {
+	if msg, member := unplannedMember(pod); member {
+		return msg, true
+	}
+	if s.queues != nil && len(gpureq.QuotaCount(pod)) > 0 && s.queues.Queued(pod.Namespace) {
+		return fmt.Sprintf("tessera: namespace %s is served by a Queue: this pod waits to be admitted in its queue's order", pod.Namespace), true
+	}
+	return "", false
+}
+
 // unplannedMember reports a pod that belongs to a gang (or declares one
 // malformed) and has no plan, with the message the filter and bind give.
 func unplannedMember(pod *corev1.Pod) (string, bool) {
@@ -568,7 +593,7 @@ func (s *Server) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs,
 	case planned && plan.Node != args.Node:
 		return fmt.Errorf("bind %s/%s to %s: %w: gang %s planned it on %s", pod.Namespace, pod.Name, args.Node, ErrNotPlannedNode, plan.Gang, plan.Node)
 	case !planned:
-		if msg, member := unplannedMember(pod); member {
+		if msg, held := s.unadmitted(pod); held {
 			return fmt.Errorf("bind %s/%s to %s: %w: %s", pod.Namespace, pod.Name, args.Node, ErrNotPlannedNode, msg)
 		}
 	}

@@ -126,6 +126,7 @@ type fixture struct {
 	events *fakeEvents
 	reg    *prometheus.Registry
 	srv    *httptest.Server
+	server *Server
 }
 
 func newFixture(t *testing.T, nodes []*corev1.Node, bound []*corev1.Pod, pending ...*corev1.Pod) *fixture {
@@ -133,6 +134,7 @@ func newFixture(t *testing.T, nodes []*corev1.Node, bound []*corev1.Pod, pending
 	f := &fixture{cache: newTestCache(t, nodes, bound), pods: newFakePods(pending...), events: &fakeEvents{}, reg: prometheus.NewRegistry()}
 	s := NewServer(f.cache, testPolicy(t, PolicyBinpack), f.pods, f.events, NewMetrics(f.reg))
 	s.SetTrust(&podtrust.Filter{Sealer: testSealer(t)})
+	f.server = s
 	mux := http.NewServeMux()
 	s.Register(mux)
 	f.srv = httptest.NewServer(mux)

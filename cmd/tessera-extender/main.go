@@ -300,6 +300,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 	}
 
+	if queues != nil {
+		srv.SetQueues(queues)
+	}
+
 	var ready atomic.Bool
 	verbs := http.NewServeMux()
 	srv.Register(verbs)
