@@ -1,0 +1,301 @@
+// Package gpustatus is the per-node, per-GPU occupancy view that `make
+// demo`'s live table, `kubectl tessera status` and the extender's
+// /status endpoints show: the model (JSON-tagged, the extender serves it),
+// how it is built from Node and Pod objects, and its text table.
+//
+// FromObjects reads pods' assignment annotations as they are: callers pass
+// pods that went through podtrust.Filter (the extender's informers, the
+// kubectl plugin), so a tenant's annotation is never shown as Tessera's
+// decision.
+package gpustatus
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// Cluster is the occupancy of every node with a GPU inventory, and the
+// pods by phase.
+type Cluster struct {
+	Nodes []*Node   `json:"nodes"`
+	Pods  PodCounts `json:"pods"`
+}
+
+// Node is one node's GPUs.
+type Node struct {
+	Name string `json:"name"`
+	// Machine is a free description of the node (the demo's mock machine
+	// profile); may be empty.
+	Machine string `json:"machine,omitempty"`
+	GPUs    []*GPU `json:"gpus"`
+	// Err says why the node's GPUs are unknown (no or a malformed
+	// inventory).
+	Err string `json:"error,omitempty"`
+}
+
+// GPU is what the pods on a node use of one GPU.
+type GPU struct {
+	Index int    `json:"index"`
+	UUID  string `json:"uuid"`
+	Model string `json:"model"`
+	// MemoryMiB is the memory the GPU shares out (its memory units times
+	// the unit size).
+	MemoryMiB int64  `json:"memoryMiB"`
+	Healthy   bool   `json:"healthy"`
+	Reason    string `json:"reason,omitempty"`
+	// Whole and Shared are the pods (namespace/name) holding the GPU whole
+	// and those with a slice of it; MemoryUsedMiB and Cores sum the
+	// slices.
+	Whole         []string `json:"whole,omitempty"`
+	Shared        []string `json:"shared,omitempty"`
+	MemoryUsedMiB int64    `json:"memoryUsedMiB,omitempty"`
+	Cores         int64    `json:"cores,omitempty"`
+}
+
+// Use is how a GPU is used: "free", "whole", "shared", "unhealthy", or
+// "whole+shared" (over-committed: two kinds on one GPU).
+func (g *GPU) Use() string {
+	switch {
+	case !g.Healthy:
+		return UseUnhealthy
+	case len(g.Whole) > 0 && len(g.Shared) > 0:
+		return UseOvercommitted
+	case len(g.Whole) > 0:
+		return UseWhole
+	case len(g.Shared) > 0:
+		return UseShared
+	}
+	return UseFree
+}
+
+// Values of GPU.Use.
+const (
+	UseFree          = "free"
+	UseWhole         = "whole"
+	UseShared        = "shared"
+	UseUnhealthy     = "unhealthy"
+	UseOvercommitted = "whole+shared"
+)
+
+// PodCounts counts pods by phase; Pending lists the pending ones as
+// "namespace/name: reason".
+type PodCounts struct {
+	Running int      `json:"running"`
+	Failed  int      `json:"failed"`
+	Pending []string `json:"pending,omitempty"`
+}
+
+// AddWhole records pod as holding g whole (once).
+func (g *GPU) AddWhole(pod string) {
+	if !slices.Contains(g.Whole, pod) {
+		g.Whole = append(g.Whole, pod)
+	}
+}
+
+// AddShared records a slice of g for pod.
+func (g *GPU) AddShared(pod string, memMiB, cores int64) {
+	if !slices.Contains(g.Shared, pod) {
+		g.Shared = append(g.Shared, pod)
+	}
+	g.MemoryUsedMiB += memMiB
+	g.Cores += cores
+}
+
+// NodeFromInventory returns a node's GPUs, unused, from its inventory
+// annotation; Err is set when there is none or it is malformed.
+func NodeFromInventory(node *corev1.Node, machineLabel string) *Node {
+	n := &Node{Name: node.Name}
+	if machineLabel != "" {
+		n.Machine = node.Labels[machineLabel]
+	}
+	inv, ok, err := api.GetGPUInventory(node.Annotations)
+	switch {
+	case err != nil:
+		n.Err = fmt.Sprintf("malformed GPU inventory: %v", err)
+		return n
+	case !ok:
+		n.Err = "no GPU inventory"
+		return n
+	}
+	for _, g := range inv.GPUs {
+		n.GPUs = append(n.GPUs, &GPU{Index: g.Index, UUID: g.UUID, Model: g.Model,
+			MemoryMiB: int64(g.MemoryUnits) * int64(inv.MemoryUnitMiB), Healthy: g.Healthy, Reason: g.Reason})
+	}
+	return n
+}
+
+// FromObjects builds the occupancy from nodes and pods: every node's
+// inventory, and every unfinished bound pod's assignment. Pods must have
+// been sanitized (podtrust.Filter): their assignments are taken as
+// Tessera's. machineLabel names the node label shown as Machine ("" for
+// none). Nodes come out sorted by name.
+func FromObjects(nodes []corev1.Node, pods []corev1.Pod, machineLabel string) *Cluster {
+	c := &Cluster{}
+	byNode := map[string]map[string]*GPU{}
+	for i := range nodes {
+		n := NodeFromInventory(&nodes[i], machineLabel)
+		c.Nodes = append(c.Nodes, n)
+		if n.Err != "" {
+			continue
+		}
+		byNode[n.Name] = map[string]*GPU{}
+		for _, g := range n.GPUs {
+			byNode[n.Name][g.UUID] = g
+		}
+	}
+	sort.Slice(c.Nodes, func(i, j int) bool { return c.Nodes[i].Name < c.Nodes[j].Name })
+	for i := range pods {
+		p := &pods[i]
+		who := p.Namespace + "/" + p.Name
+		switch p.Status.Phase {
+		case corev1.PodRunning:
+			c.Pods.Running++
+		case corev1.PodFailed:
+			c.Pods.Failed++
+			continue
+		case corev1.PodSucceeded:
+			continue
+		default:
+			if p.Spec.NodeName == "" {
+				c.Pods.Pending = append(c.Pods.Pending, who+": "+PendingReason(p))
+			} else {
+				c.Pods.Pending = append(c.Pods.Pending, who+": starting on "+p.Spec.NodeName)
+			}
+		}
+		gpus := byNode[p.Spec.NodeName]
+		if p.Spec.NodeName == "" || gpus == nil {
+			continue
+		}
+		a, ok, err := api.GetAssignment(p.Annotations)
+		if !ok || err != nil {
+			continue
+		}
+		for _, ca := range a.Containers {
+			for _, g := range ca.GPUs {
+				if o := gpus[g.UUID]; o != nil {
+					o.AddWhole(who)
+				}
+			}
+			if s := ca.Shared; s != nil {
+				if o := gpus[s.GPU.UUID]; o != nil {
+					o.AddShared(who, s.MemoryMiB, s.Cores)
+				}
+			}
+		}
+	}
+	sort.Strings(c.Pods.Pending)
+	return c
+}
+
+// PendingReason says in a line why an unbound pod waits: a Tessera gate,
+// else the scheduler's PodScheduled condition.
+func PendingReason(p *corev1.Pod) string {
+	if api.HasGangGate(p) {
+		return "gang member held until the whole gang fits"
+	}
+	if api.HasQueueGate(p) {
+		return "held by its queue until admitted"
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+			return Truncate(c.Message, 200)
+		}
+	}
+	return "waiting for the scheduler"
+}
+
+// Truncate cuts s to at most n bytes, marking the cut.
+func Truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+// Render writes the per-node, per-GPU table and the pod counts.
+func Render(w io.Writer, c *Cluster) error {
+	machine := false
+	for _, n := range c.Nodes {
+		machine = machine || n.Machine != ""
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(cols ...string) {
+		if !machine {
+			cols = append(cols[:1], cols[2:]...)
+		}
+		fmt.Fprintln(tw, strings.Join(cols, "\t"))
+	}
+	row("NODE", "MACHINE", "GPU", "MODEL", "USE", "MEMORY", "COMPUTE", "PODS")
+	for _, n := range c.Nodes {
+		if n.Err != "" {
+			row(n.Name, n.Machine, "-", "-", n.Err, "", "", "")
+			continue
+		}
+		for i, g := range n.GPUs {
+			name, mach := "", ""
+			if i == 0 {
+				name, mach = n.Name, n.Machine
+			}
+			use, mem, cores, pods := g.Use(), Bar(0, g.MemoryMiB), "", ""
+			switch use {
+			case UseUnhealthy:
+				use = strings.TrimSpace("UNHEALTHY " + g.Reason)
+			case UseWhole, UseOvercommitted:
+				mem, cores, pods = Bar(g.MemoryMiB, g.MemoryMiB), "100%", strings.Join(g.Whole, " ")
+				if use == UseOvercommitted {
+					use = "WHOLE+SHARED!"
+					pods += " " + strings.Join(g.Shared, " ")
+				}
+			case UseShared:
+				mem, cores, pods = Bar(g.MemoryUsedMiB, g.MemoryMiB), fmt.Sprintf("%d%%", g.Cores), strings.Join(g.Shared, " ")
+			}
+			row(name, mach, fmt.Sprint(g.Index), ShortModel(g.Model), use, mem, cores, pods)
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\npods: %d Running, %d Pending, %d Failed\n", c.Pods.Running, len(c.Pods.Pending), c.Pods.Failed)
+	for _, p := range c.Pods.Pending {
+		if _, err := fmt.Fprintf(w, "  pending %s\n", p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ShortModel drops the vendor prefix of an NVML product name.
+func ShortModel(model string) string { return strings.TrimPrefix(model, "NVIDIA ") }
+
+// BarWidth is the number of cells of a Bar.
+const BarWidth = 10
+
+// Cells is how many of BarWidth cells used of total fills (at least one
+// when anything is used).
+func Cells(used, total int64) int {
+	if total <= 0 {
+		return 0
+	}
+	k := int(used * BarWidth / total)
+	if used > 0 && k == 0 {
+		k = 1
+	}
+	return min(k, BarWidth)
+}
+
+// Bar draws used of total MiB as "[###.......]  12.0/40Gi".
+func Bar(used, total int64) string {
+	if total <= 0 {
+		return ""
+	}
+	k := Cells(used, total)
+	return fmt.Sprintf("[%s%s] %5.1f/%.0fGi", strings.Repeat("#", k), strings.Repeat(".", BarWidth-k), float64(used)/1024, float64(total)/1024)
+}

@@ -1,0 +1,183 @@
+package gpustatus
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+func uuid(node string, i int) string {
+	h := 0
+	for _, c := range node {
+		h = h*31 + int(c)
+	}
+	return fmt.Sprintf("GPU-%08x-0000-0000-0000-%012d", h&0xffffffff, i)
+}
+
+func node(t *testing.T, name string, gpus int, unhealthy ...int) corev1.Node {
+	t.Helper()
+	inv := &api.GPUInventory{APIVersion: api.Version, Kind: api.KindGPUInventory, MemoryUnitMiB: 1024, Resources: []string{string(api.ResourceGPU)}}
+	for i := 0; i < gpus; i++ {
+		g := api.InventoryGPU{Index: i, UUID: uuid(name, i), Model: "NVIDIA A100-SXM4-40GB", MemoryMiB: 40960, MemoryUnits: 39, Healthy: true}
+		for _, u := range unhealthy {
+			if u == i {
+				g.Healthy, g.Reason = false, "XID 79"
+			}
+		}
+		inv.GPUs = append(inv.GPUs, g)
+		row := make([]string, gpus)
+		for j := range row {
+			row[j] = "NV12"
+		}
+		row[i] = "X"
+		inv.Links = append(inv.Links, row)
+	}
+	n := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{}, Labels: map[string]string{"machine": "dgx-a100"}}}
+	if err := api.SetGPUInventory(n.Annotations, inv); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func pod(t *testing.T, ns, name, nodeName string, phase corev1.PodPhase, a *api.Assignment) corev1.Pod {
+	t.Helper()
+	p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: map[string]string{}},
+		Spec: corev1.PodSpec{NodeName: nodeName}, Status: corev1.PodStatus{Phase: phase}}
+	if a != nil {
+		if err := api.SetAssignment(p.Annotations, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return p
+}
+
+func whole(node string, idx ...int) *api.Assignment {
+	a := api.NewAssignment()
+	c := api.ContainerAssignment{Name: "c"}
+	for _, i := range idx {
+		c.GPUs = append(c.GPUs, api.GPURef{UUID: uuid(node, i), Index: i})
+	}
+	a.Containers = append(a.Containers, c)
+	return a
+}
+
+func slice(node string, i int, memMiB, cores int64) *api.Assignment {
+	a := api.NewAssignment()
+	a.Containers = append(a.Containers, api.ContainerAssignment{Name: "c", Shared: &api.SharedGPU{GPU: api.GPURef{UUID: uuid(node, i), Index: i}, MemoryMiB: memMiB, Cores: cores}})
+	return a
+}
+
+func TestFromObjectsAndRender(t *testing.T) {
+	gated := pod(t, "team", "gang-0", "", corev1.PodPending, nil)
+	gated.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: api.SchedulingGateGang}}
+	unsched := pod(t, "team", "big", "", corev1.PodPending, nil)
+	unsched.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Message: "0/2 nodes are available: 2 Insufficient tessera.dev/gpu."}}
+	unsched.Spec.Containers = []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{api.ResourceGPU: resource.MustParse("9")}}}}
+	tests := []struct {
+		name    string
+		nodes   []corev1.Node
+		pods    []corev1.Pod
+		machine string
+		golden  string
+		uses    map[string][]string // node -> use of each GPU
+	}{
+		{
+			name:   "empty cluster",
+			nodes:  []corev1.Node{node(t, "b", 2), node(t, "a", 1), {ObjectMeta: metav1.ObjectMeta{Name: "cpu-1"}}},
+			golden: "empty.txt",
+			uses:   map[string][]string{"a": {UseFree}, "b": {UseFree, UseFree}},
+		},
+		{
+			name:  "whole, shared, unhealthy and pending",
+			nodes: []corev1.Node{node(t, "a100-1", 4, 3)},
+			pods: []corev1.Pod{
+				pod(t, "train", "llm-0", "a100-1", corev1.PodRunning, whole("a100-1", 0, 1)),
+				pod(t, "nb", "nb-1", "a100-1", corev1.PodRunning, slice("a100-1", 2, 8192, 25)),
+				pod(t, "nb", "nb-2", "a100-1", corev1.PodRunning, slice("a100-1", 2, 4096, 10)),
+				pod(t, "nb", "done", "a100-1", corev1.PodSucceeded, slice("a100-1", 2, 4096, 10)),
+				pod(t, "nb", "failed", "a100-1", corev1.PodFailed, whole("a100-1", 3)),
+				pod(t, "nb", "starting", "a100-1", corev1.PodPending, nil),
+				gated, unsched,
+			},
+			machine: "machine",
+			golden:  "mixed.txt",
+			uses:    map[string][]string{"a100-1": {UseWhole, UseWhole, UseShared, UseUnhealthy}},
+		},
+		{
+			name:  "whole and shared on one GPU is shown as over-committed",
+			nodes: []corev1.Node{node(t, "n", 1)},
+			pods: []corev1.Pod{
+				pod(t, "a", "w", "n", corev1.PodRunning, whole("n", 0)),
+				pod(t, "a", "s", "n", corev1.PodRunning, slice("n", 0, 1024, 5)),
+			},
+			golden: "overcommit.txt",
+			uses:   map[string][]string{"n": {UseOvercommitted}},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := FromObjects(tc.nodes, tc.pods, tc.machine)
+			got := map[string][]string{}
+			for _, n := range c.Nodes {
+				for _, g := range n.GPUs {
+					got[n.Name] = append(got[n.Name], g.Use())
+				}
+			}
+			if diff := cmp.Diff(tc.uses, got); diff != "" {
+				t.Errorf("uses (-want +got):\n%s", diff)
+			}
+			var b bytes.Buffer
+			if err := Render(&b, c); err != nil {
+				t.Fatal(err)
+			}
+			golden(t, tc.golden, b.Bytes())
+		})
+	}
+}
+
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -update to write it)", err)
+	}
+	if diff := cmp.Diff(string(want), string(got)); diff != "" {
+		t.Errorf("%s (-want +got):\n%s", path, diff)
+	}
+}
+
+func TestBar(t *testing.T) {
+	for _, tc := range []struct {
+		used, total int64
+		want        string
+	}{
+		{0, 40960, "[..........]   0.0/40Gi"},
+		{1, 40960, "[#.........]   0.0/40Gi"},
+		{20480, 40960, "[#####.....]  20.0/40Gi"},
+		{40960, 40960, "[##########]  40.0/40Gi"},
+		{50000, 40960, "[##########]  48.8/40Gi"},
+		{5, 0, ""},
+	} {
+		if got := Bar(tc.used, tc.total); got != tc.want {
+			t.Errorf("Bar(%d, %d) = %q, want %q", tc.used, tc.total, got, tc.want)
+		}
+	}
+}
