@@ -39,6 +39,9 @@ type Node struct {
 	// Err says why the node's GPUs are unknown (no or a malformed
 	// inventory).
 	Err string `json:"error,omitempty"`
+	// Unrecorded are the pods holding whole GPUs of the node that the
+	// node agent has not named yet ("namespace/name: N GPU(s)").
+	Unrecorded []string `json:"unrecorded,omitempty"`
 }
 
 // GPU is what the pods on a node use of one GPU.
@@ -258,6 +261,9 @@ func Render(w io.Writer, c *Cluster) error {
 				mem, cores, pods = Bar(g.MemoryUsedMiB, g.MemoryMiB), fmt.Sprintf("%d%%", g.Cores), strings.Join(g.Shared, " ")
 			}
 			row(name, mach, fmt.Sprint(g.Index), ShortModel(g.Model), use, mem, cores, pods)
+		}
+		for _, u := range n.Unrecorded {
+			row("", "", "?", "", "whole", "", "", u+", GPUs not recorded yet")
 		}
 	}
 	if err := tw.Flush(); err != nil {

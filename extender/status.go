@@ -1,0 +1,457 @@
+package extender
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/allocator"
+	"github.com/tessera-gpu/tessera/allocator/quota"
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
+	"github.com/tessera-gpu/tessera/internal/gpustatus"
+)
+
+// Paths of the read-only status views (GET). StatusPath is the HTML page;
+// the others are JSON.
+const (
+	StatusPath          = "/status"
+	StatusOccupancyPath = "/status/occupancy"
+	StatusQueuesPath    = "/status/queues"
+	StatusPendingPath   = "/status/pending"
+	// StatusPodPath is followed by namespace/name.
+	StatusPodPath = "/status/pods/"
+)
+
+// Status serves read-only views of the extender's ledger, queues and
+// pending pods: what runs on which GPU, each queue's guarantee, use and
+// share, and why pending GPU pods wait. It reads the informers' caches
+// (pods already sanitized: only Tessera's sealed decisions are in them)
+// and never writes; it shows no pod spec beyond names, requests and
+// scheduling state (no env, no secrets).
+type Status struct {
+	cache  *Cache
+	queues *QueueBook
+	pods   func() ([]*corev1.Pod, error)
+	now    func() time.Time
+}
+
+// NewStatus returns the views of cache, queues (nil: no Queues) and the
+// pod informer's cache pods.
+func NewStatus(cache *Cache, queues *QueueBook, pods func() ([]*corev1.Pod, error)) *Status {
+	return &Status{cache: cache, queues: queues, pods: pods, now: time.Now}
+}
+
+// Register adds the status handlers to mux; each answers 503 until ready.
+func (s *Status) Register(mux *http.ServeMux, ready func() bool) {
+	for path, h := range map[string]http.HandlerFunc{
+		StatusPath:                           s.handlePage,
+		StatusOccupancyPath:                  s.handleOccupancy,
+		StatusQueuesPath:                     s.handleQueues,
+		StatusPendingPath:                    s.handlePending,
+		StatusPodPath + "{namespace}/{name}": s.handlePod,
+	} {
+		mux.Handle("GET "+path, UntilReady(ready, h))
+	}
+}
+
+// Snapshot is everything the views read, taken once per request.
+type Snapshot struct {
+	Nodes  map[string]*NodeState
+	Pods   []*corev1.Pod
+	Queues *QueueSnapshot // nil without Queues
+}
+
+// Take reads the ledger, the pods and the queues now.
+func (s *Status) Take() (*Snapshot, error) {
+	snap := &Snapshot{Nodes: s.cache.Snapshot()}
+	var err error
+	if snap.Pods, err = s.pods(); err != nil {
+		return nil, fmt.Errorf("listing pods: %w", err)
+	}
+	if s.queues != nil {
+		if snap.Queues, err = s.queues.Snapshot(); err != nil {
+			return nil, fmt.Errorf("queues: %w", err)
+		}
+	}
+	return snap, nil
+}
+
+// OccupancyView is the per-node, per-GPU use in the ledger: every pod
+// counted on a node (bound, or planned and held for a gang, a queued pod
+// or a preemption, marked "(planned)"), and pods by phase.
+func OccupancyView(snap *Snapshot) *gpustatus.Cluster {
+	c := &gpustatus.Cluster{Nodes: []*gpustatus.Node{}}
+	names := make([]string, 0, len(snap.Nodes))
+	for n := range snap.Nodes {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		st := snap.Nodes[name]
+		info := st.Info
+		n := &gpustatus.Node{Name: name, GPUs: []*gpustatus.GPU{}}
+		c.Nodes = append(c.Nodes, n)
+		switch {
+		case info.Err != nil:
+			n.Err = fmt.Sprintf("malformed GPU inventory: %v", info.Err)
+			continue
+		case !info.HasInventory:
+			n.Err = "no GPU inventory"
+			continue
+		}
+		byUUID := map[string]*gpustatus.GPU{}
+		for _, g := range info.GPUs {
+			o := &gpustatus.GPU{Index: g.Index, UUID: g.UUID, Model: g.Model, MemoryMiB: g.MemMiB, Healthy: g.Healthy, Reason: g.Reason}
+			n.GPUs = append(n.GPUs, o)
+			byUUID[g.UUID] = o
+		}
+		uses := make([]*PodUse, 0, len(st.Pods))
+		for _, u := range st.Pods {
+			uses = append(uses, u)
+		}
+		sort.Slice(uses, func(i, j int) bool { return uses[i].Key() < uses[j].Key() })
+		for _, u := range uses {
+			who := u.Key()
+			if u.Planned {
+				who += " (planned)"
+			}
+			for _, uuid := range u.Whole {
+				if o := byUUID[uuid]; o != nil {
+					o.AddWhole(who)
+				}
+			}
+			for _, sh := range u.sharedOn(info) {
+				if o := byUUID[sh.UUID]; o != nil {
+					o.AddShared(who, sh.MemMiB, sh.Cores)
+				}
+			}
+			if u.WholePending > 0 {
+				n.Unrecorded = append(n.Unrecorded, fmt.Sprintf("%s: %d GPU(s)", who, u.WholePending))
+			}
+		}
+	}
+	for _, p := range snap.Pods {
+		switch p.Status.Phase {
+		case corev1.PodRunning:
+			c.Pods.Running++
+		case corev1.PodFailed:
+			c.Pods.Failed++
+		case corev1.PodSucceeded:
+		default:
+			if p.Spec.NodeName == "" {
+				c.Pods.Pending = append(c.Pods.Pending, p.Namespace+"/"+p.Name+": "+gpustatus.PendingReason(p))
+			} else {
+				c.Pods.Pending = append(c.Pods.Pending, p.Namespace+"/"+p.Name+": starting on "+p.Spec.NodeName)
+			}
+		}
+	}
+	sort.Strings(c.Pods.Pending)
+	return c
+}
+
+// QueueView is one Queue as the extender sees it now, in quota's integer
+// units per resource.
+type QueueView struct {
+	Name       string   `json:"name"`
+	Parent     string   `json:"parent,omitempty"`
+	Namespaces []string `json:"namespaces,omitempty"`
+	// Invalid says why the queue admits nothing (a malformed or orphaned
+	// queue).
+	Invalid    string          `json:"invalid,omitempty"`
+	Guaranteed quota.Resources `json:"guaranteed"`
+	// Limit holds the resources the queue caps.
+	Limit  quota.Resources               `json:"limit"`
+	Weight map[corev1.ResourceName]int64 `json:"weight,omitempty"`
+	// Used and Pending are the subtree's running-or-planned and waiting
+	// work.
+	Used    quota.Resources `json:"used"`
+	Pending quota.Resources `json:"pending"`
+	// FairShare is the hierarchical water-filling share now.
+	FairShare quota.Resources `json:"fairShare"`
+	// Borrowed is what Used holds above the guarantee.
+	Borrowed quota.Resources `json:"borrowed"`
+	// Share orders the queues (smaller goes first): recent and current use
+	// over the entitlement (docs/queues.md).
+	Share float64 `json:"share"`
+}
+
+// QueuesView lists the queues, parents before children (nil without
+// Queues).
+func QueuesView(snap *Snapshot) []QueueView {
+	qs := snap.Queues
+	if qs == nil || qs.State == nil || qs.State.Tree == nil {
+		return []QueueView{}
+	}
+	st := qs.State
+	tree := st.Tree
+	used, pending := map[string]quota.Resources{}, map[string]quota.Resources{}
+	for _, leaf := range tree.Leaves() {
+		for _, q := range tree.Path(leaf) {
+			used[q] = used[q].Add(st.Used[leaf])
+			pending[q] = pending[q].Add(st.Pending[leaf])
+		}
+	}
+	fair := st.FairShare()
+	out := []QueueView{}
+	for _, name := range tree.Names() {
+		sp, _ := tree.Spec(name)
+		v := QueueView{Name: name, Parent: sp.Parent, Namespaces: sp.Namespaces, Invalid: tree.Invalid(name),
+			Guaranteed: nonNil(sp.Guaranteed), Limit: nonNil(sp.Limit), Weight: sp.Weight,
+			Used: nonNil(used[name]), Pending: nonNil(pending[name]), FairShare: nonNil(fair[name]),
+			Borrowed: quota.Resources{}, Share: st.Share(name)}
+		for r, u := range v.Used {
+			if b := u - v.Guaranteed[r]; b > 0 {
+				v.Borrowed[r] = b
+			}
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+func nonNil(r quota.Resources) quota.Resources {
+	if r == nil {
+		return quota.Resources{}
+	}
+	return r
+}
+
+// PendingPod is a GPU pod that is not bound, and why.
+type PendingPod struct {
+	Namespace string    `json:"namespace"`
+	Name      string    `json:"name"`
+	Created   time.Time `json:"created"`
+	// Demand is what the pod asks for, in words.
+	Demand string `json:"demand"`
+	// Gates are the pod's scheduling gates.
+	Gates []string `json:"gates,omitempty"`
+	Gang  string   `json:"gang,omitempty"`
+	Queue string   `json:"queue,omitempty"`
+	// Admission is the queue's answer to the pod's request now (the
+	// reason it waits, or that it may start and whether it borrows).
+	Admission string `json:"admission,omitempty"`
+	// PlannedNode is the node of the pod's sealed plan (a gang member,
+	// a queued pod, room held by preemption).
+	PlannedNode string `json:"plannedNode,omitempty"`
+	// Reserved is set when the ledger holds room for the pod.
+	Reserved string `json:"reserved,omitempty"`
+	// Scheduler is kube-scheduler's last word (the PodScheduled
+	// condition).
+	Scheduler string `json:"scheduler,omitempty"`
+	// Fitting counts the nodes where the pod fits now; Reasons counts the
+	// others by reason.
+	Fitting int            `json:"fitting"`
+	Reasons map[string]int `json:"reasons,omitempty"`
+	// Nodes is the per-node fit (PodView only).
+	Nodes []NodeFit `json:"nodes,omitempty"`
+	// Error is a malformed GPU request.
+	Error string `json:"error,omitempty"`
+}
+
+// NodeFit is whether a pod fits one node now, and why not.
+type NodeFit struct {
+	Node   string `json:"node"`
+	Fits   bool   `json:"fits"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// PodStatus is one pod as the extender sees it: pending (Pending set) or
+// placed (Node and its GPUs).
+type PodStatus struct {
+	Namespace string      `json:"namespace"`
+	Name      string      `json:"name"`
+	Phase     string      `json:"phase"`
+	Node      string      `json:"node,omitempty"`
+	GPUs      []string    `json:"gpus,omitempty"`
+	Pending   *PendingPod `json:"pending,omitempty"`
+}
+
+// PendingView lists the unbound, unfinished GPU pods, oldest first, with
+// why each waits; nodes adds the per-node fit to each.
+func PendingView(snap *Snapshot, nodes bool) []PendingPod {
+	out := []PendingPod{}
+	for _, p := range snap.Pods {
+		if p.Spec.NodeName != "" || gpureq.Ended(p) || len(gpureq.QuotaCount(p)) == 0 {
+			continue
+		}
+		out = append(out, pendingOf(snap, p, nodes))
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].Created.Equal(out[j].Created) {
+			return out[i].Created.Before(out[j].Created)
+		}
+		return out[i].Namespace+"/"+out[i].Name < out[j].Namespace+"/"+out[j].Name
+	})
+	return out
+}
+
+// PodView is one pod's status, with the per-node fit when it is pending;
+// nil when the pod is unknown.
+func PodView(snap *Snapshot, namespace, name string) *PodStatus {
+	for _, p := range snap.Pods {
+		if p.Namespace != namespace || p.Name != name {
+			continue
+		}
+		ps := &PodStatus{Namespace: namespace, Name: name, Phase: string(p.Status.Phase), Node: p.Spec.NodeName}
+		if p.Spec.NodeName == "" && !gpureq.Ended(p) {
+			pp := pendingOf(snap, p, true)
+			ps.Pending = &pp
+			return ps
+		}
+		if st := snap.Nodes[p.Spec.NodeName]; st != nil {
+			if u := st.Pods[p.UID]; u != nil {
+				for _, uuid := range u.Whole {
+					ps.GPUs = append(ps.GPUs, gpuName(st.Info, uuid))
+				}
+				for _, sh := range u.sharedOn(st.Info) {
+					ps.GPUs = append(ps.GPUs, fmt.Sprintf("%s: %d MiB, %d%% compute (container %s)", gpuName(st.Info, sh.UUID), sh.MemMiB, sh.Cores, sh.Container))
+				}
+			}
+		}
+		return ps
+	}
+	return nil
+}
+
+func gpuName(info *NodeInfo, uuid string) string {
+	if p := info.position(uuid); p >= 0 {
+		return fmt.Sprintf("GPU %d (%s, %s)", info.GPUs[p].Index, gpustatus.ShortModel(info.GPUs[p].Model), uuid)
+	}
+	return uuid
+}
+
+func pendingOf(snap *Snapshot, p *corev1.Pod, perNode bool) PendingPod {
+	pp := PendingPod{Namespace: p.Namespace, Name: p.Name, Created: p.CreationTimestamp.UTC()}
+	for _, g := range p.Spec.SchedulingGates {
+		pp.Gates = append(pp.Gates, g.Name)
+	}
+	if g, ok, err := api.GangOf(p); ok && err == nil {
+		pp.Gang = g.Key()
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+			pp.Scheduler = gpustatus.Truncate(strings.TrimSpace(c.Reason+": "+c.Message), 2000)
+		}
+	}
+	if plan, ok, err := api.GetGangPlan(p.Annotations); ok && err == nil {
+		pp.PlannedNode = plan.Node // sanitized: Tessera sealed it
+	}
+	if qs := snap.Queues; qs != nil {
+		if q, ok := qs.QueueOf(p.Namespace); ok {
+			pp.Queue = q
+			d := qs.State.Admit(q, gpureq.QuotaCount(p))
+			switch {
+			case !d.Allowed:
+				pp.Admission = "waits: " + d.Reason
+			case d.Borrowing:
+				pp.Admission = "may start, borrowing: " + d.Reason
+			default:
+				pp.Admission = "may start within its guarantee"
+			}
+		}
+	}
+	for name, st := range snap.Nodes {
+		if u := st.Pods[p.UID]; u != nil && u.Planned {
+			pp.Reserved = name
+		}
+	}
+	d, err := ParseDemand(p)
+	if err != nil {
+		pp.Error = err.Error()
+		return pp
+	}
+	pp.Demand = describeDemand(&d)
+	names := make([]string, 0, len(snap.Nodes))
+	for n := range snap.Nodes {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	q := NewQuery(&d)
+	for _, n := range names {
+		st := snap.Nodes[n]
+		r := q.Check(st)
+		fit := NodeFit{Node: n, Fits: r == Fits}
+		if r == Fits {
+			pp.Fitting++
+		} else {
+			fit.Reason = Explain(r, st, &d)
+			if pp.Reasons == nil {
+				pp.Reasons = map[string]int{}
+			}
+			pp.Reasons[string(r)]++
+		}
+		if perNode {
+			pp.Nodes = append(pp.Nodes, fit)
+		}
+	}
+	if perNode {
+		// Fitting nodes first, then by name.
+		slices.SortStableFunc(pp.Nodes, func(a, b NodeFit) int {
+			switch {
+			case a.Fits == b.Fits:
+				return 0
+			case a.Fits:
+				return -1
+			}
+			return 1
+		})
+	}
+	return pp
+}
+
+// describeDemand says what a pod asks for.
+func describeDemand(d *Demand) string {
+	switch d.Kind() {
+	case allocator.Whole:
+		s := fmt.Sprintf("%d whole GPU(s)", d.WholeGPUs)
+		if d.NVLink {
+			s += " in one NVLink clique"
+		}
+		return s
+	case allocator.Shared:
+		mem, cores := d.SharedTotals()
+		return fmt.Sprintf("a slice of one GPU: %d memory unit(s), %d%% compute", mem, cores)
+	}
+	return "no GPU"
+}
+
+func (s *Status) serve(w http.ResponseWriter, r *http.Request, view func(*Snapshot) (any, int)) {
+	ctx := r.Context()
+	snap, err := s.Take()
+	if err != nil {
+		klog.FromContext(ctx).Info("Status view failed", "path", r.URL.Path, "err", err)
+		writeJSON(ctx, w, http.StatusInternalServerError, &ErrorReply{Error: err.Error()})
+		return
+	}
+	v, code := view(snap)
+	writeJSON(ctx, w, code, v)
+}
+
+func (s *Status) handleOccupancy(w http.ResponseWriter, r *http.Request) {
+	s.serve(w, r, func(snap *Snapshot) (any, int) { return OccupancyView(snap), http.StatusOK })
+}
+
+func (s *Status) handleQueues(w http.ResponseWriter, r *http.Request) {
+	s.serve(w, r, func(snap *Snapshot) (any, int) { return QueuesView(snap), http.StatusOK })
+}
+
+func (s *Status) handlePending(w http.ResponseWriter, r *http.Request) {
+	s.serve(w, r, func(snap *Snapshot) (any, int) { return PendingView(snap, false), http.StatusOK })
+}
+
+func (s *Status) handlePod(w http.ResponseWriter, r *http.Request) {
+	ns, name := r.PathValue("namespace"), r.PathValue("name")
+	s.serve(w, r, func(snap *Snapshot) (any, int) {
+		if v := PodView(snap, ns, name); v != nil {
+			return v, http.StatusOK
+		}
+		return &ErrorReply{Error: fmt.Sprintf("pod %s/%s is not in the extender's cache", ns, name)}, http.StatusNotFound
+	})
+}
