@@ -26,6 +26,17 @@ type Cache struct {
 	// reservations are placements decided at bind, by pod UID.
 	reservations map[types.UID]*PodUse
 	states       map[string]*NodeState
+	// ignoreNUMA drops the nodes' NUMA reports (IgnoreNUMA).
+	ignoreNUMA bool
+}
+
+// IgnoreNUMA makes the cache drop every node's NUMA report
+// (api.AnnotationNUMATopology), so that no pod is held to NUMA alignment:
+// tessera-extender --numa-fit=false. Call it before the first SetNode.
+func (c *Cache) IgnoreNUMA() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ignoreNUMA = true
 }
 
 // NewCache returns an empty cache.
@@ -66,6 +77,9 @@ func (c *Cache) SetNode(node *corev1.Node) {
 	info := NewNodeInfo(node)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.ignoreNUMA {
+		info.NUMA, info.NUMAErr = nil, nil
+	}
 	c.nodes[node.Name] = info
 	c.rebuild(node.Name)
 }

@@ -36,13 +36,17 @@ const (
 	NoGPUForSlice        Reason = "no-gpu-for-slice"
 	NoFreeNVLinkClique   Reason = "no-free-nvlink-clique"
 	PendingNVLinkPod     Reason = "nvlink-pod-pending"
+	BadNUMATopology      Reason = "malformed-numa-topology"
+	NUMANodeTooSmall     Reason = "numa-node-too-small"
+	NoNUMAFit            Reason = "no-numa-node-fits"
 	reasonAllocatorOther Reason = "other"
 )
 
 // Unresolvable reports whether preempting pods on the node cannot help.
 func (r Reason) Unresolvable() bool {
 	switch r {
-	case BadInventory, NoGPUs, ModelNotAllowed, NoSharedIsolation, InvalidRequest, TooFewGPUs, NoNVLinkClique, SliceTooLarge:
+	case BadInventory, NoGPUs, ModelNotAllowed, NoSharedIsolation, InvalidRequest, TooFewGPUs, NoNVLinkClique, SliceTooLarge,
+		BadNUMATopology, NUMANodeTooSmall:
 		return true
 	}
 	return false
@@ -142,6 +146,14 @@ func Check(st *NodeState, d *Demand) Reason {
 			return NoFreeNVLinkClique
 		}
 	}
+	// Where the kubelet's topology manager refuses a pod it cannot align,
+	// its GPUs and exclusive CPUs must meet on one NUMA node (docs/numa.md).
+	if info.NUMAErr != nil {
+		return BadNUMATopology
+	}
+	if err := st.checkNUMA(d); err != nil {
+		return numaReason(err)
+	}
 	return Fits
 }
 
@@ -192,6 +204,8 @@ func Explain(r Reason, st *NodeState, d *Demand) string {
 		}
 	case PendingNVLinkPod:
 		m = "an NVLink whole-GPU pod on the node waits for the node agent to record its GPUs"
+	case BadNUMATopology, NUMANodeTooSmall, NoNUMAFit:
+		m = explainNUMA(st, d)
 	default:
 		m = "does not fit"
 	}
@@ -242,6 +256,33 @@ func Score(p allocator.Policy, st *NodeState, d *Demand) (score float64, ok bool
 	return p.Evaluate(st.viewFor(d.Kind()), req).Score, true
 }
 
+// PreferAligned ranks nodes whose topology manager only prefers NUMA
+// alignment (best-effort) below the others when they cannot align the pod
+// now: where some fitting nodes can align it and others cannot, those that
+// cannot score 0 and the others at least 1. scores are NormalizeScores'
+// output, changed in place.
+func PreferAligned(scores []int64, fits, aligned []bool) {
+	some, notAll := false, false
+	for i := range scores {
+		if fits[i] {
+			some = some || aligned[i]
+			notAll = notAll || !aligned[i]
+		}
+	}
+	if !some || !notAll {
+		return
+	}
+	for i := range scores {
+		switch {
+		case !fits[i]:
+		case aligned[i]:
+			scores[i] = max(scores[i], 1)
+		default:
+			scores[i] = 0
+		}
+	}
+}
+
 // Query is one pod's demand prepared for many nodes: Check and Score
 // results are memoised on each (immutable) node state, keyed by the
 // demand, so that pods of the same shape re-evaluate only the nodes that
@@ -258,6 +299,7 @@ func NewQuery(d *Demand) *Query {
 	for _, s := range d.Shares {
 		fmt.Fprintf(&b, "/%d:%d:%d", s.Kind, s.MemUnits, s.Cores)
 	}
+	fmt.Fprintf(&b, "/numa%v", d.Align)
 	return &Query{D: d, key: b.String()}
 }
 
@@ -335,7 +377,7 @@ func ChoosePlacement(p allocator.Policy, st *NodeState, uid types.UID, d *Demand
 	if v := Filter(st, d); !v.Fits() {
 		return nil, fmt.Errorf("%w: %s", ErrNoFit, v.Message)
 	}
-	u := &PodUse{UID: uid, CPUMilli: d.CPUMilli, MemMiB: d.MemMiB}
+	u := &PodUse{UID: uid, CPUMilli: d.CPUMilli, MemMiB: d.MemMiB, Align: d.Align}
 	switch d.Kind() {
 	case allocator.Whole:
 		u.WholePending = d.WholeGPUs
@@ -344,10 +386,13 @@ func ChoosePlacement(p allocator.Policy, st *NodeState, uid types.UID, d *Demand
 		info := st.Info
 		req := d.Request(info.UnitMiB, info.SliceBaseMiB)
 		// A GPU the node offers for slices now, else one it still
-		// withholds after whole use (the bind then waits: Offers).
-		set, err := allocator.Place(p, &st.offeredSharedView, req)
+		// withholds after whole use (the bind then waits: Offers); where
+		// the node aligns on NUMA nodes, one on the NUMA node that has
+		// room for the pod's exclusive CPUs too.
+		zone := st.numaSliceZone(d)
+		set, err := allocator.Place(p, inZone(&st.offeredSharedView, info, zone), req)
 		if err != nil {
-			set, err = allocator.Place(p, st.viewFor(allocator.Shared), req)
+			set, err = allocator.Place(p, inZone(st.viewFor(allocator.Shared), info, zone), req)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrNoFit, err)
@@ -389,7 +434,7 @@ func reuseShared(st *NodeState, uid types.UID, d *Demand, a *api.Assignment, pla
 		return nil, false
 	}
 	info := st.Info
-	u := &PodUse{UID: uid, CPUMilli: d.CPUMilli, MemMiB: d.MemMiB}
+	u := &PodUse{UID: uid, CPUMilli: d.CPUMilli, MemMiB: d.MemMiB, Align: d.Align}
 	uuid := ""
 	for _, s := range d.Shares {
 		c := a.Container(s.Name)

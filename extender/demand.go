@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/tessera-gpu/tessera/allocator"
+	"github.com/tessera-gpu/tessera/allocator/numa"
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/gpureq"
 )
@@ -34,6 +35,10 @@ type Demand struct {
 	Models []string
 	// NVLink requires all whole GPUs in one NVLink clique.
 	NVLink bool
+	// Align is what must meet on one NUMA node where the node's topology
+	// manager requires it: GPUs, exclusive CPUs, pinned memory
+	// (numa.PodDemand).
+	Align numa.Demand
 }
 
 // Kind is the kind of GPU demand.
@@ -94,6 +99,7 @@ func ParseDemand(pod *corev1.Pod) (Demand, error) {
 	}
 	d.WholeGPUs = int(p.Peak.Whole)
 	d.Shares = p.Shares()
+	d.Align = numa.PodDemand(pod, p)
 	if d.NVLink && d.WholeGPUs == 0 {
 		d.NVLink = false // nothing to connect
 	}

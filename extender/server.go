@@ -371,10 +371,13 @@ func (s *Server) PrioritizeArgs(ctx context.Context, args *extenderv1.ExtenderAr
 	raw := make([]float64, len(names))
 	fits := make([]bool, len(names))
 	q := NewQuery(&d)
+	aligned := make([]bool, len(names))
 	parallelFor(len(states), func(i int) {
 		raw[i], fits[i] = q.Score(s.policy, states[i])
+		aligned[i] = fits[i] && states[i].numaAligned(&d)
 	})
 	scores := NormalizeScores(raw, fits, extenderv1.MaxExtenderPriority)
+	PreferAligned(scores, fits, aligned)
 	for i, n := range names {
 		out[i] = extenderv1.HostPriority{Host: n, Score: scores[i]}
 	}

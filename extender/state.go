@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/allocator"
+	"github.com/tessera-gpu/tessera/allocator/numa"
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/gpureq"
 )
@@ -33,6 +34,8 @@ type GPUInfo struct {
 	// Server.waitOffered), or the kubelet would refuse it.
 	WithheldWhole  bool
 	WithheldShared bool
+	// NUMANode is the GPU's NUMA node, -1 when the platform reports none.
+	NUMANode int
 }
 
 // NodeInfo is the static part of a node: its GPUs (from the inventory
@@ -58,6 +61,11 @@ type NodeInfo struct {
 	MemMiB   int64
 	// Labels are the node's labels (topology levels of gang planning).
 	Labels map[string]string
+	// NUMA is the node's NUMA report (api.AnnotationNUMATopology); nil
+	// when the node publishes none or the extender ignores it. NUMAErr is
+	// a malformed report: the node then fits no GPU pod.
+	NUMA    *NodeNUMA
+	NUMAErr error
 }
 
 // position returns the position in GPUs of the GPU with uuid, or -1.
@@ -131,6 +139,7 @@ func NewNodeInfo(node *corev1.Node) *NodeInfo {
 			MemMiB:  int64(g.MemoryUnits) * int64(inv.MemoryUnitMiB),
 			Healthy: g.Healthy, Reason: g.Reason,
 			WithheldWhole: withheldWhole[g.UUID], WithheldShared: withheldShared[g.UUID],
+			NUMANode: g.NUMANode,
 		})
 		pos[g.Index] = i
 	}
@@ -149,6 +158,7 @@ func NewNodeInfo(node *corev1.Node) *NodeInfo {
 		}
 		info.Cliques = append(info.Cliques, pc)
 	}
+	info.NUMA, info.NUMAErr = newNodeNUMA(node, info.GPUs)
 	return info
 }
 
@@ -193,6 +203,9 @@ type PodUse struct {
 	// state is built.
 	PlannedShares []ContainerShare
 	PlannedGPU    string
+	// Align is what the pod must find on one NUMA node where the node's
+	// topology manager requires it (Demand.Align).
+	Align numa.Demand
 }
 
 // Key is namespace/name.
@@ -211,7 +224,7 @@ func NewPodUse(pod *corev1.Pod) *PodUse {
 		// Count what can be counted without the GPU part.
 		u.Err = err
 	}
-	u.CPUMilli, u.MemMiB = d.CPUMilli, d.MemMiB
+	u.CPUMilli, u.MemMiB, u.Align = d.CPUMilli, d.MemMiB, d.Align
 	a, ok, aerr := api.GetAssignment(pod.Annotations)
 	if aerr != nil {
 		u.Err = aerr
@@ -257,7 +270,7 @@ func PlannedPodUse(pod *corev1.Pod, plan *api.GangPlan) *PodUse {
 	if err != nil {
 		u.Err = err
 	}
-	u.CPUMilli, u.MemMiB = d.CPUMilli, d.MemMiB
+	u.CPUMilli, u.MemMiB, u.Align = d.CPUMilli, d.MemMiB, d.Align
 	switch d.Kind() {
 	case allocator.Whole:
 		u.WholePending, u.NVLink = d.WholeGPUs, d.NVLink
@@ -331,6 +344,9 @@ type NodeState struct {
 	// withholds from shared use: where a new slice goes when it can
 	// (ChoosePlacement), so that its bind need not wait (Offers).
 	offeredSharedView allocator.Node
+	// numa is the free room of the node's NUMA nodes (nil without a NUMA
+	// report).
+	numa *numaState
 	// memo caches Check and Score results of this state (see Query): a
 	// ring of the last maxMemo demands, inline to spare a pointer chase.
 	memoMu   sync.Mutex
@@ -487,6 +503,7 @@ func BuildNodeState(info *NodeInfo, uses []*PodUse) *NodeState {
 	if slices.ContainsFunc(info.GPUs, func(g GPUInfo) bool { return g.WithheldShared }) {
 		s.offeredSharedView = s.buildView(hold, true)
 	}
+	s.buildNUMA()
 	return s
 }
 
