@@ -64,6 +64,8 @@ include test/test.mk
 include test/bench.mk
 # make demo: a local GPU cluster without GPUs (docs/demo.md).
 include test/demo.mk
+# make plugin: the kubectl plugin (docs/kubectl-tessera.md).
+include cmd/kubectl-tessera/plugin.mk
 
 .PHONY: test-more
 test-more: test-integration test-repro

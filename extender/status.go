@@ -367,7 +367,7 @@ func pendingOf(snap *Snapshot, p *corev1.Pod, perNode bool) PendingPod {
 		pp.Error = err.Error()
 		return pp
 	}
-	pp.Demand = describeDemand(&d)
+	pp.Demand = DescribeDemand(&d)
 	names := make([]string, 0, len(snap.Nodes))
 	for n := range snap.Nodes {
 		names = append(names, n)
@@ -406,8 +406,8 @@ func pendingOf(snap *Snapshot, p *corev1.Pod, perNode bool) PendingPod {
 	return pp
 }
 
-// describeDemand says what a pod asks for.
-func describeDemand(d *Demand) string {
+// DescribeDemand says in words what a pod asks for.
+func DescribeDemand(d *Demand) string {
 	switch d.Kind() {
 	case allocator.Whole:
 		s := fmt.Sprintf("%d whole GPU(s)", d.WholeGPUs)

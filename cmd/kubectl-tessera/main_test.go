@@ -1,0 +1,365 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender"
+	"github.com/tessera-gpu/tessera/internal/gpustatus"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+var now = time.Date(2026, 11, 24, 4, 0, 0, 0, time.UTC)
+
+const sealKey = "kubectl-tessera-unit-test-seal-key-0123456789"
+
+func uuid(node string, i int) string {
+	return fmt.Sprintf("GPU-%s-0000-0000-0000-00000000000%d", node, i)
+}
+
+func gpuNode(t *testing.T, name string, gpus int) *corev1.Node {
+	t.Helper()
+	inv := &api.GPUInventory{APIVersion: api.Version, Kind: api.KindGPUInventory, MemoryUnitMiB: 1024,
+		Resources: []string{string(api.ResourceGPU), string(api.ResourceGPUMemory), string(api.ResourceGPUCore)}, SharedIsolation: true}
+	for i := 0; i < gpus; i++ {
+		inv.GPUs = append(inv.GPUs, api.InventoryGPU{Index: i, UUID: uuid("a1", i), Model: "NVIDIA A100-SXM4-40GB", MemoryMiB: 40960, MemoryUnits: 40, Healthy: true})
+		row := make([]string, gpus)
+		for j := range row {
+			row[j] = "NV12"
+		}
+		row[i] = "X"
+		inv.Links = append(inv.Links, row)
+	}
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{}}}
+	if err := api.SetGPUInventory(n.Annotations, inv); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// gpuPod asks in container "c" for whole GPUs, or (memUnits, cores) a
+// slice.
+func gpuPod(ns, name string, whole, memUnits, cores int64, age time.Duration) *corev1.Pod {
+	lim := corev1.ResourceList{}
+	if whole > 0 {
+		lim[api.ResourceGPU] = *resource.NewQuantity(whole, resource.DecimalSI)
+	}
+	if memUnits > 0 {
+		lim[api.ResourceGPUMemory] = *resource.NewQuantity(memUnits, resource.DecimalSI)
+		lim[api.ResourceGPUCore] = *resource.NewQuantity(cores, resource.DecimalSI)
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("uid-" + ns + "-" + name), Annotations: map[string]string{},
+			CreationTimestamp: metav1.NewTime(now.Add(-age))},
+		Spec:   corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{Limits: lim}}}},
+		Status: corev1.PodStatus{Phase: corev1.PodPending},
+	}
+}
+
+func running(p *corev1.Pod, node string) *corev1.Pod {
+	p.Spec.NodeName, p.Status.Phase = node, corev1.PodRunning
+	return p
+}
+
+func sealed(t *testing.T, p *corev1.Pod, a *api.Assignment) *corev1.Pod {
+	t.Helper()
+	s, err := api.NewSealer([]byte(sealKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ann, err := s.AssignmentAnnotations(p.UID, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range ann {
+		p.Annotations[k] = v
+	}
+	return p
+}
+
+func assign(shared *api.SharedGPU, gpus ...api.GPURef) *api.Assignment {
+	a := api.NewAssignment()
+	a.Containers = []api.ContainerAssignment{{Name: "c", GPUs: gpus, Shared: shared}}
+	return a
+}
+
+func queueObj(t *testing.T, q *api.Queue, status *api.QueueStatus) *unstructured.Unstructured {
+	t.Helper()
+	u := q.Unstructured()
+	if status != nil {
+		u.Object["status"] = status.Object()
+	}
+	return u
+}
+
+// fakeExtender answers PodView and OccupancyView from fixed values, or
+// fails with err.
+type fakeExtender struct {
+	pods map[string]*extender.PodStatus
+	occ  *gpustatus.Cluster
+	err  error
+}
+
+func (f *fakeExtender) Where() string { return "https://extender.test" }
+
+func (f *fakeExtender) Get(_ context.Context, path string, v any) error {
+	if f.err != nil {
+		return f.err
+	}
+	switch {
+	case path == extender.StatusOccupancyPath && f.occ != nil:
+		*(v.(*gpustatus.Cluster)) = *f.occ
+		return nil
+	case strings.HasPrefix(path, extender.StatusPodPath):
+		if p, ok := f.pods[strings.TrimPrefix(path, extender.StatusPodPath)]; ok {
+			*(v.(*extender.PodStatus)) = *p
+			return nil
+		}
+	}
+	return fmt.Errorf("tessera-extender https://extender.test%s: 404 Not Found", path)
+}
+
+type fixture struct {
+	noKey    bool
+	ext      extenderClient
+	failList string // a resource whose list fails as if the API server were down
+}
+
+// cluster: node a100-1 with 2 GPUs and the CPU node cpu-1; train/llm holds
+// GPU 0 (sealed), nb/nb-1 a sealed slice of GPU 1, nb/forged a slice its
+// owner wrote (no seal) on GPU 1; team-a/wait is gated by its queue with
+// Events; Queues team-a (guarantee 1, limit 2) and team-b (malformed);
+// an ElasticQuota in team-a.
+func (f fixture) env(t *testing.T) *env {
+	t.Helper()
+	wait := gpuPod("team-a", "wait", 1, 0, 0, 3*time.Minute)
+	wait.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: api.SchedulingGateQueue}}
+	prio := int32(10000)
+	wait.Spec.Priority, wait.Spec.PriorityClassName = &prio, "training-standard"
+	older := gpuPod("team-a", "older", 1, 0, 0, 5*time.Minute)
+	older.Spec.SchedulingGates = wait.Spec.SchedulingGates
+	older.Spec.Priority = &prio
+	objs := []runtime.Object{
+		gpuNode(t, "a100-1", 2),
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cpu-1"}},
+		sealed(t, running(gpuPod("train", "llm", 1, 0, 0, time.Hour), "a100-1"), assign(nil, api.GPURef{UUID: uuid("a1", 0), Index: 0})),
+		sealed(t, running(gpuPod("nb", "nb-1", 0, 8, 25, time.Hour), "a100-1"), assign(&api.SharedGPU{GPU: api.GPURef{UUID: uuid("a1", 1), Index: 1}, MemoryMiB: 8192, Cores: 25})),
+		func() *corev1.Pod {
+			p := running(gpuPod("nb", "forged", 0, 4, 10, time.Hour), "a100-1")
+			_ = api.SetAssignment(p.Annotations, assign(&api.SharedGPU{GPU: api.GPURef{UUID: uuid("a1", 1), Index: 1}, MemoryMiB: 30000, Cores: 10}))
+			return p
+		}(),
+		wait, older,
+		&corev1.Event{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "wait.1"}, InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: "team-a", Name: "wait", UID: wait.UID},
+			Type: "Normal", Reason: api.EventQueueWaiting, Message: "queue team-a: team-a would use 3 tessera.dev/gpu, above its limit 2", Source: corev1.EventSource{Component: "tessera-extender"},
+			LastTimestamp: metav1.NewTime(now.Add(-time.Minute)), Count: 4},
+		&corev1.Event{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "other.1"}, InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: "team-a", Name: "older", UID: older.UID},
+			Type: "Normal", Reason: api.EventQueueWaiting, Message: "not about wait", LastTimestamp: metav1.NewTime(now.Add(-time.Minute))},
+	}
+	if !f.noKey {
+		objs = append(objs, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: api.SealKeySecretName}, Data: map[string][]byte{api.SealKeyDataKey: []byte(sealKey)}})
+	}
+	client := fake.NewClientset(objs...)
+	if f.failList != "" {
+		client.PrependReactor("list", f.failList, func(k8stesting.Action) (bool, runtime.Object, error) {
+			return true, nil, errors.New("dial tcp 127.0.0.1:6443: connect: connection refused")
+		})
+	}
+	limited := api.QueueResource{Guaranteed: 1, Limit: 2, Limited: true, Weight: 1}
+	teamA := queueObj(t, &api.Queue{Name: "team-a", Namespaces: []string{"team-a"}, Resources: map[corev1.ResourceName]api.QueueResource{api.ResourceGPU: limited}},
+		&api.QueueStatus{Used: map[corev1.ResourceName]int64{api.ResourceGPU: 2}, Guaranteed: map[corev1.ResourceName]int64{api.ResourceGPU: 1},
+			FairShare: map[corev1.ResourceName]int64{api.ResourceGPU: 2}, Usage: map[corev1.ResourceName]float64{api.ResourceGPU: 172800}, UsageUpdated: now.Add(-5 * time.Second)})
+	teamB := queueObj(t, &api.Queue{Name: "team-b", Namespaces: []string{"team-b"}}, nil)
+	teamB.Object["spec"].(map[string]any)["resources"] = map[string]any{"tessera.dev/gpu": map[string]any{"guaranteed": "3", "limit": "1"}}
+	quota := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "ElasticQuota",
+		"metadata": map[string]any{"namespace": "team-a", "name": "team-a"},
+		"spec":     map[string]any{"min": map[string]any{"tessera.dev/gpu": "1"}, "max": map[string]any{"tessera.dev/gpu": "4"}},
+	}}
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
+		api.QueueGVR: "QueueList", api.ElasticQuotaGVR: "ElasticQuotaList", api.PodGroupGVR: "PodGroupList", api.VolcanoPodGroupGVR: "PodGroupList",
+	}, teamA, teamB, quota)
+	return &env{client: client, dyn: dyn, ext: f.ext, server: "https://127.0.0.1:6443", sealKeyNamespace: "kube-system", now: func() time.Time { return now }, stderr: &bytes.Buffer{}}
+}
+
+var waitOnExtender = &extender.PodStatus{Namespace: "team-a", Name: "wait", Phase: "Pending", Pending: &extender.PendingPod{
+	Namespace: "team-a", Name: "wait", Queue: "team-a", Admission: "waits: queue team-a: team-a would use 3 tessera.dev/gpu, above its limit 2",
+	Fitting: 1, Nodes: []extender.NodeFit{{Node: "a100-1", Fits: true}, {Node: "cpu-1", Reason: "tessera: node has no GPU inventory"}},
+}}
+
+func TestSubcommands(t *testing.T) {
+	ext := &fakeExtender{pods: map[string]*extender.PodStatus{"team-a/wait": waitOnExtender},
+		occ: &gpustatus.Cluster{Nodes: []*gpustatus.Node{{Name: "from-extender", GPUs: []*gpustatus.GPU{{Index: 0, Model: "NVIDIA H100", MemoryMiB: 81920, Healthy: true, Whole: []string{"x/y"}}}}}}}
+	down := &fakeExtender{err: errors.New("tessera-extender at https://extender.test is unreachable: connection refused (check --extender)")}
+	tests := []struct {
+		name    string
+		fixture fixture
+		run     func(*env, *bytes.Buffer) error
+		golden  string
+		// without: strings the output must not hold; errWants: the error's.
+		without  []string
+		errWants []string
+		stderr   string
+	}{
+		{name: "status from the API, sealed assignments only", fixture: fixture{ext: ext},
+			run: func(e *env, b *bytes.Buffer) error { return e.status(t.Context(), b) }, golden: "status.txt", without: []string{"forged"}},
+		{name: "status without the seal key asks the extender", fixture: fixture{noKey: true, ext: ext},
+			run: func(e *env, b *bytes.Buffer) error { return e.status(t.Context(), b) }, golden: "status-extender.txt", stderr: "showing tessera-extender's ledger instead"},
+		{name: "status without the seal key nor the extender fails", fixture: fixture{noKey: true, ext: down},
+			run:      func(e *env, b *bytes.Buffer) error { return e.status(t.Context(), b) },
+			errWants: []string{"reading the seal key (Secret kube-system/tessera-seal-key)", "not found", "asking the extender instead", "unreachable"}},
+		{name: "status without the seal key and --extender=none fails", fixture: fixture{noKey: true},
+			run:      func(e *env, b *bytes.Buffer) error { return e.status(t.Context(), b) },
+			errWants: []string{"reading the seal key", "cannot be told from Tessera's", "drop --extender=none"}},
+		{name: "status with the API server down", fixture: fixture{failList: "nodes"},
+			run:      func(e *env, b *bytes.Buffer) error { return e.status(t.Context(), b) },
+			errWants: []string{"reading nodes: the API server https://127.0.0.1:6443 is unreachable", "connection refused", "check --kubeconfig"}},
+		{name: "queues", fixture: fixture{},
+			run: func(e *env, b *bytes.Buffer) error { return e.queues(t.Context(), b) }, golden: "queues.txt"},
+		{name: "explain a queued pending pod", fixture: fixture{ext: ext},
+			run: func(e *env, b *bytes.Buffer) error { return e.explain(t.Context(), b, "team-a", "wait") }, golden: "explain-pending.txt", without: []string{"not about wait"}},
+		{name: "explain a pending pod with the extender down", fixture: fixture{ext: down},
+			run: func(e *env, b *bytes.Buffer) error { return e.explain(t.Context(), b, "team-a", "wait") }, golden: "explain-extender-down.txt"},
+		{name: "explain a running pod", fixture: fixture{ext: &fakeExtender{}},
+			run: func(e *env, b *bytes.Buffer) error { return e.explain(t.Context(), b, "train", "llm") }, golden: "explain-running.txt"},
+		{name: "explain a pod whose assignment is its owner's", fixture: fixture{},
+			run: func(e *env, b *bytes.Buffer) error { return e.explain(t.Context(), b, "nb", "forged") }, golden: "explain-forged.txt", without: []string{"30000 MiB"}},
+		{name: "explain without the seal key shows no decision", fixture: fixture{noKey: true},
+			run: func(e *env, b *bytes.Buffer) error { return e.explain(t.Context(), b, "train", "llm") }, golden: "explain-nokey.txt", without: []string{uuid("a1", 0)}},
+		{name: "explain an unknown pod", fixture: fixture{},
+			run:      func(e *env, b *bytes.Buffer) error { return e.explain(t.Context(), b, "team-a", "nope") },
+			errWants: []string{"reading pod team-a/nope from the API server", "not found"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := tc.fixture.env(t)
+			var out bytes.Buffer
+			err := tc.run(e, &out)
+			if tc.errWants != nil {
+				if err == nil {
+					t.Fatalf("no error; output:\n%s", out.String())
+				}
+				for _, w := range tc.errWants {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q lacks %q", err, w)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tc.without {
+				if strings.Contains(out.String(), w) {
+					t.Errorf("output holds %q:\n%s", w, out.String())
+				}
+			}
+			if tc.stderr != "" && !strings.Contains(e.stderr.(*bytes.Buffer).String(), tc.stderr) {
+				t.Errorf("stderr %q lacks %q", e.stderr, tc.stderr)
+			}
+			golden(t, tc.golden, out.Bytes())
+		})
+	}
+}
+
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (go test -update writes it)", err)
+	}
+	if diff := cmp.Diff(string(want), string(got)); diff != "" {
+		t.Errorf("%s (-want +got):\n%s", path, diff)
+	}
+}
+
+func TestQueuePosition(t *testing.T) {
+	hi, lo := int32(100), int32(1)
+	mk := func(name string, age time.Duration, prio *int32, node string) corev1.Pod {
+		p := gpuPod("ns", name, 1, 0, 0, age)
+		p.Spec.Priority, p.Spec.NodeName = prio, node
+		return *p
+	}
+	all := &corev1.PodList{Items: []corev1.Pod{mk("old-lo", time.Hour, &lo, ""), mk("new-hi", time.Minute, &hi, ""), mk("mid-lo", 10*time.Minute, &lo, ""), mk("bound", 2*time.Hour, &hi, "n"), *gpuPod("other", "x", 1, 0, 0, 3*time.Hour)}}
+	for _, tc := range []struct {
+		name   string
+		pos, n int
+		ok     bool
+	}{{"new-hi", 1, 3, true}, {"old-lo", 2, 3, true}, {"mid-lo", 3, 3, true}, {"bound", 0, 0, false}} {
+		var pod *corev1.Pod
+		for i := range all.Items {
+			if all.Items[i].Name == tc.name {
+				pod = &all.Items[i]
+			}
+		}
+		pos, n, ok := queuePosition(pod, all, []string{"ns"})
+		if pos != tc.pos || n != tc.n || ok != tc.ok {
+			t.Errorf("%s: position %d of %d (%v), want %d of %d (%v)", tc.name, pos, n, ok, tc.pos, tc.n, tc.ok)
+		}
+	}
+}
+
+func TestRunArguments(t *testing.T) {
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u, namespace: team-a}}]
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "no subcommand"},
+		{[]string{"bogus"}, `unknown subcommand "bogus"`},
+		{[]string{"explain"}, "explain takes one pod name"},
+		{[]string{"status", "x"}, "status takes no arguments"},
+		{[]string{"--kubeconfig", "/nonexistent", "status"}, "kubeconfig"},
+		{[]string{"--kubeconfig", kubeconfig, "--context", "nope", "status"}, `context "nope" does not exist`},
+		{[]string{"--kubeconfig", kubeconfig, "--extender-service", "bad", "status"}, "want namespace/name:port"},
+		{[]string{"--kubeconfig", kubeconfig, "--extender=none", "--request-timeout=2s", "status"}, "reading nodes: the API server https://127.0.0.1:1 is unreachable"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			err := run(t.Context(), tc.args, &out, &errOut)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("run(%q) = %v, want an error with %q", tc.args, err, tc.want)
+			}
+		})
+	}
+}

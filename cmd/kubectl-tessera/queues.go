@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// queueRow is one Queue as the queues table shows it.
+type queueRow struct {
+	spec   *api.Queue
+	status api.QueueStatus
+	err    error
+}
+
+// queues prints every Queue's spec and the status the extender wrote.
+func (e *env) queues(ctx context.Context, w io.Writer) error {
+	rows, err := e.readQueues(ctx)
+	if err != nil {
+		return err
+	}
+	if len(rows) == 0 {
+		_, err := fmt.Fprintln(w, "No Queue (queues.tessera.dev) is defined.")
+		return err
+	}
+	return renderQueues(w, rows, e.now())
+}
+
+func (e *env) readQueues(ctx context.Context) ([]queueRow, error) {
+	list, err := e.dyn.Resource(api.QueueGVR).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, e.apiErr("queues.tessera.dev (is the Queue CRD of deploy/crds installed?)", err)
+	}
+	rows := make([]queueRow, 0, len(list.Items))
+	for i := range list.Items {
+		rows = append(rows, queueRowOf(&list.Items[i]))
+	}
+	slices.SortFunc(rows, func(a, b queueRow) int { return strings.Compare(a.spec.Name, b.spec.Name) })
+	return rows, nil
+}
+
+func queueRowOf(u *unstructured.Unstructured) queueRow {
+	r := queueRow{spec: &api.Queue{Name: u.GetName()}}
+	if q, err := api.QueueFromUnstructured(u); err != nil {
+		r.err = err
+	} else {
+		r.spec = q
+	}
+	st, err := api.QueueStatusFromUnstructured(u)
+	if err != nil && r.err == nil {
+		r.err = err
+	}
+	r.status = st
+	return r
+}
+
+// queueResources are the resources shown, in order.
+func queueResources(rows []queueRow) []corev1.ResourceName {
+	var out []corev1.ResourceName
+	for _, r := range api.QuotaResources() {
+		for _, row := range rows {
+			_, spec := row.spec.Resources[r]
+			if spec || row.status.Used[r] != 0 || row.status.FairShare[r] != 0 {
+				out = append(out, r)
+				break
+			}
+		}
+	}
+	return out
+}
+
+func renderQueues(w io.Writer, rows []queueRow, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "QUEUE\tPARENT\tNAMESPACES\tRESOURCE\tGUARANTEED\tLIMIT\tWEIGHT\tUSED\tFAIR SHARE\tSHARE\tBORROWING\tUSAGE (DAYS)\tSTATUS AGE")
+	res := queueResources(rows)
+	for _, row := range rows {
+		q, st := row.spec, row.status
+		age := "never written"
+		if !st.UsageUpdated.IsZero() {
+			age = now.Sub(st.UsageUpdated).Round(time.Second).String()
+		}
+		first := true
+		cols := func(r string) []string {
+			if !first {
+				return []string{"", "", "", r}
+			}
+			first = false
+			ns := strings.Join(q.Namespaces, ",")
+			if ns == "" {
+				ns = "-"
+			}
+			parent := q.Parent
+			if parent == "" {
+				parent = "-"
+			}
+			return []string{q.Name, parent, ns, r}
+		}
+		if row.err != nil {
+			fmt.Fprintf(tw, "%s\tinvalid: %v\n", strings.Join(cols("-"), "\t"), row.err)
+			continue
+		}
+		shown := 0
+		for _, r := range res {
+			spec, named := q.Resources[r]
+			if !named && st.Used[r] == 0 && st.FairShare[r] == 0 {
+				continue
+			}
+			shown++
+			rr := q.Resource(r)
+			limit := "-"
+			if rr.Limited {
+				limit = strconv.FormatInt(rr.Limit, 10)
+			}
+			guaranteed := st.Guaranteed[r]
+			if _, ok := st.Guaranteed[r]; !ok {
+				guaranteed = spec.Guaranteed
+			}
+			borrowing := "no"
+			if b := st.Used[r] - guaranteed; b > 0 {
+				borrowing = fmt.Sprintf("yes (+%d)", b)
+			}
+			c := append(cols(shortResource(r)), fmt.Sprint(guaranteed), limit, fmt.Sprint(rr.Weight), fmt.Sprint(st.Used[r]),
+				fmt.Sprint(st.FairShare[r]), share(st.Used[r], st.FairShare[r]), borrowing, usageDays(st.Usage[r]), age)
+			fmt.Fprintln(tw, strings.Join(c, "\t"))
+			age = ""
+		}
+		if shown == 0 {
+			fmt.Fprintln(tw, strings.Join(append(cols("-"), "0", "-", "1", "0", "0", "-", "no", "0", age), "\t"))
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintln(w, "\nSHARE is USED over FAIR SHARE (above 1: the queue runs more than its fair share and is reclaimed from first);\n"+
+		"USAGE is the decayed usage history as resource-days (units x 24 h). Status as the extender last wrote it.")
+	return err
+}
+
+func shortResource(r corev1.ResourceName) string {
+	return strings.TrimPrefix(string(r), api.Domain+"/")
+}
+
+func share(used, fair int64) string {
+	switch {
+	case fair > 0:
+		return fmt.Sprintf("%.2f", float64(used)/float64(fair))
+	case used > 0:
+		return "inf"
+	}
+	return "-"
+}
+
+func usageDays(resourceSeconds float64) string {
+	if resourceSeconds == 0 || math.IsNaN(resourceSeconds) {
+		return "0"
+	}
+	return fmt.Sprintf("%.2f", resourceSeconds/86400)
+}
