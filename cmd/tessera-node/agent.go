@@ -27,6 +27,7 @@ import (
 	"github.com/tessera-gpu/tessera/deviceplugin"
 	"github.com/tessera-gpu/tessera/deviceplugin/kube"
 	"github.com/tessera-gpu/tessera/deviceplugin/kubeletstate"
+	"github.com/tessera-gpu/tessera/deviceplugin/numareport"
 	"github.com/tessera-gpu/tessera/gpu"
 	"github.com/tessera-gpu/tessera/internal/kubeclient"
 	"github.com/tessera-gpu/tessera/internal/podtrust"
@@ -75,7 +76,8 @@ type agentFlags struct {
 	healthInterval     time.Duration
 	xidRecoveryDelay   time.Duration
 
-	iso isolationFlags
+	iso  isolationFlags
+	numa numaFlags
 }
 
 // newAgentFlagSet declares the agent's flags (klog's -v among them).
@@ -103,6 +105,7 @@ func newAgentFlagSet(stderr io.Writer) (*flag.FlagSet, *agentFlags) {
 	fs.DurationVar(&f.healthInterval, "health-check-interval", 0, "period of the NVML health check (overrides healthCheckInterval)")
 	fs.DurationVar(&f.xidRecoveryDelay, "xid-recovery-delay", 0, "how long a GPU stays unhealthy after a critical XID (overrides xidRecoveryDelay)")
 	f.iso.register(fs)
+	f.numa.register(fs)
 	klog.InitFlags(fs)
 	return fs, f
 }
@@ -228,7 +231,8 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	checkpoint := &kubeletstate.Checkpoint{Path: filepath.Join(f.pluginDir, kubeletstate.CheckpointFile)}
-	kubelet := kubeletstate.First{&kubeletstate.PodResources{Socket: f.podResourcesSocket}, checkpoint}
+	podResources := &kubeletstate.PodResources{Socket: f.podResourcesSocket}
+	kubelet := kubeletstate.First{podResources, checkpoint}
 	opts := deviceplugin.Options{
 		Config:    cfg,
 		NodeName:  f.nodeName,
@@ -258,6 +262,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	// trust keeps only the pod decisions Tessera sealed (docs/isolation.md,
 	// threat model); without an API server there are none to read.
 	var trust *podtrust.Filter
+	var numa *numareport.Reporter
 	if cs != nil {
 		logger.Info("Reading the seal key", "secret", klog.KRef(f.sealKeyNamespace, api.SealKeySecretName))
 		sealer, err := sealkey.Wait(ctx, sealkey.In(cs, f.sealKeyNamespace), 2*time.Second)
@@ -265,7 +270,11 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 		trust = &podtrust.Filter{Sealer: sealer, Events: events, Component: "tessera-node"}
-		opts.Publisher = kube.New(cs, f.nodeName, trust, nil)
+		client := kube.New(cs, f.nodeName, trust, nil)
+		opts.Publisher = client
+		if numa, err = numaReporter(ctx, &f.numa, f.iso.cpuManagerState, podResources, topo, client); err != nil {
+			return err
+		}
 		opts.Pods = kube.NewPodWatch(cs, f.nodeName, trust)
 		logger.Info("Publishing to the API server", "node", klog.KRef("", f.nodeName), "server", restCfg.Host)
 	} else {
@@ -331,6 +340,17 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		defer func() {
 			cancel()
 			<-isoDone
+		}()
+	}
+	if numa != nil {
+		numaDone := make(chan struct{})
+		go func() {
+			defer close(numaDone)
+			numa.Run(ctx)
+		}()
+		defer func() {
+			cancel()
+			<-numaDone
 		}()
 	}
 	if err := agent.Run(ctx); err != nil {

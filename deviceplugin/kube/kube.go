@@ -40,8 +40,8 @@ type Client struct {
 	trust *podtrust.Filter
 
 	mu        sync.Mutex
-	inventory string // last published value
-	condition *bool  // last published SharedIsolation
+	published map[string]string // last published value per annotation
+	condition *bool             // last published SharedIsolation
 	pods      map[podKey]podRecord
 }
 
@@ -59,7 +59,7 @@ func New(cs kubernetes.Interface, node string, trust *podtrust.Filter, now func(
 	if now == nil {
 		now = time.Now
 	}
-	return &Client{cs: cs, node: node, now: now, trust: trust, pods: map[podKey]podRecord{}}
+	return &Client{cs: cs, node: node, now: now, trust: trust, pods: map[podKey]podRecord{}, published: map[string]string{}}
 }
 
 // PublishInventory writes inv as the Node's inventory annotation, unless
@@ -69,23 +69,40 @@ func (c *Client) PublishInventory(ctx context.Context, inv *api.GPUInventory) er
 	if err != nil {
 		return err
 	}
+	return c.publishAnnotation(ctx, api.AnnotationGPUInventory, value, "the GPU inventory")
+}
+
+// PublishNUMATopology writes t as the Node's NUMA annotation
+// (api.AnnotationNUMATopology), unless the last published value is the
+// same.
+func (c *Client) PublishNUMATopology(ctx context.Context, t *api.NUMATopology) error {
+	value, err := api.EncodeNUMATopology(t)
+	if err != nil {
+		return err
+	}
+	return c.publishAnnotation(ctx, api.AnnotationNUMATopology, value, "the NUMA topology")
+}
+
+// publishAnnotation patches the Node's annotation key to value unless this
+// client last published the same value there.
+func (c *Client) publishAnnotation(ctx context.Context, key, value, what string) error {
 	c.mu.Lock()
-	same := c.inventory == value
+	same := c.published[key] == value
 	c.mu.Unlock()
 	if same {
 		return nil
 	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{api.AnnotationGPUInventory: value}}})
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{key: value}}})
 	if err != nil {
 		return err
 	}
 	if _, err := c.cs.CoreV1().Nodes().Patch(ctx, c.node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		return fmt.Errorf("publishing the GPU inventory on node %s: %w", c.node, err)
+		return fmt.Errorf("publishing %s on node %s: %w", what, c.node, err)
 	}
 	c.mu.Lock()
-	c.inventory = value
+	c.published[key] = value
 	c.mu.Unlock()
-	klog.FromContext(ctx).V(2).Info("Published the GPU inventory", "node", klog.KRef("", c.node), "bytes", len(value))
+	klog.FromContext(ctx).V(2).Info("Published "+what, "node", klog.KRef("", c.node), "bytes", len(value))
 	return nil
 }
 

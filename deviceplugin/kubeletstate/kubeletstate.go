@@ -76,10 +76,18 @@ var _ Source = (*PodResources)(nil)
 // Name implements Source.
 func (p *PodResources) Name() string { return "PodResources API at " + p.Socket }
 
-// Allocations implements Source with one List call.
-func (p *PodResources) Allocations(ctx context.Context) ([]ContainerDevices, error) {
+func (p *PodResources) timeout() time.Duration {
+	if p.Timeout == 0 {
+		return 10 * time.Second
+	}
+	return p.Timeout
+}
+
+// Connect returns a PodResources client of the kubelet at Socket and a
+// function that closes it. Calls should be bounded by Timeout (Deadline).
+func (p *PodResources) Connect() (podresourcesapi.PodResourcesListerClient, func(), error) {
 	if _, err := os.Stat(p.Socket); err != nil && p.Dial == nil {
-		return nil, fmt.Errorf("kubelet PodResources socket: %w", err)
+		return nil, nil, fmt.Errorf("kubelet PodResources socket: %w", err)
 	}
 	dial := p.Dial
 	if dial == nil {
@@ -88,20 +96,30 @@ func (p *PodResources) Allocations(ctx context.Context) ([]ContainerDevices, err
 			return d.DialContext(ctx, "unix", addr)
 		}
 	}
-	timeout := p.Timeout
-	if timeout == 0 {
-		timeout = 10 * time.Second
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
 	conn, err := grpc.NewClient("passthrough:///"+p.Socket,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(dial))
 	if err != nil {
-		return nil, fmt.Errorf("connecting to the kubelet PodResources API at %s: %w", p.Socket, err)
+		return nil, nil, fmt.Errorf("connecting to the kubelet PodResources API at %s: %w", p.Socket, err)
 	}
-	defer conn.Close()
-	resp, err := podresourcesapi.NewPodResourcesListerClient(conn).List(ctx, &podresourcesapi.ListPodResourcesRequest{})
+	return podresourcesapi.NewPodResourcesListerClient(conn), func() { conn.Close() }, nil
+}
+
+// Deadline bounds ctx by the Timeout of one call.
+func (p *PodResources) Deadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, p.timeout())
+}
+
+// Allocations implements Source with one List call.
+func (p *PodResources) Allocations(ctx context.Context) ([]ContainerDevices, error) {
+	ctx, cancel := p.Deadline(ctx)
+	defer cancel()
+	client, done, err := p.Connect()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	resp, err := client.List(ctx, &podresourcesapi.ListPodResourcesRequest{})
 	if err != nil {
 		return nil, fmt.Errorf("listing pod resources at %s: %w", p.Socket, err)
 	}
