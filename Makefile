@@ -64,11 +64,12 @@ include test/test.mk
 include test/bench.mk
 # make demo: a local GPU cluster without GPUs (docs/demo.md).
 include test/demo.mk
+include charts/chart.mk
 # make plugin: the kubectl plugin (docs/kubectl-tessera.md).
 include cmd/kubectl-tessera/plugin.mk
 
 .PHONY: test-more
-test-more: test-integration test-repro
+test-more: chart-test test-integration test-repro
 
 # The FGD reproduction on the Alibaba trace (sim/repro_test.go, build tag
 # simrepro; the trace at ../shared/traces, a failure under CI=true when it is
