@@ -3,6 +3,7 @@ package extender
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 
 	corev1 "k8s.io/api/core/v1"
@@ -80,10 +81,14 @@ func (n *NodeNUMA) heldOf(u *PodUse) []api.NUMAZoneUse {
 // CPU manager, GPUs only where every GPU has a NUMA node.
 func (n *NodeNUMA) needs(d numa.Demand) []numa.Need {
 	out := d.Needs(n.Scope)
+	trackMem := slices.ContainsFunc(n.Zones, func(z api.NUMAZone) bool { return z.MemoryMiB > 0 })
 	var keep []numa.Need
 	for _, u := range out {
 		if !n.Static {
-			u.CPUs, u.MemMiB = 0, 0
+			u.CPUs = 0
+		}
+		if !trackMem {
+			u.MemMiB = 0
 		}
 		if !n.AlignGPUs {
 			u.GPUs, u.Slice = 0, false

@@ -251,7 +251,7 @@ func Check(policy Policy, zones []Zone, held []Held, needs []Need) error {
 	}
 	if n, ok := Capable(zones, needs); !ok {
 		if policy == SingleNUMANode {
-			return &Error{Need: n, TooLarge: true}
+			return &Error{Need: n, TooLarge: true, Only: len(needs) == 1}
 		}
 		var aligned []Need
 		for _, m := range needs {
@@ -267,7 +267,7 @@ func Check(policy Policy, zones []Zone, held []Held, needs []Need) error {
 	// Name the first unit that does not fit on its own, else the set.
 	for _, n := range needs {
 		if _, ok := Fit(zones, held, []Need{n}); !ok {
-			return &Error{Need: n}
+			return &Error{Need: n, Only: len(needs) == 1}
 		}
 	}
 	return &Error{Need: needs[0], Together: len(needs)}
@@ -280,11 +280,14 @@ type Error struct {
 	TooLarge bool
 	// Together > 1: each unit fits alone, not all of them at once.
 	Together int
+	// Only: the unit is the pod's only one (the message names no
+	// container).
+	Only bool
 }
 
 func (e *Error) Error() string {
 	who := ""
-	if e.Need.Name != "" {
+	if e.Need.Name != "" && !e.Only {
 		who = fmt.Sprintf(" for container %q", e.Need.Name)
 	}
 	switch {

@@ -76,6 +76,19 @@ func repoRoot() string {
 	return filepath.Clean(filepath.Join(wd, "..", ".."))
 }
 
+var (
+	buildOnce sync.Once
+	bins      [3]string
+	buildErr  error
+)
+
+// binaries builds the three binaries once per test binary: the node
+// simulator, tessera-node and tessera-extender.
+func binaries() (nodesimBin, agentBin, extenderBin string, err error) {
+	buildOnce.Do(func() { bins[0], bins[1], bins[2], buildErr = build() })
+	return bins[0], bins[1], bins[2], buildErr
+}
+
 // build builds the three binaries (go's build cache makes this quick after
 // the first time).
 func build() (nodesimBin, agentBin, extenderBin string, err error) {
@@ -105,7 +118,7 @@ func getCluster(t *testing.T) *nodesim.Cluster {
 	t.Helper()
 	once.Do(func() {
 		start := time.Now()
-		ns, ag, ext, err := build()
+		ns, ag, ext, err := binaries()
 		if err != nil {
 			clusterErr = err
 			return

@@ -39,6 +39,8 @@ func run() int {
 	fs.StringVar(&cfg.AgentBinary, "agent", "bin/tessera-node", "the tessera-node binary")
 	fs.StringVar(&agentArgs, "agent-args", "", "space-separated extra arguments of tessera-node")
 	fs.StringVar(&cfg.TopologyPolicy, "topology-policy", "best-effort", "the topology manager's policy")
+	fs.StringVar(&cfg.TopologyScope, "topology-scope", "container", "the topology manager's scope")
+	fs.StringVar(&cfg.CPUManagerPolicy, "cpu-manager-policy", "none", "the CPU manager's policy: none or static (1 CPU reserved)")
 	fs.StringVar(&labels, "labels", "", "comma-separated key=value labels of the Node")
 	fs.Int64Var(&cfg.MaxPods, "max-pods", 256, "pods capacity")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)

@@ -2,8 +2,8 @@
 //
 // DeviceManager wraps k8s.io/kubernetes/pkg/kubelet/cm/devicemanager (the
 // kubelet's device-plugin manager, unmodified) together with the real
-// topology manager, wired the way the kubelet's container manager wires
-// them. Device plugins under test register with it over
+// topology manager and, when asked, the real CPU manager (static policy),
+// wired the way the kubelet's container manager wires them. Device plugins under test register with it over
 // DevicePluginDir/kubelet.sock exactly as on a node. Because that path is
 // fixed, test packages must run their tests in a private mount namespace:
 // see RunInPrivateMountNamespace.
@@ -21,14 +21,18 @@ import (
 
 	cadvisorapi "github.com/google/cadvisor/info/v1"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/wait"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/kubelet/cm/containermap"
+	"k8s.io/kubernetes/pkg/kubelet/cm/cpumanager"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
 	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
+	"k8s.io/utils/cpuset"
 )
 
 // KubeletSocket is where the device manager serves the Registration API.
@@ -50,6 +54,18 @@ type Options struct {
 	TopologyScope string
 	// TopologyPolicyOptions is --topology-manager-policy-options.
 	TopologyPolicyOptions map[string]string
+	// CPUManagerPolicy is --cpu-manager-policy: "" or "none" runs no CPU
+	// manager; "static" runs the kubelet's CPU manager, a hint provider of
+	// the topology manager, over NUMACPUs, keeping ReservedCPUs (at least
+	// 1, as the kubelet demands) and its checkpoint in StateDir.
+	CPUManagerPolicy string
+	// NUMACPUs are the CPUs of each NUMA node (static CPU manager only);
+	// every CPU is a core of its own, the NUMA node its socket.
+	NUMACPUs map[int]cpuset.CPUSet
+	// ReservedCPUs is kube-reserved + system-reserved CPU (default 1).
+	ReservedCPUs int
+	// StateDir holds the CPU manager's checkpoint, cpu_manager_state.
+	StateDir string
 }
 
 func (o Options) withDefaults() Options {
@@ -73,6 +89,7 @@ type DeviceManager struct {
 	mu       sync.Mutex
 	manager  *devicemanager.ManagerImpl
 	topology topologymanager.Manager
+	cpus     cpumanager.Manager // nil without a CPU manager
 	pods     *podSet
 	sources  *sourcesReady
 	stopped  bool
@@ -127,14 +144,84 @@ func (d *DeviceManager) start() error {
 		return fmt.Errorf("create device manager: %w", err)
 	}
 	tm.AddHintProvider(dm)
+	var cm cpumanager.Manager
+	if d.opts.CPUManagerPolicy == "static" {
+		if cm, err = d.startCPUManager(tm); err != nil {
+			return err
+		}
+	}
 	if err := dm.Start(d.pods.list, d.sources, containermap.NewContainerMap(), sets.New[string]()); err != nil {
 		return fmt.Errorf("start device manager: %w", err)
 	}
 	d.mu.Lock()
-	d.manager, d.topology, d.stopped = dm, tm, false
+	d.manager, d.topology, d.cpus, d.stopped = dm, tm, cm, false
 	d.mu.Unlock()
 	klog.V(2).InfoS("Device manager started", "socket", KubeletSocket, "numaNodes", d.opts.NUMANodes, "topologyPolicy", d.opts.TopologyPolicy)
 	return nil
+}
+
+// startCPUManager starts the kubelet's static CPU manager over the NUMA
+// nodes' CPUs, as a hint provider of tm, as the container manager does.
+func (d *DeviceManager) startCPUManager(tm topologymanager.Manager) (cpumanager.Manager, error) {
+	mi := &cadvisorapi.MachineInfo{}
+	for _, id := range d.opts.NUMANodes {
+		n := cadvisorapi.Node{Id: id}
+		for _, cpu := range d.opts.NUMACPUs[id].List() {
+			n.Cores = append(n.Cores, cadvisorapi.Core{Id: cpu, Threads: []int{cpu}, SocketID: id})
+		}
+		mi.Topology = append(mi.Topology, n)
+		mi.NumCores += len(n.Cores)
+	}
+	mi.NumSockets = len(d.opts.NUMANodes)
+	mi.NumPhysicalCores = mi.NumCores
+	reserved := max(1, d.opts.ReservedCPUs)
+	cm, err := cpumanager.NewManager("static", nil, time.Hour, mi, cpuset.New(),
+		v1.ResourceList{v1.ResourceCPU: *resource.NewQuantity(int64(reserved), resource.DecimalSI)}, d.opts.StateDir, tm)
+	if err != nil {
+		return nil, fmt.Errorf("create CPU manager: %w", err)
+	}
+	tm.AddHintProvider(cm)
+	if err := cm.Start(cpumanager.ActivePodsFunc(d.pods.list), d.sources, noPodStatus{}, noRuntime{}, containermap.NewContainerMap()); err != nil {
+		return nil, fmt.Errorf("start CPU manager: %w", err)
+	}
+	return cm, nil
+}
+
+// noPodStatus and noRuntime are what the CPU manager's reconcile loop
+// reads and writes: the simulated node has no container statuses (so the
+// loop leaves every container alone) and no runtime to update.
+type noPodStatus struct{}
+
+func (noPodStatus) GetPodStatus(types.UID) (v1.PodStatus, bool) { return v1.PodStatus{}, false }
+
+type noRuntime struct{}
+
+func (noRuntime) UpdateContainerResources(context.Context, string, *runtimeapi.ContainerResources) error {
+	return nil
+}
+
+// ExclusiveCPUs are the CPUs the CPU manager gave a container for itself
+// (empty without a static CPU manager).
+func (d *DeviceManager) ExclusiveCPUs(podUID, container string) cpuset.CPUSet {
+	d.mu.Lock()
+	cm := d.cpus
+	d.mu.Unlock()
+	if cm == nil {
+		return cpuset.New()
+	}
+	return cm.GetExclusiveCPUs(podUID, container)
+}
+
+// AllocatableCPUs are the CPUs the CPU manager may give containers
+// exclusively (empty without a static CPU manager).
+func (d *DeviceManager) AllocatableCPUs() cpuset.CPUSet {
+	d.mu.Lock()
+	cm := d.cpus
+	d.mu.Unlock()
+	if cm == nil {
+		return cpuset.New()
+	}
+	return cm.GetAllocatableCPUs()
 }
 
 // Manager is the underlying devicemanager.ManagerImpl (it changes on

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -32,6 +33,9 @@ type NodeSpec struct {
 	Name    string
 	Profile string
 	Labels  map[string]string
+	// TopologyPolicy, TopologyScope and CPUManagerPolicy are the kubelet's
+	// (NodeConfig); empty: best-effort, container, none.
+	TopologyPolicy, TopologyScope, CPUManagerPolicy string
 }
 
 // DefaultNodes are two dgx-a100, one dgx-1v and one pcie-2numa.
@@ -285,7 +289,10 @@ func (c *Cluster) StartExtender(ctx context.Context) error {
 		return err
 	}
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
-	args := append([]string{"--kubeconfig=" + c.extKC, "--listen=" + c.extAddr, "--tls-cert=" + c.tls.CertFile, "--tls-key=" + c.tls.KeyFile, "--v=2"}, c.opts.ExtenderArgs...)
+	c.mu.Lock()
+	extra := slices.Clone(c.opts.ExtenderArgs)
+	c.mu.Unlock()
+	args := append([]string{"--kubeconfig=" + c.extKC, "--listen=" + c.extAddr, "--tls-cert=" + c.tls.CertFile, "--tls-key=" + c.tls.KeyFile, "--v=2"}, extra...)
 	p, err := startProc("tessera-extender", c.opts.Extender, args, filepath.Join(c.Dir, "logs", "tessera-extender.log"), false)
 	if err != nil {
 		return err
@@ -319,6 +326,16 @@ func (c *Cluster) KillExtender() {
 	}
 }
 
+// RestartExtenderWith kills tessera-extender and starts it again on the
+// same address with args (replacing ClusterOptions.ExtenderArgs).
+func (c *Cluster) RestartExtenderWith(ctx context.Context, args []string) error {
+	c.KillExtender()
+	c.mu.Lock()
+	c.opts.ExtenderArgs = args
+	c.mu.Unlock()
+	return c.StartExtender(ctx)
+}
+
 // RestartExtender kills tessera-extender and starts it again on the same
 // address.
 func (c *Cluster) RestartExtender(ctx context.Context) error {
@@ -340,6 +357,11 @@ func (c *Cluster) RestartDeviceManager(ctx context.Context, node string) error {
 func (c *Cluster) startNode(n NodeSpec) error {
 	args := []string{"--name=" + n.Name, "--profile=" + n.Profile, "--kubeconfig=" + c.CP.KubeconfigPath(), "--agent-kubeconfig=" + c.agentKC,
 		"--state-dir=" + c.NodeStateDir(n.Name), "--agent=" + c.opts.Agent, "--v=2"}
+	for flag, v := range map[string]string{"topology-policy": n.TopologyPolicy, "topology-scope": n.TopologyScope, "cpu-manager-policy": n.CPUManagerPolicy} {
+		if v != "" {
+			args = append(args, "--"+flag+"="+v)
+		}
+	}
 	if len(n.Labels) > 0 {
 		var kv []string
 		for _, k := range sortedKeys(n.Labels) {

@@ -16,6 +16,7 @@
 package nodesim
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"encoding/json"
@@ -91,6 +92,14 @@ type NodeConfig struct {
 	AgentArgs []string
 	// TopologyPolicy of the topology manager (default best-effort).
 	TopologyPolicy string
+	// TopologyScope of the topology manager (default container).
+	TopologyScope string
+	// CPUManagerPolicy is "" (none) or "static": the kubelet's CPU manager
+	// then gives Guaranteed pods' integer-CPU containers CPUs of their own
+	// and hints the topology manager, keeping ReservedCPUs (default 1) out
+	// of the node's allocatable CPU.
+	CPUManagerPolicy string
+	ReservedCPUs     int
 	// Labels are added to the Node.
 	Labels map[string]string
 	// MaxPods is the node's pods capacity (default 256).
@@ -178,10 +187,16 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 		return err
 	}
 	var numa []int
+	numaCPUs := map[int]cpuset.CPUSet{}
 	for _, nn := range n.machine.NUMANodes {
 		numa = append(numa, nn.ID)
+		numaCPUs[nn.ID], _ = cpuset.Parse(nn.CPUs) // checked by writeMachine
 	}
-	if n.dm, err = kubelet.StartDeviceManager(kubelet.Options{NUMANodes: numa, TopologyPolicy: cfg.TopologyPolicy}); err != nil {
+	if err := n.writeKubeletConfig(); err != nil {
+		return err
+	}
+	if n.dm, err = kubelet.StartDeviceManager(kubelet.Options{NUMANodes: numa, TopologyPolicy: cfg.TopologyPolicy, TopologyScope: cfg.TopologyScope,
+		CPUManagerPolicy: cfg.CPUManagerPolicy, NUMACPUs: numaCPUs, ReservedCPUs: n.reservedCPUs(), StateDir: cfg.StateDir}); err != nil {
 		return err
 	}
 	defer n.dm.Stop() //nolint:errcheck // exiting
@@ -233,6 +248,39 @@ func (n *Node) writeMachine() error {
 		return err
 	}
 	return os.WriteFile(n.machinePath(), b, 0o644)
+}
+
+// reservedCPUs is the kube-reserved CPU under the static CPU manager.
+func (n *Node) reservedCPUs() int {
+	if n.cfg.CPUManagerPolicy != "static" {
+		return 0
+	}
+	return max(1, n.cfg.ReservedCPUs)
+}
+
+// kubeletConfigPath is the node's KubeletConfiguration, which the node agent
+// reads as on a real node (--kubelet-config).
+func (n *Node) kubeletConfigPath() string {
+	return filepath.Join(n.cfg.StateDir, "kubelet-config.yaml")
+}
+
+// writeKubeletConfig writes the kubelet configuration the node runs with.
+func (n *Node) writeKubeletConfig() error {
+	cfg := map[string]any{
+		"apiVersion":            "kubelet.config.k8s.io/v1beta1",
+		"kind":                  "KubeletConfiguration",
+		"topologyManagerPolicy": n.cfg.TopologyPolicy,
+		"topologyManagerScope":  cmp.Or(n.cfg.TopologyScope, "container"),
+		"cpuManagerPolicy":      cmp.Or(n.cfg.CPUManagerPolicy, "none"),
+	}
+	if r := n.reservedCPUs(); r > 0 {
+		cfg["kubeReserved"] = map[string]string{"cpu": strconv.Itoa(r)}
+	}
+	b, err := yaml.Marshal(cfg)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(n.kubeletConfigPath(), b, 0o644)
 }
 
 func (n *Node) agentKubeconfig() string {
@@ -306,6 +354,7 @@ func (n *Node) agentArgs() ([]string, error) {
 		"--mps-control=" + mps,
 		"--proc-root=/proc",
 		"--cpu-manager-state=" + filepath.Join(n.cfg.StateDir, "cpu_manager_state"),
+		"--kubelet-config=" + n.kubeletConfigPath(),
 		"--metrics-addr=",
 		"--watchdog-action=none",
 		"--memory-reserve-mib=1024",
@@ -481,6 +530,7 @@ func (n *Node) register(ctx context.Context) error {
 // due.
 func (n *Node) updateStatus(ctx context.Context, force bool) error {
 	capacity, allocatable := n.baseResources(), n.baseResources()
+	allocatable[v1.ResourceCPU] = *resource.NewQuantity(int64(n.cpus.Size()-n.reservedCPUs()), resource.DecimalSI)
 	dc, da, _ := n.dm.GetCapacity()
 	maps.Copy(capacity, dc)
 	maps.Copy(allocatable, da)
@@ -692,6 +742,16 @@ func (n *Node) syncPod(ctx context.Context, store toolscache.Store, key string) 
 	return n.startPod(ctx, pod)
 }
 
+// containerCPUs is the cpuset the kubelet gives a container: its exclusive
+// CPUs under the static CPU manager, else every CPU (the shared pool as the
+// simulator has it).
+func (n *Node) containerCPUs(pod *v1.Pod, container string) string {
+	if s := n.dm.ExclusiveCPUs(string(pod.UID), container); s.Size() > 0 {
+		return s.String()
+	}
+	return n.cpus.String()
+}
+
 // startPod admits and runs a pod, or fails it as the kubelet would.
 func (n *Node) startPod(ctx context.Context, pod *v1.Pod) error {
 	logger := klog.FromContext(ctx).WithValues("pod", klog.KObj(pod))
@@ -768,7 +828,7 @@ func (n *Node) runContainer(ctx context.Context, sp *simPod, c *v1.Container, o 
 		Labels:      map[string]string{"io.kubernetes.container.name": c.Name, "io.kubernetes.pod.uid": string(sp.pod.UID)},
 		Annotations: map[string]string{}, Args: append(slices.Clone(c.Command), c.Args...),
 		Linux: &adaptation.LinuxContainer{Resources: &adaptation.LinuxResources{Cpu: &adaptation.LinuxCPU{
-			Cpus: n.cpus.String(), Mems: n.mems}}, CgroupsPath: sp.sandbox.Linux.CgroupParent + "/" + cr.ID},
+			Cpus: n.containerCPUs(sp.pod, c.Name), Mems: n.mems}}, CgroupsPath: sp.sandbox.Linux.CgroupParent + "/" + cr.ID},
 	}
 	if o != nil {
 		for _, e := range o.Envs {

@@ -96,8 +96,26 @@ func containerDevices(devs devicemanager.ResourceDeviceInstances) []*podresource
 	return out
 }
 
-// noResources provides no exclusive CPUs, memory or dynamic resources (no
-// CPU or memory manager on simulated nodes).
+// cpusProvider is the container manager's CPUsProvider over the CPU
+// manager (empty without one).
+type cpusProvider struct{ dm *kubelet.DeviceManager }
+
+func (c cpusProvider) GetCPUs(podUID, containerName string) []int64 {
+	return int64s(c.dm.ExclusiveCPUs(podUID, containerName).List())
+}
+
+func (c cpusProvider) GetAllocatableCPUs() []int64 { return int64s(c.dm.AllocatableCPUs().List()) }
+
+func int64s(v []int) []int64 {
+	out := make([]int64, len(v))
+	for i, x := range v {
+		out[i] = int64(x)
+	}
+	return out
+}
+
+// noResources provides no memory or dynamic resources (no memory manager
+// on simulated nodes).
 type noResources struct{}
 
 func (noResources) GetCPUs(string, string) []int64                              { return nil }
@@ -117,7 +135,7 @@ func servePodResources(ctx context.Context, sock string, pods *activePods, dm *k
 	}
 	srv := grpc.NewServer()
 	podresourcesapi.RegisterPodResourcesListerServer(srv, podresources.NewV1PodResourcesServer(ctx, podresources.PodResourcesProviders{
-		Pods: pods, Devices: devicesProvider{dm}, Cpus: noResources{}, Memory: noResources{}, DynamicResources: noResources{},
+		Pods: pods, Devices: devicesProvider{dm}, Cpus: cpusProvider{dm}, Memory: noResources{}, DynamicResources: noResources{},
 	}))
 	go func() {
 		<-ctx.Done()
