@@ -93,6 +93,7 @@ type options struct {
 	queueStatusEach time.Duration
 
 	reserveAfter time.Duration
+	numaFit      bool
 	reserveFor   time.Duration
 
 	preemption           bool
@@ -134,6 +135,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.queueStatusEach, "queue-status-period", 10*time.Second, "how often each Queue's status (used, fair share, usage history) is written")
 	fs.DurationVar(&o.reserveAfter, "reservation-wait", 10*time.Minute, "a whole-GPU gang or queued pod that has waited this long and fits nowhere gets the nodes that will hold it soonest reserved: nothing else starts on them until it fits (docs/queues.md); 0: no reservations")
 	fs.DurationVar(&o.reserveFor, "reservation-max", time.Hour, "how long a reservation lasts at most; the workload then does not reserve again for as long")
+	fs.BoolVar(&o.numaFit, "numa-fit", true, "place a GPU pod only where its GPUs and exclusive CPUs can meet on one NUMA node, on nodes whose kubelet topology manager policy (published by the node agent) is single-numa-node or restricted, and prefer such placements under best-effort (docs/numa.md); false ignores the nodes' NUMA reports")
 	fs.BoolVar(&o.preemption, "preemption", true, "Tessera's priority preemption for GPU pods of every shape (whole GPUs and slices), which kube-scheduler cannot see (docs/extender.md)")
 	fs.DurationVar(&o.preemptionMinRuntime, "preemption-min-runtime", 0, "a pod that started less than this long ago is not preempted")
 	fs.DurationVar(&o.preemptionHold, "preemption-hold", 2*time.Minute, "how long the room preemption frees is held for the pod it was freed for")
@@ -211,6 +213,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	gangClient := &extender.KubeGang{Client: client}
 
 	cache := extender.NewCache()
+	if !o.numaFit {
+		cache.IgnoreNUMA()
+	}
 	factory := informers.NewSharedInformerFactory(client, 0)
 	nodeInf := factory.Core().V1().Nodes().Informer()
 	podInf := factory.Core().V1().Pods().Informer()
