@@ -4,7 +4,8 @@
 // a server-side dry run (the API server validates and admits it as it would
 // an install, and stores nothing), after the chart's CRDs are created for
 // real; the KubeSchedulerConfiguration it renders is run by the real
-// kube-scheduler. helm is built from hack/tools (go tool helm) unless
+// kube-scheduler (the tessera-scheduler Deployment's as its ServiceAccount,
+// under the chart's RBAC, taking its leader election lease). helm is built from hack/tools (go tool helm) unless
 // $TESSERA_TEST_HELM names a binary.
 package chart
 
@@ -36,6 +37,8 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/restmapper"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/test/framework/controlplane"
@@ -145,7 +148,11 @@ func TestChartObjectsAreAccepted(t *testing.T) {
 		t.FailNow()
 	}
 
-	cp := controlplane.StartForTest(t, controlplane.Options{})
+	// tessera-scheduler's identity, as a pod of the chart's Deployment
+	// would have it (its ServiceAccount's user name and groups).
+	schedSA := &controlplane.User{Name: "system:serviceaccount:" + releaseNS + ":tessera-scheduler",
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + releaseNS}}
+	cp := controlplane.StartForTest(t, controlplane.Options{Users: []*controlplane.User{schedSA}})
 	ctx := t.Context()
 	for _, ns := range []string{releaseNS, "kube-system"} {
 		if err := cp.EnsureNamespace(ctx, ns); err != nil {
@@ -209,17 +216,31 @@ func TestChartObjectsAreAccepted(t *testing.T) {
 
 	// The KubeSchedulerConfiguration of each wiring runs in the real
 	// kube-scheduler, which decodes it strictly and validates its profiles
-	// and extenders (the CA in tlsConfig included). Leader election is
-	// turned off: the harness runs kube-scheduler as system:kube-scheduler,
-	// not as the chart's tessera-scheduler ServiceAccount.
+	// and extenders (the CA in tlsConfig included). Mode deployment's runs
+	// as tessera-scheduler's ServiceAccount, with the chart's RBAC created
+	// for real and its own leader election: it must sync its informers
+	// (readyz) and take its lease. Mode configmap's is for the cluster's
+	// kube-scheduler: it runs as system:kube-scheduler.
 	for _, v := range variants {
 		if v.schedulerProfiles == nil {
 			continue
 		}
 		t.Run(v.name+"/kube-scheduler", func(t *testing.T) {
 			cfg := schedulerConfig(t, rendered[v.name])
-			if le, ok := cfg["leaderElection"].(map[string]any); ok {
-				le["leaderElect"] = false
+			deployment := find(rendered[v.name], "Deployment", releaseNS, "tessera-scheduler") != nil
+			if deployment {
+				for _, o := range rendered[v.name] {
+					if isSchedulerRBAC(o) {
+						if _, err := createFor(ctx, dyn, mapper, o); err != nil {
+							t.Fatalf("create %s: %v", key(o), err)
+						}
+					}
+				}
+				kubeconfig := filepath.Join(t.TempDir(), "tessera-scheduler.kubeconfig")
+				if err := writeKubeconfig(kubeconfig, cp, schedSA); err != nil {
+					t.Fatal(err)
+				}
+				cfg["clientConnection"] = map[string]any{"kubeconfig": kubeconfig}
 			}
 			raw, err := yaml.Marshal(cfg)
 			if err != nil {
@@ -232,11 +253,74 @@ func TestChartObjectsAreAccepted(t *testing.T) {
 			if err := cp.StartScheduler(ctx, controlplane.SchedulerOptions{ConfigFile: file}); err != nil {
 				t.Fatalf("kube-scheduler with the chart's configuration (%s): %v", v.name, err)
 			}
-			if err := cp.StopScheduler(); err != nil {
-				t.Fatal(err)
+			defer func() {
+				if err := cp.StopScheduler(); err != nil {
+					t.Error(err)
+				}
+			}()
+			if deployment {
+				holder, err := waitLease(ctx, dyn, releaseNS, "tessera-scheduler")
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Logf("kube-scheduler as %s holds the lease %s/tessera-scheduler (%s)", schedSA.Name, releaseNS, holder)
 			}
 		})
 	}
+}
+
+// isSchedulerRBAC: the ServiceAccount and RBAC objects of mode deployment.
+func isSchedulerRBAC(o *unstructured.Unstructured) bool {
+	if o.GetLabels()["app.kubernetes.io/name"] != "tessera-scheduler" {
+		return false
+	}
+	return o.GetKind() == "ServiceAccount" || o.GroupVersionKind().Group == "rbac.authorization.k8s.io"
+}
+
+// createFor creates o for real.
+func createFor(ctx context.Context, dyn dynamic.Interface, mapper meta.RESTMapper, o *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+	gvk := o.GroupVersionKind()
+	m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		return nil, fmt.Errorf("no API for %s: %w", gvk, err)
+	}
+	var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
+	if m.Scope.Name() == meta.RESTScopeNameNamespace {
+		ri = dyn.Resource(m.Resource).Namespace(o.GetNamespace())
+	}
+	return ri.Create(ctx, o, metav1.CreateOptions{FieldManager: fieldManager})
+}
+
+// writeKubeconfig writes a kubeconfig for u's static token.
+func writeKubeconfig(path string, cp *controlplane.ControlPlane, u *controlplane.User) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["test"] = &clientcmdapi.Cluster{Server: cp.APIServerURL, CertificateAuthority: cp.CAFile()}
+	cfg.AuthInfos["user"] = &clientcmdapi.AuthInfo{Token: u.Token}
+	cfg.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "user"}
+	cfg.CurrentContext = "test"
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		return fmt.Errorf("write kubeconfig %s: %w", path, err)
+	}
+	return nil
+}
+
+// waitLease waits until the Lease ns/name has a holder and returns it.
+func waitLease(ctx context.Context, dyn dynamic.Interface, ns, name string) (string, error) {
+	leases := dyn.Resource(schema.GroupVersionResource{Group: "coordination.k8s.io", Version: "v1", Resource: "leases"}).Namespace(ns)
+	var holder, last string
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		l, err := leases.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		holder, _, _ = unstructured.NestedString(l.Object, "spec", "holderIdentity")
+		return holder != "", nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("no holder of the Lease %s/%s: %w (last: %s)", ns, name, err, last)
+	}
+	return holder, nil
 }
 
 // TestDashboards: every file under the chart's dashboards/ becomes a
