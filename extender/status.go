@@ -1,6 +1,7 @@
 package extender
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"slices"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/allocator"
@@ -38,14 +40,15 @@ const (
 type Status struct {
 	cache  *Cache
 	queues *QueueBook
+	quota  *QuotaEnforcer
 	pods   func() ([]*corev1.Pod, error)
 	now    func() time.Time
 }
 
-// NewStatus returns the views of cache, queues (nil: no Queues) and the
-// pod informer's cache pods.
-func NewStatus(cache *Cache, queues *QueueBook, pods func() ([]*corev1.Pod, error)) *Status {
-	return &Status{cache: cache, queues: queues, pods: pods, now: time.Now}
+// NewStatus returns the views of cache, queues (nil: no Queues), quota
+// (nil: no ElasticQuotas) and the pod informer's cache pods.
+func NewStatus(cache *Cache, queues *QueueBook, quota *QuotaEnforcer, pods func() ([]*corev1.Pod, error)) *Status {
+	return &Status{cache: cache, queues: queues, quota: quota, pods: pods, now: time.Now}
 }
 
 // Register adds the status handlers to mux; each answers 503 until ready.
@@ -66,10 +69,14 @@ type Snapshot struct {
 	Nodes  map[string]*NodeState
 	Pods   []*corev1.Pod
 	Queues *QueueSnapshot // nil without Queues
+	// Quota is the ElasticQuota verdict on each pending GPU pod of a
+	// namespace a quota governs.
+	Quota map[types.UID]QuotaVerdict
 }
 
-// Take reads the ledger, the pods and the queues now.
-func (s *Status) Take() (*Snapshot, error) {
+// Take reads the ledger, the pods, the queues and the quota verdicts on
+// pending GPU pods now.
+func (s *Status) Take(ctx context.Context) (*Snapshot, error) {
 	snap := &Snapshot{Nodes: s.cache.Snapshot()}
 	var err error
 	if snap.Pods, err = s.pods(); err != nil {
@@ -78,6 +85,15 @@ func (s *Status) Take() (*Snapshot, error) {
 	if s.queues != nil {
 		if snap.Queues, err = s.queues.Snapshot(); err != nil {
 			return nil, fmt.Errorf("queues: %w", err)
+		}
+	}
+	if s.quota != nil && s.quota.Ledger != nil && s.quota.Ledger.Quotas != nil {
+		snap.Quota = map[types.UID]QuotaVerdict{}
+		governed := s.quota.Ledger.Quotas.Quotas()
+		for _, p := range snap.Pods {
+			if _, ok := governed[p.Namespace]; ok && p.Spec.NodeName == "" && !gpureq.Ended(p) && len(gpureq.QuotaCount(p)) > 0 {
+				snap.Quota[p.UID] = s.quota.AdmitPod(ctx, p)
+			}
 		}
 	}
 	return snap, nil
@@ -237,6 +253,8 @@ type PendingPod struct {
 	// Admission is the queue's answer to the pod's request now (the
 	// reason it waits, or that it may start and whether it borrows).
 	Admission string `json:"admission,omitempty"`
+	// Quota is the ElasticQuota's answer now, for a governed namespace.
+	Quota string `json:"quota,omitempty"`
 	// PlannedNode is the node of the pod's sealed plan (a gang member,
 	// a queued pod, room held by preemption).
 	PlannedNode string `json:"plannedNode,omitempty"`
@@ -245,8 +263,9 @@ type PendingPod struct {
 	// Scheduler is kube-scheduler's last word (the PodScheduled
 	// condition).
 	Scheduler string `json:"scheduler,omitempty"`
-	// Fitting counts the nodes where the pod fits now; Reasons counts the
-	// others by reason.
+	// Fitting counts the nodes where the pod fits now (GPUs, CPU, memory;
+	// queue and quota admission are Admission and Quota); Reasons counts
+	// the others by reason.
 	Fitting int            `json:"fitting"`
 	Reasons map[string]int `json:"reasons,omitempty"`
 	// Nodes is the per-node fit (PodView only).
@@ -357,6 +376,16 @@ func pendingOf(snap *Snapshot, p *corev1.Pod, perNode bool) PendingPod {
 			}
 		}
 	}
+	if v, ok := snap.Quota[p.UID]; ok {
+		switch {
+		case !v.Allowed:
+			pp.Quota = "waits: " + v.Message
+		case v.WithinMin:
+			pp.Quota = "admitted within its min"
+		default:
+			pp.Quota = strings.TrimSpace("admitted, borrowing beyond its min " + v.Message)
+		}
+	}
 	for name, st := range snap.Nodes {
 		if u := st.Pods[p.UID]; u != nil && u.Planned {
 			pp.Reserved = name
@@ -424,7 +453,7 @@ func DescribeDemand(d *Demand) string {
 
 func (s *Status) serve(w http.ResponseWriter, r *http.Request, view func(*Snapshot) (any, int)) {
 	ctx := r.Context()
-	snap, err := s.Take()
+	snap, err := s.Take(ctx)
 	if err != nil {
 		klog.FromContext(ctx).Info("Status view failed", "path", r.URL.Path, "err", err)
 		writeJSON(ctx, w, http.StatusInternalServerError, &ErrorReply{Error: err.Error()})

@@ -1,6 +1,8 @@
 package extender
 
 import (
+	"context"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tessera-gpu/tessera/allocator"
@@ -68,7 +70,7 @@ func (c *StatusCollector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *StatusCollector) Collect(ch chan<- prometheus.Metric) {
-	snap, err := c.Status.Take()
+	snap, err := c.Status.Take(context.Background())
 	if err != nil {
 		return
 	}

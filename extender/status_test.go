@@ -66,14 +66,28 @@ func statusFixture(t *testing.T) *Status {
 		Nodes:  func() ([]*corev1.Node, error) { return nodes, nil },
 		Now:    func() time.Time { return created },
 	}
-	s := NewStatus(cache, book, func() ([]*corev1.Pod, error) { return pods, nil })
+	// default's ElasticQuota caps it at 4 GPUs: huge (9) waits for it too.
+	enforcer := &QuotaEnforcer{Ledger: &QuotaLedger{
+		Quotas: staticQuotas{"default": quota.Quota{Namespace: "default", Min: gpus(0), Max: gpus(4)}},
+		Pods: func(ns string) ([]*corev1.Pod, error) {
+			var out []*corev1.Pod
+			for _, p := range pods {
+				if p.Namespace == ns {
+					out = append(out, p)
+				}
+			}
+			return out, nil
+		},
+		Nodes: func() ([]*corev1.Node, error) { return nodes, nil },
+	}}
+	s := NewStatus(cache, book, enforcer, func() ([]*corev1.Pod, error) { return pods, nil })
 	s.now = func() time.Time { return created }
 	return s
 }
 
 func take(t *testing.T, s *Status) *Snapshot {
 	t.Helper()
-	snap, err := s.Take()
+	snap, err := s.Take(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +147,6 @@ func TestQueuesView(t *testing.T) {
 	for _, q := range QueuesView(take(t, statusFixture(t))) {
 		got[q.Name] = q
 	}
-	gpus := func(n int64) quota.Resources { return quota.Resources{api.ResourceGPU: n} }
 	for _, tc := range []struct {
 		queue                               string
 		used, pending, guaranteed, borrowed quota.Resources
@@ -179,6 +192,9 @@ func TestPendingView(t *testing.T) {
 	huge, wait := pending[0], pending[1]
 	if huge.Fitting != 0 || huge.Reasons[string(TooFewGPUs)] != 2 || !strings.Contains(huge.Scheduler, "Insufficient tessera.dev/gpu") || huge.Queue != "" || huge.Demand != "9 whole GPU(s)" {
 		t.Errorf("huge = %+v: want no node fitting (2 without enough GPUs), the scheduler's message, no queue", huge)
+	}
+	if !strings.HasPrefix(huge.Quota, "waits: ") || !strings.Contains(huge.Quota, "max") || wait.Quota != "" {
+		t.Errorf("quota: huge %q, wait %q: want huge waiting for default's ElasticQuota max, wait ungoverned", huge.Quota, wait.Quota)
 	}
 	if huge.Nodes != nil {
 		t.Errorf("PendingView without nodes listed nodes: %v", huge.Nodes)
@@ -260,7 +276,7 @@ func TestStatusHandlers(t *testing.T) {
 		{"GET", StatusPendingPath, 200, "application/json", []string{`"name":"huge"`, `"fitting":0`}, &[]PendingPod{}},
 		{"GET", StatusPodPath + "team-a/wait", 200, "application/json", []string{`"nodes":[{"node":"b","fits":true},{"node":"a","fits":false,"reason":"tessera: fewer than 1 whole GPUs free`}, &PodStatus{}},
 		{"GET", StatusPodPath + "team-a/gone", 404, "application/json", []string{"not in the extender's cache"}, &ErrorReply{}},
-		{"GET", StatusPath, 200, "text/html; charset=utf-8", []string{`http-equiv="refresh"`, `data-node="a" data-gpu="2"`, "nb/nb-1 nb/nb-2", `data-queue="team-a"`, `data-pod="default/huge"`}, nil},
+		{"GET", StatusPath, 200, "text/html; charset=utf-8", []string{`http-equiv="refresh"`, `data-node="a" data-gpu="2"`, "nb/nb-1 nb/nb-2", `data-queue="team-a"`, `data-pod="default/huge"`, "quota: waits: "}, nil},
 		{"POST", StatusOccupancyPath, 405, "", nil, nil},
 	}
 	for _, tc := range tests {

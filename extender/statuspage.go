@@ -59,7 +59,7 @@ func RenderPage(d *PageData) ([]byte, error) {
 
 func (s *Status) handlePage(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	snap, err := s.Take()
+	snap, err := s.Take(ctx)
 	var page []byte
 	if err == nil {
 		page, err = RenderPage(PageView(snap, s.now()))

@@ -343,13 +343,16 @@ func (e *env) explainExtender(ctx context.Context, x *explanation, pod *corev1.P
 	} else {
 		x.line("Extender", "not queued")
 	}
+	if p.Quota != "" {
+		x.more("ElasticQuota now: %s", p.Quota)
+	}
 	if p.Reserved != "" {
 		x.more("room held for it on %s", p.Reserved)
 	}
 	if p.Error != "" {
 		x.more("request: %s", p.Error)
 	}
-	x.more("fits %d of %d nodes now:", p.Fitting, len(p.Nodes))
+	x.more("its GPUs, CPU and memory fit %d of %d nodes now:", p.Fitting, len(p.Nodes))
 	tw := tabwriter.NewWriter(x.w, 0, 4, 2, ' ', 0)
 	pad := strings.Repeat(" ", x.label+1)
 	fmt.Fprintf(tw, "%sNODE\tFITS\tWHY NOT\n", pad)

@@ -206,6 +206,7 @@ func (f fixture) env(t *testing.T) *env {
 
 var waitOnExtender = &extender.PodStatus{Namespace: "team-a", Name: "wait", Phase: "Pending", Pending: &extender.PendingPod{
 	Namespace: "team-a", Name: "wait", Queue: "team-a", Admission: "waits: queue team-a: team-a would use 3 tessera.dev/gpu, above its limit 2",
+	Quota: "admitted within its min",
 	Fitting: 1, Nodes: []extender.NodeFit{{Node: "a100-1", Fits: true}, {Node: "cpu-1", Reason: "tessera: node has no GPU inventory"}},
 }}
 

@@ -333,7 +333,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	})
 	mux.Handle("/", extender.UntilReady(ready.Load, verbs))
 	// Read-only views: GET /status (HTML), /status/{occupancy,queues,pending,pods/NS/NAME} (JSON).
-	status := extender.NewStatus(cache, queues, func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) })
+	status := extender.NewStatus(cache, queues, enforcer, func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) })
 	status.Register(mux, ready.Load)
 	reg.MustRegister(status.Collector())
 	metricsHandler := promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})

@@ -245,7 +245,7 @@ func TestDashboardMetricsExported(t *testing.T) {
 		t.Fatal(err)
 	}
 	exportedSeries(names, "registries", rec.collectors...)
-	exportedSeries(names, "registries", &extender.QuotaCollector{}, extender.NewStatus(nil, nil, nil).Collector())
+	exportedSeries(names, "registries", &extender.QuotaCollector{}, extender.NewStatus(nil, nil, nil, nil).Collector())
 
 	c := getCluster(t)
 	base, hc := extenderEndpoint(t, c)
