@@ -5,7 +5,9 @@
 // an install, and stores nothing), after the chart's CRDs are created for
 // real; the KubeSchedulerConfiguration it renders is run by the real
 // kube-scheduler (the tessera-scheduler Deployment's as its ServiceAccount,
-// under the chart's RBAC, taking its leader election lease). helm is built from hack/tools (go tool helm) unless
+// under the chart's RBAC, taking its leader election lease); and the
+// README's helm install, then helm upgrade and uninstall, run against the
+// API server for real. helm is built from hack/tools (go tool helm) unless
 // $TESSERA_TEST_HELM names a binary.
 package chart
 
@@ -321,6 +323,86 @@ func waitLease(ctx context.Context, dyn dynamic.Interface, ns, name string) (str
 		return "", fmt.Errorf("no holder of the Lease %s/%s: %w (last: %s)", ns, name, err, last)
 	}
 	return holder, nil
+}
+
+// TestHelmInstallAndUpgrade installs the chart with its defaults, as the
+// README says, on a real API server (no nodes: nothing runs, every object is
+// created), then upgrades it: the generated CA survives the upgrade (the
+// Secret is read back with lookup), so the webhooks' caBundle and
+// kube-scheduler's caData do not change; uninstalling keeps the CRDs.
+func TestHelmInstallAndUpgrade(t *testing.T) {
+	repo := repoRoot(t)
+	helm := helmBinary(t, repo)
+	cp := controlplane.StartForTest(t, controlplane.Options{})
+	ctx := t.Context()
+	kc := []string{"--kubeconfig", cp.KubeconfigPath(), "--namespace", releaseNS}
+	chart := filepath.Join(repo, "charts", "tessera")
+
+	stdout, stderr, err := runHelm(helm, repo, append([]string{"install", "tessera", chart, "--create-namespace"}, kc...)...)
+	if err != nil {
+		t.Fatalf("helm install tessera charts/tessera -n %s --create-namespace: %v\n%s%s", releaseNS, err, stdout, stderr)
+	}
+	if !strings.Contains(stdout, "STATUS: deployed") || !strings.Contains(stdout, "schedulerName: tessera-scheduler") {
+		t.Errorf("helm install printed no deployed status or no NOTES:\n%s", stdout)
+	}
+	client := cp.Client()
+	caOf := func() (secret, webhook, scheduler string) {
+		t.Helper()
+		s, err := client.CoreV1().Secrets(releaseNS).Get(ctx, "tessera-extender-tls", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, "tessera-gang", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cm, err := client.CoreV1().ConfigMaps(releaseNS).Get(ctx, "tessera-scheduler-config", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cfg struct {
+			Extenders []struct {
+				TLSConfig struct {
+					CAData []byte `json:"caData"`
+				} `json:"tlsConfig"`
+			} `json:"extenders"`
+		}
+		if err := yaml.Unmarshal([]byte(cm.Data["scheduler-config.yaml"]), &cfg); err != nil || len(cfg.Extenders) == 0 {
+			t.Fatalf("scheduler-config.yaml: %v (%d extenders)", err, len(cfg.Extenders))
+		}
+		return string(s.Data["ca.crt"]), string(w.Webhooks[0].ClientConfig.CABundle), string(cfg.Extenders[0].TLSConfig.CAData)
+	}
+	s1, w1, c1 := caOf()
+	if s1 == "" || w1 != s1 || c1 != s1 {
+		t.Fatalf("after install: the webhook's caBundle and the scheduler's caData are not the Secret's ca.crt")
+	}
+	for _, name := range []string{"tessera-extender", "tessera-scheduler"} {
+		if _, err := client.AppsV1().Deployments(releaseNS).Get(ctx, name, metav1.GetOptions{}); err != nil {
+			t.Errorf("after install: Deployment %s: %v", name, err)
+		}
+	}
+	if _, err := client.AppsV1().DaemonSets(releaseNS).Get(ctx, "tessera-node", metav1.GetOptions{}); err != nil {
+		t.Errorf("after install: DaemonSet tessera-node: %v", err)
+	}
+
+	if stdout, stderr, err := runHelm(helm, repo, append([]string{"upgrade", "tessera", chart}, kc...)...); err != nil {
+		t.Fatalf("helm upgrade: %v\n%s%s", err, stdout, stderr)
+	}
+	s2, w2, c2 := caOf()
+	if s2 != s1 || w2 != s1 || c2 != s1 {
+		t.Fatalf("helm upgrade changed the extender's CA (Secret changed: %v, webhook: %v, scheduler: %v)", s2 != s1, w2 != s1, c2 != s1)
+	}
+
+	if stdout, stderr, err := runHelm(helm, repo, append([]string{"uninstall", "tessera"}, kc...)...); err != nil {
+		t.Fatalf("helm uninstall: %v\n%s%s", err, stdout, stderr)
+	}
+	dyn, err := dynamic.NewForConfig(cp.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dyn.Resource(crdGVR).Get(ctx, "queues.tessera.dev", metav1.GetOptions{}); err != nil {
+		t.Errorf("after helm uninstall the Queue CRD is gone (crds/ are kept by Helm): %v", err)
+	}
 }
 
 // TestDashboards: every file under the chart's dashboards/ becomes a
