@@ -309,3 +309,27 @@ func inZone(view *allocator.Node, info *NodeInfo, zone int) *allocator.Node {
 	}
 	return v
 }
+
+// numaAdmit is the gang planner's NUMA rule for the node (gang.Node.Admit):
+// the members it would put on the node, demands[i] for member i, must find
+// room together as the kubelet aligns them. nil where the node's policy
+// does not require alignment.
+func (s *NodeState) numaAdmit(demands []Demand) func(members []int) bool {
+	n := s.Info.NUMA
+	if s.Info.NUMAErr != nil {
+		return func([]int) bool { return false }
+	}
+	if n == nil || s.numa == nil || !n.Policy.Requires() {
+		return nil
+	}
+	return func(members []int) bool {
+		if len(members) == 0 {
+			return true
+		}
+		var needs []numa.Need
+		for _, m := range members {
+			needs = append(needs, n.needs(demands[m].Align)...)
+		}
+		return numa.Check(n.Policy, s.numaZones(&demands[members[0]]), s.numa.held, needs) == nil
+	}
+}

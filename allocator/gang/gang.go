@@ -15,6 +15,7 @@ package gang
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -62,6 +63,12 @@ type Node struct {
 	// Cliques are the node's NVLink cliques as device indices
 	// (allocator.GPU.Index), as topology.Topology.NVLinkCliques.
 	Cliques [][]int
+	// Admit, when set, reports whether the members (indices in
+	// Group.Members) can be placed on the node together by a rule the
+	// allocator view does not hold, such as NUMA alignment (the extender's
+	// allocator/numa check). It is asked for each member the plan puts on
+	// the node, with the members put there before it.
+	Admit func(members []int) bool
 }
 
 // Placement is one member's place in a plan.
@@ -204,6 +211,7 @@ func planIn(members []Member, order []int, all []Node, domain []int, p allocator
 		return all[i].Node
 	}
 	placements := make([]Placement, len(members))
+	on := map[int][]int{} // members placed on each node
 	for _, mi := range order {
 		m := members[mi]
 		type candidate struct {
@@ -218,6 +226,9 @@ func planIn(members []Member, order []int, all []Node, domain []int, p allocator
 			}
 			n := snapshot(ni)
 			if allocator.Fit(n, m.Request) != allocator.Fits {
+				continue
+			}
+			if all[ni].Admit != nil && !all[ni].Admit(append(slices.Clone(on[ni]), mi)) {
 				continue
 			}
 			c := candidate{node: ni, eval: p.Evaluate(n, m.Request)}
@@ -259,6 +270,7 @@ func planIn(members []Member, order []int, all []Node, domain []int, p allocator
 			return nil, false
 		}
 		placements[mi] = Placement{Member: m.Name, Node: n.Name, GPUs: gpus, InClique: best.clique != 0}
+		on[best.node] = append(on[best.node], mi)
 	}
 	return placements, true
 }
