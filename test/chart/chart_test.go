@@ -345,6 +345,7 @@ func TestHelmInstallAndUpgrade(t *testing.T) {
 	if !strings.Contains(stdout, "STATUS: deployed") || !strings.Contains(stdout, "schedulerName: tessera-scheduler") {
 		t.Errorf("helm install printed no deployed status or no NOTES:\n%s", stdout)
 	}
+	t.Logf("helm install:\n%s", stdout)
 	client := cp.Client()
 	caOf := func() (secret, webhook, scheduler string) {
 		t.Helper()
