@@ -1,6 +1,7 @@
-// Tools the build runs that are not part of Tessera: kept out of the root
-// go.mod (and test/go.mod) so that their dependencies never move Tessera's.
-// charts/chart.mk builds bin/tools/helm from here.
+// Tools the build runs that are not part of Tessera, kept out of the root
+// go.mod (and test/go.mod) so that their dependencies never move Tessera's:
+// helm (charts/chart.mk builds bin/tools/helm; test/chart runs `go tool -n
+// helm`) and deploygen, which renders deploy/ from charts/tessera.
 module github.com/tessera-gpu/tessera/hack/tools
 
 go 1.26.8
