@@ -76,15 +76,20 @@ func (s *Status) handlePage(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(page)
 }
 
-// formatResources writes quota resources as "tessera.dev/gpu=4, ..." in
-// a fixed order ("-" when empty).
+// formatResources writes quota resources as "gpu=4, ..." in a fixed
+// order, leaving out zeros ("-" when nothing is left).
 func formatResources(r quota.Resources) string {
 	if len(r) == 0 {
 		return "-"
 	}
 	names := make([]string, 0, len(r))
-	for n := range r {
-		names = append(names, string(n))
+	for n, v := range r {
+		if v != 0 {
+			names = append(names, string(n))
+		}
+	}
+	if len(names) == 0 {
+		return "-"
 	}
 	sort.Strings(names)
 	parts := make([]string, 0, len(names))

@@ -64,12 +64,12 @@ func (e *env) explain(ctx context.Context, w io.Writer, namespace, name string) 
 	} else {
 		x.line("Asks for", "%s", extender.DescribeDemand(&d))
 	}
-	if pod.Spec.PriorityClassName != "" || pod.Spec.Priority != nil {
+	if pod.Spec.PriorityClassName != "" || (pod.Spec.Priority != nil && *pod.Spec.Priority != 0) {
 		prio := int32(0)
 		if pod.Spec.Priority != nil {
 			prio = *pod.Spec.Priority
 		}
-		x.line("Priority", "%d %s", prio, pod.Spec.PriorityClassName)
+		x.line("Priority", "%s", strings.TrimSpace(fmt.Sprintf("%d %s", prio, pod.Spec.PriorityClassName)))
 	}
 	for i, g := range pod.Spec.SchedulingGates {
 		label := ""
@@ -240,7 +240,7 @@ func (e *env) explainQueue(ctx context.Context, x *explanation, pod *corev1.Pod,
 		if b := st.Used[r] - spec.Guaranteed; b > 0 {
 			borrow = fmt.Sprintf(", borrowing %d", b)
 		}
-		x.more("%s: guaranteed %d, limit %s, used %d, fair share %d, share %s%s", shortResource(r), spec.Guaranteed, limit, st.Used[r], st.FairShare[r], share(st.Used[r], st.FairShare[r]), borrow)
+		x.more("%s: guaranteed %d, limit %s, used %d, fair share %d, used/fair %s%s", shortResource(r), spec.Guaranteed, limit, st.Used[r], st.FairShare[r], share(st.Used[r], st.FairShare[r]), borrow)
 	}
 	if st.UsageUpdated.IsZero() {
 		x.more("status: not written yet by tessera-extender")

@@ -117,9 +117,10 @@ func queueObj(t *testing.T, q *api.Queue, status *api.QueueStatus) *unstructured
 // fakeExtender answers PodView and OccupancyView from fixed values, or
 // fails with err.
 type fakeExtender struct {
-	pods map[string]*extender.PodStatus
-	occ  *gpustatus.Cluster
-	err  error
+	pods   map[string]*extender.PodStatus
+	occ    *gpustatus.Cluster
+	queues []extender.QueueView
+	err    error
 }
 
 func (f *fakeExtender) Where() string { return "https://extender.test" }
@@ -131,6 +132,9 @@ func (f *fakeExtender) Get(_ context.Context, path string, v any) error {
 	switch {
 	case path == extender.StatusOccupancyPath && f.occ != nil:
 		*(v.(*gpustatus.Cluster)) = *f.occ
+		return nil
+	case path == extender.StatusQueuesPath && f.queues != nil:
+		*(v.(*[]extender.QueueView)) = f.queues
 		return nil
 	case strings.HasPrefix(path, extender.StatusPodPath):
 		if p, ok := f.pods[strings.TrimPrefix(path, extender.StatusPodPath)]; ok {
@@ -206,7 +210,7 @@ func (f fixture) env(t *testing.T) *env {
 
 var waitOnExtender = &extender.PodStatus{Namespace: "team-a", Name: "wait", Phase: "Pending", Pending: &extender.PendingPod{
 	Namespace: "team-a", Name: "wait", Queue: "team-a", Admission: "waits: queue team-a: team-a would use 3 tessera.dev/gpu, above its limit 2",
-	Quota: "admitted within its min",
+	Quota:   "admitted within its min",
 	Fitting: 1, Nodes: []extender.NodeFit{{Node: "a100-1", Fits: true}, {Node: "cpu-1", Reason: "tessera: node has no GPU inventory"}},
 }}
 
@@ -237,8 +241,10 @@ func TestSubcommands(t *testing.T) {
 		{name: "status with the API server down", fixture: fixture{failList: "nodes"},
 			run:      func(e *env, b *bytes.Buffer) error { return e.status(t.Context(), b) },
 			errWants: []string{"reading nodes: the API server https://127.0.0.1:6443 is unreachable", "connection refused", "check --kubeconfig"}},
-		{name: "queues", fixture: fixture{},
+		{name: "queues with the extender's shares", fixture: fixture{ext: &fakeExtender{queues: []extender.QueueView{{Name: "team-a", Share: 1.75}}}},
 			run: func(e *env, b *bytes.Buffer) error { return e.queues(t.Context(), b) }, golden: "queues.txt"},
+		{name: "queues without the extender", fixture: fixture{ext: down},
+			run: func(e *env, b *bytes.Buffer) error { return e.queues(t.Context(), b) }, golden: "queues-extender-down.txt"},
 		{name: "explain a queued pending pod", fixture: fixture{ext: ext},
 			run: func(e *env, b *bytes.Buffer) error { return e.explain(t.Context(), b, "team-a", "wait") }, golden: "explain-pending.txt", without: []string{"not about wait"}},
 		{name: "explain a pending pod with the extender down", fixture: fixture{ext: down},

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender"
 )
 
 // queueRow is one Queue as the queues table shows it.
@@ -35,7 +36,24 @@ func (e *env) queues(ctx context.Context, w io.Writer) error {
 		_, err := fmt.Fprintln(w, "No Queue (queues.tessera.dev) is defined.")
 		return err
 	}
-	return renderQueues(w, rows, e.now())
+	// The share that orders the queues needs the usage half-life, which
+	// only the extender knows: ask it.
+	shares, note := map[string]float64(nil), "SHARE orders the queues (recent and current use over the entitlement, smaller first): "
+	if e.ext == nil {
+		note += "not asked (--extender=none)"
+	} else {
+		var views []extender.QueueView
+		if err := e.ext.Get(ctx, extender.StatusQueuesPath, &views); err != nil {
+			note += fmt.Sprintf("unknown, %v", err)
+		} else {
+			shares = map[string]float64{}
+			for _, v := range views {
+				shares[v.Name] = v.Share
+			}
+			note += "from tessera-extender at " + e.ext.Where()
+		}
+	}
+	return renderQueues(w, rows, shares, note, e.now())
 }
 
 func (e *env) readQueues(ctx context.Context) ([]queueRow, error) {
@@ -81,9 +99,9 @@ func queueResources(rows []queueRow) []corev1.ResourceName {
 	return out
 }
 
-func renderQueues(w io.Writer, rows []queueRow, now time.Time) error {
+func renderQueues(w io.Writer, rows []queueRow, shares map[string]float64, note string, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "QUEUE\tPARENT\tNAMESPACES\tRESOURCE\tGUARANTEED\tLIMIT\tWEIGHT\tUSED\tFAIR SHARE\tSHARE\tBORROWING\tUSAGE (DAYS)\tSTATUS AGE")
+	fmt.Fprintln(tw, "QUEUE\tSHARE\tPARENT\tNAMESPACES\tRESOURCE\tGUARANTEED\tLIMIT\tWEIGHT\tUSED\tFAIR SHARE\tUSED/FAIR\tBORROWING\tUSAGE (DAYS)\tSTATUS AGE")
 	res := queueResources(rows)
 	for _, row := range rows {
 		q, st := row.spec, row.status
@@ -94,7 +112,7 @@ func renderQueues(w io.Writer, rows []queueRow, now time.Time) error {
 		first := true
 		cols := func(r string) []string {
 			if !first {
-				return []string{"", "", "", r}
+				return []string{"", "", "", "", r}
 			}
 			first = false
 			ns := strings.Join(q.Namespaces, ",")
@@ -105,7 +123,11 @@ func renderQueues(w io.Writer, rows []queueRow, now time.Time) error {
 			if parent == "" {
 				parent = "-"
 			}
-			return []string{q.Name, parent, ns, r}
+			sh := "-"
+			if v, ok := shares[q.Name]; ok {
+				sh = fmt.Sprintf("%.2f", v)
+			}
+			return []string{q.Name, sh, parent, ns, r}
 		}
 		if row.err != nil {
 			fmt.Fprintf(tw, "%s\tinvalid: %v\n", strings.Join(cols("-"), "\t"), row.err)
@@ -143,8 +165,9 @@ func renderQueues(w io.Writer, rows []queueRow, now time.Time) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintln(w, "\nSHARE is USED over FAIR SHARE (above 1: the queue runs more than its fair share and is reclaimed from first);\n"+
-		"USAGE is the decayed usage history as resource-days (units x 24 h). Status as the extender last wrote it.")
+	_, err := fmt.Fprintln(w, "\n"+note+";\n"+
+		"USED/FAIR above 1: the queue runs more than its fair share (reclaimed from first); USAGE is the decayed usage\n"+
+		"history in resource-days (units x 24 h); the other columns are the Queue's spec and the status the extender wrote.")
 	return err
 }
 
