@@ -182,6 +182,16 @@ func (f fixture) env(t *testing.T) *env {
 		&corev1.Event{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "other.1"}, InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: "team-a", Name: "older", UID: older.UID},
 			Type: "Normal", Reason: api.EventQueueWaiting, Message: "not about wait", LastTimestamp: metav1.NewTime(now.Add(-time.Minute))},
 	}
+	for i, node := range []string{"a100-1", ""} {
+		p := gpuPod("team-g", fmt.Sprintf("ring-%d", i), 1, 0, 0, 2*time.Minute)
+		p.Labels = map[string]string{api.LabelPodGroup: "ring"}
+		if node != "" {
+			p = running(p, node) // its GPU not recorded yet
+		} else {
+			p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: api.SchedulingGateGang}}
+		}
+		objs = append(objs, p)
+	}
 	if !f.noKey {
 		objs = append(objs, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: api.SealKeySecretName}, Data: map[string][]byte{api.SealKeyDataKey: []byte(sealKey)}})
 	}
@@ -202,9 +212,15 @@ func (f fixture) env(t *testing.T) *env {
 		"metadata": map[string]any{"namespace": "team-a", "name": "team-a"},
 		"spec":     map[string]any{"min": map[string]any{"tessera.dev/gpu": "1"}, "max": map[string]any{"tessera.dev/gpu": "4"}},
 	}}
+	ring := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+		"metadata": map[string]any{"namespace": "team-g", "name": "ring"},
+		"spec":     map[string]any{"minMember": int64(2), "scheduleTimeoutSeconds": int64(300)},
+		"status":   map[string]any{"phase": "Scheduling"},
+	}}
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
 		api.QueueGVR: "QueueList", api.ElasticQuotaGVR: "ElasticQuotaList", api.PodGroupGVR: "PodGroupList", api.VolcanoPodGroupGVR: "PodGroupList",
-	}, teamA, teamB, quota)
+	}, teamA, teamB, quota, ring)
 	return &env{client: client, dyn: dyn, ext: f.ext, server: "https://127.0.0.1:6443", sealKeyNamespace: "kube-system", now: func() time.Time { return now }, stderr: &bytes.Buffer{}}
 }
 
@@ -255,6 +271,8 @@ func TestSubcommands(t *testing.T) {
 			run: func(e *env, b *bytes.Buffer) error { return e.explain(t.Context(), b, "nb", "forged") }, golden: "explain-forged.txt", without: []string{"30000 MiB"}},
 		{name: "explain without the seal key shows no decision", fixture: fixture{noKey: true},
 			run: func(e *env, b *bytes.Buffer) error { return e.explain(t.Context(), b, "train", "llm") }, golden: "explain-nokey.txt", without: []string{uuid("a1", 0)}},
+		{name: "explain a gang member", fixture: fixture{},
+			run: func(e *env, b *bytes.Buffer) error { return e.explain(t.Context(), b, "team-g", "ring-1") }, golden: "explain-gang.txt"},
 		{name: "explain an unknown pod", fixture: fixture{},
 			run:      func(e *env, b *bytes.Buffer) error { return e.explain(t.Context(), b, "team-a", "nope") },
 			errWants: []string{"reading pod team-a/nope from the API server", "not found"}},
