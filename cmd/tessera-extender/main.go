@@ -94,6 +94,7 @@ type options struct {
 
 	reserveAfter time.Duration
 	numaFit      bool
+	schedulers   []string
 	reserveFor   time.Duration
 
 	preemption           bool
@@ -135,6 +136,19 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.queueStatusEach, "queue-status-period", 10*time.Second, "how often each Queue's status (used, fair share, usage history) is written")
 	fs.DurationVar(&o.reserveAfter, "reservation-wait", 10*time.Minute, "a whole-GPU gang or queued pod that has waited this long and fits nowhere gets the nodes that will hold it soonest reserved: nothing else starts on them until it fits (docs/queues.md); 0: no reservations")
 	fs.DurationVar(&o.reserveFor, "reservation-max", time.Hour, "how long a reservation lasts at most; the workload then does not reserve again for as long")
+	o.schedulers = []string{corev1.DefaultSchedulerName, "tessera-scheduler"}
+	fs.Func("scheduler-names", "comma-separated schedulerNames whose profiles call this extender (default default-scheduler,tessera-scheduler, the two profiles of deploy/extender/scheduler-config.yaml): the planner plans their ungated gang members and queued pods itself; a pod of another scheduler is planned only when the webhooks gated it", func(v string) error {
+		o.schedulers = nil
+		for _, n := range strings.Split(v, ",") {
+			if n = strings.TrimSpace(n); n != "" {
+				o.schedulers = append(o.schedulers, n)
+			}
+		}
+		if len(o.schedulers) == 0 {
+			return errors.New("name at least one scheduler")
+		}
+		return nil
+	})
 	fs.BoolVar(&o.numaFit, "numa-fit", true, "place a GPU pod only where its GPUs and exclusive CPUs can meet on one NUMA node, on nodes whose kubelet topology manager policy (published by the node agent) is single-numa-node or restricted, and prefer such placements under best-effort (docs/numa.md); false ignores the nodes' NUMA reports")
 	fs.BoolVar(&o.preemption, "preemption", true, "Tessera's priority preemption for GPU pods of every shape (whole GPUs and slices), which kube-scheduler cannot see (docs/extender.md)")
 	fs.DurationVar(&o.preemptionMinRuntime, "preemption-min-runtime", 0, "a pod that started less than this long ago is not preempted")
@@ -365,6 +379,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			Cache: cache, Client: gangClient,
 			Pods:   func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) },
 			Policy: policy, Levels: o.gangLevels, Events: recorder,
+			SchedulerNames: o.schedulers,
 		}
 		if enforcer != nil {
 			pcfg.Quota = enforcer
