@@ -42,7 +42,7 @@ func TestBuildOnMockMachines(t *testing.T) {
 		Pods: []PodHold{
 			{Namespace: "a", Name: "big", CPUs: mustParse("1-63,128-164")}, // 100 on NUMA 0
 			{Namespace: "a", Name: "small", CPUs: mustParse("64-67")},      // 4 on NUMA 1
-			{Namespace: "a", Name: "reserved-only", CPUs: cpuset.New(0)},          // not allocatable: left out
+			{Namespace: "a", Name: "reserved-only", CPUs: cpuset.New(0)},   // not allocatable: left out
 		},
 	}
 	got, err := Build(singleNUMA, a100, snap)
