@@ -69,7 +69,7 @@ include charts/chart.mk
 include cmd/kubectl-tessera/plugin.mk
 
 .PHONY: test-more
-test-more: chart-test test-integration test-repro
+test-more: chart-test test-vet test-integration test-repro
 
 # The FGD reproduction on the Alibaba trace (sim/repro_test.go, build tag
 # simrepro; the trace at ../shared/traces, a failure under CI=true when it is

@@ -52,9 +52,12 @@ test-integration: test-deps ## go test in test/ against real etcd, kube-apiserve
 		TESSERA_TEST_ETCD=$(TEST_ETCD) \
 		$(TEST_GO) test $(TEST_RACE) $(TEST_FLAGS) -timeout $(TEST_TIMEOUT) $(TEST_PKGS)
 
-# gofmt and go vet for the test module (the root lint's go vet stops at the
-# module boundary).
-test-vet: ## gofmt and go vet of the test/ module
+# gofmt, go vet and staticcheck for the test module (the root lint stops at
+# the module boundary). Included from the root Makefile, staticcheck is its
+# pinned one (TEST_STATICCHECK); on its own, the one on PATH.
+TEST_STATICCHECK ?= $(or $(STATICCHECK),staticcheck)
+test-vet: $(STATICCHECK) ## gofmt, go vet and staticcheck of the test/ module
 	@out=$$(cd $(TEST_DIR) && gofmt -l .); \
 		if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	cd $(TEST_DIR) && $(TEST_GO) vet ./...
+	cd $(TEST_DIR) && $(TEST_STATICCHECK) ./...

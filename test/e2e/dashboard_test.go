@@ -17,6 +17,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/tessera-gpu/tessera/deviceplugin"
@@ -186,12 +187,16 @@ var descName = regexp.MustCompile(`fqName: "([^"]+)"`)
 // its own name, every other metric's own name.
 func exportedSeries(names map[string]string, from string, cs ...prometheus.Collector) {
 	for _, c := range cs {
-		suffixes := []string{""}
+		var suffixes []string
 		switch c.(type) {
-		case *prometheus.HistogramVec, prometheus.Histogram:
-			suffixes = []string{"_bucket", "_sum", "_count"}
-		case *prometheus.SummaryVec, prometheus.Summary:
-			suffixes = []string{"", "_sum", "_count"}
+		case *prometheus.HistogramVec:
+			suffixes = histogramSuffixes
+		case *prometheus.SummaryVec:
+			suffixes = summarySuffixes
+		default:
+			// prometheus.Histogram and Summary are the same interface:
+			// tell them by what they write.
+			suffixes = suffixesOf(c)
 		}
 		ch := make(chan *prometheus.Desc, 64)
 		go func() { c.Describe(ch); close(ch) }()
@@ -205,6 +210,31 @@ func exportedSeries(names map[string]string, from string, cs ...prometheus.Colle
 			}
 		}
 	}
+}
+
+var (
+	histogramSuffixes = []string{"_bucket", "_sum", "_count"}
+	summarySuffixes   = []string{"", "_sum", "_count"}
+)
+
+// suffixesOf returns the series suffixes of a collector that is not a
+// vector: a single metric says by what it writes whether it is a histogram
+// or a summary (prometheus.Histogram and Summary are the same interface).
+func suffixesOf(c prometheus.Collector) []string {
+	m, ok := c.(prometheus.Metric)
+	if !ok {
+		return []string{""}
+	}
+	var pb dto.Metric
+	if err := m.Write(&pb); err == nil {
+		switch {
+		case pb.Histogram != nil:
+			return histogramSuffixes
+		case pb.Summary != nil:
+			return summarySuffixes
+		}
+	}
+	return []string{""}
 }
 
 // scrapedSeries adds the series names of a Prometheus text exposition.
