@@ -55,6 +55,10 @@ const pathAdmissionGang = "/admission/gang"
 // of namespaces a Queue serves is served (deploy/extender/webhook.yaml).
 const pathAdmissionQueue = "/admission/queue"
 
+// pathAdmissionNVIDIAGPU is where the nvidia.com/gpu compatibility webhook
+// is served (charts/tessera, compat.nvidiaGPU; off unless installed).
+const pathAdmissionNVIDIAGPU = "/admission/nvidia-gpu"
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stderr)
@@ -337,6 +341,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	mux.Handle("POST "+pathAdmissionGang, webhook)
 	mux.Handle("POST "+pathAdmissionQueue, webhook)
+	mux.Handle("POST "+pathAdmissionNVIDIAGPU, admission.Handler{Review: admission.ReviewNVIDIAGPU})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !ready.Load() {

@@ -5,6 +5,7 @@
 // malformed gang declaration is refused at creation with the reason. A GPU
 // pod outside any gang, in a namespace a Queue serves, is created with
 // api.SchedulingGateQueue: the same planner admits it in queue order.
+// ReviewNVIDIAGPU (compat.go) serves pods written for NVIDIA's device plugin.
 //
 // The HTTP handler decodes, calls the pure Review, and encodes.
 package admission
@@ -93,6 +94,9 @@ const maxBody = 8 << 20
 type Handler struct {
 	// Queued reports whether a Queue serves a namespace; nil: none does.
 	Queued func(namespace string) bool
+	// Review decides a request instead of the gang and queue Review (e.g.
+	// ReviewNVIDIAGPU).
+	Review func(*admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse
 }
 
 var _ http.Handler = Handler{}
@@ -130,9 +134,14 @@ func (h Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fail(http.StatusBadRequest, errors.New("admission review without a request").Error())
 		return
 	}
-	resp := Review(review.Request, h.Queued)
+	var resp *admissionv1.AdmissionResponse
+	if h.Review != nil {
+		resp = h.Review(review.Request)
+	} else {
+		resp = Review(review.Request, h.Queued)
+	}
 	if !resp.Allowed {
-		logger.Info("Refused a pod's gang declaration", "pod", klog.KRef(review.Request.Namespace, review.Request.Name), "reason", resp.Result.Message)
+		logger.Info("Refused a pod", "pod", klog.KRef(review.Request.Namespace, review.Request.Name), "reason", resp.Result.Message)
 	}
 	out := admissionv1.AdmissionReview{TypeMeta: review.TypeMeta, Response: resp}
 	if out.APIVersion == "" {

@@ -44,16 +44,15 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/test/framework/controlplane"
+	"github.com/tessera-gpu/tessera/test/framework/install"
 )
 
 const (
-	// EnvHelm names a helm binary to use instead of building one.
-	EnvHelm = "TESSERA_TEST_HELM"
 	// releaseNS is the namespace the chart is installed in (the README's
 	// helm install -n tessera-system).
 	releaseNS = "tessera-system"
 	// kubeVersion is the test cluster's (test/go.mod's k8s.io/kubernetes).
-	kubeVersion = "v1.34.2"
+	kubeVersion = install.KubeVersion
 	// fieldManager is the dry-run applies' field manager.
 	fieldManager = "tessera-chart-test"
 )
@@ -72,6 +71,9 @@ type variant struct {
 	schedulerProfiles []string
 	// https: the extender serves HTTPS with a CA the chart generated.
 	https bool
+	// webhooks are the names of tessera-gang's webhooks, in order (an
+	// https variant; default gang and queue).
+	webhooks []string
 }
 
 var common = []string{
@@ -110,8 +112,11 @@ var variants = []variant{
 		https:             true,
 	},
 	{
-		name: "scheduler-configmap",
-		args: []string{"--set", "scheduler.mode=configmap"},
+		// With the nvidia.com/gpu compatibility webhook: its match
+		// condition is compiled by the API server.
+		name:     "scheduler-configmap",
+		args:     []string{"--set", "scheduler.mode=configmap,extender.webhooks.nvidiaGPU=true"},
+		webhooks: []string{"nvidia-gpu.tessera.dev", "gang.tessera.dev", "queue.tessera.dev"},
 		want: append(slices.Clone(common),
 			"Deployment/tessera-system/tessera-extender",
 			"ConfigMap/tessera-system/tessera-scheduler-config",
@@ -530,8 +535,16 @@ func checkRendering(t *testing.T, v variant, objs []*unstructured.Unstructured) 
 	data, _, _ := unstructured.NestedStringMap(secret.Object, "data")
 	ca := data["ca.crt"]
 	webhooks, _, _ := unstructured.NestedSlice(whc.Object, "webhooks")
-	if len(webhooks) != 2 {
-		t.Errorf("%s: %d webhooks, want gang and queue", v.name, len(webhooks))
+	wantHooks := v.webhooks
+	if wantHooks == nil {
+		wantHooks = []string{"gang.tessera.dev", "queue.tessera.dev"}
+	}
+	var names []string
+	for _, w := range webhooks {
+		names = append(names, fmt.Sprint(w.(map[string]any)["name"]))
+	}
+	if !slices.Equal(names, wantHooks) {
+		t.Errorf("%s: webhooks %v, want %v", v.name, names, wantHooks)
 	}
 	for _, w := range webhooks {
 		bundle, _, _ := unstructured.NestedString(w.(map[string]any), "clientConfig", "caBundle")
@@ -776,22 +789,14 @@ func repoRoot(t *testing.T) string {
 }
 
 // helmBinary returns $TESSERA_TEST_HELM, or the helm that hack/tools'
-// go.mod pins, built (or found in the build cache) by go tool.
+// go.mod pins (install.HelmBinary).
 func helmBinary(t *testing.T, repo string) string {
 	t.Helper()
-	if p := os.Getenv(EnvHelm); p != "" {
-		return p
-	}
-	cmd := exec.Command("go", "tool", "-n", "helm")
-	cmd.Dir = filepath.Join(repo, "hack", "tools")
-	cmd.Env = append(os.Environ(), "GOWORK=off")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+	helm, err := install.HelmBinary(repo)
 	if err != nil {
-		t.Fatalf("build helm from hack/tools (go tool -n helm; or set %s): %v\n%s", EnvHelm, err, stderr.String())
+		t.Fatal(err)
 	}
-	return strings.TrimSpace(string(out))
+	return helm
 }
 
 // copyChart copies the chart directory to a temporary one.
