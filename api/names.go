@@ -47,11 +47,12 @@ func IsSharedResource(name corev1.ResourceName) bool {
 	return name == ResourceGPUMemory || name == ResourceGPUCore
 }
 
-// IsTesseraResource reports whether name is one of the resources in Resources.
+// IsTesseraResource reports whether name is one of the resources in
+// Resources or a MIG resource (IsMIGResource).
 func IsTesseraResource(name corev1.ResourceName) bool {
 	switch name {
 	case ResourceGPU, ResourceGPUMemory, ResourceGPUCore:
 		return true
 	}
-	return false
+	return IsMIGResource(name)
 }
