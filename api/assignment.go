@@ -42,6 +42,18 @@ type ContainerAssignment struct {
 	// tessera.dev/gpu-memory and tessera.dev/gpu-core. The scheduler
 	// extender writes it.
 	Shared *SharedGPU `json:"shared,omitempty"`
+	// MIG are the MIG instances (tessera.dev/mig-<profile>) the kubelet
+	// allocated to the container, ordered by GPU index and placement. The
+	// node agent writes them.
+	MIG []MIGRef `json:"mig,omitempty"`
+}
+
+// MIGRef names one MIG instance of a node: its UUID, its profile and its
+// GPU.
+type MIGRef struct {
+	UUID    string `json:"uuid"`
+	Profile string `json:"profile"`
+	GPU     GPURef `json:"gpu"`
 }
 
 // GPURef names one GPU of a node.
@@ -107,6 +119,22 @@ func (a *Assignment) Validate() error {
 			}
 			if uuids[s.GPU.UUID] {
 				return fmt.Errorf("%s.shared.gpu: %q is also one of the container's whole GPUs", field, s.GPU.UUID)
+			}
+		}
+		for k, m := range c.MIG {
+			f := fmt.Sprintf("%s.mig[%d]", field, k)
+			if !ValidMIGUUID(m.UUID) {
+				return fmt.Errorf("%s.uuid: %q is not a MIG UUID like MIG-<hex>", f, m.UUID)
+			}
+			if uuids[m.UUID] {
+				return fmt.Errorf("%s.uuid: %q is listed twice", f, m.UUID)
+			}
+			uuids[m.UUID] = true
+			if err := CheckMIGProfile(f+".profile", m.Profile); err != nil {
+				return err
+			}
+			if err := m.GPU.validate(); err != nil {
+				return fmt.Errorf("%s.gpu.%w", f, err)
 			}
 		}
 	}

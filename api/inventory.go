@@ -79,6 +79,27 @@ type InventoryGPU struct {
 	Healthy  bool `json:"healthy"`
 	// Reason says why an unhealthy GPU is unhealthy, e.g. "XID 79".
 	Reason string `json:"reason,omitempty"`
+	// MIG is set when the GPU is in MIG mode: it is then offered only as
+	// its MIG instances (tessera.dev/mig-<profile>), never whole or as
+	// slices (MemoryUnits 0).
+	MIG *InventoryMIG `json:"mig,omitempty"`
+}
+
+// InventoryMIG is the MIG layout of a GPU of a GPUInventory.
+type InventoryMIG struct {
+	Instances []InventoryMIGInstance `json:"instances"`
+}
+
+// InventoryMIGInstance is one MIG instance of a GPU.
+type InventoryMIGInstance struct {
+	// UUID is the instance's MIG UUID (its device ID in the kubelet).
+	UUID string `json:"uuid"`
+	// Profile is its profile, e.g. "1g.5gb": it is a device of the
+	// resource MIGResource(Profile).
+	Profile string `json:"profile"`
+	MIGPlacement
+	// Healthy is false when the instance (or its GPU) is unhealthy.
+	Healthy bool `json:"healthy"`
 }
 
 var linkPattern = regexp.MustCompile(`^(X|NVS?[1-9][0-9]?|BOARD|PIX|PXB|PHB|NODE|SYS)$`)
@@ -123,6 +144,29 @@ func (inv *GPUInventory) Validate() error {
 		}
 		if g.Healthy && g.Reason != "" {
 			return fmt.Errorf("%s.reason: a healthy GPU has no reason, got %q", field, g.Reason)
+		}
+		if g.MIG != nil {
+			if g.MemoryUnits != 0 {
+				return fmt.Errorf("%s.memoryUnits: a GPU in MIG mode is not sliced, got %d", field, g.MemoryUnits)
+			}
+			places := make([]MIGPlacement, 0, len(g.MIG.Instances))
+			for k, in := range g.MIG.Instances {
+				f := fmt.Sprintf("%s.mig.instances[%d]", field, k)
+				if !ValidMIGUUID(in.UUID) {
+					return fmt.Errorf("%s.uuid: %q is not a MIG UUID like MIG-<hex>", f, in.UUID)
+				}
+				if j, dup := uuids[in.UUID]; dup {
+					return fmt.Errorf("%s.uuid: %q is also gpus[%d]'s", f, in.UUID, j)
+				}
+				uuids[in.UUID] = i
+				if err := CheckMIGProfile(f+".profile", in.Profile); err != nil {
+					return err
+				}
+				places = append(places, in.MIGPlacement)
+			}
+			if err := CheckMIGPlacements(field+".mig.instances", places); err != nil {
+				return err
+			}
 		}
 	}
 	n := len(inv.GPUs)

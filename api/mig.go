@@ -59,3 +59,40 @@ func CheckMIGProfile(field, profile string) error {
 	}
 	return nil
 }
+
+// MIGSlices is the number of memory slices of a GPU in MIG mode (A100,
+// H100, B200): a placement lies within [0, MIGSlices).
+const MIGSlices = 8
+
+// MIGPlacement is where a MIG instance lies in its GPU's memory slices:
+// [Start, Start+Size).
+type MIGPlacement struct {
+	Start int `json:"start"`
+	Size  int `json:"size"`
+}
+
+// CheckMIGPlacements checks that each placement has a size of 1, 2, 4 or
+// 8 slices, starts at a multiple of its size (8-slice ones at 0; a 1-slice
+// one anywhere but 7, where no GPU places one), lies within the GPU, and
+// overlaps no other. field names the list in errors.
+func CheckMIGPlacements(field string, places []MIGPlacement) error {
+	var used [MIGSlices]int // 1 + index of the placement on each slice
+	for i, p := range places {
+		f := fmt.Sprintf("%s[%d]", field, i)
+		switch p.Size {
+		case 1, 2, 4, 8:
+		default:
+			return fmt.Errorf("%s.size: must be 1, 2, 4 or 8 memory slices, got %d", f, p.Size)
+		}
+		if p.Start < 0 || p.Start+p.Size > MIGSlices || p.Start%p.Size != 0 || (p.Size == 1 && p.Start == MIGSlices-1) {
+			return fmt.Errorf("%s.start: %d is not a placement of a %d-slice instance", f, p.Start, p.Size)
+		}
+		for s := p.Start; s < p.Start+p.Size; s++ {
+			if used[s] != 0 {
+				return fmt.Errorf("%s: slices %d-%d overlap %s[%d]", f, p.Start, p.Start+p.Size-1, field, used[s]-1)
+			}
+			used[s] = i + 1
+		}
+	}
+	return nil
+}

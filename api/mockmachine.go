@@ -64,6 +64,27 @@ type MockGPU struct {
 	// PCIBusID is the GPU's PCI address, "0000:07:00.0" (domain, bus,
 	// device, function).
 	PCIBusID string `json:"pciBusID"`
+	// MIG, when set, puts the GPU in MIG mode with these instances (static
+	// MIG: a GPU instance with one compute instance over all its slices).
+	MIG *MockMIG `json:"mig,omitempty"`
+}
+
+// MockMIG is the MIG layout of a GPU of a MockMachine.
+type MockMIG struct {
+	// Instances may be empty: MIG mode on, nothing created yet.
+	Instances []MockMIGInstance `json:"instances"`
+}
+
+// MockMIGInstance is one MIG instance: its profile and its placement in
+// the GPU's memory slices (MIGSlices of them).
+type MockMIGInstance struct {
+	// Profile is NVIDIA's name, e.g. "1g.5gb" (ValidMIGProfile).
+	Profile string `json:"profile"`
+	// Start and Size are the placement: slices [Start, Start+Size).
+	Start int `json:"start"`
+	Size  int `json:"size"`
+	// UUID is optional; by default derived from the GPU's UUID and Start.
+	UUID string `json:"uuid,omitempty"`
 }
 
 // MockNVSwitch is an NVSwitch fabric that connects GPUs all-to-all.
@@ -153,6 +174,22 @@ func (m *MockMachine) Validate() error {
 				return fmt.Errorf("%s.uuid: %q is also gpus[%d]'s", field, g.UUID, j)
 			}
 			uuids[g.UUID] = i
+		}
+		if g.MIG != nil {
+			places := make([]MIGPlacement, 0, len(g.MIG.Instances))
+			for k, in := range g.MIG.Instances {
+				f := fmt.Sprintf("%s.mig.instances[%d]", field, k)
+				if err := CheckMIGProfile(f+".profile", in.Profile); err != nil {
+					return err
+				}
+				if in.UUID != "" && !ValidMIGUUID(in.UUID) {
+					return fmt.Errorf("%s.uuid: %q is not a MIG UUID like MIG-<hex>", f, in.UUID)
+				}
+				places = append(places, MIGPlacement{Start: in.Start, Size: in.Size})
+			}
+			if err := CheckMIGPlacements(field+".mig.instances", places); err != nil {
+				return err
+			}
 		}
 	}
 	if err := m.validateNVLinks(n); err != nil {
