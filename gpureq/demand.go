@@ -55,6 +55,9 @@ type Container struct {
 	// percent of one GPU. Either or both make a shared slice.
 	MemUnits int64
 	Cores    int64
+	// MIG counts the MIG instances asked per profile
+	// (tessera.dev/mig-<profile>); nil when none.
+	MIG map[string]int64
 }
 
 // Shared reports whether c asks for a shared slice.
@@ -95,6 +98,9 @@ type Pod struct {
 	// rounded up to a whole MiB.
 	CPUMilli int64
 	MemMiB   int64
+	// MIG is what the pod holds at its peak of each MIG profile (the rule
+	// of PeakUnits, per profile); nil when it asks for none.
+	MIG map[string]int64
 }
 
 // Shares are the containers that ask for a shared slice. All of them are
@@ -146,10 +152,31 @@ func ParsePod(pod *corev1.Pod) (Pod, error) {
 			}
 			*r.dst = v
 		}
+		for _, list := range []corev1.ResourceList{c.Resources.Requests, c.Resources.Limits} {
+			for name := range list {
+				profile, ok := api.MIGProfileOf(name)
+				if !ok {
+					continue
+				}
+				if _, seen := rc.MIG[profile]; seen {
+					continue // the request, read first
+				}
+				q, _ := quantity(c, name)
+				v, exact := q.AsInt64()
+				if !exact || v < 0 {
+					return &Refusal{Code: CodeInvalidQuantity, Container: c.Name,
+						Message: fmt.Sprintf("container %q: %s must be a non-negative integer, got %s", c.Name, name, q.String())}
+				}
+				if rc.MIG == nil {
+					rc.MIG = map[string]int64{}
+				}
+				rc.MIG[profile] = v
+			}
+		}
 		if r := rc.Check(); r != nil {
 			return r
 		}
-		if rc.Whole > 0 || rc.Shared() {
+		if rc.Whole > 0 || rc.Shared() || len(rc.MIG) > 0 {
 			out.Containers = append(out.Containers, rc)
 		}
 		return nil
@@ -166,11 +193,14 @@ func ParsePod(pod *corev1.Pod) (Pod, error) {
 		}
 	}
 	out.Peak = PeakUnits(out.Containers)
+	out.MIG = PeakMIG(out.Containers)
 	whole, shared := false, false
 	for _, c := range out.Containers {
 		whole, shared = whole || c.Whole > 0, shared || c.Shared()
 	}
 	switch {
+	case len(out.MIG) > 0 && (whole || shared):
+		return out, &Refusal{Code: CodeMIGAndOther, Message: "the pod asks for MIG instances and whole GPUs or a shared slice: use one kind of GPU resource per pod"}
 	case whole && shared:
 		return out, &Refusal{Code: CodeWholeAndShared, Message: "the pod asks for whole GPUs and a shared slice: use one or the other"}
 	case out.Peak.Whole > allocator.MaxGPUsPerNode:
@@ -291,6 +321,28 @@ func peak[T any](items []T, kind func(T) Kind, vals func(T) vec) vec {
 func PeakUnits(cs []Container) Units {
 	v := peak(cs, func(c Container) Kind { return c.Kind }, func(c Container) vec { return vec{c.Whole, c.MemUnits, c.Cores} })
 	return Units{Whole: v[0], MemUnits: v[1], Cores: v[2]}
+}
+
+// PeakMIG is what containers (in start order) hold at once at their peak of
+// each MIG profile (the rule of PeakUnits, profile by profile); nil when
+// they ask for none.
+func PeakMIG(cs []Container) map[string]int64 {
+	var out map[string]int64
+	for _, c := range cs {
+		for profile := range c.MIG {
+			if _, done := out[profile]; done {
+				continue
+			}
+			v := peak(cs, func(c Container) Kind { return c.Kind }, func(c Container) vec { return vec{c.MIG[profile]} })
+			if v[0] > 0 {
+				if out == nil {
+					out = map[string]int64{}
+				}
+				out[profile] = v[0]
+			}
+		}
+	}
+	return out
 }
 
 // KindOf is the kind of pod's container name (Regular when the pod has no

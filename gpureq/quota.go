@@ -1,6 +1,8 @@
 package gpureq
 
 import (
+	"slices"
+
 	corev1 "k8s.io/api/core/v1"
 	resourcehelper "k8s.io/component-helpers/resource"
 
@@ -18,7 +20,8 @@ func QuotaUse(pod *corev1.Pod) (quota.Resources, error) {
 }
 
 // QuotaCount is what pod counts against its namespace's quota: of each
-// resource quota governs (api.QuotaResources), what the pod holds at its
+// resource quota governs (api.QuotaResources, and each MIG profile's
+// resource), what the pod holds at its
 // peak (the rule of PeakUnits, which kube-scheduler applies too; a request
 // defaults to the limit), in whole units. For a pod ParsePod accepts these
 // are its Peak units exactly (a core-only slice counts its cores, not the
@@ -29,11 +32,12 @@ func QuotaUse(pod *corev1.Pod) (quota.Resources, error) {
 func QuotaCount(pod *corev1.Pod) quota.Resources {
 	reqs := resourcehelper.PodRequests(effective(pod, anyResource), resourcehelper.PodResourcesOptions{ExcludeOverhead: true, SkipPodLevelResources: true})
 	out := quota.Resources{}
-	for _, name := range api.QuotaResources() {
-		if q, ok := reqs[name]; ok {
-			if v := q.Value(); v > 0 {
-				out[name] = v
-			}
+	for name, q := range reqs {
+		if !slices.Contains(api.QuotaResources(), name) && !api.IsMIGResource(name) {
+			continue
+		}
+		if v := q.Value(); v > 0 {
+			out[name] = v
 		}
 	}
 	return out

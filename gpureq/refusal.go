@@ -12,6 +12,9 @@ const (
 	// CodeWholeAndShared: one container, or one pod, asks for whole GPUs
 	// and a shared slice (an MPS client sees only its server's GPU).
 	CodeWholeAndShared Code = "whole-and-shared"
+	// CodeMIGAndOther: a pod asks for MIG instances and whole GPUs or a
+	// slice.
+	CodeMIGAndOther Code = "mig-and-other"
 	// CodeCoresAboveGPU: a container, or the containers of a pod running
 	// together, ask for more than one GPU's cores.
 	CodeCoresAboveGPU Code = "cores-above-one-gpu"
