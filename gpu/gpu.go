@@ -36,6 +36,9 @@ type Interface interface {
 	Processes(index int) ([]Process, error)
 	// CheckHealth returns nil when NVML can talk to the GPU.
 	CheckHealth(index int) error
+	// MIG is the GPU's MIG state: whether MIG mode is on, and its MIG
+	// instances. A GPU without MIG support is not enabled, no error.
+	MIG(index int) (MIGInfo, error)
 	// WatchXIDs delivers the XID errors of every GPU to out until ctx ends.
 	// It returns ctx's error when ctx ends, or an error when the event set
 	// cannot be created or waited on.

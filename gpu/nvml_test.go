@@ -49,7 +49,7 @@ func TestOpen(t *testing.T) {
 		{spec: "mock:dgx-a100", wantMock: true},
 		{spec: "mock:pcie-2numa", wantMock: true},
 		{spec: "mock:no-such-machine", wantErr: `unknown mock machine "no-such-machine"`},
-		{spec: "fake", wantErr: `--nvml="fake": want "real", mock:NAME (one of dgx-1v, dgx-a100, pcie-2numa) or mock:PATH`},
+		{spec: "fake", wantErr: `--nvml="fake": want "real", mock:NAME (one of dgx-1v, dgx-a100, dgx-a100-mig, dgx-h100-mig, pcie-2numa) or mock:PATH`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.spec, func(t *testing.T) {

@@ -38,6 +38,7 @@ type gpuState struct {
 	procs   []nvml.ProcessInfo
 	mode    nvml.ComputeMode
 	smUtil  map[uint32]uint32 // PID -> SM utilisation percent
+	mig     []*migState       // the MIG instances, in profile order; nil without MIG
 }
 
 type mockLink struct {
@@ -63,6 +64,11 @@ func New(p *api.MockMachine) (*Machine, error) {
 		if st.uuid == "" {
 			st.uuid = derivedUUID(p.Name, i)
 		}
+		mig, err := newMIGStates(g, st.uuid)
+		if err != nil {
+			return nil, fmt.Errorf("mock machine %s: gpus[%d].mig: %w", p.Name, i, err)
+		}
+		st.mig = mig
 		used[st.busID] = true
 		m.gpus = append(m.gpus, st)
 	}
@@ -440,8 +446,7 @@ func (m *Machine) newDevice(g *gpuState) *mock.Device {
 		es.registered[i] |= mask
 		return nvml.SUCCESS
 	}
-	d.IsMigDeviceHandleFunc = func() (bool, nvml.Return) { return false, nvml.SUCCESS }
-	d.GetMigModeFunc = func() (int, int, nvml.Return) { return 0, 0, nvml.ERROR_NOT_SUPPORTED }
+	m.addMIG(d, g, live)
 	return d
 }
 

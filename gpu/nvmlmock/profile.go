@@ -30,6 +30,10 @@ const (
 	DGXA100Name   = "dgx-a100"
 	DGX1VName     = "dgx-1v"
 	PCIe2NUMAName = "pcie-2numa"
+	// DGXA100MIGName is dgx-a100 with GPUs 0-3 in MIG mode.
+	DGXA100MIGName = "dgx-a100-mig"
+	// DGXH100MIGName is a DGX H100 with GPUs 0-3 in MIG mode.
+	DGXH100MIGName = "dgx-h100-mig"
 )
 
 // ProfileNames lists the built-in profiles, sorted.
@@ -108,3 +112,11 @@ func DGX1V() *Machine { return Builtin(DGX1VName) }
 
 // PCIe2NUMA is 4 x L40S-48GB on PCIe, two per switch, a switch per NUMA node.
 func PCIe2NUMA() *Machine { return Builtin(PCIe2NUMAName) }
+
+// DGXA100MIG is dgx-a100 with GPUs 0-1 in 7 x 1g.5gb and GPUs 2-3 in
+// 3g.20gb + 2g.10gb + 1g.5gb; GPUs 4-7 whole.
+func DGXA100MIG() *Machine { return Builtin(DGXA100MIGName) }
+
+// DGXH100MIG is 8 x H100 80GB on NVSwitch with GPUs 0-1 in 7 x 1g.10gb and
+// GPUs 2-3 in 2 x 3g.40gb; GPUs 4-7 whole.
+func DGXH100MIG() *Machine { return Builtin(DGXH100MIGName) }

@@ -10,7 +10,7 @@ import (
 )
 
 func TestBuiltinProfilesAreValid(t *testing.T) {
-	want := []string{DGX1VName, DGXA100Name, PCIe2NUMAName}
+	want := []string{DGX1VName, DGXA100Name, DGXA100MIGName, DGXH100MIGName, PCIe2NUMAName}
 	if diff := cmp.Diff(want, ProfileNames()); diff != "" {
 		t.Fatalf("ProfileNames() mismatch (-want +got):\n%s", diff)
 	}
