@@ -39,6 +39,9 @@ const (
 	BadNUMATopology      Reason = "malformed-numa-topology"
 	NUMANodeTooSmall     Reason = "numa-node-too-small"
 	NoNUMAFit            Reason = "no-numa-node-fits"
+	NoMIG                Reason = "no-mig"
+	NoMIGProfile         Reason = "mig-profile-missing"
+	InsufficientMIG      Reason = "insufficient-free-mig"
 	reasonAllocatorOther Reason = "other"
 )
 
@@ -46,7 +49,7 @@ const (
 func (r Reason) Unresolvable() bool {
 	switch r {
 	case BadInventory, NoGPUs, ModelNotAllowed, NoSharedIsolation, InvalidRequest, TooFewGPUs, NoNVLinkClique, SliceTooLarge,
-		BadNUMATopology, NUMANodeTooSmall:
+		BadNUMATopology, NUMANodeTooSmall, NoMIG, NoMIGProfile:
 		return true
 	}
 	return false
@@ -81,10 +84,22 @@ func Check(st *NodeState, d *Demand) Reason {
 		return UnknownNode
 	}
 	kind := d.Kind()
+	info := st.Info
+	if len(d.MIG) > 0 {
+		switch {
+		case info.Err != nil:
+			return BadInventory
+		case !info.HasInventory || len(info.GPUs) == 0:
+			return NoGPUs
+		case len(d.Models) > 0 && !modelAllowed(info.Model, d.Models):
+			return ModelNotAllowed
+		}
+		r, _ := st.checkMIG(d)
+		return r
+	}
 	if kind == allocator.CPUOnly {
 		return Fits
 	}
-	info := st.Info
 	switch {
 	case info.Err != nil:
 		return BadInventory
@@ -206,6 +221,8 @@ func Explain(r Reason, st *NodeState, d *Demand) string {
 		m = "an NVLink whole-GPU pod on the node waits for the node agent to record its GPUs"
 	case BadNUMATopology, NUMANodeTooSmall, NoNUMAFit:
 		m = explainNUMA(st, d)
+	case NoMIG, NoMIGProfile, InsufficientMIG:
+		m = explainMIG(r, st, d)
 	default:
 		m = "does not fit"
 	}
@@ -251,6 +268,9 @@ func largestClique(info *NodeInfo, ok func(pos int) bool) int {
 func Score(p allocator.Policy, st *NodeState, d *Demand) (score float64, ok bool) {
 	if Check(st, d) != Fits {
 		return 0, false
+	}
+	if len(d.MIG) > 0 {
+		return st.migScore(d), true
 	}
 	req := d.Request(st.Info.UnitMiB, st.Info.SliceBaseMiB)
 	return p.Evaluate(st.viewFor(d.Kind()), req).Score, true
@@ -299,7 +319,7 @@ func NewQuery(d *Demand) *Query {
 	for _, s := range d.Shares {
 		fmt.Fprintf(&b, "/%d:%d:%d", s.Kind, s.MemUnits, s.Cores)
 	}
-	fmt.Fprintf(&b, "/numa%v", d.Align)
+	fmt.Fprintf(&b, "/numa%v%s", d.Align, migKey(d.MIG))
 	return &Query{D: d, key: b.String()}
 }
 
@@ -335,6 +355,11 @@ func (q *Query) Score(p allocator.Policy, st *NodeState) (float64, bool) {
 		return 0, false
 	}
 	if e.policy == p {
+		return e.score, true
+	}
+	if len(q.D.MIG) > 0 {
+		e.policy, e.score = p, st.migScore(q.D)
+		st.remember(e)
 		return e.score, true
 	}
 	req := q.D.Request(st.Info.UnitMiB, st.Info.SliceBaseMiB)
@@ -377,7 +402,7 @@ func ChoosePlacement(p allocator.Policy, st *NodeState, uid types.UID, d *Demand
 	if v := Filter(st, d); !v.Fits() {
 		return nil, fmt.Errorf("%w: %s", ErrNoFit, v.Message)
 	}
-	u := &PodUse{UID: uid, CPUMilli: d.CPUMilli, MemMiB: d.MemMiB, Align: d.Align}
+	u := &PodUse{UID: uid, CPUMilli: d.CPUMilli, MemMiB: d.MemMiB, Align: d.Align, MIGPending: migPending(d.MIG, nil)}
 	switch d.Kind() {
 	case allocator.Whole:
 		u.WholePending = d.WholeGPUs
@@ -504,7 +529,7 @@ func Preempt(st *NodeState, d *Demand, victims []types.UID) (kept []types.UID, o
 	}
 	var gpuVictims []*PodUse
 	for _, v := range victims {
-		if u, ok := st.Pods[v]; ok && (len(u.Shared) > 0 || len(u.Whole) > 0 || u.WholePending > 0) {
+		if u, ok := st.Pods[v]; ok && (len(u.Shared) > 0 || len(u.Whole) > 0 || u.WholePending > 0 || len(u.MIG) > 0 || len(u.MIGPending) > 0) {
 			gpuVictims = append(gpuVictims, u)
 		}
 	}

@@ -35,6 +35,10 @@ type Demand struct {
 	Models []string
 	// NVLink requires all whole GPUs in one NVLink clique.
 	NVLink bool
+	// MIG counts the MIG instances the pod holds at its peak per profile
+	// (tessera.dev/mig-<profile>); nil when none. A pod with MIG asks for
+	// no whole GPU and no slice (gpureq refuses the mix).
+	MIG map[string]int
 	// Align is what must meet on one NUMA node where the node's topology
 	// manager requires it: GPUs, exclusive CPUs, pinned memory
 	// (numa.PodDemand).
@@ -99,6 +103,12 @@ func ParseDemand(pod *corev1.Pod) (Demand, error) {
 	}
 	d.WholeGPUs = int(p.Peak.Whole)
 	d.Shares = p.Shares()
+	for profile, n := range p.MIG {
+		if d.MIG == nil {
+			d.MIG = map[string]int{}
+		}
+		d.MIG[profile] = int(min(n, 1<<20))
+	}
 	d.Align = numa.PodDemand(pod, p)
 	if d.NVLink && d.WholeGPUs == 0 {
 		d.NVLink = false // nothing to connect

@@ -36,6 +36,9 @@ type GPUInfo struct {
 	WithheldShared bool
 	// NUMANode is the GPU's NUMA node, -1 when the platform reports none.
 	NUMANode int
+	// InMIG: the GPU is in MIG mode, offered only as its MIG instances
+	// (NodeInfo.MIG), never whole or as slices.
+	InMIG bool
 }
 
 // NodeInfo is the static part of a node: its GPUs (from the inventory
@@ -66,6 +69,8 @@ type NodeInfo struct {
 	// a malformed report: the node then fits no GPU pod.
 	NUMA    *NodeNUMA
 	NUMAErr error
+	// MIG are the MIG instances of the node's GPUs in MIG mode.
+	MIG []MIGInstance
 }
 
 // position returns the position in GPUs of the GPU with uuid, or -1.
@@ -78,11 +83,11 @@ func (n *NodeInfo) position(uuid string) int {
 	return -1
 }
 
-// healthy counts the healthy GPUs.
+// healthy counts the healthy GPUs offered whole (not in MIG mode).
 func (n *NodeInfo) healthy() int {
 	c := 0
 	for i := range n.GPUs {
-		if n.GPUs[i].Healthy {
+		if n.GPUs[i].Healthy && !n.GPUs[i].InMIG {
 			c++
 		}
 	}
@@ -139,7 +144,7 @@ func NewNodeInfo(node *corev1.Node) *NodeInfo {
 			MemMiB:  int64(g.MemoryUnits) * int64(inv.MemoryUnitMiB),
 			Healthy: g.Healthy, Reason: g.Reason,
 			WithheldWhole: withheldWhole[g.UUID], WithheldShared: withheldShared[g.UUID],
-			NUMANode: g.NUMANode,
+			NUMANode: g.NUMANode, InMIG: g.MIG != nil,
 		})
 		pos[g.Index] = i
 	}
@@ -159,6 +164,7 @@ func NewNodeInfo(node *corev1.Node) *NodeInfo {
 		info.Cliques = append(info.Cliques, pc)
 	}
 	info.NUMA, info.NUMAErr = newNodeNUMA(node, info.GPUs)
+	info.MIG = migInstances(inv.GPUs)
 	return info
 }
 
@@ -206,6 +212,11 @@ type PodUse struct {
 	// Align is what the pod must find on one NUMA node where the node's
 	// topology manager requires it (Demand.Align).
 	Align numa.Demand
+	// MIG are the UUIDs of the MIG instances the node agent recorded;
+	// MIGPending counts, per profile, the instances not recorded yet
+	// (the kubelet picks them).
+	MIG        []string
+	MIGPending map[string]int
 }
 
 // Key is namespace/name.
@@ -228,6 +239,7 @@ func NewPodUse(pod *corev1.Pod) *PodUse {
 	a, ok, aerr := api.GetAssignment(pod.Annotations)
 	if aerr != nil {
 		u.Err = aerr
+		u.MIGPending = migPending(d.MIG, nil)
 		u.WholePending = d.WholeGPUs
 		if len(d.Shares) > 0 {
 			u.WholePending = 1 // its slice is somewhere: hold a GPU
@@ -239,6 +251,9 @@ func NewPodUse(pod *corev1.Pod) *PodUse {
 			for _, g := range c.GPUs {
 				u.Whole = append(u.Whole, g.UUID)
 			}
+			for _, m := range c.MIG {
+				u.MIG = append(u.MIG, m.UUID)
+			}
 			if c.Shared != nil {
 				u.Shared = append(u.Shared, SharedUse{Container: c.Name, Kind: gpureq.KindOf(pod, c.Name), UUID: c.Shared.GPU.UUID, Index: c.Shared.GPU.Index, MemMiB: c.Shared.MemoryMiB, Cores: c.Shared.Cores})
 			}
@@ -248,6 +263,7 @@ func NewPodUse(pod *corev1.Pod) *PodUse {
 		u.WholePending = n
 		u.NVLink = d.NVLink
 	}
+	u.MIGPending = migPending(d.MIG, a)
 	if len(d.Shares) > 0 && len(u.Shared) == 0 {
 		// A bound shared pod without a recorded slice (bound without the
 		// extender, e.g. created with spec.nodeName): its GPU is unknown,
@@ -271,6 +287,7 @@ func PlannedPodUse(pod *corev1.Pod, plan *api.GangPlan) *PodUse {
 		u.Err = err
 	}
 	u.CPUMilli, u.MemMiB, u.Align = d.CPUMilli, d.MemMiB, d.Align
+	u.MIGPending = migPending(d.MIG, nil)
 	switch d.Kind() {
 	case allocator.Whole:
 		u.WholePending, u.NVLink = d.WholeGPUs, d.NVLink
@@ -347,6 +364,9 @@ type NodeState struct {
 	// numa is the free room of the node's NUMA nodes (nil without a NUMA
 	// report).
 	numa *numaState
+	// mig counts the node's MIG instances and their use (nil without
+	// any).
+	mig *migState
 	// memo caches Check and Score results of this state (see Query): a
 	// ring of the last maxMemo demands, inline to spare a pointer chase.
 	memoMu   sync.Mutex
@@ -396,7 +416,7 @@ func (s *NodeState) remember(e memoEntry) {
 // pending whole-GPU pods aside.
 func (s *NodeState) rawFree(p int) bool {
 	g := s.GPUs[p]
-	return s.Info.GPUs[p].Healthy && g.Whole == 0 && g.MemUsedMiB == 0 && g.CoresUsed == 0
+	return s.Info.GPUs[p].Healthy && !s.Info.GPUs[p].InMIG && g.Whole == 0 && g.MemUsedMiB == 0 && g.CoresUsed == 0
 }
 
 // offeredWhole reports whether the GPU at position p is free (rawFree) and
@@ -504,6 +524,7 @@ func BuildNodeState(info *NodeInfo, uses []*PodUse) *NodeState {
 		s.offeredSharedView = s.buildView(hold, true)
 	}
 	s.buildNUMA()
+	s.buildMIG()
 	return s
 }
 
@@ -555,7 +576,7 @@ func (s *NodeState) buildView(hold int, slicesOffered bool) allocator.Node {
 		st := s.GPUs[i]
 		ag := allocator.GPU{Index: g.Index, MemTotalMiB: g.MemMiB}
 		whole := st.Whole > 0 || (slicesOffered && g.WithheldShared)
-		if g.Healthy && gpureq.CheckShared(gpureq.GPUUse{Whole: whole}) == nil {
+		if g.Healthy && !g.InMIG && gpureq.CheckShared(gpureq.GPUUse{Whole: whole}) == nil {
 			ag.MilliFree = max(0, allocator.MilliPerGPU-gpureq.UsedCoresToMilli(st.CoresUsed))
 			ag.MemFreeMiB = max(0, g.MemMiB-st.MemUsedMiB)
 		}

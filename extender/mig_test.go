@@ -1,0 +1,151 @@
+package extender
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// migUUID is instance k of GPU i of node.
+func migUUID(node string, i, k int) string {
+	h := 0
+	for _, c := range node {
+		h = h*31 + int(c)
+	}
+	return fmt.Sprintf("MIG-%08x-%04x-%04x-0000-000000000000", uint32(h), i, k)
+}
+
+// migSlot is one instance of a layout.
+type migSlot struct {
+	profile     string
+	start, size int
+}
+
+// migNode is a node of 8 A100s of which GPUs 0-1 are in 7 × 1g.5gb and
+// GPUs 2-3 in 3g.20gb + 2g.10gb + 1g.5gb (dgx-a100-mig's layout).
+func migNode(name string) *corev1.Node {
+	b := makeNode(name).GPUs(8, "A100", 40960)
+	for i := 0; i < 4; i++ {
+		g := &b.inv.GPUs[i]
+		g.MemoryUnits = 0
+		g.MIG = &api.InventoryMIG{}
+		layout := []migSlot{{"1g.5gb", 0, 1}, {"1g.5gb", 1, 1}, {"1g.5gb", 2, 1}, {"1g.5gb", 3, 1}, {"1g.5gb", 4, 1}, {"1g.5gb", 5, 1}, {"1g.5gb", 6, 1}}
+		if i >= 2 {
+			layout = []migSlot{{"3g.20gb", 0, 4}, {"2g.10gb", 4, 2}, {"1g.5gb", 6, 1}}
+		}
+		for k, l := range layout {
+			g.MIG.Instances = append(g.MIG.Instances, api.InventoryMIGInstance{UUID: migUUID(name, i, k), Profile: l.profile,
+				MIGPlacement: api.MIGPlacement{Start: l.start, Size: l.size}, Healthy: true})
+		}
+	}
+	for _, p := range []string{"1g.5gb", "2g.10gb", "3g.20gb"} {
+		b.inv.Resources = append(b.inv.Resources, string(api.MIGResource(p)))
+	}
+	return b.Obj()
+}
+
+// migPod asks n instances of profile.
+func migPod(name, profile string, n int64) *podBuilder {
+	b := makePod(name)
+	b.pod.Spec.Containers[0].Resources.Limits[api.MIGResource(profile)] = *resource.NewQuantity(n, resource.DecimalSI)
+	return b
+}
+
+// HoldingMIG records the pod's MIG instances (GPU, instance) on its node.
+func (b *podBuilder) HoldingMIG(profile string, at ...[2]int) *podBuilder {
+	if b.assign == nil {
+		b.assign = api.NewAssignment()
+	}
+	var refs []api.MIGRef
+	for _, gk := range at {
+		refs = append(refs, api.MIGRef{UUID: migUUID(b.pod.Spec.NodeName, gk[0], gk[1]), Profile: profile,
+			GPU: api.GPURef{UUID: gpuUUID(b.pod.Spec.NodeName, gk[0]), Index: gk[0]}})
+	}
+	b.assign.Containers = append(b.assign.Containers, api.ContainerAssignment{Name: "main", MIG: refs})
+	return b
+}
+
+func TestMIGFilter(t *testing.T) {
+	tests := []struct {
+		name string
+		node *corev1.Node
+		pods []*corev1.Pod
+		pod  *corev1.Pod
+		want Reason
+		msg  string
+	}{
+		{name: "fits", node: migNode("n"), pod: migPod("p", "1g.5gb", 2).Obj()},
+		{name: "a node without MIG", node: makeNode("n").GPUs(8, "A100", 40960).Obj(), pod: migPod("p", "1g.5gb", 1).Obj(),
+			want: NoMIG, msg: "tessera: node has no GPU in MIG mode"},
+		{name: "a profile the node does not have", node: migNode("n"), pod: migPod("p", "7g.40gb", 1).Obj(),
+			want: NoMIGProfile, msg: "tessera: node has fewer than 1 healthy tessera.dev/mig-7g.40gb instances"},
+		{name: "recorded and pending instances are used", node: migNode("n"),
+			pods: []*corev1.Pod{migPod("a", "3g.20gb", 1).Node("n").HoldingMIG("3g.20gb", [2]int{2, 0}).Obj(), migPod("b", "3g.20gb", 1).Node("n").Obj()},
+			pod:  migPod("p", "3g.20gb", 1).Obj(), want: InsufficientMIG,
+			msg: "tessera: fewer than 1 tessera.dev/mig-3g.20gb instances free (0 free; instances of pods the node agent has not recorded yet count as used)"},
+		{name: "an ended pod's instance is free", node: migNode("n"),
+			pods: []*corev1.Pod{migPod("a", "3g.20gb", 1).Node("n").HoldingMIG("3g.20gb", [2]int{2, 0}).Obj()},
+			pod:  migPod("p", "3g.20gb", 1).Obj()},
+		{name: "16 of 16 1g.5gb", node: migNode("n"), pod: migPod("p", "1g.5gb", 16).Obj()},
+		{name: "17 of 16 1g.5gb", node: migNode("n"), pod: migPod("p", "1g.5gb", 17).Obj(), want: NoMIGProfile},
+		{name: "GPUs in MIG mode are not offered whole", node: migNode("n"), pod: makePod("p").Whole(5).Obj(), want: TooFewGPUs},
+		{name: "the other 4 are", node: migNode("n"), pod: makePod("p").Whole(4).Obj()},
+		{name: "nor sliced", node: migNode("n"), pods: []*corev1.Pod{makePod("w").Whole(4).Node("n").Holding(4, 5, 6, 7).Obj()},
+			pod: makePod("p").Shared(4, 10).Obj(), want: NoGPUForSlice},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newTestCache(t, []*corev1.Node{tc.node}, tc.pods)
+			d, err := ParseDemand(tc.pod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			v := Filter(mustState(t, c, "n"), &d)
+			if v.Reason != tc.want {
+				t.Fatalf("Filter = %+v, want %q", v, tc.want)
+			}
+			if tc.msg != "" && v.Message != tc.msg {
+				t.Errorf("message = %q, want %q", v.Message, tc.msg)
+			}
+			if r := tc.want; r == NoMIG || r == NoMIGProfile {
+				if !r.Unresolvable() {
+					t.Errorf("%s is resolvable", r)
+				}
+			}
+		})
+	}
+}
+
+// MIG pods binpack: the node with fewer free instances of the profile
+// scores higher, and a bound pod's instances count until recorded.
+func TestMIGScoreAndBind(t *testing.T) {
+	c := newTestCache(t, []*corev1.Node{migNode("a"), migNode("b")},
+		[]*corev1.Pod{migPod("x", "1g.5gb", 3).Node("b").HoldingMIG("1g.5gb", [2]int{0, 0}, [2]int{0, 1}, [2]int{0, 2}).Obj()})
+	d, _ := ParseDemand(migPod("p", "1g.5gb", 1).Obj())
+	q := NewQuery(&d)
+	sa, oka := q.Score(bestFit(t), mustState(t, c, "a"))
+	sb, okb := q.Score(bestFit(t), mustState(t, c, "b"))
+	if !oka || !okb || sb <= sa {
+		t.Fatalf("scores a=%v(%v) b=%v(%v): want b above a", sa, oka, sb, okb)
+	}
+	// Reserve 13 more on b: it is then full for 1g.5gb.
+	big, _ := ParseDemand(migPod("q", "1g.5gb", 13).Obj())
+	u, err := ChoosePlacement(bestFit(t), mustState(t, c, "b"), "q", &big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.MIGPending["1g.5gb"] != 13 {
+		t.Fatalf("placement = %+v, want 13 1g.5gb pending", u)
+	}
+	if _, err := c.Reserve("q", "b", func(*NodeState) (*PodUse, error) { u.Node = "b"; return u, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if v := Filter(mustState(t, c, "b"), &d); v.Reason != InsufficientMIG || !strings.Contains(v.Message, "0 free") {
+		t.Errorf("after the reservation: %+v, want insufficient-free-mig", v)
+	}
+}
