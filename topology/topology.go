@@ -26,6 +26,14 @@ type Source interface {
 
 var _ Source = gpu.Interface(nil)
 
+// MIGSource is what the model reads of MIG; gpu.Interface satisfies it. A
+// Source that does not implement it has no GPU in MIG mode.
+type MIGSource interface {
+	MIG(index int) (gpu.MIGInfo, error)
+}
+
+var _ MIGSource = gpu.Interface(nil)
+
 // LinkType classifies the connection between two GPUs, best first.
 type LinkType string
 
@@ -74,6 +82,28 @@ type GPU struct {
 	NVLinks int `json:"nvlinks"`
 	// NVSwitch is true when the GPU's NVLinks go to an NVSwitch fabric.
 	NVSwitch bool `json:"nvswitch,omitempty"`
+	// MIG is set when the GPU is in MIG mode: its MIG instances. Such a
+	// GPU is served only as its instances, never whole or sliced.
+	MIG *MIG `json:"mig,omitempty"`
+}
+
+// MIG is the MIG layout of a GPU in MIG mode.
+type MIG struct {
+	// Instances are ordered by placement start; empty when MIG mode is on
+	// and no instance was created.
+	Instances []MIGInstance `json:"instances"`
+}
+
+// MIGInstance is one MIG device (a GPU instance with its compute
+// instance).
+type MIGInstance struct {
+	UUID string `json:"uuid"`
+	// Profile is NVIDIA's name, e.g. "1g.5gb".
+	Profile string `json:"profile"`
+	// Start and Size are the placement in the GPU's memory slices.
+	Start     int    `json:"start"`
+	Size      int    `json:"size"`
+	MemoryMiB uint64 `json:"memoryMiB"`
 }
 
 // Link is the connection between two GPUs.
@@ -125,6 +155,14 @@ func Build(src Source, sys Sysfs) (*Topology, error) {
 		if err != nil && !errors.Is(err, gpu.ErrNotSupported) {
 			return nil, fmt.Errorf("reading NVLinks of GPU %d: %w", i, err)
 		}
+		mig, err := readMIG(src, i)
+		if errors.Is(err, gpu.ErrGPULost) {
+			t.LostGPUs = append(t.LostGPUs, LostGPU{Index: i, Error: err.Error()})
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading the MIG layout of GPU %d: %w", i, err)
+		}
 		numa, err := sys.NUMANodeOfPCI(info.PCIBusID)
 		if err != nil {
 			return nil, fmt.Errorf("GPU %d: %w", i, err)
@@ -137,6 +175,7 @@ func Build(src Source, sys Sysfs) (*Topology, error) {
 			NUMANode:  numa,
 			PCIBusID:  info.PCIBusID,
 			NVLinks:   len(links),
+			MIG:       mig,
 		}
 		for _, l := range links {
 			if l.Remote == gpu.RemoteSwitch {
@@ -157,6 +196,30 @@ func Build(src Source, sys Sysfs) (*Topology, error) {
 	}
 	t.NUMANodes = append([]NUMANode{}, nodes...)
 	return t, nil
+}
+
+// readMIG returns GPU i's MIG layout, nil when MIG mode is off, not
+// supported, or src cannot say.
+func readMIG(src Source, i int) (*MIG, error) {
+	ms, ok := src.(MIGSource)
+	if !ok {
+		return nil, nil
+	}
+	info, err := ms.MIG(i)
+	if errors.Is(err, gpu.ErrNotSupported) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !info.Enabled {
+		return nil, nil
+	}
+	mig := &MIG{Instances: []MIGInstance{}}
+	for _, in := range info.Instances {
+		mig.Instances = append(mig.Instances, MIGInstance{UUID: in.UUID, Profile: in.Profile, Start: in.Start, Size: in.Size, MemoryMiB: in.MemoryMiB})
+	}
+	return mig, nil
 }
 
 func buildLinks(src Source, gpus []GPU, nvlinks [][]gpu.NVLink) ([][]Link, error) {

@@ -282,3 +282,67 @@ func atoi(t *testing.T, s string) int {
 	}
 	return n
 }
+
+// The MIG part of the topology contract, in JSON and text, on the mock
+// DGX A100 with MIG (issue 20).
+func TestTopologyMIG(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if err := run(context.Background(), []string{"topology", "--nvml=mock:dgx-a100-mig"}, &stdout, &stderr); err != nil {
+		t.Fatalf("topology: %v (stderr: %s)", err, stderr.String())
+	}
+	var c struct {
+		GPUs []struct {
+			MIG *struct {
+				Instances []struct {
+					UUID      string `json:"uuid"`
+					Profile   string `json:"profile"`
+					Start     *int   `json:"start"`
+					Size      int    `json:"size"`
+					MemoryMiB int    `json:"memoryMiB"`
+				} `json:"instances"`
+			} `json:"mig"`
+		} `json:"gpus"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &c); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for i, g := range c.GPUs {
+		if g.MIG == nil {
+			got = append(got, "whole")
+			continue
+		}
+		var parts []string
+		for _, in := range g.MIG.Instances {
+			if !strings.HasPrefix(in.UUID, "MIG-") || in.Start == nil || in.MemoryMiB == 0 {
+				t.Errorf("GPU %d instance %+v", i, in)
+				continue
+			}
+			parts = append(parts, in.Profile)
+		}
+		got = append(got, strings.Join(parts, ","))
+	}
+	seven := strings.TrimSuffix(strings.Repeat("1g.5gb,", 7), ",")
+	mixed := "3g.20gb,2g.10gb,1g.5gb"
+	want := []string{seven, seven, mixed, mixed, "whole", "whole", "whole", "whole"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("MIG layouts (-want +got):\n%s", diff)
+	}
+
+	stdout.Reset()
+	if err := run(context.Background(), []string{"topology", "--nvml=mock:dgx-a100-mig", "--output=text"}, &stdout, &stderr); err != nil {
+		t.Fatalf("topology --output=text: %v", err)
+	}
+	text := stdout.String()
+	if n := strings.Count(text, "MIG 1g.5gb"); n != 16 {
+		t.Errorf("text output lists %d 1g.5gb instances, want 16:\n%s", n, text)
+	}
+	for _, s := range []string{"on, 7 instances", "MIG 3g.20gb", "slices 0-3", "slices 4-5", "off"} {
+		if !strings.Contains(text, s) {
+			t.Errorf("text output lacks %q:\n%s", s, text)
+		}
+	}
+	if err := run(context.Background(), []string{"topology", "--nvml=mock:dgx-a100", "--output=yaml"}, &stdout, &stderr); err == nil {
+		t.Error("--output=yaml accepted")
+	}
+}
