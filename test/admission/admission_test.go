@@ -750,6 +750,8 @@ func TestGPUPodsAreNotBoundBySpecNodeName(t *testing.T) {
 		{"tenant, whole GPU by nodeName", e.tenant, pod("w", "gpu-node", false, false, api.ResourceGPU), true},
 		{"tenant, GPU memory by nodeName", e.tenant, pod("m", "gpu-node", false, true, api.ResourceGPUMemory), true},
 		{"tenant, GPU cores in an init container by nodeName", e.tenant, pod("c", "gpu-node", true, false, api.ResourceGPUCore), true},
+		{"tenant, a MIG instance by nodeName", e.tenant, pod("mig", "gpu-node", false, false, api.MIGResource("1g.5gb")), true},
+		{"tenant, a MIG instance requested in an init container by nodeName", e.tenant, pod("mig-init", "gpu-node", true, true, api.MIGResource("3g.40gb")), true},
 		{"tenant, no GPU by nodeName", e.tenant, pod("cpu", "gpu-node", false, false, ""), false},
 		{"tenant, GPU without nodeName", e.tenant, pod("sched", "", false, false, api.ResourceGPU), false},
 		{"cluster admin, GPU by nodeName", e.admin, pod("admin", "gpu-node", false, false, api.ResourceGPU), false},

@@ -196,6 +196,11 @@ extenders:
   - {name: tessera.dev/gpu, ignoredByScheduler: false}
   - {name: tessera.dev/gpu-memory, ignoredByScheduler: false}
   - {name: tessera.dev/gpu-core, ignoredByScheduler: false}
+  # One resource per MIG profile (managedResources names resources, not
+  # prefixes): scheduler.migProfiles.
+  {{- range $root.Values.scheduler.migProfiles }}
+  - {name: tessera.dev/mig-{{ . }}, ignoredByScheduler: false}
+  {{- end }}
   # A GPU pod must not be placed without the extender: shared pods need the
   # assignment it writes at bind.
   ignorable: false
