@@ -85,19 +85,7 @@ func Check(st *NodeState, d *Demand) Reason {
 	}
 	kind := d.Kind()
 	info := st.Info
-	if len(d.MIG) > 0 {
-		switch {
-		case info.Err != nil:
-			return BadInventory
-		case !info.HasInventory || len(info.GPUs) == 0:
-			return NoGPUs
-		case len(d.Models) > 0 && !modelAllowed(info.Model, d.Models):
-			return ModelNotAllowed
-		}
-		r, _ := st.checkMIG(d)
-		return r
-	}
-	if kind == allocator.CPUOnly {
+	if kind == allocator.CPUOnly && len(d.MIG) == 0 {
 		return Fits
 	}
 	switch {
@@ -107,6 +95,9 @@ func Check(st *NodeState, d *Demand) Reason {
 		return NoGPUs
 	case len(d.Models) > 0 && !modelAllowed(info.Model, d.Models):
 		return ModelNotAllowed
+	case len(d.MIG) > 0:
+		r, _ := st.checkMIG(d)
+		return r
 	case kind == allocator.Shared && !info.SharedIsolation:
 		return NoSharedIsolation
 	}

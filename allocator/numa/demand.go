@@ -38,10 +38,7 @@ func Guaranteed(pod *corev1.Pod) bool {
 // container c of a Guaranteed pod to itself: its CPU request when that is a
 // whole number of CPUs, else none (the container runs in the shared pool).
 func ExclusiveCPUs(c *corev1.Container) int {
-	q, ok := c.Resources.Requests[corev1.ResourceCPU]
-	if !ok {
-		q, ok = c.Resources.Limits[corev1.ResourceCPU]
-	}
+	q, ok := requestOrLimit(c, corev1.ResourceCPU)
 	if !ok {
 		return 0
 	}
@@ -52,12 +49,19 @@ func ExclusiveCPUs(c *corev1.Container) int {
 	return int(m / 1000)
 }
 
+// requestOrLimit is c's request of name, or its limit when it sets only a
+// limit (the API server's defaulting).
+func requestOrLimit(c *corev1.Container, name corev1.ResourceName) (resource.Quantity, bool) {
+	if q, ok := c.Resources.Requests[name]; ok {
+		return q, true
+	}
+	q, ok := c.Resources.Limits[name]
+	return q, ok
+}
+
 // memMiB is c's memory request in MiB, rounded up.
 func memMiB(c *corev1.Container) int64 {
-	q, ok := c.Resources.Requests[corev1.ResourceMemory]
-	if !ok {
-		q, ok = c.Resources.Limits[corev1.ResourceMemory]
-	}
+	q, ok := requestOrLimit(c, corev1.ResourceMemory)
 	if !ok {
 		return 0
 	}

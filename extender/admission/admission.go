@@ -39,13 +39,9 @@ var podResource = metav1.GroupVersionResource{Version: "v1", Resource: "pods"}
 // read is refused with the reason. queued reports whether a Queue serves a
 // namespace (nil: none does).
 func Review(req *admissionv1.AdmissionRequest, queued func(namespace string) bool) *admissionv1.AdmissionResponse {
-	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
-	if req.Resource != podResource || req.Operation != admissionv1.Create {
+	resp, pod, done := podCreate(req)
+	if done {
 		return resp
-	}
-	var pod corev1.Pod
-	if err := json.Unmarshal(req.Object.Raw, &pod); err != nil {
-		return deny(resp, http.StatusBadRequest, fmt.Sprintf("decoding the pod: %v", err))
 	}
 	if pod.Namespace == "" {
 		pod.Namespace = req.Namespace
@@ -53,16 +49,16 @@ func Review(req *admissionv1.AdmissionRequest, queued func(namespace string) boo
 	if pod.Name == "" {
 		pod.Name = req.Name
 	}
-	_, member, err := api.GangOf(&pod)
+	_, member, err := api.GangOf(pod)
 	if err != nil {
 		return deny(resp, http.StatusUnprocessableEntity, err.Error())
 	}
 	gate := corev1.PodSchedulingGate{Name: api.SchedulingGateGang}
 	switch {
-	case member && api.HasGangGate(&pod):
+	case member && api.HasGangGate(pod):
 		return resp
 	case member:
-	case queued == nil || api.HasQueueGate(&pod) || len(gpureq.QuotaCount(&pod)) == 0 || !queued(pod.Namespace):
+	case queued == nil || api.HasQueueGate(pod) || len(gpureq.QuotaCount(pod)) == 0 || !queued(pod.Namespace):
 		return resp
 	default:
 		gate.Name = api.SchedulingGateQueue
@@ -78,6 +74,21 @@ func Review(req *admissionv1.AdmissionRequest, queued func(namespace string) boo
 	pt := admissionv1.PatchTypeJSONPatch
 	resp.Patch, resp.PatchType = patch, &pt
 	return resp
+}
+
+// podCreate starts the review of req: the allowing response, and the pod
+// when req creates one. done is set when the review ends here: req is not
+// a pod's creation (allowed), or its pod cannot be decoded (refused).
+func podCreate(req *admissionv1.AdmissionRequest) (resp *admissionv1.AdmissionResponse, pod *corev1.Pod, done bool) {
+	resp = &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
+	if req.Resource != podResource || req.Operation != admissionv1.Create {
+		return resp, nil, true
+	}
+	pod = &corev1.Pod{}
+	if err := json.Unmarshal(req.Object.Raw, pod); err != nil {
+		return deny(resp, http.StatusBadRequest, fmt.Sprintf("decoding the pod: %v", err)), nil, true
+	}
+	return resp, pod, false
 }
 
 func deny(resp *admissionv1.AdmissionResponse, code int32, msg string) *admissionv1.AdmissionResponse {

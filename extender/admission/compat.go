@@ -21,13 +21,9 @@ import (
 // asking both names is refused (which count it meant is not clear), as is a
 // count that is not a whole number. Everything else passes untouched.
 func ReviewNVIDIAGPU(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
-	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
-	if req.Resource != podResource || req.Operation != admissionv1.Create {
+	resp, pod, done := podCreate(req)
+	if done {
 		return resp
-	}
-	var pod corev1.Pod
-	if err := json.Unmarshal(req.Object.Raw, &pod); err != nil {
-		return deny(resp, http.StatusBadRequest, fmt.Sprintf("decoding the pod: %v", err))
 	}
 	var ops []patchOp
 	for _, list := range []struct {

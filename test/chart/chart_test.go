@@ -182,7 +182,7 @@ func TestChartObjectsAreAccepted(t *testing.T) {
 		if _, err := dyn.Resource(crdGVR).Create(ctx, crd, metav1.CreateOptions{FieldManager: fieldManager}); err != nil {
 			t.Fatalf("create CustomResourceDefinition %s: %v", crd.GetName(), err)
 		}
-		if err := waitEstablished(ctx, dyn, crd.GetName()); err != nil {
+		if err := install.WaitEstablished(ctx, dyn, crd.GetName()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -657,31 +657,6 @@ func newMapper(cp *controlplane.ControlPlane) (meta.RESTMapper, error) {
 	return restmapper.NewDiscoveryRESTMapper(groups), nil
 }
 
-func waitEstablished(ctx context.Context, dyn dynamic.Interface, name string) error {
-	var last string
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		crd, err := dyn.Resource(crdGVR).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			last = err.Error()
-			return false, nil
-		}
-		conds, _, _ := unstructured.NestedSlice(crd.Object, "status", "conditions")
-		for _, c := range conds {
-			m, _ := c.(map[string]any)
-			if m["type"] == "Established" && m["status"] == "True" {
-				return true, nil
-			}
-			if m["status"] == "False" {
-				last = fmt.Sprintf("%v: %v", m["type"], m["message"])
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		return fmt.Errorf("CRD %s not established: %w (%s)", name, err, last)
-	}
-	return nil
-}
 
 // render runs helm template on chart (release tessera in tessera-system,
 // CRDs included) and returns every object.

@@ -256,14 +256,16 @@ func CRDs(ctx context.Context, cfg *rest.Config, repoRoot string) ([]string, err
 			continue
 		}
 		names = append(names, o.GetName())
-		if err := waitEstablished(ctx, a.dyn, o.GetName()); err != nil {
+		if err := WaitEstablished(ctx, a.dyn, o.GetName()); err != nil {
 			return nil, err
 		}
 	}
 	return names, nil
 }
 
-func waitEstablished(ctx context.Context, dyn dynamic.Interface, name string) error {
+// WaitEstablished waits until the CustomResourceDefinition name is
+// Established (its resources can be served), or fails after 30 s.
+func WaitEstablished(ctx context.Context, dyn dynamic.Interface, name string) error {
 	crds := dyn.Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
 	var last string
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
