@@ -914,7 +914,7 @@ func (p *GangPlanner) gangInput(snap map[string]*NodeState, g *api.Gang, members
 			}
 			cliques = append(cliques, idx)
 		}
-		nodes = append(nodes, gang.Node{Node: st.View(kind), Labels: info.Labels, Cliques: cliques, Admit: st.numaAdmit(demands)})
+		nodes = append(nodes, gang.Node{Node: st.View(kind), Labels: info.Labels, Cliques: cliques, Admit: allOf(st.numaAdmit(demands), st.migAdmit(demands))})
 	}
 	grp := gang.Group{Namespace: g.Namespace, Name: g.Name, MinMember: minMember, Levels: p.levels}
 	if g.Levels != nil {

@@ -2,6 +2,7 @@ package extender
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -182,4 +183,49 @@ func migPending(demand map[string]int, a *api.Assignment) map[string]int {
 		}
 	}
 	return out
+}
+
+// migAdmit is the gang planner's MIG rule for the node (gang.Node.Admit):
+// the members it would put on the node, demands[i] for member i, must find
+// as many free instances of each profile together. nil when no member asks
+// for MIG.
+func (s *NodeState) migAdmit(demands []Demand) func(members []int) bool {
+	if !slices.ContainsFunc(demands, func(d Demand) bool { return len(d.MIG) > 0 }) {
+		return nil
+	}
+	return func(members []int) bool {
+		want := map[string]int{}
+		for _, m := range members {
+			for p, n := range demands[m].MIG {
+				want[p] += n
+			}
+		}
+		for p, n := range want {
+			if s.mig.free(p) < n {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+// allOf admits what every non-nil rule admits (nil when all are nil).
+func allOf(rules ...func([]int) bool) func([]int) bool {
+	var set []func([]int) bool
+	for _, r := range rules {
+		if r != nil {
+			set = append(set, r)
+		}
+	}
+	if len(set) == 0 {
+		return nil
+	}
+	return func(members []int) bool {
+		for _, r := range set {
+			if !r(members) {
+				return false
+			}
+		}
+		return true
+	}
 }

@@ -8,6 +8,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/tessera-gpu/tessera/allocator"
+	"github.com/tessera-gpu/tessera/allocator/gang"
 	"github.com/tessera-gpu/tessera/api"
 )
 
@@ -147,5 +149,44 @@ func TestMIGScoreAndBind(t *testing.T) {
 	}
 	if v := Filter(mustState(t, c, "b"), &d); v.Reason != InsufficientMIG || !strings.Contains(v.Message, "0 free") {
 		t.Errorf("after the reservation: %+v, want insufficient-free-mig", v)
+	}
+}
+
+// A gang of MIG pods is planned by the instances free on each node.
+func TestMIGGangPlan(t *testing.T) {
+	c := newTestCache(t, []*corev1.Node{migNode("a"), makeNode("b").GPUs(8, "A100", 40960).Obj()}, nil)
+	var demands []Demand
+	grp := gang.Group{Namespace: "default", Name: "g"}
+	for i := 0; i < 2; i++ {
+		d, err := ParseDemand(migPod(fmt.Sprintf("m%d", i), "3g.20gb", 1).Obj())
+		if err != nil {
+			t.Fatal(err)
+		}
+		demands = append(demands, d)
+		grp.Members = append(grp.Members, gang.Member{Name: fmt.Sprintf("m%d", i), Request: d.Request(1024, 40960)})
+	}
+	plan := func() (*gang.Plan, error) {
+		var nodes []gang.Node
+		for _, n := range []string{"a", "b"} {
+			st := mustState(t, c, n)
+			nodes = append(nodes, gang.Node{Node: st.View(allocator.Whole), Admit: allOf(st.numaAdmit(demands), st.migAdmit(demands))})
+		}
+		grp.MinMember = len(grp.Members)
+		return gang.PlanGroup(grp, nodes, bestFit(t))
+	}
+	p, err := plan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pl := range p.Placements {
+		if pl.Node != "a" {
+			t.Errorf("member %s planned on %s, the node without MIG", pl.Member, pl.Node)
+		}
+	}
+	// A third 3g.20gb finds none (node a has two).
+	demands = append(demands, demands[0])
+	grp.Members = append(grp.Members, gang.Member{Name: "m2", Request: demands[0].Request(1024, 40960)})
+	if _, err := plan(); err == nil {
+		t.Error("three 3g.20gb members planned on a node with two")
 	}
 }
