@@ -88,6 +88,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == jobsCommand {
 		return runJobs(args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == migCommand {
+		return runMIG(args[1:], stdout, stderr)
+	}
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		return err

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/tessera-gpu/tessera/allocator/mig"
+	"github.com/tessera-gpu/tessera/sim"
+)
+
+// migCommand replays the Alibaba trace on MIG GPUs (tessera-sim mig ...).
+const migCommand = "mig"
+
+type migOptions struct {
+	nodes, pods, policies, seeds, model, plot, tieBreak string
+	workers                                             int
+	ratio                                               float64
+	quiet                                               bool
+}
+
+func parseMIGFlags(args []string, stderr io.Writer) (*migOptions, error) {
+	o := &migOptions{}
+	fs := flag.NewFlagSet("tessera-sim mig", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.nodes, "nodes", "", "node list CSV (openb_node_list_gpu_node.csv)")
+	fs.StringVar(&o.pods, "pods", "", "pod list CSV(s), comma-separated (openb_pod_list_*.csv)")
+	fs.StringVar(&o.policies, "policy", strings.Join(sim.MIGPolicies(), ","), "comma-separated MIG policies: "+strings.Join(sim.MIGPolicies(), ", "))
+	fs.StringVar(&o.seeds, "seeds", "42-51", "seeds, e.g. 42-51 or 42,45")
+	fs.StringVar(&o.model, "mig-model", sim.DefaultMIGModel, "MIG geometry of every GPU: "+strings.Join(mig.Models(), ", "))
+	fs.IntVar(&o.workers, "workers", 1, "simulations run in parallel")
+	fs.StringVar(&o.plot, "plot", "", "write an SVG plot of unplaced GPU demand % vs arrived workload to this file")
+	fs.StringVar(&o.tieBreak, "tie-break", "artifact", "node order: artifact (seed-permuted node names) or name")
+	fs.Float64Var(&o.ratio, "ratio", sim.DefaultRatio, "workload size as a multiple of the cluster's GPU capacity")
+	fs.BoolVar(&o.quiet, "quiet", false, "no progress on stderr")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: tessera-sim mig --nodes NODES.csv --pods PODS.csv[,PODS2.csv] [flags]")
+		fmt.Fprintln(stderr, "Replays the trace on GPUs in dynamic MIG mode: sharing pods get the smallest covering profile, whole-GPU pods 7g (docs/sim.md, MIG).")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	switch {
+	case fs.NArg() > 0:
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	case o.nodes == "":
+		return nil, errors.New("--nodes is required")
+	case o.pods == "":
+		return nil, errors.New("--pods is required")
+	case o.workers < 1:
+		return nil, fmt.Errorf("--workers %d: want at least 1", o.workers)
+	case o.ratio <= 0:
+		return nil, fmt.Errorf("--ratio %v: want > 0", o.ratio)
+	}
+	if _, ok := mig.Lookup(o.model); !ok {
+		return nil, fmt.Errorf("--mig-model %q: known: %s", o.model, strings.Join(mig.Models(), ", "))
+	}
+	return o, nil
+}
+
+func runMIG(args []string, stdout, stderr io.Writer) error {
+	o, err := parseMIGFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	var policies []string
+	for _, p := range strings.Split(o.policies, ",") {
+		if p = strings.ToLower(strings.TrimSpace(p)); p == "" {
+			continue
+		}
+		known := false
+		for _, k := range sim.MIGPolicies() {
+			known = known || k == p
+		}
+		if !known {
+			return fmt.Errorf("--policy: unknown MIG policy %q (known: %s)", p, strings.Join(sim.MIGPolicies(), ", "))
+		}
+		policies = append(policies, p)
+	}
+	if len(policies) == 0 {
+		return fmt.Errorf("--policy: no policy in %q", o.policies)
+	}
+	seeds, err := sim.ParseSeeds(o.seeds)
+	if err != nil {
+		return fmt.Errorf("--seeds: %w", err)
+	}
+	tie, err := sim.ParseTieBreak(o.tieBreak)
+	if err != nil {
+		return fmt.Errorf("--tie-break: %w", err)
+	}
+	nodes, err := sim.LoadNodes(o.nodes)
+	if err != nil {
+		return err
+	}
+	var traces []*sim.Trace
+	for _, p := range strings.Split(o.pods, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		pods, err := sim.LoadPods(p)
+		if err != nil {
+			return err
+		}
+		traces = append(traces, &sim.Trace{Workload: sim.WorkloadName(p), Nodes: nodes, Pods: pods})
+	}
+	jobs := sim.MIGJobs(traces, policies, seeds, sim.MIGConfig{Model: o.model, Plan: sim.PlanOptions{Ratio: o.ratio, TieBreak: tie}})
+	start := time.Now()
+	var progress func(done, total int, r *sim.MIGResult)
+	if !o.quiet {
+		progress = func(done, total int, r *sim.MIGResult) {
+			fmt.Fprintf(stderr, "[%d/%d %s] %s mig-%s seed %d: %d/%d GPU pods placed\n",
+				done, total, time.Since(start).Round(time.Second), r.Workload, r.Policy, r.Seed, r.GPUPlaced, r.GPUPods)
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	results, err := sim.RunMIGAll(ctx, jobs, o.workers, progress)
+	if err != nil {
+		return err
+	}
+	if !o.quiet {
+		fmt.Fprintf(stderr, "%d simulations in %s\n", len(results), time.Since(start).Round(time.Millisecond))
+	}
+	sums := sim.SummarizeMIG(results)
+	out := bufio.NewWriter(stdout)
+	if err := writeMIGTable(out, sums, o.model); err != nil {
+		return err
+	}
+	if err := out.Flush(); err != nil {
+		return fmt.Errorf("write output: %w", err)
+	}
+	if o.plot != "" {
+		plain := make([]sim.Summary, len(sums))
+		for i, s := range sums {
+			plain[i] = s.Summary()
+		}
+		if err := writePlot(o.plot, plain); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeMIGTable writes, per workload, one row per MIG policy: the unplaced
+// GPU demand and the idle MIG compute at 100% arrived, the GPU pods placed
+// by the end, and the mean instances per profile.
+func writeMIGTable(w io.Writer, sums []sim.MIGSummary, model string) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	workload := ""
+	for _, s := range sums {
+		if s.Workload != workload {
+			if workload != "" {
+				fmt.Fprintln(tw)
+			}
+			workload = s.Workload
+			fmt.Fprintf(tw, "workload %s on %s MIG, %d seeds\n", s.Workload, model, len(s.Seeds))
+			fmt.Fprintln(tw, "policy\tunplaced demand %@100 (mean ± sd)\tidle MIG compute %@100\tGPU pods placed %@130\tinstances per profile (mean)")
+		}
+		names := make([]string, 0, len(s.Profiles))
+		for n := range s.Profiles {
+			names = append(names, n)
+		}
+		sort.Slice(names, func(i, j int) bool {
+			ci, _, _ := mig.ParseProfile(names[i])
+			cj, _, _ := mig.ParseProfile(names[j])
+			if ci != cj {
+				return ci < cj
+			}
+			return names[i] < names[j]
+		})
+		var prof []string
+		for _, n := range names {
+			prof = append(prof, fmt.Sprintf("%s:%.0f", n, s.Profiles[n]))
+		}
+		fmt.Fprintf(tw, "mig-%s\t%.2f ± %.2f\t%.2f ± %.2f\t%.2f ± %.2f\t%s\n", s.Policy,
+			s.Unplaced.Mean, s.Unplaced.SD, s.Idle.Mean, s.Idle.SD, s.PodsPlaced.Mean, s.PodsPlaced.SD, strings.Join(prof, " "))
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write table: %w", err)
+	}
+	return nil
+}
