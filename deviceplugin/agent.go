@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -139,6 +140,10 @@ type Agent struct {
 	syncNow     chan struct{}
 	publishNow  chan struct{}
 
+	// absentMIG are the configured MIG resources no instance of the node
+	// has: not served, logged at Run.
+	absentMIG []corev1.ResourceName
+
 	mu         sync.Mutex
 	placements map[kubeletstate.ContainerKey]string
 	registered map[corev1.ResourceName]bool
@@ -178,11 +183,12 @@ func New(opts Options) (*Agent, error) {
 	var watched []health.GPU
 	gpuIndex := map[string]int{}
 	for _, g := range opts.Topology.GPUs {
-		gpus = append(gpus, devices.GPU{Index: g.Index, UUID: g.UUID, NUMANode: g.NUMANode, MemoryMiB: g.MemoryMiB})
+		gpus = append(gpus, ModelGPU(g))
 		watched = append(watched, health.GPU{Index: g.Index, UUID: g.UUID})
 		gpuIndex[g.UUID] = g.Index
 	}
-	model, err := devices.New(gpus, devices.Options{Resources: cfg.Resources, MemoryUnitMiB: cfg.MemoryUnitMiB, MemoryReserveMiB: cfg.MemoryReserveMiB})
+	resources, absent := ServedResources(cfg, gpus)
+	model, err := devices.New(gpus, devices.Options{Resources: resources, MemoryUnitMiB: cfg.MemoryUnitMiB, MemoryReserveMiB: cfg.MemoryReserveMiB})
 	if err != nil {
 		return nil, fmt.Errorf("device model: %w", err)
 	}
@@ -190,7 +196,7 @@ func New(opts Options) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("preferred allocation policy: %w", err)
 	}
-	kinds, err := newKinds(kindEnv{cfg: cfg, model: model, policy: policy})
+	kinds, err := newKinds(kindEnv{cfg: cfg, resources: resources, model: model, policy: policy})
 	if err != nil {
 		return nil, err
 	}
@@ -205,6 +211,7 @@ func New(opts Options) (*Agent, error) {
 		publishNow:  make(chan struct{}, 1),
 		placements:  map[kubeletstate.ContainerKey]string{},
 		registered:  map[corev1.ResourceName]bool{},
+		absentMIG:   absent,
 	}
 	a.health = health.New(opts.GPU, watched, health.Options{
 		IgnoredXIDs:   cfg.IgnoredXIDs,
@@ -235,6 +242,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	for _, l := range a.opts.Topology.LostGPUs {
 		a.logger.Info("GPU lost at start; it is not advertised", "gpu", l.Index, "error", l.Error)
 	}
+	a.logMIG()
 	if err := os.MkdirAll(a.opts.PluginDir, 0o750); err != nil {
 		return fmt.Errorf("creating the device-plugin directory: %w", err)
 	}
@@ -597,7 +605,44 @@ func (a *Agent) Inventory() *api.GPUInventory {
 	return inv
 }
 
+// ModelGPU is the device model's view of a GPU of the topology.
+func ModelGPU(g topology.GPU) devices.GPU {
+	d := devices.GPU{Index: g.Index, UUID: g.UUID, NUMANode: g.NUMANode, MemoryMiB: g.MemoryMiB}
+	if g.MIG != nil {
+		d.MIGMode = true
+		for _, in := range g.MIG.Instances {
+			d.MIG = append(d.MIG, devices.MIGInstance{UUID: in.UUID, Profile: in.Profile, Start: in.Start, Size: in.Size})
+		}
+	}
+	return d
+}
+
+// logMIG says which GPUs are in MIG mode and what of them is served.
+func (a *Agent) logMIG() {
+	for _, g := range a.opts.Topology.GPUs {
+		if g.MIG == nil {
+			continue
+		}
+		var served, skipped []string
+		for _, in := range g.MIG.Instances {
+			if api.ValidMIGProfile(in.Profile) {
+				served = append(served, in.Profile)
+			} else {
+				skipped = append(skipped, in.Profile+" "+in.UUID)
+			}
+		}
+		a.logger.Info("GPU in MIG mode: offered only as its MIG instances", "gpu", g.Index, "uuid", g.UUID, "instances", served)
+		if len(skipped) > 0 {
+			a.logger.Info("WARNING: MIG instances of profiles Tessera cannot serve as a resource are not advertised", "gpu", g.Index, "instances", skipped)
+		}
+	}
+	for _, r := range a.absentMIG {
+		a.logger.Info("WARNING: a configured MIG resource has no instance on this node; not served", "resource", r)
+	}
+}
+
 // BuildInventory renders the node's GPUs for the inventory annotation.
+// Resources are the model's (the served ones, MIG included).
 func BuildInventory(t *topology.Topology, m *devices.Model, cfg *api.NodeAgentConfig, h devices.HealthMap, nri bool) *api.GPUInventory {
 	inv := &api.GPUInventory{
 		APIVersion:       api.Version,
@@ -609,18 +654,32 @@ func BuildInventory(t *topology.Topology, m *devices.Model, cfg *api.NodeAgentCo
 		Links:            [][]string{},
 		NVLinkCliques:    [][]int{},
 	}
-	for _, r := range cfg.Resources {
+	for _, r := range m.Resources() {
 		inv.Resources = append(inv.Resources, string(r))
 	}
 	for _, g := range t.GPUs {
 		s := h.Of(g.UUID)
 		units := 0
-		if cfg.ResourceEnabled(api.ResourceGPUMemory) {
-			units = m.Units(api.ResourceGPUMemory, devices.GPU{MemoryMiB: g.MemoryMiB})
+		if slices.Contains(m.Resources(), api.ResourceGPUMemory) {
+			units = m.Units(api.ResourceGPUMemory, ModelGPU(g))
 		}
 		ig := api.InventoryGPU{Index: g.Index, UUID: g.UUID, Model: g.Model, MemoryMiB: g.MemoryMiB, MemoryUnits: units, NUMANode: g.NUMANode, Healthy: s.Healthy}
 		if !s.Healthy {
 			ig.Reason = s.Reason
+		}
+		if g.MIG != nil {
+			ig.MIG = &api.InventoryMIG{Instances: []api.InventoryMIGInstance{}}
+			for _, in := range g.MIG.Instances {
+				if !api.ValidMIGProfile(in.Profile) {
+					continue // not served (logged at start)
+				}
+				ig.MIG.Instances = append(ig.MIG.Instances, api.InventoryMIGInstance{
+					UUID:         in.UUID,
+					Profile:      in.Profile,
+					MIGPlacement: api.MIGPlacement{Start: in.Start, Size: in.Size},
+					Healthy:      s.Healthy,
+				})
+			}
 		}
 		inv.GPUs = append(inv.GPUs, ig)
 	}

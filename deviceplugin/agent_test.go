@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -608,9 +609,10 @@ func TestBuildInventory(t *testing.T) {
 			cfg := api.NewNodeAgentConfig()
 			var gpus []devices.GPU
 			for _, g := range topo.GPUs {
-				gpus = append(gpus, devices.GPU{Index: g.Index, UUID: g.UUID, NUMANode: g.NUMANode, MemoryMiB: g.MemoryMiB})
+				gpus = append(gpus, deviceplugin.ModelGPU(g))
 			}
-			model, err := devices.New(gpus, devices.Options{Resources: cfg.Resources, MemoryUnitMiB: cfg.MemoryUnitMiB})
+			resources, _ := deviceplugin.ServedResources(cfg, gpus)
+			model, err := devices.New(gpus, devices.Options{Resources: resources, MemoryUnitMiB: cfg.MemoryUnitMiB})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -624,8 +626,35 @@ func TestBuildInventory(t *testing.T) {
 			if !inv.SharedIsolation {
 				t.Error("sharedIsolation = false with NRI connected")
 			}
-			if want := int(m.Profile().GPUs[0].MemoryMiB / 1024); inv.GPUs[0].MemoryUnits != want {
-				t.Errorf("memory units %d, want %d", inv.GPUs[0].MemoryUnits, want)
+			for i, g := range m.Profile().GPUs {
+				want := int(g.MemoryMiB / 1024)
+				if g.MIG != nil {
+					want = 0 // never sliced
+				}
+				if inv.GPUs[i].MemoryUnits != want {
+					t.Errorf("GPU %d: memory units %d, want %d", i, inv.GPUs[i].MemoryUnits, want)
+				}
+				if (g.MIG != nil) != (inv.GPUs[i].MIG != nil) {
+					t.Fatalf("GPU %d: MIG in the inventory %+v, in the machine %+v", i, inv.GPUs[i].MIG, g.MIG)
+				}
+				if g.MIG == nil {
+					continue
+				}
+				var got, want2 []string
+				for k, in := range inv.GPUs[i].MIG.Instances {
+					got = append(got, fmt.Sprintf("%s %s@%d+%d %v", in.UUID, in.Profile, in.Start, in.Size, in.Healthy))
+					want2 = append(want2, fmt.Sprintf("%s %s@%d+%d %v", m.MIGUUIDs(i)[k], g.MIG.Instances[k].Profile, g.MIG.Instances[k].Start, g.MIG.Instances[k].Size, i != 0))
+				}
+				if diff := cmp.Diff(want2, got); diff != "" {
+					t.Errorf("GPU %d MIG instances (-want +got):\n%s", i, diff)
+				}
+			}
+			for _, g := range m.Profile().GPUs {
+				for _, in := range migInstances(g) {
+					if !slices.Contains(inv.Resources, string(api.MIGResource(in.Profile))) {
+						t.Errorf("inventory resources %v lack %s", inv.Resources, api.MIGResource(in.Profile))
+					}
+				}
 			}
 			if b, _ := json.Marshal(inv); len(b) > 16<<10 {
 				t.Errorf("inventory of %d bytes is too large for an annotation", len(b))
@@ -872,4 +901,11 @@ func TestPublishesWithheldGPUs(t *testing.T) {
 	kubelet.set()
 	pods.updates <- podsUpdate{assigned: map[string]bool{}, released: true}
 	waitWithheld("GPUs 5 and 6 released", nil, nil)
+}
+
+func migInstances(g api.MockGPU) []api.MockMIGInstance {
+	if g.MIG == nil {
+		return nil
+	}
+	return g.MIG.Instances
 }

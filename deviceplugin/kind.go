@@ -76,9 +76,11 @@ type SharedKind interface {
 
 // kindEnv is what the factory gives the kinds.
 type kindEnv struct {
-	cfg    *api.NodeAgentConfig
-	model  *devices.Model
-	policy *preferred.GPUPolicy
+	cfg *api.NodeAgentConfig
+	// resources are the served resources (ServedResources), in order.
+	resources []corev1.ResourceName
+	model     *devices.Model
+	policy    *preferred.GPUPolicy
 }
 
 // newKinds builds the kinds of the configuration's resources, in its
@@ -86,15 +88,17 @@ type kindEnv struct {
 // resources apart.
 func newKinds(env kindEnv) ([]Kind, error) {
 	var kinds []Kind
-	for _, r := range env.cfg.Resources {
+	for _, r := range env.resources {
 		var k Kind
-		switch r {
-		case api.ResourceGPU:
+		switch {
+		case r == api.ResourceGPU:
 			k = newGPUKind(env)
-		case api.ResourceGPUMemory:
+		case r == api.ResourceGPUMemory:
 			k = newMemoryKind(env)
-		case api.ResourceGPUCore:
+		case r == api.ResourceGPUCore:
 			k = newCoreKind(env)
+		case api.IsMIGResource(r):
+			k = newMIGKind(r, env)
 		default:
 			return nil, fmt.Errorf("resource %q has no device kind", r)
 		}

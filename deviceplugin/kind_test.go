@@ -22,7 +22,7 @@ func testKinds(t *testing.T, resources ...corev1.ResourceName) (*devices.Model, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	kinds, err := newKinds(kindEnv{cfg: cfg, model: m})
+	kinds, err := newKinds(kindEnv{cfg: cfg, resources: cfg.Resources, model: m})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +38,7 @@ func TestNewKindsFollowsTheConfiguredResources(t *testing.T) {
 	if want := []corev1.ResourceName{api.ResourceGPUCore, api.ResourceGPU}; !slices.Equal(got, want) {
 		t.Fatalf("kinds %v, want %v", got, want)
 	}
-	if _, err := newKinds(kindEnv{cfg: &api.NodeAgentConfig{Resources: []corev1.ResourceName{"tessera.dev/mig-1g.10gb"}}}); err == nil {
+	if _, err := newKinds(kindEnv{resources: []corev1.ResourceName{"tessera.dev/gpu-clock"}}); err == nil {
 		t.Fatal("newKinds accepted a resource without a kind")
 	}
 }

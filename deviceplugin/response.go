@@ -21,7 +21,6 @@ const cdiAnnotationPlugin = "tessera-node"
 // GPUs, to the volume-mounts directory, or to "void" where CDI alone passes
 // the devices.
 func wholeResponse(cfg *api.NodeAgentConfig, gpus []devices.GPU) *pluginapi.ContainerAllocateResponse {
-	resp := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{api.EnvNVIDIAVisibleDevices: api.VisibleDevicesVoid}}
 	var names, uuids []string
 	for _, g := range gpus {
 		uuids = append(uuids, g.UUID)
@@ -31,13 +30,32 @@ func wholeResponse(cfg *api.NodeAgentConfig, gpus []devices.GPU) *pluginapi.Cont
 		}
 		names = append(names, cfg.CDIKind+"="+name)
 	}
+	return visibleResponse(cfg, api.ResourceGPU, uuids, names)
+}
+
+// migResponse tells the runtime to give a container exactly the MIG
+// instances uuids, like wholeResponse: CDI names <cdiKind>=<MIG UUID>
+// (whatever cdiDeviceName says: a MIG device has no index of its own that
+// outlives a repartition), NVIDIA_VISIBLE_DEVICES the MIG UUIDs.
+func migResponse(cfg *api.NodeAgentConfig, r corev1.ResourceName, uuids []string) *pluginapi.ContainerAllocateResponse {
+	names := make([]string, len(uuids))
+	for i, u := range uuids {
+		names[i] = cfg.CDIKind + "=" + u
+	}
+	return visibleResponse(cfg, r, uuids, names)
+}
+
+// visibleResponse answers a container with the devices uuids (GPU or MIG
+// UUIDs) and their CDI names, per the device list strategy, for resource r.
+func visibleResponse(cfg *api.NodeAgentConfig, r corev1.ResourceName, uuids, names []string) *pluginapi.ContainerAllocateResponse {
+	resp := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{api.EnvNVIDIAVisibleDevices: api.VisibleDevicesVoid}}
 	if cfg.HasStrategy(api.DeviceListCDICRI) {
 		for _, n := range names {
 			resp.CdiDevices = append(resp.CdiDevices, &pluginapi.CDIDevice{Name: n})
 		}
 	}
 	if cfg.HasStrategy(api.DeviceListCDIAnnotations) {
-		resp.Annotations = map[string]string{cdiAnnotationKey(api.ResourceGPU): strings.Join(names, ",")}
+		resp.Annotations = map[string]string{cdiAnnotationKey(r): strings.Join(names, ",")}
 	}
 	if cfg.HasStrategy(api.DeviceListEnvvar) {
 		resp.Envs[api.EnvNVIDIAVisibleDevices] = strings.Join(uuids, ",")

@@ -69,6 +69,12 @@ type GPU struct {
 	// NUMANode is -1 when the platform does not report one.
 	NUMANode  int
 	MemoryMiB uint64
+	// MIGMode is true when the GPU is in MIG mode: it then provides no
+	// tessera.dev/gpu, gpu-memory or gpu-core device, only one device per
+	// MIG instance (MIG) of the instance's profile resource.
+	MIGMode bool
+	// MIG are the GPU's MIG instances (MIGMode only), by placement.
+	MIG []MIGInstance
 }
 
 // Options shape the model.
@@ -87,6 +93,7 @@ type Model struct {
 	byUUID map[string]int
 	opts   Options
 	ids    map[corev1.ResourceName][][]string // resource -> GPU position -> device IDs
+	migs   map[string]migRef                  // MIG UUID -> its GPU and instance
 }
 
 // New builds the model of gpus (in index order after sorting).
@@ -99,7 +106,7 @@ func New(gpus []GPU, opts Options) (*Model, error) {
 			return nil, fmt.Errorf("resource %q is not a Tessera resource", r)
 		}
 	}
-	m := &Model{gpus: append([]GPU(nil), gpus...), byUUID: map[string]int{}, opts: opts, ids: map[corev1.ResourceName][][]string{}}
+	m := &Model{gpus: append([]GPU(nil), gpus...), byUUID: map[string]int{}, opts: opts, ids: map[corev1.ResourceName][][]string{}, migs: map[string]migRef{}}
 	m.opts.Resources = append([]corev1.ResourceName(nil), opts.Resources...)
 	sort.Slice(m.gpus, func(i, j int) bool { return m.gpus[i].Index < m.gpus[j].Index })
 	for p, g := range m.gpus {
@@ -113,13 +120,19 @@ func New(gpus []GPU, opts Options) (*Model, error) {
 			return nil, fmt.Errorf("GPU index %d is listed twice", g.Index)
 		}
 		m.byUUID[g.UUID] = p
-		if m.enabled(api.ResourceGPUMemory) && g.MemoryMiB <= opts.MemoryReserveMiB {
+		if err := m.addMIG(p); err != nil {
+			return nil, err
+		}
+		if m.enabled(api.ResourceGPUMemory) && !g.MIGMode && g.MemoryMiB <= opts.MemoryReserveMiB {
 			return nil, fmt.Errorf("GPU %d (%s): the memory reserve of %d MiB leaves nothing of its %d MiB", g.Index, g.UUID, opts.MemoryReserveMiB, g.MemoryMiB)
 		}
 		for _, r := range m.opts.Resources {
 			ids := make([]string, m.Units(r, g))
 			for n := range ids {
 				ids[n] = DeviceID(r, g.UUID, n)
+			}
+			if api.IsMIGResource(r) {
+				ids = migIDs(r, g)
 			}
 			if n := len(ids); n > 0 && len(ids[n-1]) > MaxDeviceIDLength {
 				return nil, fmt.Errorf("GPU %d: device ID %q is longer than the kubelet's %d characters", g.Index, ids[n-1], MaxDeviceIDLength)
@@ -161,6 +174,12 @@ func (m *Model) GPU(uuid string) (GPU, bool) {
 
 // Units is the number of devices of resource r that GPU g provides.
 func (m *Model) Units(r corev1.ResourceName, g GPU) int {
+	if api.IsMIGResource(r) {
+		return len(migIDs(r, g))
+	}
+	if g.MIGMode {
+		return 0
+	}
 	s, ok := schemes[r]
 	if !ok {
 		return 0
@@ -218,6 +237,10 @@ func (m *Model) Lookup(r corev1.ResourceName, id string) (GPU, error) {
 	if !m.enabled(r) {
 		return GPU{}, fmt.Errorf("resource %s is not advertised on this node", r)
 	}
+	if api.IsMIGResource(r) {
+		g, _, err := m.lookupMIG(r, id)
+		return g, err
+	}
 	uuid, n, err := ParseDeviceID(r, id)
 	if err != nil {
 		return GPU{}, err
@@ -225,6 +248,9 @@ func (m *Model) Lookup(r corev1.ResourceName, id string) (GPU, error) {
 	g, ok := m.GPU(uuid)
 	if !ok {
 		return GPU{}, fmt.Errorf("%s device %q: no GPU %s on this node", r, id, uuid)
+	}
+	if g.MIGMode {
+		return GPU{}, fmt.Errorf("%s device %q: GPU %d is in MIG mode; it is offered only as its MIG instances", r, id, g.Index)
 	}
 	if n >= m.Units(r, g) {
 		return GPU{}, fmt.Errorf("%s device %q: GPU %d has only %d units", r, id, g.Index, m.Units(r, g))
@@ -258,6 +284,8 @@ type Usage struct {
 	// Shared GPUs serve tessera.dev/gpu-memory or tessera.dev/gpu-core
 	// units.
 	Shared map[string]bool
+	// MIG instances are allocated, by MIG UUID.
+	MIG map[string]bool
 	// Assigned GPUs are named by the shared part of the assignment of a
 	// pod on this node that has not ended: the scheduler extender chose
 	// them for a slice, and the kubelet may not have admitted that pod
@@ -323,6 +351,11 @@ func (m *Model) DeviceHealth(r corev1.ResourceName, uuid string, health HealthMa
 	if h := health.Of(uuid); !h.Healthy {
 		return false, h.Reason
 	}
+	if api.IsMIGResource(r) {
+		// A GPU in MIG mode is never whole nor shared: its instances are
+		// the kubelet's to hand out one by one.
+		return true, ""
+	}
 	if schemes[r].whole {
 		if gpureq.CheckWhole(gpureq.GPUUse{Shared: usage.Shared[uuid]}) != nil {
 			return false, ReasonSharedInUse
@@ -356,6 +389,19 @@ func (m *Model) UsageOf(allocs []Allocation) (Usage, []error) {
 	var errs []error
 	for _, a := range allocs {
 		if !api.IsTesseraResource(a.Resource) {
+			continue
+		}
+		if api.IsMIGResource(a.Resource) {
+			for _, id := range a.DeviceIDs {
+				if _, _, err := m.lookupMIG(a.Resource, id); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				if u.MIG == nil {
+					u.MIG = map[string]bool{}
+				}
+				u.MIG[id] = true
+			}
 			continue
 		}
 		whole := schemes[a.Resource].whole
