@@ -29,6 +29,7 @@ import (
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/deviceplugin/devices"
 	"github.com/tessera-gpu/tessera/deviceplugin/health"
+	"github.com/tessera-gpu/tessera/deviceplugin/kube"
 	"github.com/tessera-gpu/tessera/deviceplugin/kubeletstate"
 	"github.com/tessera-gpu/tessera/deviceplugin/preferred"
 	"github.com/tessera-gpu/tessera/topology"
@@ -58,7 +59,7 @@ type NRI interface {
 type Publisher interface {
 	PublishInventory(ctx context.Context, inv *api.GPUInventory) error
 	SetSharedIsolation(ctx context.Context, connected bool, message string) error
-	SyncPods(ctx context.Context, allocs []kubeletstate.ContainerDevices, gpuIndex map[string]int) (map[kubeletstate.ContainerKey]string, error)
+	SyncPods(ctx context.Context, allocs []kubeletstate.ContainerDevices, gpuIndex map[string]int, migs map[string]kube.MIGDevice) (map[kubeletstate.ContainerKey]string, error)
 }
 
 // PodWatch follows the pods bound to the node; *kube.PodWatch implements
@@ -130,6 +131,7 @@ type Agent struct {
 	kinds    []Kind
 	health   *health.Watcher
 	gpuIndex map[string]int
+	migs     map[string]kube.MIGDevice // MIG UUID -> instance, for SyncPods
 
 	// set in Run
 	logger  klog.Logger
@@ -182,10 +184,16 @@ func New(opts Options) (*Agent, error) {
 	var gpus []devices.GPU
 	var watched []health.GPU
 	gpuIndex := map[string]int{}
+	migs := map[string]kube.MIGDevice{}
 	for _, g := range opts.Topology.GPUs {
 		gpus = append(gpus, ModelGPU(g))
 		watched = append(watched, health.GPU{Index: g.Index, UUID: g.UUID})
 		gpuIndex[g.UUID] = g.Index
+		if g.MIG != nil {
+			for _, in := range g.MIG.Instances {
+				migs[in.UUID] = kube.MIGDevice{MIGRef: api.MIGRef{UUID: in.UUID, Profile: in.Profile, GPU: api.GPURef{UUID: g.UUID, Index: g.Index}}, Start: in.Start}
+			}
+		}
 	}
 	resources, absent := ServedResources(cfg, gpus)
 	model, err := devices.New(gpus, devices.Options{Resources: resources, MemoryUnitMiB: cfg.MemoryUnitMiB, MemoryReserveMiB: cfg.MemoryReserveMiB})
@@ -206,6 +214,7 @@ func New(opts Options) (*Agent, error) {
 		model:       model,
 		kinds:       kinds,
 		gpuIndex:    gpuIndex,
+		migs:        migs,
 		registerNow: make(chan struct{}, 1),
 		syncNow:     make(chan struct{}, 1),
 		publishNow:  make(chan struct{}, 1),
@@ -502,7 +511,7 @@ func (a *Agent) syncKubelet(ctx context.Context) error {
 	if a.opts.Publisher == nil {
 		return nil
 	}
-	placements, err := a.opts.Publisher.SyncPods(ctx, allocs, a.gpuIndex)
+	placements, err := a.opts.Publisher.SyncPods(ctx, allocs, a.gpuIndex, a.migs)
 	if err != nil {
 		a.logger.Error(err, "Recording pods' GPUs")
 	}

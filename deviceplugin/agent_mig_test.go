@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -17,7 +18,9 @@ import (
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/deviceplugin"
 	"github.com/tessera-gpu/tessera/deviceplugin/kube"
+	"github.com/tessera-gpu/tessera/deviceplugin/kubeletstate"
 	"github.com/tessera-gpu/tessera/gpu/nvmlmock"
+	"github.com/tessera-gpu/tessera/internal/podtrust"
 )
 
 var (
@@ -139,4 +142,56 @@ func gpuOfMIG(m *nvmlmock.Machine, uuid string) int {
 		}
 	}
 	return -1
+}
+
+// The agent records the MIG instances the kubelet allocated to a pod in
+// its assignment (ContainerAssignment.MIG), with each instance's profile
+// and GPU.
+func TestAgentRecordsMIGAllocations(t *testing.T) {
+	sealer, err := api.NewSealer([]byte("tessera-node-agent-mig-test-seal-key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "infer", UID: "uid-infer"},
+		Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "main", Resources: corev1.ResourceRequirements{
+			Limits: corev1.ResourceList{mig1gR: resource.MustParse("2")},
+		}}}},
+	}
+	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}, p)
+	kubelet := &fakeSource{}
+	m := nvmlmock.DGXA100MIG()
+	kubelet.set(kubeletstate.ContainerDevices{Namespace: "ml", Name: "infer", Container: "main", Resource: mig1gR, DeviceIDs: []string{m.MIGUUIDs(2)[2], m.MIGUUIDs(0)[4]}})
+	newEnv(t, m, nil, withPublisher(kube.New(cs, "n1", &podtrust.Filter{Sealer: sealer}, nil)), func(o *deviceplugin.Options) { o.Kubelet = kubelet }).start(false)
+	want := []api.MIGRef{
+		{UUID: m.MIGUUIDs(0)[4], Profile: "1g.5gb", GPU: api.GPURef{UUID: m.UUID(0), Index: 0}},
+		{UUID: m.MIGUUIDs(2)[2], Profile: "1g.5gb", GPU: api.GPURef{UUID: m.UUID(2), Index: 2}},
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got, err := cs.CoreV1().Pods("ml").Get(context.Background(), "infer", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, ok, err := api.GetAssignment(got.Annotations)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			if len(a.Containers) != 1 || a.Containers[0].Name != "main" {
+				t.Fatalf("assignment %+v", a)
+			}
+			if diff := cmp.Diff(want, a.Containers[0].MIG); diff != "" {
+				t.Errorf("recorded MIG instances (-want +got):\n%s", diff)
+			}
+			if len(a.Containers[0].GPUs) != 0 || a.Containers[0].Shared != nil {
+				t.Errorf("MIG allocations recorded as whole or shared: %+v", a.Containers[0])
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("timed out waiting for the pod's assignment")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

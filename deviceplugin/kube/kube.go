@@ -140,16 +140,26 @@ func (c *Client) SetSharedIsolation(ctx context.Context, connected bool, message
 	return nil
 }
 
+// MIGDevice is what SyncPods records of a MIG instance of the node: its
+// reference (UUID, profile, GPU) and its placement start, by which a
+// container's instances are ordered within a GPU.
+type MIGDevice struct {
+	api.MIGRef
+	Start int
+}
+
 // SyncPods records, for every pod in allocs (allocations from the
-// PodResources API), the whole GPUs each container holds in the pod's
-// assignment annotation, keeping the shared parts the extender wrote; and it
-// returns the GPU the extender assigned to each container that holds shared
-// units. gpuIndex maps GPU UUIDs to NVML indices. A malformed annotation is
+// PodResources API), the whole GPUs and the MIG instances each container
+// holds in the pod's assignment annotation, keeping the shared parts the
+// extender wrote; and it returns the GPU the extender assigned to each
+// container that holds shared units. gpuIndex maps GPU UUIDs to NVML
+// indices, migs MIG UUIDs to their instances. A malformed annotation is
 // left as it is and reported. Pods no longer in allocs are forgotten.
-func (c *Client) SyncPods(ctx context.Context, allocs []kubeletstate.ContainerDevices, gpuIndex map[string]int) (map[kubeletstate.ContainerKey]string, error) {
+func (c *Client) SyncPods(ctx context.Context, allocs []kubeletstate.ContainerDevices, gpuIndex map[string]int, migs map[string]MIGDevice) (map[kubeletstate.ContainerKey]string, error) {
 	logger := klog.FromContext(ctx)
 	type podAllocs struct {
 		whole  map[string][]api.GPURef // container -> GPUs
+		mig    map[string][]MIGDevice  // container -> MIG instances
 		shared map[string]bool         // containers with shared units
 	}
 	pods := map[podKey]*podAllocs{}
@@ -160,8 +170,19 @@ func (c *Client) SyncPods(ctx context.Context, allocs []kubeletstate.ContainerDe
 		k := podKey{a.Namespace, a.Name}
 		p := pods[k]
 		if p == nil {
-			p = &podAllocs{whole: map[string][]api.GPURef{}, shared: map[string]bool{}}
+			p = &podAllocs{whole: map[string][]api.GPURef{}, mig: map[string][]MIGDevice{}, shared: map[string]bool{}}
 			pods[k] = p
+		}
+		if profile, ok := api.MIGProfileOf(a.Resource); ok {
+			for _, id := range a.DeviceIDs {
+				m, ok := migs[id]
+				if !ok || m.Profile != profile {
+					logger.Info("Pod holds a MIG instance this node does not have; not recording it", "pod", klog.KRef(a.Namespace, a.Name), "container", a.Container, "resource", a.Resource, "device", id)
+					continue
+				}
+				p.mig[a.Container] = append(p.mig[a.Container], m)
+			}
+			continue
 		}
 		if a.Resource != api.ResourceGPU {
 			p.shared[a.Container] = true
@@ -191,12 +212,24 @@ func (c *Client) SyncPods(ctx context.Context, allocs []kubeletstate.ContainerDe
 		for _, refs := range p.whole {
 			sort.Slice(refs, func(i, j int) bool { return refs[i].Index < refs[j].Index })
 		}
-		fp, _ := json.Marshal([]any{p.whole, p.shared})
+		mig := map[string][]api.MIGRef{}
+		for container, ms := range p.mig {
+			sort.Slice(ms, func(i, j int) bool {
+				if ms[i].GPU.Index != ms[j].GPU.Index {
+					return ms[i].GPU.Index < ms[j].GPU.Index
+				}
+				return ms[i].Start < ms[j].Start
+			})
+			for _, m := range ms {
+				mig[container] = append(mig[container], m.MIGRef)
+			}
+		}
+		fp, _ := json.Marshal([]any{p.whole, mig, p.shared})
 		c.mu.Lock()
 		rec, ok := c.pods[k]
 		c.mu.Unlock()
 		if !ok || rec.fingerprint != string(fp) || now.Sub(rec.checked) >= podRecheck {
-			shared, err := c.syncPod(ctx, k, p.whole, p.shared)
+			shared, err := c.syncPod(ctx, k, p.whole, mig, p.shared)
 			if err != nil {
 				errs = append(errs, err)
 				continue
@@ -216,9 +249,9 @@ func (c *Client) SyncPods(ctx context.Context, allocs []kubeletstate.ContainerDe
 	return out, nil
 }
 
-// syncPod merges whole into the pod's assignment annotation and returns the
-// shared GPUs of the containers in shared.
-func (c *Client) syncPod(ctx context.Context, k podKey, whole map[string][]api.GPURef, shared map[string]bool) (map[string]string, error) {
+// syncPod merges whole and mig into the pod's assignment annotation and
+// returns the shared GPUs of the containers in shared.
+func (c *Client) syncPod(ctx context.Context, k podKey, whole map[string][]api.GPURef, mig map[string][]api.MIGRef, shared map[string]bool) (map[string]string, error) {
 	logger := klog.FromContext(ctx)
 	pod, err := c.cs.CoreV1().Pods(k.namespace).Get(ctx, k.name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -248,19 +281,25 @@ func (c *Client) syncPod(ctx context.Context, k podKey, whole map[string][]api.G
 			sharedGPUs[container] = ca.Shared.GPU.UUID
 		}
 	}
-	// The kubelet's record is the truth for whole GPUs: set them where held,
-	// clear them where not.
+	// The kubelet's record is the truth for whole GPUs and MIG instances:
+	// set them where held, clear them where not.
 	for i := range a.Containers {
 		a.Containers[i].GPUs = whole[a.Containers[i].Name]
+		a.Containers[i].MIG = mig[a.Containers[i].Name]
 	}
 	for name, refs := range whole {
 		if a.Container(name) == nil {
 			a.Containers = append(a.Containers, api.ContainerAssignment{Name: name, GPUs: refs})
 		}
 	}
+	for name, refs := range mig {
+		if ca := a.Container(name); ca == nil {
+			a.Containers = append(a.Containers, api.ContainerAssignment{Name: name, MIG: refs})
+		}
+	}
 	kept := a.Containers[:0]
 	for _, ca := range a.Containers {
-		if len(ca.GPUs) > 0 || ca.Shared != nil {
+		if len(ca.GPUs) > 0 || len(ca.MIG) > 0 || ca.Shared != nil {
 			kept = append(kept, ca)
 		}
 	}
@@ -292,6 +331,6 @@ func (c *Client) syncPod(ctx context.Context, k podKey, whole map[string][]api.G
 	if _, err := c.cs.CoreV1().Pods(k.namespace).Patch(ctx, k.name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		return nil, fmt.Errorf("recording GPUs of pod %s/%s: %w", k.namespace, k.name, err)
 	}
-	logger.V(2).Info("Recorded the pod's whole GPUs", "pod", klog.KObj(pod), "assignment", value)
+	logger.V(2).Info("Recorded the pod's whole GPUs and MIG instances", "pod", klog.KObj(pod), "assignment", value)
 	return sharedGPUs, nil
 }

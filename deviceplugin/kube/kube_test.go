@@ -188,7 +188,7 @@ func TestSyncPods(t *testing.T) {
 		{PodUID: "uid-only", Container: "main", Resource: api.ResourceGPU, DeviceIDs: []string{gpu1}},
 	}
 	ctx := context.Background()
-	shared, err := c.SyncPods(ctx, allocs, gpuIndex)
+	shared, err := c.SyncPods(ctx, allocs, gpuIndex, nil)
 	if err == nil {
 		t.Error("SyncPods with a pod on another node gave no error")
 	}
@@ -225,7 +225,7 @@ func TestSyncPods(t *testing.T) {
 	// Nothing changed: no pod is read or written again.
 	before := len(cs.Actions())
 	allocs = allocs[:7]
-	if _, err := c.SyncPods(ctx, allocs, gpuIndex); err != nil {
+	if _, err := c.SyncPods(ctx, allocs, gpuIndex, nil); err != nil {
 		t.Fatal(err)
 	}
 	for _, a := range cs.Actions()[before:] {
