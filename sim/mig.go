@@ -34,10 +34,14 @@ import (
 //     fragmentation measure the most, with a GPU "able to host" a shape
 //     when the shape's profile can be placed in its free slices; node
 //     scores squashed to FGD's integers (ties to the tie-break order).
+//   - MIGFGDFirstFit: MIGFGD's node score, with the GPU and placement in
+//     the node taken first-fit (to tell the node choice from the
+//     placement choice).
 const (
-	MIGFirstFit = "firstfit"
-	MIGFrag     = "frag"
-	MIGFGD      = "fgd"
+	MIGFirstFit    = "firstfit"
+	MIGFrag        = "frag"
+	MIGFGD         = "fgd"
+	MIGFGDFirstFit = "fgd-firstfit"
 )
 
 // DefaultMIGModel is the GPU geometry of the MIG replay. The trace has no
@@ -46,7 +50,7 @@ const (
 const DefaultMIGModel = "A100-SXM4-40GB"
 
 // MIGPolicies lists the MIG replay's policies.
-func MIGPolicies() []string { return []string{MIGFirstFit, MIGFrag, MIGFGD} }
+func MIGPolicies() []string { return []string{MIGFirstFit, MIGFrag, MIGFGDFirstFit, MIGFGD} }
 
 // MIGConfig selects what RunMIG simulates.
 type MIGConfig struct {
@@ -255,7 +259,7 @@ func (r *migReplay) evaluate(n *migNode, req allocator.Request, mr migRequest) m
 				c.gpus = append(c.gpus, i)
 			}
 		}
-	case r.policy == MIGFirstFit:
+	case r.policy == MIGFirstFit || r.policy == MIGFGDFirstFit:
 		for i, g := range n.gpus {
 			if st, ok := r.model.BestStart(mr.profile, g.free, mig.FirstFit, nil); ok {
 				c.gpus, c.start = []int{i}, st
@@ -299,7 +303,7 @@ func (r *migReplay) evaluate(n *migNode, req allocator.Request, mr migRequest) m
 			}
 		}
 	}
-	if r.policy == MIGFGD {
+	if r.fgdNodes() {
 		before := r.nodeFrag(n.model, n.cpu, n.gpus)
 		var buf [allocator.MaxGPUsPerNode]migGPU
 		gpus := buf[:len(n.gpus)]
@@ -310,6 +314,10 @@ func (r *migReplay) evaluate(n *migNode, req allocator.Request, mr migRequest) m
 	}
 	return c
 }
+
+// fgdNodes reports whether nodes are chosen by FGD's score (else the
+// first that fits).
+func (r *migReplay) fgdNodes() bool { return r.policy == MIGFGD || r.policy == MIGFGDFirstFit }
 
 // apply marks the choice on gpus.
 func (r *migReplay) apply(gpus []migGPU, mr migRequest, c migChoice) {
@@ -342,7 +350,7 @@ func newMIGReplay(t *Trace, cfg MIGConfig) (*migReplay, error) {
 	}
 	policy := strings.ToLower(strings.TrimSpace(cfg.Policy))
 	switch policy {
-	case MIGFirstFit, MIGFrag, MIGFGD:
+	case MIGFirstFit, MIGFrag, MIGFGD, MIGFGDFirstFit:
 	default:
 		return nil, fmt.Errorf("unknown MIG policy %q (known: %s)", cfg.Policy, strings.Join(MIGPolicies(), ", "))
 	}
@@ -503,7 +511,7 @@ func RunMIG(t *Trace, cfg MIGConfig) (*MIGResult, error) {
 		}
 		best := -1
 		var bestCh migChoice
-		if r.policy == MIGFGD {
+		if r.fgdNodes() {
 			for i := range nodes {
 				ok, ch := look(i)
 				if ok && (best < 0 || ch.score > bestCh.score || (ch.score == bestCh.score && plan.Rank[i] < plan.Rank[best])) {
@@ -627,9 +635,10 @@ type MIGSummary struct {
 	Seeds            []int64
 	// Unplaced is 100 - placed GPU demand % at 100% arrived (the non-MIG
 	// replay's "unallocated GPU %"); Idle is 100 - MIG compute handed out %
-	// at 100% arrived; PodsPlaced is the % of arrived GPU pods placed by
-	// the end of the run (130% arrived).
-	Unplaced, Idle, PodsPlaced Stats
+	// at 100% arrived; PodsPlaced and GPUPodsPlaced are the % of arrived
+	// pods, and of arrived GPU pods, placed by the end of the run (130%
+	// arrived).
+	Unplaced, Idle, PodsPlaced, GPUPodsPlaced Stats
 	// Curve is the mean placed-demand curve (for WriteSVG).
 	Curve []Point
 	// Profiles is the mean number of instances per profile at the end.
@@ -652,7 +661,7 @@ func SummarizeMIG(results []*MIGResult) []MIGSummary {
 	for _, k := range order {
 		rs := groups[k]
 		s := MIGSummary{Workload: k.w, Policy: k.p, Profiles: make(map[string]float64)}
-		var unpl, idle, pods []float64
+		var unpl, idle, pods, gpuPods []float64
 		byPct := make(map[int][]float64)
 		for _, r := range rs {
 			s.Seeds = append(s.Seeds, r.Seed)
@@ -663,7 +672,10 @@ func SummarizeMIG(results []*MIGResult) []MIGSummary {
 				idle = append(idle, p.UnallocatedPct)
 			}
 			if r.GPUPods > 0 {
-				pods = append(pods, 100*float64(r.GPUPlaced)/float64(r.GPUPods))
+				gpuPods = append(gpuPods, 100*float64(r.GPUPlaced)/float64(r.GPUPods))
+			}
+			if r.Pods > 0 {
+				pods = append(pods, 100*float64(r.Placed)/float64(r.Pods))
 			}
 			for _, p := range r.Curve {
 				byPct[p.ArrivedPct] = append(byPct[p.ArrivedPct], p.UnallocatedPct)
@@ -672,7 +684,7 @@ func SummarizeMIG(results []*MIGResult) []MIGSummary {
 				s.Profiles[name] += float64(n) / float64(len(rs))
 			}
 		}
-		s.Unplaced, s.Idle, s.PodsPlaced = MeanSD(unpl), MeanSD(idle), MeanSD(pods)
+		s.Unplaced, s.Idle, s.PodsPlaced, s.GPUPodsPlaced = MeanSD(unpl), MeanSD(idle), MeanSD(pods), MeanSD(gpuPods)
 		pcts := make([]int, 0, len(byPct))
 		for pct := range byPct {
 			pcts = append(pcts, pct)

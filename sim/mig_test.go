@@ -273,7 +273,7 @@ func TestRunMIGInvariants(t *testing.T) {
 		t.Fatalf("%d summaries", len(sums))
 	}
 	for _, s := range sums {
-		if s.Unplaced.N != 3 || s.Idle.N != 3 || s.PodsPlaced.N != 3 || len(s.Curve) == 0 || s.Summary().Policy != "mig-"+s.Policy {
+		if s.Unplaced.N != 3 || s.Idle.N != 3 || s.PodsPlaced.N != 3 || s.GPUPodsPlaced.N != 3 || len(s.Curve) == 0 || s.Summary().Policy != "mig-"+s.Policy {
 			t.Errorf("summary %+v", s)
 		}
 	}
