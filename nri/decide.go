@@ -57,19 +57,23 @@ type Options struct {
 // usage is what the other containers of the ledger use.
 type usage struct {
 	whole       map[string]Entry
+	mig         map[string]Entry // MIG UUID -> its user
 	sharedBy    map[string][]Entry
 	sharedMem   map[string]int64
 	sharedCores map[string]int64
 }
 
 func ledgerUsage(entries []Entry, except Key) usage {
-	u := usage{whole: map[string]Entry{}, sharedBy: map[string][]Entry{}, sharedMem: map[string]int64{}, sharedCores: map[string]int64{}}
+	u := usage{whole: map[string]Entry{}, mig: map[string]Entry{}, sharedBy: map[string][]Entry{}, sharedMem: map[string]int64{}, sharedCores: map[string]int64{}}
 	for _, e := range entries {
 		if e.Key() == except {
 			continue
 		}
 		for _, g := range e.GPUs {
 			u.whole[g.UUID] = e
+		}
+		for _, m := range e.MIG {
+			u.mig[m.UUID] = e
 		}
 		if s := e.Shared; s != nil {
 			u.sharedBy[s.GPU.UUID] = append(u.sharedBy[s.GPU.UUID], e)
@@ -115,6 +119,15 @@ func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 			return nil, refuse(r.Code, "", "%v", r)
 		}
 	}
+	if len(req.Devices.MIG) > 0 && (held.Whole > 0 || held.Shared()) {
+		return nil, refuse(gpureq.CodeMIGAndOther, "", "the container holds MIG instances (%s) and whole GPUs or shared units at once: use one kind of GPU resource per container", api.ResourceMIGPrefix+"<profile>")
+	}
+	mig, migGPUs, err := decideMIG(node, u, pod, req.Devices.MIG, ca)
+	if err != nil {
+		de := err.(*DecisionError)
+		de.Pod, de.Container = pod.String(), ctr.Name
+		return nil, de
+	}
 
 	// Whole GPUs: the kubelet's allocation is what the container gets.
 	var whole []GPU
@@ -128,6 +141,9 @@ func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 			return nil, fail(id, "allocated twice to the container")
 		}
 		seen[id] = true
+		if g.MIGMode {
+			return nil, fail(id, "in MIG mode: it serves only as its MIG instances, never whole")
+		}
 		if reason, bad := node.Unhealthy[id]; bad {
 			return nil, fail(id, "unhealthy: %s", reason)
 		}
@@ -147,13 +163,13 @@ func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 			return nil, fail("", "the assignment annotation and the kubelet disagree on the container's whole GPUs: %v", err)
 		}
 	}
-	if err := checkVisibleDevicesEnv(node, ctr.Env, whole); err != nil {
+	if err := checkVisibleDevicesEnv(node, ctr.Env, whole, mig); err != nil {
 		return nil, fail("", "%v", err)
 	}
-	if err := checkCDIDevices(opts, node, ctr.CDIDevices, whole); err != nil {
+	if err := checkCDIDevices(opts, node, ctr.CDIDevices, whole, mig); err != nil {
 		return nil, fail("", "%v", err)
 	}
-	if err := checkVolumeMountList(node, ctr.MountDestinations, whole); err != nil {
+	if err := checkVolumeMountList(node, ctr.MountDestinations, whole, mig); err != nil {
 		return nil, fail("", "%v", err)
 	}
 
@@ -198,6 +214,9 @@ func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 		}
 		id := s.GPU.UUID
 		g, _ := node.GPU(id)
+		if g.MIGMode {
+			return nil, fail(id, "in MIG mode: it serves only as its MIG instances, never shared units")
+		}
 		if reason, bad := node.Unhealthy[id]; bad {
 			return nil, fail(id, "unhealthy: %s", reason)
 		}
@@ -218,7 +237,7 @@ func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 		Action: ActionIsolate,
 		Entry: Entry{
 			PodUID: pod.UID, Namespace: pod.Namespace, Pod: pod.Name,
-			Container: ctr.Name, ContainerID: ctr.ID, Shared: shared,
+			Container: ctr.Name, ContainerID: ctr.ID, Shared: shared, MIG: mig,
 		},
 		PlacedLocally: placed,
 	}
@@ -230,7 +249,7 @@ func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 		g, _ := node.GPU(shared.GPU.UUID)
 		gpus = append(gpus, g)
 	}
-	d.Adjustment = adjustment(opts, node, pod, ctr, gpus, shared)
+	d.Adjustment = adjustment(opts, node, pod, ctr, gpus, shared, mig, migGPUs)
 	return d, nil
 }
 
@@ -244,9 +263,11 @@ func sharedCapacity(opts Options, g GPU) gpureq.Amount {
 // sliceBaseMiB is the memory a core-only slice takes its percentage of on
 // node (gpureq.CoreOnlyBaseMiB over every GPU of the node).
 func sliceBaseMiB(opts Options, node *Node) int64 {
-	caps := make([]int64, len(node.GPUs))
-	for i, g := range node.GPUs {
-		caps[i] = sharedCapacity(opts, g).MemMiB
+	caps := make([]int64, 0, len(node.GPUs))
+	for _, g := range node.GPUs {
+		if !g.MIGMode { // a GPU in MIG mode shares nothing
+			caps = append(caps, sharedCapacity(opts, g).MemMiB)
+		}
 	}
 	return gpureq.CoreOnlyBaseMiB(caps...)
 }
@@ -255,7 +276,9 @@ func sliceBaseMiB(opts Options, node *Node) int64 {
 func largestCapacityMiB(opts Options, node *Node) int64 {
 	var most int64
 	for _, g := range node.GPUs {
-		most = max(most, sharedCapacity(opts, g).MemMiB)
+		if !g.MIGMode {
+			most = max(most, sharedCapacity(opts, g).MemMiB)
+		}
 	}
 	return most
 }
@@ -272,7 +295,7 @@ func placeShared(opts Options, node *Node, u usage, slice gpureq.Amount) (GPU, e
 		ag := allocator.GPU{Index: g.Index, MemTotalMiB: capacity}
 		_, unhealthy := node.Unhealthy[g.UUID]
 		_, whole := u.whole[g.UUID]
-		if !unhealthy && gpureq.CheckShared(gpureq.GPUUse{Whole: whole}) == nil {
+		if !unhealthy && !g.MIGMode && gpureq.CheckShared(gpureq.GPUUse{Whole: whole}) == nil {
 			ag.MemFreeMiB = max(0, capacity-u.sharedMem[g.UUID])
 			ag.MilliFree = max(0, allocator.MilliPerGPU-gpureq.UsedCoresToMilli(u.sharedCores[g.UUID]))
 		}
@@ -341,9 +364,10 @@ func visibleDevicesIsList(v string) bool {
 	return !strings.HasPrefix(v, "/")
 }
 
-// checkVisibleDevicesEnv cross-checks a GPU list the device plugin's
-// Allocate put in NVIDIA_VISIBLE_DEVICES with the container's whole GPUs.
-func checkVisibleDevicesEnv(node *Node, env map[string]string, whole []GPU) error {
+// checkVisibleDevicesEnv cross-checks a device list the device plugin's
+// Allocate put in NVIDIA_VISIBLE_DEVICES with the container's whole GPUs
+// and MIG instances.
+func checkVisibleDevicesEnv(node *Node, env map[string]string, whole []GPU, mig []api.MIGRef) error {
 	v := env[api.EnvNVIDIAVisibleDevices]
 	if !visibleDevicesIsList(v) {
 		return nil
@@ -351,66 +375,113 @@ func checkVisibleDevicesEnv(node *Node, env map[string]string, whole []GPU) erro
 	listed := map[string]bool{}
 	for _, tok := range strings.Split(v, ",") {
 		tok = strings.TrimSpace(tok)
-		g, ok := resolveGPU(node, tok)
+		id, ok := resolveDevice(node, tok)
 		if !ok {
-			return fmt.Errorf("%s=%s names %q, which is not a GPU of this node", api.EnvNVIDIAVisibleDevices, v, tok)
+			return fmt.Errorf("%s=%s names %q, which is not a GPU or MIG instance of this node", api.EnvNVIDIAVisibleDevices, v, tok)
 		}
-		listed[g.UUID] = true
+		listed[id] = true
 	}
-	same := len(listed) == len(whole)
-	for _, g := range whole {
-		same = same && listed[g.UUID]
+	own := ownDevices(whole, mig)
+	same := len(listed) == len(own)
+	for id := range own {
+		same = same && listed[id]
 	}
 	if !same {
-		return fmt.Errorf("%s=%s from the device plugin does not match the container's GPUs %s", api.EnvNVIDIAVisibleDevices, v, gpuList(whole))
+		return fmt.Errorf("%s=%s from the device plugin does not match the container's %s %s", api.EnvNVIDIAVisibleDevices, v, devicesNoun(mig), deviceList(whole, mig))
 	}
 	return nil
 }
 
+// ownDevices is the set of the container's device UUIDs: its whole GPUs'
+// and its MIG instances'.
+func ownDevices(whole []GPU, mig []api.MIGRef) map[string]bool {
+	own := map[string]bool{}
+	for _, g := range whole {
+		own[g.UUID] = true
+	}
+	for _, m := range mig {
+		own[m.UUID] = true
+	}
+	return own
+}
+
+// deviceList renders the container's devices for messages.
+func deviceList(whole []GPU, mig []api.MIGRef) string {
+	if len(mig) == 0 {
+		return gpuList(whole)
+	}
+	if len(whole) == 0 {
+		return migList(mig)
+	}
+	return gpuList(whole) + " " + migList(mig)
+}
+
+// devicesNoun names what a container holds in messages: GPUs, or devices
+// when it holds MIG instances.
+func devicesNoun(mig []api.MIGRef) string {
+	if len(mig) > 0 {
+		return "devices"
+	}
+	return "GPUs"
+}
+
+// deviceNoun names a device of the node by UUID in messages.
+func deviceNoun(node *Node, uuid string) string {
+	if _, _, ok := node.MIGInstance(uuid); ok {
+		return "MIG instance " + uuid
+	}
+	return "GPU " + uuid
+}
+
+// resolveDevice finds a GPU by UUID or NVML index, or a MIG instance by
+// UUID, and returns its UUID.
+func resolveDevice(node *Node, s string) (string, bool) {
+	if _, _, ok := node.MIGInstance(s); ok {
+		return s, true
+	}
+	g, ok := resolveGPU(node, s)
+	return g.UUID, ok
+}
+
 // checkCDIDevices checks that every CDI device of kind opts.CDIKind the
-// container already requests is one of its whole GPUs.
-func checkCDIDevices(opts Options, node *Node, names []string, whole []GPU) error {
+// container already requests is one of its whole GPUs or MIG instances.
+func checkCDIDevices(opts Options, node *Node, names []string, whole []GPU, mig []api.MIGRef) error {
 	if opts.CDIKind == "" {
 		return nil
 	}
-	ok := map[string]bool{}
-	for _, g := range whole {
-		ok[g.UUID] = true
-	}
+	own := ownDevices(whole, mig)
 	for _, n := range names {
 		name, isOurs := strings.CutPrefix(n, opts.CDIKind+"=")
 		if !isOurs {
 			continue
 		}
-		g, known := resolveGPU(node, name)
+		id, known := resolveDevice(node, name)
 		if !known {
-			return fmt.Errorf("CDI device %s is not a GPU of this node", n)
+			return fmt.Errorf("CDI device %s is not a GPU or MIG instance of this node", n)
 		}
-		if !ok[g.UUID] {
-			return fmt.Errorf("CDI device %s is GPU %s, which is not one of the container's GPUs %s", n, g.UUID, gpuList(whole))
+		if !own[id] {
+			return fmt.Errorf("CDI device %s is %s, which is not one of the container's %s %s", n, deviceNoun(node, id), devicesNoun(mig), deviceList(whole, mig))
 		}
 	}
 	return nil
 }
 
-// checkVolumeMountList checks that every GPU the device plugin listed as a
-// volume mount under api.NVIDIAVolumeMountsDir is one of the container's whole GPUs.
-func checkVolumeMountList(node *Node, destinations []string, whole []GPU) error {
-	ok := map[string]bool{}
-	for _, g := range whole {
-		ok[g.UUID] = true
-	}
+// checkVolumeMountList checks that every device the device plugin listed
+// as a volume mount under api.NVIDIAVolumeMountsDir is one of the
+// container's whole GPUs or MIG instances.
+func checkVolumeMountList(node *Node, destinations []string, whole []GPU, mig []api.MIGRef) error {
+	own := ownDevices(whole, mig)
 	for _, d := range destinations {
 		name, listed := strings.CutPrefix(d, api.NVIDIAVolumeMountsDir+"/")
 		if !listed {
 			continue
 		}
-		g, known := resolveGPU(node, name)
+		id, known := resolveDevice(node, name)
 		if !known {
-			return fmt.Errorf("the device list mount %s names %q, which is not a GPU of this node", d, name)
+			return fmt.Errorf("the device list mount %s names %q, which is not a GPU or MIG instance of this node", d, name)
 		}
-		if !ok[g.UUID] {
-			return fmt.Errorf("the device list mount %s names GPU %s, which is not one of the container's GPUs %s", d, g.UUID, gpuList(whole))
+		if !own[id] {
+			return fmt.Errorf("the device list mount %s names %s, which is not one of the container's %s %s", d, deviceNoun(node, id), devicesNoun(mig), deviceList(whole, mig))
 		}
 	}
 	return nil
@@ -434,25 +505,38 @@ func resolveGPU(node *Node, s string) (GPU, bool) {
 func i64(v int64) *int64 { return &v }
 
 // adjustment builds the container's adjustment for gpus (ordered: whole by
-// index, then the shared one).
-func adjustment(opts Options, node *Node, pod Pod, ctr Container, gpus []GPU, shared *api.SharedGPU) Adjustment {
+// index, then the shared one) and MIG instances mig (of migGPUs).
+func adjustment(opts Options, node *Node, pod Pod, ctr Container, gpus []GPU, shared *api.SharedGPU, mig []api.MIGRef, migGPUs []GPU) Adjustment {
 	var a Adjustment
+	// The device nodes, cgroup rules and NUMA node of a MIG instance are
+	// its GPU's: /dev/nvidia<minor> of the parent (with the nvidia-caps
+	// nodes the CDI spec of the MIG device adds).
+	visible := gpus
+	gpus = append(append([]GPU(nil), gpus...), migGPUs...)
 	allowed := map[int64]bool{NVIDIACtlMinor: true}
 	for _, g := range gpus {
 		allowed[int64(g.Minor)] = true
 	}
 
-	// Devices: exactly the container's GPUs.
+	// Devices: exactly the container's GPUs and MIG instances.
 	if opts.CDI {
 		have := map[string]bool{}
 		for _, n := range ctr.CDIDevices {
 			have[n] = true
 		}
-		for _, g := range gpus {
+		var names []string
+		for _, g := range visible {
 			name := opts.CDIKind + "=" + g.UUID
 			if opts.CDIDeviceName == api.CDINameIndex {
 				name = opts.CDIKind + "=" + strconv.Itoa(g.Index)
 			}
+			names = append(names, name)
+		}
+		for _, m := range mig {
+			// A MIG device's CDI name is its UUID (docs/deviceplugin.md).
+			names = append(names, opts.CDIKind+"="+m.UUID)
+		}
+		for _, name := range names {
 			if !have[name] {
 				a.CDIDevices = append(a.CDIDevices, name)
 			}
@@ -490,15 +574,23 @@ func adjustment(opts Options, node *Node, pod Pod, ctr Container, gpus []GPU, sh
 			CgroupRule{Allow: true, Type: "c", Major: i64(opts.UVMMajor), Minor: i64(UVMToolsMinor), Access: "rw"})
 	}
 
-	// Environment.
+	// Environment: the runtime sees the whole GPUs and MIG instances;
+	// TESSERA_GPU_* name the GPUs (a MIG instance's parent).
 	uuids := make([]string, len(gpus))
 	indices := make([]string, len(gpus))
 	for i, g := range gpus {
 		uuids[i] = g.UUID
 		indices[i] = strconv.Itoa(g.Index)
 	}
+	var devices []string
+	for _, g := range visible {
+		devices = append(devices, g.UUID)
+	}
+	for _, m := range mig {
+		devices = append(devices, m.UUID)
+	}
 	a.Env = append(a.Env,
-		EnvVar{api.EnvNVIDIAVisibleDevices, strings.Join(uuids, ",")},
+		EnvVar{api.EnvNVIDIAVisibleDevices, strings.Join(devices, ",")},
 		EnvVar{api.EnvGPUUUIDs, strings.Join(uuids, ",")},
 		EnvVar{api.EnvGPUIndices, strings.Join(indices, ",")},
 		EnvVar{api.EnvGPUShared, strconv.FormatBool(shared != nil)},
@@ -535,6 +627,9 @@ func Realign(node *Node, e Entry, cpus string) (alignedCPUs, mems string) {
 	refs := append([]api.GPURef(nil), e.GPUs...)
 	if e.Shared != nil {
 		refs = append(refs, e.Shared.GPU)
+	}
+	for _, m := range e.MIG {
+		refs = append(refs, m.GPU)
 	}
 	for _, r := range refs {
 		if g, ok := node.GPU(r.UUID); ok {

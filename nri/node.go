@@ -32,7 +32,14 @@ func GPUsFromTopology(t *topology.Topology, src DeviceSource) ([]GPU, error) {
 		if err != nil {
 			return nil, fmt.Errorf("GPU %d: %w", g.Index, err)
 		}
-		out = append(out, GPU{Index: g.Index, UUID: g.UUID, Minor: info.Minor, NUMANode: g.NUMANode, MemoryMiB: g.MemoryMiB})
+		gg := GPU{Index: g.Index, UUID: g.UUID, Minor: info.Minor, NUMANode: g.NUMANode, MemoryMiB: g.MemoryMiB}
+		if g.MIG != nil {
+			gg.MIGMode = true
+			for _, in := range g.MIG.Instances {
+				gg.MIG = append(gg.MIG, MIGInstance{UUID: in.UUID, Profile: in.Profile, Start: in.Start, Size: in.Size})
+			}
+		}
+		out = append(out, gg)
 	}
 	return out, nil
 }
@@ -126,6 +133,12 @@ func containerDevices(allocs []kubeletstate.ContainerDevices, pod Pod, container
 			d.MemoryUnits += len(a.DeviceIDs)
 		case api.ResourceGPUCore:
 			d.CoreUnits += len(a.DeviceIDs)
+		default:
+			if profile, ok := api.MIGProfileOf(a.Resource); ok {
+				for _, id := range a.DeviceIDs {
+					d.MIG = append(d.MIG, MIGDevice{UUID: id, Profile: profile})
+				}
+			}
 		}
 	}
 	return d

@@ -355,7 +355,7 @@ func (p *Plugin) accountUnknown(ctx context.Context, sandboxes map[string]*nriap
 				logger.Error(err, "Recording a running container the plugin has not seen")
 			} else {
 				changed = true
-				logger.Info("WARNING: the container was created while the NRI plugin was not connected: it runs without Tessera's device rules and limits until it restarts; its GPU use is now accounted", "gpus", d.Entry.GPUs, "shared", d.Entry.Shared)
+				logger.Info("WARNING: the container was created while the NRI plugin was not connected: it runs without Tessera's device rules and limits until it restarts; its GPU use is now accounted", "gpus", d.Entry.GPUs, "shared", d.Entry.Shared, "mig", d.Entry.MIG)
 			}
 		}
 		p.mu.Unlock()
@@ -441,7 +441,7 @@ func (p *Plugin) CreateContainer(ctx context.Context, sandbox *nriapi.PodSandbox
 	}
 	p.cfg.Metrics.observeDecision(ResultIsolated)
 	p.cfg.Metrics.setLedger(len(p.ledger.Snapshot()))
-	logger.Info("Isolating container", "gpus", d.Entry.GPUs, "shared", d.Entry.Shared)
+	logger.Info("Isolating container", "gpus", d.Entry.GPUs, "shared", d.Entry.Shared, "mig", d.Entry.MIG)
 	return toNRI(d.Adjustment), nil, nil
 }
 

@@ -33,6 +33,18 @@ type GPU struct {
 	// NUMANode is -1 when the platform does not report one.
 	NUMANode  int
 	MemoryMiB uint64
+	// MIG lists the GPU's MIG instances when it is in MIG mode (MIGMode);
+	// such a GPU is never used whole or shared, only as its instances.
+	MIGMode bool
+	MIG     []MIGInstance
+}
+
+// MIGInstance is one MIG instance of a GPU in MIG mode.
+type MIGInstance struct {
+	UUID    string
+	Profile string
+	// Start and Size are its placement in the GPU's memory slices.
+	Start, Size int
 }
 
 // Node is the node state a decision is taken on.
@@ -102,11 +114,20 @@ type Devices struct {
 	// MemoryUnits and CoreUnits count tessera.dev/gpu-memory and
 	// tessera.dev/gpu-core devices.
 	MemoryUnits, CoreUnits int
+	// MIG are the devices of tessera.dev/mig-<profile> resources: MIG
+	// UUIDs with the profile of the resource they were allocated as.
+	MIG []MIGDevice
+}
+
+// MIGDevice is one MIG instance the kubelet allocated, as the resource of
+// profile Profile.
+type MIGDevice struct {
+	UUID, Profile string
 }
 
 // Empty reports whether the container holds no Tessera resource.
 func (d Devices) Empty() bool {
-	return len(d.Whole) == 0 && d.MemoryUnits == 0 && d.CoreUnits == 0
+	return len(d.Whole) == 0 && d.MemoryUnits == 0 && d.CoreUnits == 0 && len(d.MIG) == 0
 }
 
 // Request is one CreateContainer to decide on.
@@ -130,6 +151,8 @@ type Entry struct {
 	GPUs []api.GPURef `json:"gpus,omitempty"`
 	// Shared is the container's slice of a shared GPU.
 	Shared *api.SharedGPU `json:"shared,omitempty"`
+	// MIG are the container's MIG instances, by GPU index and placement.
+	MIG []api.MIGRef `json:"mig,omitempty"`
 }
 
 // Key names an entry: a pod's container by name. A restarted container

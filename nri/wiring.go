@@ -32,7 +32,7 @@ var _ isolation.Limits = (*Ledger)(nil)
 
 // ContainerLimits implements isolation.Limits: every container of the
 // ledger on each of its GPUs, with the memory limit of its shared slice (0
-// for whole GPUs).
+// for whole GPUs and the GPUs of its MIG instances).
 func (l *Ledger) ContainerLimits() []isolation.ContainerLimit {
 	var out []isolation.ContainerLimit
 	for _, e := range l.Snapshot() {
@@ -47,6 +47,17 @@ func (l *Ledger) ContainerLimits() []isolation.ContainerLimit {
 			c.GPU = s.GPU
 			c.LimitMiB = s.MemoryMiB
 			out = append(out, c)
+		}
+		// A MIG instance's processes run on its GPU; the hardware limits
+		// their memory.
+		seen := map[string]bool{}
+		for _, m := range e.MIG {
+			if !seen[m.GPU.UUID] {
+				seen[m.GPU.UUID] = true
+				c := base
+				c.GPU = m.GPU
+				out = append(out, c)
+			}
 		}
 	}
 	return out

@@ -26,6 +26,11 @@ func TestLedgerContainerLimits(t *testing.T) {
 	for _, e := range []Entry{
 		{PodUID: "u1", Namespace: "ns", Pod: "a", Container: "c", ContainerID: "id1", GPUs: []api.GPURef{{UUID: uuid0, Index: 0}, {UUID: uuid1, Index: 1}}},
 		{PodUID: "u2", Namespace: "ns", Pod: "b", Container: "c", ContainerID: "id2", Shared: &api.SharedGPU{GPU: api.GPURef{UUID: uuid2, Index: 2}, MemoryMiB: 2048, Cores: 20}},
+		// Two MIG instances of GPU 3: the GPU once, no limit.
+		{PodUID: "u3", Namespace: "ns", Pod: "m", Container: "c", ContainerID: "id3", MIG: []api.MIGRef{
+			{UUID: "MIG-3000000a-0000-0000-0000-000000000000", Profile: "1g.5gb", GPU: api.GPURef{UUID: uuid3, Index: 3}},
+			{UUID: "MIG-3000000b-0000-0000-0000-000000000000", Profile: "1g.5gb", GPU: api.GPURef{UUID: uuid3, Index: 3}},
+		}},
 	} {
 		if err := l.Put(e); err != nil {
 			t.Fatal(err)
@@ -35,6 +40,7 @@ func TestLedgerContainerLimits(t *testing.T) {
 		{ContainerID: "id1", PodUID: "u1", Namespace: "ns", Pod: "a", Container: "c", GPU: api.GPURef{UUID: uuid0, Index: 0}},
 		{ContainerID: "id1", PodUID: "u1", Namespace: "ns", Pod: "a", Container: "c", GPU: api.GPURef{UUID: uuid1, Index: 1}},
 		{ContainerID: "id2", PodUID: "u2", Namespace: "ns", Pod: "b", Container: "c", GPU: api.GPURef{UUID: uuid2, Index: 2}, LimitMiB: 2048},
+		{ContainerID: "id3", PodUID: "u3", Namespace: "ns", Pod: "m", Container: "c", GPU: api.GPURef{UUID: uuid3, Index: 3}},
 	}
 	if diff := cmp.Diff(want, l.ContainerLimits()); diff != "" {
 		t.Errorf("limits (-want +got):\n%s", diff)
