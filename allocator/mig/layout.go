@@ -94,9 +94,10 @@ const (
 	// profile (the layout is what an administrator configured).
 	Static Mode = iota
 	// Dynamic MIG: a request may also get a new instance in unpartitioned
-	// memory slices, and a GPU without a tenant may be repartitioned
-	// whole (its free instances destroyed). A GPU with a tenant is never
-	// repartitioned: it only gains instances in its free slices.
+	// memory slices, and, when neither that nor a free instance fits, a
+	// GPU without a tenant may be repartitioned whole (its free instances
+	// destroyed). A GPU with a tenant is never repartitioned: it only
+	// gains instances in its free slices.
 	Dynamic
 )
 
@@ -239,7 +240,9 @@ func (pl Placer) candidates(l Layout, pi int) []candidate {
 			out = append(out, candidate{Choice{Placement: api.MIGPlacement{Start: st, Size: p.Size}}, a})
 		}
 	}
-	if !s.tenanted && len(l.Instances) > 0 {
+	// Repartitioning (destroying the free instances of a GPU without a
+	// tenant) only when nothing else fits: it resets the GPU.
+	if len(out) == 0 && !s.tenanted && len(l.Instances) > 0 {
 		for _, st := range p.Starts {
 			m := span(st, p.Size)
 			a := state{freeInst: make([]uint8, len(s.freeInst)), free: ^m, tenanted: true}

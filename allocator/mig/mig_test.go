@@ -238,6 +238,13 @@ func TestPlace(t *testing.T) {
 		{"1g.5gb@5,3g.20gb@0*", "1g.5gb", Placer{Mode: Dynamic}, want{true, 5, true, false}},
 		// Without a tenant, free instances of other profiles may go.
 		{"1g.5gb@0,1g.5gb@1,1g.5gb@2,1g.5gb@3,1g.5gb@4,1g.5gb@5,1g.5gb@6", "7g.40gb", Placer{Mode: Dynamic}, want{true, 0, false, true}},
+		// Only when nothing else fits: a free instance of the profile is
+		// taken rather than resetting the GPU, whatever the strategy.
+		{"1g.5gb@0,1g.5gb@1,1g.5gb@2,1g.5gb@3,1g.5gb@4,1g.5gb@5,1g.5gb@6", "1g.5gb", Placer{Mode: Dynamic, Strategy: FragAware}, want{true, 0, true, false}},
+		// A new instance next to the free 2g.10gb (slices 2-3 keep 3g's
+		// start 4), rather than resetting the GPU for slice 6.
+		{"2g.10gb@0", "1g.5gb", Placer{Mode: Dynamic, Strategy: FragAware}, want{true, 2, false, false}},
+		{"2g.10gb@0", "4g.20gb", Placer{Mode: Dynamic}, want{true, 0, false, true}},
 		// With a tenant, never.
 		{"1g.5gb@0*,1g.5gb@1,1g.5gb@2,1g.5gb@3,1g.5gb@4,1g.5gb@5,1g.5gb@6", "2g.10gb", Placer{Mode: Dynamic}, want{}},
 		// Static: only existing free instances.
@@ -375,6 +382,14 @@ func TestPlaceProperties(t *testing.T) {
 					}
 					if c.Repartition && l.Tenanted() {
 						t.Fatalf("%q has a tenant and %s repartitions it: %+v", l, prof.Name, c)
+					}
+					if c.Repartition && mode == Dynamic {
+						if _, ok := (Placer{Mode: Static}).Place(l, prof.Name); ok {
+							t.Fatalf("%q: %s repartitions though a free instance fits", l, prof.Name)
+						}
+						if m.Placeable(pi, ^l.Occupied()) {
+							t.Fatalf("%q: %s repartitions though free slices fit", l, prof.Name)
+						}
 					}
 					// The new layout: the chosen instance used, plus what stays.
 					var next Layout
