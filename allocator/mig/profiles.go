@@ -62,11 +62,15 @@ type Model struct {
 // A100 80GB ({0,1,2,3,4,5,6}:1, {0,2,4,6}:2, {0,2,4}:2, {0,4}:4, {0}:4,
 // {0}:8). The guide says the A100-80GB's names follow the memory
 // proportion (1g.10gb, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb); the
-// H100 80GB's -lgip lists those same names. The H100 NVL (94 GB) and H200
-// (141 GB) tables have the same geometry with their own memory in the
-// names. The "+me" (media extension) and "+gfx" profiles are left out: a
-// resource name cannot hold "+" (api.ValidMIGProfile). B200 is left out:
-// its names were not confirmed against NVIDIA's guide here. A30 (4 memory
+// H100 80GB's -lgip lists those same names (1g.10gb 9.75 GiB, ..., 7g.80gb
+// 79.25 GiB). The H100 NVL (94 GB) and H200 (141 GB) have the Hopper
+// geometry with their own memory in the names; those names were taken from
+// MIG configurations written for these GPUs (GPU-operator style
+// "all-1g.18gb" ... "all-7g.141gb" lists, with 7/4/3/2/1/1 instances per
+// profile), not from NVIDIA's guide itself. The "+me" (media extension)
+// and "+gfx" profiles are left out: a resource name cannot hold "+"
+// (api.ValidMIGProfile). B200 is left out: its names (1g.23gb ...
+// 7g.180gb) appear only in such secondary sources here. A30 (4 memory
 // slices) is left out: api.MIGSlices is 8.
 var models = []*Model{
 	newModel("A100-SXM4-40GB", []string{"A100-PCIE-40GB", "A100-40GB"}, "1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"),
