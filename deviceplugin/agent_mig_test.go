@@ -64,7 +64,7 @@ func TestMIGOnDGXA100MIG(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]string{e.m.MIGUUIDs(2)[2], e.m.MIGUUIDs(3)[2]}, ids); diff != "" {
+	if diff := cmp.Diff([]string{e.m.MIGUUIDs(0)[0], e.m.MIGUUIDs(0)[1]}, ids); diff != "" {
 		t.Errorf("preferred 2 x 1g.5gb on a fresh node (-want +got):\n%s", diff)
 	}
 	resp, err := e.kubelet.allocate(mig1gR, e.m.MIGUUIDs(0)[1])

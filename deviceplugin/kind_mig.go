@@ -41,10 +41,13 @@ func (k *migKind) Devices() []devices.Device { return k.list }
 
 func (k *migKind) Lookup(id string) (devices.GPU, error) { return k.model.Lookup(k.resource, id) }
 
-// Preferred implements PreferredAllocator: mustInclude, then instances of
-// the GPUs with the most instances in use (any profile), then of the GPUs
-// with the fewest free instances, by GPU index and placement; GPUs whose
-// instances are all free stay free as long as possible.
+// Preferred implements PreferredAllocator: mustInclude, then best fit by
+// GPU: while devices are missing, the GPU that can give all that is missing
+// if one can (else the one that gives most), among those the one with the
+// most instances in use (of any profile, mustInclude counted), then the
+// fewest usable instances of the profile, then the lowest index; its
+// instances by placement. GPUs whose instances are all free stay free as
+// long as possible, and a request lands on one GPU when one can take it.
 func (k *migKind) Preferred(usable, mustInclude []string, size int, u devices.Usage) ([]string, error) {
 	if size > len(usable) {
 		return nil, fmt.Errorf("%d %s devices requested, %d usable", size, k.resource, len(usable))
@@ -52,53 +55,70 @@ func (k *migKind) Preferred(usable, mustInclude []string, size int, u devices.Us
 	if len(mustInclude) > size {
 		return nil, fmt.Errorf("%d %s devices must be included in a set of %d", len(mustInclude), k.resource, size)
 	}
-	type cand struct {
-		id          string
-		gpu, start  int
-		used, avail int
+	type gpuFree struct {
+		index int
+		used  int
+		free  []devices.MIGInstance // usable, by placement
 	}
-	// used and avail per GPU: instances in use (of any profile) and
-	// usable instances of this profile.
-	used, avail := map[string]int{}, map[string]int{}
+	byGPU := map[string]*gpuFree{}
 	for _, g := range k.model.GPUs() {
+		used := 0
 		for _, in := range g.MIG {
 			if u.MIG[in.UUID] {
-				used[g.UUID]++
+				used++
 			}
 		}
+		byGPU[g.UUID] = &gpuFree{index: g.Index, used: used}
 	}
-	var cands []cand
+	out := append([]string(nil), mustInclude...)
+	for _, id := range mustInclude {
+		g, _, ok := k.model.MIGInstanceOf(id)
+		if !ok {
+			return nil, fmt.Errorf("%s device %q: no such MIG instance on this node", k.resource, id)
+		}
+		byGPU[g.UUID].used++
+	}
 	for _, id := range usable {
 		g, in, ok := k.model.MIGInstanceOf(id)
 		if !ok {
 			return nil, fmt.Errorf("%s device %q: no such MIG instance on this node", k.resource, id)
 		}
-		avail[g.UUID]++
-		cands = append(cands, cand{id: id, gpu: g.Index, start: in.Start, used: used[g.UUID]})
-	}
-	for i := range cands {
-		g, _, _ := k.model.MIGInstanceOf(cands[i].id)
-		cands[i].avail = avail[g.UUID]
-	}
-	sort.Slice(cands, func(i, j int) bool {
-		a, b := cands[i], cands[j]
-		switch {
-		case a.used != b.used:
-			return a.used > b.used
-		case a.avail != b.avail:
-			return a.avail < b.avail
-		case a.gpu != b.gpu:
-			return a.gpu < b.gpu
+		if !slices.Contains(mustInclude, id) {
+			byGPU[g.UUID].free = append(byGPU[g.UUID].free, in)
 		}
-		return a.start < b.start
-	})
-	out := append([]string(nil), mustInclude...)
-	for _, c := range cands {
-		if len(out) == size {
-			break
+	}
+	var gpus []*gpuFree
+	for _, g := range byGPU {
+		if len(g.free) > 0 {
+			sort.Slice(g.free, func(i, j int) bool { return g.free[i].Start < g.free[j].Start })
+			gpus = append(gpus, g)
 		}
-		if !slices.Contains(out, c.id) {
-			out = append(out, c.id)
+	}
+	for len(out) < size && len(gpus) > 0 {
+		missing := size - len(out)
+		sort.Slice(gpus, func(i, j int) bool {
+			a, b := gpus[i], gpus[j]
+			fitA, fitB := len(a.free) >= missing, len(b.free) >= missing
+			switch {
+			case fitA != fitB:
+				return fitA
+			case !fitA && len(a.free) != len(b.free):
+				return len(a.free) > len(b.free)
+			case a.used != b.used:
+				return a.used > b.used
+			case len(a.free) != len(b.free):
+				return len(a.free) < len(b.free)
+			}
+			return a.index < b.index
+		})
+		g := gpus[0]
+		take := min(missing, len(g.free))
+		for _, in := range g.free[:take] {
+			out = append(out, in.UUID)
+		}
+		g.free, g.used = g.free[take:], g.used+take
+		if len(g.free) == 0 {
+			gpus = gpus[1:]
 		}
 	}
 	if len(out) < size {

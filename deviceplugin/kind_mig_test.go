@@ -253,13 +253,19 @@ func TestMIGPreferred(t *testing.T) {
 		inUse  []string
 		want   []string
 	}{
-		// Nothing in use: GPU 2's lone 1g.5gb first (fewest free), then GPU 0.
-		{name: "fresh node", usable: all(), size: 2, want: []string{migID(2, 6), migID(0, 0)}},
+		// Nothing in use: one instance from GPU 2, whose lone 1g.5gb is
+		// the tightest fit; two from one GPU, GPU 0.
+		{name: "fresh node, one", usable: all(), size: 1, want: []string{migID(2, 6)}},
+		{name: "fresh node, two on one GPU", usable: all(), size: 2, want: []string{migID(0, 0), migID(0, 1)}},
+		// More than one GPU has: the fullest first, then the rest.
+		{name: "more than a GPU has", usable: all(), size: 9, want: []string{migID(0, 0), migID(0, 1), migID(0, 2), migID(0, 3), migID(0, 4), migID(0, 5), migID(0, 6), migID(1, 0), migID(1, 1)}},
 		// GPU 1 has instances in use: pack onto it, keep GPU 0 free.
 		{name: "pack onto a GPU in use", usable: without(all(), migID(1, 0), migID(1, 1)), size: 2, inUse: []string{migID(1, 0), migID(1, 1)}, want: []string{migID(1, 2), migID(1, 3)}},
 		// Any profile in use counts: GPU 2's 3g.20gb.
 		{name: "another profile in use", usable: all(), size: 1, inUse: []string{migID(2, 0)}, want: []string{migID(2, 6)}},
-		{name: "must include", usable: all(), must: []string{migID(0, 4)}, size: 2, want: []string{migID(0, 4), migID(2, 6)}},
+		// A must-include instance counts as in use on its GPU: the rest
+		// joins it.
+		{name: "must include", usable: all(), must: []string{migID(1, 4)}, size: 3, want: []string{migID(1, 4), migID(1, 0), migID(1, 1)}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
