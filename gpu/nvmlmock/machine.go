@@ -66,7 +66,7 @@ func New(p *api.MockMachine) (*Machine, error) {
 		}
 		mig, err := newMIGStates(g, st.uuid)
 		if err != nil {
-			return nil, fmt.Errorf("mock machine %s: gpus[%d].mig: %w", p.Name, i, err)
+			return nil, fmt.Errorf("mock machine %s: gpus[%d].mig.%w", p.Name, i, err)
 		}
 		st.mig = mig
 		used[st.busID] = true

@@ -40,6 +40,14 @@ func newMIGStates(g api.MockGPU, gpuUUID string) ([]*migState, error) {
 		if _, err := fmt.Sscanf(in.Profile, "%dg.%dgb", &slices, &gb); err != nil {
 			return nil, fmt.Errorf("instances[%d].profile: %q: %w", k, in.Profile, err)
 		}
+		// NVIDIA names an instance by its memory: its slices' share of
+		// the GPU's memory in whole GB (rounded up), as NVML reports it.
+		if want := migProfileGB(in.Size, g.MemoryMiB); gb != want {
+			return nil, fmt.Errorf("instances[%d].profile: %s: an instance of %d memory slices on a GPU of %d MiB is named %dg.%dgb", k, in.Profile, in.Size, g.MemoryMiB, slices, want)
+		}
+		if slices > uint64(api.MIGSlices) || slices == 0 {
+			return nil, fmt.Errorf("instances[%d].profile: %s: %d compute slices", k, in.Profile, slices)
+		}
 		uuid := in.UUID
 		if uuid == "" {
 			uuid = derivedMIGUUID(gpuUUID, in.Start)
@@ -51,12 +59,20 @@ func newMIGStates(g api.MockGPU, gpuUUID string) ([]*migState, error) {
 			size:          in.Size,
 			gpuInstanceID: k + 1,
 			slices:        uint32(slices),
-			// What the driver reports is a little under the profile's
-			// name (an A100-40GB's 1g.5gb has 4864 MiB): 95%.
-			memoryMiB: gb * 1024 * 95 / 100,
+			// What the driver reports is a little under the slices' share
+			// of the GPU's memory (an A100-40GB's 1g.5gb has 4864 MiB): 95%.
+			memoryMiB: uint64(in.Size) * g.MemoryMiB / api.MIGSlices * 95 / 100,
 		})
 	}
 	return out, nil
+}
+
+// migProfileGB is the GB in the profile name of an instance of size memory
+// slices on a GPU of gpuMiB: its share of the GPU's memory in whole GB
+// (rounded up), rounded to the nearest GB.
+func migProfileGB(size int, gpuMiB uint64) uint64 {
+	totalGB := (gpuMiB + 1023) / 1024
+	return (uint64(size)*totalGB*2 + api.MIGSlices) / (2 * api.MIGSlices)
 }
 
 // derivedMIGUUID is a stable MIG UUID for the instance at start of a GPU.
