@@ -195,3 +195,23 @@ func TestAgentRecordsMIGAllocations(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A GPU in MIG mode that falls off the bus takes its instances out of
+// allocatable (unhealthy, still listed) until it answers again; no other
+// GPU's instances move.
+func TestLostMIGGPUTakesOutItsInstances(t *testing.T) {
+	m := nvmlmock.DGXA100MIG()
+	e := newEnv(t, m, nil).start(true)
+	all := map[corev1.ResourceName]int{gpuR: 4, memR: 156, coreR: 400, mig1gR: 16, mig2gR: 2, mig3gR: 2}
+	e.kubelet.waitCounts("registration", all, all)
+	m.SetLost(0, true)
+	e.kubelet.waitCounts("GPU 0 lost", all, map[corev1.ResourceName]int{gpuR: 4, memR: 156, coreR: 400, mig1gR: 9, mig2gR: 2, mig3gR: 2})
+	for _, id := range m.MIGUUIDs(0) {
+		if d := e.kubelet.device(mig1gR, id); d == nil || d.Health != pluginapi.Unhealthy {
+			t.Errorf("instance %s of the lost GPU: %v", id, d)
+		}
+	}
+	m.SetLost(0, false)
+	e.clock.Add(time.Hour) // past the recovery delay
+	e.kubelet.waitCounts("GPU 0 back", all, all)
+}
