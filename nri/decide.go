@@ -52,6 +52,9 @@ type Options struct {
 	// Policy places the shared slice of a pod that bypassed the scheduler
 	// extender (no assignment for the container).
 	Policy allocator.Policy
+	// MIGCaps are the nvidia-caps devices of MIG instances, added as
+	// device nodes when CDI is off (ReadMIGCaps); unknown: none.
+	MIGCaps MIGCaps
 }
 
 // usage is what the other containers of the ledger use.
@@ -249,7 +252,18 @@ func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 		g, _ := node.GPU(shared.GPU.UUID)
 		gpus = append(gpus, g)
 	}
+	var caps []DeviceNode
+	if !opts.CDI && len(mig) > 0 {
+		uuids := make([]string, len(mig))
+		for i, m := range mig {
+			uuids[i] = m.UUID
+		}
+		if caps, err = migCapNodes(opts.MIGCaps, node, uuids); err != nil {
+			return nil, fail("", "%v", err)
+		}
+	}
 	d.Adjustment = adjustment(opts, node, pod, ctr, gpus, shared, mig, migGPUs)
+	addCapNodes(&d.Adjustment, opts.MIGCaps, ctr, caps)
 	return d, nil
 }
 
@@ -829,4 +843,31 @@ func decideNonGPU(opts Options, req Request) *Decision {
 		}
 	}
 	return d
+}
+
+// addCapNodes gives a container without CDI the nvidia-caps nodes of its
+// MIG instances (caps) and no other: when the nvidia-caps major is known,
+// its other nodes in the container are removed and the device cgroup
+// denies the major but for the container's minors. With CDI (caps nil, no
+// MIG, or the major unknown) nothing changes: a MIG device's CDI spec
+// brings its own.
+func addCapNodes(a *Adjustment, caps MIGCaps, ctr Container, nodes []DeviceNode) {
+	if caps.Major <= 0 || len(nodes) == 0 {
+		return
+	}
+	allowed := map[int64]bool{}
+	for _, n := range nodes {
+		allowed[n.Minor] = true
+	}
+	a.AddDeviceNodes = append(a.AddDeviceNodes, nodes...)
+	for _, dn := range ctr.DeviceNodes {
+		if dn.Type == "c" && dn.Major == caps.Major && !allowed[dn.Minor] {
+			a.RemoveDeviceNodes = append(a.RemoveDeviceNodes, dn.Path)
+		}
+	}
+	sort.Strings(a.RemoveDeviceNodes)
+	a.CgroupRules = append(a.CgroupRules, CgroupRule{Allow: false, Type: "c", Major: i64(caps.Major), Access: "rwm"})
+	for _, n := range nodes {
+		a.CgroupRules = append(a.CgroupRules, CgroupRule{Allow: true, Type: "c", Major: i64(caps.Major), Minor: i64(n.Minor), Access: "rw"})
+	}
 }

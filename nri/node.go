@@ -36,7 +36,8 @@ func GPUsFromTopology(t *topology.Topology, src DeviceSource) ([]GPU, error) {
 		if g.MIG != nil {
 			gg.MIGMode = true
 			for _, in := range g.MIG.Instances {
-				gg.MIG = append(gg.MIG, MIGInstance{UUID: in.UUID, Profile: in.Profile, Start: in.Start, Size: in.Size})
+				gg.MIG = append(gg.MIG, MIGInstance{UUID: in.UUID, Profile: in.Profile, Start: in.Start, Size: in.Size,
+					GPUInstanceID: in.GPUInstanceID, ComputeInstanceID: in.ComputeInstanceID})
 			}
 		}
 		out = append(out, gg)
@@ -48,6 +49,12 @@ func GPUsFromTopology(t *topology.Topology, src DeviceSource) ([]GPU, error) {
 // procRoot/devices (procRoot is /proc on a host). It returns -1 and no error
 // when the module is not loaded.
 func UVMMajor(procRoot string) (int64, error) {
+	return charMajor(procRoot, "nvidia-uvm")
+}
+
+// charMajor reads the major number of the named character device from
+// procRoot/devices; -1 and no error when it is not listed.
+func charMajor(procRoot, name string) (int64, error) {
 	f, err := os.Open(filepath.Join(procRoot, "devices"))
 	if err != nil {
 		return -1, fmt.Errorf("reading device majors: %w", err)
@@ -66,12 +73,12 @@ func UVMMajor(procRoot string) (int64, error) {
 			continue
 		}
 		fields := strings.Fields(line)
-		if !inChar || len(fields) != 2 || fields[1] != "nvidia-uvm" {
+		if !inChar || len(fields) != 2 || fields[1] != name {
 			continue
 		}
 		m, err := strconv.ParseInt(fields[0], 10, 64)
 		if err != nil {
-			return -1, fmt.Errorf("%s: bad major %q for nvidia-uvm", f.Name(), fields[0])
+			return -1, fmt.Errorf("%s: bad major %q for %s", f.Name(), fields[0], name)
 		}
 		return m, nil
 	}

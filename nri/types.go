@@ -45,6 +45,9 @@ type MIGInstance struct {
 	Profile string
 	// Start and Size are its placement in the GPU's memory slices.
 	Start, Size int
+	// GPUInstanceID and ComputeInstanceID are NVML's IDs of the instance:
+	// they name its nvidia-caps access devices (MIGCaps).
+	GPUInstanceID, ComputeInstanceID int
 }
 
 // Node is the node state a decision is taken on.

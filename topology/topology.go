@@ -104,6 +104,10 @@ type MIGInstance struct {
 	Start     int    `json:"start"`
 	Size      int    `json:"size"`
 	MemoryMiB uint64 `json:"memoryMiB"`
+	// GPUInstanceID and ComputeInstanceID are NVML's IDs of the instance
+	// (they name its nvidia-caps access devices).
+	GPUInstanceID     int `json:"gpuInstanceID"`
+	ComputeInstanceID int `json:"computeInstanceID"`
 }
 
 // Link is the connection between two GPUs.
@@ -217,7 +221,8 @@ func readMIG(src Source, i int) (*MIG, error) {
 	}
 	mig := &MIG{Instances: []MIGInstance{}}
 	for _, in := range info.Instances {
-		mig.Instances = append(mig.Instances, MIGInstance{UUID: in.UUID, Profile: in.Profile, Start: in.Start, Size: in.Size, MemoryMiB: in.MemoryMiB})
+		mig.Instances = append(mig.Instances, MIGInstance{UUID: in.UUID, Profile: in.Profile, Start: in.Start, Size: in.Size, MemoryMiB: in.MemoryMiB,
+			GPUInstanceID: in.GPUInstanceID, ComputeInstanceID: in.ComputeInstanceID})
 	}
 	return mig, nil
 }

@@ -110,6 +110,11 @@ func newIsolation(d isolationDeps) (*nodeIsolation, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A MIG instance's access devices, added when CDI is off.
+	migCaps, err := nri.ReadMIGCaps(f.procRoot)
+	if err != nil {
+		return nil, err
+	}
 	gpus, err := nri.GPUsFromTopology(d.topo, d.backend)
 	if err != nil {
 		return nil, err
@@ -124,10 +129,12 @@ func newIsolation(d isolationDeps) (*nodeIsolation, error) {
 	if err != nil {
 		return nil, err
 	}
+	decide := nri.OptionsFromConfig(d.cfg, uvm, mps.PipeDir, policy)
+	decide.MIGCaps = migCaps
 	pcfg := nri.Config{
 		SocketPath:  f.nriSocket,
 		StateDir:    f.stateDir,
-		Decide:      nri.OptionsFromConfig(d.cfg, uvm, mps.PipeDir, policy),
+		Decide:      decide,
 		GPUs:        gpus,
 		NUMANodes:   d.topo.NUMANodes,
 		Allocations: nri.KubeletAllocations{Source: d.kubelet, InitContainers: d.checkpoint},
