@@ -426,6 +426,10 @@ func (a *Agent) setRegistered(p *plugin) {
 	a.registered[p.resource] = true
 }
 
+// Resources lists the resources the agent serves: the configuration's and
+// the MIG profiles of the node (ServedResources), in order.
+func (a *Agent) Resources() []corev1.ResourceName { return a.model.Resources() }
+
 // Registered lists the resources registered with the current kubelet.
 func (a *Agent) Registered() []corev1.ResourceName {
 	a.mu.Lock()

@@ -286,3 +286,17 @@ func TestMIGPreferred(t *testing.T) {
 		t.Error("Preferred of 2 among 1 usable succeeded")
 	}
 }
+
+func TestAgentResourcesIncludeMIG(t *testing.T) {
+	cfg := api.NewNodeAgentConfig()
+	gpus := migTestGPUs()
+	served, _ := ServedResources(cfg, gpus)
+	m, err := devices.New(gpus, devices.Options{Resources: served, MemoryUnitMiB: cfg.MemoryUnitMiB})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &Agent{model: m}
+	if diff := cmp.Diff(append(api.Resources(), mig1g, api.MIGResource("2g.10gb"), mig3g), a.Resources()); diff != "" {
+		t.Errorf("Resources (-want +got):\n%s", diff)
+	}
+}

@@ -302,7 +302,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	logger.Info("Starting the node agent", "gpus", len(topo.GPUs), "resources", cfg.Resources, "deviceListStrategy", cfg.DeviceListStrategy, "devicePluginDir", f.pluginDir)
+	logger.Info("Starting the node agent", "gpus", len(topo.GPUs), "resources", agent.Resources(), "deviceListStrategy", cfg.DeviceListStrategy, "devicePluginDir", f.pluginDir)
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
