@@ -402,10 +402,28 @@ func (c *Cluster) WaitNodesReady(ctx context.Context, timeout time.Duration) err
 				last = fmt.Sprintf("node %s: no GPU inventory with shared isolation yet (%v)", n.Name, err)
 				return false, nil
 			}
+			// Every GPU is offered whole, but those in MIG mode: each of
+			// their instances is offered as its profile's resource.
+			whole, mig := int64(0), map[v1.ResourceName]int64{}
+			for _, g := range inv.GPUs {
+				if g.MIG == nil {
+					whole++
+					continue
+				}
+				for _, in := range g.MIG.Instances {
+					mig[api.MIGResource(in.Profile)]++
+				}
+			}
 			q := node.Status.Allocatable[api.ResourceGPU]
-			if q.Value() != int64(len(inv.GPUs)) {
-				last = fmt.Sprintf("node %s: allocatable %s = %s, want %d", n.Name, api.ResourceGPU, q.String(), len(inv.GPUs))
+			if q.Value() != whole {
+				last = fmt.Sprintf("node %s: allocatable %s = %s, want %d", n.Name, api.ResourceGPU, q.String(), whole)
 				return false, nil
+			}
+			for r, want := range mig {
+				if q := node.Status.Allocatable[r]; q.Value() != want {
+					last = fmt.Sprintf("node %s: allocatable %s = %s, want %d", n.Name, r, q.String(), want)
+					return false, nil
+				}
 			}
 		}
 		return true, nil
