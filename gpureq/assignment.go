@@ -36,6 +36,15 @@ func CheckAssignment(a *api.Assignment, pod *corev1.Pod) error {
 		if n := lenient(c, api.ResourceGPU); int64(len(ca.GPUs)) > n {
 			return disagrees(ca.Name, "container %q is given %d whole GPUs but asks for %d %s", ca.Name, len(ca.GPUs), n, api.ResourceGPU)
 		}
+		perProfile := map[string]int64{}
+		for _, m := range ca.MIG {
+			perProfile[m.Profile]++
+		}
+		for profile, n := range perProfile {
+			if asked := lenient(c, api.MIGResource(profile)); n > asked {
+				return disagrees(ca.Name, "container %q is given %d %s instances but asks for %d", ca.Name, n, api.MIGResource(profile), asked)
+			}
+		}
 		if sh := ca.Shared; sh != nil {
 			mem, cores := lenient(c, api.ResourceGPUMemory), lenient(c, api.ResourceGPUCore)
 			if mem <= 0 && cores <= 0 {

@@ -59,3 +59,28 @@ func TestParsePodMIG(t *testing.T) {
 		})
 	}
 }
+
+func TestCheckAssignmentMIG(t *testing.T) {
+	mig1 := api.MIGResource("1g.5gb")
+	pod := podOf(nil, withQ(ctr("a", 0, 0, 0), mig1, "1"))
+	ref := func(uuid, profile string) api.MIGRef {
+		return api.MIGRef{UUID: uuid, Profile: profile, GPU: api.GPURef{UUID: "GPU-00000000-0000-0000-0000-000000000000"}}
+	}
+	for _, tc := range []struct {
+		name string
+		mig  []api.MIGRef
+		ok   bool
+	}{
+		{"its instance", []api.MIGRef{ref("MIG-00000000-0000-0000-0000-000000000001", "1g.5gb")}, true},
+		{"one too many", []api.MIGRef{ref("MIG-00000000-0000-0000-0000-000000000001", "1g.5gb"), ref("MIG-00000000-0000-0000-0000-000000000002", "1g.5gb")}, false},
+		{"another profile", []api.MIGRef{ref("MIG-00000000-0000-0000-0000-000000000001", "3g.20gb")}, false},
+	} {
+		a := api.NewAssignment()
+		a.Containers = append(a.Containers, api.ContainerAssignment{Name: "a", MIG: tc.mig})
+		err := CheckAssignment(a, pod)
+		var r *Refusal
+		if tc.ok != (err == nil) || (err != nil && (!errors.As(err, &r) || r.Code != CodeAssignmentDisagrees)) {
+			t.Errorf("%s: CheckAssignment = %v, want ok=%v", tc.name, err, tc.ok)
+		}
+	}
+}
