@@ -39,6 +39,13 @@ type Interface interface {
 	// MIG is the GPU's MIG state: whether MIG mode is on, and its MIG
 	// instances. A GPU without MIG support is not enabled, no error.
 	MIG(index int) (MIGInfo, error)
+	// SetMIGLayout repartitions a GPU in MIG mode: it destroys every MIG
+	// instance of the GPU (compute instances, then GPU instances) and
+	// creates want, each a GPU instance at its placement with one compute
+	// instance over all its slices. The caller makes sure no process or
+	// container uses the GPU. On an error the GPU has what was done so far:
+	// read it again with MIG.
+	SetMIGLayout(index int, want []MIGSpec) error
 	// WatchXIDs delivers the XID errors of every GPU to out until ctx ends.
 	// It returns ctx's error when ctx ends, or an error when the event set
 	// cannot be created or waited on.

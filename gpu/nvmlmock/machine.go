@@ -39,6 +39,8 @@ type gpuState struct {
 	mode    nvml.ComputeMode
 	smUtil  map[uint32]uint32 // PID -> SM utilisation percent
 	mig     []*migState       // the MIG instances, in profile order; nil without MIG
+	migGen  int               // instances created through NVML so far (their UUIDs differ from the ones before)
+	migFail int               // CreateGpuInstanceWithPlacement calls left to fail (FailMIGCreates)
 }
 
 type mockLink struct {

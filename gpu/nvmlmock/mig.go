@@ -26,6 +26,22 @@ type migState struct {
 	slices        uint32 // compute slices, the <g> of the profile name
 	memoryMiB     uint64
 	dev           *mock.Device
+	// compute is true when the GPU instance has its compute instance (a
+	// MIG device exists); an instance created through NVML has none until
+	// CreateComputeInstance.
+	compute bool
+}
+
+// migDevices are the instances that are MIG devices (have a compute
+// instance), in order.
+func migDevices(all []*migState) []*migState {
+	var out []*migState
+	for _, s := range all {
+		if s.compute {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // newMIGStates reads a GPU's MIG layout from its profile. Its UUIDs are the
@@ -95,6 +111,8 @@ func migCapable(model string) bool {
 
 // MIGUUIDs returns the UUIDs of GPU i's MIG instances, in profile order.
 func (m *Machine) MIGUUIDs(i int) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	var out []string
 	for _, s := range m.gpus[i].mig {
 		out = append(out, s.uuid)
@@ -139,10 +157,13 @@ func (m *Machine) addMIG(d *mock.Device, g *gpuState, live func() (gpuState, nvm
 		if k < 0 || k >= maxMIGDevices {
 			return nil, nvml.ERROR_INVALID_ARGUMENT
 		}
-		if k >= len(g.mig) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		devs := migDevices(g.mig)
+		if k >= len(devs) {
 			return nil, nvml.ERROR_NOT_FOUND
 		}
-		return g.mig[k].dev, nvml.SUCCESS
+		return devs[k].dev, nvml.SUCCESS
 	}
 	d.GetGpuInstanceByIdFunc = func(id int) (nvml.GpuInstance, nvml.Return) {
 		if _, r := live(); r != nvml.SUCCESS {
@@ -151,20 +172,30 @@ func (m *Machine) addMIG(d *mock.Device, g *gpuState, live func() (gpuState, nvm
 		if !enabled {
 			return nil, nvml.ERROR_NOT_SUPPORTED
 		}
+		m.mu.Lock()
+		defer m.mu.Unlock()
 		for _, s := range g.mig {
 			if s.gpuInstanceID == id {
-				return m.gpuInstance(d, s, live), nvml.SUCCESS
+				return m.gpuInstance(d, g, s, live), nvml.SUCCESS
 			}
 		}
 		return nil, nvml.ERROR_NOT_FOUND
 	}
 	for _, s := range g.mig {
 		s.dev = m.migDevice(d, s, live)
+		s.compute = true
 	}
+	m.addMIGCreate(d, g, live)
 }
 
-func (m *Machine) gpuInstance(parent *mock.Device, s *migState, live func() (gpuState, nvml.Return)) *mock.GpuInstance {
+func (m *Machine) gpuInstance(parent *mock.Device, g *gpuState, s *migState, live func() (gpuState, nvml.Return)) *mock.GpuInstance {
 	return &mock.GpuInstance{
+		DestroyFunc:                      func() nvml.Return { return m.destroyGPUInstance(g, s, live) },
+		GetComputeInstanceProfileInfoFunc: func(p, e int) (nvml.ComputeInstanceProfileInfo, nvml.Return) { return m.computeProfileInfo(p, e, live) },
+		CreateComputeInstanceFunc: func(info *nvml.ComputeInstanceProfileInfo) (nvml.ComputeInstance, nvml.Return) {
+			return m.createComputeInstance(parent, g, s, info, live)
+		},
+		GetComputeInstanceByIdFunc: func(id int) (nvml.ComputeInstance, nvml.Return) { return m.computeInstanceByID(g, s, id, live) },
 		GetInfoFunc: func() (nvml.GpuInstanceInfo, nvml.Return) {
 			if _, r := live(); r != nvml.SUCCESS {
 				return nvml.GpuInstanceInfo{}, r
