@@ -190,7 +190,7 @@ func (m *Machine) addMIG(d *mock.Device, g *gpuState, live func() (gpuState, nvm
 
 func (m *Machine) gpuInstance(parent *mock.Device, g *gpuState, s *migState, live func() (gpuState, nvml.Return)) *mock.GpuInstance {
 	return &mock.GpuInstance{
-		DestroyFunc:                      func() nvml.Return { return m.destroyGPUInstance(g, s, live) },
+		DestroyFunc:                       func() nvml.Return { return m.destroyGPUInstance(g, s, live) },
 		GetComputeInstanceProfileInfoFunc: func(p, e int) (nvml.ComputeInstanceProfileInfo, nvml.Return) { return m.computeProfileInfo(p, e, live) },
 		CreateComputeInstanceFunc: func(info *nvml.ComputeInstanceProfileInfo) (nvml.ComputeInstance, nvml.Return) {
 			return m.createComputeInstance(parent, g, s, info, live)
