@@ -65,6 +65,7 @@ type agentFlags struct {
 	sealKeyNamespace   string
 	nodeName           string
 	metricsAddr        string
+	dynamicMIG         bool
 
 	// Overrides of the configuration file, applied when given.
 	resources          string
@@ -104,6 +105,7 @@ func newAgentFlagSet(stderr io.Writer) (*flag.FlagSet, *agentFlags) {
 	fs.StringVar(&f.cdiKind, "cdi-kind", "", "vendor/class of CDI device names (overrides cdiKind)")
 	fs.DurationVar(&f.healthInterval, "health-check-interval", 0, "period of the NVML health check (overrides healthCheckInterval)")
 	fs.DurationVar(&f.xidRecoveryDelay, "xid-recovery-delay", 0, "how long a GPU stays unhealthy after a critical XID (overrides xidRecoveryDelay)")
+	fs.BoolVar(&f.dynamicMIG, "dynamic-mig", false, "serve the extender's MIG layout requests (the Node annotation "+api.AnnotationMIGLayoutRequest+"): repartition a GPU in MIG mode that no container or process uses, then serve its new instances (docs/mig.md, Dynamic MIG)")
 	f.iso.register(fs)
 	f.numa.register(fs)
 	klog.InitFlags(fs)
@@ -219,6 +221,21 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer cleanup()
+	for {
+		err := serveAgent(ctx, f, cfg, backend, root, stdout)
+		if !errors.Is(err, errMIGRestart) {
+			return err
+		}
+		logger.Info("Serving again: a MIG layout request was served")
+	}
+}
+
+// serveAgent serves until ctx ends or, with --dynamic-mig, until a MIG
+// layout request was served (errMIGRestart): the topology, device plugins,
+// inventory and NRI plugin are then built again from the driver.
+func serveAgent(ctx context.Context, f *agentFlags, cfg *api.NodeAgentConfig, backend *gpu.Backend, root string, stdout io.Writer) error {
+	logger := klog.FromContext(ctx)
+	parent := ctx
 	topo, err := topology.Build(backend, topology.Sysfs{Root: root})
 	if err != nil {
 		return fmt.Errorf("reading the GPU topology: %w", err)
@@ -353,8 +370,26 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			<-numaDone
 		}()
 	}
-	if err := agent.Run(ctx); err != nil {
+	agentCtx, stopAgent := context.WithCancel(ctx)
+	defer stopAgent()
+	var dyn *migWatch
+	dynDone := make(chan struct{})
+	if f.dynamicMIG && cs != nil {
+		dyn = newMIGWatch(cs, f.nodeName, topo, backend, kubelet, events)
+		go func() { defer close(dynDone); dyn.run(agentCtx, stopAgent) }()
+		defer func() { stopAgent(); <-dynDone }()
+		logger.Info("Dynamic MIG: serving the extender's MIG layout requests", "annotation", api.AnnotationMIGLayoutRequest)
+	}
+	if err := agent.Run(agentCtx); err != nil {
 		return err
+	}
+	stopAgent()
+	if dyn != nil {
+		<-dynDone
+	}
+	if dyn != nil && dyn.pending != nil && parent.Err() == nil {
+		dyn.apply(parent)
+		return errMIGRestart
 	}
 	select {
 	case err := <-errc:

@@ -1,0 +1,157 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/deviceplugin"
+	"github.com/tessera-gpu/tessera/deviceplugin/kubeletstate"
+	"github.com/tessera-gpu/tessera/isolation"
+	"github.com/tessera-gpu/tessera/topology"
+)
+
+// errMIGRestart ends one round of serving: a GPU was (or was to be)
+// repartitioned, so the topology, device plugins, inventory and NRI plugin
+// are built again from the driver.
+var errMIGRestart = errors.New("serving again after a MIG repartition")
+
+// migWatch is the agent's side of dynamic MIG (--dynamic-mig): it polls
+// its Node's AnnotationMIGLayoutRequest and, when a GPU's wanted layout
+// differs from its current one and the GPU has no tenant, stops the device
+// plugins (so the kubelet allocates nothing meanwhile), checks the tenants
+// again, repartitions, records AnnotationMIGLayoutStatus and serves again.
+// A GPU with a tenant is never touched: the request stays, the status says
+// Refused and an Event on the Node says why.
+type migWatch struct {
+	client   kubernetes.Interface
+	node     string
+	rep      *deviceplugin.MIGRepartitioner
+	events   isolation.EventRecorder
+	interval time.Duration
+
+	pending *api.MIGLayoutRequest // set when run stopped serving for it
+	written string                // the last status value written
+}
+
+func newMIGWatch(client kubernetes.Interface, node string, topo *topology.Topology, driver deviceplugin.MIGDriver, kubelet kubeletstate.Source, events isolation.EventRecorder) *migWatch {
+	gpus := map[string]int{}
+	for _, g := range topo.GPUs {
+		gpus[g.UUID] = g.Index
+	}
+	return &migWatch{
+		client: client, node: node, events: events, interval: 2 * time.Second,
+		rep: &deviceplugin.MIGRepartitioner{Driver: driver, Kubelet: kubelet, GPUs: gpus},
+	}
+}
+
+// run polls until ctx ends or a request is to be applied; then it records
+// the request in w.pending and calls stop.
+func (w *migWatch) run(ctx context.Context, stop func()) {
+	logger := klog.FromContext(ctx).WithName("dynamic-mig")
+	t := time.NewTicker(w.interval)
+	defer t.Stop()
+	for {
+		if req := w.poll(klog.NewContext(ctx, logger)); req != nil {
+			w.pending = req
+			stop()
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// poll reads the request; it returns it when a GPU is to be repartitioned.
+func (w *migWatch) poll(ctx context.Context) *api.MIGLayoutRequest {
+	logger := klog.FromContext(ctx)
+	node, err := w.client.CoreV1().Nodes().Get(ctx, w.node, metav1.GetOptions{})
+	if err != nil {
+		logger.Error(err, "Reading the Node for its MIG layout request")
+		return nil
+	}
+	value, ok := node.Annotations[api.AnnotationMIGLayoutRequest]
+	if !ok {
+		return nil
+	}
+	req, err := api.ParseMIGLayoutRequest(value)
+	if err != nil {
+		logger.Error(err, "Ignoring a malformed MIG layout request")
+		return nil
+	}
+	changes, err := w.rep.Changes(req)
+	if err != nil {
+		w.record(ctx, node, api.MIGLayoutStatus{Generation: req.Generation, State: api.MIGLayoutRefused, Message: err.Error()})
+		return nil
+	}
+	if len(changes) == 0 {
+		w.record(ctx, node, api.MIGLayoutStatus{Generation: req.Generation, State: api.MIGLayoutApplied})
+		return nil
+	}
+	if err := w.rep.CheckTenants(ctx, changes); err != nil {
+		w.record(ctx, node, api.MIGLayoutStatus{Generation: req.Generation, State: api.MIGLayoutRefused, Message: err.Error()})
+		return nil
+	}
+	return req
+}
+
+// apply serves w.pending once the device plugins are stopped.
+func (w *migWatch) apply(ctx context.Context) {
+	req := w.pending
+	w.pending = nil
+	st, changed := w.rep.Apply(ctx, req)
+	klog.FromContext(ctx).Info("MIG layout request served", "generation", req.Generation, "state", st.State, "message", st.Message, "changed", changed)
+	node, err := w.client.CoreV1().Nodes().Get(ctx, w.node, metav1.GetOptions{})
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Reading the Node to record the MIG layout status")
+		return
+	}
+	w.record(ctx, node, st)
+}
+
+// record writes st as the Node's AnnotationMIGLayoutStatus when it says
+// something new, with an Event when the request was refused or failed.
+func (w *migWatch) record(ctx context.Context, node *corev1.Node, st api.MIGLayoutStatus) {
+	logger := klog.FromContext(ctx)
+	st.APIVersion, st.Kind = api.Version, api.KindMIGLayoutStatus
+	value, err := api.EncodeMIGLayoutStatus(&st)
+	if err != nil {
+		logger.Error(err, "Encoding the MIG layout status")
+		return
+	}
+	if value == w.written || node.Annotations[api.AnnotationMIGLayoutStatus] == value {
+		w.written = value
+		return
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{api.AnnotationMIGLayoutStatus: value}}})
+	if err != nil {
+		logger.Error(err, "Encoding the MIG layout status patch")
+		return
+	}
+	if _, err := w.client.CoreV1().Nodes().Patch(ctx, w.node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		logger.Error(err, "Recording the MIG layout status")
+		return
+	}
+	w.written = value
+	switch st.State {
+	case api.MIGLayoutRefused:
+		w.events.Eventf(node, corev1.EventTypeWarning, "MIGRepartitionRefused", "MIG layout request %d not applied: %s", st.Generation, st.Message)
+	case api.MIGLayoutFailed:
+		w.events.Eventf(node, corev1.EventTypeWarning, "MIGRepartitionFailed", "MIG layout request %d failed: %s", st.Generation, st.Message)
+	case api.MIGLayoutApplied:
+		w.events.Eventf(node, corev1.EventTypeNormal, "MIGRepartitioned", "MIG layout request %d applied", st.Generation)
+	}
+	logger.Info("MIG layout status recorded", "status", fmt.Sprintf("%s %d %s", st.State, st.Generation, st.Message))
+}
