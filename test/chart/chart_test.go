@@ -657,7 +657,6 @@ func newMapper(cp *controlplane.ControlPlane) (meta.RESTMapper, error) {
 	return restmapper.NewDiscoveryRESTMapper(groups), nil
 }
 
-
 // render runs helm template on chart (release tessera in tessera-system,
 // CRDs included) and returns every object.
 func render(t *testing.T, helm, repo, chart string, args ...string) []*unstructured.Unstructured {
