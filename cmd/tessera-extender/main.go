@@ -105,6 +105,7 @@ type options struct {
 	preemptionMinRuntime time.Duration
 	preemptionHold       time.Duration
 	preemptionResync     time.Duration
+	dynamicMIG           bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -158,6 +159,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.preemptionMinRuntime, "preemption-min-runtime", 0, "a pod that started less than this long ago is not preempted")
 	fs.DurationVar(&o.preemptionHold, "preemption-hold", 2*time.Minute, "how long the room preemption frees is held for the pod it was freed for")
 	fs.DurationVar(&o.preemptionResync, "preemption-resync", time.Second, "how often pending pods kube-scheduler found unschedulable are checked for a preemption")
+	fs.BoolVar(&o.dynamicMIG, "dynamic-mig", false, "dynamic MIG: when a pending pod's MIG instances are free on no node, ask a node (annotation "+api.AnnotationMIGLayoutRequest+") to repartition a GPU in MIG mode without a tenant; its node agent needs --dynamic-mig too (docs/mig.md)")
 	fs.StringVar(&o.sealKeyNamespace, "seal-key-namespace", "kube-system", "namespace of the Secret "+api.SealKeySecretName+" holding the key that seals Tessera's decision annotations (created when missing); the extender's own namespace")
 	fs.IntVar(&o.shortlist, "filter-shortlist", 100, "filter passes at most this many fitting nodes, those the policy scores best, so that kube-scheduler scores and prioritizes only nodes that can win (the extender's weight outweighs every other score); 0: every fitting node")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
@@ -460,6 +462,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		if preemptor != nil {
 			go preemptor.Run(ctx, o.preemptionResync)
+		}
+		if o.dynamicMIG {
+			nodes, pods := factory.Core().V1().Nodes().Lister(), podLister
+			go (&extender.MIGDynamic{Cache: cache, Client: client, Events: recorder,
+				Pods:  func() ([]*corev1.Pod, error) { return pods.List(labels.Everything()) },
+				Nodes: func() ([]*corev1.Node, error) { return nodes.List(labels.Everything()) }}).Run(ctx, 2*time.Second)
 		}
 		ready.Store(true)
 		logger.Info("Caches synced; ready")
