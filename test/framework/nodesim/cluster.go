@@ -36,6 +36,8 @@ type NodeSpec struct {
 	// TopologyPolicy, TopologyScope and CPUManagerPolicy are the kubelet's
 	// (NodeConfig); empty: best-effort, container, none.
 	TopologyPolicy, TopologyScope, CPUManagerPolicy string
+	// AgentArgs are added to the node's tessera-node command line.
+	AgentArgs []string
 }
 
 // DefaultNodes are two dgx-a100, one dgx-1v and one pcie-2numa.
@@ -361,6 +363,9 @@ func (c *Cluster) startNode(n NodeSpec) error {
 		if v != "" {
 			args = append(args, "--"+flag+"="+v)
 		}
+	}
+	if len(n.AgentArgs) > 0 {
+		args = append(args, "--agent-args="+strings.Join(n.AgentArgs, " "))
 	}
 	if len(n.Labels) > 0 {
 		var kv []string

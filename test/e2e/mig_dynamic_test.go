@@ -1,0 +1,197 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/test/framework/nodesim"
+)
+
+// TestMIGDynamic runs its own cluster with dynamic MIG on (the extender's
+// and the node agent's --dynamic-mig): a dgx-a100-mig node (GPUs 0-1 in
+// 7 × 1g.5gb, 2-3 in 3g.20gb + 2g.10gb + 1g.5gb) has no 4g.20gb
+// instance. Two 2g.10gb pods run first (tenants on GPUs 2 and 3, the
+// cheapest to repartition); then a pod asking tessera.dev/mig-4g.20gb
+// waits, the extender asks the node to repartition a GPU without a tenant
+// (0 or 1), the agent does, and the pod runs with exactly its new
+// instance; the tenants' GPUs keep their layouts and the node records the
+// request as applied.
+func TestMIGDynamic(t *testing.T) {
+	nsBin, agent, ext, err := binaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	c, err := nodesim.StartCluster(ctx, nodesim.ClusterOptions{
+		NodeSim: nsBin, Agent: agent, Extender: ext, RepoRoot: repoRoot(),
+		Nodes:        []nodesim.NodeSpec{{Name: "mig-1", Profile: "dgx-a100-mig", AgentArgs: []string{"--dynamic-mig"}}},
+		ExtenderArgs: []string{"--dynamic-mig"},
+		Logf:         func(f string, a ...any) { t.Logf(f, a...) },
+	})
+	if err != nil {
+		t.Fatalf("MIG cluster: %v", err)
+	}
+	defer func() {
+		if t.Failed() {
+			for name, path := range c.LogFiles() {
+				t.Logf("log %s: %s", name, path)
+			}
+		}
+		c.Stop()
+	}()
+	const ns = "mig-dynamic"
+	if err := c.EnsureNamespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	layouts := func(inv *api.GPUInventory) map[string]string { // GPU UUID -> its instances
+		out := map[string]string{}
+		for _, g := range inv.GPUs {
+			if g.MIG == nil {
+				continue
+			}
+			var s []string
+			for _, in := range g.MIG.Instances {
+				s = append(s, fmt.Sprintf("%s@%d:%s", in.Profile, in.Start, in.UUID))
+			}
+			out[g.UUID] = strings.Join(s, ",")
+		}
+		return out
+	}
+	before := layouts(inventory(t, c, "mig-1"))
+	gpuOf := map[string]string{} // MIG UUID -> GPU UUID
+	for _, g := range inventory(t, c, "mig-1").GPUs {
+		if g.MIG != nil {
+			for _, in := range g.MIG.Instances {
+				gpuOf[in.UUID] = g.UUID
+			}
+		}
+	}
+	migPod := func(name, profile string) *v1.Pod {
+		return &v1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Spec: v1.PodSpec{TerminationGracePeriodSeconds: new(int64), Containers: []v1.Container{{
+				Name: "main", Image: "registry.k8s.io/pause:3.10",
+				Resources: v1.ResourceRequirements{Limits: v1.ResourceList{api.MIGResource(profile): *resource.NewQuantity(1, resource.DecimalSI)}}}}},
+		}
+	}
+
+	// Tenants on GPUs 2 and 3: each has one 2g.10gb, so two 2g.10gb pods
+	// take both. Those GPUs would be the cheapest to repartition (one
+	// instance in the way of a 4g.20gb); with tenants, only GPU 0 or 1 may be.
+	tenantGPUs := map[string]bool{}
+	for _, name := range []string{"tenant-a", "tenant-b"} {
+		mustCreate(t, c, migPod(name, "2g.10gb"))
+		_, rec := waitRunning(t, c, ns, name, time.Minute)
+		got := rec.Containers[0].Allocated[string(api.MIGResource("2g.10gb"))]
+		if len(got) != 1 || gpuOf[got[0]] == "" {
+			t.Fatalf("%s allocated %v", name, rec.Containers[0].Allocated)
+		}
+		tenantGPUs[gpuOf[got[0]]] = true
+		waitAssignmentWith(t, c, ns, name, func(a *api.Assignment) bool {
+			ca := a.Container("main")
+			return ca != nil && len(ca.MIG) == 1
+		})
+		t.Logf("%s runs on GPU %s with %s", name, gpuOf[got[0]], got[0])
+	}
+	if len(tenantGPUs) != 2 {
+		t.Fatalf("the tenants share a GPU: %v", tenantGPUs)
+	}
+
+	// No GPU has a 4g.20gb: the pod waits, a GPU without a tenant is
+	// repartitioned, the pod runs with its new instance.
+	mustCreate(t, c, migPod("big", "4g.20gb"))
+	pod, rec := waitRunning(t, c, ns, "big", 3*time.Minute)
+	if pod.Spec.NodeName != "mig-1" {
+		t.Fatalf("big runs on %s", pod.Spec.NodeName)
+	}
+	ids := rec.Containers[0].Allocated[string(api.MIGResource("4g.20gb"))]
+	if len(ids) != 1 {
+		t.Fatalf("big allocated %v, want one 4g.20gb instance", rec.Containers[0].Allocated)
+	}
+	uuid := ids[0]
+	if v := rec.Containers[0].Env[api.EnvNVIDIAVisibleDevices]; v != uuid {
+		t.Errorf("big: %s=%q, want exactly %s", api.EnvNVIDIAVisibleDevices, v, uuid)
+	}
+	for _, d := range rec.Containers[0].CDIDevices {
+		if !strings.HasSuffix(d, "="+uuid) {
+			t.Errorf("big: CDI device %q is not its instance %s", d, uuid)
+		}
+	}
+	inv := inventory(t, c, "mig-1")
+	var newGPU string
+	for _, g := range inv.GPUs {
+		if g.MIG == nil {
+			continue
+		}
+		for _, in := range g.MIG.Instances {
+			if in.UUID == uuid {
+				if in.Profile != "4g.20gb" {
+					t.Errorf("big's instance %s is a %s", uuid, in.Profile)
+				}
+				newGPU = g.UUID
+			}
+		}
+	}
+	if newGPU == "" {
+		t.Fatalf("big's instance %s is in no GPU of the inventory", uuid)
+	}
+	if tenantGPUs[newGPU] {
+		t.Fatalf("a tenant's GPU %s was repartitioned", newGPU)
+	}
+	after := layouts(inv)
+	for g := range tenantGPUs {
+		if after[g] != before[g] {
+			t.Errorf("a tenant's GPU changed: %s -> %s", before[g], after[g])
+		}
+	}
+	changed := 0
+	for g := range before {
+		if after[g] != before[g] {
+			changed++
+			t.Logf("GPU %s repartitioned: %s -> %s", g, before[g], after[g])
+		}
+	}
+	if changed != 1 {
+		t.Errorf("%d GPUs changed, want 1", changed)
+	}
+	// The node records the request as applied.
+	node, err := c.Client().CoreV1().Nodes().Get(ctx, "mig-1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := api.ParseMIGLayoutRequest(node.Annotations[api.AnnotationMIGLayoutRequest])
+	if err != nil {
+		t.Fatalf("request: %v", err)
+	}
+	if len(req.GPUs) != 1 || req.GPUs[0].UUID != newGPU {
+		t.Errorf("request %+v, want GPU %s", req, newGPU)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		n, err := c.Client().CoreV1().Nodes().Get(ctx, "mig-1", metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		st, err := api.ParseMIGLayoutStatus(n.Annotations[api.AnnotationMIGLayoutStatus])
+		return err == nil && st.Generation == req.Generation && st.State == api.MIGLayoutApplied, nil
+	})
+	if err != nil {
+		t.Errorf("status of request %d never Applied: %v", req.Generation, err)
+	}
+	// The tenants still run.
+	for _, name := range []string{"tenant-a", "tenant-b"} {
+		if p := getPod(t, c.Client(), ns, name); p.Status.Phase != v1.PodRunning {
+			t.Errorf("%s is %s", name, p.Status.Phase)
+		}
+	}
+	t.Logf("big runs with %s (4g.20gb) on GPU %s; the tenants' GPUs are unchanged", uuid, newGPU)
+}
