@@ -59,12 +59,12 @@ unit: deps ## unit tests of the main module with the race detector
 # Suites that live beside the unit tests join `make test` through test-more.
 # test/test.mk: the separate test module, run against a real kube-apiserver,
 # kube-scheduler, etcd and the kubelet's device manager (built or installed
-# on first use).
+# on first use). charts/chart.mk first: test.mk hands the tests its helm.
+include charts/chart.mk
 include test/test.mk
 include test/bench.mk
 # make demo: a local GPU cluster without GPUs (docs/demo.md).
 include test/demo.mk
-include charts/chart.mk
 # make plugin: the kubectl plugin (docs/kubectl-tessera.md).
 include cmd/kubectl-tessera/plugin.mk
 

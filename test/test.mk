@@ -46,9 +46,14 @@ test-deps: k8s-bins test-etcd ## everything the integration tests run: k8s-bins 
 # The device-manager tests re-exec themselves in a new mount namespace, like
 # `unshare -m --propagation private` (see
 # test/framework/kubelet/mountns.go), so they need root (or CAP_SYS_ADMIN).
-test-integration: test-deps ## go test in test/ against real etcd, kube-apiserver, kube-scheduler and device manager
+# helm for test/chart and the e2e tests that render the chart: the root
+# Makefile's bin/tools/helm (charts/chart.mk), built once; on its own, the
+# tests build it with go tool.
+TEST_HELM ?= $(HELM)
+test-integration: test-deps $(TEST_HELM) ## go test in test/ against real etcd, kube-apiserver, kube-scheduler and device manager
 	cd $(TEST_DIR) && \
 		TESSERA_TEST_K8S_BIN_DIR=$(TEST_K8S_BIN_DIR) \
+		TESSERA_TEST_HELM=$(TEST_HELM) \
 		TESSERA_TEST_ETCD=$(TEST_ETCD) \
 		$(TEST_GO) test $(TEST_RACE) $(TEST_FLAGS) -timeout $(TEST_TIMEOUT) $(TEST_PKGS)
 
