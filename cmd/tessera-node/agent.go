@@ -221,8 +221,9 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer cleanup()
+	failed := &migFailure{}
 	for {
-		err := serveAgent(ctx, f, cfg, backend, root, stdout)
+		err := serveAgent(ctx, f, cfg, backend, root, stdout, failed)
 		if !errors.Is(err, errMIGRestart) {
 			return err
 		}
@@ -233,7 +234,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 // serveAgent serves until ctx ends or, with --dynamic-mig, until a MIG
 // layout request was served (errMIGRestart): the topology, device plugins,
 // inventory and NRI plugin are then built again from the driver.
-func serveAgent(ctx context.Context, f *agentFlags, cfg *api.NodeAgentConfig, backend *gpu.Backend, root string, stdout io.Writer) error {
+func serveAgent(ctx context.Context, f *agentFlags, cfg *api.NodeAgentConfig, backend *gpu.Backend, root string, stdout io.Writer, failed *migFailure) error {
 	logger := klog.FromContext(ctx)
 	parent := ctx
 	topo, err := topology.Build(backend, topology.Sysfs{Root: root})
@@ -375,7 +376,7 @@ func serveAgent(ctx context.Context, f *agentFlags, cfg *api.NodeAgentConfig, ba
 	var dyn *migWatch
 	dynDone := make(chan struct{})
 	if f.dynamicMIG && cs != nil {
-		dyn = newMIGWatch(cs, f.nodeName, topo, backend, kubelet, events)
+		dyn = newMIGWatch(cs, f.nodeName, topo, backend, kubelet, events, failed)
 		go func() { defer close(dynDone); dyn.run(agentCtx, stopAgent) }()
 		defer func() { stopAgent(); <-dynDone }()
 		logger.Info("Dynamic MIG: serving the extender's MIG layout requests", "annotation", api.AnnotationMIGLayoutRequest)

@@ -41,15 +41,27 @@ type migWatch struct {
 
 	pending *api.MIGLayoutRequest // set when run stopped serving for it
 	written string                // the last status value written
+	failed  *migFailure
 }
 
-func newMIGWatch(client kubernetes.Interface, node string, topo *topology.Topology, driver deviceplugin.MIGDriver, kubelet kubeletstate.Source, events isolation.EventRecorder) *migWatch {
+// migFailure is the generation whose repartition NVML failed, and when;
+// it is retried after failRetry. It outlives a round of serving.
+type migFailure struct {
+	gen int64
+	at  time.Time
+}
+
+// failRetry is how long a request whose repartition failed waits before
+// it is tried again (each try stops and restarts the device plugins).
+const failRetry = 30 * time.Second
+
+func newMIGWatch(client kubernetes.Interface, node string, topo *topology.Topology, driver deviceplugin.MIGDriver, kubelet kubeletstate.Source, events isolation.EventRecorder, failed *migFailure) *migWatch {
 	gpus := map[string]int{}
 	for _, g := range topo.GPUs {
 		gpus[g.UUID] = g.Index
 	}
 	return &migWatch{
-		client: client, node: node, events: events, interval: 2 * time.Second,
+		client: client, node: node, events: events, interval: 2 * time.Second, failed: failed,
 		rep: &deviceplugin.MIGRepartitioner{Driver: driver, Kubelet: kubelet, GPUs: gpus},
 	}
 }
@@ -100,6 +112,9 @@ func (w *migWatch) poll(ctx context.Context) *api.MIGLayoutRequest {
 		w.record(ctx, node, api.MIGLayoutStatus{Generation: req.Generation, State: api.MIGLayoutApplied})
 		return nil
 	}
+	if req.Generation == w.failed.gen && time.Since(w.failed.at) < failRetry {
+		return nil
+	}
 	if err := w.rep.CheckTenants(ctx, changes); err != nil {
 		w.record(ctx, node, api.MIGLayoutStatus{Generation: req.Generation, State: api.MIGLayoutRefused, Message: err.Error()})
 		return nil
@@ -112,6 +127,9 @@ func (w *migWatch) apply(ctx context.Context) {
 	req := w.pending
 	w.pending = nil
 	st, changed := w.rep.Apply(ctx, req)
+	if st.State == api.MIGLayoutFailed {
+		*w.failed = migFailure{gen: req.Generation, at: time.Now()}
+	}
 	klog.FromContext(ctx).Info("MIG layout request served", "generation", req.Generation, "state", st.State, "message", st.Message, "changed", changed)
 	node, err := w.client.CoreV1().Nodes().Get(ctx, w.node, metav1.GetOptions{})
 	if err != nil {
