@@ -12,6 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/allocator/mig"
@@ -308,6 +310,10 @@ func (d *MIGDynamic) decide(askers []*corev1.Pod, demands map[types.UID]map[stri
 		d.asked, d.nodeAt = map[types.UID]time.Time{}, map[string]time.Time{}
 	}
 	snap := d.Cache.Snapshot()
+	byName := make(map[string]*corev1.Node, len(nodes))
+	for _, n := range nodes {
+		byName[n.Name] = n
+	}
 	views := make([]MIGNodeView, 0, len(nodes))
 	gens := map[string]int64{}
 	for _, n := range nodes {
@@ -357,7 +363,15 @@ func (d *MIGDynamic) decide(askers []*corev1.Pod, demands map[types.UID]map[stri
 		if migFitsSomewhere(demands[p.UID], snap) {
 			continue // kube-scheduler will place it as the nodes are
 		}
-		dec, ok := DecideMIGRepartition(demands[p.UID], views)
+		// Only nodes the pod may run on: its required node affinity and
+		// node selector, and taints it tolerates.
+		eligible := make([]MIGNodeView, 0, len(views))
+		for _, v := range views {
+			if mayRunOn(p, byName[v.Name]) {
+				eligible = append(eligible, v)
+			}
+		}
+		dec, ok := DecideMIGRepartition(demands[p.UID], eligible)
 		if !ok {
 			continue
 		}
@@ -381,6 +395,22 @@ func (d *MIGDynamic) decide(askers []*corev1.Pod, demands map[types.UID]map[stri
 		}
 	}
 	return out
+}
+
+// mayRunOn reports whether pod may be scheduled on node by its required
+// node affinity, node selector and tolerations (NoSchedule and NoExecute
+// taints), as kube-scheduler's filters would.
+func mayRunOn(pod *corev1.Pod, node *corev1.Node) bool {
+	if node == nil {
+		return false
+	}
+	if ok, err := nodeaffinity.GetRequiredNodeAffinity(pod).Match(node); err != nil || !ok {
+		return false
+	}
+	_, untolerated := corev1helpers.FindMatchingUntoleratedTaint(node.Spec.Taints, pod.Spec.Tolerations, func(t *corev1.Taint) bool {
+		return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
+	})
+	return !untolerated
 }
 
 // migFitsSomewhere reports whether a node has demand's instances free now.
