@@ -6,7 +6,6 @@ import (
 	"math"
 	"sort"
 	"strings"
-	"sync"
 
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/allocator/mig"
@@ -574,59 +573,7 @@ func MIGJobs(traces []*Trace, policies []string, seeds []int64, base MIGConfig) 
 // stops at the first error or when ctx is cancelled. progress, when not
 // nil, is called after each job (serialised).
 func RunMIGAll(ctx context.Context, jobs []MIGJob, workers int, progress func(done, total int, r *MIGResult)) ([]*MIGResult, error) {
-	if workers < 1 {
-		workers = 1
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	results := make([]*MIGResult, len(jobs))
-	next := make(chan int)
-	var (
-		mu       sync.Mutex
-		firstErr error
-		done     int
-		wg       sync.WaitGroup
-	)
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				r, err := RunMIG(jobs[i].Trace, jobs[i].Config)
-				mu.Lock()
-				if err != nil {
-					if firstErr == nil {
-						firstErr = err
-					}
-					cancel()
-				} else {
-					results[i] = r
-					done++
-					if progress != nil {
-						progress(done, len(jobs), r)
-					}
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-feed:
-	for i := range jobs {
-		select {
-		case next <- i:
-		case <-ctx.Done():
-			break feed
-		}
-	}
-	close(next)
-	wg.Wait()
-	if firstErr != nil {
-		return nil, firstErr
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("simulation cancelled: %w", err)
-	}
-	return results, nil
+	return runParallel(ctx, jobs, workers, func(j MIGJob) (*MIGResult, error) { return RunMIG(j.Trace, j.Config) }, progress)
 }
 
 // MIGSummary aggregates the MIG runs of one workload and policy.

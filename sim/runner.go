@@ -40,12 +40,20 @@ type Progress func(done, total int, r *Result)
 // RunAll runs jobs on `workers` goroutines and returns the results in job
 // order. It stops at the first error (or when ctx is cancelled).
 func RunAll(ctx context.Context, jobs []Job, workers int, progress Progress) ([]*Result, error) {
+	return runParallel(ctx, jobs, workers, func(j Job) (*Result, error) { return Run(j.Trace, j.Config) }, progress)
+}
+
+// runParallel runs run on each of jobs on `workers` goroutines and returns
+// the results in job order. It stops at the first error or when ctx is
+// cancelled. progress, when not nil, is called after each job
+// (serialised).
+func runParallel[J, R any](ctx context.Context, jobs []J, workers int, run func(J) (R, error), progress func(done, total int, r R)) ([]R, error) {
 	if workers < 1 {
 		workers = 1
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	results := make([]*Result, len(jobs))
+	results := make([]R, len(jobs))
 	next := make(chan int)
 	var (
 		mu       sync.Mutex
@@ -58,7 +66,7 @@ func RunAll(ctx context.Context, jobs []Job, workers int, progress Progress) ([]
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				r, err := Run(jobs[i].Trace, jobs[i].Config)
+				r, err := run(jobs[i])
 				mu.Lock()
 				if err != nil {
 					if firstErr == nil {
