@@ -85,7 +85,7 @@ func Check(st *NodeState, d *Demand) Reason {
 	}
 	kind := d.Kind()
 	info := st.Info
-	if kind == allocator.CPUOnly && len(d.MIG) == 0 {
+	if !d.UsesGPUs() {
 		return Fits
 	}
 	switch {

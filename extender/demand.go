@@ -45,7 +45,12 @@ type Demand struct {
 	Align numa.Demand
 }
 
-// Kind is the kind of GPU demand.
+// UsesGPUs reports whether d asks for any GPU resource: whole GPUs, a
+// slice or MIG instances.
+func (d *Demand) UsesGPUs() bool { return d.Kind() != allocator.CPUOnly || len(d.MIG) > 0 }
+
+// Kind is the kind of GPU demand in the allocator's terms (a MIG demand is
+// allocator.CPUOnly: the allocator has no MIG; see UsesGPUs).
 func (d *Demand) Kind() allocator.Kind {
 	switch {
 	case d.WholeGPUs > 0:

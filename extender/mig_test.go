@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/allocator/gang"
@@ -188,5 +189,23 @@ func TestMIGGangPlan(t *testing.T) {
 	grp.Members = append(grp.Members, gang.Member{Name: "m2", Request: demands[0].Request(1024, 40960)})
 	if _, err := plan(); err == nil {
 		t.Error("three 3g.20gb members planned on a node with two")
+	}
+}
+
+// The CPU-only prioritize entry gives MIG pods the flat score it gives
+// every GPU pod (the main entry scores them).
+func TestMIGPodsAreGPUPodsForTheCPUEntry(t *testing.T) {
+	d, _ := ParseDemand(migPod("p", "1g.5gb", 1).Obj())
+	if !d.UsesGPUs() {
+		t.Fatal("a MIG demand does not use GPUs")
+	}
+	f := newFixture(t, []*corev1.Node{migNode("a"), makeNode("b").GPUs(8, "A100", 40960).Obj()}, nil)
+	names := []string{"a", "b"}
+	var got extenderv1.HostPriorityList
+	f.post(t, PathPrioritizeCPU, &extenderv1.ExtenderArgs{Pod: migPod("p", "1g.5gb", 1).Obj(), NodeNames: &names}, &got)
+	for _, h := range got {
+		if h.Score != 0 {
+			t.Errorf("CPU entry scored %s %d, want the flat 0", h.Host, h.Score)
+		}
 	}
 }

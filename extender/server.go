@@ -361,7 +361,7 @@ func (s *Server) PrioritizeArgs(ctx context.Context, args *extenderv1.ExtenderAr
 	}
 	names := argNames(args)
 	out := make(extenderv1.HostPriorityList, len(names))
-	if cpuOnly && d.Kind() != allocator.CPUOnly {
+	if cpuOnly && d.UsesGPUs() {
 		for i, n := range names {
 			out[i] = extenderv1.HostPriority{Host: n}
 		}
