@@ -97,13 +97,7 @@ func (s *NodeState) checkMIG(d *Demand) (Reason, string) {
 		return NoMIG, ""
 	}
 	for _, p := range sortedProfiles(d.MIG) {
-		have := 0
-		for _, in := range s.Info.MIG {
-			if in.Profile == p && in.Healthy {
-				have++
-			}
-		}
-		if have < d.MIG[p] {
+		if s.mig.healthy[p] < d.MIG[p] {
 			return NoMIGProfile, p
 		}
 		if s.mig.free(p) < d.MIG[p] {
