@@ -143,6 +143,38 @@ func getCluster(t *testing.T) *nodesim.Cluster {
 	return cluster
 }
 
+// ownCluster starts a cluster of the test's own (nodes, extender args) with
+// namespace ns, within ctx; it is stopped when t ends, after naming its
+// logs when t failed.
+func ownCluster(ctx context.Context, t *testing.T, ns string, nodes []nodesim.NodeSpec, extenderArgs ...string) *nodesim.Cluster {
+	t.Helper()
+	nsBin, agent, ext, err := binaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := nodesim.StartCluster(ctx, nodesim.ClusterOptions{
+		NodeSim: nsBin, Agent: agent, Extender: ext, RepoRoot: repoRoot(),
+		Nodes: nodes, ExtenderArgs: extenderArgs,
+		Logf: func(f string, a ...any) { t.Logf(f, a...) },
+	})
+	if err != nil {
+		t.Fatalf("cluster of %s: %v", t.Name(), err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("cluster logs in %s", c.Dir)
+			for name, path := range c.LogFiles() {
+				t.Logf("log %s: %s", name, path)
+			}
+		}
+		c.Stop()
+	})
+	if err := c.EnsureNamespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // testCRDs are CRDs of other projects that the e2e tests use and deploy/
 // does not hold (test/framework/crds): Volcano's PodGroup.
 var testCRDs = []string{"test/framework/crds/volcano-podgroups.yaml"}

@@ -26,33 +26,10 @@ import (
 // instance; the tenants' GPUs keep their layouts and the node records the
 // request as applied.
 func TestMIGDynamic(t *testing.T) {
-	nsBin, agent, ext, err := binaries()
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
-	c, err := nodesim.StartCluster(ctx, nodesim.ClusterOptions{
-		NodeSim: nsBin, Agent: agent, Extender: ext, RepoRoot: repoRoot(),
-		Nodes:        []nodesim.NodeSpec{{Name: "mig-1", Profile: "dgx-a100-mig", AgentArgs: []string{"--dynamic-mig"}}},
-		ExtenderArgs: []string{"--dynamic-mig"},
-		Logf:         func(f string, a ...any) { t.Logf(f, a...) },
-	})
-	if err != nil {
-		t.Fatalf("MIG cluster: %v", err)
-	}
-	defer func() {
-		if t.Failed() {
-			for name, path := range c.LogFiles() {
-				t.Logf("log %s: %s", name, path)
-			}
-		}
-		c.Stop()
-	}()
 	const ns = "mig-dynamic"
-	if err := c.EnsureNamespace(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
+	c := ownCluster(ctx, t, ns, []nodesim.NodeSpec{{Name: "mig-1", Profile: "dgx-a100-mig", AgentArgs: []string{"--dynamic-mig"}}}, "--dynamic-mig")
 	layouts := func(inv *api.GPUInventory) map[string]string { // GPU UUID -> its instances
 		out := map[string]string{}
 		for _, g := range inv.GPUs {

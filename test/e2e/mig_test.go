@@ -23,32 +23,10 @@ import (
 // a pod asking more 3g.20gb instances than are free waits, and a whole-GPU
 // pod still gets whole GPUs, never one in MIG mode.
 func TestMIGPods(t *testing.T) {
-	nsBin, agent, ext, err := binaries()
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
-	c, err := nodesim.StartCluster(ctx, nodesim.ClusterOptions{
-		NodeSim: nsBin, Agent: agent, Extender: ext, RepoRoot: repoRoot(),
-		Nodes: []nodesim.NodeSpec{{Name: "mig-1", Profile: "dgx-a100-mig"}, {Name: "plain-1", Profile: "dgx-a100"}},
-		Logf:  func(f string, a ...any) { t.Logf(f, a...) },
-	})
-	if err != nil {
-		t.Fatalf("MIG cluster: %v", err)
-	}
-	defer func() {
-		if t.Failed() {
-			for name, path := range c.LogFiles() {
-				t.Logf("log %s: %s", name, path)
-			}
-		}
-		c.Stop()
-	}()
 	const ns = "mig"
-	if err := c.EnsureNamespace(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
+	c := ownCluster(ctx, t, ns, []nodesim.NodeSpec{{Name: "mig-1", Profile: "dgx-a100-mig"}, {Name: "plain-1", Profile: "dgx-a100"}})
 
 	inv := inventory(t, c, "mig-1")
 	instances := map[string]string{} // MIG UUID -> profile

@@ -30,37 +30,14 @@ import (
 // kube-scheduler's totals and the GPU binpacking prefer) and the kubelet
 // fails it with TopologyAffinityError.
 func TestNUMAFit(t *testing.T) {
-	nsBin, agent, ext, err := binaries()
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	node := func(name string) nodesim.NodeSpec {
 		return nodesim.NodeSpec{Name: name, Profile: "dgx-a100", TopologyPolicy: "single-numa-node", CPUManagerPolicy: "static"}
 	}
-	c, err := nodesim.StartCluster(ctx, nodesim.ClusterOptions{
-		NodeSim: nsBin, Agent: agent, Extender: ext, RepoRoot: repoRoot(),
-		Nodes: []nodesim.NodeSpec{node("numa-a"), node("numa-b")},
-		Logf:  func(f string, a ...any) { t.Logf(f, a...) },
-	})
-	if err != nil {
-		t.Fatalf("NUMA cluster: %v", err)
-	}
-	defer func() {
-		if t.Failed() {
-			t.Logf("cluster logs in %s", c.Dir)
-			for name, path := range c.LogFiles() {
-				t.Logf("log %s: %s", name, path)
-			}
-		}
-		c.Stop()
-	}()
-	client := c.Client()
 	const ns = "numa"
-	if err := c.EnsureNamespace(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
+	c := ownCluster(ctx, t, ns, []nodesim.NodeSpec{node("numa-a"), node("numa-b")})
+	client := c.Client()
 
 	// Both nodes report their NUMA nodes: 127 and 128 exclusive-capable
 	// CPUs (CPU 0 reserved), under single-numa-node.
@@ -120,7 +97,7 @@ func TestNUMAFit(t *testing.T) {
 	}
 	mustCreate(t, c, guaranteed(ns, "big", 4, "32", ""))
 	var last *v1.Pod
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		p, err := client.CoreV1().Pods(ns).Get(ctx, "big", metav1.GetOptions{})
 		if err != nil {
 			return false, nil
