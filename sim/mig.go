@@ -594,20 +594,11 @@ type MIGSummary struct {
 
 // SummarizeMIG groups MIG results by workload and policy, in first-seen order.
 func SummarizeMIG(results []*MIGResult) []MIGSummary {
-	type key struct{ w, p string }
-	var order []key
-	groups := make(map[key][]*MIGResult)
-	for _, r := range results {
-		k := key{r.Workload, r.Policy}
-		if _, ok := groups[k]; !ok {
-			order = append(order, k)
-		}
-		groups[k] = append(groups[k], r)
-	}
-	out := make([]MIGSummary, 0, len(order))
-	for _, k := range order {
-		rs := groups[k]
-		s := MIGSummary{Workload: k.w, Policy: k.p, Profiles: make(map[string]float64)}
+	groups := groupByRun(results, func(r *MIGResult) runKey { return runKey{r.Workload, r.Policy} })
+	out := make([]MIGSummary, 0, len(groups))
+	for _, g := range groups {
+		rs := g.results
+		s := MIGSummary{Workload: g.key.workload, Policy: g.key.policy, Profiles: make(map[string]float64)}
 		var unpl, idle, pods, gpuPods []float64
 		byPct := make(map[int][]float64)
 		for _, r := range rs {

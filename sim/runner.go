@@ -173,23 +173,41 @@ type Summary struct {
 	Frag        Stats
 }
 
+// runKey names the runs a summary averages over seeds.
+type runKey struct{ workload, policy string }
+
+// runGroup is the results of one runKey.
+type runGroup[R any] struct {
+	key     runKey
+	results []R
+}
+
+// groupByRun groups results by their key, groups and results in
+// first-seen order.
+func groupByRun[R any](results []R, key func(R) runKey) []runGroup[R] {
+	var out []runGroup[R]
+	at := map[runKey]int{}
+	for _, r := range results {
+		k := key(r)
+		i, ok := at[k]
+		if !ok {
+			i = len(out)
+			at[k] = i
+			out = append(out, runGroup[R]{key: k})
+		}
+		out[i].results = append(out[i].results, r)
+	}
+	return out
+}
+
 // Summarize groups results by workload and policy (in first-seen order)
 // and computes means and sample standard deviations over seeds.
 func Summarize(results []*Result) []Summary {
-	type key struct{ w, p string }
-	var order []key
-	groups := make(map[key][]*Result)
-	for _, r := range results {
-		k := key{r.Workload, r.Policy}
-		if _, ok := groups[k]; !ok {
-			order = append(order, k)
-		}
-		groups[k] = append(groups[k], r)
-	}
-	out := make([]Summary, 0, len(order))
-	for _, k := range order {
-		rs := groups[k]
-		s := Summary{Workload: k.w, Policy: k.p}
+	groups := groupByRun(results, func(r *Result) runKey { return runKey{r.Workload, r.Policy} })
+	out := make([]Summary, 0, len(groups))
+	for _, g := range groups {
+		rs := g.results
+		s := Summary{Workload: g.key.workload, Policy: g.key.policy}
 		byPct := make(map[int][]Point)
 		var unalloc, frag []float64
 		for _, r := range rs {

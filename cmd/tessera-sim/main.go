@@ -107,20 +107,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--tie-break: %w", err)
 	}
-	nodes, err := sim.LoadNodes(o.nodes)
+	traces, err := loadTraces(o.nodes, o.pods)
 	if err != nil {
 		return err
-	}
-	var traces []*sim.Trace
-	for _, p := range strings.Split(o.pods, ",") {
-		if p = strings.TrimSpace(p); p == "" {
-			continue
-		}
-		pods, err := sim.LoadPods(p)
-		if err != nil {
-			return err
-		}
-		traces = append(traces, &sim.Trace{Workload: sim.WorkloadName(p), Nodes: nodes, Pods: pods})
 	}
 	var tcfg *allocator.TesseraConfig
 	if o.tesseraWeights != "" {
@@ -204,4 +193,25 @@ func writePlot(path string, sums []sim.Summary) (err error) {
 		return fmt.Errorf("plot %s: %w", path, err)
 	}
 	return nil
+}
+
+// loadTraces reads the node list and each of the comma-separated pod lists
+// (one trace per pod list, all on the same nodes).
+func loadTraces(nodesPath, podPaths string) ([]*sim.Trace, error) {
+	nodes, err := sim.LoadNodes(nodesPath)
+	if err != nil {
+		return nil, err
+	}
+	var traces []*sim.Trace
+	for _, p := range strings.Split(podPaths, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		pods, err := sim.LoadPods(p)
+		if err != nil {
+			return nil, err
+		}
+		traces = append(traces, &sim.Trace{Workload: sim.WorkloadName(p), Nodes: nodes, Pods: pods})
+	}
+	return traces, nil
 }

@@ -106,20 +106,9 @@ func runMIG(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--tie-break: %w", err)
 	}
-	nodes, err := sim.LoadNodes(o.nodes)
+	traces, err := loadTraces(o.nodes, o.pods)
 	if err != nil {
 		return err
-	}
-	var traces []*sim.Trace
-	for _, p := range strings.Split(o.pods, ",") {
-		if p = strings.TrimSpace(p); p == "" {
-			continue
-		}
-		pods, err := sim.LoadPods(p)
-		if err != nil {
-			return err
-		}
-		traces = append(traces, &sim.Trace{Workload: sim.WorkloadName(p), Nodes: nodes, Pods: pods})
 	}
 	jobs := sim.MIGJobs(traces, policies, seeds, sim.MIGConfig{Model: o.model, Plan: sim.PlanOptions{Ratio: o.ratio, TieBreak: tie}})
 	start := time.Now()
