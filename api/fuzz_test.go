@@ -682,3 +682,30 @@ func FuzzSealerAssignment(f *testing.F) {
 		}
 	})
 }
+
+func FuzzParseExpectedRuntime(f *testing.F) {
+	for _, v := range []string{"90m", "2h30m", "36h", "45s", "8784h", "8784h1s", "", "0s", "-1h", " 1h", "1.5h", "500ms", "1d", "3600", "1H", "1h0m1s"} {
+		f.Add(v)
+	}
+	f.Fuzz(func(t *testing.T, value string) {
+		d, err := api.ParseExpectedRuntime(value)
+		if err != nil {
+			wantNamed(t, err, api.AnnotationExpectedRuntime)
+			if d != 0 {
+				t.Fatalf("%q: error %v with a duration %v", value, err, d)
+			}
+			return
+		}
+		if d <= 0 || d > api.MaxExpectedRuntime || d%time.Second != 0 {
+			t.Fatalf("%q parsed to %v: want whole seconds in (0, %v]", value, d, api.MaxExpectedRuntime)
+		}
+		again, err := api.ParseExpectedRuntime(api.FormatExpectedRuntime(d))
+		if err != nil || again != d {
+			t.Fatalf("%q -> %v -> %q -> %v, %v", value, d, api.FormatExpectedRuntime(d), again, err)
+		}
+		got, ok, err := api.GetExpectedRuntime(map[string]string{api.AnnotationExpectedRuntime: value})
+		if !ok || err != nil || got != d {
+			t.Fatalf("GetExpectedRuntime(%q) = %v, %v, %v; want %v", value, got, ok, err, d)
+		}
+	})
+}
