@@ -2,18 +2,21 @@
 // backfill does not starve them: which waiting job gets a reservation, which
 // nodes are held for it, and whether another job may start on a held node.
 //
-// It works on what a scheduler knows, never on job durations: the GPUs in
-// use on each node, which of them were started inside a reservation
-// (preemptible backfill), how long each running pod has run, and how long
-// each waiting job has waited. The simulator (sim/jobs, strategy reserve)
-// and the scheduler extender call the same functions.
+// It works on what a scheduler knows: the GPUs in use on each node, which of
+// them were started inside a reservation (preemptible or backfilled by
+// estimate), how long each running pod has run, the run time each workload
+// declared (if any; estimate.go) and how long each waiting job has waited.
+// The simulator (sim/jobs, strategy reserve) and the scheduler extender
+// call the same functions.
 //
-// The scheme is EASY backfill without runtime estimates: at most one
-// reservation, for the first job in queue order that is due (large enough,
-// waited long enough). It holds the nodes that will hold the job soonest,
-// those with the fewest GPUs still to drain. Other jobs start outside the
-// held nodes freely; inside them only when Policy.Preemptible, and then they
-// are evicted when the held nodes can otherwise take the job.
+// The scheme is EASY backfill: a reservation for the first Policy.Max jobs
+// in queue order that are due (large enough, waited long enough). It holds
+// the nodes that will hold the job soonest: with Policy.Estimates, those
+// that drain first by the running work's estimates, else those with the
+// fewest GPUs still to drain. Other jobs start outside the held nodes
+// freely; inside them when they end before the reservation starts by their
+// estimate (Admit), or, when Policy.Preemptible, as preemptible backfill
+// evicted when the held nodes can otherwise take the job.
 package reserve
 
 import (
@@ -63,6 +66,10 @@ type Policy struct {
 	// Max is the number of jobs that hold reservations at once, on
 	// disjoint nodes, in queue order (0 means 1).
 	Max int
+	// Estimates uses declared run times (estimate.go): nodes are ranked by
+	// when their work ends by its estimates, and a job whose estimate
+	// ends before a reservation starts may backfill on its GPUs.
+	Estimates bool
 }
 
 // Validate reports a policy that cannot work.
@@ -149,6 +156,13 @@ type Occupant struct {
 	// Preemptible pods started inside a reservation; they do not count as
 	// GPUs still to drain.
 	Preemptible bool
+	// Backfilled pods started inside a reservation by their estimate
+	// (Admit); they count as work that drains until they run past their
+	// estimate, then they are victims.
+	Backfilled bool
+	// Remaining is how long the pod still runs by its declared run time
+	// (0 or less once past it); unknown when it declared none.
+	Remaining Runtime
 }
 
 // Node is a node as a reservation sees it.
@@ -175,23 +189,33 @@ func (n Node) draining() (gpus int, oldest time.Duration) {
 	return gpus, oldest
 }
 
-// Rank orders the nodes by how soon they should hold a waiting job: the
-// fewest GPUs still to drain first (with ByAge, first the youngest
+// Rank orders the nodes by how soon they should hold a waiting job: with
+// Estimates, those whose work ends first by its estimates (nodes with work
+// of unknown run time last); then the fewest GPUs still to drain (with ByAge, first the youngest
 // longest-running pod); ties go to a node held before, then by p.Order,
 // then by name. It returns node indices, best first.
 func (p Policy) Rank(nodes []Node) []int {
-	type cand struct {
+	type candidate struct {
 		i      int
 		drain  int
 		oldest time.Duration
+		in     time.Duration
+		known  bool
 	}
-	cs := make([]cand, len(nodes))
+	cs := make([]candidate, len(nodes))
 	for i, n := range nodes {
 		d, o := n.draining()
-		cs[i] = cand{i, d, o}
+		in, known := n.drainsIn()
+		cs[i] = candidate{i, d, o, in, known}
 	}
 	sort.SliceStable(cs, func(a, b int) bool {
 		x, y := cs[a], cs[b]
+		if p.Estimates && x.known != y.known {
+			return x.known
+		}
+		if p.Estimates && x.known && x.in != y.in {
+			return x.in < y.in
+		}
 		if p.ByAge && x.oldest != y.oldest {
 			return x.oldest < y.oldest
 		}
@@ -254,20 +278,26 @@ func (p Policy) Pick(nodes []Node, pods []int, taken map[int]bool) []int {
 func (p Policy) MayStartInside() bool { return p.Preemptible }
 
 // Victims returns, of the occupants of the held nodes, those to evict so
-// that the job can start: every preemptible occupant of a held node, once
-// the held nodes have no GPU left to drain. ok is false while some
-// non-preemptible pod still runs there (the job must wait). Indices are
-// [node in held][occupant].
+// that the job can start: every preemptible occupant, and every occupant
+// backfilled by its estimate that has run past it, once nothing else is
+// left to drain on the held nodes. ok is false while some other pod still
+// runs there (the job must wait; a backfilled pod within its estimate ends
+// before the reservation's start it was admitted for). Indices are [node
+// in held][occupant].
 func Victims(held []Node) (victims [][2]int, ok bool) {
 	for i, n := range held {
-		if d, _ := n.draining(); d > 0 {
-			return nil, false
-		}
 		for k, o := range n.Occupants {
-			if o.Preemptible {
+			if o.victim() {
 				victims = append(victims, [2]int{i, k})
+			} else {
+				return nil, false
 			}
 		}
 	}
 	return victims, true
+}
+
+// victim reports whether o is evicted when the reservation can start.
+func (o Occupant) victim() bool {
+	return o.Preemptible || o.Backfilled && o.Remaining.Known && o.Remaining.Duration <= 0
 }

@@ -39,6 +39,7 @@ type jobsOptions struct {
 	queueHalf    time.Duration
 	teamShares   bool
 	reserve      reserve.Policy
+	estimates    []jobs.Estimates
 }
 
 func parseJobsFlags(args []string, stderr io.Writer) (*jobsOptions, error) {
@@ -68,12 +69,21 @@ func parseJobsFlags(args []string, stderr io.Writer) (*jobsOptions, error) {
 	fs.Float64Var(&o.reserve.Relative, "reserve-relative", def.Reserve.Relative, "reserve: add this many times the wait of the longest-waiting job smaller than --reserve-min-gpus to a big job's due wait")
 	fs.IntVar(&o.reserve.Max, "reserve-max", def.Reserve.Max, "reserve: jobs holding reservations at once, on disjoint nodes")
 	fs.BoolVar(&o.reserve.ByAge, "reserve-by-age", def.Reserve.ByAge, "reserve: hold the nodes whose longest-running pod is youngest first (else the fewest GPUs to drain first)")
+	fs.BoolVar(&o.reserve.Estimates, "reserve-estimates", def.Reserve.Estimates, "reserve: EASY backfill by declared run times (--estimates): hold the nodes that drain first, and let a job that ends before the reservation starts backfill on held GPUs")
+	estimates := fs.String("estimates", def.Estimates.String(), "reserve: comma-separated models of the run time jobs declare, one replay each: none, oracle (the actual duration), user<factor>x-miss<share> (actual x factor rounded up to a limit class of 1h..30d; that share of jobs declares none)")
 	reserveOrder := fs.String("reserve-order", string(def.Reserve.Order), "reserve: tie-break between nodes with as many GPUs to drain: youngest, oldest (by their longest-running pod) or name")
 	fs.BoolVar(&o.teamShares, "team-shares", false, "table: also print each team's received and entitled GPU-hours while it waited")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	o.reserve.Order = reserve.Order(*reserveOrder)
+	for _, e := range strings.Split(*estimates, ",") {
+		m, err := jobs.ParseEstimates(strings.TrimSpace(e))
+		if err != nil {
+			return nil, fmt.Errorf("jobs: --estimates: %w", err)
+		}
+		o.estimates = append(o.estimates, m)
+	}
 	if err := o.reserve.Validate(); err != nil {
 		return nil, fmt.Errorf("jobs: %w", err)
 	}
@@ -123,13 +133,15 @@ func runJobs(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		name := strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
-		for _, st := range strategies {
+		for _, run := range expand(strategies, o.estimates, o.reserve.Estimates) {
+			st := run.strategy
 			cfg := jobs.Config{
 				Strategy: st, Nodes: o.nodes, GPUsPerNode: o.gpusPerNode, Policy: o.policy,
 				MaxBackfillWait: int64(o.holdAfter / time.Second), ReclaimAfter: int64(o.reclaimAfter / time.Second),
 				SampleEvery: int64(o.sampleEvery / time.Second),
 				Queues:      jobs.QueueConfig{Teams: o.queueTeams, Departments: o.queueDepts, GuaranteeFraction: o.queueGuar, HalfLife: o.queueHalf},
 				Reserve:     o.reserve,
+				Estimates:   run.estimates,
 			}
 			if o.queueTeams == 0 {
 				// The fairness metric's teams are --teams for every
@@ -202,7 +214,11 @@ func variant(cfg jobs.Config) string {
 		return v
 	}
 	if cfg.Strategy == jobs.StrategyReserve {
-		return v + reserveVariant(cfg.Reserve)
+		v += reserveVariant(cfg.Reserve)
+		if cfg.Reserve.Estimates {
+			v += "+est=" + cfg.Estimates.String()
+		}
+		return v
 	}
 	if cfg.Strategy != jobs.StrategyGang {
 		return v
@@ -271,5 +287,31 @@ func reserveVariant(p reserve.Policy) string {
 	if p.Order != def.Order {
 		v += "+" + string(p.Order)
 	}
+	if p.Estimates != def.Estimates {
+		v += "+easy=" + strconv.FormatBool(p.Estimates)
+	}
 	return v
+}
+
+// replay is one strategy (and, for reserve with estimates, one estimate
+// model) to replay each trace under.
+type replay struct {
+	strategy  jobs.Strategy
+	estimates jobs.Estimates
+}
+
+// expand lists the replays: each strategy once, reserve once per estimate
+// model when it uses estimates (easy).
+func expand(strategies []jobs.Strategy, estimates []jobs.Estimates, easy bool) []replay {
+	var out []replay
+	for _, st := range strategies {
+		if st != jobs.StrategyReserve || !easy {
+			out = append(out, replay{strategy: st})
+			continue
+		}
+		for _, e := range estimates {
+			out = append(out, replay{strategy: st, estimates: e})
+		}
+	}
+	return out
 }

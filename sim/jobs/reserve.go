@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/tessera-gpu/tessera/allocator/gang"
@@ -37,14 +38,34 @@ type reservation struct {
 	holds   []*jobState
 	heldBy  map[int]*jobState
 	outside []gang.Node
-	// inside are the running jobs started on held nodes (preemptible),
-	// with the job whose nodes they used.
-	inside map[*jobState]*jobState
+	// inside are the running jobs started on held nodes (preemptible or
+	// backfilled by estimate), with the job whose nodes they used.
+	inside map[*jobState]insideOf
+	// window is when each reservation starts by the running work's
+	// estimates (reserve.Start), as of the last hold.
+	window map[*jobState]reserve.Window
+}
+
+// insideOf is how a job came to run on held nodes.
+type insideOf struct {
+	by  *jobState
+	how reserve.Admission
+}
+
+// occupant is running job j's pod k as the reservation policy sees it.
+func (s *sim) occupant(j *jobState, k int) reserve.Occupant {
+	in := s.rsv.inside[j]
+	o := reserve.Occupant{GPUs: j.sizes[k], Age: time.Duration(s.now-j.start) * time.Second,
+		Preemptible: in.how == reserve.AsPreemptible, Backfilled: in.how == reserve.Backfilled}
+	if s.rsv.policy.Estimates && j.rt.Known {
+		o.Remaining = reserve.Expect(j.rt.Duration - time.Duration(s.now-j.start)*time.Second)
+	}
+	return o
 }
 
 func (s *sim) initReserve() {
 	if s.cfg.Strategy == StrategyReserve {
-		s.rsv = &reservation{policy: s.cfg.Reserve, heldBy: map[int]*jobState{}, inside: map[*jobState]*jobState{}}
+		s.rsv = &reservation{policy: s.cfg.Reserve, heldBy: map[int]*jobState{}, inside: map[*jobState]insideOf{}, window: map[*jobState]reserve.Window{}}
 	}
 }
 
@@ -129,19 +150,25 @@ func (s *sim) hold() {
 		j := c.job
 		for k, n := range j.nodes {
 			if n >= 0 {
-				nodes[n].Occupants = append(nodes[n].Occupants, reserve.Occupant{GPUs: j.sizes[k], Age: time.Duration(s.now-j.start) * time.Second, Preemptible: r.inside[j] != nil})
+				nodes[n].Occupants = append(nodes[n].Occupants, s.occupant(j, k))
 			}
 		}
 	}
 	old := r.heldBy
 	r.heldBy = map[int]*jobState{}
+	r.window = map[*jobState]reserve.Window{}
 	taken := map[int]bool{}
 	for _, h := range r.holds {
 		for i := range nodes {
 			nodes[i].Held = old[i] == h
 		}
+		var held []reserve.Node
 		for _, i := range r.policy.Pick(nodes, h.sizes, taken) {
 			r.heldBy[i], taken[i] = h, true
+			held = append(held, nodes[i])
+		}
+		if held != nil {
+			r.window[h] = reserve.Start(held)
 		}
 	}
 	r.outside = r.outside[:0]
@@ -164,7 +191,7 @@ func (s *sim) reserveStarted(j *jobState) {
 				}
 			}
 			for in, b := range r.inside {
-				if b == j {
+				if b.by == j {
 					delete(r.inside, in)
 				}
 			}
@@ -195,14 +222,39 @@ func (s *sim) reserveTry(j *jobState) (bool, error) {
 		if ok {
 			s.reserveStarted(j)
 		}
-		if ok || err != nil || !r.policy.Preemptible {
+		if ok || err != nil || !r.policy.Preemptible && !r.policy.Estimates {
 			return ok, err
 		}
 		return s.startEvicting(j)
 	}
 	ok, err := s.startOn(j, r.outside, j.shapeKey(false), false)
-	if ok || err != nil || !r.policy.MayStartInside() {
+	if ok || err != nil {
 		return ok, err
+	}
+	// EASY backfill: the held nodes of the reservations j ends before,
+	// by its estimate.
+	if r.policy.Estimates && j.rt.Known {
+		key := j.shapeKey(false) + "backfill"
+		cands := append([]gang.Node(nil), r.outside...)
+		for k, h := range r.holds {
+			if r.policy.Admit(j.rt, r.window[h]) != reserve.Backfilled {
+				continue
+			}
+			key += fmt.Sprint(" ", k)
+			for i, b := range r.heldBy {
+				if b == h {
+					cands = append(cands, s.nodes[i])
+				}
+			}
+		}
+		if len(cands) > len(r.outside) {
+			if ok, err := s.startOn(j, cands, key, true); ok || err != nil {
+				return ok, err
+			}
+		}
+	}
+	if !r.policy.MayStartInside() {
+		return false, nil
 	}
 	return s.startOn(j, s.nodes, j.shapeKey(false)+"inside", true)
 }
@@ -227,7 +279,7 @@ func (s *sim) startEvicting(j *jobState) (bool, error) {
 	for _, c := range s.running {
 		for k, n := range c.job.nodes {
 			if p, ok := pos[n]; ok && n >= 0 {
-				nodes[p].Occupants = append(nodes[p].Occupants, reserve.Occupant{GPUs: c.job.sizes[k], Preemptible: r.inside[c.job] != nil})
+				nodes[p].Occupants = append(nodes[p].Occupants, s.occupant(c.job, k))
 				owners[p] = append(owners[p], c.job)
 			}
 		}
@@ -275,9 +327,10 @@ func (s *sim) startOn(j *jobState, nodes []gang.Node, key string, inside bool) (
 	}
 	s.apply(j, plan)
 	if inside {
+		r := s.rsv
 		for _, n := range j.nodes {
-			if b := s.rsv.heldBy[n]; b != nil {
-				s.rsv.inside[j] = b
+			if b := r.heldBy[n]; b != nil {
+				r.inside[j] = insideOf{by: b, how: r.policy.Admit(j.rt, r.window[b])}
 				break
 			}
 		}

@@ -64,11 +64,14 @@ type Config struct {
 	Queues QueueConfig
 	// Reserve is StrategyReserve's reservation policy (reserve.go).
 	Reserve reserve.Policy
+	// Estimates is the run time each job declares (estimate.go), used by
+	// StrategyReserve when Reserve.Estimates is set.
+	Estimates Estimates
 }
 
 // DefaultConfig is an 8-GPU-node cluster scheduled by Tessera.
 func DefaultConfig() Config {
-	return Config{Strategy: StrategyGang, Nodes: 32, GPUsPerNode: 8, Policy: allocator.PolicyBestFit, Teams: 4, MaxBackfillWait: 4 * 3600, SampleEvery: 3600, Reserve: DefaultReservePolicy()}
+	return Config{Strategy: StrategyGang, Nodes: 32, GPUsPerNode: 8, Policy: allocator.PolicyBestFit, Teams: 4, MaxBackfillWait: 4 * 3600, SampleEvery: 3600, Reserve: DefaultReservePolicy(), Estimates: DefaultEstimates()}
 }
 
 // Sample is the cluster's GPU use at one time.
@@ -129,6 +132,8 @@ type jobState struct {
 	// waited is set once the job's first start recorded its queueing delay.
 	waited bool
 	order  int // arrival order, the queue's sort key
+	// rt is the run time the job declares (Config.Estimates).
+	rt reserve.Runtime
 }
 
 // shapeKey identifies the job's pod shapes (and whether it may use held
@@ -157,6 +162,9 @@ func Run(jobs []Job, cfg Config) (*Result, error) {
 	case StrategyGang, StrategyNoGang, StrategyFIFO, StrategyQueues:
 	case StrategyReserve:
 		if err := cfg.Reserve.Validate(); err != nil {
+			return nil, err
+		}
+		if err := cfg.Estimates.Validate(); err != nil {
 			return nil, err
 		}
 	default:
@@ -267,7 +275,7 @@ func (s *sim) run(jobs []Job) (*Result, error) {
 		}
 		for next < len(jobs) && jobs[next].Submit == t {
 			j := jobs[next]
-			js := &jobState{job: j, team: s.teamOf(j), fteam: s.fairTeam(j), sizes: j.pods(s.cfg.GPUsPerNode), order: next}
+			js := &jobState{job: j, team: s.teamOf(j), fteam: s.fairTeam(j), sizes: j.pods(s.cfg.GPUsPerNode), order: next, rt: s.cfg.Estimates.runtime(j)}
 			s.queueArrive(js)
 			js.nodes = make([]int, len(js.sizes))
 			js.gpus = make([]allocator.GPUSet, len(js.sizes))

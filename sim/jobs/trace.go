@@ -29,10 +29,14 @@ type Job struct {
 	// Team is the job's namespace for quota; empty means one is derived
 	// from the ID (the traces carry none).
 	Team string
+	// Estimate is the run time the job declares, in seconds (the optional
+	// column expected_runtime; 0: none), used under EstimateTrace.
+	Estimate int64
 }
 
 // ReadTrace reads a trace CSV with the columns job_id, submission_time,
-// duration, num_gpu (any order, header required). Jobs come back sorted by
+// duration, num_gpu and optionally expected_runtime (any order, header
+// required). Jobs come back sorted by
 // submission time, then by order in the file.
 func ReadTrace(path string) ([]Job, error) {
 	f, err := os.Open(path)
@@ -93,6 +97,11 @@ func parseTrace(r io.Reader, name string) ([]Job, error) {
 			return nil, fmt.Errorf("%s:%d: column num_gpu: a training job needs at least one GPU", name, line)
 		}
 		j.GPUs = int(gpus)
+		if _, ok := col["expected_runtime"]; ok {
+			if j.Estimate, err = num("expected_runtime"); err != nil {
+				return nil, err
+			}
+		}
 		jobs = append(jobs, j)
 	}
 	sort.SliceStable(jobs, func(a, b int) bool { return jobs[a].Submit < jobs[b].Submit })
