@@ -18,4 +18,8 @@ const (
 	// after it waited too long (extender reservations), which and until
 	// when.
 	EventReserved = "Reserved"
+	// EventBackfilled: on a workload's pods, that they were planned on
+	// nodes reserved for another workload (by their expected run time, or
+	// as preemptible pods), and on what terms.
+	EventBackfilled = "Backfilled"
 )

@@ -178,6 +178,9 @@ type GangPlanner struct {
 	// ordered after one that waited for it; the pass's own reservations
 	// are added as they are made.
 	passSnap map[string]*NodeState
+	// passPods are the pods the current pass listed, by UID (reserve.go
+	// reads their run-time hints).
+	passPods map[types.UID]*corev1.Pod
 	// replanning is set while a workload plans again after its pass
 	// snapshot went stale (once).
 	replanning   bool
@@ -353,7 +356,11 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 		}
 	}
 	p.passSnap = p.cache.Snapshot()
-	defer func() { p.passSnap = nil }()
+	p.passPods = make(map[types.UID]*corev1.Pod, len(pods))
+	for _, pod := range pods {
+		p.passPods[pod.UID] = pod
+	}
+	defer func() { p.passSnap, p.passPods = nil, nil }()
 	var errs []error
 	p.inOrder(order, func(gr *group) {
 		if err := p.syncGroup(ctx, gr); err != nil {
@@ -772,6 +779,15 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 			case evicted:
 				reason += "; preempting lower tiers for it"
 				preempting = true
+			}
+		}
+		if err != nil && errors.Is(err, gang.ErrNoRoom) && !shared && !preempting {
+			// Backfill into another workload's reservation, when its
+			// run-time hints allow (reserve.go).
+			if r, bsnap, restore, msg := p.backfill(key, g, members, demands, minMember); r != nil {
+				defer restore()
+				res, err, snap = r, nil, bsnap
+				p.backfillEvent(key, members, msg)
 			}
 		}
 		if err != nil {

@@ -1,6 +1,7 @@
 package extender
 
 import (
+	"context"
 	"fmt"
 	"sort"
 	"strings"
@@ -8,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/allocator/gang"
 	"github.com/tessera-gpu/tessera/allocator/reserve"
@@ -30,13 +32,35 @@ import (
 // workload that cannot be served does not hold nodes forever. It lives in
 // the ledger only: after a restart the next pass makes it again.
 
+//
+// Backfill inside a reservation (allocator/reserve's Admit, the same rule
+// as the simulator's strategy reserve): a workload the planner plans (a
+// gang, or a queued pod) that fits nowhere else may be planned on a
+// reservation's nodes when every member declares api.AnnotationExpectedRuntime
+// and, by the longest of them, it ends before the reservation starts
+// (ReservationConfig.Backfill; the start is when the pods on the held
+// nodes end by their own hints, unknown when one declared none), or when
+// every member is marked api.AnnotationPreemptible
+// (ReservationConfig.Preemptible). The reservation's workload evicts, once
+// nothing else is left to drain on its nodes, the pods marked preemptible
+// there and the pods that started there after it reserved and have run
+// past their expected run time (allocator/reserve's Victims): an estimate
+// that is too short hurts only the pod that declared it.
+
 // reservation is the room a workload holds.
 type reservation struct {
 	uids  []types.UID
 	nodes []string
+	// uses are what the ledger counts for it (its members planned on
+	// nodes), to count them again after a backfill planned beside them.
+	uses []*PodUse
 	// since is when the workload first reserved (kept while it is made
 	// again pass after pass).
 	since time.Time
+	// window is when it starts by the run-time hints of the pods on its
+	// nodes, as of at.
+	window reserve.Window
+	at     time.Time
 }
 
 // ReservationConfig configures reservations; ReserveAfter 0 turns them off.
@@ -45,6 +69,89 @@ type ReservationConfig struct {
 	ReserveAfter time.Duration
 	// ReserveFor is how long a reservation lasts at most (default 1h).
 	ReserveFor time.Duration
+	// Backfill ranks the nodes to hold by when their pods end by their
+	// expected run times, and lets a workload that ends before the
+	// reservation starts (by its members' api.AnnotationExpectedRuntime)
+	// be planned on the reservation's nodes.
+	Backfill bool
+	// Preemptible lets a workload whose members are all marked
+	// api.AnnotationPreemptible be planned on a reservation's nodes; it is
+	// evicted when the reservation fills.
+	Preemptible bool
+}
+
+// policy is the allocator/reserve policy of the configuration; marked says
+// whether the workload asking is marked preemptible.
+func (c ReservationConfig) policy(marked bool) reserve.Policy {
+	return reserve.Policy{MinGPUs: 1, Estimates: c.Backfill, Preemptible: c.Preemptible && marked}
+}
+
+// hints reads the run-time hints of a workload's members: its run time is
+// the longest member's, unknown when one declares none (or a malformed
+// one); it is preemptible when every member is marked so.
+func hints(members []*corev1.Pod) (rt reserve.Runtime, preemptible bool) {
+	rt, preemptible = reserve.Runtime{Known: true}, true
+	for _, m := range members {
+		d, ok, err := api.GetExpectedRuntime(m.Annotations)
+		if !ok || err != nil {
+			rt.Known = false
+		} else {
+			rt.Duration = max(rt.Duration, d)
+		}
+		if pre, err := api.GetPreemptible(m.Annotations); !pre || err != nil {
+			preemptible = false
+		}
+	}
+	if !rt.Known {
+		rt = reserve.Runtime{}
+	}
+	return rt, preemptible
+}
+
+// occupants are the pods of st as a reservation made at since sees them
+// (holder's own planned members left out), with the pods they stand for.
+func (p *GangPlanner) occupants(st *NodeState, holder map[types.UID]bool, since time.Time) ([]reserve.Occupant, []*corev1.Pod) {
+	now := p.now()
+	var occ []reserve.Occupant
+	var pods []*corev1.Pod
+	uids := make([]types.UID, 0, len(st.Pods))
+	for uid := range st.Pods {
+		uids = append(uids, uid)
+	}
+	sort.Slice(uids, func(a, b int) bool { return uids[a] < uids[b] })
+	for _, uid := range uids {
+		u := st.Pods[uid]
+		if holder[uid] {
+			continue
+		}
+		gpus := len(u.Whole) + u.WholePending
+		if gpus == 0 && len(u.Shared)+len(u.PlannedShares) > 0 {
+			gpus = 1
+		}
+		if gpus == 0 {
+			continue // CPU only: it does not keep GPUs from the reservation
+		}
+		o := reserve.Occupant{GPUs: gpus}
+		pod := p.passPods[uid]
+		if pod != nil {
+			// A pod not started yet (planned, binding) has its whole run
+			// time ahead and starts after the reservation was made.
+			started := now
+			if pod.Status.StartTime != nil {
+				started = pod.Status.StartTime.Time
+			}
+			o.Age = now.Sub(started)
+			rt, marked := hints([]*corev1.Pod{pod})
+			if rt.Known {
+				o.Remaining = reserve.Expect(rt.Duration - o.Age)
+				o.Backfilled = !started.Before(since)
+			}
+			o.Preemptible = marked && p.reservation.Preemptible
+		}
+		occ = append(occ, o)
+		pods = append(pods, pod)
+	}
+	return occ, pods
 }
 
 // releaseReservation drops the room workload key holds, so that its own
@@ -136,7 +243,9 @@ func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, de
 	if err := p.cache.ReserveGang(snap, uses); err != nil {
 		return "" // a node changed meanwhile: the next pass reserves
 	}
+	r.uses = uses
 	p.reserved[key] = r
+	evicting := p.fill(key, r, snap)
 	p.heldBefore[key] = map[string]bool{}
 	for _, n := range r.nodes {
 		p.heldBefore[key][n] = true
@@ -146,6 +255,16 @@ func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, de
 	sort.Strings(r.nodes)
 	msg := fmt.Sprintf("it waited longer than %s: nodes %s are reserved for it (nothing else starts on them) until it fits there, at most until %s",
 		cfg.ReserveAfter, strings.Join(r.nodes, ", "), since.Add(hold).UTC().Format(time.RFC3339))
+	if cfg.Backfill || cfg.Preemptible {
+		msg = fmt.Sprintf("it waited longer than %s: nodes %s are reserved for it (only backfill that ends before it starts, or preemptible pods, start on them) until it fits there, at most until %s",
+			cfg.ReserveAfter, strings.Join(r.nodes, ", "), since.Add(hold).UTC().Format(time.RFC3339))
+	}
+	if r.window.Known {
+		msg += fmt.Sprintf("; by the pods' expected run times it starts in %s", r.window.In.Round(time.Second))
+	}
+	if evicting != "" {
+		msg += "; " + evicting
+	}
 	for _, m := range p.untold(key+" reserved", msg, members) {
 		p.events.Eventf(m, corev1.EventTypeNormal, api.EventReserved, "tessera: %s", msg)
 	}
@@ -169,9 +288,12 @@ func (p *GangPlanner) soonest(snap map[string]*NodeState, g *api.Gang, members [
 	for i, st := range candidates {
 		view[i] = reserve.Node{Name: st.Info.Name, GPUs: len(st.Info.GPUs), Held: held[st.Info.Name],
 			Occupants: []reserve.Occupant{{GPUs: len(st.Info.GPUs) - st.FreeGPUs()}}}
+		if p.reservation.Backfill {
+			view[i].Occupants, _ = p.occupants(st, nil, p.now())
+		}
 	}
 	nodes := make([]*NodeState, len(candidates))
-	for k, i := range (reserve.Policy{}).Rank(view) {
+	for k, i := range p.reservation.policy(false).Rank(view) {
 		nodes[k] = candidates[i]
 	}
 	empty := func(k int) map[string]*NodeState {
@@ -199,4 +321,119 @@ func (p *GangPlanner) soonest(snap map[string]*NodeState, g *api.Gang, members [
 		}
 	}
 	return try(lo)
+}
+
+// fill computes reservation r's window on the nodes of snap and, once only
+// victims are left on its nodes (allocator/reserve's Victims), evicts them;
+// it returns what to say about the evictions ("" for none).
+func (p *GangPlanner) fill(key string, r *reservation, snap map[string]*NodeState) string {
+	holder := map[types.UID]bool{}
+	for _, uid := range r.uids {
+		holder[uid] = true
+	}
+	var held []reserve.Node
+	var owners [][]*corev1.Pod
+	for _, n := range r.nodes {
+		st, ok := snap[n]
+		if !ok {
+			continue
+		}
+		occ, pods := p.occupants(st, holder, r.since)
+		held = append(held, reserve.Node{Name: n, GPUs: len(st.Info.GPUs), Occupants: occ})
+		owners = append(owners, pods)
+	}
+	r.window, r.at = reserve.Start(held), p.now()
+	if !p.reservation.Backfill && !p.reservation.Preemptible {
+		return ""
+	}
+	victims, ok := reserve.Victims(held)
+	if !ok || len(victims) == 0 {
+		return ""
+	}
+	var names []string
+	for _, v := range victims {
+		pod := owners[v[0]][v[1]]
+		if pod == nil || pod.DeletionTimestamp != nil {
+			continue // unknown, or already leaving
+		}
+		why := "it is marked preemptible"
+		if held[v[0]].Occupants[v[1]].Backfilled && !held[v[0]].Occupants[v[1]].Preemptible {
+			why = "it was started there by its expected run time and has run past it"
+		}
+		if err := p.client.Evict(context.Background(), pod); err != nil {
+			klog.Background().Info("evicting for a reservation", "pod", klog.KObj(pod), "reservation", key, "err", err)
+			continue
+		}
+		p.events.Eventf(pod, corev1.EventTypeWarning, api.EventPreempted, "tessera: evicted from node %s, reserved for %s, which can start there now: %s", pod.Spec.NodeName, key, why)
+		names = append(names, pod.Namespace+"/"+pod.Name)
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	return "evicting " + strings.Join(names, ", ") + " from its nodes"
+}
+
+// backfill plans workload key on another workload's reservation when its
+// run-time hints allow (Admit): the reservation is taken out of the
+// ledger, the workload planned on what is free, and restore counts the
+// reservation again (call it once the workload's plan is in the ledger).
+// It returns nil when no reservation admits the workload or it does not
+// fit there; msg says why it was admitted.
+func (p *GangPlanner) backfill(key string, g *api.Gang, members []*corev1.Pod, demands []Demand, minMember int) (res *gang.Plan, snap map[string]*NodeState, restore func(), msg string) {
+	cfg := p.reservation
+	if !cfg.Backfill && !cfg.Preemptible {
+		return nil, nil, nil, ""
+	}
+	rt, marked := hints(members)
+	keys := make([]string, 0, len(p.reserved))
+	for k := range p.reserved {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, holder := range keys {
+		r := p.reserved[holder]
+		if holder == key {
+			continue
+		}
+		how := cfg.policy(marked).Admit(rt, r.window)
+		if how == reserve.Refused {
+			continue
+		}
+		p.cache.ReleaseGang(r.uids)
+		p.refresh(r.nodes)
+		snap := p.passSnap
+		if snap == nil {
+			snap = p.cache.Snapshot()
+		}
+		grp, nodes := p.gangInput(snap, g, members, demands, minMember, false)
+		plan, err := gang.PlanGroup(grp, nodes, p.policy)
+		restore := func() {
+			if err := p.cache.ReserveGang(p.cache.Snapshot(), r.uses); err != nil {
+				delete(p.reserved, holder) // the next pass reserves again
+				p.reservations.Store(int64(len(p.reserved)))
+			}
+			p.refresh(r.nodes)
+		}
+		if err != nil {
+			restore()
+			continue
+		}
+		switch how {
+		case reserve.Backfilled:
+			msg = fmt.Sprintf("planned on room reserved for %s: by its expected run time (%s) it ends before that reservation starts (in %s); if it runs past it when the reservation can start, it is evicted",
+				holder, rt.Duration, r.window.In.Round(time.Second))
+		default:
+			msg = fmt.Sprintf("planned on room reserved for %s as a preemptible workload: it is evicted when that reservation fills", holder)
+		}
+		return plan, snap, restore, msg
+	}
+	return nil, nil, nil, ""
+}
+
+// backfillEvent tells the members of a workload planned inside a
+// reservation why.
+func (p *GangPlanner) backfillEvent(key string, members []*corev1.Pod, msg string) {
+	for _, m := range p.untold(key+" backfill", msg, members) {
+		p.events.Eventf(m, corev1.EventTypeNormal, api.EventBackfilled, "tessera: %s", msg)
+	}
 }

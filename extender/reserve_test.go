@@ -121,3 +121,145 @@ func TestReservationExpires(t *testing.T) {
 		t.Errorf("not reserved again after the cooldown")
 	}
 }
+
+// reservationFixture is two 8-GPU nodes, each running a 1-GPU pod started
+// a minute ago (annotations ann), and a 2 x 8 GPU gang that has waited 2
+// minutes: it reserves both nodes.
+func reservationFixture(t *testing.T, cfg ReservationConfig, ann map[string]string) (*gangFixture, []*corev1.Pod) {
+	t.Helper()
+	f := newGangFixture(t, eightGPUNodes(2)...)
+	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+		Events: f.events, Now: func() time.Time { return f.now }, Reservation: cfg})
+	var small []*corev1.Pod
+	for i := range 2 {
+		p := f.running(fmt.Sprintf("small-%d", i), fmt.Sprintf("n%d", i), 1, f.now.Add(-time.Minute), ann)
+		small = append(small, p)
+	}
+	for i := range 2 {
+		f.member("big", 2, i, 8, f.now.Add(-2*time.Minute))
+	}
+	f.sync()
+	if f.planner.Reservations() != 1 {
+		t.Fatalf("no reservation\nevents:\n%s", strings.Join(f.events.events, "\n"))
+	}
+	return f, small
+}
+
+// running creates a pod bound to node holding its first gpus GPUs, started
+// at started.
+func (f *gangFixture) running(name, node string, gpus int, started time.Time, ann map[string]string) *corev1.Pod {
+	f.t.Helper()
+	idx := make([]int, gpus)
+	for i := range idx {
+		idx[i] = i
+	}
+	p := makePod(name).Whole(int64(gpus)).Node(node).Holding(idx...).Obj()
+	p.UID = types.UID("uid-" + name)
+	for k, v := range ann {
+		p.Annotations[k] = v
+	}
+	p.Status.StartTime = &metav1.Time{Time: started}
+	if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		f.t.Fatal(err)
+	}
+	f.cache.SetPod(p)
+	return p
+}
+
+// Backfill into a reservation: the small pods end, by their expected run
+// time (10m), in 9 minutes. A workload that ends before that is planned on
+// the reserved room; one that would end after, or declares nothing, waits;
+// a preemptible one is planned when the configuration allows it.
+func TestReservationBackfill(t *testing.T) {
+	tenMinutes := map[string]string{api.AnnotationExpectedRuntime: "10m"}
+	for _, tc := range []struct {
+		name    string
+		cfg     ReservationConfig
+		smalls  map[string]string
+		ann     map[string]string
+		planned bool
+		event   string
+	}{
+		{"ends before", ReservationConfig{ReserveAfter: time.Minute, Backfill: true}, tenMinutes, map[string]string{api.AnnotationExpectedRuntime: "8m"}, true, "by its expected run time (8m0s) it ends before that reservation starts (in 9m0s)"},
+		{"ends after", ReservationConfig{ReserveAfter: time.Minute, Backfill: true}, tenMinutes, map[string]string{api.AnnotationExpectedRuntime: "10m"}, false, ""},
+		{"no estimate", ReservationConfig{ReserveAfter: time.Minute, Backfill: true}, tenMinutes, nil, false, ""},
+		{"the reservation's start is unknown", ReservationConfig{ReserveAfter: time.Minute, Backfill: true}, nil, map[string]string{api.AnnotationExpectedRuntime: "1m"}, false, ""},
+		{"backfill off", ReservationConfig{ReserveAfter: time.Minute}, tenMinutes, map[string]string{api.AnnotationExpectedRuntime: "1m"}, false, ""},
+		{"preemptible", ReservationConfig{ReserveAfter: time.Minute, Preemptible: true}, nil, map[string]string{api.AnnotationPreemptible: "true"}, true, "as a preemptible workload"},
+		{"preemptible, not allowed", ReservationConfig{ReserveAfter: time.Minute, Backfill: true}, nil, map[string]string{api.AnnotationPreemptible: "true"}, false, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, _ := reservationFixture(t, tc.cfg, tc.smalls)
+			p := f.member("bf", 1, 0, 4, f.now.Add(-time.Second))
+			for k, v := range tc.ann {
+				p.Annotations[k] = v
+			}
+			if _, err := f.client.CoreV1().Pods(p.Namespace).Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			f.sync()
+			s := f.state("bf-")["bf-0"]
+			if s.planned != tc.planned {
+				t.Errorf("backfill planned %v, want %v\nevents:\n%s", s.planned, tc.planned, strings.Join(f.events.events, "\n"))
+			}
+			if got := f.planner.Reservations(); got != 1 {
+				t.Errorf("%d reservations after the backfill, want the gang's still", got)
+			}
+			all := strings.Join(f.events.events, "\n")
+			if tc.event != "" && (!strings.Contains(all, api.EventBackfilled+": tessera: planned on room reserved for default/big") || !strings.Contains(all, tc.event)) {
+				t.Errorf("no %s Event with %q:\n%s", api.EventBackfilled, tc.event, strings.Join(f.events.events, "\n"))
+			}
+			// The reservation still holds its nodes for the gang: a new
+			// 1-GPU pod fits neither.
+			newcomer := makePod("newcomer").Whole(1).Obj()
+			d, err := ParseDemand(newcomer)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range []string{"n0", "n1"} {
+				if Check(mustState(t, f.cache, n), &d) == Fits {
+					t.Errorf("a new 1-GPU pod fits reserved node %s", n)
+				}
+			}
+		})
+	}
+}
+
+// Once nothing else drains on its nodes, the reservation evicts the pods
+// marked preemptible there and the backfill that ran past its expected run
+// time; backfill within its estimate is waited for.
+func TestReservationEvictsVictims(t *testing.T) {
+	cfg := ReservationConfig{ReserveAfter: time.Minute, Backfill: true, Preemptible: true}
+	for _, tc := range []struct {
+		name string
+		// the pod left on n1 once the small pods are gone: started after
+		// the reservation with these annotations, this long ago
+		ann     map[string]string
+		age     time.Duration
+		evicted bool
+	}{
+		{"preemptible", map[string]string{api.AnnotationPreemptible: "true"}, time.Second, true},
+		{"past its estimate", map[string]string{api.AnnotationExpectedRuntime: "5m"}, 6 * time.Minute, true},
+		{"within its estimate", map[string]string{api.AnnotationExpectedRuntime: "5m"}, 4 * time.Minute, false},
+		{"no hints", nil, 10 * time.Minute, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, small := reservationFixture(t, cfg, map[string]string{api.AnnotationExpectedRuntime: "30m"})
+			f.now = f.now.Add(10 * time.Minute)
+			f.running("late", "n1", 2, f.now.Add(-tc.age), tc.ann)
+			for _, p := range small {
+				if err := f.client.CoreV1().Pods(p.Namespace).Delete(context.Background(), p.Name, metav1.DeleteOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				f.cache.DeletePod(p.UID)
+			}
+			f.sync()
+			f.mu.Lock()
+			evicted := strings.Join(f.evicted, ",")
+			f.mu.Unlock()
+			if got := evicted == "late"; got != tc.evicted {
+				t.Errorf("evicted %q, want the late pod evicted: %v\nevents:\n%s", evicted, tc.evicted, strings.Join(f.events.events, "\n"))
+			}
+		})
+	}
+}

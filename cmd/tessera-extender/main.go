@@ -96,10 +96,12 @@ type options struct {
 	queueHalfLife   time.Duration
 	queueStatusEach time.Duration
 
-	reserveAfter time.Duration
-	numaFit      bool
-	schedulers   []string
-	reserveFor   time.Duration
+	reserveAfter       time.Duration
+	numaFit            bool
+	schedulers         []string
+	reserveFor         time.Duration
+	reserveBackfill    bool
+	reservePreemptible bool
 
 	preemption           bool
 	preemptionMinRuntime time.Duration
@@ -141,6 +143,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.queueStatusEach, "queue-status-period", 10*time.Second, "how often each Queue's status (used, fair share, usage history) is written")
 	fs.DurationVar(&o.reserveAfter, "reservation-wait", 10*time.Minute, "a whole-GPU gang or queued pod that has waited this long and fits nowhere gets the nodes that will hold it soonest reserved: nothing else starts on them until it fits (docs/queues.md); 0: no reservations")
 	fs.DurationVar(&o.reserveFor, "reservation-max", time.Hour, "how long a reservation lasts at most; the workload then does not reserve again for as long")
+	fs.BoolVar(&o.reserveBackfill, "reservation-backfill", true, "a gang or queued pod whose members all declare tessera.dev/expected-runtime may be planned on reserved nodes when, by it, it ends before the reservation starts (by the expected run times of the pods there); evicted if it runs past it when the reservation could start")
+	fs.BoolVar(&o.reservePreemptible, "reservation-preemptible", true, "a gang or queued pod whose members are all marked tessera.dev/preemptible=true may be planned on reserved nodes; evicted when the reservation fills")
 	o.schedulers = []string{corev1.DefaultSchedulerName, "tessera-scheduler"}
 	fs.Func("scheduler-names", "comma-separated schedulerNames whose profiles call this extender (default default-scheduler,tessera-scheduler, the two profiles of deploy/extender/scheduler-config.yaml): the planner plans their ungated gang members and queued pods itself; a pod of another scheduler is planned only when the webhooks gated it", func(v string) error {
 		o.schedulers = nil
@@ -395,7 +399,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		if preemptor != nil {
 			pcfg.Preempt = preemptor
 		}
-		pcfg.Reservation = extender.ReservationConfig{ReserveAfter: o.reserveAfter, ReserveFor: o.reserveFor}
+		pcfg.Reservation = extender.ReservationConfig{ReserveAfter: o.reserveAfter, ReserveFor: o.reserveFor, Backfill: o.reserveBackfill, Preemptible: o.reservePreemptible}
 		if queues != nil {
 			pcfg.QueueReclaim = &extender.QueueReclaimer{
 				Cache: cache, Evicter: &extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()},
