@@ -97,3 +97,30 @@ func TestRankByEstimates(t *testing.T) {
 		t.Errorf("without: the fewest GPUs to drain first (-want +got):\n%s", diff)
 	}
 }
+
+func TestPriority(t *testing.T) {
+	p := Policy{ShortFirst: true}
+	tests := []struct {
+		name string
+		w    Waiting
+		want float64
+	}{
+		{"just arrived", Waiting{Runtime: Expect(h)}, 1},
+		{"waited its run time", Waiting{Waited: h, Runtime: Expect(h)}, 2},
+		{"a short job that waited as long", Waiting{Waited: h, Runtime: Expect(6 * time.Minute)}, 11},
+		{"under a minute counts as one", Waiting{Waited: time.Minute, Runtime: Expect(time.Second)}, 2},
+		{"undeclared: 30 days", Waiting{Waited: DefaultUndeclared}, 2},
+		{"undeclared, 2h waited", Waiting{Waited: 2 * h}, float64(2*h+DefaultUndeclared) / float64(DefaultUndeclared)},
+	}
+	for _, tc := range tests {
+		if got := p.Priority(tc.w); got != tc.want {
+			t.Errorf("%s: Priority = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if got := (Policy{Undeclared: h}).Priority(Waiting{Waited: 2 * h}); got != 3 {
+		t.Errorf("Undeclared 1h, waited 2h: Priority = %v, want 3", got)
+	}
+	if err := (Policy{MinGPUs: 1, Undeclared: -h}).Validate(); err == nil {
+		t.Error("a negative Undeclared was accepted")
+	}
+}

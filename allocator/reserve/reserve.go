@@ -70,7 +70,18 @@ type Policy struct {
 	// when their work ends by its estimates, and a job whose estimate
 	// ends before a reservation starts may backfill on its GPUs.
 	Estimates bool
+	// ShortFirst tries waiting jobs by their response ratio, highest
+	// first (Priority: short jobs first, long ones as they age), instead
+	// of in arrival order.
+	ShortFirst bool
+	// Undeclared is the run time Priority assumes for a job that declared
+	// none (0: DefaultUndeclared).
+	Undeclared time.Duration
 }
+
+// DefaultUndeclared is the run time assumed for a job that declared none:
+// the longest usual limit, 30 days.
+const DefaultUndeclared = 30 * 24 * time.Hour
 
 // Validate reports a policy that cannot work.
 func (p Policy) Validate() error {
@@ -82,6 +93,9 @@ func (p Policy) Validate() error {
 	}
 	if p.Max < 0 {
 		return fmt.Errorf("reserve: Max %d: want 0 or more", p.Max)
+	}
+	if p.Undeclared < 0 {
+		return fmt.Errorf("reserve: Undeclared %v: want 0 or more", p.Undeclared)
 	}
 	if p.Wait < 0 || p.WaitPerGPU < 0 {
 		return fmt.Errorf("reserve: waits %v + %v per GPU: want 0 or more", p.Wait, p.WaitPerGPU)
@@ -115,6 +129,25 @@ func (p Policy) Due(gpus int, waited, smallWaited time.Duration) bool {
 type Waiting struct {
 	GPUs   int
 	Waited time.Duration
+	// Runtime is the run time it declared.
+	Runtime Runtime
+}
+
+// Priority is w's response ratio, (waited + run time) / run time, with the
+// run time it declared (Undeclared when none; at least a minute): with
+// ShortFirst, waiting jobs are tried highest first. A short job passes
+// long ones at once; a long one passes shorter ones as it waits, so none
+// waits forever.
+func (p Policy) Priority(w Waiting) float64 {
+	rt := p.Undeclared
+	if rt <= 0 {
+		rt = DefaultUndeclared
+	}
+	if w.Runtime.Known {
+		rt = w.Runtime.Duration
+	}
+	rt = max(rt, time.Minute)
+	return float64(w.Waited+rt) / float64(rt)
 }
 
 // SmallWaited is the longest wait of a job of queue smaller than MinGPUs.

@@ -176,3 +176,29 @@ func TestParseEstimates(t *testing.T) {
 		}
 	}
 }
+
+func TestShortFirst(t *testing.T) {
+	// One 8-GPU node, busy until 100. long (8 GPUs, 1000 s) arrives
+	// before short (8 GPUs, 10 s). In arrival order long starts at 100 and
+	// short at 1100; short first, short starts at 100 and long at 110.
+	jobs := []Job{
+		{ID: "busy", Submit: 0, Duration: 100, GPUs: 8},
+		{ID: "long", Submit: 1, Duration: 1000, GPUs: 8},
+		{ID: "short", Submit: 2, Duration: 10, GPUs: 8},
+	}
+	for _, tc := range []struct {
+		name       string
+		shortFirst bool
+		want       map[string]int64
+	}{
+		{"arrival order", false, map[string]int64{"busy": 100, "long": 1099, "short": 1108}},
+		{"short first", true, map[string]int64{"busy": 100, "short": 108, "long": 1109}},
+	} {
+		cfg := easyConfig(1, Estimates{Kind: EstimateOracle}, false)
+		cfg.Reserve.ShortFirst = tc.shortFirst
+		jct, _ := jctOf(t, jobs, cfg)
+		if diff := cmp.Diff(tc.want, jct); diff != "" {
+			t.Errorf("%s: completion times (-want +got):\n%s", tc.name, diff)
+		}
+	}
+}

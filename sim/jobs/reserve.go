@@ -3,6 +3,7 @@ package jobs
 import (
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/tessera-gpu/tessera/allocator/gang"
@@ -104,8 +105,12 @@ func (s *sim) reservePass() (bool, error) {
 			break
 		}
 	}
-	kept := s.queue[:0]
-	for _, j := range s.queue {
+	walk := s.queue
+	if r.policy.ShortFirst {
+		walk = s.byPriority()
+	}
+	var kept []*jobState
+	for _, j := range walk {
 		started, err := s.reserveTry(j)
 		if err != nil {
 			return false, err
@@ -119,6 +124,9 @@ func (s *sim) reservePass() (bool, error) {
 			s.hold()
 		}
 	}
+	if r.policy.ShortFirst {
+		sort.Slice(kept, func(a, b int) bool { return kept[a].order < kept[b].order })
+	}
 	s.queue = kept
 	evicted := len(s.evicted) > 0
 	s.requeueEvicted()
@@ -127,6 +135,25 @@ func (s *sim) reservePass() (bool, error) {
 		s.idleGPUs += s.nodes[i].Node.FullyFreeGPUs()
 	}
 	return evicted, nil
+}
+
+// byPriority is the queue by the policy's Priority, highest first, then
+// in arrival order.
+func (s *sim) byPriority() []*jobState {
+	type entry struct {
+		j   *jobState
+		pri float64
+	}
+	es := make([]entry, len(s.queue))
+	for i, j := range s.queue {
+		es[i] = entry{j, s.rsv.policy.Priority(reserve.Waiting{GPUs: j.job.GPUs, Waited: time.Duration(s.now-j.job.Submit) * time.Second, Runtime: j.rt})}
+	}
+	sort.SliceStable(es, func(a, b int) bool { return es[a].pri > es[b].pri })
+	out := make([]*jobState, len(es))
+	for i, e := range es {
+		out[i] = e.j
+	}
+	return out
 }
 
 func (r *reservation) holding(j *jobState) bool {
