@@ -62,13 +62,33 @@ type GPURef struct {
 	Index int    `json:"index"`
 }
 
-// SharedGPU is a slice of one GPU.
+// SharedGPU is a slice of one GPU, or of several (a multi-GPU slice,
+// AnnotationGPUCount): the same amount on each.
 type SharedGPU struct {
 	GPU GPURef `json:"gpu"`
-	// MemoryMiB is the GPU memory the container may use.
+	// Spread are the other GPUs of a multi-GPU slice, in index order after
+	// GPU (whose index is the lowest); empty for a slice of one GPU. Each
+	// gets MemoryMiB and Cores, and the container's MPS daemon serves
+	// exactly these GPUs (docs/isolation.md).
+	Spread []GPURef `json:"spread,omitempty"`
+	// MemoryMiB is the GPU memory the container may use on each GPU.
 	MemoryMiB int64 `json:"memoryMiB,omitempty"`
-	// Cores is the share of the GPU's compute in percent (1..100).
+	// Cores is the share of each GPU's compute in percent (1..100).
 	Cores int64 `json:"cores,omitempty"`
+}
+
+// GPUs are the slice's GPUs in index order: GPU, then Spread.
+func (s *SharedGPU) GPUs() []GPURef {
+	return append([]GPURef{s.GPU}, s.Spread...)
+}
+
+// UUIDs are the UUIDs of the slice's GPUs, in index order.
+func (s *SharedGPU) UUIDs() []string {
+	out := make([]string, 0, 1+len(s.Spread))
+	for _, g := range s.GPUs() {
+		out = append(out, g.UUID)
+	}
+	return out
 }
 
 // NewAssignment returns an empty Assignment of the current version.
@@ -119,6 +139,24 @@ func (a *Assignment) Validate() error {
 			}
 			if uuids[s.GPU.UUID] {
 				return fmt.Errorf("%s.shared.gpu: %q is also one of the container's whole GPUs", field, s.GPU.UUID)
+			}
+			if len(s.Spread)+1 > MaxGPUCount {
+				return fmt.Errorf("%s.shared.spread: a slice spans at most %d GPUs, got %d", field, MaxGPUCount, len(s.Spread)+1)
+			}
+			prev := s.GPU
+			inSlice := map[string]bool{s.GPU.UUID: true}
+			for k, g := range s.Spread {
+				f := fmt.Sprintf("%s.shared.spread[%d]", field, k)
+				if err := g.validate(); err != nil {
+					return fmt.Errorf("%s.%w", f, err)
+				}
+				if inSlice[g.UUID] || uuids[g.UUID] {
+					return fmt.Errorf("%s.uuid: %q is listed twice", f, g.UUID)
+				}
+				if g.Index <= prev.Index {
+					return fmt.Errorf("%s.index: the slice's GPUs must be in increasing index order, %d after %d", f, g.Index, prev.Index)
+				}
+				inSlice[g.UUID], prev = true, g
 			}
 		}
 		for k, m := range c.MIG {

@@ -709,3 +709,26 @@ func FuzzParseExpectedRuntime(f *testing.F) {
 		}
 	})
 }
+
+func FuzzParseGPUCount(f *testing.F) {
+	for _, s := range []string{"1", "2", "4", "16", "", "0", "17", "02", " 2", "+2", "-1", "2.0", "2e0", "two", "9223372036854775808"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, value string) {
+		n, err := api.ParseGPUCount(value)
+		if err != nil {
+			wantNamed(t, err, api.AnnotationGPUCount)
+			return
+		}
+		if n < 1 || n > api.MaxGPUCount {
+			t.Fatalf("ParseGPUCount(%q) = %d, outside 1..%d", value, n, api.MaxGPUCount)
+		}
+		// A count parses only from its one canonical spelling.
+		if value != fmt.Sprint(n) {
+			t.Fatalf("ParseGPUCount(%q) = %d: accepted a spelling other than %q", value, n, fmt.Sprint(n))
+		}
+		if got, set, err := api.GetGPUCount(map[string]string{api.AnnotationGPUCount: value}); got != n || !set || err != nil {
+			t.Fatalf("GetGPUCount(%q) = %d, %v, %v; ParseGPUCount said %d", value, got, set, err, n)
+		}
+	})
+}

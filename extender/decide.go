@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 
@@ -29,6 +30,7 @@ const (
 	InvalidRequest       Reason = "invalid-request"
 	TooFewGPUs           Reason = "too-few-gpus"
 	NoNVLinkClique       Reason = "nvlink-clique-too-small"
+	GPUCountAboveNode    Reason = "gpu-count-above-node"
 	SliceTooLarge        Reason = "slice-larger-than-any-gpu"
 	InsufficientCPU      Reason = "insufficient-cpu"
 	InsufficientMemory   Reason = "insufficient-memory"
@@ -48,7 +50,7 @@ const (
 // Unresolvable reports whether preempting pods on the node cannot help.
 func (r Reason) Unresolvable() bool {
 	switch r {
-	case BadInventory, NoGPUs, ModelNotAllowed, NoSharedIsolation, InvalidRequest, TooFewGPUs, NoNVLinkClique, SliceTooLarge,
+	case BadInventory, NoGPUs, ModelNotAllowed, NoSharedIsolation, InvalidRequest, TooFewGPUs, NoNVLinkClique, SliceTooLarge, GPUCountAboveNode,
 		BadNUMATopology, NUMANodeTooSmall, NoMIG, NoMIGProfile:
 		return true
 	}
@@ -114,11 +116,20 @@ func Check(st *NodeState, d *Demand) Reason {
 			return NoNVLinkClique
 		}
 	case allocator.Shared:
+		if gpureq.CheckCount(d.gpus(), info.healthy()) != nil {
+			return GPUCountAboveNode
+		}
 		if req.GPUMemMiB > info.maxHealthyMemMiB() {
 			return SliceTooLarge
 		}
+		if d.NVLink && d.gpus() > 1 && largestClique(info, func(p int) bool { return info.GPUs[p].Healthy && !info.GPUs[p].InMIG }) < d.gpus() {
+			return NoNVLinkClique
+		}
 	}
 	v := st.viewFor(kind)
+	if kind == allocator.Shared && d.gpus() == 1 {
+		v = st.singleSliceView(v)
+	}
 	switch allocator.Fit(v, req) {
 	case allocator.Fits:
 	case allocator.InsufficientCPU:
@@ -137,6 +148,11 @@ func Check(st *NodeState, d *Demand) Reason {
 		return InvalidRequest
 	default:
 		return reasonAllocatorOther
+	}
+	if kind == allocator.Shared && d.gpus() > 1 {
+		if _, ok := st.chooseSliceGPUs(st.viewFor(allocator.Shared), d); !ok {
+			return NoGPUForSlice
+		}
 	}
 	if kind == allocator.Whole {
 		// Which GPUs pending whole-GPU pods get is the node's choice. An
@@ -191,8 +207,14 @@ func Explain(r Reason, st *NodeState, d *Demand) string {
 		m = fmt.Sprintf("invalid request: %v", req.Validate())
 	case TooFewGPUs:
 		m = fmt.Sprintf("node has fewer than %d healthy GPUs", d.WholeGPUs)
+	case GPUCountAboveNode:
+		m = fmt.Sprintf("%s %d: node has fewer than %d healthy GPUs for slices", api.AnnotationGPUCount, d.gpus(), d.gpus())
 	case NoNVLinkClique:
-		m = fmt.Sprintf("node has no NVLink clique of %d healthy GPUs", d.WholeGPUs)
+		n := d.WholeGPUs
+		if n == 0 {
+			n = d.gpus()
+		}
+		m = fmt.Sprintf("node has no NVLink clique of %d healthy GPUs", n)
 	case SliceTooLarge:
 		m = fmt.Sprintf("no GPU of the node shares %d MiB", req.GPUMemMiB)
 	case InsufficientCPU:
@@ -203,6 +225,12 @@ func Explain(r Reason, st *NodeState, d *Demand) string {
 		m = fmt.Sprintf("fewer than %d whole GPUs free (GPUs held for pending whole-GPU pods count as used)", d.WholeGPUs)
 	case NoGPUForSlice:
 		m = fmt.Sprintf("no single GPU has %d MiB and %d cores free", req.GPUMemMiB, cores)
+		if d.gpus() > 1 {
+			m = fmt.Sprintf("no %d GPUs have %d MiB and %d cores free each, either serving no slices or forming exactly the GPU set of a running multi-GPU slice's MPS daemon", d.gpus(), req.GPUMemMiB, cores)
+			if d.NVLink {
+				m += ", in one NVLink clique"
+			}
+		}
 	case NoFreeNVLinkClique:
 		m = fmt.Sprintf("no NVLink clique has %d free GPUs", d.WholeGPUs)
 		if st != nil && st.PendingWhole > 0 {
@@ -306,7 +334,7 @@ type Query struct {
 // NewQuery prepares d.
 func NewQuery(d *Demand) *Query {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d/%d/%d/%t/%s", d.CPUMilli, d.MemMiB, d.WholeGPUs, d.NVLink, strings.Join(d.Models, "|"))
+	fmt.Fprintf(&b, "%d/%d/%d/%t/%s/x%d", d.CPUMilli, d.MemMiB, d.WholeGPUs, d.NVLink, strings.Join(d.Models, "|"), d.gpus())
 	for _, s := range d.Shares {
 		fmt.Fprintf(&b, "/%d:%d:%d", s.Kind, s.MemUnits, s.Cores)
 	}
@@ -406,9 +434,26 @@ func ChoosePlacement(p allocator.Policy, st *NodeState, uid types.UID, d *Demand
 		// the node aligns on NUMA nodes, one on the NUMA node that has
 		// room for the pod's exclusive CPUs too.
 		zone := st.numaSliceZone(d)
-		set, err := allocator.Place(p, inZone(&st.offeredSharedView, info, zone), req)
+		if d.gpus() > 1 {
+			pos, ok := st.chooseSliceGPUs(inZone(&st.offeredSharedView, info, zone), d)
+			if !ok {
+				pos, ok = st.chooseSliceGPUs(inZone(st.viewFor(allocator.Shared), info, zone), d)
+			}
+			if !ok {
+				return nil, fmt.Errorf("%w: %s", ErrNoFit, Explain(NoGPUForSlice, st, d))
+			}
+			for _, s := range d.Shares {
+				a := gpureq.Resolve(s, info.UnitMiB, info.SliceBaseMiB)
+				for _, p := range pos {
+					g := info.GPUs[p]
+					u.Shared = append(u.Shared, SharedUse{Container: s.Name, Kind: s.Kind, UUID: g.UUID, Index: g.Index, MemMiB: a.MemMiB, Cores: a.Cores})
+				}
+			}
+			return u, nil
+		}
+		set, err := allocator.Place(p, st.singleSliceView(inZone(&st.offeredSharedView, info, zone)), req)
 		if err != nil {
-			set, err = allocator.Place(p, inZone(st.viewFor(allocator.Shared), info, zone), req)
+			set, err = allocator.Place(p, st.singleSliceView(inZone(st.viewFor(allocator.Shared), info, zone)), req)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrNoFit, err)
@@ -424,6 +469,15 @@ func ChoosePlacement(p allocator.Policy, st *NodeState, uid types.UID, d *Demand
 		}
 	}
 	return u, nil
+}
+
+// chooseSliceGPUs picks the GPUs (positions) of d's multi-GPU slice in
+// view (gpureq.ChooseGPUs: the group rule, an existing set first, the
+// NVLink cliques preferred, or required by tessera.dev/nvlink).
+func (st *NodeState) chooseSliceGPUs(view *allocator.Node, d *Demand) ([]int, bool) {
+	info := st.Info
+	req := d.Request(info.UnitMiB, info.SliceBaseMiB)
+	return gpureq.ChooseGPUs(st.candidates(view, req), d.gpus(), info.Cliques, d.NVLink)
 }
 
 // ReuseShared returns the placement a previous bind attempt recorded in
@@ -451,27 +505,30 @@ func reuseShared(st *NodeState, uid types.UID, d *Demand, a *api.Assignment, pla
 	}
 	info := st.Info
 	u := &PodUse{UID: uid, CPUMilli: d.CPUMilli, MemMiB: d.MemMiB, Align: d.Align}
-	uuid := ""
+	var uuids []string // the slice's GPUs, the same for every share
 	for _, s := range d.Shares {
 		c := a.Container(s.Name)
-		if c == nil || c.Shared == nil || (uuid != "" && c.Shared.GPU.UUID != uuid) {
+		if c == nil || c.Shared == nil || len(c.Shared.Spread)+1 != d.gpus() {
 			return nil, false
 		}
-		uuid = c.Shared.GPU.UUID
+		if got := c.Shared.UUIDs(); uuids == nil {
+			uuids = got
+		} else if !slices.Equal(uuids, got) {
+			return nil, false
+		}
 		want := gpureq.Resolve(s, info.UnitMiB, info.SliceBaseMiB)
 		if c.Shared.MemoryMiB != want.MemMiB || c.Shared.Cores != want.Cores {
 			return nil, false
 		}
-		u.Shared = append(u.Shared, SharedUse{Container: s.Name, Kind: s.Kind, UUID: uuid, MemMiB: want.MemMiB, Cores: want.Cores})
+		for _, uuid := range uuids {
+			p := info.position(uuid)
+			if p < 0 {
+				return nil, false
+			}
+			u.Shared = append(u.Shared, SharedUse{Container: s.Name, Kind: s.Kind, UUID: uuid, Index: info.GPUs[p].Index, MemMiB: want.MemMiB, Cores: want.Cores})
+		}
 	}
-	p := info.position(uuid)
-	if p < 0 {
-		return nil, false
-	}
-	for i := range u.Shared {
-		u.Shared[i].Index = info.GPUs[p].Index
-	}
-	// Check the room on that GPU, without the pod itself.
+	// Check the room on those GPUs, without the pod itself.
 	var others []*PodUse
 	for id, pu := range st.Pods {
 		if id != uid {
@@ -479,15 +536,20 @@ func reuseShared(st *NodeState, uid types.UID, d *Demand, a *api.Assignment, pla
 		}
 	}
 	without := BuildNodeState(info, others)
+	if without.groups.Check(uuids) != nil {
+		return nil, false
+	}
 	req := d.Request(info.UnitMiB, info.SliceBaseMiB)
 	view := without.viewFor(allocator.Shared)
 	if planned {
 		raw := without.buildView(0, false)
 		view = &raw
 	}
-	g := view.GPUs[p]
-	if g.MilliFree < req.GPUMilli || g.MemFreeMiB < req.GPUMemMiB {
-		return nil, false
+	for _, uuid := range uuids {
+		g := view.GPUs[info.position(uuid)]
+		if g.MilliFree < req.GPUMilli || g.MemFreeMiB < req.GPUMemMiB {
+			return nil, false
+		}
 	}
 	return u, true
 }

@@ -26,14 +26,20 @@ type Demand struct {
 	// holds at its peak.
 	WholeGPUs int
 	// Shares are the containers asking for a shared slice, in start
-	// order. All of them are served from the same GPU.
+	// order, each with its share of one of its GPUs
+	// (gpureq.Pod.SharesPerGPU). All of them are served from the same
+	// GPUCount GPUs.
 	Shares []ContainerShare
+	// GPUCount is the number of GPUs the shares are split over
+	// (api.AnnotationGPUCount; 1 for a slice of one GPU).
+	GPUCount int
 	// CPUMilli and MemMiB are the pod's effective CPU and memory requests.
 	CPUMilli int64
 	MemMiB   int64
 	// Models restricts GPU models (api.AnnotationGPUModel); empty: any.
 	Models []string
-	// NVLink requires all whole GPUs in one NVLink clique.
+	// NVLink requires all whole GPUs, or the GPUs of a multi-GPU slice,
+	// in one NVLink clique.
 	NVLink bool
 	// MIG counts the MIG instances the pod holds at its peak per profile
 	// (tessera.dev/mig-<profile>); nil when none. A pod with MIG asks for
@@ -63,13 +69,17 @@ func (d *Demand) Kind() allocator.Kind {
 
 // SharedTotals returns the memory units and cores the shares hold at once
 // at the pod's peak (gpureq.PeakUnits: init containers do not add to the
-// others).
+// others), over all their GPUs.
 func (d *Demand) SharedTotals() (memUnits, cores int64) {
 	u := gpureq.PeakUnits(d.Shares)
-	return u.MemUnits, u.Cores
+	n := int64(d.gpus())
+	return u.MemUnits * n, u.Cores * n
 }
 
-// SliceOn is what the shares take of their GPU at once (gpureq.SlicePeak)
+// gpus is the number of GPUs a shared demand spans (at least 1).
+func (d *Demand) gpus() int { return max(1, d.GPUCount) }
+
+// SliceOn is what the shares take of each of their GPUs at once (gpureq.SlicePeak)
 // on a node whose memory unit is unitMiB and whose core-only slice base is
 // baseMiB (NodeInfo.SliceBaseMiB).
 func (d *Demand) SliceOn(unitMiB, baseMiB int64) gpureq.Amount {
@@ -77,8 +87,9 @@ func (d *Demand) SliceOn(unitMiB, baseMiB int64) gpureq.Amount {
 }
 
 // Request converts d to an allocator request for a node whose memory unit
-// is unitMiB and whose core-only slice base is baseMiB. Models are left
-// out: the extender matches models itself (api.ModelMatches).
+// is unitMiB and whose core-only slice base is baseMiB: for a multi-GPU
+// slice, what it takes of each one of its GPUs. Models are left out: the
+// extender matches models itself (api.ModelMatches).
 func (d *Demand) Request(unitMiB, baseMiB int64) allocator.Request {
 	r := allocator.Request{CPUMilli: d.CPUMilli, MemMiB: d.MemMiB, GPUs: d.WholeGPUs}
 	if len(d.Shares) > 0 {
@@ -107,7 +118,13 @@ func ParseDemand(pod *corev1.Pod) (Demand, error) {
 		return d, fmt.Errorf("%w: %w", ErrInvalidDemand, err)
 	}
 	d.WholeGPUs = int(p.Peak.Whole)
-	d.Shares = p.Shares()
+	d.Shares = p.SharesPerGPU()
+	d.GPUCount = p.GPUCount
+	if d.GPUCount > 1 {
+		if _, member, _ := api.GangOf(pod); member {
+			return d, fmt.Errorf("%w: annotation %s: a gang member's slice spans one GPU (the gang planner plans one GPU per member)", ErrInvalidDemand, api.AnnotationGPUCount)
+		}
+	}
 	for profile, n := range p.MIG {
 		if d.MIG == nil {
 			d.MIG = map[string]int{}
@@ -115,7 +132,7 @@ func ParseDemand(pod *corev1.Pod) (Demand, error) {
 		d.MIG[profile] = int(min(n, 1<<20))
 	}
 	d.Align = numa.PodDemand(pod, p)
-	if d.NVLink && d.WholeGPUs == 0 {
+	if d.NVLink && d.WholeGPUs == 0 && d.GPUCount < 2 {
 		d.NVLink = false // nothing to connect
 	}
 	return d, nil

@@ -52,6 +52,30 @@ func TestParseDemand(t *testing.T) {
 		}(), wantErr: true},
 	}
 	tests[10].pod.Annotations[api.AnnotationNVLink] = "maybe"
+	counted := func(p *corev1.Pod, n string) *corev1.Pod {
+		p.Annotations[api.AnnotationGPUCount] = n
+		return p
+	}
+	tests = append(tests, []struct {
+		name    string
+		pod     *corev1.Pod
+		want    Demand
+		wantErr bool
+	}{
+		{name: "gpu-count 2: the share of each GPU", pod: counted(makePod("p").Shared(16, 40).Obj(), "2"),
+			want: Demand{Shares: []ContainerShare{{Name: "main", MemUnits: 8, Cores: 20}}, GPUCount: 2}},
+		{name: "gpu-count 2 keeps nvlink for its GPUs", pod: counted(makePod("p").Shared(4, 0).NVLink().Obj(), "2"),
+			want: Demand{Shares: []ContainerShare{{Name: "main", MemUnits: 2}}, GPUCount: 2, NVLink: true}},
+		{name: "gpu-count 2 over 150 cores", pod: counted(makePod("p").Shared(2, 150).Obj(), "2"),
+			want: Demand{Shares: []ContainerShare{{Name: "main", MemUnits: 1, Cores: 75}}, GPUCount: 2}},
+		{name: "gpu-count uneven", pod: counted(makePod("p").Shared(3, 0).Obj(), "2"), wantErr: true},
+		{name: "gpu-count garbage", pod: counted(makePod("p").Shared(2, 0).Obj(), "2 "), wantErr: true},
+		{name: "gpu-count on a gang member", pod: func() *corev1.Pod {
+			p := counted(makePod("p").Shared(2, 0).Obj(), "2")
+			p.Labels = map[string]string{api.LabelPodGroup: "g"}
+			return p
+		}(), wantErr: true},
+	}...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ParseDemand(tc.pod)
@@ -63,6 +87,9 @@ func TestParseDemand(t *testing.T) {
 			}
 			if err != nil {
 				t.Fatalf("ParseDemand() error = %v", err)
+			}
+			if tc.want.GPUCount == 0 {
+				tc.want.GPUCount = 1
 			}
 			// Align is numa.PodDemand's (allocator/numa tests it).
 			if diff := cmp.Diff(tc.want, got, cmpopts.IgnoreFields(Demand{}, "Align")); diff != "" {

@@ -704,6 +704,8 @@ func SharedAssignment(prev *api.Assignment, use *PodUse) *api.Assignment {
 			}
 		}
 	}
+	// A container's slice of several GPUs is one SharedGPU, its GPUs by
+	// index.
 	for _, sh := range use.Shared {
 		ref := api.GPURef{UUID: sh.UUID, Index: sh.Index}
 		c := a.Container(sh.Container)
@@ -711,7 +713,13 @@ func SharedAssignment(prev *api.Assignment, use *PodUse) *api.Assignment {
 			a.Containers = append(a.Containers, api.ContainerAssignment{Name: sh.Container})
 			c = &a.Containers[len(a.Containers)-1]
 		}
-		c.Shared = &api.SharedGPU{GPU: ref, MemoryMiB: sh.MemMiB, Cores: sh.Cores}
+		if c.Shared == nil {
+			c.Shared = &api.SharedGPU{GPU: ref, MemoryMiB: sh.MemMiB, Cores: sh.Cores}
+			continue
+		}
+		refs := append(c.Shared.GPUs(), ref)
+		sort.Slice(refs, func(i, j int) bool { return refs[i].Index < refs[j].Index })
+		c.Shared.GPU, c.Shared.Spread = refs[0], refs[1:]
 	}
 	return a
 }

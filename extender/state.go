@@ -242,7 +242,7 @@ func NewPodUse(pod *corev1.Pod) *PodUse {
 		u.MIGPending = migPending(d.MIG, nil)
 		u.WholePending = d.WholeGPUs
 		if len(d.Shares) > 0 {
-			u.WholePending = 1 // its slice is somewhere: hold a GPU
+			u.WholePending = d.gpus() // its slice is somewhere: hold its GPUs
 		}
 		return u
 	}
@@ -255,7 +255,10 @@ func NewPodUse(pod *corev1.Pod) *PodUse {
 				u.MIG = append(u.MIG, m.UUID)
 			}
 			if c.Shared != nil {
-				u.Shared = append(u.Shared, SharedUse{Container: c.Name, Kind: gpureq.KindOf(pod, c.Name), UUID: c.Shared.GPU.UUID, Index: c.Shared.GPU.Index, MemMiB: c.Shared.MemoryMiB, Cores: c.Shared.Cores})
+				// A multi-GPU slice holds its amount on each of its GPUs.
+				for _, g := range c.Shared.GPUs() {
+					u.Shared = append(u.Shared, SharedUse{Container: c.Name, Kind: gpureq.KindOf(pod, c.Name), UUID: g.UUID, Index: g.Index, MemMiB: c.Shared.MemoryMiB, Cores: c.Shared.Cores})
+				}
 			}
 		}
 	}
@@ -266,9 +269,10 @@ func NewPodUse(pod *corev1.Pod) *PodUse {
 	u.MIGPending = migPending(d.MIG, a)
 	if len(d.Shares) > 0 && len(u.Shared) == 0 {
 		// A bound shared pod without a recorded slice (bound without the
-		// extender, e.g. created with spec.nodeName): its GPU is unknown,
-		// so it holds one GPU of the node, like a pending whole-GPU pod.
-		u.WholePending = 1
+		// extender, e.g. created with spec.nodeName): its GPUs are unknown,
+		// so it holds as many GPUs of the node as its slice spans, like a
+		// pending whole-GPU pod.
+		u.WholePending = d.gpus()
 	}
 	return u
 }
@@ -367,6 +371,11 @@ type NodeState struct {
 	// mig counts the node's MIG instances and their use (nil without
 	// any).
 	mig *migState
+	// groups are the MPS groups of the GPUs serving slices
+	// (gpureq.Groups: the GPUs of each container's slice); sets is set
+	// when one spans several GPUs (a slice of one GPU cannot go there).
+	groups gpureq.Groups
+	sets   bool
 	// memo caches Check and Score results of this state (see Query): a
 	// ring of the last maxMemo demands, inline to spare a pointer chase.
 	memoMu   sync.Mutex
@@ -501,7 +510,12 @@ func BuildNodeState(info *NodeInfo, uses []*PodUse) *NodeState {
 			// The planned GPU left the inventory: hold a GPU of the node.
 			s.PendingWhole++
 		}
-		for p, a := range sharedPeaks(info, u.sharedOn(info)) {
+		shared := u.sharedOn(info)
+		for _, uuids := range sliceGPUs(shared) {
+			s.groups.Add(uuids)
+			s.sets = s.sets || len(uuids) > 1
+		}
+		for p, a := range sharedPeaks(info, shared) {
 			g := &s.GPUs[p]
 			g.MemUsedMiB += a.MemMiB
 			g.CoresUsed += a.Cores
@@ -526,6 +540,57 @@ func BuildNodeState(info *NodeInfo, uses []*PodUse) *NodeState {
 	s.buildNUMA()
 	s.buildMIG()
 	return s
+}
+
+// sliceGPUs are the GPUs of each container's slice among shared, in the
+// order the containers first appear.
+func sliceGPUs(shared []SharedUse) [][]string {
+	var order []string
+	by := map[string][]string{}
+	for _, sh := range shared {
+		if _, seen := by[sh.Container]; !seen {
+			order = append(order, sh.Container)
+		}
+		by[sh.Container] = append(by[sh.Container], sh.UUID)
+	}
+	out := make([][]string, 0, len(order))
+	for _, c := range order {
+		out = append(out, by[c])
+	}
+	return out
+}
+
+// singleSliceView is v (a view for slices) where a slice of one GPU may
+// go: without the GPUs under the MPS daemon of a multi-GPU set (the group
+// rule, gpureq.Groups).
+func (s *NodeState) singleSliceView(v *allocator.Node) *allocator.Node {
+	if !s.sets {
+		return v
+	}
+	out := v.Clone()
+	for p := range out.GPUs {
+		if p < len(s.Info.GPUs) && s.groups.InSet(s.Info.GPUs[p].UUID) {
+			out.GPUs[p].MilliFree, out.GPUs[p].MemFreeMiB = 0, 0
+		}
+	}
+	return out
+}
+
+// candidates describes the GPUs of view (a view for slices) for a
+// multi-GPU slice of req on each (gpureq.ChooseGPUs).
+func (s *NodeState) candidates(v *allocator.Node, req allocator.Request) []gpureq.Candidate {
+	out := make([]gpureq.Candidate, len(s.Info.GPUs))
+	for p, g := range s.Info.GPUs {
+		c := gpureq.Candidate{UUID: g.UUID, Index: g.Index}
+		if p < len(v.GPUs) {
+			ag := v.GPUs[p]
+			c.Room = ag.MilliFree >= req.GPUMilli && ag.MemFreeMiB >= req.GPUMemMiB
+			c.FreeMiB = ag.MemFreeMiB
+		}
+		c.Group, _ = s.groups.Of(g.UUID)
+		out[p] = c
+	}
+	return out
 }
 
 // sharedPeaks is what one pod's slices take of each GPU of the node (by

@@ -446,6 +446,9 @@ func DescribeDemand(d *Demand) string {
 		return s
 	case allocator.Shared:
 		mem, cores := d.SharedTotals()
+		if d.GPUCount > 1 {
+			return fmt.Sprintf("a slice of %d GPUs: %d memory unit(s), %d%% compute, split evenly", d.GPUCount, mem, cores)
+		}
 		return fmt.Sprintf("a slice of one GPU: %d memory unit(s), %d%% compute", mem, cores)
 	}
 	return "no GPU"

@@ -13,7 +13,9 @@ import (
 // they ask for: the node agent records them after the kubelet allocated
 // them) and a shared slice only to containers that ask for
 // tessera.dev/gpu-memory or tessera.dev/gpu-core, with no more cores than
-// they ask for when they ask for cores. A quantity that is not a
+// they ask for when they ask for cores (a multi-GPU slice: its cores on
+// each GPU times its GPUs; the slice is what was sealed, so a GPU count
+// annotation changed after it was decided widens nothing). A quantity that is not a
 // non-negative integer counts as not asked for. The error wraps
 // api.ErrDisagrees and is a *Refusal (CodeAssignmentDisagrees).
 func CheckAssignment(a *api.Assignment, pod *corev1.Pod) error {
@@ -50,7 +52,11 @@ func CheckAssignment(a *api.Assignment, pod *corev1.Pod) error {
 			if mem <= 0 && cores <= 0 {
 				return disagrees(ca.Name, "container %q is given a shared slice but asks for neither %s nor %s", ca.Name, api.ResourceGPUMemory, api.ResourceGPUCore)
 			}
-			if cores > 0 && sh.Cores > cores {
+			n := int64(1 + len(sh.Spread))
+			if cores > 0 && sh.Cores*n > cores {
+				if n > 1 {
+					return disagrees(ca.Name, "container %q is given %d cores on each of %d GPUs but asks for %d %s", ca.Name, sh.Cores, n, cores, api.ResourceGPUCore)
+				}
 				return disagrees(ca.Name, "container %q is given %d cores but asks for %d %s", ca.Name, sh.Cores, cores, api.ResourceGPUCore)
 			}
 		}

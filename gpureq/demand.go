@@ -101,10 +101,13 @@ type Pod struct {
 	// MIG is what the pod holds at its peak of each MIG profile (the rule
 	// of PeakUnits, per profile); nil when it asks for none.
 	MIG map[string]int64
+	// GPUCount is the number of GPUs each shared container's slice is
+	// split over (api.AnnotationGPUCount; 1 when absent).
+	GPUCount int
 }
 
-// Shares are the containers that ask for a shared slice. All of them are
-// served from one GPU.
+// Shares are the containers that ask for a shared slice, with their whole
+// requests. All of them are served from the same GPUs.
 func (p *Pod) Shares() []Container {
 	var out []Container
 	for _, c := range p.Containers {
@@ -115,14 +118,27 @@ func (p *Pod) Shares() []Container {
 	return out
 }
 
-// ParsePod reads a pod's Tessera requests and its CPU and memory requests.
-// A request defaults to the limit. It refuses (a *Refusal) a quantity that
-// is not a non-negative integer, a container or a pod that asks for whole
-// GPUs and a slice, a container or the pod's concurrent containers asking
-// for more than one GPU's cores, and more whole GPUs than a node can have.
-// The CPU and memory are set even when it refuses.
+// SharesPerGPU are Shares with each container's share of one of its
+// GPUCount GPUs (Container.PerGPU; ParsePod refused an uneven split).
+func (p *Pod) SharesPerGPU() []Container {
+	out := p.Shares()
+	for i := range out {
+		out[i], _ = out[i].PerGPU(p.GPUCount)
+	}
+	return out
+}
+
+// ParsePod reads a pod's Tessera requests, its GPU count
+// (api.AnnotationGPUCount) and its CPU and memory requests. A request
+// defaults to the limit. It refuses (a *Refusal) a quantity that is not a
+// non-negative integer, a GPU count that does not parse, a container or a
+// pod that asks for whole GPUs and a slice, a container or the pod's
+// concurrent containers asking for more than one GPU's cores (per GPU of a
+// multi-GPU slice), a slice its GPU count does not split evenly, a GPU
+// count on a pod without a slice, and more whole GPUs than a node can
+// have. The CPU and memory are set even when it refuses.
 func ParsePod(pod *corev1.Pod) (Pod, error) {
-	var out Pod
+	out := Pod{GPUCount: 1}
 	reqs := resourcehelper.PodRequests(effective(pod, cpuOrMemory), resourcehelper.PodResourcesOptions{})
 	if q, ok := reqs[corev1.ResourceCPU]; ok {
 		out.CPUMilli = saturated(q, resource.Milli)
@@ -135,6 +151,11 @@ func ParsePod(pod *corev1.Pod) (Pod, error) {
 			out.MemMiB >>= 20
 		}
 	}
+	n, countSet, err := api.GetGPUCount(pod.Annotations)
+	if err != nil {
+		return out, &Refusal{Code: CodeInvalidGPUCount, Message: err.Error()}
+	}
+	out.GPUCount = n
 	read := func(c *corev1.Container, kind Kind) error {
 		rc := Container{Name: c.Name, Kind: kind}
 		for _, r := range [...]struct {
@@ -173,7 +194,14 @@ func ParsePod(pod *corev1.Pod) (Pod, error) {
 				rc.MIG[profile] = v
 			}
 		}
-		if r := rc.Check(); r != nil {
+		per, r := rc.PerGPU(n)
+		if r != nil {
+			return r
+		}
+		if r := per.Check(); r != nil {
+			if r.Code == CodeCoresAboveGPU && n > 1 {
+				r.Message = fmt.Sprintf("container %q asks for %d %s over %d GPUs, %d on each, more than one GPU's %d", c.Name, rc.Cores, api.ResourceGPUCore, n, per.Cores, api.CoresPerGPU)
+			}
 			return r
 		}
 		if rc.Whole > 0 || rc.Shared() || len(rc.MIG) > 0 {
@@ -205,7 +233,12 @@ func ParsePod(pod *corev1.Pod) (Pod, error) {
 		return out, &Refusal{Code: CodeWholeAndShared, Message: "the pod asks for whole GPUs and a shared slice: use one or the other"}
 	case out.Peak.Whole > allocator.MaxGPUsPerNode:
 		return out, &Refusal{Code: CodeTooManyGPUs, Message: fmt.Sprintf("the pod asks for %d GPUs, at most %d per node", out.Peak.Whole, allocator.MaxGPUsPerNode)}
-	case out.Peak.Cores > api.CoresPerGPU:
+	case countSet && !shared:
+		return out, &Refusal{Code: CodeGPUCountWithoutSlice, Message: fmt.Sprintf("annotation %s splits shared slices (%s, %s) over several GPUs, and the pod asks for none: remove it, or ask for %s for whole GPUs", api.AnnotationGPUCount, api.ResourceGPUMemory, api.ResourceGPUCore, api.ResourceGPU)}
+	case out.Peak.Cores > api.CoresPerGPU*int64(n):
+		if n > 1 {
+			return out, &Refusal{Code: CodeCoresAboveGPU, Message: fmt.Sprintf("the pod's containers ask for %d %s together over %d GPUs, %d on each, more than one GPU's %d", out.Peak.Cores, api.ResourceGPUCore, n, out.Peak.Cores/int64(n), api.CoresPerGPU)}
+		}
 		return out, &Refusal{Code: CodeCoresAboveGPU, Message: fmt.Sprintf("the pod's containers ask for %d %s together, more than one GPU's %d", out.Peak.Cores, api.ResourceGPUCore, api.CoresPerGPU)}
 	}
 	return out, nil

@@ -3,8 +3,10 @@
 // assignment checks all ask it the same questions and get the same answers:
 //
 //   - What a pod asks for (ParsePod): per container, whole GPUs
-//     (tessera.dev/gpu) or a slice of one GPU (tessera.dev/gpu-memory units,
-//     tessera.dev/gpu-core percent); a request defaults to the limit. The pod
+//     (tessera.dev/gpu) or a slice (tessera.dev/gpu-memory units,
+//     tessera.dev/gpu-core percent) of one GPU, or split evenly over the
+//     pod's tessera.dev/gpu-count GPUs (PerGPU, SharesPerGPU); a request
+//     defaults to the limit. The pod
 //     holds, at its peak, what the kubelet and kube-scheduler count
 //     (KEP-753): regular containers and restartable init containers
 //     (sidecars) add up, a regular init container runs alone beside the
@@ -30,6 +32,10 @@
 //     (CheckAssignment) and whether a shared assignment gives a container
 //     no more than it holds (GrantSlice).
 //   - What a pod counts against its namespace's quota (QuotaUse).
+//   - Multi-GPU slices (multigpu.go): the even split, the GPU count
+//     against the node (CheckCount), the MPS group rule (Groups: a GPU is
+//     under one MPS daemon, whose clients all hold slices of all its GPUs)
+//     and the choice of a slice's GPUs under it (ChooseGPUs).
 //
 // Every refusal is a *Refusal with a Code; callers format it, they do not
 // decide again. The package does no I/O.

@@ -47,6 +47,12 @@ func podOf(inits []corev1.Container, cs ...corev1.Container) *corev1.Pod {
 	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns"}, Spec: corev1.PodSpec{InitContainers: inits, Containers: cs}}
 }
 
+// counted sets the pod's api.AnnotationGPUCount.
+func counted(p *corev1.Pod, n string) *corev1.Pod {
+	p.Annotations = map[string]string{api.AnnotationGPUCount: n}
+	return p
+}
+
 func TestParsePod(t *testing.T) {
 	cpuMem := ctr("main", 0, 0, 0)
 	cpuMem.Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1500m"), corev1.ResourceMemory: resource.MustParse("1Gi")}
@@ -107,6 +113,25 @@ func TestParsePod(t *testing.T) {
 		{name: "fractional GPU", pod: podOf(nil, withQ(ctr("main", 0, 0, 0), api.ResourceGPU, "500m")), code: CodeInvalidQuantity},
 		{name: "fractional memory", pod: podOf(nil, withQ(ctr("main", 0, 0, 10), api.ResourceGPUMemory, "1.5")), code: CodeInvalidQuantity},
 		{name: "negative cores", pod: podOf(nil, withQ(ctr("main", 0, 1, 0), api.ResourceGPUCore, "-5")), code: CodeInvalidQuantity},
+
+		// Multi-GPU slices.
+		{name: "gpu-count 2 splits 16 units and 40 cores", pod: counted(podOf(nil, ctr("main", 0, 16, 40)), "2"),
+			want: Pod{Containers: []Container{{Name: "main", MemUnits: 16, Cores: 40}}, Peak: Units{MemUnits: 16, Cores: 40}, GPUCount: 2}},
+		{name: "gpu-count 1 is a slice of one GPU", pod: counted(podOf(nil, ctr("main", 0, 3, 30)), "1"),
+			want: Pod{Containers: []Container{{Name: "main", MemUnits: 3, Cores: 30}}, Peak: Units{MemUnits: 3, Cores: 30}}},
+		{name: "gpu-count 4: up to 100 cores on each GPU", pod: counted(podOf(nil, ctr("a", 0, 8, 200), ctr("b", 0, 4, 200)), "4"),
+			want: Pod{Containers: []Container{{Name: "a", MemUnits: 8, Cores: 200}, {Name: "b", MemUnits: 4, Cores: 200}}, Peak: Units{MemUnits: 12, Cores: 400}, GPUCount: 4}},
+		{name: "gpu-count 2: 101 cores on each GPU", pod: counted(podOf(nil, ctr("main", 0, 2, 202)), "2"), code: CodeCoresAboveGPU},
+		{name: "gpu-count 2: two containers above 100 cores per GPU", pod: counted(podOf(nil, ctr("a", 0, 2, 120), ctr("b", 0, 2, 100)), "2"), code: CodeCoresAboveGPU},
+		{name: "gpu-count 2: odd memory", pod: counted(podOf(nil, ctr("main", 0, 3, 40)), "2"), code: CodeGPUCountUneven},
+		{name: "gpu-count 2: odd cores", pod: counted(podOf(nil, ctr("main", 0, 2, 15)), "2"), code: CodeGPUCountUneven},
+		{name: "gpu-count 2: a sidecar that does not split", pod: counted(podOf([]corev1.Container{sidecar(ctr("side", 0, 1, 0))}, ctr("main", 0, 2, 20)), "2"), code: CodeGPUCountUneven},
+		{name: "gpu-count 0", pod: counted(podOf(nil, ctr("main", 0, 2, 20)), "0"), code: CodeInvalidGPUCount},
+		{name: "gpu-count 17", pod: counted(podOf(nil, ctr("main", 0, 34, 34)), "17"), code: CodeInvalidGPUCount},
+		{name: "gpu-count not an integer", pod: counted(podOf(nil, ctr("main", 0, 2, 20)), "two"), code: CodeInvalidGPUCount},
+		{name: "gpu-count on whole GPUs", pod: counted(podOf(nil, ctr("main", 2, 0, 0)), "2"), code: CodeGPUCountWithoutSlice},
+		{name: "gpu-count 1 on a CPU-only pod", pod: counted(podOf(nil, cpuMem), "1"), code: CodeGPUCountWithoutSlice},
+		{name: "gpu-count on MIG instances", pod: counted(podOf(nil, withQ(ctr("main", 0, 0, 0), api.MIGResource("1g.5gb"), "1")), "2"), code: CodeGPUCountWithoutSlice},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -120,6 +145,9 @@ func TestParsePod(t *testing.T) {
 			}
 			if err != nil {
 				t.Fatalf("ParsePod() error = %v", err)
+			}
+			if tc.want.GPUCount == 0 {
+				tc.want.GPUCount = 1
 			}
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("ParsePod() mismatch (-want +got):\n%s", diff)
@@ -258,11 +286,17 @@ func TestChecks(t *testing.T) {
 		{"slice fits exactly", FitSlice(c, Amount{5120, 50}, Amount{5120, 50}), ""},
 		{"memory over", FitSlice(c, Amount{5120, 0}, Amount{5121, 0}), CodeMemoryOvercommitted},
 		{"cores over", FitSlice(c, Amount{0, 90}, Amount{1, 11}), CodeCoresOvercommitted},
-		{"100 core devices", CheckDevices(api.ResourceGPUCore, 100, 40), ""},
-		{"101 core devices", CheckDevices(api.ResourceGPUCore, 101, 40), CodeCoresAboveGPU},
-		{"memory devices of the largest GPU", CheckDevices(api.ResourceGPUMemory, 40, 40), ""},
-		{"memory devices above any GPU", CheckDevices(api.ResourceGPUMemory, 41, 40), CodeSliceTooLarge},
-		{"whole devices are not limited here", CheckDevices(api.ResourceGPU, 8, 40), ""},
+		{"100 core devices on one GPU", CheckDevices(api.ResourceGPUCore, 100, 40, 1), ""},
+		{"101 core devices on one GPU", CheckDevices(api.ResourceGPUCore, 101, 40, 1), CodeCoresAboveGPU},
+		{"101 core devices on two GPUs (a multi-GPU slice)", CheckDevices(api.ResourceGPUCore, 101, 40, 2), ""},
+		{"201 core devices on two GPUs", CheckDevices(api.ResourceGPUCore, 201, 40, 2), CodeCoresAboveGPU},
+		{"no node-less bound below one GPU", CheckDevices(api.ResourceGPUCore, 100, 40, 0), ""},
+		{"memory devices of the largest GPU", CheckDevices(api.ResourceGPUMemory, 40, 40, 1), ""},
+		{"memory devices above any GPU", CheckDevices(api.ResourceGPUMemory, 41, 40, 1), CodeSliceTooLarge},
+		{"memory devices of four GPUs", CheckDevices(api.ResourceGPUMemory, 160, 40, 4), ""},
+		{"memory devices above four GPUs", CheckDevices(api.ResourceGPUMemory, 161, 40, 4), CodeSliceTooLarge},
+		{"at most 16 GPUs count", CheckDevices(api.ResourceGPUCore, 1601, 40, 64), CodeCoresAboveGPU},
+		{"whole devices are not limited here", CheckDevices(api.ResourceGPU, 8, 40, 1), ""},
 		{"container: whole and shared", Container{Whole: 1, Cores: 1}.Check(), CodeWholeAndShared},
 		{"container: 101 cores", Container{MemUnits: 1, Cores: 101}.Check(), CodeCoresAboveGPU},
 	}

@@ -35,6 +35,20 @@ const (
 	// CodeAssignmentDisagrees: an assignment gives a container what it
 	// does not ask for, or more than it holds.
 	CodeAssignmentDisagrees Code = "assignment-disagrees"
+	// CodeInvalidGPUCount: api.AnnotationGPUCount is not a count of
+	// 1..api.MaxGPUCount.
+	CodeInvalidGPUCount Code = "invalid-gpu-count"
+	// CodeGPUCountWithoutSlice: api.AnnotationGPUCount on a pod that asks
+	// for no shared slice (whole GPUs, MIG instances or no GPU).
+	CodeGPUCountWithoutSlice Code = "gpu-count-without-slice"
+	// CodeGPUCountUneven: a shared container's memory units or cores do
+	// not split evenly over its GPU count.
+	CodeGPUCountUneven Code = "gpu-count-uneven"
+	// CodeGPUCountAboveNode: more GPUs than the node has for slices.
+	CodeGPUCountAboveNode Code = "gpu-count-above-node"
+	// CodeMPSGroup: the slice's GPUs are under the MPS daemon of another
+	// set of GPUs (the group rule, multigpu.go).
+	CodeMPSGroup Code = "mps-group-conflict"
 )
 
 // Refusal is a typed "no": what is refused (Code), for which container

@@ -149,21 +149,25 @@ func FitSlice(c, used, want Amount) *Refusal {
 }
 
 // CheckDevices checks a container's n devices of one Tessera resource r,
-// all a device plugin's Allocate sees of it, on a node whose largest GPU
-// advertises maxMemUnits memory units: no more than one GPU's cores, no
-// more memory than any GPU shares. (Whole GPUs and a slice in one
-// container cannot be seen there: the kubelet allocates each resource on
-// its own; the extender refuses such pods at filter, the NRI plugin at
-// creation.)
-func CheckDevices(r corev1.ResourceName, n, maxMemUnits int64) *Refusal {
+// all a device plugin's Allocate sees of it, on a node of gpus GPUs whose
+// largest GPU advertises maxMemUnits memory units: no more cores or memory
+// than the node's GPUs could serve together. Allocate does not know the
+// pod, so it cannot know its GPU count (api.AnnotationGPUCount): a
+// container may hold up to one GPU's share on each of up to
+// min(gpus, api.MaxGPUCount) GPUs. The pod's own rules (one GPU's cores
+// per GPU, an even split) are the extender's at filter and the NRI
+// plugin's at creation. (Whole GPUs and a slice in one container cannot be
+// seen there either: the kubelet allocates each resource on its own.)
+func CheckDevices(r corev1.ResourceName, n, maxMemUnits, gpus int64) *Refusal {
+	spread := max(1, min(gpus, api.MaxGPUCount))
 	switch r {
 	case api.ResourceGPUCore:
-		if n > api.CoresPerGPU {
-			return &Refusal{Code: CodeCoresAboveGPU, Message: fmt.Sprintf("%d %s units, more than one GPU's %d: ask for %s instead", n, api.ResourceGPUCore, api.CoresPerGPU, api.ResourceGPU)}
+		if n > api.CoresPerGPU*spread {
+			return &Refusal{Code: CodeCoresAboveGPU, Message: fmt.Sprintf("%d %s units, more than the node's %d GPUs' %d: ask for %s instead", n, api.ResourceGPUCore, spread, api.CoresPerGPU*spread, api.ResourceGPU)}
 		}
 	case api.ResourceGPUMemory:
-		if n > maxMemUnits {
-			return &Refusal{Code: CodeSliceTooLarge, Message: fmt.Sprintf("%d %s units, more than any GPU of the node shares (%d)", n, api.ResourceGPUMemory, maxMemUnits)}
+		if n > maxMemUnits*spread {
+			return &Refusal{Code: CodeSliceTooLarge, Message: fmt.Sprintf("%d %s units, more than the node's %d GPUs share together (%d each)", n, api.ResourceGPUMemory, spread, maxMemUnits)}
 		}
 	}
 	return nil

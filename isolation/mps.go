@@ -1,8 +1,10 @@
 // Package isolation enforces what the NRI plugin decided for shared GPUs:
 //
-//   - MPS runs and supervises one MPS control daemon per GPU with shared
-//     tenants (own pipe and log directories, the GPU in exclusive-process
-//     compute mode), and stops it when the GPU has no shared tenant left.
+//   - MPS runs and supervises one MPS control daemon per MPS group with
+//     shared tenants: a GPU alone, or the set of GPUs of multi-GPU slices
+//     (gpureq's group rule: a GPU is under at most one daemon). Each has
+//     its own pipe and log directories, its GPUs in exclusive-process
+//     compute mode; it is stopped when the group has no shared tenant left.
 //     Containers reach it through the pipe directory the NRI plugin mounts;
 //     CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
 //     make the MPS server cap their memory and SMs.
@@ -15,6 +17,8 @@ package isolation
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -30,6 +34,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
 )
 
 // DefaultMPSBinary is NVIDIA's MPS control program.
@@ -49,7 +54,7 @@ type ComputeModeSetter interface {
 type MPSConfig struct {
 	// Binary is the MPS control program (DefaultMPSBinary when empty).
 	Binary string
-	// PipeBase and LogBase hold one directory per GPU UUID.
+	// PipeBase and LogBase hold one directory per MPS group (DirName).
 	PipeBase, LogBase string
 	// ComputeMode sets the GPUs' compute mode; required.
 	ComputeMode ComputeModeSetter
@@ -68,7 +73,8 @@ type MPSConfig struct {
 	ProcRoot string
 }
 
-// MPS runs one supervised MPS control daemon per shared GPU.
+// MPS runs one supervised MPS control daemon per MPS group (a GPU alone or
+// the GPUs of multi-GPU slices) with shared tenants.
 type MPS struct {
 	cfg MPSConfig
 
@@ -77,7 +83,9 @@ type MPS struct {
 }
 
 type daemon struct {
-	gpu     api.GPURef
+	// key is the group's gpureq.GroupKey; gpus its GPUs by index.
+	key     string
+	gpus    []api.GPURef
 	pipeDir string
 	logDir  string
 
@@ -115,14 +123,28 @@ func NewMPS(cfg MPSConfig) (*MPS, error) {
 	return &MPS{cfg: cfg, daemons: map[string]*daemon{}}, nil
 }
 
-// PipeDir is the pipe directory of a GPU's daemon: the NRI plugin mounts it
-// into the GPU's shared containers.
-func (m *MPS) PipeDir(uuid string) string { return filepath.Join(m.cfg.PipeBase, uuid) }
+// DirName is the name of the pipe and log directories of the daemon of the
+// group key (gpureq.GroupKey): a GPU's UUID for a GPU alone; "set-" and 16
+// hex digits of the key's SHA-256 for a set of GPUs (a unix socket path is
+// at most 107 bytes: the UUIDs of a set would not fit).
+func DirName(key string) string {
+	if !strings.Contains(key, ",") {
+		return key
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "set-" + hex.EncodeToString(sum[:8])
+}
 
-// LogDir is the log directory of a GPU's daemon.
-func (m *MPS) LogDir(uuid string) string { return filepath.Join(m.cfg.LogBase, uuid) }
+// PipeDir is the pipe directory of the daemon of group key
+// (gpureq.GroupKey): the NRI plugin mounts it into the group's shared
+// containers.
+func (m *MPS) PipeDir(key string) string { return filepath.Join(m.cfg.PipeBase, DirName(key)) }
 
-// Running lists the UUIDs of the GPUs with a daemon, sorted.
+// LogDir is the log directory of the daemon of group key.
+func (m *MPS) LogDir(key string) string { return filepath.Join(m.cfg.LogBase, DirName(key)) }
+
+// Running lists the group keys with a daemon, sorted (a GPU alone: its
+// UUID).
 func (m *MPS) Running() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -134,47 +156,93 @@ func (m *MPS) Running() []string {
 	return out
 }
 
-// Sync makes the daemons match gpus, the GPUs with shared tenants: it stops
-// the daemons of the other GPUs and starts the missing ones (each started
-// daemon accepts clients when Sync returns). Errors of several GPUs are
-// joined; a GPU whose daemon failed to start has none.
-func (m *MPS) Sync(ctx context.Context, gpus []api.GPURef) error {
+// Sync makes the daemons match groups, the MPS groups with shared tenants
+// (each the GPUs one daemon serves: a GPU alone, or the GPUs of multi-GPU
+// slices): it stops the daemons of the other groups and starts the missing
+// ones (each started daemon accepts clients when Sync returns). A GPU is
+// under at most one daemon: a group that shares a GPU with a running
+// daemon it is not, or with another group of groups, is refused (the
+// group rule of package gpureq keeps the ledger from asking that). Errors
+// of several groups are joined; a group whose daemon failed to start has
+// none.
+func (m *MPS) Sync(ctx context.Context, groups [][]api.GPURef) error {
 	logger := klog.FromContext(ctx).WithName("mps")
-	want := map[string]api.GPURef{}
-	for _, g := range gpus {
-		want[g.UUID] = g
+	want := map[string][]api.GPURef{}
+	for _, g := range groups {
+		if len(g) == 0 {
+			continue
+		}
+		gpus := append([]api.GPURef(nil), g...)
+		sort.Slice(gpus, func(i, j int) bool { return gpus[i].Index < gpus[j].Index })
+		want[gpureq.GroupKey(uuidsOf(gpus))] = gpus
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var errs []error
-	for uuid, d := range m.daemons {
-		if _, ok := want[uuid]; ok {
+	for key, d := range m.daemons {
+		if _, ok := want[key]; ok {
 			continue
 		}
-		logger.Info("Stopping the MPS daemon of a GPU without shared tenants", "gpu", uuid)
+		logger.Info("Stopping the MPS daemon of a group without shared tenants", "gpus", key)
 		if err := m.stop(d); err != nil {
 			errs = append(errs, err)
 		}
-		delete(m.daemons, uuid)
+		delete(m.daemons, key)
 	}
-	var uuids []string
-	for u := range want {
-		uuids = append(uuids, u)
+	under := map[string]string{} // GPU UUID -> the key of its daemon
+	for key, d := range m.daemons {
+		for _, g := range d.gpus {
+			under[g.UUID] = key
+		}
 	}
-	sort.Strings(uuids)
-	for _, u := range uuids {
-		if _, ok := m.daemons[u]; ok {
+	var keys []string
+	for k := range want {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, key := range keys {
+		if _, ok := m.daemons[key]; ok {
 			continue
 		}
-		d, err := m.start(logger, want[u])
+		var clash error
+		for _, g := range want[key] {
+			if other, ok := under[g.UUID]; ok {
+				clash = fmt.Errorf("MPS daemon of GPUs [%s]: GPU %s is already under the daemon of [%s]; a GPU is under one daemon at a time", key, g.UUID, other)
+				break
+			}
+		}
+		if clash != nil {
+			errs = append(errs, clash)
+			continue
+		}
+		d, err := m.start(logger, key, want[key])
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		m.daemons[u] = d
-		logger.Info("Started the MPS daemon", "gpu", u, "index", want[u].Index, "pipeDir", d.pipeDir)
+		m.daemons[key] = d
+		for _, g := range d.gpus {
+			under[g.UUID] = key
+		}
+		logger.Info("Started the MPS daemon", "gpus", key, "pipeDir", d.pipeDir)
 	}
 	return errors.Join(errs...)
+}
+
+func uuidsOf(gpus []api.GPURef) []string {
+	out := make([]string, len(gpus))
+	for i, g := range gpus {
+		out[i] = g.UUID
+	}
+	return out
+}
+
+// name names the daemon in errors: its GPU, or its GPUs.
+func (d *daemon) name() string {
+	if len(d.gpus) == 1 {
+		return "GPU " + d.gpus[0].UUID
+	}
+	return "GPUs [" + d.key + "]"
 }
 
 // Stop stops every daemon.
@@ -191,41 +259,44 @@ func (m *MPS) Stop() error {
 
 func (m *MPS) env(d *daemon) []string {
 	return append(os.Environ(),
-		"CUDA_VISIBLE_DEVICES="+d.gpu.UUID,
+		"CUDA_VISIBLE_DEVICES="+strings.Join(uuidsOf(d.gpus), ","),
 		api.EnvMPSPipeDirectory+"="+d.pipeDir,
 		"CUDA_MPS_LOG_DIRECTORY="+d.logDir,
 	)
 }
 
-func (m *MPS) start(logger klog.Logger, g api.GPURef) (*daemon, error) {
-	d := &daemon{gpu: g, pipeDir: m.PipeDir(g.UUID), logDir: m.LogDir(g.UUID), stopped: make(chan struct{})}
+func (m *MPS) start(logger klog.Logger, key string, gpus []api.GPURef) (*daemon, error) {
+	d := &daemon{key: key, gpus: gpus, pipeDir: m.PipeDir(key), logDir: m.LogDir(key), stopped: make(chan struct{})}
 	for _, dir := range []string{d.pipeDir, d.logDir} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, fmt.Errorf("MPS daemon of GPU %s: %w", g.UUID, err)
+			return nil, fmt.Errorf("MPS daemon of %s: %w", d.name(), err)
 		}
 	}
-	if err := m.cfg.ComputeMode.SetComputeMode(g.Index, true); err != nil {
-		return nil, fmt.Errorf("MPS daemon of GPU %s: setting exclusive-process compute mode: %w", g.UUID, err)
+	for i, g := range gpus {
+		if err := m.cfg.ComputeMode.SetComputeMode(g.Index, true); err != nil {
+			m.resetComputeMode(logger, gpus[:i])
+			return nil, fmt.Errorf("MPS daemon of %s: setting exclusive-process compute mode on GPU %s: %w", d.name(), g.UUID, err)
+		}
 	}
 	if pid := m.adoptable(d); pid > 0 {
 		// Its clients keep their server across the agent's restart.
-		logger.Info("Adopting the running MPS daemon of a previous agent", "gpu", g.UUID, "pid", pid)
+		logger.Info("Adopting the running MPS daemon of a previous agent", "gpus", key, "pid", pid)
 		m.adopt(d, pid)
-		go m.supervise(logger.WithValues("gpu", g.UUID), d)
+		go m.supervise(logger.WithValues("gpus", key), d)
 		return d, nil
 	}
 	// A control pipe left by a daemon that died must not pass for ours.
 	os.Remove(filepath.Join(d.pipeDir, ControlPipe))
 	if err := m.launch(d); err != nil {
-		m.resetComputeMode(logger, g)
+		m.resetComputeMode(logger, gpus)
 		return nil, err
 	}
 	if err := m.waitReady(d); err != nil {
 		m.kill(d)
-		m.resetComputeMode(logger, g)
+		m.resetComputeMode(logger, gpus)
 		return nil, err
 	}
-	go m.supervise(logger.WithValues("gpu", g.UUID), d)
+	go m.supervise(logger.WithValues("gpus", key), d)
 	return d, nil
 }
 
@@ -236,7 +307,7 @@ func (m *MPS) launch(d *daemon) error {
 	// Its own process group: signals meant for the agent do not reach it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("MPS daemon of GPU %s: starting %s: %w", d.gpu.UUID, m.cfg.Binary, err)
+		return fmt.Errorf("MPS daemon of %s: starting %s: %w", d.name(), m.cfg.Binary, err)
 	}
 	exited := make(chan struct{})
 	go func() {
@@ -250,7 +321,7 @@ func (m *MPS) launch(d *daemon) error {
 	// start a second one on the same pipe directory.
 	pidFile := filepath.Join(d.logDir, mpsPidFile)
 	if err := os.WriteFile(pidFile, []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o644); err != nil {
-		return fmt.Errorf("MPS daemon of GPU %s: writing %s: %w", d.gpu.UUID, pidFile, err)
+		return fmt.Errorf("MPS daemon of %s: writing %s: %w", d.name(), pidFile, err)
 	}
 	return nil
 }
@@ -259,7 +330,7 @@ func (m *MPS) launch(d *daemon) error {
 // pipe directory, no container sees).
 const mpsPidFile = "tessera-mps-control.pid"
 
-// adoptable returns the PID of a daemon of d's GPU that a previous agent
+// adoptable returns the PID of a daemon of d's group that a previous agent
 // started and that still serves the pipe directory, or 0.
 func (m *MPS) adoptable(d *daemon) int {
 	b, err := os.ReadFile(filepath.Join(d.logDir, mpsPidFile))
@@ -321,9 +392,9 @@ func (m *MPS) waitReady(d *daemon) error {
 		}
 		select {
 		case <-exited:
-			return fmt.Errorf("MPS daemon of GPU %s exited before it accepted clients (see %s)", d.gpu.UUID, d.logDir)
+			return fmt.Errorf("MPS daemon of %s exited before it accepted clients (see %s)", d.name(), d.logDir)
 		case <-deadline.C:
-			return fmt.Errorf("MPS daemon of GPU %s: no control pipe in %s after %s", d.gpu.UUID, d.pipeDir, m.cfg.StartTimeout)
+			return fmt.Errorf("MPS daemon of %s: no control pipe in %s after %s", d.name(), d.pipeDir, m.cfg.StartTimeout)
 		case <-tick.C:
 		}
 	}
@@ -361,7 +432,9 @@ func (m *MPS) supervise(logger klog.Logger, d *daemon) {
 				d.mu.Lock()
 				d.restarts++
 				d.mu.Unlock()
-				m.cfg.Metrics.observeMPSRestart(d.gpu.UUID)
+				for _, g := range d.gpus {
+					m.cfg.Metrics.observeMPSRestart(g.UUID)
+				}
 				logger.Info("Restarted the MPS daemon")
 				break
 			}
@@ -372,8 +445,8 @@ func (m *MPS) supervise(logger klog.Logger, d *daemon) {
 }
 
 // stop asks the daemon to quit (echo quit | nvidia-cuda-mps-control), kills
-// it when it does not in time, and puts the GPU back in the default compute
-// mode.
+// it when it does not in time, and puts its GPUs back in the default
+// compute mode.
 func (m *MPS) stop(d *daemon) error {
 	d.mu.Lock()
 	d.stopping = true
@@ -399,10 +472,12 @@ func (m *MPS) stop(d *daemon) error {
 	}
 	var errs []error
 	if quitErr != nil {
-		errs = append(errs, fmt.Errorf("asking the MPS daemon of GPU %s to quit: %w", d.gpu.UUID, quitErr))
+		errs = append(errs, fmt.Errorf("asking the MPS daemon of %s to quit: %w", d.name(), quitErr))
 	}
-	if err := m.cfg.ComputeMode.SetComputeMode(d.gpu.Index, false); err != nil {
-		errs = append(errs, fmt.Errorf("GPU %s: restoring the default compute mode: %w", d.gpu.UUID, err))
+	for _, g := range d.gpus {
+		if err := m.cfg.ComputeMode.SetComputeMode(g.Index, false); err != nil {
+			errs = append(errs, fmt.Errorf("GPU %s: restoring the default compute mode: %w", g.UUID, err))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -419,9 +494,11 @@ func (m *MPS) kill(d *daemon) {
 	<-exited
 }
 
-func (m *MPS) resetComputeMode(logger klog.Logger, g api.GPURef) {
-	if err := m.cfg.ComputeMode.SetComputeMode(g.Index, false); err != nil {
-		logger.Error(err, "Restoring the default compute mode", "gpu", g.UUID)
+func (m *MPS) resetComputeMode(logger klog.Logger, gpus []api.GPURef) {
+	for _, g := range gpus {
+		if err := m.cfg.ComputeMode.SetComputeMode(g.Index, false); err != nil {
+			logger.Error(err, "Restoring the default compute mode", "gpu", g.UUID)
+		}
 	}
 }
 

@@ -125,7 +125,7 @@ func TestMPSDaemonLifecycle(t *testing.T) {
 	m := newTestMPS(t, cm, metrics)
 
 	// First tenant on GPU 5: one daemon, exclusive-process mode first.
-	if err := m.Sync(ctx, []api.GPURef{gpu5}); err != nil {
+	if err := m.Sync(ctx, [][]api.GPURef{{gpu5}}); err != nil {
 		t.Fatalf("Sync: %v", err)
 	}
 	if diff := cmp.Diff([]string{gpu5.UUID}, m.Running()); diff != "" {
@@ -143,7 +143,7 @@ func TestMPSDaemonLifecycle(t *testing.T) {
 	}
 
 	// A second GPU: GPU 5's daemon is left as it is.
-	if err := m.Sync(ctx, []api.GPURef{gpu6, gpu5}); err != nil {
+	if err := m.Sync(ctx, [][]api.GPURef{{gpu6}, {gpu5}}); err != nil {
 		t.Fatalf("Sync: %v", err)
 	}
 	if diff := cmp.Diff([]string{gpu5.UUID, gpu6.UUID}, m.Running()); diff != "" {
@@ -170,7 +170,7 @@ func TestMPSDaemonLifecycle(t *testing.T) {
 
 	// GPU 5 loses its last tenant: its daemon is told to quit and the GPU
 	// goes back to the default compute mode.
-	if err := m.Sync(ctx, []api.GPURef{gpu6}); err != nil {
+	if err := m.Sync(ctx, [][]api.GPURef{{gpu6}}); err != nil {
 		t.Fatalf("Sync: %v", err)
 	}
 	if diff := cmp.Diff([]string{gpu6.UUID}, m.Running()); diff != "" {
@@ -206,7 +206,7 @@ func TestMPSStartFailures(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(m.LogDir(gpu5.UUID), "fail"), nil, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		err := m.Sync(ctx, []api.GPURef{gpu5})
+		err := m.Sync(ctx, [][]api.GPURef{{gpu5}})
 		if err == nil || !strings.Contains(err.Error(), gpu5.UUID) || !strings.Contains(err.Error(), "exited before it accepted clients") {
 			t.Fatalf("Sync error %v; want one naming the GPU and the early exit", err)
 		}
@@ -220,7 +220,7 @@ func TestMPSStartFailures(t *testing.T) {
 
 	t.Run("compute mode cannot be set", func(t *testing.T) {
 		m := newTestMPS(t, &fakeComputeMode{fail: errors.New("insufficient permissions")}, nil)
-		err := m.Sync(ctx, []api.GPURef{gpu5})
+		err := m.Sync(ctx, [][]api.GPURef{{gpu5}})
 		if err == nil || !strings.Contains(err.Error(), "insufficient permissions") {
 			t.Fatalf("Sync error %v; want the compute mode failure", err)
 		}
@@ -236,7 +236,7 @@ func TestMPSStartFailures(t *testing.T) {
 		cm := &fakeComputeMode{}
 		m := newTestMPS(t, cm, nil)
 		m.cfg.Binary = filepath.Join(t.TempDir(), "nvidia-cuda-mps-control")
-		if err := m.Sync(ctx, []api.GPURef{gpu5}); err == nil {
+		if err := m.Sync(ctx, [][]api.GPURef{{gpu5}}); err == nil {
 			t.Fatal("Sync succeeded without a daemon binary")
 		}
 		if diff := cmp.Diff([]string{"5=exclusive-process", "5=default"}, cm.take()); diff != "" {
@@ -337,7 +337,7 @@ func TestMPSAdoptsRunningDaemon(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if err := m.Sync(ctx, []api.GPURef{gpu5}); err != nil {
+	if err := m.Sync(ctx, [][]api.GPURef{{gpu5}}); err != nil {
 		t.Fatalf("Sync: %v", err)
 	}
 	if n := len(readLines(t, filepath.Join(log, "started"))); n != 1 {
@@ -357,7 +357,7 @@ func TestMPSAdoptsRunningDaemon(t *testing.T) {
 	}
 
 	// Its pid file now names a process that is gone: a new daemon starts.
-	if err := m.Sync(ctx, []api.GPURef{gpu5}); err != nil {
+	if err := m.Sync(ctx, [][]api.GPURef{{gpu5}}); err != nil {
 		t.Fatalf("Sync: %v", err)
 	}
 	if n := len(readLines(t, filepath.Join(log, "started"))); n != 2 {
@@ -400,5 +400,64 @@ func TestNVMLUtilization(t *testing.T) {
 	ret = nvml.ERROR_NOT_SUPPORTED
 	if _, err := u.ProcessUtilization(0); err == nil {
 		t.Error("an NVML failure yielded no error")
+	}
+}
+
+// A multi-GPU slice's GPUs are served by one daemon for the set: it sees
+// every GPU of the set, each in exclusive-process mode, under a pipe
+// directory of its own; a GPU is never under two daemons, and the set's
+// daemon stops (both GPUs back to the default mode) with its last tenant.
+func TestMPSGroupDaemon(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	cm := &fakeComputeMode{}
+	m := newTestMPS(t, cm, nil)
+	set := []api.GPURef{gpu6, gpu5} // any order: the daemon orders by index
+	key := gpu5.UUID + "," + gpu6.UUID
+
+	if err := m.Sync(ctx, [][]api.GPURef{set}); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Running(); !cmp.Equal(got, []string{key}) {
+		t.Fatalf("running %v, want the set's one daemon %q", got, key)
+	}
+	if got, want := cm.take(), []string{"5=exclusive-process", "6=exclusive-process"}; !cmp.Equal(got, want) {
+		t.Errorf("compute mode calls %v, want %v", got, want)
+	}
+	pipe := m.PipeDir(key)
+	if base := filepath.Base(pipe); !strings.HasPrefix(base, "set-") || len(base) != len("set-")+16 {
+		t.Errorf("pipe directory %s: want set-<16 hex digits>", pipe)
+	}
+	if m.PipeDir(gpu5.UUID) == pipe || filepath.Base(m.PipeDir(gpu5.UUID)) != gpu5.UUID {
+		t.Errorf("GPU 5 alone has pipe directory %s, the set %s", m.PipeDir(gpu5.UUID), pipe)
+	}
+	started := readLines(t, filepath.Join(m.LogDir(key), "started"))
+	if len(started) != 1 || !strings.Contains(started[0], "visible="+gpu5.UUID+","+gpu6.UUID+" pipe="+pipe) {
+		t.Fatalf("daemon start records %q, want one seeing both GPUs by index with pipe %s", started, pipe)
+	}
+
+	// GPU 5 alone and the set at once: refused, the set's daemon kept.
+	err := m.Sync(ctx, [][]api.GPURef{set, {gpu5}})
+	if err == nil || !strings.Contains(err.Error(), "already under") {
+		t.Fatalf("Sync of overlapping groups: %v, want a refusal naming the GPU's daemon", err)
+	}
+	if got := m.Running(); !cmp.Equal(got, []string{key}) {
+		t.Fatalf("running %v after the refused group, want only %q", got, key)
+	}
+	if n := len(readLines(t, filepath.Join(m.LogDir(key), "started"))); n != 1 {
+		t.Errorf("the set's daemon started %d times, want once (never restarted for another group)", n)
+	}
+
+	// The set's last tenant leaves: GPU 5 alone may then get its own.
+	if err := m.Sync(ctx, [][]api.GPURef{{gpu5}}); err != nil {
+		t.Fatal(err)
+	}
+	if q := readLines(t, filepath.Join(m.LogDir(key), "quit")); len(q) != 1 {
+		t.Errorf("the set's daemon quit %d times, want once", len(q))
+	}
+	if got, want := cm.take(), []string{"5=default", "6=default", "5=exclusive-process"}; !cmp.Equal(got, want) {
+		t.Errorf("compute mode calls %v, want %v", got, want)
+	}
+	if got := m.Running(); !cmp.Equal(got, []string{gpu5.UUID}) {
+		t.Errorf("running %v, want GPU 5's own daemon", got)
 	}
 }

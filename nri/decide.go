@@ -1,6 +1,7 @@
 package nri
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -46,9 +47,10 @@ type Options struct {
 	// NonGPU says what to do with containers that hold no Tessera
 	// resource; the zero value hides every GPU from them.
 	NonGPU NonGPU
-	// MPSPipeDir returns the host directory of the MPS pipes of a shared
-	// GPU's control daemon.
-	MPSPipeDir func(uuid string) string
+	// MPSPipeDir returns the host directory of the MPS pipes of the control
+	// daemon of an MPS group (gpureq.GroupKey: a GPU's UUID alone, or the
+	// UUIDs of a multi-GPU slice's GPUs).
+	MPSPipeDir func(group string) string
 	// Policy places the shared slice of a pod that bypassed the scheduler
 	// extender (no assignment for the container).
 	Policy allocator.Policy
@@ -64,6 +66,8 @@ type usage struct {
 	sharedBy    map[string][]Entry
 	sharedMem   map[string]int64
 	sharedCores map[string]int64
+	// groups are the GPUs' MPS groups (gpureq.Groups).
+	groups gpureq.Groups
 }
 
 func ledgerUsage(entries []Entry, except Key) usage {
@@ -79,9 +83,12 @@ func ledgerUsage(entries []Entry, except Key) usage {
 			u.mig[m.UUID] = e
 		}
 		if s := e.Shared; s != nil {
-			u.sharedBy[s.GPU.UUID] = append(u.sharedBy[s.GPU.UUID], e)
-			u.sharedMem[s.GPU.UUID] += s.MemoryMiB
-			u.sharedCores[s.GPU.UUID] += s.Cores
+			for _, g := range s.GPUs() {
+				u.sharedBy[g.UUID] = append(u.sharedBy[g.UUID], e)
+				u.sharedMem[g.UUID] += s.MemoryMiB
+				u.sharedCores[g.UUID] += s.Cores
+			}
+			u.groups.Add(s.UUIDs())
 		}
 	}
 	return u
@@ -110,13 +117,31 @@ func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 	}
 	u := ledgerUsage(node.Ledger, Key{PodUID: pod.UID, Container: ctr.Name})
 
-	// The container's request, as the kubelet allocated it (gpureq's rules).
+	// The container's request, as the kubelet allocated it (gpureq's
+	// rules), split over its GPU count: its assignment's GPUs (Tessera's
+	// sealed decision), or for a slice placed here the pod's
+	// api.AnnotationGPUCount.
 	held := gpureq.Container{Name: ctr.Name, Whole: int64(len(req.Devices.Whole)), MemUnits: int64(req.Devices.MemoryUnits), Cores: int64(req.Devices.CoreUnits)}
-	if r := held.Check(); r != nil {
+	count := 1
+	if held.Shared() {
+		if ca != nil && ca.Shared != nil {
+			count = 1 + len(ca.Shared.Spread)
+		} else if count, _, err = api.GetGPUCount(pod.Annotations); err != nil {
+			return nil, refuse(gpureq.CodeInvalidGPUCount, "", "%v", err)
+		}
+	}
+	per, r := held.PerGPU(count)
+	if r != nil {
+		return nil, refuse(r.Code, "", "the container holds %d %s and %d %s units, which its %d GPUs do not split evenly", held.MemUnits, api.ResourceGPUMemory, held.Cores, api.ResourceGPUCore, count)
+	}
+	if r := per.Check(); r != nil {
 		switch r.Code {
 		case gpureq.CodeWholeAndShared:
-			return nil, refuse(r.Code, "", "the container holds whole GPUs (%s) and shared units (%s, %s) at once; an MPS client sees only its MPS server's GPU, so the two cannot be isolated together: put them in separate containers", api.ResourceGPU, api.ResourceGPUMemory, api.ResourceGPUCore)
+			return nil, refuse(r.Code, "", "the container holds whole GPUs (%s) and shared units (%s, %s) at once; an MPS client sees only its MPS server's GPUs, so the two cannot be isolated together: put them in separate containers", api.ResourceGPU, api.ResourceGPUMemory, api.ResourceGPUCore)
 		case gpureq.CodeCoresAboveGPU:
+			if count > 1 {
+				return nil, refuse(r.Code, "", "the container holds %d %s units over %d GPUs, %d on each, more than one GPU's %d", held.Cores, api.ResourceGPUCore, count, per.Cores, api.CoresPerGPU)
+			}
 			return nil, refuse(r.Code, "", "the container holds %d %s units, more than one GPU's %d", held.Cores, api.ResourceGPUCore, api.CoresPerGPU)
 		default:
 			return nil, refuse(r.Code, "", "%v", r)
@@ -177,61 +202,80 @@ func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 	}
 
 	// Shared slice: the extender's assignment, or a local placement. What
-	// the container holds is its slice resolved on this node
-	// (gpureq.Resolve): a core-only slice gets cores% of the node's slice
-	// base as its memory limit, as the extender sized it.
+	// the container holds on each of its GPUs is its share of one GPU
+	// resolved on this node (gpureq.Resolve): a core-only slice gets cores%
+	// of the node's slice base as its memory limit, as the extender sized
+	// it.
 	var shared *api.SharedGPU
 	placed := false
 	if held.Shared() {
-		entitled := gpureq.Resolve(held, int64(opts.MemoryUnitMiB), sliceBaseMiB(opts, node))
+		entitled := gpureq.Resolve(per, int64(opts.MemoryUnitMiB), sliceBaseMiB(opts, node))
 		var s api.SharedGPU
 		if ca != nil && ca.Shared != nil {
-			g, ok := node.GPU(ca.Shared.GPU.UUID)
-			if !ok {
-				return nil, fail(ca.Shared.GPU.UUID, "assigned by the annotation but not a GPU of this node")
-			}
-			if g.Index != ca.Shared.GPU.Index {
-				return nil, fail(ca.Shared.GPU.UUID, "the assignment says index %d but it is GPU %d on this node", ca.Shared.GPU.Index, g.Index)
+			for _, ref := range ca.Shared.GPUs() {
+				g, ok := node.GPU(ref.UUID)
+				if !ok {
+					return nil, fail(ref.UUID, "assigned by the annotation but not a GPU of this node")
+				}
+				if g.Index != ref.Index {
+					return nil, fail(ref.UUID, "the assignment says index %d but it is GPU %d on this node", ref.Index, g.Index)
+				}
 			}
 			var r *gpureq.Refusal
 			if s, r = gpureq.GrantSlice(*ca.Shared, entitled); r != nil {
+				each := ""
+				if count > 1 {
+					each = fmt.Sprintf(" on each of its %d GPUs", count)
+				}
 				switch {
 				case ca.Shared.MemoryMiB > entitled.MemMiB && held.MemUnits > 0:
-					return nil, refuse(r.Code, s.GPU.UUID, "the assignment gives %d MiB of GPU memory but the kubelet allocated only %d %s units (%d MiB)", r.Asked, held.MemUnits, api.ResourceGPUMemory, r.Capacity)
+					return nil, refuse(r.Code, s.GPU.UUID, "the assignment gives %d MiB of GPU memory%s but the kubelet allocated only %d %s units (%d MiB%s)", r.Asked, each, held.MemUnits, api.ResourceGPUMemory, r.Capacity, each)
 				case ca.Shared.MemoryMiB > entitled.MemMiB:
-					return nil, refuse(r.Code, s.GPU.UUID, "the assignment gives %d MiB of GPU memory but the container's %d %s units without %s entitle it to %d MiB", r.Asked, held.Cores, api.ResourceGPUCore, api.ResourceGPUMemory, r.Capacity)
+					return nil, refuse(r.Code, s.GPU.UUID, "the assignment gives %d MiB of GPU memory%s but the container's %d %s units without %s entitle it to %d MiB%s", r.Asked, each, held.Cores, api.ResourceGPUCore, api.ResourceGPUMemory, r.Capacity, each)
 				default:
-					return nil, refuse(r.Code, s.GPU.UUID, "the assignment gives %d%% of the GPU's compute but the kubelet allocated only %d %s units", r.Asked, r.Capacity, api.ResourceGPUCore)
+					return nil, refuse(r.Code, s.GPU.UUID, "the assignment gives %d%% of the GPU's compute%s but the kubelet allocated only %d %s units%s", r.Asked, each, held.Cores, api.ResourceGPUCore, strings.Replace(each, " on each of", ", "+strconv.FormatInt(r.Capacity, 10)+" on each of", 1))
 				}
 			}
 		} else {
 			if most := largestCapacityMiB(opts, node); entitled.MemMiB > most {
 				return nil, refuse(gpureq.CodeSliceTooLarge, "", "the container's slice of %d MiB is more than any GPU of this node shares (%d MiB)", entitled.MemMiB, most)
 			}
-			g, err := placeShared(opts, node, u, entitled)
+			refs, err := placeShared(opts, node, u, entitled, count)
 			if err != nil {
+				var r *gpureq.Refusal
+				if errors.As(err, &r) {
+					return nil, refuse(r.Code, "", "%v", r)
+				}
 				return nil, fail("", "the pod carries no assignment for the container's shared units and none of this node's GPUs can take them: %v", err)
 			}
-			s = api.SharedGPU{GPU: api.GPURef{UUID: g.UUID, Index: g.Index}, MemoryMiB: entitled.MemMiB, Cores: entitled.Cores}
+			s = api.SharedGPU{GPU: refs[0], MemoryMiB: entitled.MemMiB, Cores: entitled.Cores}
+			if len(refs) > 1 {
+				s.Spread = refs[1:]
+			}
 			placed = true
 		}
-		id := s.GPU.UUID
-		g, _ := node.GPU(id)
-		if g.MIGMode {
-			return nil, fail(id, "in MIG mode: it serves only as its MIG instances, never shared units")
-		}
-		if reason, bad := node.Unhealthy[id]; bad {
-			return nil, fail(id, "unhealthy: %s", reason)
-		}
-		if e, used := u.whole[id]; gpureq.CheckShared(gpureq.GPUUse{Whole: used}) != nil {
-			return nil, refuse(gpureq.CodeGPUUsedWhole, id, "allocated whole to %s and cannot serve shared units", e)
-		}
-		used := gpureq.Amount{MemMiB: u.sharedMem[id], Cores: u.sharedCores[id]}
-		if r := gpureq.FitSlice(sharedCapacity(opts, g), used, gpureq.Amount{MemMiB: s.MemoryMiB, Cores: s.Cores}); r != nil {
-			if r.Code == gpureq.CodeMemoryOvercommitted {
-				return nil, refuse(r.Code, id, "over-committed: %d MiB of its %d shared MiB are in use by %d container(s) and the container asks for %d MiB", r.Used, r.Capacity, len(u.sharedBy[id]), r.Asked)
+		for _, ref := range s.GPUs() {
+			id := ref.UUID
+			g, _ := node.GPU(id)
+			if g.MIGMode {
+				return nil, fail(id, "in MIG mode: it serves only as its MIG instances, never shared units")
 			}
-			return nil, refuse(r.Code, id, "over-committed: %d%% of its compute is in use by %d container(s) and the container asks for %d%%", r.Used, len(u.sharedBy[id]), r.Asked)
+			if reason, bad := node.Unhealthy[id]; bad {
+				return nil, fail(id, "unhealthy: %s", reason)
+			}
+			if e, used := u.whole[id]; gpureq.CheckShared(gpureq.GPUUse{Whole: used}) != nil {
+				return nil, refuse(gpureq.CodeGPUUsedWhole, id, "allocated whole to %s and cannot serve shared units", e)
+			}
+			used := gpureq.Amount{MemMiB: u.sharedMem[id], Cores: u.sharedCores[id]}
+			if r := gpureq.FitSlice(sharedCapacity(opts, g), used, gpureq.Amount{MemMiB: s.MemoryMiB, Cores: s.Cores}); r != nil {
+				if r.Code == gpureq.CodeMemoryOvercommitted {
+					return nil, refuse(r.Code, id, "over-committed: %d MiB of its %d shared MiB are in use by %d container(s) and the container asks for %d MiB", r.Used, r.Capacity, len(u.sharedBy[id]), r.Asked)
+				}
+				return nil, refuse(r.Code, id, "over-committed: %d%% of its compute is in use by %d container(s) and the container asks for %d%%", r.Used, len(u.sharedBy[id]), r.Asked)
+			}
+		}
+		if r := u.groups.Check(s.UUIDs()); r != nil {
+			return nil, refuse(r.Code, s.GPU.UUID, "%v", r)
 		}
 		shared = &s
 	}
@@ -249,8 +293,10 @@ func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 		d.Entry.GPUs = append(d.Entry.GPUs, api.GPURef{UUID: g.UUID, Index: g.Index})
 	}
 	if shared != nil {
-		g, _ := node.GPU(shared.GPU.UUID)
-		gpus = append(gpus, g)
+		for _, ref := range shared.GPUs() {
+			g, _ := node.GPU(ref.UUID)
+			gpus = append(gpus, g)
+		}
 	}
 	var caps []DeviceNode
 	if !opts.CDI && len(mig) > 0 {
@@ -297,34 +343,67 @@ func largestCapacityMiB(opts Options, node *Node) int64 {
 	return most
 }
 
-// placeShared places a shared slice on the node with opts.Policy, the way
-// the scheduler extender would have.
-func placeShared(opts Options, node *Node, u usage, slice gpureq.Amount) (GPU, error) {
-	if opts.Policy == nil {
-		return GPU{}, fmt.Errorf("no local placement policy is configured")
-	}
+// placeShared places a shared slice of count GPUs, slice on each, on the
+// node the way the scheduler extender would have: a slice of one GPU with
+// opts.Policy, a multi-GPU slice with gpureq.ChooseGPUs (the node agent
+// knows no NVLink cliques here: lowest indices first); both under the
+// group rule (gpureq.Groups). It returns the GPUs by index. A refusal of
+// the request model is a *gpureq.Refusal.
+func placeShared(opts Options, node *Node, u usage, slice gpureq.Amount, count int) ([]api.GPURef, error) {
 	n := &allocator.Node{Name: "local"}
+	var cands []gpureq.Candidate
+	sharing := 0
 	for _, g := range node.GPUs {
 		capacity := sharedCapacity(opts, g).MemMiB
 		ag := allocator.GPU{Index: g.Index, MemTotalMiB: capacity}
 		_, unhealthy := node.Unhealthy[g.UUID]
 		_, whole := u.whole[g.UUID]
+		if !unhealthy && !g.MIGMode {
+			sharing++
+		}
+		c := gpureq.Candidate{UUID: g.UUID, Index: g.Index}
 		if !unhealthy && !g.MIGMode && gpureq.CheckShared(gpureq.GPUUse{Whole: whole}) == nil {
 			ag.MemFreeMiB = max(0, capacity-u.sharedMem[g.UUID])
 			ag.MilliFree = max(0, allocator.MilliPerGPU-gpureq.UsedCoresToMilli(u.sharedCores[g.UUID]))
+			used := gpureq.Amount{MemMiB: u.sharedMem[g.UUID], Cores: u.sharedCores[g.UUID]}
+			c.Room = gpureq.FitSlice(sharedCapacity(opts, g), used, slice) == nil
+			c.FreeMiB = ag.MemFreeMiB
+		}
+		c.Group, _ = u.groups.Of(g.UUID)
+		cands = append(cands, c)
+		if u.groups.InSet(g.UUID) {
+			ag.MemFreeMiB, ag.MilliFree = 0, 0 // a slice of one GPU cannot join a set's daemon
 		}
 		n.GPUs = append(n.GPUs, ag)
+	}
+	if count > 1 {
+		if r := gpureq.CheckCount(count, sharing); r != nil {
+			return nil, r
+		}
+		pos, ok := gpureq.ChooseGPUs(cands, count, nil, false)
+		if !ok {
+			return nil, fmt.Errorf("no %d GPUs have %d MiB and %d%% free each and serve no slices of other GPU sets", count, slice.MemMiB, slice.Cores)
+		}
+		out := make([]api.GPURef, len(pos))
+		for i, p := range pos {
+			out[i] = api.GPURef{UUID: node.GPUs[p].UUID, Index: node.GPUs[p].Index}
+		}
+		return out, nil
+	}
+	if opts.Policy == nil {
+		return nil, fmt.Errorf("no local placement policy is configured")
 	}
 	r := allocator.Request{GPUMemMiB: slice.MemMiB, GPUMilli: gpureq.CoresToMilli(slice.Cores)}
 	set, err := allocator.Place(opts.Policy, n, r)
 	if err != nil {
-		return GPU{}, err
+		return nil, err
 	}
 	pos := set.Positions()
 	if len(pos) != 1 {
-		return GPU{}, fmt.Errorf("policy %s chose %d GPUs for one slice", opts.Policy.Name(), len(pos))
+		return nil, fmt.Errorf("policy %s chose %d GPUs for one slice", opts.Policy.Name(), len(pos))
 	}
-	return node.GPUs[pos[0]], nil
+	g := node.GPUs[pos[0]]
+	return []api.GPURef{{UUID: g.UUID, Index: g.Index}}, nil
 }
 
 // sameGPUs checks that the assignment's GPUs are the allocated ones.
@@ -610,10 +689,16 @@ func adjustment(opts Options, node *Node, pod Pod, ctr Container, gpus []GPU, sh
 		EnvVar{api.EnvGPUShared, strconv.FormatBool(shared != nil)},
 	)
 	if shared != nil {
-		// The container sees one GPU: device ordinal 0.
+		// The container sees its slice's GPUs (one, or a multi-GPU
+		// slice's N) as device ordinals 0..N-1, each with the same memory
+		// limit; the thread percentage is per client, the same on each.
+		limits := make([]string, 1+len(shared.Spread))
+		for i := range limits {
+			limits[i] = fmt.Sprintf("%d=%dM", i, shared.MemoryMiB)
+		}
 		a.Env = append(a.Env,
 			EnvVar{api.EnvMPSPipeDirectory, api.MPSPipeMountPath},
-			EnvVar{api.EnvMPSPinnedDeviceMemLimit, fmt.Sprintf("0=%dM", shared.MemoryMiB)},
+			EnvVar{api.EnvMPSPinnedDeviceMemLimit, strings.Join(limits, ",")},
 			EnvVar{api.EnvGPUMemoryLimitMiB, strconv.FormatInt(shared.MemoryMiB, 10)},
 		)
 		if shared.Cores > 0 {
@@ -622,7 +707,7 @@ func adjustment(opts Options, node *Node, pod Pod, ctr Container, gpus []GPU, sh
 				EnvVar{api.EnvGPUCores, strconv.FormatInt(shared.Cores, 10)},
 			)
 		}
-		a.Mounts = append(a.Mounts, Mount{Source: opts.MPSPipeDir(shared.GPU.UUID), Destination: api.MPSPipeMountPath, Options: []string{"rbind", "rw"}})
+		a.Mounts = append(a.Mounts, Mount{Source: opts.MPSPipeDir(gpureq.GroupKey(shared.UUIDs())), Destination: api.MPSPipeMountPath, Options: []string{"rbind", "rw"}})
 	}
 
 	// NUMA alignment.
@@ -640,7 +725,7 @@ func Realign(node *Node, e Entry, cpus string) (alignedCPUs, mems string) {
 	var gpus []GPU
 	refs := append([]api.GPURef(nil), e.GPUs...)
 	if e.Shared != nil {
-		refs = append(refs, e.Shared.GPU)
+		refs = append(refs, e.Shared.GPUs()...)
 	}
 	for _, m := range e.MIG {
 		refs = append(refs, m.GPU)

@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
 	"github.com/tessera-gpu/tessera/internal/podtrust"
 	"github.com/tessera-gpu/tessera/topology"
 )
@@ -55,11 +56,12 @@ type Health interface {
 	Unhealthy() map[string]string
 }
 
-// MPSController runs one MPS control daemon per GPU that has shared
-// tenants: Sync starts those missing for gpus and stops the others.
+// MPSController runs one MPS control daemon per MPS group that has shared
+// tenants (a GPU alone, or the GPUs of multi-GPU slices: gpureq's group
+// rule): Sync starts those missing for groups and stops the others.
 // isolation.MPS implements it.
 type MPSController interface {
-	Sync(ctx context.Context, gpus []api.GPURef) error
+	Sync(ctx context.Context, groups [][]api.GPURef) error
 }
 
 // CPUAssignments says whether the kubelet's CPU manager gave a container
@@ -425,8 +427,7 @@ func (p *Plugin) CreateContainer(ctx context.Context, sandbox *nriapi.PodSandbox
 		logger.Info("Placed the shared slice of a pod that bypassed the scheduler extender", "gpu", d.Entry.Shared.GPU.UUID, "memoryMiB", d.Entry.Shared.MemoryMiB, "cores", d.Entry.Shared.Cores)
 	}
 	if d.Entry.Shared != nil {
-		gpus := sharedGPUs(append(node.Ledger, d.Entry))
-		if err := p.cfg.MPS.Sync(ctx, gpus); err != nil {
+		if err := p.cfg.MPS.Sync(ctx, mpsGroups(append(node.Ledger, d.Entry))); err != nil {
 			err = &DecisionError{Pod: pod.String(), Container: ctr.GetName(), GPU: d.Entry.Shared.GPU.UUID, Reason: fmt.Sprintf("its MPS control daemon is not running, so the container's limits could not be enforced: %v", err)}
 			logger.Error(err, "Container creation refused")
 			p.cfg.Metrics.observeDecision(ResultRefused)
@@ -555,7 +556,7 @@ func (p *Plugin) syncMPS(ctx context.Context) error {
 	defer p.mu.Unlock()
 	entries := p.ledger.Snapshot()
 	p.cfg.Metrics.setLedger(len(entries))
-	return p.cfg.MPS.Sync(ctx, sharedGPUs(entries))
+	return p.cfg.MPS.Sync(ctx, mpsGroups(entries))
 }
 
 // node is the node state now. Call with p.mu held.
@@ -572,12 +573,40 @@ func sharedGPUs(entries []Entry) []api.GPURef {
 	seen := map[string]bool{}
 	var out []api.GPURef
 	for _, e := range entries {
-		if e.Shared != nil && !seen[e.Shared.GPU.UUID] {
-			seen[e.Shared.GPU.UUID] = true
-			out = append(out, e.Shared.GPU)
+		if e.Shared == nil {
+			continue
+		}
+		for _, g := range e.Shared.GPUs() {
+			if !seen[g.UUID] {
+				seen[g.UUID] = true
+				out = append(out, g)
+			}
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Index < out[j].Index })
+	return out
+}
+
+// mpsGroups lists the MPS groups of the shared slices in entries (each
+// slice's GPUs, gpureq.GroupKey), in key order, each by index: the
+// daemons the node needs. The ledger is derived from the sealed
+// assignments and the kubelet, so are they.
+func mpsGroups(entries []Entry) [][]api.GPURef {
+	byKey := map[string][]api.GPURef{}
+	for _, e := range entries {
+		if e.Shared != nil {
+			byKey[gpureq.GroupKey(e.Shared.UUIDs())] = e.Shared.GPUs()
+		}
+	}
+	keys := make([]string, 0, len(byKey))
+	for k := range byKey {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := make([][]api.GPURef, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, byKey[k])
+	}
 	return out
 }
 

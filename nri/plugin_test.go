@@ -24,6 +24,7 @@ import (
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/gpu"
 	"github.com/tessera-gpu/tessera/gpu/nvmlmock"
+	"github.com/tessera-gpu/tessera/gpureq"
 	"github.com/tessera-gpu/tessera/internal/podtrust"
 	"github.com/tessera-gpu/tessera/topology"
 )
@@ -63,13 +64,18 @@ type fakeMPS struct {
 	calls int
 }
 
-func (f *fakeMPS) Sync(_ context.Context, gpus []api.GPURef) error {
+// Sync records the groups' keys (a GPU alone: its UUID).
+func (f *fakeMPS) Sync(_ context.Context, groups [][]api.GPURef) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
 	f.last = nil
-	for _, g := range gpus {
-		f.last = append(f.last, g.UUID)
+	for _, g := range groups {
+		uuids := make([]string, len(g))
+		for i, r := range g {
+			uuids[i] = r.UUID
+		}
+		f.last = append(f.last, gpureq.GroupKey(uuids))
 	}
 	return nil
 }

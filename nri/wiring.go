@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"sort"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -43,10 +44,12 @@ func (l *Ledger) ContainerLimits() []isolation.ContainerLimit {
 			out = append(out, c)
 		}
 		if s := e.Shared; s != nil {
-			c := base
-			c.GPU = s.GPU
-			c.LimitMiB = s.MemoryMiB
-			out = append(out, c)
+			for _, g := range s.GPUs() {
+				c := base
+				c.GPU = g
+				c.LimitMiB = s.MemoryMiB
+				out = append(out, c)
+			}
 		}
 		// A MIG instance's processes run on its GPU; the hardware limits
 		// their memory.
@@ -109,7 +112,7 @@ func (k KubeRecorder) recordOnce(ctx context.Context, pod Pod, container string,
 		a = api.NewAssignment()
 	}
 	if c := a.Container(container); c != nil {
-		if c.Shared != nil && *c.Shared != shared {
+		if c.Shared != nil && !reflect.DeepEqual(*c.Shared, shared) {
 			return fmt.Errorf("pod %s container %s already has a shared assignment on GPU %s", pod, container, c.Shared.GPU.UUID)
 		}
 		s := shared

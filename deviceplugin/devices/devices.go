@@ -196,6 +196,18 @@ func (m *Model) maxUnits(r corev1.ResourceName) int {
 	return n
 }
 
+// sharing counts the GPUs that can serve slices (not in MIG mode): the
+// most GPUs a multi-GPU slice of this node spans.
+func (m *Model) sharing() int {
+	n := 0
+	for _, g := range m.gpus {
+		if !g.MIGMode {
+			n++
+		}
+	}
+	return n
+}
+
 // DeviceID is the ID of the n-th device of resource r on the GPU with the
 // given UUID.
 func DeviceID(r corev1.ResourceName, uuid string, n int) string {
@@ -376,9 +388,11 @@ func (m *Model) DeviceHealth(r corev1.ResourceName, uuid string, health HealthMa
 type Allocation struct {
 	Resource  corev1.ResourceName
 	DeviceIDs []string
-	// SharedGPU is the UUID of the GPU the container's shared units are
-	// served from, when known (from the assignment annotation). Without
-	// it, the GPUs named in the unit IDs count.
+	// SharedGPU names the GPU(s) the container's shared units are served
+	// from, when known (from the assignment annotation), as the slice's
+	// MPS group key (gpureq.GroupKey): a GPU's UUID, or for a multi-GPU
+	// slice its GPUs' UUIDs joined by ",". Without it, the GPUs named in
+	// the unit IDs count.
 	SharedGPU string
 }
 
@@ -406,11 +420,19 @@ func (m *Model) UsageOf(allocs []Allocation) (Usage, []error) {
 		}
 		whole := schemes[a.Resource].whole
 		if !whole && a.SharedGPU != "" {
-			if _, ok := m.GPU(a.SharedGPU); ok {
-				u.Shared[a.SharedGPU] = true
+			known := true
+			for _, uuid := range gpureq.GroupGPUs(a.SharedGPU) {
+				if _, ok := m.GPU(uuid); !ok {
+					known = false
+					errs = append(errs, fmt.Errorf("shared GPU %s of an allocation is not on this node", uuid))
+				}
+			}
+			if known {
+				for _, uuid := range gpureq.GroupGPUs(a.SharedGPU) {
+					u.Shared[uuid] = true
+				}
 				continue
 			}
-			errs = append(errs, fmt.Errorf("shared GPU %s of an allocation is not on this node", a.SharedGPU))
 		}
 		for _, id := range a.DeviceIDs {
 			uuid, _, err := ParseDeviceID(a.Resource, id)
@@ -467,8 +489,8 @@ func (m *Model) CheckWhole(ids []string, health HealthMap, usage Usage) ([]GPU, 
 
 // CheckShared checks an Allocate request for shared units of resource r: the
 // devices exist, none is listed twice, and the container's slice could be
-// served (gpureq.CheckDevices: at most one GPU's cores, no more memory than
-// the node's largest GPU shares). The error wraps the *gpureq.Refusal when
+// served (gpureq.CheckDevices: no more cores or memory than the node's
+// GPUs could serve together, a multi-GPU slice being possible). The error wraps the *gpureq.Refusal when
 // there is one.
 func (m *Model) CheckShared(r corev1.ResourceName, ids []string) error {
 	if schemes[r].whole {
@@ -477,7 +499,7 @@ func (m *Model) CheckShared(r corev1.ResourceName, ids []string) error {
 	if len(ids) == 0 {
 		return fmt.Errorf("no %s devices requested", r)
 	}
-	if ref := gpureq.CheckDevices(r, int64(len(ids)), int64(m.maxUnits(api.ResourceGPUMemory))); ref != nil {
+	if ref := gpureq.CheckDevices(r, int64(len(ids)), int64(m.maxUnits(api.ResourceGPUMemory)), int64(m.sharing())); ref != nil {
 		return fmt.Errorf("refusing %d %s devices for one container: %w", len(ids), r, ref)
 	}
 	seen := map[string]bool{}

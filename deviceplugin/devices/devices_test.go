@@ -365,8 +365,9 @@ func TestCheckShared(t *testing.T) {
 		}
 	}
 
-	// The slice rules Allocate can see (gpureq.CheckDevices): one GPU's
-	// cores at most, no more memory than the largest GPU shares.
+	// The slice rules Allocate can see (gpureq.CheckDevices): Allocate
+	// does not know the pod's GPU count, so at most the cores and memory
+	// the node's two GPUs share together (a slice may span both).
 	units := func(r corev1.ResourceName, n int) []string {
 		var ids []string
 		for i := range n {
@@ -380,9 +381,10 @@ func TestCheckShared(t *testing.T) {
 		want gpureq.Code
 	}{
 		{api.ResourceGPUCore, 100, ""},
-		{api.ResourceGPUCore, 101, gpureq.CodeCoresAboveGPU},
-		{api.ResourceGPUMemory, 2, ""},
-		{api.ResourceGPUMemory, 3, gpureq.CodeSliceTooLarge},
+		{api.ResourceGPUCore, 200, ""},
+		{api.ResourceGPUCore, 201, gpureq.CodeCoresAboveGPU},
+		{api.ResourceGPUMemory, 4, ""},
+		{api.ResourceGPUMemory, 5, gpureq.CodeSliceTooLarge},
 	} {
 		err := m.CheckShared(tc.r, units(tc.r, tc.n))
 		var ref *gpureq.Refusal

@@ -23,6 +23,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/deviceplugin/kubeletstate"
+	"github.com/tessera-gpu/tessera/gpureq"
 	"github.com/tessera-gpu/tessera/internal/podtrust"
 )
 
@@ -151,8 +152,9 @@ type MIGDevice struct {
 // SyncPods records, for every pod in allocs (allocations from the
 // PodResources API), the whole GPUs and the MIG instances each container
 // holds in the pod's assignment annotation, keeping the shared parts the
-// extender wrote; and it returns the GPU the extender assigned to each
-// container that holds shared units. gpuIndex maps GPU UUIDs to NVML
+// extender wrote; and it returns the GPU(s) the extender assigned to each
+// container that holds shared units, as the slice's MPS group key
+// (gpureq.GroupKey: a UUID, or a multi-GPU slice's UUIDs joined by ","). gpuIndex maps GPU UUIDs to NVML
 // indices, migs MIG UUIDs to their instances. A malformed annotation is
 // left as it is and reported. Pods no longer in allocs are forgotten.
 func (c *Client) SyncPods(ctx context.Context, allocs []kubeletstate.ContainerDevices, gpuIndex map[string]int, migs map[string]MIGDevice) (map[kubeletstate.ContainerKey]string, error) {
@@ -278,7 +280,7 @@ func (c *Client) syncPod(ctx context.Context, k podKey, whole map[string][]api.G
 	sharedGPUs := map[string]string{}
 	for container := range shared {
 		if ca := a.Container(container); ca != nil && ca.Shared != nil {
-			sharedGPUs[container] = ca.Shared.GPU.UUID
+			sharedGPUs[container] = gpureq.GroupKey(ca.Shared.UUIDs())
 		}
 	}
 	// The kubelet's record is the truth for whole GPUs and MIG instances:

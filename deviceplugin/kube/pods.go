@@ -169,7 +169,9 @@ func sharedGPUs(pod *corev1.Pod) map[string]bool {
 	gpus := map[string]bool{}
 	for _, c := range a.Containers {
 		if c.Shared != nil {
-			gpus[c.Shared.GPU.UUID] = true
+			for _, u := range c.Shared.UUIDs() {
+				gpus[u] = true
+			}
 		}
 	}
 	return gpus

@@ -62,18 +62,20 @@ type row struct {
 	name     string
 	ctrs     []ctr
 	overhead corev1.ResourceList
-	// count is how many GPUs each slice of the request spans; 0 means 1,
-	// the only value the request model has yet.
-	count int
+	// count is the pod's tessera.dev/gpu-count annotation ("": none):
+	// how many GPUs each slice of the request spans. gpus is the number
+	// of distinct GPUs an accepted row's slices span (0: 1).
+	count string
+	gpus  int
 
 	// want is the pod's verdict: the extender's at filter, and the other
 	// components' unless overridden.
 	want                  gpureq.Code
 	allocate, nri, quotaV gpureq.Code // overrides: accepted or unseen; "": want
 
-	// For accepted pods: the slice of each shared container on the test
-	// node, what the pod's slices take of their GPU at once, its whole
-	// GPUs, and what it counts against quota.
+	// For accepted pods: the slice of each shared container on each of its
+	// GPUs of the test node, what the pod's slices take of each of their
+	// GPUs at once, its whole GPUs, and what it counts against quota.
 	slices map[string]gpureq.Amount
 	peak   gpureq.Amount
 	whole  int
@@ -151,14 +153,65 @@ func rows() []row {
 			overhead: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("250m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
 			slices:   map[string]gpureq.Amount{"main": mem(2, 10)}, peak: mem(2, 10), quota: res(0, 2, 10), cpuMilli: 250},
 
+		// Multi-GPU slices (tessera.dev/gpu-count): each container's
+		// request split evenly over that many GPUs; quota counts the whole
+		// request.
+		{name: "gpu-count 1", count: "1", ctrs: []ctr{slice("main", "8", "30")},
+			slices: map[string]gpureq.Amount{"main": mem(8, 30)}, peak: mem(8, 30), quota: res(0, 8, 30)},
+		{name: "gpu-count 2: 16 GiB and 40 %", count: "2", gpus: 2, ctrs: []ctr{slice("main", "16", "40")},
+			slices: map[string]gpureq.Amount{"main": mem(8, 20)}, peak: mem(8, 20), quota: res(0, 16, 40)},
+		{name: "gpu-count 4", count: "4", gpus: 4, ctrs: []ctr{slice("main", "8", "100")},
+			slices: map[string]gpureq.Amount{"main": mem(2, 25)}, peak: mem(2, 25), quota: res(0, 8, 100)},
+		{name: "gpu-count 2: two whole GPUs' worth", count: "2", gpus: 2, ctrs: []ctr{slice("main", "78", "200")},
+			slices: map[string]gpureq.Amount{"main": mem(39, 100)}, peak: mem(39, 100), quota: res(0, 78, 200)},
+		{name: "gpu-count 2: core-only", count: "2", gpus: 2, ctrs: []ctr{slice("main", "", "60")},
+			slices: map[string]gpureq.Amount{"main": core(30)}, peak: core(30), quota: res(0, 0, 60)},
+		{name: "gpu-count 4: memory-only", count: "4", gpus: 4, ctrs: []ctr{slice("main", "12", "")},
+			slices: map[string]gpureq.Amount{"main": mem(3, 0)}, peak: mem(3, 0), quota: res(0, 12, 0)},
+		{name: "gpu-count 2: two containers on the same two GPUs", count: "2", gpus: 2, ctrs: []ctr{slice("a", "4", "20"), slice("b", "2", "40")},
+			slices: map[string]gpureq.Amount{"a": mem(2, 10), "b": mem(1, 20)}, peak: mem(3, 30), quota: res(0, 6, 60)},
+		{name: "gpu-count 2: a sidecar and an init container", count: "2", gpus: 2, ctrs: []ctr{side(slice("side", "2", "20")), init(slice("init", "10", "100")), slice("main", "4", "40")},
+			slices: map[string]gpureq.Amount{"side": mem(1, 10), "init": mem(5, 50), "main": mem(2, 20)}, peak: mem(6, 60), quota: res(0, 12, 120)},
+
+		// Refused: the GPU count. The device plugin sees one resource of
+		// one container, never the annotation; the NRI plugin sees one
+		// container.
+		{name: "gpu-count not an integer", count: "two", ctrs: []ctr{slice("main", "2", "20")}, want: gpureq.CodeInvalidGPUCount, allocate: accepted},
+		{name: "gpu-count fractional", count: "1.5", ctrs: []ctr{slice("main", "2", "20")}, want: gpureq.CodeInvalidGPUCount, allocate: accepted},
+		{name: "gpu-count 0", count: "0", ctrs: []ctr{slice("main", "2", "20")}, want: gpureq.CodeInvalidGPUCount, allocate: accepted},
+		{name: "gpu-count negative", count: "-2", ctrs: []ctr{slice("main", "2", "20")}, want: gpureq.CodeInvalidGPUCount, allocate: accepted},
+		{name: "gpu-count with a leading zero", count: "02", ctrs: []ctr{slice("main", "2", "20")}, want: gpureq.CodeInvalidGPUCount, allocate: accepted},
+		{name: "gpu-count with a space", count: " 2", ctrs: []ctr{slice("main", "2", "20")}, want: gpureq.CodeInvalidGPUCount, allocate: accepted},
+		{name: "gpu-count above 16", count: "17", ctrs: []ctr{slice("main", "17", "17")}, want: gpureq.CodeInvalidGPUCount, allocate: accepted},
+		{name: "gpu-count above the node's GPUs", count: "8", ctrs: []ctr{slice("main", "8", "8")},
+			want: gpureq.CodeGPUCountAboveNode, allocate: accepted, quotaV: accepted},
+		{name: "gpu-count 16 on a node of 4", count: "16", ctrs: []ctr{slice("main", "16", "")},
+			want: gpureq.CodeGPUCountAboveNode, allocate: accepted, quotaV: accepted},
+		{name: "gpu-count: memory does not split", count: "2", ctrs: []ctr{slice("main", "3", "20")}, want: gpureq.CodeGPUCountUneven, allocate: accepted},
+		{name: "gpu-count: cores do not split", count: "4", ctrs: []ctr{slice("main", "4", "30")}, want: gpureq.CodeGPUCountUneven, allocate: accepted},
+		{name: "gpu-count: a sidecar does not split", count: "2", ctrs: []ctr{side(slice("side", "1", "")), slice("main", "2", "20")}, want: gpureq.CodeGPUCountUneven, allocate: accepted},
+		{name: "gpu-count on a whole-GPU-only pod", count: "2", ctrs: []ctr{whole("main", "2")},
+			want: gpureq.CodeGPUCountWithoutSlice, allocate: accepted, nri: accepted},
+		{name: "gpu-count on a pod without GPUs", count: "1", ctrs: []ctr{{name: "main"}},
+			want: gpureq.CodeGPUCountWithoutSlice, allocate: accepted, nri: accepted},
+		{name: "gpu-count 2: 101 cores on each GPU", count: "2", ctrs: []ctr{slice("main", "2", "202")}, want: gpureq.CodeCoresAboveGPU, allocate: accepted},
+		{name: "gpu-count 4: 101 cores on each of the node's GPUs", count: "4", ctrs: []ctr{slice("main", "4", "404")}, want: gpureq.CodeCoresAboveGPU, allocate: unseen},
+		{name: "gpu-count 2: containers above 100 cores per GPU together", count: "2", gpus: 2, ctrs: []ctr{slice("a", "2", "120"), slice("b", "2", "100")},
+			want: gpureq.CodeCoresAboveGPU, allocate: accepted, nri: accepted},
+		{name: "gpu-count 2: 40 units on each GPU", count: "2", ctrs: []ctr{slice("main", "80", "")},
+			want: gpureq.CodeSliceTooLarge, allocate: accepted, quotaV: accepted},
+		// More devices than the node has: the kubelet never calls Allocate.
+		{name: "gpu-count 4: 40 units on each of the node's GPUs", count: "4", ctrs: []ctr{slice("main", "160", "")},
+			want: gpureq.CodeSliceTooLarge, allocate: unseen, quotaV: accepted},
+
 		// Refused: one container.
 		{name: "whole and memory in one container", ctrs: []ctr{{name: "main", whole: "1", mem: "2"}},
 			want: gpureq.CodeWholeAndShared, allocate: accepted},
 		{name: "whole and cores in one container", ctrs: []ctr{{name: "main", whole: "1", cores: "10"}},
 			want: gpureq.CodeWholeAndShared, allocate: accepted},
-		{name: "101 cores", ctrs: []ctr{slice("main", "1", "101")}, want: gpureq.CodeCoresAboveGPU},
-		{name: "150 core-only cores", ctrs: []ctr{slice("main", "", "150")}, want: gpureq.CodeCoresAboveGPU},
-		{name: "a sidecar of 101 cores", ctrs: []ctr{side(slice("side", "1", "101")), slice("main", "1", "1")}, want: gpureq.CodeCoresAboveGPU},
+		{name: "101 cores", ctrs: []ctr{slice("main", "1", "101")}, want: gpureq.CodeCoresAboveGPU, allocate: accepted},
+		{name: "150 core-only cores", ctrs: []ctr{slice("main", "", "150")}, want: gpureq.CodeCoresAboveGPU, allocate: accepted},
+		{name: "a sidecar of 101 cores", ctrs: []ctr{side(slice("side", "1", "101")), slice("main", "1", "1")}, want: gpureq.CodeCoresAboveGPU, allocate: accepted},
 		{name: "fractional memory", ctrs: []ctr{slice("main", "1.5", "10")}, want: gpureq.CodeInvalidQuantity, allocate: unseen, nri: unseen},
 		{name: "fractional cores", ctrs: []ctr{slice("main", "1", "500m")}, want: gpureq.CodeInvalidQuantity, allocate: unseen, nri: unseen},
 		{name: "fractional whole GPU", ctrs: []ctr{whole("main", "500m")}, want: gpureq.CodeInvalidQuantity, allocate: unseen, nri: unseen},
@@ -178,9 +231,9 @@ func rows() []row {
 
 		// Refused on the node: more memory than a GPU shares (quota, node
 		// independent, counts it).
-		{name: "a slice above a GPU's 39 units", ctrs: []ctr{slice("main", "40", "10")}, want: gpureq.CodeSliceTooLarge, quotaV: accepted},
-		{name: "memory-only above a GPU", ctrs: []ctr{slice("main", "60", "")}, want: gpureq.CodeSliceTooLarge, quotaV: accepted},
-		{name: "an init slice above a GPU", ctrs: []ctr{init(slice("init", "40", "")), slice("main", "1", "")}, want: gpureq.CodeSliceTooLarge, quotaV: accepted},
+		{name: "a slice above a GPU's 39 units", ctrs: []ctr{slice("main", "40", "10")}, want: gpureq.CodeSliceTooLarge, allocate: accepted, quotaV: accepted},
+		{name: "memory-only above a GPU", ctrs: []ctr{slice("main", "60", "")}, want: gpureq.CodeSliceTooLarge, allocate: accepted, quotaV: accepted},
+		{name: "an init slice above a GPU", ctrs: []ctr{init(slice("init", "40", "")), slice("main", "1", "")}, want: gpureq.CodeSliceTooLarge, allocate: accepted, quotaV: accepted},
 		{name: "two slices above a GPU together", ctrs: []ctr{slice("a", "20", "10"), slice("b", "25", "10")},
 			want: gpureq.CodeSliceTooLarge, allocate: accepted, nri: accepted, quotaV: accepted},
 	}
@@ -245,6 +298,9 @@ func newFixture(t *testing.T) *fixture {
 // pod builds the row's pod.
 func (r row) pod() *corev1.Pod {
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: types.UID("uid-p")}, Spec: corev1.PodSpec{Overhead: r.overhead}}
+	if r.count != "" {
+		p.Annotations = map[string]string{api.AnnotationGPUCount: r.count}
+	}
 	always := corev1.ContainerRestartPolicyAlways
 	for _, c := range r.ctrs {
 		kc := corev1.Container{Name: c.name}
@@ -324,6 +380,7 @@ func codeOf(t *testing.T, what string, err error) gpureq.Code {
 type extenderResult struct {
 	code       gpureq.Code
 	slices     map[string]gpureq.Amount
+	gpus       map[string][]string // each shared container's GPUs
 	peak       gpureq.Amount
 	whole      int
 	demand     extender.Demand
@@ -341,21 +398,29 @@ func (f *fixture) extender(t *testing.T, pod *corev1.Pod) extenderResult {
 	}
 	st := extender.BuildNodeState(f.info, nil)
 	if v := extender.Filter(st, &d); !v.Fits() {
-		if v.Reason != extender.SliceTooLarge {
-			t.Fatalf("Filter: %s (%s), not a reason of the request model", v.Reason, v.Message)
+		switch v.Reason {
+		case extender.SliceTooLarge:
+			return extenderResult{code: gpureq.CodeSliceTooLarge}
+		case extender.GPUCountAboveNode:
+			return extenderResult{code: gpureq.CodeGPUCountAboveNode}
 		}
-		return extenderResult{code: gpureq.CodeSliceTooLarge}
+		t.Fatalf("Filter: %s (%s), not a reason of the request model", v.Reason, v.Message)
 	}
 	use, err := extender.ChoosePlacement(f.policy, st, pod.UID, &d)
 	if err != nil {
 		t.Fatalf("ChoosePlacement after Filter fit: %v", err)
 	}
-	out := extenderResult{demand: d, whole: use.WholePending, slices: map[string]gpureq.Amount{}, peak: d.SliceOn(f.info.UnitMiB, f.info.SliceBaseMiB)}
+	out := extenderResult{demand: d, whole: use.WholePending, slices: map[string]gpureq.Amount{}, gpus: map[string][]string{}, peak: d.SliceOn(f.info.UnitMiB, f.info.SliceBaseMiB)}
 	if r := d.Request(f.info.UnitMiB, f.info.SliceBaseMiB); r.GPUMemMiB != out.peak.MemMiB || r.GPUMilli != gpureq.CoresToMilli(out.peak.Cores) {
 		t.Errorf("allocator request %+v, slice peak %+v", r, out.peak)
 	}
 	for _, s := range use.Shared {
-		out.slices[s.Container] = gpureq.Amount{MemMiB: s.MemMiB, Cores: s.Cores}
+		a := gpureq.Amount{MemMiB: s.MemMiB, Cores: s.Cores}
+		if prev, ok := out.slices[s.Container]; ok && prev != a {
+			t.Errorf("extender: container %s gets %+v on one GPU and %+v on another", s.Container, prev, a)
+		}
+		out.slices[s.Container] = a
+		out.gpus[s.Container] = append(out.gpus[s.Container], s.UUID)
 	}
 	if len(use.Shared) > 0 {
 		out.assignment = extender.SharedAssignment(nil, use)
@@ -367,12 +432,19 @@ func (f *fixture) extender(t *testing.T, pod *corev1.Pod) extenderResult {
 			t.Fatal(err)
 		}
 		st := extender.BuildNodeState(f.info, []*extender.PodUse{extender.NewPodUse(bound)})
-		var used gpureq.Amount
-		for _, g := range st.GPUs {
-			used = used.Add(gpureq.Amount{MemMiB: g.MemUsedMiB, Cores: g.CoresUsed})
+		usedGPUs := 0
+		for i, g := range st.GPUs {
+			used := gpureq.Amount{MemMiB: g.MemUsedMiB, Cores: g.CoresUsed}
+			if used == (gpureq.Amount{}) {
+				continue
+			}
+			usedGPUs++
+			if used != out.peak {
+				t.Errorf("node state of the bound pod uses %+v of GPU %d, the slice peak is %+v", used, i, out.peak)
+			}
 		}
-		if used != out.peak {
-			t.Errorf("node state of the bound pod uses %+v, the slice peak is %+v", used, out.peak)
+		if want := max(1, d.GPUCount); usedGPUs != want {
+			t.Errorf("node state of the bound pod uses %d GPUs, want %d", usedGPUs, want)
 		}
 	}
 	return out
@@ -415,11 +487,16 @@ func (f *fixture) allocate(t *testing.T, r row) gpureq.Code {
 // nriRun creates the row's containers in start order through nri.Decide
 // (a regular init container stops before the next one starts), with the
 // pod's assignment or none (the pod bypassed the extender: placed
-// locally). It returns the verdict, each shared container's slice and the
-// most the slices took of one GPU at once.
+// locally). It returns the verdict, each shared container's slice of each
+// of its GPUs and the most the slices took of one GPU at once; it checks
+// that each shared container gets the row's number of distinct GPUs with
+// an MPS memory limit for each, and the pipe directory of their group.
 func (f *fixture) nri(t *testing.T, r row, a *api.Assignment) (gpureq.Code, map[string]gpureq.Amount, gpureq.Amount) {
 	t.Helper()
 	pod := nri.Pod{Namespace: "ns", Name: "p", UID: "uid-p", Annotations: map[string]string{}}
+	if r.count != "" {
+		pod.Annotations[api.AnnotationGPUCount] = r.count
+	}
 	if a != nil {
 		if err := api.SetAssignment(pod.Annotations, a); err != nil {
 			t.Fatal(err)
@@ -454,21 +531,35 @@ func (f *fixture) nri(t *testing.T, r row, a *api.Assignment) (gpureq.Code, map[
 		}
 		if s := d.Entry.Shared; s != nil {
 			slices[c.name] = gpureq.Amount{MemMiB: s.MemoryMiB, Cores: s.Cores}
-			limit := ""
+			env := map[string]string{}
 			for _, e := range d.Adjustment.Env {
-				if e.Name == api.EnvMPSPinnedDeviceMemLimit {
-					limit = e.Value
-				}
+				env[e.Name] = e.Value
 			}
-			if want := fmt.Sprintf("0=%dM", s.MemoryMiB); limit != want {
-				t.Errorf("container %s: %s=%q, want %q", c.name, api.EnvMPSPinnedDeviceMemLimit, limit, want)
+			uuids := s.UUIDs()
+			if n := max(1, r.gpus); len(uuids) != n || len(slices2set(uuids)) != n {
+				t.Errorf("container %s: slice on GPUs %v, want %d distinct GPUs", c.name, uuids, n)
+			}
+			var limits []string
+			for i := range uuids {
+				limits = append(limits, fmt.Sprintf("%d=%dM", i, s.MemoryMiB))
+			}
+			if want := strings.Join(limits, ","); env[api.EnvMPSPinnedDeviceMemLimit] != want {
+				t.Errorf("container %s: %s=%q, want %q", c.name, api.EnvMPSPinnedDeviceMemLimit, env[api.EnvMPSPinnedDeviceMemLimit], want)
+			}
+			if want := strings.Join(uuids, ","); env[api.EnvNVIDIAVisibleDevices] != want {
+				t.Errorf("container %s: %s=%q, want its slice's GPUs %q", c.name, api.EnvNVIDIAVisibleDevices, env[api.EnvNVIDIAVisibleDevices], want)
+			}
+			if len(d.Adjustment.Mounts) != 1 || d.Adjustment.Mounts[0].Source != "/run/mps/"+gpureq.GroupKey(uuids) {
+				t.Errorf("container %s: mounts %+v, want the pipe directory of its GPUs' MPS daemon", c.name, d.Adjustment.Mounts)
 			}
 		}
 		node.Ledger = append(node.Ledger, d.Entry)
 		perGPU := map[string]gpureq.Amount{}
 		for _, e := range node.Ledger {
 			if e.Shared != nil {
-				perGPU[e.Shared.GPU.UUID] = perGPU[e.Shared.GPU.UUID].Add(gpureq.Amount{MemMiB: e.Shared.MemoryMiB, Cores: e.Shared.Cores})
+				for _, u := range e.Shared.UUIDs() {
+					perGPU[u] = perGPU[u].Add(gpureq.Amount{MemMiB: e.Shared.MemoryMiB, Cores: e.Shared.Cores})
+				}
 			}
 		}
 		for _, u := range perGPU {
@@ -489,9 +580,6 @@ func TestOneRequestModel(t *testing.T) {
 	}
 	for _, r := range all {
 		t.Run(r.name, func(t *testing.T) {
-			if r.count > 1 {
-				t.Fatalf("count %d: the request model has no slices spanning several GPUs", r.count)
-			}
 			pod := r.pod()
 			want := func(override gpureq.Code) gpureq.Code {
 				switch override {
@@ -550,6 +638,16 @@ func TestOneRequestModel(t *testing.T) {
 			if ext.peak != r.peak || ext.whole != r.whole {
 				t.Errorf("extender: peak %+v and %d whole GPUs, want %+v and %d", ext.peak, ext.whole, r.peak, r.whole)
 			}
+			var podGPUs []string
+			for name, gpus := range ext.gpus {
+				if n := max(1, r.gpus); len(gpus) != n || len(slices2set(gpus)) != n {
+					t.Errorf("extender: container %s on GPUs %v, want %d distinct GPUs", name, gpus, n)
+				}
+				if podGPUs != nil && gpureq.GroupKey(podGPUs) != gpureq.GroupKey(gpus) {
+					t.Errorf("extender: the pod's slices are on GPUs %v and %v, want the same", podGPUs, gpus)
+				}
+				podGPUs = gpus
+			}
 			if diff := cmp.Diff(r.quota, qu); diff != "" {
 				t.Errorf("quota (-want +got):\n%s", diff)
 			}
@@ -572,6 +670,14 @@ func TestOneRequestModel(t *testing.T) {
 			}
 		})
 	}
+}
+
+func slices2set(s []string) map[string]bool {
+	out := map[string]bool{}
+	for _, v := range s {
+		out[v] = true
+	}
+	return out
 }
 
 func nilIfEmpty(m map[string]gpureq.Amount) map[string]gpureq.Amount {
@@ -597,7 +703,19 @@ func TestTableCoversTheModel(t *testing.T) {
 			initC = initC || c.kind == gpureq.Init
 		}
 	}
-	for _, c := range []gpureq.Code{accept, gpureq.CodeInvalidQuantity, gpureq.CodeWholeAndShared, gpureq.CodeCoresAboveGPU, gpureq.CodeTooManyGPUs, gpureq.CodeSliceTooLarge} {
+	counts := map[string]bool{}
+	for _, r := range rows() {
+		if r.want == accept && r.count != "" {
+			counts[r.count] = true
+		}
+	}
+	for _, n := range []string{"1", "2", "4"} {
+		if !counts[n] {
+			t.Errorf("no accepted row with gpu-count %s", n)
+		}
+	}
+	for _, c := range []gpureq.Code{accept, gpureq.CodeInvalidQuantity, gpureq.CodeWholeAndShared, gpureq.CodeCoresAboveGPU, gpureq.CodeTooManyGPUs, gpureq.CodeSliceTooLarge,
+		gpureq.CodeInvalidGPUCount, gpureq.CodeGPUCountAboveNode, gpureq.CodeGPUCountUneven, gpureq.CodeGPUCountWithoutSlice} {
 		if !seen[c] {
 			t.Errorf("no row with verdict %q", c)
 		}
