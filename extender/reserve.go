@@ -14,6 +14,7 @@ import (
 	"github.com/tessera-gpu/tessera/allocator/gang"
 	"github.com/tessera-gpu/tessera/allocator/reserve"
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
 )
 
 // A reservation keeps a starving workload's room from being taken by the
@@ -74,6 +75,15 @@ type ReservationConfig struct {
 	// reservation starts (by its members' api.AnnotationExpectedRuntime)
 	// be planned on the reservation's nodes.
 	Backfill bool
+	// MinGPUs, WaitPerGPU and Relative complete the simulator's rule of
+	// who is due a reservation (allocator/reserve's Policy.Due, with
+	// ReserveAfter its Wait): a workload of fewer than MinGPUs whole GPUs
+	// (0: 1) never reserves; one of more is due once it has waited
+	// ReserveAfter + WaitPerGPU x its GPUs + Relative x the wait of the
+	// longest-waiting pending GPU pod smaller than MinGPUs.
+	MinGPUs    int
+	WaitPerGPU time.Duration
+	Relative   float64
 	// Preemptible lets a workload whose members are all marked
 	// api.AnnotationPreemptible be planned on a reservation's nodes; it is
 	// evicted when the reservation fills.
@@ -84,6 +94,36 @@ type ReservationConfig struct {
 // whether the workload asking is marked preemptible.
 func (c ReservationConfig) policy(marked bool) reserve.Policy {
 	return reserve.Policy{MinGPUs: 1, Estimates: c.Backfill, Preemptible: c.Preemptible && marked}
+}
+
+// due is the allocator/reserve policy that says who is due a reservation.
+func (c ReservationConfig) due() reserve.Policy {
+	return reserve.Policy{MinGPUs: max(c.MinGPUs, 1), Wait: c.ReserveAfter, WaitPerGPU: c.WaitPerGPU, Relative: c.Relative}
+}
+
+// smallWaited is how long the longest-waiting pending pod outside any gang
+// that asks for fewer than minGPUs GPUs (whole GPUs, or a slice) has
+// waited, among the pods of the pass.
+func (p *GangPlanner) smallWaited(minGPUs int) time.Duration {
+	if p.reservation.Relative == 0 {
+		return 0
+	}
+	now := p.now()
+	var out time.Duration
+	for _, pod := range p.passPods {
+		if pod.Spec.NodeName != "" || gpureq.Ended(pod) {
+			continue
+		}
+		if _, gang, _ := api.GangOf(pod); gang {
+			continue // a member of a workload: its size is the gang's
+		}
+		d, err := ParseDemand(pod)
+		if err != nil || !d.UsesGPUs() || d.WholeGPUs >= minGPUs {
+			continue
+		}
+		out = max(out, now.Sub(pod.CreationTimestamp.Time))
+	}
+	return out
 }
 
 // hints reads the run-time hints of a workload's members: its run time is
@@ -202,13 +242,16 @@ func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, de
 			oldest = m.CreationTimestamp.Time
 		}
 	}
-	if now.Sub(oldest) < cfg.ReserveAfter {
-		return ""
-	}
+	gpus := 0
 	for _, d := range demands {
 		if d.WholeGPUs == 0 {
 			return "" // slices are small; they do not starve behind others
 		}
+		gpus += d.WholeGPUs
+	}
+	due := cfg.due()
+	if !due.Due(gpus, now.Sub(oldest), p.smallWaited(due.MinGPUs)) {
+		return ""
 	}
 	hold := cfg.ReserveFor
 	if hold <= 0 {

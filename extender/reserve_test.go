@@ -263,3 +263,45 @@ func TestReservationEvictsVictims(t *testing.T) {
 		})
 	}
 }
+
+// Who is due a reservation follows allocator/reserve's Due, the
+// simulator's rule: MinGPUs, and Relative to the longest-waiting smaller
+// pending pod. The 2 x 8 GPU gang has waited 2 minutes; ReserveAfter is 1
+// minute.
+func TestReservationDue(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		cfg        ReservationConfig
+		smallAge   time.Duration // a pending 1-GPU pod created this long ago (0: none)
+		wantReserv bool
+	}{
+		{"due", ReservationConfig{ReserveAfter: time.Minute, MinGPUs: 16}, 0, true},
+		{"too small", ReservationConfig{ReserveAfter: time.Minute, MinGPUs: 32}, 0, false},
+		{"per GPU", ReservationConfig{ReserveAfter: time.Minute, WaitPerGPU: 4 * time.Second}, 0, false},
+		{"relative: the small pod waited longer", ReservationConfig{ReserveAfter: time.Minute, MinGPUs: 16, Relative: 1}, 90 * time.Second, false},
+		{"relative: the small pod waited less", ReservationConfig{ReserveAfter: time.Minute, MinGPUs: 16, Relative: 1}, 30 * time.Second, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newGangFixture(t, eightGPUNodes(2)...)
+			f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+				Events: f.events, Now: func() time.Time { return f.now }, Reservation: tc.cfg})
+			for i := range 2 {
+				f.running(fmt.Sprintf("small-%d", i), fmt.Sprintf("n%d", i), 1, f.now.Add(-time.Minute), nil)
+			}
+			if tc.smallAge > 0 {
+				p := makePod("pending").Whole(1).Obj()
+				p.CreationTimestamp = metav1.NewTime(f.now.Add(-tc.smallAge))
+				if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i := range 2 {
+				f.member("big", 2, i, 8, f.now.Add(-2*time.Minute))
+			}
+			f.sync()
+			if got := f.planner.Reservations() == 1; got != tc.wantReserv {
+				t.Errorf("reserved %v, want %v\nevents:\n%s", got, tc.wantReserv, strings.Join(f.events.events, "\n"))
+			}
+		})
+	}
+}

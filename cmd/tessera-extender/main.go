@@ -102,6 +102,9 @@ type options struct {
 	reserveFor         time.Duration
 	reserveBackfill    bool
 	reservePreemptible bool
+	reserveMinGPUs     int
+	reservePerGPU      time.Duration
+	reserveRelative    float64
 
 	preemption           bool
 	preemptionMinRuntime time.Duration
@@ -143,6 +146,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.queueStatusEach, "queue-status-period", 10*time.Second, "how often each Queue's status (used, fair share, usage history) is written")
 	fs.DurationVar(&o.reserveAfter, "reservation-wait", 10*time.Minute, "a whole-GPU gang or queued pod that has waited this long and fits nowhere gets the nodes that will hold it soonest reserved: nothing else starts on them until it fits (docs/queues.md); 0: no reservations")
 	fs.DurationVar(&o.reserveFor, "reservation-max", time.Hour, "how long a reservation lasts at most; the workload then does not reserve again for as long")
+	fs.IntVar(&o.reserveMinGPUs, "reservation-min-gpus", 1, "a workload of fewer whole GPUs never reserves (allocator/reserve's Due, as tessera-sim's --reserve-min-gpus)")
+	fs.DurationVar(&o.reservePerGPU, "reservation-wait-per-gpu", 0, "added to --reservation-wait per whole GPU of the workload")
+	fs.Float64Var(&o.reserveRelative, "reservation-relative", 0, "added to --reservation-wait: this many times the wait of the longest-waiting pending GPU pod outside a gang smaller than --reservation-min-gpus")
 	fs.BoolVar(&o.reserveBackfill, "reservation-backfill", true, "a gang or queued pod whose members all declare tessera.dev/expected-runtime may be planned on reserved nodes when, by it, it ends before the reservation starts (by the expected run times of the pods there); evicted if it runs past it when the reservation could start")
 	fs.BoolVar(&o.reservePreemptible, "reservation-preemptible", true, "a gang or queued pod whose members are all marked tessera.dev/preemptible=true may be planned on reserved nodes; evicted when the reservation fills")
 	o.schedulers = []string{corev1.DefaultSchedulerName, "tessera-scheduler"}
@@ -180,6 +186,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.shortlist < 0 {
 		return nil, fmt.Errorf("--filter-shortlist must be 0 (off) or positive, got %d", o.shortlist)
+	}
+	if o.reserveMinGPUs < 0 || o.reservePerGPU < 0 || o.reserveRelative < 0 {
+		return nil, fmt.Errorf("--reservation-min-gpus, --reservation-wait-per-gpu and --reservation-relative must be 0 or more, got %d, %s and %v", o.reserveMinGPUs, o.reservePerGPU, o.reserveRelative)
 	}
 	if o.gangResync <= 0 {
 		return nil, fmt.Errorf("--gang-resync must be positive, got %s", o.gangResync)
@@ -399,7 +408,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		if preemptor != nil {
 			pcfg.Preempt = preemptor
 		}
-		pcfg.Reservation = extender.ReservationConfig{ReserveAfter: o.reserveAfter, ReserveFor: o.reserveFor, Backfill: o.reserveBackfill, Preemptible: o.reservePreemptible}
+		pcfg.Reservation = extender.ReservationConfig{ReserveAfter: o.reserveAfter, ReserveFor: o.reserveFor, Backfill: o.reserveBackfill, Preemptible: o.reservePreemptible,
+			MinGPUs: o.reserveMinGPUs, WaitPerGPU: o.reservePerGPU, Relative: o.reserveRelative}
 		if queues != nil {
 			pcfg.QueueReclaim = &extender.QueueReclaimer{
 				Cache: cache, Evicter: &extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()},

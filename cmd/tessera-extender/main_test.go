@@ -73,6 +73,28 @@ func TestQuotaFlags(t *testing.T) {
 	}
 }
 
+func TestReservationFlags(t *testing.T) {
+	o, err := parseFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.reserveBackfill || !o.reservePreemptible || o.reserveMinGPUs != 1 || o.reservePerGPU != 0 || o.reserveRelative != 0 {
+		t.Errorf("defaults: backfill %v, preemptible %v, min GPUs %d, per GPU %s, relative %v", o.reserveBackfill, o.reservePreemptible, o.reserveMinGPUs, o.reservePerGPU, o.reserveRelative)
+	}
+	o, err = parseFlags([]string{"--reservation-backfill=false", "--reservation-preemptible=false", "--reservation-min-gpus=16", "--reservation-wait-per-gpu=1m", "--reservation-relative=0.5"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.reserveBackfill || o.reservePreemptible || o.reserveMinGPUs != 16 || o.reservePerGPU != time.Minute || o.reserveRelative != 0.5 {
+		t.Errorf("set: %+v", o)
+	}
+	for _, bad := range []string{"--reservation-min-gpus=-1", "--reservation-wait-per-gpu=-1s", "--reservation-relative=-0.5"} {
+		if _, err := parseFlags([]string{bad}, io.Discard); err == nil {
+			t.Errorf("%s was accepted", bad)
+		}
+	}
+}
+
 func writeSelfSigned(t *testing.T, dir string) (certPath, keyPath string) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
