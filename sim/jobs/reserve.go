@@ -2,8 +2,9 @@ package jobs
 
 import (
 	"errors"
-	"fmt"
-	"sort"
+	"cmp"
+	"slices"
+	"strconv"
 	"time"
 
 	"github.com/tessera-gpu/tessera/allocator/gang"
@@ -125,7 +126,7 @@ func (s *sim) reservePass() (bool, error) {
 		}
 	}
 	if r.policy.ShortFirst {
-		sort.Slice(kept, func(a, b int) bool { return kept[a].order < kept[b].order })
+		slices.SortFunc(kept, func(a, b *jobState) int { return a.order - b.order })
 	}
 	s.queue = kept
 	evicted := len(s.evicted) > 0
@@ -148,7 +149,12 @@ func (s *sim) byPriority() []*jobState {
 	for i, j := range s.queue {
 		es[i] = entry{j, s.rsv.policy.Priority(reserve.Waiting{GPUs: j.job.GPUs, Waited: time.Duration(s.now-j.job.Submit) * time.Second, Runtime: j.rt})}
 	}
-	sort.SliceStable(es, func(a, b int) bool { return es[a].pri > es[b].pri })
+	slices.SortFunc(es, func(a, b entry) int {
+		if c := cmp.Compare(b.pri, a.pri); c != 0 {
+			return c
+		}
+		return a.j.order - b.j.order
+	})
 	out := make([]*jobState, len(es))
 	for i, e := range es {
 		out[i] = e.j
@@ -261,20 +267,23 @@ func (s *sim) reserveTry(j *jobState) (bool, error) {
 	// EASY backfill: the held nodes of the reservations j ends before,
 	// by its estimate.
 	if r.policy.Estimates && j.rt.Known {
-		key := j.shapeKey(false) + "backfill"
-		cands := append([]gang.Node(nil), r.outside...)
+		key := j.shapeKey(false) + " backfill"
+		var admitted []*jobState
 		for k, h := range r.holds {
-			if r.policy.Admit(j.rt, r.window[h]) != reserve.Backfilled {
-				continue
-			}
-			key += fmt.Sprint(" ", k)
-			for i, b := range r.heldBy {
-				if b == h {
-					cands = append(cands, s.nodes[i])
-				}
+			if r.policy.Admit(j.rt, r.window[h]) == reserve.Backfilled {
+				key += " " + strconv.Itoa(k)
+				admitted = append(admitted, h)
 			}
 		}
-		if len(cands) > len(r.outside) {
+		if len(admitted) > 0 && !s.noRoom[key] {
+			cands := append([]gang.Node(nil), r.outside...)
+			for _, h := range admitted {
+				for i, b := range r.heldBy {
+					if b == h {
+						cands = append(cands, s.nodes[i])
+					}
+				}
+			}
 			if ok, err := s.startOn(j, cands, key, true); ok || err != nil {
 				return ok, err
 			}

@@ -134,12 +134,20 @@ type jobState struct {
 	order  int // arrival order, the queue's sort key
 	// rt is the run time the job declares (Config.Estimates).
 	rt reserve.Runtime
+	// shape memoises shapeKey.
+	shape string
 }
 
 // shapeKey identifies the job's pod shapes (and whether it may use held
 // nodes) for the no-room memo.
 func (j *jobState) shapeKey(holder bool) string {
-	return fmt.Sprint(j.sizes, holder)
+	if j.shape == "" {
+		j.shape = fmt.Sprint(j.sizes)
+	}
+	if holder {
+		return j.shape + " true"
+	}
+	return j.shape + " false"
 }
 
 func (j *jobState) request(i int) allocator.Request {
