@@ -1,8 +1,8 @@
 package jobs
 
 import (
-	"errors"
 	"cmp"
+	"errors"
 	"slices"
 	"strconv"
 	"time"
