@@ -112,7 +112,9 @@ func (e *env) explain(ctx context.Context, w io.Writer, namespace, name string) 
 					x.more("container %s: whole GPU %d (%s)", c.Name, g.Index, g.UUID)
 				}
 				if s := c.Shared; s != nil {
-					x.more("container %s: slice of GPU %d (%s): %d MiB, %d%% compute", c.Name, s.GPU.Index, s.GPU.UUID, s.MemoryMiB, s.Cores)
+					for _, g := range s.GPUs() {
+						x.more("container %s: slice of GPU %d (%s): %d MiB, %d%% compute", c.Name, g.Index, g.UUID, s.MemoryMiB, s.Cores)
+					}
 				}
 			}
 		} else if keyErr == nil && len(gpureq.QuotaCount(pod)) > 0 {

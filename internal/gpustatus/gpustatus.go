@@ -188,8 +188,10 @@ func FromObjects(nodes []corev1.Node, pods []corev1.Pod, machineLabel string) *C
 				}
 			}
 			if s := ca.Shared; s != nil {
-				if o := gpus[s.GPU.UUID]; o != nil {
-					o.AddShared(who, s.MemoryMiB, s.Cores)
+				for _, g := range s.GPUs() { // a multi-GPU slice: each of its GPUs
+					if o := gpus[g.UUID]; o != nil {
+						o.AddShared(who, s.MemoryMiB, s.Cores)
+					}
 				}
 			}
 		}

@@ -63,14 +63,16 @@ func occupancy(t *testing.T, c *nodesim.Cluster) (map[string]map[string]*gpuUse,
 				u.whole = append(u.whole, who)
 			}
 			if s := ca.Shared; s != nil {
-				u := out[p.Spec.NodeName][s.GPU.UUID]
-				if u == nil {
-					t.Errorf("%s: shared GPU %s is not on node %s", who, s.GPU.UUID, p.Spec.NodeName)
-					continue
+				for _, g := range s.GPUs() { // a multi-GPU slice holds its amount on each
+					u := out[p.Spec.NodeName][g.UUID]
+					if u == nil {
+						t.Errorf("%s: shared GPU %s is not on node %s", who, g.UUID, p.Spec.NodeName)
+						continue
+					}
+					u.shared = append(u.shared, who)
+					u.memMiB += s.MemoryMiB
+					u.cores += s.Cores
 				}
-				u.shared = append(u.shared, who)
-				u.memMiB += s.MemoryMiB
-				u.cores += s.Cores
 			}
 		}
 	}

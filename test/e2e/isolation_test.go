@@ -88,7 +88,7 @@ func checkIsolated(t *testing.T, c *nodesim.Cluster, p *v1.Pod, rec *nodesim.Pod
 	}
 	var gpus []api.GPURef
 	if ca.Shared != nil {
-		gpus = []api.GPURef{ca.Shared.GPU}
+		gpus = ca.Shared.GPUs()
 	} else {
 		gpus = ca.GPUs
 	}
@@ -159,10 +159,16 @@ func checkIsolated(t *testing.T, c *nodesim.Cluster, p *v1.Pod, rec *nodesim.Pod
 		t.Errorf("pod %s container %s: cpuset %q, want the CPUs of its GPUs' NUMA nodes %q", p.Name, container, cr.CPUs, wantCPUs.String())
 	}
 	if ca.Shared != nil {
+		// One memory limit per device ordinal: a multi-GPU slice's GPUs
+		// are ordinals 0..N-1 of its MPS daemon.
+		var limits []string
+		for i := range gpus {
+			limits = append(limits, fmt.Sprintf("%d=%dM", i, ca.Shared.MemoryMiB))
+		}
 		want := map[string]string{
 			"TESSERA_GPU_SHARED":                "true",
 			"TESSERA_GPU_MEMORY_LIMIT_MIB":      strconv.FormatInt(ca.Shared.MemoryMiB, 10),
-			"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  fmt.Sprintf("0=%dM", ca.Shared.MemoryMiB),
+			"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  strings.Join(limits, ","),
 			"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": strconv.FormatInt(ca.Shared.Cores, 10),
 		}
 		for k, v := range want {
