@@ -7,7 +7,11 @@
 # Targets:
 #   k8s-bins          build kube-apiserver + kube-scheduler into $(TEST_K8S_BIN_DIR)
 #                     (skipped when the stamp there names the same versions)
-#   test-deps         k8s-bins + etcd (apt-get install etcd-server when etcd is not on PATH)
+#   node-bins         build the real node's kubelet, containerd, ctr and runc shim
+#                     into $(TEST_NODE_BIN_DIR) (skipped when up to date)
+#   test-node-deps    node-bins + Debian's runc, CNI plugins and busybox-static
+#   test-deps         k8s-bins + etcd (apt-get install etcd-server when etcd is
+#                     not on PATH) + test-node-deps
 #   test-integration  test-deps, then go test in test/ against the real binaries
 #
 # All variables carry a TEST_ prefix and can be overridden on the command line.
@@ -15,6 +19,7 @@
 TEST_DIR         ?= $(CURDIR)/test
 TEST_GO          ?= go
 TEST_K8S_BIN_DIR ?= $(CURDIR)/bin/k8s
+TEST_NODE_BIN_DIR ?= $(CURDIR)/bin/node
 # etcd binary the tests run (a name looked up on PATH, or a path).
 TEST_ETCD        ?= etcd
 # Off by default: with a cold build cache -race recompiles every Kubernetes
@@ -26,7 +31,7 @@ TEST_PKGS        ?= ./...
 TEST_FLAGS       ?= -count=1
 TEST_APT_GET     ?= apt-get
 
-.PHONY: k8s-bins test-deps test-etcd test-integration test-vet
+.PHONY: k8s-bins node-bins test-deps test-etcd test-node-deps test-integration test-vet
 
 k8s-bins: ## build kube-apiserver and kube-scheduler (test/go.mod's version) into bin/k8s
 	@$(TEST_DIR)/hack/build-k8s-bins.sh $(TEST_K8S_BIN_DIR)
@@ -41,7 +46,25 @@ test-etcd: ## install etcd-server with apt-get when etcd is not on PATH
 		DEBIAN_FRONTEND=noninteractive $(TEST_APT_GET) install -y -qq --no-install-recommends etcd-server; \
 	fi
 
-test-deps: k8s-bins test-etcd ## everything the integration tests run: k8s-bins and etcd
+node-bins: ## build the real node's kubelet and containerd (test/hack/nodebins) into bin/node
+	@$(TEST_DIR)/hack/build-node-bins.sh $(TEST_NODE_BIN_DIR)
+
+# The real node (test/framework/realnode) runs Debian's runc (1.1.5, with
+# seccomp: a runc built from its module without libseccomp fails every CRI
+# container), the CNI plugins (/usr/lib/cni) and busybox-static (the one
+# binary of the test image). Installed when missing. Needs root.
+TEST_NODE_PKGS ?= runc containernetworking-plugins busybox-static
+test-node-deps: node-bins ## node-bins, and runc, the CNI plugins and busybox-static from Debian when missing
+	@missing=""; for p in $(TEST_NODE_PKGS); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -z "$$missing" ]; then echo "test-node-deps: $(TEST_NODE_PKGS) installed"; else \
+		echo "test-node-deps: installing$$missing with $(TEST_APT_GET)"; \
+		$(TEST_APT_GET) update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(TEST_APT_GET) install -y -qq --no-install-recommends $$missing; \
+	fi
+
+test-deps: k8s-bins test-etcd test-node-deps ## everything the integration tests run: k8s-bins, etcd and the real node's parts
 
 # The device-manager tests re-exec themselves in a new mount namespace, like
 # `unshare -m --propagation private` (see
@@ -53,6 +76,7 @@ TEST_HELM ?= $(HELM)
 test-integration: test-deps $(TEST_HELM) ## go test in test/ against real etcd, kube-apiserver, kube-scheduler and device manager
 	cd $(TEST_DIR) && \
 		TESSERA_TEST_K8S_BIN_DIR=$(TEST_K8S_BIN_DIR) \
+		TESSERA_TEST_NODE_BIN_DIR=$(TEST_NODE_BIN_DIR) \
 		TESSERA_TEST_HELM=$(TEST_HELM) \
 		TESSERA_TEST_ETCD=$(TEST_ETCD) \
 		$(TEST_GO) test $(TEST_RACE) $(TEST_FLAGS) -timeout $(TEST_TIMEOUT) $(TEST_PKGS)

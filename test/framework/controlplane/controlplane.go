@@ -237,6 +237,9 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context) error {
 		"--service-account-signing-key-file=" + saKey,
 		"--service-cluster-ip-range=10.96.0.0/24",
 		"--allow-privileged=true",
+		// Real test nodes (framework/realnode) have names no DNS resolves:
+		// logs and exec reach their kubelet at its InternalIP.
+		"--kubelet-preferred-address-types=InternalIP,Hostname",
 		"--v=1",
 	}
 	args = append(args, cp.opts.APIServerArgs...)

@@ -232,6 +232,10 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 // Kubeconfig is the admin kubeconfig.
 func (c *Cluster) Kubeconfig() string { return c.CP.KubeconfigPath() }
 
+// AgentKubeconfig is the node agents' kubeconfig (the DaemonSet
+// ServiceAccount's identity), for nodes started beside the simulated ones.
+func (c *Cluster) AgentKubeconfig() string { return c.agentKC }
+
 // Client is an admin client.
 func (c *Cluster) Client() kubernetes.Interface { return c.CP.Client() }
 

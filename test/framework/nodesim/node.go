@@ -64,6 +64,10 @@ import (
 //go:embed fake-mps-control
 var fakeMPSControl []byte
 
+// FakeMPSControl is the stand-in for nvidia-cuda-mps-control that
+// simulated (and real) test nodes give their agent.
+func FakeMPSControl() []byte { return fakeMPSControl }
+
 // Label keys a simulated node carries besides kubernetes.io/hostname.
 const (
 	LabelProfile = "sim.tessera.dev/mock-machine"
@@ -300,6 +304,11 @@ func MachineUUIDs(profile, name string) ([]string, error) {
 		return nil, err
 	}
 	m.Name = name
+	return MachineUUIDsOf(m)
+}
+
+// MachineUUIDsOf returns the GPU UUIDs of the mock machine m, by index.
+func MachineUUIDsOf(m *api.MockMachine) ([]string, error) {
 	mm, err := nvmlmock.New(m)
 	if err != nil {
 		return nil, err

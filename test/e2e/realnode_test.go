@@ -1,0 +1,252 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/test/framework/nodesim"
+	"github.com/tessera-gpu/tessera/test/framework/realnode"
+)
+
+// realNodeName is the real node's name in these tests.
+const realNodeName = "real-1"
+
+// startRealNode starts a cluster of its own (one simulated node, sim-1)
+// and a real node beside it: kubelet, containerd, runc, CNI, tessera-node.
+func startRealNode(ctx context.Context, t *testing.T, ns string, o realnode.Options) (*nodesim.Cluster, *realnode.Node) {
+	t.Helper()
+	_, agent, _, err := binaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bins, err := realnode.BinsFromEnv(agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := ownCluster(ctx, t, ns, []nodesim.NodeSpec{{Name: "sim-1", Profile: "pcie-2numa"}})
+	o.Name = realNodeName
+	o.Dir = filepath.Join(c.Dir, "real", realNodeName)
+	o.Bins = bins
+	o.Kubeconfig, o.AgentKubeconfig = c.Kubeconfig(), c.AgentKubeconfig()
+	o.Logf = t.Logf
+	start := time.Now()
+	n, err := realnode.Start(ctx, c.Client(), o)
+	if n != nil || err == nil {
+		t.Cleanup(func() {
+			if t.Failed() {
+				for name, path := range n.LogFiles() {
+					b, _ := os.ReadFile(path)
+					if len(b) > 6000 {
+						b = b[len(b)-6000:]
+					}
+					t.Logf("log %s (%s), its end:\n%s", name, path, b)
+				}
+			}
+			n.Stop()
+		})
+	}
+	if err != nil {
+		t.Fatalf("real node: %v", err)
+	}
+	t.Logf("real node %s Ready with %d GPUs in %s", realNodeName, realnode.GPUs, time.Since(start).Round(time.Millisecond))
+	return c, n
+}
+
+// realPod is s as a pod of the real node: the test image, never pulled,
+// running script with sh, no service account token (the kubelet mounts it
+// in its own mount namespace), not restarted.
+func realPod(ns string, s podSpec, script string) *v1.Pod {
+	s.node = realNodeName
+	p := s.pod(ns)
+	p.Spec.TerminationGracePeriodSeconds = nil
+	p.Spec.RestartPolicy = v1.RestartPolicyNever
+	p.Spec.AutomountServiceAccountToken = ptr.To(false)
+	for i := range p.Spec.Containers {
+		c := &p.Spec.Containers[i]
+		c.Image, c.ImagePullPolicy = realnode.TestImage, v1.PullNever
+		c.Command = []string{"/bin/sh", "-c", script}
+	}
+	return p
+}
+
+// inspectScript prints what a container sees: its NVIDIA device nodes,
+// what opening each GPU's node gives (ENXIO: the device cgroup lets it
+// through to a driver that is not there; EPERM: the cgroup denies it),
+// for GPUs it was not given too (it makes their nodes itself), its MPS
+// environment and its cpuset. Then it sleeps until told to stop.
+const inspectScript = `echo "devices: $(ls /dev/nvidia* 2>&1 | tr '\n' ' ')"
+i=0
+while [ $i -lt %d ]; do
+  n=/dev/nvidia$i
+  [ -e $n ] || { mknod /tmp/nvidia$i c 195 $i; n=/tmp/nvidia$i; }
+  echo "open $n: $(head -c1 $n 2>&1 >/dev/null | sed 's/.*: //')"
+  i=$((i+1))
+done
+echo "env: $(env | grep -E '^(CUDA_|NVIDIA_|TESSERA_)' | sort | tr '\n' ' ')"
+echo "cpuset: $(grep Cpus_allowed_list /proc/self/status | cut -f2) mems: $(grep Mems_allowed_list /proc/self/status | cut -f2)"
+echo done
+trap 'exit 0' TERM
+sleep %d & wait
+`
+
+// containerLog returns a container's log (kubectl logs).
+func containerLog(ctx context.Context, client kubernetes.Interface, ns, pod string) (string, error) {
+	b, err := client.CoreV1().Pods(ns).GetLogs(pod, &v1.PodLogOptions{Container: "main"}).DoRaw(ctx)
+	return string(b), err
+}
+
+// waitLog waits until a pod's log has the line "done" and returns the log.
+func waitLog(t *testing.T, client kubernetes.Interface, ns, pod string, timeout time.Duration) string {
+	t.Helper()
+	var log string
+	var last error
+	err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		p, err := client.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
+		if err != nil {
+			last = err
+			return false, nil
+		}
+		if p.Status.Phase == v1.PodFailed {
+			return false, fmt.Errorf("pod %s failed: %s: %s", pod, p.Status.Reason, p.Status.Message)
+		}
+		if log, last = containerLog(ctx, client, ns, pod); last != nil {
+			return false, nil
+		}
+		return strings.Contains(log, "\ndone\n"), nil
+	})
+	if err != nil {
+		p, _ := client.CoreV1().Pods(ns).Get(t.Context(), pod, metav1.GetOptions{})
+		t.Fatalf("pod %s: no complete log: %v (last: %v)\n%s\npod: %+v", pod, err, last, log, p)
+	}
+	return log
+}
+
+// logLine returns the value of the line "key: value".
+func logLine(log, key string) string {
+	for _, l := range strings.Split(log, "\n") {
+		if v, ok := strings.CutPrefix(l, key+": "); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// TestRealNodeIsolation runs containers on a real kubelet + containerd +
+// runc node and checks what each saw: exactly its GPUs' device nodes,
+// other GPUs' nodes denied by the device cgroup, the MPS limits of a slice,
+// the NUMA node's CPUs.
+func TestRealNodeIsolation(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("a real node needs root")
+	}
+	ctx := t.Context()
+	const ns = "e2e-realnode"
+	c, n := startRealNode(ctx, t, ns, realnode.Options{})
+	client := c.Client()
+	script := fmt.Sprintf(inspectScript, realnode.GPUs, 3600)
+	for _, s := range []podSpec{
+		{name: "whole", gpus: 1},
+		{name: "slice", memUnits: 4, cores: 30},
+		{name: "cpu-only"},
+	} {
+		if _, err := client.CoreV1().Pods(ns).Create(ctx, realPod(ns, s, script), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"whole", "slice", "cpu-only"} {
+		log := waitLog(t, client, ns, name, 2*time.Minute)
+		t.Logf("container %s saw:\n%s", name, log)
+		p, err := client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var gpus []api.GPURef
+		want := map[string]string{}
+		if name != "cpu-only" {
+			a, err := api.ParseAssignment(p.Annotations[api.AnnotationAssignment])
+			if err != nil || a.Container("main") == nil {
+				t.Fatalf("pod %s: assignment %v: %v", name, p.Annotations[api.AnnotationAssignment], err)
+			}
+			ca := a.Container("main")
+			gpus = ca.GPUs
+			if ca.Shared != nil {
+				gpus = ca.Shared.GPUs()
+				want[api.EnvMPSPinnedDeviceMemLimit] = "0=4096M"
+				want[api.EnvMPSActiveThreadPercentage] = "30"
+				want[api.EnvMPSPipeDirectory] = api.MPSPipeMountPath
+			}
+		}
+		// Every container's CPUs: those of its GPUs' NUMA node (CPU 0 on
+		// this node's machine), or the kubelet's shared pool.
+		cpus := "0-1"
+		if len(gpus) > 0 {
+			cpus = "0"
+		}
+		checkSaw(t, name, log, gpus, want, cpus)
+	}
+	_ = n
+}
+
+// checkSaw checks what inspectScript printed in a container that holds
+// gpus: their device nodes and no other, each of them opened through the
+// device cgroup and every other GPU's node denied by it, env, the cpuset.
+func checkSaw(t *testing.T, pod, log string, gpus []api.GPURef, env map[string]string, cpus string) {
+	t.Helper()
+	mine := map[string]bool{}
+	var wantNodes []string
+	for _, g := range gpus {
+		n := fmt.Sprintf("/dev/nvidia%d", g.Index)
+		mine[n] = true
+		wantNodes = append(wantNodes, n)
+	}
+	var nodes []string
+	for _, d := range strings.Fields(logLine(log, "devices")) {
+		if strings.TrimLeft(strings.TrimPrefix(d, "/dev/nvidia"), "0123456789") == "" && strings.HasPrefix(d, "/dev/nvidia") {
+			nodes = append(nodes, d)
+		}
+	}
+	if strings.Join(nodes, " ") != strings.Join(wantNodes, " ") {
+		t.Errorf("pod %s: GPU device nodes %v, want exactly %v", pod, nodes, wantNodes)
+	}
+	for i := range realnode.GPUs {
+		dev, tmp := fmt.Sprintf("/dev/nvidia%d", i), fmt.Sprintf("/tmp/nvidia%d", i)
+		switch got := logLine(log, "open "+dev) + logLine(log, "open "+tmp); {
+		case mine[dev] && got != "No such device or address":
+			t.Errorf("pod %s: opening its GPU %s gave %q, want ENXIO (allowed by the device cgroup, no driver)", pod, dev, got)
+		case !mine[dev] && got != "Operation not permitted":
+			t.Errorf("pod %s: opening GPU %d, not its own, gave %q, want EPERM from the device cgroup", pod, i, got)
+		}
+	}
+	gotEnv := map[string]string{}
+	for _, kv := range strings.Fields(logLine(log, "env")) {
+		k, v, _ := strings.Cut(kv, "=")
+		gotEnv[k] = v
+	}
+	for k, v := range env {
+		if gotEnv[k] != v {
+			t.Errorf("pod %s: %s=%q, want %q", pod, k, gotEnv[k], v)
+		}
+	}
+	if len(env) == 0 {
+		for k := range gotEnv {
+			if strings.HasPrefix(k, "CUDA_MPS_") {
+				t.Errorf("pod %s holds no slice but has %s", pod, k)
+			}
+		}
+	}
+	if got, _, _ := strings.Cut(logLine(log, "cpuset"), " "); got != cpus {
+		t.Errorf("pod %s: cpuset %q, want %q", pod, got, cpus)
+	}
+}
