@@ -150,7 +150,9 @@ func Check(st *NodeState, d *Demand) Reason {
 		return reasonAllocatorOther
 	}
 	if kind == allocator.Shared && d.gpus() > 1 {
-		if _, ok := st.chooseSliceGPUs(st.viewFor(allocator.Shared), d); !ok {
+		// Where the node aligns on NUMA nodes, all on the NUMA node of the
+		// pod's units (as ChoosePlacement places them).
+		if _, ok := st.chooseSliceGPUs(inZone(st.viewFor(allocator.Shared), info, st.numaSliceZone(d)), d); !ok {
 			return NoGPUForSlice
 		}
 	}

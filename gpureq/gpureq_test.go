@@ -344,6 +344,7 @@ func TestCheckAssignment(t *testing.T) {
 	pod := podOf([]corev1.Container{ctr("init", 1, 0, 0)}, ctr("train", 2, 0, 0), ctr("infer", 0, 4, 30), ctr("core", 0, 0, 20), ctr("mem", 0, 2, 0), ctr("bad", 0, 0, 0))
 	pod.Spec.Containers[4] = withQ(pod.Spec.Containers[4], api.ResourceGPUMemory, "0.5")
 	ref := api.GPURef{UUID: uuid, Index: 1}
+	ref2 := api.GPURef{UUID: uuid[:len(uuid)-1] + "2", Index: 2}
 	tests := []struct {
 		name string
 		c    api.ContainerAssignment
@@ -359,6 +360,11 @@ func TestCheckAssignment(t *testing.T) {
 		{"slice to a container asking none", api.ContainerAssignment{Name: "train", Shared: &api.SharedGPU{GPU: ref, MemoryMiB: 1}}, false},
 		{"slice to an invalid request", api.ContainerAssignment{Name: "bad", Shared: &api.SharedGPU{GPU: ref, MemoryMiB: 1}}, false},
 		{"no such container", api.ContainerAssignment{Name: "ghost", GPUs: []api.GPURef{ref}}, false},
+		// A multi-GPU slice: its cores on each GPU times its GPUs.
+		{"a slice over two GPUs", api.ContainerAssignment{Name: "infer", Shared: &api.SharedGPU{GPU: ref, Spread: []api.GPURef{ref2}, MemoryMiB: 2048, Cores: 15}}, true},
+		{"a slice over two GPUs with more cores than asked", api.ContainerAssignment{Name: "infer", Shared: &api.SharedGPU{GPU: ref, Spread: []api.GPURef{ref2}, MemoryMiB: 2048, Cores: 16}}, false},
+		{"a core-only slice over two GPUs", api.ContainerAssignment{Name: "core", Shared: &api.SharedGPU{GPU: ref, Spread: []api.GPURef{ref2}, MemoryMiB: 4096, Cores: 10}}, true},
+		{"a core-only slice of its cores on each of two GPUs", api.ContainerAssignment{Name: "core", Shared: &api.SharedGPU{GPU: ref, Spread: []api.GPURef{ref2}, MemoryMiB: 4096, Cores: 20}}, false},
 	}
 	for _, tc := range tests {
 		a := api.NewAssignment()
