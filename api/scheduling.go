@@ -14,7 +14,8 @@ const (
 	// or contains it between non-alphanumeric boundaries, ignoring case.
 	AnnotationGPUModel = Domain + "/gpu-model"
 	// AnnotationNVLink, set to "required", asks that all of the pod's whole
-	// GPUs (tessera.dev/gpu) be in one NVLink clique of the node (see
+	// GPUs (tessera.dev/gpu), or the GPUs of its multi-GPU slice
+	// (AnnotationGPUCount), be in one NVLink clique of the node (see
 	// GPUInventory.NVLinkCliques). Any other value than "required" or
 	// "false" (the default) is an error.
 	AnnotationNVLink = Domain + "/nvlink"
