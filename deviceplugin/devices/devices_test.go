@@ -294,6 +294,21 @@ func TestUsageOf(t *testing.T) {
 			want: devices.Usage{Whole: set(), Shared: set(uuid(2))},
 		},
 		{
+			name: "a multi-GPU slice's assignment: each of its GPUs",
+			allocs: []devices.Allocation{
+				{Resource: api.ResourceGPUMemory, DeviceIDs: []string{uuid(1) + "::mem::0", uuid(1) + "::mem::1"}, SharedGPU: uuid(2) + "," + uuid(3)},
+			},
+			want: devices.Usage{Whole: set(), Shared: set(uuid(2), uuid(3))},
+		},
+		{
+			name: "a multi-GPU slice with a foreign GPU: an error, the nominal GPUs count",
+			allocs: []devices.Allocation{
+				{Resource: api.ResourceGPUMemory, DeviceIDs: []string{uuid(1) + "::mem::0"}, SharedGPU: uuid(2) + "," + uuid(9)},
+			},
+			want:    devices.Usage{Whole: set(), Shared: set(uuid(1))},
+			wantErr: 1,
+		},
+		{
 			name: "foreign devices are errors, others still count",
 			allocs: []devices.Allocation{
 				{Resource: api.ResourceGPU, DeviceIDs: []string{uuid(9), uuid(1)}},

@@ -234,3 +234,27 @@ func TestSyncPods(t *testing.T) {
 		}
 	}
 }
+
+// A multi-GPU slice's container is reported on all its GPUs (its MPS
+// group key); a sealed slice whose cores on each GPU times its GPUs exceed
+// the container's request is not Tessera's decision for it (the trust
+// filter drops it) and is not reported.
+func TestSyncPodsMultiGPUSlice(t *testing.T) {
+	slice := func(cores int64) api.ContainerAssignment {
+		return api.ContainerAssignment{Name: "b", Shared: &api.SharedGPU{GPU: api.GPURef{UUID: gpu0, Index: 0}, Spread: []api.GPURef{{UUID: gpu2, Index: 2}}, MemoryMiB: 2048, Cores: cores}}
+	}
+	cs := fake.NewClientset(pod("ml", "multi", "n1", sealed(t, "multi", slice(25))), pod("ml", "greedy", "n1", sealed(t, "greedy", slice(26))))
+	c := kube.New(cs, "n1", testTrust(t), nil)
+	units := []string{gpu1 + "::mem::0", gpu1 + "::mem::1", gpu1 + "::mem::2", gpu1 + "::mem::3"}
+	allocs := []kubeletstate.ContainerDevices{
+		{Namespace: "ml", Name: "multi", Container: "b", Resource: api.ResourceGPUMemory, DeviceIDs: units},
+		{Namespace: "ml", Name: "greedy", Container: "b", Resource: api.ResourceGPUMemory, DeviceIDs: units},
+	}
+	shared, err := c.SyncPods(context.Background(), allocs, gpuIndex, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(map[kubeletstate.ContainerKey]string{{Namespace: "ml", Name: "multi", Container: "b"}: gpu0 + "," + gpu2}, shared); diff != "" {
+		t.Errorf("shared placements (-want +got):\n%s", diff)
+	}
+}
