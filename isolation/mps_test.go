@@ -461,3 +461,48 @@ func TestMPSGroupDaemon(t *testing.T) {
 		t.Errorf("running %v, want GPU 5's own daemon", got)
 	}
 }
+
+// After an agent restart a set's daemon is found again: its directories
+// are a function of its GPUs, so the new agent adopts it rather than
+// starting a second daemon over the same GPUs.
+func TestMPSAdoptsRunningSetDaemon(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	m := newTestMPS(t, &fakeComputeMode{}, nil)
+	key := gpu5.UUID + "," + gpu6.UUID
+	pipe, log := m.PipeDir(key), m.LogDir(key)
+	for _, d := range []string{pipe, log} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	prev := exec.Command(fakeBinary(t), "-f")
+	prev.Env = append(os.Environ(), "CUDA_VISIBLE_DEVICES="+key, "CUDA_MPS_PIPE_DIRECTORY="+pipe, "CUDA_MPS_LOG_DIRECTORY="+log)
+	prev.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := prev.Start(); err != nil {
+		t.Fatal(err)
+	}
+	prevDone := make(chan error, 1)
+	go func() { prevDone <- prev.Wait() }()
+	eventually(t, "the previous daemon's control pipe", func() bool {
+		_, err := os.Stat(filepath.Join(pipe, ControlPipe))
+		return err == nil
+	})
+	if err := os.WriteFile(filepath.Join(log, mpsPidFile), []byte(strconv.Itoa(prev.Process.Pid)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The ledger's group, GPUs in any order.
+	if err := m.Sync(ctx, [][]api.GPURef{{gpu6, gpu5}}); err != nil {
+		t.Fatalf("Sync: %v", err)
+	}
+	if n := len(readLines(t, filepath.Join(log, "started"))); n != 1 {
+		t.Fatalf("the set's daemon started %d times; want the running one adopted", n)
+	}
+	if err := m.Sync(ctx, nil); err != nil {
+		t.Fatalf("Sync: %v", err)
+	}
+	select {
+	case <-prevDone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the adopted set daemon did not quit")
+	}
+}
