@@ -126,11 +126,7 @@ func Check(st *NodeState, d *Demand) Reason {
 			return NoNVLinkClique
 		}
 	}
-	v := st.viewFor(kind)
-	if kind == allocator.Shared && d.gpus() == 1 {
-		v = st.singleSliceView(v)
-	}
-	switch allocator.Fit(v, req) {
+	switch allocator.Fit(st.viewForDemand(d), req) {
 	case allocator.Fits:
 	case allocator.InsufficientCPU:
 		return InsufficientCPU
@@ -294,7 +290,7 @@ func Score(p allocator.Policy, st *NodeState, d *Demand) (score float64, ok bool
 		return st.migScore(d), true
 	}
 	req := d.Request(st.Info.UnitMiB, st.Info.SliceBaseMiB)
-	return p.Evaluate(st.viewFor(d.Kind()), req).Score, true
+	return p.Evaluate(st.viewForDemand(d), req).Score, true
 }
 
 // PreferAligned ranks nodes whose topology manager only prefers NUMA
@@ -384,7 +380,7 @@ func (q *Query) Score(p allocator.Policy, st *NodeState) (float64, bool) {
 		return e.score, true
 	}
 	req := q.D.Request(st.Info.UnitMiB, st.Info.SliceBaseMiB)
-	e.policy, e.score = p, p.Evaluate(st.viewFor(q.D.Kind()), req).Score
+	e.policy, e.score = p, p.Evaluate(st.viewForDemand(q.D), req).Score
 	st.remember(e)
 	return e.score, true
 }

@@ -491,7 +491,12 @@ func (p *Preemptor) apply(ctx context.Context, asker *corev1.Pod, d *Demand, nod
 		if err != nil || len(u.Shared) == 0 {
 			return fmt.Errorf("preemption for %s/%s on %s: placing the slice: %v", asker.Namespace, asker.Name, node, err)
 		}
-		plan.GPU = &api.GPURef{UUID: u.Shared[0].UUID, Index: u.Shared[0].Index}
+		// A plan names one GPU: a multi-GPU slice is planned without one
+		// (it holds its GPU count of the node's GPUs, and its bind places
+		// it).
+		if d.gpus() == 1 {
+			plan.GPU = &api.GPURef{UUID: u.Shared[0].UUID, Index: u.Shared[0].Index}
+		}
 	}
 	ann := map[string]string{}
 	if err := api.SetGangPlan(ann, plan); err != nil {

@@ -97,6 +97,20 @@ func TestPreemptorAcrossShapes(t *testing.T) {
 			want: []string{"nb-new"}, wantPlan: "n1", wantGPU: 1,
 		},
 		{
+			name:  "a two-GPU inference slice evicts both whole-GPU notebooks; planned without a GPU",
+			nodes: []*corev1.Node{twoGPUs("n1")},
+			pods: []*corev1.Pod{
+				running(makePod("nb-old").Whole(1).Priority(notebook).Node("n1").Holding(0), 30),
+				running(makePod("nb-new").Whole(1).Priority(notebook).Node("n1").Holding(1), 10),
+				func() *corev1.Pod {
+					p := asking(makePod("inf").Shared(10, 20).Priority(inference))
+					p.Annotations[api.AnnotationGPUCount] = "2"
+					return p
+				}(),
+			},
+			want: []string{"nb-new", "nb-old"}, wantPlan: "n1", wantGPU: -1,
+		},
+		{
 			name:  "an inference whole GPU evicts the notebook slices of one GPU, the fewest",
 			nodes: []*corev1.Node{twoGPUs("n1")},
 			pods: []*corev1.Pod{

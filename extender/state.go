@@ -280,7 +280,8 @@ func NewPodUse(pod *corev1.Pod) *PodUse {
 // PlannedPodUse is what an unbound gang member holds on the node of its
 // plan: its CPU and memory, its whole GPUs (pending: the node's device
 // plugin picks them) or its shared slices on the planned GPU (a shared
-// member planned without a GPU holds one GPU of the node).
+// member planned without a GPU holds one GPU of the node, N for a slice of
+// N GPUs).
 func PlannedPodUse(pod *corev1.Pod, plan *api.GangPlan) *PodUse {
 	u := &PodUse{UID: pod.UID, Namespace: pod.Namespace, Name: pod.Name, Node: plan.Node, Planned: true}
 	if pod.Spec.Priority != nil {
@@ -297,7 +298,7 @@ func PlannedPodUse(pod *corev1.Pod, plan *api.GangPlan) *PodUse {
 		u.WholePending, u.NVLink = d.WholeGPUs, d.NVLink
 	case allocator.Shared:
 		if plan.GPU == nil {
-			u.WholePending = 1
+			u.WholePending = d.gpus() // its slice's GPUs, wherever they go
 		} else {
 			u.PlannedShares, u.PlannedGPU = d.Shares, plan.GPU.UUID
 		}
@@ -440,14 +441,21 @@ func (s *NodeState) offeredWhole(p int) bool {
 // withheld from shared use, and for whole GPUs the kubelet is still to
 // choose, as many free GPUs offered whole as pending whole GPUs are
 // counted on the node (u's among them), in one NVLink clique for u when it
-// needs one. The ledger frees a GPU when its pod ends, but the node agent
+// needs one; for slices, the node's shared isolation connected. The ledger frees a GPU when its pod ends, but the node agent
 // offers it to the other kind only once the kubelet's allocations show it
 // free (the inventory's withheld lists); a pod bound before would be
 // refused by the kubelet. Filter does not ask this (the scheduler would
 // not retry the pod when the node releases the GPU); Bind waits for it.
 func (s *NodeState) Offers(u *PodUse) (bool, string) {
 	info := s.Info
-	for _, sh := range u.sharedOn(info) {
+	shared := u.sharedOn(info)
+	if len(shared) > 0 && !info.SharedIsolation {
+		// The node's NRI plugin is away (the runtime or the agent
+		// restarts): its device plugin refuses shared units until it is
+		// back.
+		return false, "the node's shared-GPU isolation (its NRI plugin) is not connected"
+	}
+	for _, sh := range shared {
 		if p := info.position(sh.UUID); p >= 0 && gpureq.CheckShared(gpureq.GPUUse{Whole: info.GPUs[p].WithheldShared}) != nil {
 			return false, fmt.Sprintf("GPU %d is still withheld from shared use (its whole-GPU pod ended; the kubelet has not freed it yet)", info.GPUs[p].Index)
 		}
@@ -473,6 +481,17 @@ func (s *NodeState) Offers(u *PodUse) (bool, string) {
 // View returns a copy of the allocator view of the node for pods of
 // kind.
 func (s *NodeState) View(kind allocator.Kind) *allocator.Node { return s.viewFor(kind).Clone() }
+
+// viewForDemand is the view d is fitted and scored on: viewFor its kind,
+// and for a slice of one GPU without the GPUs of multi-GPU sets
+// (singleSliceView). A multi-GPU slice is scored as its share of one GPU.
+func (s *NodeState) viewForDemand(d *Demand) *allocator.Node {
+	kind := d.Kind()
+	if kind == allocator.Shared && d.gpus() == 1 {
+		return s.singleSliceView(s.viewFor(kind))
+	}
+	return s.viewFor(kind)
+}
 
 func (s *NodeState) viewFor(kind allocator.Kind) *allocator.Node {
 	if kind == allocator.Shared {
