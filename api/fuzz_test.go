@@ -54,6 +54,10 @@ func FuzzParseAssignment(f *testing.F) {
 		assignment(whole("a", api.GPURef{UUID: "gpu0"})),
 		assignment(shared("a", api.GPURef{UUID: uuid0}, 0, 101)),
 		assignment(whole("a", api.GPURef{UUID: uuid0}), whole("a")),
+		// Multi-GPU slices: valid, out of order, a GPU twice.
+		assignment(api.ContainerAssignment{Name: "t", Shared: &api.SharedGPU{GPU: api.GPURef{UUID: uuid0}, Spread: []api.GPURef{{UUID: uuid1, Index: 1}}, MemoryMiB: 8192, Cores: 20}}),
+		assignment(api.ContainerAssignment{Name: "t", Shared: &api.SharedGPU{GPU: api.GPURef{UUID: uuid1, Index: 1}, Spread: []api.GPURef{{UUID: uuid0}}, MemoryMiB: 8192}}),
+		assignment(api.ContainerAssignment{Name: "t", Shared: &api.SharedGPU{GPU: api.GPURef{UUID: uuid0}, Spread: []api.GPURef{{UUID: uuid0, Index: 1}}, Cores: 20}}),
 	} {
 		f.Add(mustEncode(f, a))
 	}
