@@ -101,6 +101,7 @@ func (g *Groups) Add(uuids []string) {
 }
 
 // Of is the group key of the GPU uuid; ok is false when it serves no slice.
+// A GPU whose slices span different sets has a key no slice matches.
 func (g Groups) Of(uuid string) (key string, ok bool) {
 	key, ok = g.of[uuid]
 	return key, ok

@@ -2,6 +2,7 @@ package gpureq
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -125,4 +126,90 @@ func TestCheckCount(t *testing.T) {
 	if r := CheckCount(5, 4); codeOf(r) != CodeGPUCountAboveNode {
 		t.Errorf("5 of 4: %v, want %s", r, CodeGPUCountAboveNode)
 	}
+}
+
+// FuzzChooseGPUs checks ChooseGPUs against the group rule on random nodes
+// built from random slices: what it picks is n distinct GPUs with room,
+// in index order, that Groups.Check admits; and when it finds nothing, no
+// admissible set exists (checked by brute force over all subsets).
+func FuzzChooseGPUs(f *testing.F) {
+	f.Add(uint8(4), uint8(2), uint16(0b1010), []byte{0x03, 0x04}, false)
+	f.Add(uint8(8), uint8(3), uint16(0xff), []byte{0x07, 0x18, 0x20}, true)
+	f.Add(uint8(2), uint8(2), uint16(0), []byte{}, false)
+	f.Fuzz(func(t *testing.T, gpus, n uint8, room uint16, sets []byte, requireClique bool) {
+		g, k := int(gpus%9), int(n%5)
+		if g == 0 {
+			return
+		}
+		uuid := func(i int) string { return string(rune('A' + i)) }
+		var groups Groups
+		for _, mask := range sets { // each byte: the GPUs of one slice
+			var s []string
+			for i := range g {
+				if mask&(1<<i) != 0 {
+					s = append(s, uuid(i))
+				}
+			}
+			groups.Add(s)
+		}
+		cands := make([]Candidate, g)
+		for i := range g {
+			cands[i] = Candidate{UUID: uuid(i), Index: g - 1 - i, Room: room&(1<<i) != 0, FreeMiB: int64(i)}
+			cands[i].Group, _ = groups.Of(uuid(i))
+			if key := cands[i].Group; key != conflict && groups.InSet(uuid(i)) != strings.Contains(key, ",") {
+				t.Fatalf("GPU %s: InSet %v, group %q", uuid(i), groups.InSet(uuid(i)), key)
+			}
+		}
+		cliques := [][]int{}
+		for i := 0; i < g; i += 2 {
+			cliques = append(cliques, []int{i, min(i+1, g-1)})
+		}
+		admissible := func(ps []int) bool {
+			var us []string
+			for _, p := range ps {
+				if !cands[p].Room {
+					return false
+				}
+				us = append(us, cands[p].UUID)
+			}
+			if groups.Check(us) != nil {
+				return false
+			}
+			if requireClique && len(ps) > 1 {
+				for _, p := range ps {
+					if p/2 != ps[0]/2 {
+						return false
+					}
+				}
+			}
+			return true
+		}
+		pos, ok := ChooseGPUs(cands, k, cliques, requireClique)
+		if ok {
+			if len(pos) != k || !admissible(pos) {
+				t.Fatalf("ChooseGPUs(n=%d) = %v: not %d admissible GPUs (%+v)", k, pos, k, cands)
+			}
+			for i := 1; i < len(pos); i++ {
+				if pos[i] == pos[i-1] || cands[pos[i]].Index <= cands[pos[i-1]].Index {
+					t.Fatalf("ChooseGPUs = %v: not distinct GPUs in index order", pos)
+				}
+			}
+			return
+		}
+		if k < 1 || k > g {
+			return
+		}
+		// Nothing found: no subset of k GPUs is admissible.
+		for mask := 0; mask < 1<<g; mask++ {
+			var ps []int
+			for i := range g {
+				if mask&(1<<i) != 0 {
+					ps = append(ps, i)
+				}
+			}
+			if len(ps) == k && admissible(ps) {
+				t.Fatalf("ChooseGPUs(n=%d) found nothing, but %v is admissible (%+v)", k, ps, cands)
+			}
+		}
+	})
 }
