@@ -23,6 +23,7 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -121,7 +122,22 @@ type Options struct {
 	Metrics *Metrics
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
+	// NRIWait is how long Allocate of shared units waits for an NRI plugin
+	// that is not connected (the container runtime restarting) before it
+	// refuses them: DefaultNRIWait when 0, no wait when negative.
+	NRIWait time.Duration
+	// StopDrain is how long Run, told to stop, goes on serving the kubelet
+	// after it published an inventory that withholds every GPU, so that a
+	// pod bound just before the extender saw it is still admitted:
+	// DefaultStopDrain when 0, none when negative.
+	StopDrain time.Duration
 }
+
+// Defaults of Options.
+const (
+	DefaultNRIWait   = 10 * time.Second
+	DefaultStopDrain = 2 * time.Second
+)
 
 // Agent is the node agent's device plugin side.
 type Agent struct {
@@ -176,6 +192,12 @@ func New(opts Options) (*Agent, error) {
 			&kubeletstate.PodResources{Socket: kubeletstate.DefaultPodResourcesSocket},
 			&kubeletstate.Checkpoint{Path: filepath.Join(opts.PluginDir, kubeletstate.CheckpointFile)},
 		}
+	}
+	if opts.NRIWait == 0 {
+		opts.NRIWait = DefaultNRIWait
+	}
+	if opts.StopDrain == 0 {
+		opts.StopDrain = DefaultStopDrain
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
@@ -316,10 +338,33 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	<-ctx.Done()
 	wg.Wait()
+	a.drain()
 	for _, p := range a.plugins {
 		p.stop()
 	}
 	return nil
+}
+
+// drain, when the agent stops, publishes an inventory that withholds
+// every GPU from both kinds, so that the extender binds no pod here until
+// the next agent has offered the kubelet its devices again (a pod bound
+// meanwhile would be refused by the kubelet: the plugins' devices turn
+// unhealthy when they stop). Then it goes on serving for StopDrain, for
+// the pods bound before the extender saw the inventory.
+func (a *Agent) drain() {
+	a.state.stop()
+	if a.opts.Publisher != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := a.opts.Publisher.PublishInventory(ctx, a.Inventory()); err != nil {
+			a.logger.Error(err, "Publishing the stopping agent's inventory (every GPU withheld)")
+		} else {
+			a.logger.Info("Published every GPU withheld: the agent is stopping", "drain", a.opts.StopDrain)
+		}
+	}
+	if a.opts.StopDrain > 0 {
+		time.Sleep(a.opts.StopDrain)
+	}
 }
 
 // watch turns events in the device-plugin directory into work: a new
@@ -366,6 +411,9 @@ func (a *Agent) registrar(ctx context.Context) {
 
 func (a *Agent) registerAll(ctx context.Context) {
 	a.setRegistered(nil)
+	// A (re)started kubelet knows none of the devices until the plugins'
+	// ListAndWatch streams send them: withhold every GPU till then.
+	a.state.clearSent()
 	for _, p := range a.plugins {
 		p.stop()
 		if err := p.start(); err != nil {
@@ -558,6 +606,19 @@ func (a *Agent) applyKubelet(allocs []kubeletstate.ContainerDevices) {
 		out = append(out, d)
 	}
 	a.state.setKubelet(out)
+}
+
+// waitNRI waits up to NRIWait for the NRI plugin to be connected: it is
+// away only while the container runtime restarts, and a pod the kubelet is
+// admitting meanwhile would otherwise fail.
+func (a *Agent) waitNRI(ctx context.Context, logger klog.Logger) {
+	if a.nriConnected() || a.opts.NRIWait < 0 {
+		return
+	}
+	logger.Info("Waiting for the NRI plugin to connect before allocating shared units", "timeout", a.opts.NRIWait)
+	_ = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, a.opts.NRIWait, true, func(context.Context) (bool, error) {
+		return a.nriConnected(), nil
+	})
 }
 
 func (a *Agent) nriConnected() bool {
@@ -786,6 +847,9 @@ func (a *Agent) allocateRequest(ctx context.Context, k Kind, containers [][]stri
 	logger := a.logger.WithValues("resource", r)
 	_, shared := k.(SharedKind)
 	assigned := a.assignedFor(ctx, k)
+	if shared {
+		a.waitNRI(ctx, logger)
+	}
 	var resps []*pluginapi.ContainerAllocateResponse
 	err := a.state.allocate(func(h devices.HealthMap, u devices.Usage) ([]devices.Allocation, error) {
 		if shared && !a.nriConnected() {

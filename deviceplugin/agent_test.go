@@ -127,6 +127,7 @@ func newEnv(t testing.TB, m *nvmlmock.Machine, mutate func(*api.NodeAgentConfig)
 		NRI:       e.nri,
 		Metrics:   metrics,
 		Now:       e.clock.Now,
+		StopDrain: -1,
 	}
 	for _, o := range extra {
 		o(&opts)
@@ -339,8 +340,12 @@ func TestAllocateWholeGPUs(t *testing.T) {
 	}
 }
 
+func withNRIWait(d time.Duration) envOption {
+	return func(o *deviceplugin.Options) { o.NRIWait = d }
+}
+
 func TestSharedUnitsRefusedWithoutNRI(t *testing.T) {
-	e := newEnv(t, nvmlmock.DGXA100(), nil).start(true)
+	e := newEnv(t, nvmlmock.DGXA100(), nil, withNRIWait(100*time.Millisecond)).start(true)
 	all := e.totals()
 	e.kubelet.waitCounts("registration", all, all)
 	for _, r := range []corev1.ResourceName{memR, coreR} {
@@ -353,6 +358,22 @@ func TestSharedUnitsRefusedWithoutNRI(t *testing.T) {
 	e.kubelet.waitCounts("nothing withheld", all, all)
 	if got := mustMetric(t, e.reg, "tessera_node_allocations_total", map[string]string{"resource": string(memR), "result": "error"}); got != 1 {
 		t.Errorf("memory allocation errors = %v, want 1", got)
+	}
+}
+
+// An NRI plugin away for a moment (the runtime restarting): Allocate of
+// shared units waits for it instead of failing the pod.
+func TestSharedUnitsWaitForNRI(t *testing.T) {
+	e := newEnv(t, nvmlmock.DGXA100(), nil, withNRIWait(time.Minute)).start(true)
+	all := e.totals()
+	e.kubelet.waitCounts("registration", all, all)
+	time.AfterFunc(300*time.Millisecond, func() { e.nri.connected.Store(true) })
+	start := time.Now()
+	if _, err := e.kubelet.allocate(memR, unitsOf(memR, e.uuid(2), 4)...); err != nil {
+		t.Fatalf("Allocate while the NRI plugin reconnects: %v", err)
+	}
+	if d := time.Since(start); d < 300*time.Millisecond {
+		t.Errorf("Allocate returned after %s, before the NRI plugin connected", d)
 	}
 }
 
@@ -599,6 +620,44 @@ func TestPublishesInventoryAndSharedIsolationCondition(t *testing.T) {
 		inv, _, _ := api.GetGPUInventory(n.Annotations)
 		return inv != nil && !inv.GPUs[3].Healthy && inv.GPUs[3].Reason == "XID 48"
 	})
+}
+
+// The inventory withholds every GPU until the kubelet was sent the
+// device lists, and again once the agent stops (then it goes on serving
+// for StopDrain), so that the extender binds no pod the kubelet would
+// refuse for devices no plugin offers.
+func TestInventoryWithholdsAllWhenStopping(t *testing.T) {
+	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	e := newEnv(t, nvmlmock.DGXA100(), nil, withPublisher(kube.New(cs, "n1", nil, nil)),
+		func(o *deviceplugin.Options) { o.StopDrain = 300 * time.Millisecond }).start(true)
+	all := e.totals()
+	e.kubelet.waitCounts("registration", all, all)
+	withheld := func() (whole, shared int) {
+		n, err := cs.CoreV1().Nodes().Get(context.Background(), "n1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		inv, ok, err := api.GetGPUInventory(n.Annotations)
+		if err != nil || !ok {
+			return -1, -1
+		}
+		return len(inv.WithheldFromWhole), len(inv.WithheldFromShared)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for w, s := withheld(); w != 0 || s != 0; w, s = withheld() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after every list was sent, %d GPUs still withheld from whole use and %d from shared", w, s)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	start := time.Now()
+	e.stop()
+	if d := time.Since(start); d < 300*time.Millisecond {
+		t.Errorf("the agent stopped %s after it was told to, before its drain of 300ms", d)
+	}
+	if w, s := withheld(); w != 8 || s != 8 {
+		t.Errorf("the stopped agent's inventory withholds %d GPUs from whole use and %d from shared, want all 8", w, s)
+	}
 }
 
 func TestBuildInventory(t *testing.T) {

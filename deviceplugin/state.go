@@ -37,6 +37,8 @@ type state struct {
 	// sent is, per resource, the last device list a ListAndWatch stream
 	// sent to the kubelet (markSent); absent until one was sent.
 	sent map[corev1.ResourceName][]devices.Device
+	// stopping is set when the agent stops: every GPU is withheld.
+	stopping bool
 	// onChange, when set, is called (under mu; it must not block or take
 	// mu) when a device list changes or one was sent: the inventory's
 	// withheld lists may have changed.
@@ -207,6 +209,25 @@ func (s *state) recomputeLocked() {
 	s.metrics.setGPUHealth(s.model.GPUs(), s.health)
 }
 
+// clearSent forgets every list sent: the kubelet (re)started, and knows
+// the devices only once the ListAndWatch streams send them again.
+func (s *state) clearSent() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	clear(s.sent)
+	if s.onChange != nil {
+		s.onChange()
+	}
+}
+
+// stop makes inventoryView withhold every GPU from both kinds: the agent
+// is stopping.
+func (s *state) stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopping = true
+}
+
 // markSent records that a ListAndWatch stream sent list, resource r's
 // device list, to the kubelet: the Send returned.
 func (s *state) markSent(r corev1.ResourceName, list []devices.Device) {
@@ -244,6 +265,16 @@ func (s *state) inventoryView() (h devices.HealthMap, whole, shared []string) {
 			into = fromShared
 		}
 		r := k.Resource()
+		if _, sent := s.sent[r]; !sent || s.stopping {
+			// The kubelet has none of r's devices from this agent yet, or
+			// the agent is stopping.
+			for _, g := range s.model.GPUs() {
+				if s.health.Of(g.UUID).Healthy {
+					into[g.UUID] = true
+				}
+			}
+			continue
+		}
 		for _, list := range [][]devices.Device{s.lists[r], s.sent[r]} {
 			for _, d := range list {
 				if !d.Healthy && s.health.Of(d.GPU).Healthy {

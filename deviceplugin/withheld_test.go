@@ -13,7 +13,9 @@ import (
 
 // The inventory's withheld lists: a withholding is published at once; a
 // release only once the device list that offers the GPU again has been
-// sent to the kubelet (for shared units, every shared resource's list).
+// sent to the kubelet (for shared units, every shared resource's list);
+// everything until a list was first sent (after each registration with a
+// kubelet), and everything once the agent stops.
 func TestInventoryViewReleasesOnlyAfterTheListWasSent(t *testing.T) {
 	m, kinds := testKinds(t, api.ResourceGPU, api.ResourceGPUMemory, api.ResourceGPUCore)
 	s := newState(klog.Background(), m, kinds, time.Hour, time.Now, nil)
@@ -34,7 +36,14 @@ func TestInventoryViewReleasesOnlyAfterTheListWasSent(t *testing.T) {
 			}
 		}
 	}
-	want("start", nil, nil)
+	all := []string{"GPU-a", "GPU-b"}
+	// Until a resource's first list was sent, the kubelet offers none of
+	// its devices: every GPU is withheld from that kind.
+	want("start, nothing sent", all, all)
+	send(string(api.ResourceGPU))
+	want("whole GPUs sent", nil, all)
+	send(string(api.ResourceGPUMemory), string(api.ResourceGPUCore))
+	want("every list sent", nil, nil)
 
 	// A slice assigned to GPU-a: withheld from whole use, published before
 	// the kubelet was sent the list.
@@ -69,4 +78,16 @@ func TestInventoryViewReleasesOnlyAfterTheListWasSent(t *testing.T) {
 	s.setHealth(devices.HealthMap{"GPU-a": {Healthy: false, Reason: "XID 79"}})
 	send(string(api.ResourceGPU), string(api.ResourceGPUMemory), string(api.ResourceGPUCore))
 	want("unhealthy", nil, nil)
+
+	// The kubelet restarted: withheld until the lists are sent again (the
+	// unhealthy GPU is not listed).
+	s.clearSent()
+	want("kubelet restarted", []string{"GPU-b"}, []string{"GPU-b"})
+	send(string(api.ResourceGPU), string(api.ResourceGPUMemory), string(api.ResourceGPUCore))
+	want("sent again", nil, nil)
+
+	// The agent stops: everything withheld, whatever is sent.
+	s.stop()
+	send(string(api.ResourceGPU), string(api.ResourceGPUMemory), string(api.ResourceGPUCore))
+	want("stopping", []string{"GPU-b"}, []string{"GPU-b"})
 }

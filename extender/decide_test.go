@@ -272,6 +272,8 @@ func TestOffersWaitsForWithheldGPUs(t *testing.T) {
 		{name: "a GPU withheld from whole use takes slices", node: makeNode("n").GPUs(1, a100, 40960).WithheldFromWhole(0), pods: []*corev1.Pod{slice(0)}, want: true},
 		{name: "a whole GPU's units still withheld after its pod ended", node: makeNode("n").GPUs(2, a100, 40960).WithheldFromShared(1), pods: []*corev1.Pod{slice(1)}},
 		{name: "units of another GPU withheld", node: makeNode("n").GPUs(2, a100, 40960).WithheldFromShared(1), pods: []*corev1.Pod{slice(0)}, want: true},
+		{name: "a slice waits while the node's NRI plugin is away", node: makeNode("n").GPUs(2, a100, 40960).NoIsolation(), pods: []*corev1.Pod{slice(0)}},
+		{name: "whole GPUs need no NRI plugin", node: makeNode("n").GPUs(2, a100, 40960).NoIsolation(), pods: []*corev1.Pod{whole(2)}, want: true},
 		{name: "a GPU withheld from shared use is offered whole", node: makeNode("n").GPUs(8, a100, 40960).WithheldFromShared(0, 1, 2, 3, 4, 5, 6, 7), pods: []*corev1.Pod{whole(8)}, want: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
