@@ -111,6 +111,27 @@ func TestMultiGPUSlice(t *testing.T) {
 		t.Errorf("pod uneven: FailedScheduling %q, want the even-split reason", msg)
 	}
 
+	// A pod that bypasses the extender (spec.nodeName, as an admin may):
+	// the NRI plugin places its two GPUs by the same rule and records them
+	// in its sealed assignment.
+	direct := podSpec{name: "direct", memUnits: 4, cores: 10, annotations: two}.pod(ns)
+	for _, n := range c.Nodes() {
+		if n.Name != node {
+			direct.Spec.NodeName = n.Name
+			break
+		}
+	}
+	if _, err := c.Client().CoreV1().Pods(ns).Create(t.Context(), direct, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pd, recD := waitRunning(t, c, ns, "direct", 90*time.Second)
+	if pd, caD := waitAssignment(t, c, pd, "main", 0); caD != nil && caD.Shared != nil {
+		if g := caD.Shared.GPUs(); len(g) != 2 || caD.Shared.MemoryMiB != 2*int64(inventory(t, c, pd.Spec.NodeName).MemoryUnitMiB) || caD.Shared.Cores != 5 {
+			t.Errorf("pod direct: placed on the node as %+v, want 2 units and 5%% on each of two GPUs", caD.Shared)
+		}
+		checkIsolated(t, c, pd, recD, "main")
+	}
+
 	occ, pods := occupancy(t, c)
 	checkNoOvercommit(t, occ)
 	for _, g := range gpus {
