@@ -124,3 +124,26 @@ func TestPriority(t *testing.T) {
 		t.Error("a negative Undeclared was accepted")
 	}
 }
+
+func TestMayHold(t *testing.T) {
+	for _, tc := range []struct {
+		share         float64
+		big, capacity int
+		want          bool
+	}{
+		{0, 128, 128, true}, // no cap
+		{0.5, 64, 128, true},
+		{0.5, 65, 128, false},
+		{0.25, 0, 128, true},
+		{0.5, 8, 0, true},
+	} {
+		if got := (Policy{MaxShare: tc.share}).MayHold(tc.big, tc.capacity); got != tc.want {
+			t.Errorf("MaxShare %v: MayHold(%d of %d) = %v, want %v", tc.share, tc.big, tc.capacity, got, tc.want)
+		}
+	}
+	for _, bad := range []float64{-0.1, 1.5} {
+		if err := (Policy{MinGPUs: 1, MaxShare: bad}).Validate(); err == nil {
+			t.Errorf("MaxShare %v accepted", bad)
+		}
+	}
+}

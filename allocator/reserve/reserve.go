@@ -77,6 +77,17 @@ type Policy struct {
 	// Undeclared is the run time Priority assumes for a job that declared
 	// none (0: DefaultUndeclared).
 	Undeclared time.Duration
+	// MaxShare caps reservations by how much of the cluster big jobs
+	// already use: no new reservation is made while jobs of MinGPUs or
+	// more run on more than this share of the GPUs (0: no cap). Backfill
+	// alone may still run them beyond it.
+	MaxShare float64
+}
+
+// MayHold reports whether a new reservation may be made while big jobs
+// (MinGPUs or more) run on bigGPUs of the cluster's capacity GPUs.
+func (p Policy) MayHold(bigGPUs, capacity int) bool {
+	return p.MaxShare <= 0 || capacity <= 0 || float64(bigGPUs) <= p.MaxShare*float64(capacity)
 }
 
 // DefaultUndeclared is the run time assumed for a job that declared none:
@@ -93,6 +104,9 @@ func (p Policy) Validate() error {
 	}
 	if p.Max < 0 {
 		return fmt.Errorf("reserve: Max %d: want 0 or more", p.Max)
+	}
+	if p.MaxShare < 0 || p.MaxShare > 1 {
+		return fmt.Errorf("reserve: MaxShare %v: want 0 (no cap) to 1", p.MaxShare)
 	}
 	if p.Undeclared < 0 {
 		return fmt.Errorf("reserve: Undeclared %v: want 0 or more", p.Undeclared)

@@ -71,6 +71,7 @@ func parseJobsFlags(args []string, stderr io.Writer) (*jobsOptions, error) {
 	fs.BoolVar(&o.reserve.ByAge, "reserve-by-age", def.Reserve.ByAge, "reserve: hold the nodes whose longest-running pod is youngest first (else the fewest GPUs to drain first)")
 	fs.BoolVar(&o.reserve.Estimates, "reserve-estimates", def.Reserve.Estimates, "reserve: EASY backfill by declared run times (--estimates): hold the nodes that drain first, and let a job that ends before the reservation starts backfill on held GPUs")
 	fs.BoolVar(&o.reserve.ShortFirst, "reserve-short-first", def.Reserve.ShortFirst, "reserve: try waiting jobs by response ratio ((waited + declared run time) / declared run time) instead of in arrival order")
+	fs.Float64Var(&o.reserve.MaxShare, "reserve-max-share", def.Reserve.MaxShare, "reserve: no new reservation while jobs of --reserve-min-gpus or more run on more than this share of the GPUs (0: no cap)")
 	fs.DurationVar(&o.reserve.Undeclared, "reserve-undeclared", def.Reserve.Undeclared, "reserve: with --reserve-short-first, the run time assumed for a job that declares none (0: 720h)")
 	estimates := fs.String("estimates", def.Estimates.String(), "reserve: comma-separated models of the run time jobs declare, one replay each: none, oracle (the actual duration), user<factor>x-miss<share> (actual x factor rounded up to a limit class of 1h..30d; that share of jobs declares none)")
 	reserveOrder := fs.String("reserve-order", string(def.Reserve.Order), "reserve: tie-break between nodes with as many GPUs to drain: youngest, oldest (by their longest-running pod) or name")
@@ -294,6 +295,9 @@ func reserveVariant(p reserve.Policy) string {
 	}
 	if p.Undeclared != def.Undeclared {
 		v += "+und" + p.Undeclared.String()
+	}
+	if p.MaxShare != def.MaxShare {
+		v += "+share" + strconv.FormatFloat(p.MaxShare, 'g', -1, 64)
 	}
 	if p.ShortFirst != def.ShortFirst {
 		v += "+sf=" + strconv.FormatBool(p.ShortFirst)

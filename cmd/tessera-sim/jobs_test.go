@@ -87,7 +87,7 @@ func TestJobsCommand(t *testing.T) {
 	}
 	// j2 (16 GPUs) is not due within the default wait: j3 backfills, as
 	// under gang.
-	if !strings.Contains(out.String(), `"variant":"reserve"`) || !strings.Contains(out.String(), `"endTime":200`) || !strings.Contains(out.String(), `"maxBigGangJCTHours":0.0552`) {
+	if !strings.Contains(out.String(), `"variant":"reserve+est=user2x-miss0.2"`) || !strings.Contains(out.String(), `"endTime":200`) || !strings.Contains(out.String(), `"maxBigGangJCTHours":0.0552`) {
 		t.Errorf("reserve json:\n%s", out.String())
 	}
 	out.Reset()
@@ -97,9 +97,32 @@ func TestJobsCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	// j2 is due at t=17, after j3 started: nothing to evict.
-	for _, want := range []string{`"variant":"reserve+min9+w0s+wpg1s+pre=false+rel0+max2+byage=true+oldest"`, `"evictions":0`, `"endTime":200`} {
+	for _, want := range []string{`"variant":"reserve+min9+w0s+wpg1s+pre=false+rel0+max2+byage=true+oldest+est=user2x-miss0.2"`, `"evictions":0`, `"endTime":200`} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("reserve json lacks %s:\n%s", want, out.String())
+		}
+	}
+	// One replay per estimate model; none without estimates.
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--estimates", "oracle,user3x-miss0"}, []string{`"variant":"reserve+est=oracle"`, `"variant":"reserve+est=user3x-miss0"`}},
+		{[]string{"--estimates", "oracle,none", "--reserve-estimates=false", "--reserve-short-first=false", "--reserve-max-share", "0", "--reserve-undeclared", "1h"},
+			[]string{`"variant":"reserve+easy=false+und1h0m0s+share0+sf=false"`}},
+	} {
+		out.Reset()
+		args = append([]string{"jobs", "--trace", trace, "--nodes", "2", "--strategy", "reserve", "--format", "json"}, tc.args...)
+		if err := run(args, &out, &errOut); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Count(out.String(), `"variant"`); got != len(tc.want) {
+			t.Errorf("%v: %d replays, want %d:\n%s", tc.args, got, len(tc.want), out.String())
+		}
+		for _, want := range tc.want {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("%v: json lacks %s:\n%s", tc.args, want, out.String())
+			}
 		}
 	}
 	for name, tc := range map[string]struct {
@@ -114,6 +137,8 @@ func TestJobsCommand(t *testing.T) {
 		"unknown strategy":  {[]string{"jobs", "--trace", trace, "--nodes", "2", "--strategy", "lottery"}, `unknown strategy "lottery"`},
 		"bad reserve order": {[]string{"jobs", "--trace", trace, "--reserve-order", "soonest"}, `order "soonest"`},
 		"bad reserve min":   {[]string{"jobs", "--trace", trace, "--reserve-min-gpus", "0"}, "MinGPUs 0"},
+		"bad estimates":     {[]string{"jobs", "--trace", trace, "--estimates", "psychic"}, `estimates "psychic"`},
+		"bad max share":     {[]string{"jobs", "--trace", trace, "--reserve-max-share", "2"}, "MaxShare 2"},
 		"bad format":        {[]string{"jobs", "--trace", trace, "--format", "xml"}, `--format "xml"`},
 		"too small":         {[]string{"jobs", "--trace", trace, "--nodes", "1"}, "more than the cluster's 8"},
 	} {

@@ -23,13 +23,17 @@ const StrategyReserve Strategy = "reserve"
 // Result.MaxBigGangJCTHours (two 8-GPU nodes).
 const BigGangGPUs = 16
 
-// DefaultReservePolicy is the reservation policy of StrategyReserve, tuned
+// DefaultReservePolicy is the reservation policy of StrategyReserve, chosen
 // on the ITP traces (docs/gang-quota.md, "Reservation and backfill"): a job
-// of 16 GPUs or more is due once it has waited 48 h plus 0.9 times the wait
-// of the longest-waiting smaller job; one reservation at a time; other jobs
-// may start on held GPUs and are evicted when the reservation fills.
+// of 16 GPUs or more is due once it has waited 48 h plus half the wait of
+// the longest-waiting smaller job, and only while big jobs run on at most
+// half the GPUs; one reservation at a time, on the nodes that drain first
+// by the declared run times; a job that ends before the reservation starts
+// backfills on its GPUs, others may start there preemptible; waiting jobs
+// are tried by response ratio (a job that declares nothing counts as 24 h).
 func DefaultReservePolicy() reserve.Policy {
-	return reserve.Policy{MinGPUs: BigGangGPUs, Wait: 48 * time.Hour, Relative: 0.9, Preemptible: true, Order: reserve.OrderYoungest, Max: 1}
+	return reserve.Policy{MinGPUs: BigGangGPUs, Wait: 48 * time.Hour, Relative: 0.5, Preemptible: true, Order: reserve.OrderYoungest, Max: 1,
+		Estimates: true, ShortFirst: true, Undeclared: 24 * time.Hour, MaxShare: 0.5}
 }
 
 // reservation is StrategyReserve's state.
@@ -120,7 +124,7 @@ func (s *sim) reservePass() (bool, error) {
 			continue
 		}
 		kept = append(kept, j)
-		if len(r.holds) < r.policy.Slots() && !r.holding(j) && r.policy.Due(j.job.GPUs, time.Duration(s.now-j.job.Submit)*time.Second, small) {
+		if len(r.holds) < r.policy.Slots() && !r.holding(j) && r.policy.MayHold(s.bigGPUs(), s.cfg.Nodes*s.cfg.GPUsPerNode) && r.policy.Due(j.job.GPUs, time.Duration(s.now-j.job.Submit)*time.Second, small) {
 			r.holds = append(r.holds, j)
 			s.hold()
 		}
@@ -160,6 +164,17 @@ func (s *sim) byPriority() []*jobState {
 		out[i] = e.j
 	}
 	return out
+}
+
+// bigGPUs is the GPUs running jobs of the policy's MinGPUs or more use.
+func (s *sim) bigGPUs() int {
+	n := 0
+	for _, c := range s.running {
+		if c.job.job.GPUs >= s.rsv.policy.MinGPUs {
+			n += c.job.job.GPUs
+		}
+	}
+	return n
 }
 
 func (r *reservation) holding(j *jobState) bool {
