@@ -424,7 +424,7 @@ func (p *Plugin) CreateContainer(ctx context.Context, sandbox *nriapi.PodSandbox
 			p.cfg.Metrics.observeDecision(ResultRefused)
 			return nil, nil, err
 		}
-		logger.Info("Placed the shared slice of a pod that bypassed the scheduler extender", "gpu", d.Entry.Shared.GPU.UUID, "memoryMiB", d.Entry.Shared.MemoryMiB, "cores", d.Entry.Shared.Cores)
+		logger.Info("Placed the shared slice of a pod that bypassed the scheduler extender", "gpus", d.Entry.Shared.UUIDs(), "memoryMiB", d.Entry.Shared.MemoryMiB, "cores", d.Entry.Shared.Cores)
 	}
 	if d.Entry.Shared != nil {
 		if err := p.cfg.MPS.Sync(ctx, mpsGroups(append(node.Ledger, d.Entry))); err != nil {
