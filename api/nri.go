@@ -30,6 +30,16 @@ const (
 	// and no driver library (unlike "none", which still mounts the driver),
 	// even when its image asks for all of them.
 	VisibleDevicesVoid = "void"
+	// NRISentinelPath is the container path of the sentinel mount the
+	// device plugin adds to every container it allocates Tessera devices
+	// to when the node runs the NRI plugin, and that the NRI plugin takes
+	// out again when it isolates the container. It lies inside /proc, where
+	// runc refuses to mount anything: a container the NRI plugin did not
+	// see (the runtime created it while the plugin was away, before its
+	// reconnection and Synchronize) fails to be created, and the kubelet
+	// tries again, instead of running without its isolation.
+	NRISentinelPath = "/proc/tessera-nri-required"
+
 	// EnvMPSPipeDirectory is where a CUDA client finds its MPS control
 	// daemon's pipes.
 	EnvMPSPipeDirectory = "CUDA_MPS_PIPE_DIRECTORY"

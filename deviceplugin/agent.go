@@ -122,6 +122,11 @@ type Options struct {
 	Metrics *Metrics
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
+	// NRISentinel is a host file the device plugin mounts at
+	// api.NRISentinelPath in every container it allocates devices to, so
+	// that only a container the NRI plugin saw (and took the mount out of)
+	// can be created; empty when the node runs no NRI plugin.
+	NRISentinel string
 	// NRIWait is how long Allocate of shared units waits for an NRI plugin
 	// that is not connected (the container runtime restarting) before it
 	// refuses them: DefaultNRIWait when 0, no wait when negative.
@@ -859,6 +864,11 @@ func (a *Agent) allocateRequest(ctx context.Context, k Kind, containers [][]stri
 		resps, err = k.Allocate(containers, h, u.WithAssigned(assigned))
 		if err != nil {
 			return nil, err
+		}
+		if a.opts.NRISentinel != "" {
+			for _, r := range resps {
+				r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: api.NRISentinelPath, HostPath: a.opts.NRISentinel, ReadOnly: true})
+			}
 		}
 		allocs := make([]devices.Allocation, 0, len(containers))
 		for _, ids := range containers {

@@ -377,6 +377,37 @@ func TestSharedUnitsWaitForNRI(t *testing.T) {
 	}
 }
 
+// With the NRI plugin, every container allocated Tessera devices gets the
+// sentinel mount that only the NRI plugin takes out (api.NRISentinelPath).
+func TestAllocateAddsTheNRISentinel(t *testing.T) {
+	for _, sentinel := range []string{"", "/var/lib/tessera/nri-sentinel"} {
+		e := newEnv(t, nvmlmock.DGXA100(), nil, func(o *deviceplugin.Options) { o.NRISentinel = sentinel })
+		e.nri.connected.Store(true)
+		e.start(true)
+		all := e.totals()
+		e.kubelet.waitCounts("registration", all, all)
+		for _, a := range []struct {
+			r   corev1.ResourceName
+			ids []string
+		}{{gpuR, []string{e.uuid(0)}}, {memR, unitsOf(memR, e.uuid(2), 4)}, {coreR, unitsOf(coreR, e.uuid(2), 10)}} {
+			resp, err := e.kubelet.allocate(a.r, a.ids...)
+			if err != nil {
+				t.Fatalf("Allocate %s: %v", a.r, err)
+			}
+			var got []string
+			for _, m := range resp.Mounts {
+				if m.ContainerPath == api.NRISentinelPath {
+					got = append(got, m.HostPath)
+				}
+			}
+			if want := []string{sentinel}; (sentinel == "" && len(got) > 0) || (sentinel != "" && !slices.Equal(got, want)) {
+				t.Errorf("sentinel %q: Allocate %s mounts %v at %s", sentinel, a.r, got, api.NRISentinelPath)
+			}
+		}
+		e.stop()
+	}
+}
+
 func TestSharedAndWholeExcludeEachOther(t *testing.T) {
 	e := newEnv(t, nvmlmock.DGXA100(), nil)
 	e.nri.connected.Store(true)

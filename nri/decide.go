@@ -310,6 +310,10 @@ func Decide(opts Options, node *Node, req Request) (*Decision, error) {
 	}
 	d.Adjustment = adjustment(opts, node, pod, ctr, gpus, shared, mig, migGPUs)
 	addCapNodes(&d.Adjustment, opts.MIGCaps, ctr, caps)
+	if slices.Contains(ctr.MountDestinations, api.NRISentinelPath) {
+		// Seen and isolated: the container may be created.
+		d.Adjustment.RemoveMounts = append(d.Adjustment.RemoveMounts, api.NRISentinelPath)
+	}
 	return d, nil
 }
 

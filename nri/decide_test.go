@@ -198,6 +198,34 @@ func TestDecide(t *testing.T) {
 			},
 		},
 		{
+			name: "the device plugin's sentinel mount is taken out of a container it isolates",
+			opts: func(o *Options) { o.CDI = true },
+			req: Request{
+				Pod: pod(annotate(t, api.ContainerAssignment{Name: "c", GPUs: []api.GPURef{{UUID: uuid0, Index: 0}}})),
+				Container: Container{ID: "id", Name: "c", CPUs: "4-11",
+					Env:               map[string]string{api.EnvNVIDIAVisibleDevices: "void"},
+					CDIDevices:        []string{"nvidia.com/gpu=" + uuid0},
+					MountDestinations: []string{"/etc/hosts", api.NRISentinelPath}},
+				Devices: Devices{Whole: []string{uuid0}},
+			},
+			want: &Decision{
+				Action: ActionIsolate,
+				Entry: Entry{PodUID: "uid-p", Namespace: "ns", Pod: "p", Container: "c", ContainerID: "id",
+					GPUs: []api.GPURef{{UUID: uuid0, Index: 0}}},
+				Adjustment: Adjustment{
+					CgroupRules: gpuRules(10),
+					Env: []EnvVar{
+						{api.EnvNVIDIAVisibleDevices, uuid0},
+						{api.EnvGPUUUIDs, uuid0},
+						{api.EnvGPUIndices, "0"},
+						{api.EnvGPUShared, "false"},
+					},
+					RemoveMounts: []string{api.NRISentinelPath},
+					CPUSetCPUs:   "4-7", CPUSetMems: "0",
+				},
+			},
+		},
+		{
 			name: "shared slice from the extender's assignment",
 			req: Request{
 				Pod:       pod(annotate(t, sharedOn(uuid1, 1, 3000, 30))),

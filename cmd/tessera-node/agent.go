@@ -313,6 +313,12 @@ func serveAgent(ctx context.Context, f *agentFlags, cfg *api.NodeAgentConfig, ba
 			return fmt.Errorf("isolation: %w", err)
 		}
 		opts.NRI = iso.plugin
+		// The sentinel mount (api.NRISentinelPath) needs a host file: the
+		// state directory is the same path on the host (deploy/node).
+		opts.NRISentinel = filepath.Join(f.iso.stateDir, "nri-sentinel")
+		if err := touch(opts.NRISentinel); err != nil {
+			return fmt.Errorf("the NRI sentinel file: %w", err)
+		}
 	} else {
 		logger.Info("WARNING: --nri-socket is empty: no NRI plugin, so shared GPU units are refused (isolated sharing requires NRI)")
 	}
@@ -450,4 +456,16 @@ func metricsServer(addr string, reg *prometheus.Registry) (*http.Server, net.Lis
 		return nil, nil, fmt.Errorf("--metrics-addr: %w", err)
 	}
 	return &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}, lis, nil
+}
+
+// touch creates the empty file path (and its directory) unless it exists.
+func touch(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDONLY, 0o444)
+	if err != nil {
+		return err
+	}
+	return f.Close()
 }

@@ -250,3 +250,144 @@ func checkSaw(t *testing.T, pod, log string, gpus []api.GPURef, env map[string]s
 		t.Errorf("pod %s: cpuset %q, want %q", pod, got, cpus)
 	}
 }
+
+// shortScript is inspectScript ending after secs seconds.
+func shortScript(secs int) string { return fmt.Sprintf(inspectScript, realnode.GPUs, secs) }
+
+// wantSaw checks a finished or running pod's log against its assignment.
+func wantSaw(t *testing.T, client kubernetes.Interface, ns, name, log string) {
+	t.Helper()
+	p, err := client.CoreV1().Pods(ns).Get(t.Context(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gpus []api.GPURef
+	env := map[string]string{}
+	if raw, ok := p.Annotations[api.AnnotationAssignment]; ok {
+		a, err := api.ParseAssignment(raw)
+		if err != nil {
+			t.Fatalf("pod %s: assignment: %v", name, err)
+		}
+		if ca := a.Container("main"); ca != nil {
+			gpus = ca.GPUs
+			if ca.Shared != nil {
+				gpus = ca.Shared.GPUs()
+				env[api.EnvMPSPinnedDeviceMemLimit] = fmt.Sprintf("0=%dM", ca.Shared.MemoryMiB)
+				env[api.EnvMPSActiveThreadPercentage] = fmt.Sprint(ca.Shared.Cores)
+			}
+		}
+	}
+	cpus := "0-1"
+	if len(gpus) > 0 {
+		cpus = "0"
+	}
+	checkSaw(t, name, log, gpus, env, cpus)
+}
+
+// TestRealNodeLifecycle: on the real node, a whole-GPU pod deleted with
+// the default 30 s grace while a slice waits for its GPU (the slice starts
+// only after the whole-GPU pod's container has stopped), then a stream of
+// pods while the kubelet, containerd and the agent restart. No pod fails.
+func TestRealNodeLifecycle(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("a real node needs root")
+	}
+	ctx := t.Context()
+	const ns = "e2e-realnode-life"
+	c, n := startRealNode(ctx, t, ns, realnode.Options{})
+	client := c.Client()
+
+	// A whole-GPU pod on both GPUs that takes 3 s to stop after SIGTERM.
+	holder := realPod(ns, podSpec{name: "holder", gpus: realnode.GPUs},
+		strings.Replace(shortScript(3600), "trap 'exit 0' TERM", "trap 'sleep 3; exit 0' TERM", 1))
+	if _, err := client.CoreV1().Pods(ns).Create(ctx, holder, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wantSaw(t, client, ns, "holder", waitLog(t, client, ns, "holder", 2*time.Minute))
+	if _, err := client.CoreV1().Pods(ns).Create(ctx, realPod(ns, podSpec{name: "waiter", memUnits: 4, cores: 20}, shortScript(3600)), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	if p, err := client.CoreV1().Pods(ns).Get(ctx, "waiter", metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
+		t.Fatalf("the slice was bound (%v) while a whole-GPU pod holds every GPU", err)
+	}
+	deleted := time.Now()
+	if err := client.CoreV1().Pods(ns).Delete(ctx, "holder", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wantSaw(t, client, ns, "waiter", waitLog(t, client, ns, "waiter", 2*time.Minute))
+	w, err := client.CoreV1().Pods(ns).Get(ctx, "waiter", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := w.Status.ContainerStatuses[0].State.Running.StartedAt.Time
+	t.Logf("holder deleted (30 s grace, it stops 3 s after SIGTERM); the waiting slice's container started %s later", started.Sub(deleted).Round(time.Millisecond))
+	if started.Before(deleted.Add(3*time.Second - time.Second)) { // StartedAt has second granularity
+		t.Errorf("the slice started %s after the deletion, before the whole-GPU pod could have stopped", started.Sub(deleted))
+	}
+	if err := client.CoreV1().Pods(ns).Delete(ctx, "waiter", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		t.Fatal(err)
+	}
+
+	// A stream of short pods while the node's parts restart.
+	restarts := map[int]struct {
+		what string
+		do   func() error
+	}{
+		3:  {"kubelet", func() error { n.StopKubelet(10 * time.Second); return n.StartKubelet(ctx) }},
+		7:  {"containerd", func() error { n.StopContainerd(10 * time.Second); return n.StartContainerd(ctx) }},
+		11: {"tessera-node (SIGTERM, as its DaemonSet restarts it)", func() error { n.StopAgent(10 * time.Second); return n.StartAgent(ctx) }},
+		15: {"the kubelet again", func() error { n.StopKubelet(10 * time.Second); return n.StartKubelet(ctx) }},
+	}
+	shapes := []podSpec{{gpus: 1}, {memUnits: 4, cores: 30}, {}, {memUnits: 8, cores: 50}, {gpus: 2}, {memUnits: 2, cores: 10}}
+	var names []string
+	for i := range 18 {
+		if r, ok := restarts[i]; ok {
+			t.Logf("restarting %s", r.what)
+			if err := r.do(); err != nil {
+				t.Fatalf("restart %s: %v", r.what, err)
+			}
+		}
+		s := shapes[i%len(shapes)]
+		s.name = fmt.Sprintf("s%02d", i)
+		if _, err := client.CoreV1().Pods(ns).Create(ctx, realPod(ns, s, shortScript(4)), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, s.name)
+		time.Sleep(time.Second)
+	}
+	var failed []string
+	err = wait.PollUntilContextTimeout(ctx, time.Second, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
+		failed = failed[:0]
+		done := 0
+		for _, name := range names {
+			p, err := client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			switch p.Status.Phase {
+			case v1.PodFailed:
+				failed = append(failed, fmt.Sprintf("%s: %s: %s", name, p.Status.Reason, p.Status.Message))
+				done++
+			case v1.PodSucceeded:
+				done++
+			}
+		}
+		return done == len(names), nil
+	})
+	if len(failed) > 0 {
+		t.Errorf("%d pods failed:\n%s", len(failed), strings.Join(failed, "\n"))
+	}
+	if err != nil {
+		t.Fatalf("pods did not all finish: %v", err)
+	}
+	for _, name := range names {
+		log, err := containerLog(ctx, client, ns, name)
+		if err != nil {
+			t.Errorf("pod %s: log: %v", name, err)
+			continue
+		}
+		wantSaw(t, client, ns, name, log)
+	}
+	t.Logf("%d pods ran to completion through restarts of the kubelet, containerd and the agent", len(names))
+}
