@@ -283,7 +283,7 @@ func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, de
 			r.nodes = append(r.nodes, pl.Node)
 		}
 	}
-	if err := p.cache.ReserveGang(snap, uses); err != nil {
+	if err := p.cache.ReserveGang(snap, p.held(snap, uses, since)); err != nil {
 		return "" // a node changed meanwhile: the next pass reserves
 	}
 	r.uses = uses
@@ -451,7 +451,8 @@ func (p *GangPlanner) backfill(key string, g *api.Gang, members []*corev1.Pod, d
 		grp, nodes := p.gangInput(snap, g, members, demands, minMember, false)
 		plan, err := gang.PlanGroup(grp, nodes, p.policy)
 		restore := func() {
-			if err := p.cache.ReserveGang(p.cache.Snapshot(), r.uses); err != nil {
+			now := p.cache.Snapshot()
+			if err := p.cache.ReserveGang(now, p.held(now, r.uses, r.since)); err != nil {
 				delete(p.reserved, holder) // the next pass reserves again
 				p.reservations.Store(int64(len(p.reserved)))
 			}
@@ -479,4 +480,49 @@ func (p *GangPlanner) backfillEvent(key string, members []*corev1.Pod, msg strin
 	for _, m := range p.untold(key+" backfill", msg, members) {
 		p.events.Eventf(m, corev1.EventTypeNormal, api.EventBackfilled, "tessera: %s", msg)
 	}
+}
+
+// held is what a reservation's uses (its members' whole demands) hold in
+// the ledger of snap. On a node where pods were let in (backfilled by their
+// expected run time, or preemptible), only the whole GPUs free there, so
+// that those pods can bind where they were planned; elsewhere all of them,
+// even beyond what is free, so that a GPU freed between two passes goes to
+// no one else. (On a node with backfill, a GPU freed between passes may
+// be taken by another pod until the next pass holds it.)
+func (p *GangPlanner) held(snap map[string]*NodeState, uses []*PodUse, since time.Time) []*PodUse {
+	if !p.reservation.Backfill && !p.reservation.Preemptible {
+		return uses
+	}
+	holder := map[types.UID]bool{}
+	for _, u := range uses {
+		holder[u.UID] = true
+	}
+	free := map[string]int{}
+	capped := map[string]bool{}
+	for _, u := range uses {
+		st, ok := snap[u.Node]
+		if !ok {
+			continue
+		}
+		if _, seen := free[u.Node]; seen {
+			continue
+		}
+		free[u.Node] = st.FreeGPUs()
+		occ, _ := p.occupants(st, holder, since)
+		for _, o := range occ {
+			if o.Backfilled || o.Preemptible {
+				capped[u.Node] = true
+			}
+		}
+	}
+	out := make([]*PodUse, len(uses))
+	for i, u := range uses {
+		c := *u
+		if capped[u.Node] {
+			c.WholePending = max(0, min(c.WholePending, free[u.Node]))
+			free[u.Node] -= c.WholePending
+		}
+		out[i] = &c
+	}
+	return out
 }

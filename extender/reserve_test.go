@@ -209,6 +209,19 @@ func TestReservationBackfill(t *testing.T) {
 			if tc.event != "" && (!strings.Contains(all, api.EventBackfilled+": tessera: planned on room reserved for default/big") || !strings.Contains(all, tc.event)) {
 				t.Errorf("no %s Event with %q:\n%s", api.EventBackfilled, tc.event, strings.Join(f.events.events, "\n"))
 			}
+			// The node the backfill was planned on never counts more GPUs
+			// than it has, so the pod can bind there (elsewhere the
+			// reservation holds its whole member, beyond what is free).
+			if s.planned {
+				st := mustState(t, f.cache, s.node)
+				used := 0
+				for _, u := range st.Pods {
+					used += len(u.Whole) + u.WholePending
+				}
+				if used > len(st.Info.GPUs) {
+					t.Errorf("node %s: %d GPUs counted, it has %d", s.node, used, len(st.Info.GPUs))
+				}
+			}
 			// The reservation still holds its nodes for the gang: a new
 			// 1-GPU pod fits neither.
 			newcomer := makePod("newcomer").Whole(1).Obj()

@@ -104,3 +104,71 @@ func TestReservationStopsAStreamStarvingAGang(t *testing.T) {
 	checkNoOvercommit(t, occ)
 	checkRunningPods(t, c, pods)
 }
+
+// Backfill into a reservation by expected run time (extender
+// --reservation-backfill, on by default): the two dgx-a100 nodes each run
+// a 1-GPU pod that expects to run 1 h, the other nodes are full with pods
+// that declare nothing. A 2 x 8 GPU gang reserves the two a100 nodes (they
+// drain first by the estimates). A one-pod gang of 4 GPUs that expects 5 m
+// fits only there and ends before the reservation starts: it is planned
+// and runs (Backfilled Event). One that expects 2 h would end after: it
+// waits.
+func TestReservationBackfillByExpectedRuntime(t *testing.T) {
+	c := getCluster(t)
+	client := c.Client()
+	ns := namespace(t, c, "e2e-backfill")
+	waitReleased(t, c)
+	hour := map[string]string{api.AnnotationExpectedRuntime: "1h"}
+	create(t, client, ns, podSpec{name: "fill-a100-1", gpus: 1, node: "a100-1", annotations: hour})
+	create(t, client, ns, podSpec{name: "fill-a100-2", gpus: 1, node: "a100-2", annotations: hour})
+	for _, node := range []string{"v100-1", "l40s-1"} {
+		n, err := client.CoreV1().Nodes().Get(t.Context(), node, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := n.Status.Allocatable[api.ResourceGPU]
+		create(t, client, ns, podSpec{name: "fill-" + node, gpus: q.Value(), node: node})
+	}
+	for _, name := range []string{"fill-a100-1", "fill-a100-2", "fill-v100-1", "fill-l40s-1"} {
+		waitRunning(t, c, ns, name, time.Minute)
+	}
+	for i := range 2 {
+		create(t, client, ns, podSpec{name: fmt.Sprintf("big-%d", i), gpus: 8,
+			annotations: map[string]string{api.AnnotationGang: "big", api.AnnotationGangMinMember: "2"}})
+	}
+	err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		return strings.Contains(events(t, client, ns, "big-0"), api.EventReserved), nil
+	})
+	if err != nil {
+		t.Fatalf("the gang did not reserve: %v\nevents of big-0: %s", err, events(t, client, ns, "big-0"))
+	}
+	one := func(name, runtime string) {
+		create(t, client, ns, podSpec{name: name, gpus: 4,
+			annotations: map[string]string{api.AnnotationGang: name, api.AnnotationGangMinMember: "1", api.AnnotationExpectedRuntime: runtime}})
+	}
+	one("short", "5m")
+	one("long", "2h")
+	short, _ := waitRunning(t, c, ns, "short", time.Minute)
+	if n := short.Spec.NodeName; n != "a100-1" && n != "a100-2" {
+		t.Errorf("the 5 m pod runs on %s, want a reserved a100 node", n)
+	}
+	if ev := events(t, client, ns, "short"); !strings.Contains(ev, api.EventBackfilled) {
+		t.Errorf("no %s Event on the 5 m pod: %s", api.EventBackfilled, ev)
+	}
+	// The 2 h pod is still waiting a while later, and the gang still holds
+	// its reservation.
+	time.Sleep(5 * time.Second)
+	long, err := client.CoreV1().Pods(ns).Get(t.Context(), "long", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if long.Spec.NodeName != "" || long.Status.Phase == v1.PodRunning {
+		t.Errorf("the 2 h pod was placed on %s; it ends after the reservation starts", long.Spec.NodeName)
+	}
+	if ev := events(t, client, ns, "long"); strings.Contains(ev, api.EventBackfilled) {
+		t.Errorf("the 2 h pod was backfilled: %s", ev)
+	}
+	occ, pods := occupancy(t, c)
+	checkNoOvercommit(t, occ)
+	checkRunningPods(t, c, pods)
+}
