@@ -196,6 +196,9 @@ type GangPlanner struct {
 	heldBefore   map[string]map[string]bool // workload key -> nodes it last held
 	cooldown     map[string]time.Time
 	reservations atomic.Int64
+	// views publishes the reservations to the filter and the bind
+	// (backfill.go).
+	views views
 	// schedulers are the schedulerNames whose pods the extender serves:
 	// only their ungated gang members are planned.
 	schedulers map[string]bool
@@ -360,7 +363,10 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 	for _, pod := range pods {
 		p.passPods[pod.UID] = pod
 	}
-	defer func() { p.passSnap, p.passPods = nil, nil }()
+	defer func() {
+		p.passSnap, p.passPods = nil, nil
+		p.publish()
+	}()
 	var errs []error
 	p.inOrder(order, func(gr *group) {
 		if err := p.syncGroup(ctx, gr); err != nil {

@@ -318,3 +318,56 @@ func TestReservationDue(t *testing.T) {
 		})
 	}
 }
+
+// A pod that kube-scheduler places sees a reservation's room on the same
+// terms (BackfillView): the small pods end, by their expected run time, in
+// 9 minutes; the filter and the bind see the reserved nodes free for a pod
+// that expects 8 minutes or is marked preemptible, full for the others.
+func TestReservationBackfillView(t *testing.T) {
+	f, _ := reservationFixture(t, ReservationConfig{ReserveAfter: time.Minute, Backfill: true, Preemptible: true}, map[string]string{api.AnnotationExpectedRuntime: "10m"})
+	s := NewServer(f.cache, testPolicy(t, PolicyBinpack), nil, nil, nil)
+	for _, tc := range []struct {
+		name string
+		ann  map[string]string
+		fits bool
+	}{
+		{"ends before", map[string]string{api.AnnotationExpectedRuntime: "8m"}, true},
+		{"ends after", map[string]string{api.AnnotationExpectedRuntime: "10m"}, false},
+		{"no hints", nil, false},
+		{"preemptible", map[string]string{api.AnnotationPreemptible: "true"}, true},
+		{"malformed", map[string]string{api.AnnotationExpectedRuntime: "8 minutes"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := makePod("plain").Whole(4).Obj()
+			for k, v := range tc.ann {
+				pod.Annotations[k] = v
+			}
+			d, err := ParseDemand(pod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, set := range []bool{false, true} {
+				if set {
+					s.SetBackfill(f.planner)
+				} else {
+					s.SetBackfill(nil)
+				}
+				for _, n := range []string{"n0", "n1"} {
+					got := Check(s.viewFor(pod, mustState(t, f.cache, n)), &d) == Fits
+					if want := set && tc.fits; got != want {
+						t.Errorf("view set %v: node %s fits %v, want %v", set, n, got, want)
+					}
+				}
+			}
+			// Two minutes later the reservation starts in 7: the 8-minute
+			// pod no longer ends before it.
+			if tc.name == "ends before" {
+				f.now = f.now.Add(2 * time.Minute)
+				defer func() { f.now = f.now.Add(-2 * time.Minute) }()
+				if Check(s.viewFor(pod, mustState(t, f.cache, "n0")), &d) == Fits {
+					t.Error("the 8-minute pod fits a reservation that starts in 7")
+				}
+			}
+		})
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -84,6 +85,9 @@ type Server struct {
 	// trust removes from the scheduler's pods what a tenant wrote in
 	// Tessera's name (nil: every state annotation is removed).
 	trust *podtrust.Filter
+	// backfill, when set, shows a pod a reservation's room it may use
+	// (backfill.go).
+	backfill atomic.Pointer[BackfillView]
 }
 
 // NewServer returns a Server. events and metrics may be nil.
@@ -186,7 +190,7 @@ func (s *Server) FilterArgs(ctx context.Context, args *extenderv1.ExtenderArgs) 
 			return res
 		}
 	}
-	states := s.state.Nodes(names)
+	states := s.viewsFor(args.Pod, s.state.Nodes(names))
 	passed := make([]bool, len(names))
 	reasons := make([]Reason, len(names))
 	q := NewQuery(&d)
@@ -619,6 +623,7 @@ func (s *Server) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs,
 		prev = nil
 	}
 	use, err := s.state.Reserve(pod.UID, args.Node, func(st *NodeState) (*PodUse, error) {
+		st = s.viewFor(pod, st)
 		if u, ok := ReuseShared(st, pod.UID, &d, prev); ok {
 			return u, nil
 		}

@@ -418,6 +418,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			}
 		}
 		planner = extender.NewGangPlanner(pcfg)
+		if o.reserveAfter > 0 && (o.reserveBackfill || o.reservePreemptible) {
+			// Pods kube-scheduler places see reserved room on the
+			// planner's terms.
+			srv.SetBackfill(planner)
+		}
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: "tessera", Subsystem: "extender", Name: "workload_reservations",
 			Help: "Workloads (gangs, queued pods) that hold a reservation of nodes after waiting --reservation-wait.",

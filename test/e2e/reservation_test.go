@@ -112,7 +112,7 @@ func TestReservationStopsAStreamStarvingAGang(t *testing.T) {
 // drain first by the estimates). A one-pod gang of 4 GPUs that expects 5 m
 // fits only there and ends before the reservation starts: it is planned
 // and runs (Backfilled Event). One that expects 2 h would end after: it
-// waits.
+// waits. Plain pods placed by kube-scheduler get the same terms.
 func TestReservationBackfillByExpectedRuntime(t *testing.T) {
 	c := getCluster(t)
 	client := c.Client()
@@ -167,6 +167,20 @@ func TestReservationBackfillByExpectedRuntime(t *testing.T) {
 	}
 	if ev := events(t, client, ns, "long"); strings.Contains(ev, api.EventBackfilled) {
 		t.Errorf("the 2 h pod was backfilled: %s", ev)
+	}
+	// Plain pods (no gang, no queue: kube-scheduler places them) get the
+	// same terms from the filter and the bind.
+	create(t, client, ns, podSpec{name: "plain-short", gpus: 2, annotations: map[string]string{api.AnnotationExpectedRuntime: "5m"}})
+	create(t, client, ns, podSpec{name: "plain-long", gpus: 2, annotations: map[string]string{api.AnnotationExpectedRuntime: "2h"}})
+	plain, _ := waitRunning(t, c, ns, "plain-short", time.Minute)
+	if n := plain.Spec.NodeName; n != "a100-1" && n != "a100-2" {
+		t.Errorf("the plain 5 m pod runs on %s, want a reserved a100 node", n)
+	}
+	time.Sleep(3 * time.Second)
+	if p, err := client.CoreV1().Pods(ns).Get(t.Context(), "plain-long", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	} else if p.Spec.NodeName != "" {
+		t.Errorf("the plain 2 h pod was placed on %s; it ends after the reservation starts", p.Spec.NodeName)
 	}
 	occ, pods := occupancy(t, c)
 	checkNoOvercommit(t, occ)
