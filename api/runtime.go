@@ -7,10 +7,10 @@ import (
 )
 
 // Run-time hints for reservations with backfill (allocator/reserve,
-// extender reservations). Both are written by the tenant on a pod (for a
-// gang, on its members; the first member that carries one speaks for the
-// gang) and are hints, not limits: nothing stops a pod at its expected run
-// time.
+// extender reservations). Both are written by the tenant on a pod; a gang
+// has an expected run time when every member declares one (the longest
+// counts) and is preemptible when every member is marked so. They are
+// hints, not limits: nothing stops a pod at its expected run time.
 const (
 	// AnnotationExpectedRuntime is how long the pod expects to run once
 	// started, a Go duration of whole seconds in hours, minutes and
