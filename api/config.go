@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -297,6 +298,21 @@ func (c *NodeAgentConfig) ResourceEnabled(r corev1.ResourceName) bool {
 }
 
 // HasStrategy reports whether the device list strategy includes s.
+// CDIName is the fully qualified CDI name of a GPU: kind=UUID, or
+// kind=index when by is CDINameIndex.
+func CDIName(kind, by, uuid string, index int) string {
+	if by == CDINameIndex {
+		return kind + "=" + strconv.Itoa(index)
+	}
+	return kind + "=" + uuid
+}
+
+// UsesCDI reports whether Allocate names GPUs by CDI (cdi-cri or
+// cdi-annotations), so the node's CDI specs must define them.
+func (c *NodeAgentConfig) UsesCDI() bool {
+	return c.HasStrategy(DeviceListCDICRI) || c.HasStrategy(DeviceListCDIAnnotations)
+}
+
 func (c *NodeAgentConfig) HasStrategy(s string) bool {
 	for _, x := range c.DeviceListStrategy {
 		if x == s {

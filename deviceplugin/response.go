@@ -2,7 +2,6 @@ package deviceplugin
 
 import (
 	"path"
-	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -24,11 +23,7 @@ func wholeResponse(cfg *api.NodeAgentConfig, gpus []devices.GPU) *pluginapi.Cont
 	var names, uuids []string
 	for _, g := range gpus {
 		uuids = append(uuids, g.UUID)
-		name := g.UUID
-		if cfg.CDIDeviceName == api.CDINameIndex {
-			name = strconv.Itoa(g.Index)
-		}
-		names = append(names, cfg.CDIKind+"="+name)
+		names = append(names, api.CDIName(cfg.CDIKind, cfg.CDIDeviceName, g.UUID, g.Index))
 	}
 	return visibleResponse(cfg, api.ResourceGPU, uuids, names)
 }

@@ -623,11 +623,7 @@ func adjustment(opts Options, node *Node, pod Pod, ctr Container, gpus []GPU, sh
 		}
 		var names []string
 		for _, g := range visible {
-			name := opts.CDIKind + "=" + g.UUID
-			if opts.CDIDeviceName == api.CDINameIndex {
-				name = opts.CDIKind + "=" + strconv.Itoa(g.Index)
-			}
-			names = append(names, name)
+			names = append(names, api.CDIName(opts.CDIKind, opts.CDIDeviceName, g.UUID, g.Index))
 		}
 		for _, m := range mig {
 			// A MIG device's CDI name is its UUID (docs/deviceplugin.md).

@@ -25,6 +25,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/deviceplugin"
+	"github.com/tessera-gpu/tessera/deviceplugin/cdispec"
 	"github.com/tessera-gpu/tessera/deviceplugin/kube"
 	"github.com/tessera-gpu/tessera/deviceplugin/kubeletstate"
 	"github.com/tessera-gpu/tessera/deviceplugin/numareport"
@@ -74,6 +75,7 @@ type agentFlags struct {
 	ignoreXIDs         string
 	deviceListStrategy string
 	cdiKind            string
+	cdiSpecDirs        string
 	healthInterval     time.Duration
 	xidRecoveryDelay   time.Duration
 
@@ -103,6 +105,7 @@ func newAgentFlagSet(stderr io.Writer) (*flag.FlagSet, *agentFlags) {
 	fs.StringVar(&f.ignoreXIDs, "ignore-xids", "", `comma-separated XIDs that do not make a GPU unhealthy (overrides ignoredXIDs; "none" ignores none)`)
 	fs.StringVar(&f.deviceListStrategy, "device-list-strategy", "", "comma-separated: cdi-cri, cdi-annotations, envvar, volume-mounts (overrides deviceListStrategy)")
 	fs.StringVar(&f.cdiKind, "cdi-kind", "", "vendor/class of CDI device names (overrides cdiKind)")
+	fs.StringVar(&f.cdiSpecDirs, "cdi-spec-dirs", strings.Join(cdispec.DefaultDirs, ","), `comma-separated directories of the runtime's CDI specs: with a CDI device list strategy, a GPU that no spec there names is unhealthy (not offered) until one does; "" skips the check`)
 	fs.DurationVar(&f.healthInterval, "health-check-interval", 0, "period of the NVML health check (overrides healthCheckInterval)")
 	fs.DurationVar(&f.xidRecoveryDelay, "xid-recovery-delay", 0, "how long a GPU stays unhealthy after a critical XID (overrides xidRecoveryDelay)")
 	fs.BoolVar(&f.dynamicMIG, "dynamic-mig", false, "serve the extender's MIG layout requests (the Node annotation "+api.AnnotationMIGLayoutRequest+"): repartition a GPU in MIG mode that no container or process uses, then serve its new instances (docs/mig.md, Dynamic MIG)")
@@ -260,6 +263,18 @@ func serveAgent(ctx context.Context, f *agentFlags, cfg *api.NodeAgentConfig, ba
 		Kubelet:   kubelet,
 		Metrics:   metrics,
 	}
+	if cfg.UsesCDI() && f.cdiSpecDirs != "" {
+		// Without a spec naming its GPUs the runtime cannot create a GPU
+		// container: keep such GPUs unoffered rather than fail pods.
+		opts.GPU = cdispec.Checker{Checker: backend, Dirs: strings.Split(f.cdiSpecDirs, ","), Names: func(i int) []string {
+			for _, g := range topo.GPUs {
+				if g.Index == i {
+					return []string{api.CDIName(cfg.CDIKind, cfg.CDIDeviceName, g.UUID, g.Index)}
+				}
+			}
+			return nil
+		}}
+	}
 	if f.kubeAPIQPS <= 0 || f.kubeAPIBurst < 1 {
 		return fmt.Errorf("--kube-api-qps must be above 0 and --kube-api-burst at least 1, got %g and %d", f.kubeAPIQPS, f.kubeAPIBurst)
 	}
@@ -354,15 +369,19 @@ func serveAgent(ctx context.Context, f *agentFlags, cfg *api.NodeAgentConfig, ba
 		}()
 	}
 	if iso != nil {
+		// The NRI plugin outlives the device plugins' drain (Agent.Run
+		// returns after it): the kubelet may still admit a slice then, and
+		// its Allocate needs the plugin connected.
+		isoCtx, stopIso := context.WithCancel(context.WithoutCancel(ctx))
 		isoDone := make(chan struct{})
 		go func() {
 			defer close(isoDone)
-			iso.run(ctx)
+			iso.run(isoCtx)
 		}()
 		// The NRI plugin and watchdog stop, and the MPS daemons with them,
 		// before the agent returns.
 		defer func() {
-			cancel()
+			stopIso()
 			<-isoDone
 		}()
 	}

@@ -150,7 +150,9 @@ func TestRunAgentRegistersWithTheKubelet(t *testing.T) {
 		done <- run(ctx, []string{"--nvml=mock:dgx-a100", "--device-plugin-dir", dir, "--node-name", "n1", "--metrics-addr", addr,
 			"--pod-resources-socket", filepath.Join(dir, "no-pod-resources.sock"),
 			// No runtime listens there: the NRI plugin keeps retrying.
-			"--nri-socket", filepath.Join(dir, "nri.sock"), "--state-dir", filepath.Join(dir, "state")}, &stdout, &stderr)
+			"--nri-socket", filepath.Join(dir, "nri.sock"), "--state-dir", filepath.Join(dir, "state"),
+			// No CDI spec names the mock GPUs here (the real node's test has one).
+			"--cdi-spec-dirs="}, &stdout, &stderr)
 	}()
 	want := []string{
 		"tessera.dev/gpu tessera-gpu.sock",

@@ -489,7 +489,8 @@ func TestBinaryRegistersWithTheKubelet(t *testing.T) {
 	var log strings.Builder
 	cmd := exec.Command(bin, "--nvml=mock:dgx-a100", "--device-plugin-dir", kubelet.DevicePluginDir, "--node-name", "n1",
 		"--metrics-addr=", "--pod-resources-socket", filepath.Join(t.TempDir(), "none.sock"),
-		"--nri-socket", filepath.Join(t.TempDir(), "no-runtime.sock"), "--state-dir", t.TempDir())
+		"--nri-socket", filepath.Join(t.TempDir(), "no-runtime.sock"), "--state-dir", t.TempDir(),
+		"--cdi-spec-dirs=") // no CDI spec names the mock GPUs here
 	cmd.Env = append(os.Environ(), "KUBERNETES_SERVICE_HOST=")
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if err := cmd.Start(); err != nil {

@@ -30,9 +30,9 @@ func chaosShape(r *rand.Rand, name string) podSpec {
 	}
 }
 
-// Chaos: 200 pod creations and deletions while the node agent of one node
-// is killed, the extender is killed (twice) and one node's kubelet device
-// manager restarts. Afterwards no GPU is over-committed, every Running pod's
+// Chaos: 200 pod creations and deletions while the node agents of two
+// nodes restart (SIGTERM, as their DaemonSet restarts them), the extender
+// is killed (twice) and one node's kubelet device manager restarts. Afterwards no GPU is over-committed, every Running pod's
 // containers hold exactly their assignment, and no pod is stuck: each is
 // Running, or waiting unscheduled, or gone when deleted.
 func TestChaos(t *testing.T) {
@@ -46,40 +46,12 @@ func TestChaos(t *testing.T) {
 	var live []string
 	deleted := 0
 	start := time.Now()
-	// When each node's device plugins restarted (agent or device manager).
-	restarted := map[string][]time.Time{}
 	chaos := map[int]func() error{
-		40: func() error {
-			restarted["a100-1"] = append(restarted["a100-1"], time.Now())
-			return c.RestartAgent(ctx, "a100-1")
-		},
-		80: func() error { return c.RestartExtender(ctx) },
-		120: func() error {
-			restarted["a100-2"] = append(restarted["a100-2"], time.Now())
-			return c.RestartDeviceManager(ctx, "a100-2")
-		},
-		150: func() error {
-			restarted["v100-1"] = append(restarted["v100-1"], time.Now())
-			return c.RestartAgent(ctx, "v100-1")
-		},
+		40:  func() error { return c.RestartAgent(ctx, "a100-1") },
+		80:  func() error { return c.RestartExtender(ctx) },
+		120: func() error { return c.RestartDeviceManager(ctx, "a100-2") },
+		150: func() error { return c.RestartAgent(ctx, "v100-1") },
 		170: func() error { return c.RestartExtender(ctx) },
-	}
-	// duringRestart: the pod was bound to its node within a few seconds of a
-	// restart of that node's device plugins.
-	duringRestart := func(p v1.Pod) bool {
-		var bound time.Time
-		for _, cond := range p.Status.Conditions {
-			if cond.Type == v1.PodScheduled && cond.Status == v1.ConditionTrue {
-				bound = cond.LastTransitionTime.Time
-			}
-		}
-		for _, at := range restarted[p.Spec.NodeName] {
-			// Conditions have second granularity.
-			if !bound.Before(at.Add(-2*time.Second)) && bound.Before(at.Add(10*time.Second)) {
-				return true
-			}
-		}
-		return false
 	}
 	for i := range creations {
 		if f := chaos[i]; f != nil {
@@ -130,26 +102,19 @@ func TestChaos(t *testing.T) {
 	occ, pods := occupancy(t, c)
 	checkNoOvercommit(t, occ)
 	running := checkRunningPods(t, c, pods)
-	var failed, restartWindow, releaseLag []string
+	// Zero tolerance: any pod failed on its node fails the test. Those
+	// the kubelet refused for devices its node's plugins did not offer
+	// (freed GPUs still withheld, plugins restarting) included: the
+	// extender binds only what the node's inventory offers, and the agent
+	// withholds everything until the kubelet has its device lists
+	// (docs/isolation.md, "No pod lost to a race").
+	var failed []string
 	pending := 0
 	for _, p := range pods {
 		if p.Namespace != ns {
 			continue
 		}
-		admission := p.Status.Phase == v1.PodFailed && p.Status.Reason == "UnexpectedAdmissionError"
 		switch {
-		case admission && strings.Contains(p.Status.Message, "no healthy devices present") && duringRestart(p):
-			// The kubelet's own behaviour while a device plugin restarts:
-			// its devices are unhealthy until it registers again, and a pod
-			// bound meanwhile is rejected (the scheduler saw the node's
-			// last status). Its controller would create it again.
-			restartWindow = append(restartWindow, fmt.Sprintf("%s on %s", p.Name, p.Spec.NodeName))
-		case admission && (strings.Contains(p.Status.Message, "requested number of devices unavailable") ||
-			strings.Contains(p.Status.Message, "no healthy devices present")):
-			// The node agent still withholds units of a GPU the extender
-			// already sees free (docs/demo.md, "a freed GPU stays withheld"):
-			// a known race, refused by the kubelet before anything runs.
-			releaseLag = append(releaseLag, fmt.Sprintf("%s on %s: %s", p.Name, p.Spec.NodeName, p.Status.Message))
 		case p.Status.Phase == v1.PodFailed:
 			failed = append(failed, fmt.Sprintf("%s on %s: %s: %s", p.Name, p.Spec.NodeName, p.Status.Reason, p.Status.Message))
 		case p.Spec.NodeName == "":
@@ -157,19 +122,9 @@ func TestChaos(t *testing.T) {
 		}
 	}
 	sort.Strings(failed)
-	t.Logf("after the chaos: %d Running, %d waiting unscheduled, %d rejected by a kubelet while a device plugin restarted %v, %d rejected by a kubelet for devices its agent still withheld, %d Failed otherwise",
-		running, pending, len(restartWindow), restartWindow, len(releaseLag), len(failed))
-	for _, l := range releaseLag {
-		t.Logf("known race (withheld devices): %s", l)
-	}
-	// Any other refusal by a node (above all the NRI plugin refusing a
-	// container: the assignment and the node disagree) fails the test, and
-	// so does the known race when it is more than occasional.
+	t.Logf("after the chaos: %d Running, %d waiting unscheduled, %d Failed", running, pending, len(failed))
 	if len(failed) > 0 {
 		t.Errorf("%d pods failed on their node:\n%s", len(failed), strings.Join(failed, "\n"))
-	}
-	if len(releaseLag) > creations/20 {
-		t.Errorf("%d of %d pods were refused by the kubelet for devices their node agent still withheld (more than 5%%)", len(releaseLag), creations)
 	}
 	if running == 0 {
 		t.Errorf("no pod runs after the chaos")

@@ -60,7 +60,7 @@ func startRealNode(ctx context.Context, t *testing.T, ns string, o realnode.Opti
 	if err != nil {
 		t.Fatalf("real node: %v", err)
 	}
-	t.Logf("real node %s Ready with %d GPUs in %s", realNodeName, realnode.GPUs, time.Since(start).Round(time.Millisecond))
+	t.Logf("real node %s Ready in %s", realNodeName, time.Since(start).Round(time.Millisecond))
 	return c, n
 }
 
@@ -153,9 +153,45 @@ func TestRealNodeIsolation(t *testing.T) {
 	}
 	ctx := t.Context()
 	const ns = "e2e-realnode"
-	c, n := startRealNode(ctx, t, ns, realnode.Options{})
+	// The node starts without a CDI spec for its GPUs (no NVIDIA Container
+	// Toolkit spec yet): its agent offers none of them, so a GPU pod waits
+	// unscheduled instead of failing on the node; the spec appears, and it
+	// runs.
+	c, n := startRealNode(ctx, t, ns, realnode.Options{NoCDISpec: true})
 	client := c.Client()
+	node, err := client.CoreV1().Nodes().Get(ctx, realNodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, _, err := api.GetGPUInventory(node.Annotations)
+	if err != nil || inv == nil || len(inv.GPUs) != realnode.GPUs {
+		t.Fatalf("inventory without a CDI spec: %v, %v", inv, err)
+	}
+	for _, g := range inv.GPUs {
+		if g.Healthy || !strings.Contains(g.Reason, "CDI spec") {
+			t.Errorf("GPU %d without a CDI spec: healthy=%v reason %q, want unhealthy for want of a CDI spec", g.Index, g.Healthy, g.Reason)
+		}
+	}
+	t.Logf("without a CDI spec, GPU 0: %s", inv.GPUs[0].Reason)
 	script := fmt.Sprintf(inspectScript, realnode.GPUs, 3600)
+	if _, err := client.CoreV1().Pods(ns).Create(ctx, realPod(ns, podSpec{name: "early", gpus: 1}, script), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	if p, err := client.CoreV1().Pods(ns).Get(ctx, "early", metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" || !unschedulable(p) {
+		t.Fatalf("a GPU pod on a node without a CDI spec: %v; want it unscheduled with a reason", describe(t, c, p))
+	}
+	if err := n.WriteCDISpec(); err != nil {
+		t.Fatal(err)
+	}
+	wrote := time.Now()
+	wantSaw(t, client, ns, "early", waitLog(t, client, ns, "early", 2*time.Minute))
+	t.Logf("the spec written, the waiting GPU pod ran after %s", time.Since(wrote).Round(time.Millisecond))
+	if err := client.CoreV1().Pods(ns).Delete(ctx, "early", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, c, ns, "early")
+
 	for _, s := range []podSpec{
 		{name: "whole", gpus: 1},
 		{name: "slice", memUnits: 4, cores: 30},
@@ -196,7 +232,6 @@ func TestRealNodeIsolation(t *testing.T) {
 		}
 		checkSaw(t, name, log, gpus, want, cpus)
 	}
-	_ = n
 }
 
 // checkSaw checks what inspectScript printed in a container that holds

@@ -349,7 +349,8 @@ func (c *Cluster) RestartExtender(ctx context.Context) error {
 	return c.StartExtender(ctx)
 }
 
-// RestartAgent kills a node's tessera-node; the node starts it again.
+// RestartAgent stops a node's tessera-node as the kubelet stops a
+// DaemonSet's pod (SIGTERM); the node starts it again.
 func (c *Cluster) RestartAgent(ctx context.Context, node string) error {
 	return Control(ctx, c.NodeStateDir(node), "restart-agent")
 }

@@ -116,8 +116,9 @@ type NodeConfig struct {
 
 // ControlSocket is the node's control endpoint below its state directory:
 // POST /restart-device-manager restarts the kubelet's device manager (like a
-// kubelet restart); POST /restart-agent kills the node agent (SIGKILL), which
-// the node starts again, like a DaemonSet.
+// kubelet restart); POST /restart-agent stops the node agent as the kubelet
+// stops a DaemonSet's pod (SIGTERM: it drains and exits), and the node
+// starts it again, like a DaemonSet.
 func ControlSocket(stateDir string) string { return filepath.Join(stateDir, "control.sock") }
 
 // Node is a running node simulator.
@@ -368,6 +369,8 @@ func (n *Node) agentArgs() ([]string, error) {
 		"--watchdog-action=none",
 		"--memory-reserve-mib=1024",
 		"--health-check-interval=5s",
+		// No runtime resolves CDI names here (the real node does).
+		"--cdi-spec-dirs=",
 	}
 	return append(args, n.cfg.AgentArgs...), nil
 }
@@ -426,14 +429,14 @@ func (n *Node) superviseAgent(ctx context.Context) {
 	}
 }
 
-func (n *Node) killAgent() error {
+func (n *Node) signalAgent(sig syscall.Signal) error {
 	n.agentMu.Lock()
 	cmd := n.agentCmd
 	n.agentMu.Unlock()
 	if cmd == nil || cmd.Process == nil {
 		return errors.New("no node agent running")
 	}
-	return cmd.Process.Signal(syscall.SIGKILL)
+	return cmd.Process.Signal(sig)
 }
 
 // serveControl serves the control socket (restarts for chaos tests).
@@ -456,8 +459,8 @@ func (n *Node) serveControl(ctx context.Context) {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("POST /restart-agent", func(w http.ResponseWriter, _ *http.Request) {
-		logger.Info("Killing the node agent")
-		if err := n.killAgent(); err != nil {
+		logger.Info("Stopping the node agent (SIGTERM)")
+		if err := n.signalAgent(syscall.SIGTERM); err != nil {
 			http.Error(w, err.Error(), http.StatusConflict)
 			return
 		}

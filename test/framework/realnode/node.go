@@ -239,7 +239,12 @@ func Start(ctx context.Context, client kubernetes.Interface, o Options) (n *Node
 	if err := n.StartAgent(ctx); err != nil {
 		return nil, err
 	}
-	if err := n.WaitGPUs(ctx, client, GPUs, 3*time.Minute); err != nil {
+	want := int64(GPUs)
+	if o.NoCDISpec {
+		// No GPU is offered until a spec names it.
+		want = 0
+	}
+	if err := n.WaitGPUs(ctx, client, want, 3*time.Minute); err != nil {
 		return nil, err
 	}
 	if err := untaintReady(ctx, client, o.Name); err != nil {
@@ -403,6 +408,7 @@ func (n *Node) StartAgent(context.Context) error {
 		"--watchdog-action=none",
 		"--memory-reserve-mib=1024",
 		"--health-check-interval=5s",
+		"--cdi-spec-dirs=" + n.CDIDir(),
 		"--v=2",
 	}, n.cfg.AgentArgs...)
 	p, err := n.inNamespace("tessera-node", n.cfg.Bins.Agent, args, nil)
@@ -437,7 +443,8 @@ func (n *Node) stop(pp **proc, grace time.Duration) {
 }
 
 // WaitGPUs waits until the Node is Ready and its allocatable holds want
-// whole GPUs and all of their memory units.
+// whole GPUs and all of their memory units (for want 0: none of either,
+// with the agent's inventory published).
 func (n *Node) WaitGPUs(ctx context.Context, client kubernetes.Interface, want int64, timeout time.Duration) error {
 	var last string
 	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
@@ -464,6 +471,10 @@ func (n *Node) WaitGPUs(ctx context.Context, client kubernetes.Interface, want i
 		gpus := node.Status.Allocatable[api.ResourceGPU]
 		mem, memCap := node.Status.Allocatable[api.ResourceGPUMemory], node.Status.Capacity[api.ResourceGPUMemory]
 		last = fmt.Sprintf("allocatable %s=%s %s=%s of %s", api.ResourceGPU, gpus.String(), api.ResourceGPUMemory, mem.String(), memCap.String())
+		if want == 0 {
+			_, published := node.Annotations[api.AnnotationGPUInventory]
+			return published && gpus.Value() == 0 && mem.Value() == 0, nil
+		}
 		return gpus.Value() == want && mem.Value() > 0 && mem.Cmp(memCap) == 0, nil
 	})
 	if err != nil {
