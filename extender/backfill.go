@@ -8,14 +8,18 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/allocator/reserve"
+	"github.com/tessera-gpu/tessera/api"
 )
 
-// BackfillView lets a pod that kube-scheduler places (no gang, no queue)
-// use a reservation's room on the terms the planner's workloads get
-// (reserve.go, allocator/reserve's Admit): the filter and the bind see a
+// BackfillView lets a pod use a reservation's room on the terms of
+// allocator/reserve's Admit (reserve.go): the filter and the bind see a
 // reserved node without the reservation's hold when the reservation admits
 // the pod (it ends before the reservation starts by its
 // tessera.dev/expected-runtime, or it is marked tessera.dev/preemptible).
+// Pods that kube-scheduler places (no gang, no queue) are let in so; a
+// planner's workload let in by the planner binds so (the reservation's
+// hold stays counted in the ledger, beyond what is free, so that a GPU
+// freed between passes goes to no one else).
 type BackfillView interface {
 	// View returns st as pod sees it.
 	View(pod *corev1.Pod, st *NodeState) *NodeState
@@ -99,7 +103,9 @@ func (p *GangPlanner) View(pod *corev1.Pod, st *NodeState) *NodeState {
 		}
 		rt, marked := hints([]*corev1.Pod{pod})
 		w := r.window
-		if w.Known {
+		if plan, ok, err := api.GetGangPlan(pod.Annotations); w.Known && !(ok && err == nil && plan.Node == st.Info.Name) {
+			// Aged by the time since the pass; not for a member the
+			// planner let in there (it was admitted on that window).
 			w.In = max(0, w.In-p.now().Sub(r.at))
 		}
 		if cfg.policy(marked).Admit(rt, w) == reserve.Refused {

@@ -2,6 +2,7 @@ package extender
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -283,12 +284,22 @@ func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, de
 			r.nodes = append(r.nodes, pl.Node)
 		}
 	}
-	if err := p.cache.ReserveGang(snap, p.held(snap, uses, since)); err != nil {
-		return "" // a node changed meanwhile: the next pass reserves
+	// Victims first: their GPUs are the reservation's as they leave.
+	leaving, evict := p.fill(key, r, snap)
+	err := p.cache.ReserveGang(snap, p.held(snap, uses, since, leaving))
+	for try := 0; try < 3 && errors.Is(err, ErrStaleSnapshot); try++ {
+		// A node changed since the pass began (a pod bound there, as
+		// backfill may, or left): hold on the nodes as they are now, so
+		// that the room is not free until the next pass.
+		fresh := p.cache.Snapshot()
+		err = p.cache.ReserveGang(fresh, p.held(fresh, uses, since, leaving))
 	}
+	if err != nil {
+		return "" // the next pass reserves
+	}
+	evicting := evict()
 	r.uses = uses
 	p.reserved[key] = r
-	evicting := p.fill(key, r, snap)
 	p.heldBefore[key] = map[string]bool{}
 	for _, n := range r.nodes {
 		p.heldBefore[key][n] = true
@@ -367,9 +378,12 @@ func (p *GangPlanner) soonest(snap map[string]*NodeState, g *api.Gang, members [
 }
 
 // fill computes reservation r's window on the nodes of snap and, once only
-// victims are left on its nodes (allocator/reserve's Victims), evicts them;
-// it returns what to say about the evictions ("" for none).
-func (p *GangPlanner) fill(key string, r *reservation, snap map[string]*NodeState) string {
+// victims are left on its nodes (allocator/reserve's Victims), finds them:
+// leaving are their pods, and evict evicts them and says so ("" for none).
+// Call evict once the reservation holds their nodes, so that the GPUs they
+// free go to no one else.
+func (p *GangPlanner) fill(key string, r *reservation, snap map[string]*NodeState) (leaving map[types.UID]bool, evict func() string) {
+	none := func() string { return "" }
 	holder := map[types.UID]bool{}
 	for _, uid := range r.uids {
 		holder[uid] = true
@@ -387,33 +401,48 @@ func (p *GangPlanner) fill(key string, r *reservation, snap map[string]*NodeStat
 	}
 	r.window, r.at = reserve.Start(held), p.now()
 	if !p.reservation.Backfill && !p.reservation.Preemptible {
-		return ""
+		return nil, none
 	}
 	victims, ok := reserve.Victims(held)
 	if !ok || len(victims) == 0 {
-		return ""
+		return nil, none
 	}
-	var names []string
+	leaving = map[types.UID]bool{}
+	var evictions []func() string
 	for _, v := range victims {
 		pod := owners[v[0]][v[1]]
-		if pod == nil || pod.DeletionTimestamp != nil {
-			continue // unknown, or already leaving
+		if pod == nil {
+			continue
+		}
+		leaving[pod.UID] = true
+		if pod.DeletionTimestamp != nil {
+			continue // already leaving
 		}
 		why := "it is marked preemptible"
 		if held[v[0]].Occupants[v[1]].Backfilled && !held[v[0]].Occupants[v[1]].Preemptible {
 			why = "it was started there by its expected run time and has run past it"
 		}
-		if err := p.client.Evict(context.Background(), pod); err != nil {
-			klog.Background().Info("evicting for a reservation", "pod", klog.KObj(pod), "reservation", key, "err", err)
-			continue
+		evictions = append(evictions, func() string {
+			if err := p.client.Evict(context.Background(), pod); err != nil {
+				klog.Background().Info("evicting for a reservation", "pod", klog.KObj(pod), "reservation", key, "err", err)
+				return ""
+			}
+			p.events.Eventf(pod, corev1.EventTypeWarning, api.EventPreempted, "tessera: evicted from node %s, reserved for %s, which can start there now: %s", pod.Spec.NodeName, key, why)
+			return pod.Namespace + "/" + pod.Name
+		})
+	}
+	return leaving, func() string {
+		var names []string
+		for _, e := range evictions {
+			if n := e(); n != "" {
+				names = append(names, n)
+			}
 		}
-		p.events.Eventf(pod, corev1.EventTypeWarning, api.EventPreempted, "tessera: evicted from node %s, reserved for %s, which can start there now: %s", pod.Spec.NodeName, key, why)
-		names = append(names, pod.Namespace+"/"+pod.Name)
+		if len(names) == 0 {
+			return ""
+		}
+		return "evicting " + strings.Join(names, ", ") + " from its nodes"
 	}
-	if len(names) == 0 {
-		return ""
-	}
-	return "evicting " + strings.Join(names, ", ") + " from its nodes"
 }
 
 // backfill plans workload key on another workload's reservation when its
@@ -452,7 +481,7 @@ func (p *GangPlanner) backfill(key string, g *api.Gang, members []*corev1.Pod, d
 		plan, err := gang.PlanGroup(grp, nodes, p.policy)
 		restore := func() {
 			now := p.cache.Snapshot()
-			if err := p.cache.ReserveGang(now, p.held(now, r.uses, r.since)); err != nil {
+			if err := p.cache.ReserveGang(now, p.held(now, r.uses, r.since, nil)); err != nil {
 				delete(p.reserved, holder) // the next pass reserves again
 				p.reservations.Store(int64(len(p.reserved)))
 			}
@@ -484,12 +513,14 @@ func (p *GangPlanner) backfillEvent(key string, members []*corev1.Pod, msg strin
 
 // held is what a reservation's uses (its members' whole demands) hold in
 // the ledger of snap. On a node where pods were let in (backfilled by their
-// expected run time, or preemptible), only the whole GPUs free there, so
-// that those pods can bind where they were planned; elsewhere all of them,
-// even beyond what is free, so that a GPU freed between two passes goes to
-// no one else. (On a node with backfill, a GPU freed between passes may
-// be taken by another pod until the next pass holds it.)
-func (p *GangPlanner) held(snap map[string]*NodeState, uses []*PodUse, since time.Time) []*PodUse {
+// expected run time, or preemptible) and stay, only the whole GPUs free
+// there, so that those pods can bind where they were planned (the bind
+// waits for the node to offer the GPUs pending there); elsewhere, and once
+// those pods are leaving (evicted), all of them, even beyond what is free,
+// so that a GPU freed between two passes goes to no one else. (On a node
+// with backfill, a GPU freed between passes by another pod may be taken
+// until the next pass holds it.)
+func (p *GangPlanner) held(snap map[string]*NodeState, uses []*PodUse, since time.Time, leaving map[types.UID]bool) []*PodUse {
 	if !p.reservation.Backfill && !p.reservation.Preemptible {
 		return uses
 	}
@@ -508,8 +539,11 @@ func (p *GangPlanner) held(snap map[string]*NodeState, uses []*PodUse, since tim
 			continue
 		}
 		free[u.Node] = st.FreeGPUs()
-		occ, _ := p.occupants(st, holder, since)
-		for _, o := range occ {
+		occ, pods := p.occupants(st, holder, since)
+		for k, o := range occ {
+			if pod := pods[k]; pod != nil && (leaving[pod.UID] || pod.DeletionTimestamp != nil) {
+				continue
+			}
 			if o.Backfilled || o.Preemptible {
 				capped[u.Node] = true
 			}

@@ -209,11 +209,34 @@ func TestReservationBackfill(t *testing.T) {
 			if tc.event != "" && (!strings.Contains(all, api.EventBackfilled+": tessera: planned on room reserved for default/big") || !strings.Contains(all, tc.event)) {
 				t.Errorf("no %s Event with %q:\n%s", api.EventBackfilled, tc.event, strings.Join(f.events.events, "\n"))
 			}
-			// The node the backfill was planned on never counts more GPUs
-			// than it has, so the pod can bind there (elsewhere the
-			// reservation holds its whole member, beyond what is free).
+			// The bind sees room for the backfill on the node it was
+			// planned on (its own planned use left out, as Cache.Reserve
+			// does), with or without the planner's view.
 			if s.planned {
+				pods, _ := f.list()
+				var pod *corev1.Pod
+				for _, q := range pods {
+					if q.Name == "bf-0" {
+						pod = q
+					}
+				}
 				st := mustState(t, f.cache, s.node)
+				var uses []*PodUse
+				for uid, u := range st.Pods {
+					if uid != pod.UID {
+						uses = append(uses, u)
+					}
+				}
+				d, err := ParseDemand(pod)
+				if err != nil {
+					t.Fatal(err)
+				}
+				own := BuildNodeState(st.Info, uses)
+				if Check(own, &d) != Fits || Check(f.planner.View(pod, own), &d) != Fits {
+					t.Errorf("node %s: the backfill does not fit where it was planned: it could not bind", s.node)
+				}
+				// Nor does the ledger count more GPUs there than the node
+				// has (the bind waits for pending GPUs to be offered).
 				used := 0
 				for _, u := range st.Pods {
 					used += len(u.Whole) + u.WholePending
@@ -272,6 +295,19 @@ func TestReservationEvictsVictims(t *testing.T) {
 			f.mu.Unlock()
 			if got := evicted == "late"; got != tc.evicted {
 				t.Errorf("evicted %q, want the late pod evicted: %v\nevents:\n%s", evicted, tc.evicted, strings.Join(f.events.events, "\n"))
+			}
+			// Once its victims are leaving, the reservation holds its whole
+			// member on their node, so that their GPUs go to no one else.
+			if tc.evicted {
+				held := 0
+				for _, u := range mustState(t, f.cache, "n1").Pods {
+					if u.Planned && strings.HasPrefix(u.Name, "big-") {
+						held += u.WholePending
+					}
+				}
+				if held != 8 {
+					t.Errorf("the reservation holds %d GPUs on n1 while its victim leaves, want 8", held)
+				}
 			}
 		})
 	}

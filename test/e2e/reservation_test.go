@@ -186,3 +186,75 @@ func TestReservationBackfillByExpectedRuntime(t *testing.T) {
 	checkNoOvercommit(t, occ)
 	checkRunningPods(t, c, pods)
 }
+
+// Preemptible backfill inside a reservation (--reservation-preemptible, on
+// by default): a pod marked tessera.dev/preemptible starts on the room
+// reserved for a 2 x 8 GPU gang and is evicted when the reservation fills
+// (the other pods on its nodes have ended); the gang then runs there.
+func TestReservationEvictsPreemptibleBackfill(t *testing.T) {
+	c := getCluster(t)
+	client := c.Client()
+	ns := namespace(t, c, "e2e-preemptible")
+	waitReleased(t, c)
+	create(t, client, ns, podSpec{name: "fill-a100-1", gpus: 1, node: "a100-1"})
+	create(t, client, ns, podSpec{name: "fill-a100-2", gpus: 1, node: "a100-2"})
+	for _, node := range []string{"v100-1", "l40s-1"} {
+		n, err := client.CoreV1().Nodes().Get(t.Context(), node, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := n.Status.Allocatable[api.ResourceGPU]
+		create(t, client, ns, podSpec{name: "fill-" + node, gpus: q.Value(), node: node})
+	}
+	for _, name := range []string{"fill-a100-1", "fill-a100-2", "fill-v100-1", "fill-l40s-1"} {
+		waitRunning(t, c, ns, name, time.Minute)
+	}
+	for i := range 2 {
+		create(t, client, ns, podSpec{name: fmt.Sprintf("big-%d", i), gpus: 8,
+			annotations: map[string]string{api.AnnotationGang: "big", api.AnnotationGangMinMember: "2"}})
+	}
+	err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		return strings.Contains(events(t, client, ns, "big-0"), api.EventReserved), nil
+	})
+	if err != nil {
+		t.Fatalf("the gang did not reserve: %v\nevents of big-0: %s", err, events(t, client, ns, "big-0"))
+	}
+	create(t, client, ns, podSpec{name: "pre", gpus: 4, annotations: map[string]string{api.AnnotationPreemptible: "true"}})
+	create(t, client, ns, podSpec{name: "plain", gpus: 4})
+	pre, _ := waitRunning(t, c, ns, "pre", time.Minute)
+	if n := pre.Spec.NodeName; n != "a100-1" && n != "a100-2" {
+		t.Errorf("the preemptible pod runs on %s, want a reserved a100 node", n)
+	}
+	time.Sleep(3 * time.Second)
+	if p, err := client.CoreV1().Pods(ns).Get(t.Context(), "plain", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	} else if p.Spec.NodeName != "" {
+		t.Errorf("a pod without hints was placed on reserved node %s", p.Spec.NodeName)
+	}
+	// The reservation fills: only the preemptible pod is left on its nodes.
+	for _, name := range []string{"fill-a100-1", "fill-a100-2"} {
+		if err := client.CoreV1().Pods(ns).Delete(t.Context(), name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+		for i := range 2 {
+			p, err := client.CoreV1().Pods(ns).Get(ctx, fmt.Sprintf("big-%d", i), metav1.GetOptions{})
+			if err != nil || p.Status.Phase != v1.PodRunning {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("the gang did not run once its nodes held only the preemptible pod: %v\nevents of big-0: %s\nevents of pre: %s", err, events(t, client, ns, "big-0"), events(t, client, ns, "pre"))
+	}
+	if _, err := client.CoreV1().Pods(ns).Get(t.Context(), "pre", metav1.GetOptions{}); err == nil {
+		if ev := events(t, client, ns, "pre"); !strings.Contains(ev, api.EventPreempted) {
+			t.Errorf("the preemptible pod is still there without a %s Event: %s", api.EventPreempted, ev)
+		}
+	}
+	occ, pods := occupancy(t, c)
+	checkNoOvercommit(t, occ)
+	checkRunningPods(t, c, pods)
+}
