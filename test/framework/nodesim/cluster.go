@@ -8,12 +8,10 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -26,6 +24,7 @@ import (
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/test/framework/controlplane"
 	"github.com/tessera-gpu/tessera/test/framework/install"
+	"github.com/tessera-gpu/tessera/test/framework/proc"
 )
 
 // NodeSpec is one simulated node of a cluster.
@@ -107,8 +106,8 @@ type Cluster struct {
 	agentKC   string
 	tls       *install.TLS
 	mu        sync.Mutex
-	extender  *proc
-	nodes     map[string]*proc
+	extender  *proc.Proc
+	nodes     map[string]*proc.Proc
 	specs     []NodeSpec
 }
 
@@ -143,7 +142,7 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 			return nil, fmt.Errorf("%s binary: %w", what, err)
 		}
 	}
-	c = &Cluster{opts: opts, nodes: map[string]*proc{}, specs: opts.Nodes}
+	c = &Cluster{opts: opts, nodes: map[string]*proc.Proc{}, specs: opts.Nodes}
 	if opts.Dir == "" {
 		if c.Dir, err = os.MkdirTemp("", "tessera-cluster-"); err != nil {
 			return nil, err
@@ -299,7 +298,7 @@ func (c *Cluster) StartExtender(ctx context.Context) error {
 	extra := slices.Clone(c.opts.ExtenderArgs)
 	c.mu.Unlock()
 	args := append([]string{"--kubeconfig=" + c.extKC, "--listen=" + c.extAddr, "--tls-cert=" + c.tls.CertFile, "--tls-key=" + c.tls.KeyFile, "--v=2"}, extra...)
-	p, err := startProc("tessera-extender", c.opts.Extender, args, filepath.Join(c.Dir, "logs", "tessera-extender.log"), false)
+	p, err := proc.Start("tessera-extender", c.opts.Extender, args, filepath.Join(c.Dir, "logs", "tessera-extender.log"), nil)
 	if err != nil {
 		return err
 	}
@@ -307,8 +306,8 @@ func (c *Cluster) StartExtender(ctx context.Context) error {
 	c.extender = p
 	c.mu.Unlock()
 	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
-		if p.exited() {
-			return false, fmt.Errorf("tessera-extender exited; see %s", p.log)
+		if p.Exited() {
+			return false, fmt.Errorf("tessera-extender exited; see %s", p.Log)
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+c.extAddr+"/readyz", nil)
 		resp, err := hc.Do(req)
@@ -328,7 +327,7 @@ func (c *Cluster) KillExtender() {
 	c.extender = nil
 	c.mu.Unlock()
 	if p != nil {
-		p.kill()
+		p.Kill()
 	}
 }
 
@@ -379,7 +378,7 @@ func (c *Cluster) startNode(n NodeSpec) error {
 		}
 		args = append(args, "--labels="+strings.Join(kv, ","))
 	}
-	p, err := startProc("nodesim-"+n.Name, c.opts.NodeSim, args, filepath.Join(c.Dir, "logs", "nodesim-"+n.Name+".log"), true)
+	p, err := proc.Start("nodesim-"+n.Name, c.opts.NodeSim, args, filepath.Join(c.Dir, "logs", "nodesim-"+n.Name+".log"), nil)
 	if err != nil {
 		return err
 	}
@@ -399,8 +398,8 @@ func (c *Cluster) WaitNodesReady(ctx context.Context, timeout time.Duration) err
 			c.mu.Lock()
 			p := c.nodes[n.Name]
 			c.mu.Unlock()
-			if p != nil && p.exited() {
-				return false, fmt.Errorf("node simulator %s exited:\n%s", n.Name, fileTail(p.log, 4096))
+			if p != nil && p.Exited() {
+				return false, fmt.Errorf("node simulator %s exited:\n%s", n.Name, proc.Tail(p.Log, 4096))
 			}
 			node, err := c.CP.Client().CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
 			if err != nil {
@@ -453,18 +452,18 @@ func (c *Cluster) EnsureNamespace(ctx context.Context, ns string) error {
 func (c *Cluster) Stop() {
 	c.mu.Lock()
 	nodes := c.nodes
-	c.nodes = map[string]*proc{}
+	c.nodes = map[string]*proc.Proc{}
 	ext := c.extender
 	c.extender = nil
 	c.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, p := range nodes {
 		wg.Add(1)
-		go func() { defer wg.Done(); p.stop(20 * time.Second) }()
+		go func() { defer wg.Done(); p.Stop(20 * time.Second) }()
 	}
 	wg.Wait()
 	if ext != nil {
-		ext.stop(10 * time.Second)
+		ext.Stop(10 * time.Second)
 	}
 	if c.CP != nil {
 		_ = c.CP.Stop()
@@ -481,68 +480,4 @@ func (c *Cluster) Record(p *v1.Pod) (*PodRecord, error) {
 		return nil, nil
 	}
 	return ReadRecord(c.NodeStateDir(p.Spec.NodeName), string(p.UID))
-}
-
-// --- processes ---
-
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-}
-
-func startProc(name, bin string, args []string, logPath string, group bool) (*proc, error) {
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	fmt.Fprintf(logf, "==== %s %s at %s\n", bin, strings.Join(args, " "), time.Now().Format(time.RFC3339Nano))
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); logf.Close(); close(p.done) }()
-	return p, nil
-}
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-func (p *proc) kill() {
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-	<-p.done
-}
-
-// stop sends SIGTERM, waits up to grace, then kills the whole process
-// group (the node simulator's agent and MPS daemons are in it).
-func (p *proc) stop(grace time.Duration) {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(grace):
-	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-	<-p.done
-}
-
-func fileTail(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	if len(b) > n {
-		b = b[len(b)-n:]
-	}
-	return string(b)
 }

@@ -34,7 +34,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -47,6 +46,7 @@ import (
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/gpu/nvmlmock"
 	"github.com/tessera-gpu/tessera/test/framework/nodesim"
+	"github.com/tessera-gpu/tessera/test/framework/proc"
 )
 
 // DevicePluginDir is where the kubelet's device manager always listens.
@@ -129,10 +129,10 @@ type Node struct {
 	nodeIP string
 
 	mu         sync.Mutex
-	holder     *proc
-	containerd *proc
-	kubelet    *proc
-	agent      *proc
+	holder     *proc.Proc
+	containerd *proc.Proc
+	kubelet    *proc.Proc
+	agent      *proc.Proc
 }
 
 // GPUs is the mock machine's GPU count: two L40S on NUMA node 0 (CPU 0);
@@ -325,14 +325,14 @@ mount --bind "$1" ` + DevicePluginDir + `
 mount --bind "$2" /proc/devices
 touch "$3"
 exec sleep 2147483647`
-	p, err := startProc("holder", "unshare", []string{"--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh", n.path("device-plugins"), n.path("proc-devices"), ready}, n.path("logs", "holder.log"), nil)
+	p, err := proc.Start("holder", "unshare", []string{"--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh", n.path("device-plugins"), n.path("proc-devices"), ready}, n.path("logs", "holder.log"), nil)
 	if err != nil {
 		return err
 	}
 	n.holder = p
 	return wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
-		if p.exited() {
-			return false, fmt.Errorf("mount namespace holder exited: %s", fileTail(p.log, 2000))
+		if p.Exited() {
+			return false, fmt.Errorf("mount namespace holder exited: %s", proc.Tail(p.Log, 2000))
 		}
 		_, err := os.Stat(ready)
 		return err == nil, nil
@@ -340,15 +340,15 @@ exec sleep 2147483647`
 }
 
 // inNamespace runs bin in the holder's mount namespace.
-func (n *Node) inNamespace(name, bin string, args []string, env []string) (*proc, error) {
-	nsArgs := append([]string{"--target", strconv.Itoa(n.holder.cmd.Process.Pid), "--mount", "--", bin}, args...)
-	return startProc(name, "nsenter", nsArgs, n.path("logs", name+".log"), env)
+func (n *Node) inNamespace(name, bin string, args []string, env []string) (*proc.Proc, error) {
+	nsArgs := append([]string{"--target", strconv.Itoa(n.holder.Pid()), "--mount", "--", bin}, args...)
+	return proc.Start(name, "nsenter", nsArgs, n.path("logs", name+".log"), env)
 }
 
 // StartContainerd starts containerd and waits for its socket.
 func (n *Node) StartContainerd(ctx context.Context) error {
 	env := append(os.Environ(), "PATH="+n.cfg.Bins.ShimDir+":"+os.Getenv("PATH"))
-	p, err := startProc("containerd", n.cfg.Bins.Containerd, []string{"--config", n.path("containerd.toml")}, n.path("logs", "containerd.log"), env)
+	p, err := proc.Start("containerd", n.cfg.Bins.Containerd, []string{"--config", n.path("containerd.toml")}, n.path("logs", "containerd.log"), env)
 	if err != nil {
 		return err
 	}
@@ -356,8 +356,8 @@ func (n *Node) StartContainerd(ctx context.Context) error {
 	n.containerd = p
 	n.mu.Unlock()
 	return wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		if p.exited() {
-			return false, fmt.Errorf("containerd exited: %s", fileTail(p.log, 3000))
+		if p.Exited() {
+			return false, fmt.Errorf("containerd exited: %s", proc.Tail(p.Log, 3000))
 		}
 		err := exec.CommandContext(ctx, n.cfg.Bins.Ctr, "--address", n.ContainerdSocket(), "version").Run()
 		return err == nil, nil
@@ -432,13 +432,13 @@ func (n *Node) StopContainerd(grace time.Duration) { n.stop(&n.containerd, grace
 // SIGKILL at once).
 func (n *Node) StopAgent(grace time.Duration) { n.stop(&n.agent, grace) }
 
-func (n *Node) stop(pp **proc, grace time.Duration) {
+func (n *Node) stop(pp **proc.Proc, grace time.Duration) {
 	n.mu.Lock()
 	p := *pp
 	*pp = nil
 	n.mu.Unlock()
 	if p != nil {
-		p.stop(grace)
+		p.Stop(grace)
 	}
 }
 
@@ -448,9 +448,9 @@ func (n *Node) stop(pp **proc, grace time.Duration) {
 func (n *Node) WaitGPUs(ctx context.Context, client kubernetes.Interface, want int64, timeout time.Duration) error {
 	var last string
 	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		for what, p := range map[string]*proc{"kubelet": n.kubelet, "containerd": n.containerd, "tessera-node": n.agent} {
-			if p != nil && p.exited() {
-				return false, fmt.Errorf("%s exited: %s", what, fileTail(p.log, 3000))
+		for what, p := range map[string]*proc.Proc{"kubelet": n.kubelet, "containerd": n.containerd, "tessera-node": n.agent} {
+			if p != nil && p.Exited() {
+				return false, fmt.Errorf("%s exited: %s", what, proc.Tail(p.Log, 3000))
 			}
 		}
 		node, err := client.CoreV1().Nodes().Get(ctx, n.cfg.Name, metav1.GetOptions{})
@@ -492,12 +492,12 @@ func (n *Node) Stop() {
 	n.mu.Lock()
 	ctrd := n.containerd
 	n.mu.Unlock()
-	if ctrd != nil && !ctrd.exited() {
+	if ctrd != nil && !ctrd.Exited() {
 		n.removeContainers()
 	}
 	n.StopContainerd(5 * time.Second)
 	if n.holder != nil {
-		n.holder.stop(time.Second)
+		n.holder.Stop(time.Second)
 	}
 	// Shims outlive containerd: kill what is left of the node's tasks.
 	_ = exec.Command("pkill", "-KILL", "-f", "containerd-shim-runc-v2 -namespace k8s.io -address "+n.ContainerdSocket()).Run()
@@ -551,69 +551,4 @@ func cmpOr(a, b string) string {
 		return a
 	}
 	return b
-}
-
-// --- processes ---
-
-type proc struct {
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-}
-
-func startProc(name, bin string, args []string, logPath string, env []string) (*proc, error) {
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	fmt.Fprintf(logf, "==== %s %s at %s\n", bin, strings.Join(args, " "), time.Now().Format(time.RFC3339Nano))
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = env
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	p := &proc{cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() {
-		err := cmd.Wait()
-		fmt.Fprintf(logf, "==== exited at %s: %v\n", time.Now().Format(time.RFC3339Nano), err)
-		logf.Close()
-		close(p.done)
-	}()
-	return p, nil
-}
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// stop sends SIGTERM, waits up to grace, then kills the process group.
-func (p *proc) stop(grace time.Duration) {
-	if grace > 0 {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(grace):
-		}
-	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-	<-p.done
-}
-
-func fileTail(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	if len(b) > n {
-		b = b[len(b)-n:]
-	}
-	return string(b)
 }
