@@ -3,6 +3,7 @@ package queue
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 
 	corev1 "k8s.io/api/core/v1"
@@ -46,7 +47,13 @@ func (e *ReclaimError) Error() string {
 // is enough). Reclaim takes the shortest enough prefix of the candidates,
 // then, in one pass from the last victim back, drops every victim without
 // which the rest is still enough, so no eviction is made that is not
-// needed. It returns the victims in candidate order, or a *ReclaimError.
+// needed. When the candidates run out first because a victim's queue
+// would fall below its guarantee, the victims that the fewest enough set
+// of all the candidates does not need (their freed room cannot serve the
+// asker: GPUs of another NVLink clique, node or rack than the one it needs)
+// are passed over and the choice is made again, so a queue's surplus is
+// not spent on them. It returns the victims in candidate order, or a
+// *ReclaimError.
 func (s *State) Reclaim(queue string, req quota.Resources, running []Workload, enough func(victims []Workload) bool) ([]Workload, error) {
 	v := s.view()
 	fail := func(format string, args ...any) ([]Workload, error) {
@@ -66,21 +73,56 @@ func (s *State) Reclaim(queue string, req quota.Resources, running []Workload, e
 		return nil, nil
 	}
 	cands := v.candidates(queue, a.res, running)
-	taken := map[string]quota.Resources{} // evicted so far, per queue's subtree
-	var victims []Workload
-	for _, w := range cands {
-		if ok, _ := v.mayTake(a, fair == "", taken, w); !ok {
-			continue
+	for {
+		taken := map[string]quota.Resources{} // evicted so far, per queue's subtree
+		var victims, refused []Workload
+		for _, w := range cands {
+			if ok, _ := v.mayTake(a, fair == "", taken, w); !ok {
+				refused = append(refused, w)
+				continue
+			}
+			for _, q := range v.t.nodes[w.Queue].path {
+				taken[q] = taken[q].Add(w.Uses)
+			}
+			victims = append(victims, w)
+			if enough(victims) {
+				return minimal(victims, enough), nil
+			}
 		}
-		for _, q := range v.t.nodes[w.Queue].path {
-			taken[q] = taken[q].Add(w.Uses)
+		// Not enough. The surplus of a victim's queue may have been spent
+		// on victims whose freed room cannot serve the asker (a GPU in the
+		// other NVLink clique, on another node or rack than the one that
+		// could hold it) and so refused the victims that would make it
+		// fit: those are passed over and the choice made again.
+		useless := uselessVictims(cands, victims, len(refused) > 0, enough)
+		if len(useless) == 0 {
+			return fail("other queues borrow too little to free %s without falling below their own guarantees", req)
 		}
-		victims = append(victims, w)
-		if enough(victims) {
-			return minimal(victims, enough), nil
+		cands = slices.DeleteFunc(cands, func(w Workload) bool { return useless[w.Key] })
+	}
+}
+
+// uselessVictims returns the victims taken (all the candidates having been
+// tried, some refused) that the fewest enough set of all the candidates
+// (the shortest enough prefix in candidate order, then minimal) does not
+// need: their freed room does not serve the asker. None when no candidate
+// was refused, or when even all of them are not enough.
+func uselessVictims(cands, victims []Workload, refused bool, enough func([]Workload) bool) map[string]bool {
+	if !refused || !enough(cands) {
+		return nil
+	}
+	n := sort.Search(len(cands), func(k int) bool { return enough(cands[:k+1]) }) + 1
+	needed := map[string]bool{}
+	for _, w := range minimal(cands[:n], enough) {
+		needed[w.Key] = true
+	}
+	out := map[string]bool{}
+	for _, w := range victims {
+		if !needed[w.Key] {
+			out[w.Key] = true
 		}
 	}
-	return fail("other queues borrow too little to free %s without falling below their own guarantees", req)
+	return out
 }
 
 // minimal drops, from the last victim back, each victim without which the

@@ -2,6 +2,7 @@ package queue
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -249,5 +250,45 @@ func TestCanPreempt(t *testing.T) {
 				t.Errorf("CanPreempt = %v (%s), want %v (%s)", got, why, tc.want, tc.wantMsg)
 			}
 		})
+	}
+}
+
+// Topology: the asker needs one of two 4-GPU cliques whole, and queue b,
+// guaranteed 4, runs a 1-GPU workload on each of the 8 GPUs, the newest
+// alternating between the cliques. Taken in order, b's 4 GPUs of surplus
+// would go to two workloads of each clique, which frees no clique; the
+// workloads of the clique that cannot be freed are passed over, and the
+// four of one clique are taken.
+func TestReclaimSpendsNoSurplusOnTheOtherClique(t *testing.T) {
+	s := state(Build([]Spec{q("a", "", 4), q("b", "", 4)}), map[string]int64{"b": 8}, nil)
+	s.Capacity = gpus(8)
+	clique := map[string]int{}
+	var running []Workload
+	for i, g := range []int{0, 4, 1, 5, 2, 3, 6, 7} {
+		w := wl("b", fmt.Sprintf("gpu%d", g), 0, time.Duration(i+1)*time.Minute, 1)
+		clique[w.Key] = g / 4
+		running = append(running, w)
+	}
+	oneClique := func(v []Workload) bool {
+		var n [2]int
+		for _, w := range v {
+			n[clique[w.Key]]++
+		}
+		return n[0] == 4 || n[1] == 4
+	}
+	victims, err := s.Reclaim("a", gpus(4), running, oneClique)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !oneClique(victims) || len(victims) != 4 {
+		t.Errorf("victims %v, want the four workloads of one clique", keys(victims))
+	}
+	// Without the topology (any 4 GPUs), the four newest go.
+	victims, err = s.Reclaim("a", gpus(4), running, freed(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"b/gpu0", "b/gpu4", "b/gpu1", "b/gpu5"}, keys(victims)); diff != "" {
+		t.Errorf("victims (-want +got):\n%s", diff)
 	}
 }
