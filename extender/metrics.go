@@ -20,6 +20,8 @@ type Metrics struct {
 	// Tessera's priority preemption (Preemptor).
 	preemptions *prometheus.CounterVec
 	preemptOut  *prometheus.CounterVec
+	// Queue reclaim evictions by outcome (QueueReclaimer).
+	reclaimOutcome *prometheus.CounterVec
 }
 
 // NewMetrics registers the extender's metrics on reg.
@@ -63,7 +65,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Namespace: "tessera", Subsystem: "extender", Name: "preemptions_unused_total",
 		Help: "Preemptions whose room was not used: blocked (a PodDisruptionBudget refused a chosen victim; another choice is made) and useless (the room was held for a pod that did not bind there before the hold expired).",
 	}, []string{"outcome"})
-	reg.MustRegister(m.latency, m.placements, m.rejections, m.errors, m.evictions, m.blocked, m.leftOut, m.preemptions, m.preemptOut)
+	m.reclaimOutcome = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "tessera", Subsystem: "extender", Name: "reclaim_evictions_total",
+		Help: "Pods evicted by queue reclaim, by result: useful (a pod the room was reclaimed for got a GPU the evicted workload freed) or useless (none did within the reclaim hold, or they all started elsewhere); counted once the result is known.",
+	}, []string{"result"})
+	for _, r := range []string{"useful", "useless"} {
+		m.reclaimOutcome.WithLabelValues(r) // exported as 0 before the first
+	}
+	reg.MustRegister(m.latency, m.placements, m.rejections, m.errors, m.evictions, m.blocked, m.leftOut, m.preemptions, m.preemptOut, m.reclaimOutcome)
 	return m
 }
 
@@ -118,6 +127,18 @@ func (m *Metrics) preemptionBlocked() {
 func (m *Metrics) preemptionUseless() {
 	if m != nil {
 		m.preemptOut.WithLabelValues("useless").Inc()
+	}
+}
+
+// reclaimSettled counts n pods evicted by queue reclaim whose result is
+// known.
+func (m *Metrics) reclaimSettled(useful bool, n int) {
+	if m != nil && n > 0 {
+		result := "useless"
+		if useful {
+			result = "useful"
+		}
+		m.reclaimOutcome.WithLabelValues(result).Add(float64(n))
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -434,5 +436,80 @@ func TestPlannerAdmitsUngatedQueuedPod(t *testing.T) {
 	f.sync()
 	if a, _ := f.admitted("ns-a"); a != 1 {
 		t.Errorf("the ungated pod of a queued namespace is not planned\nevents:\n%s", strings.Join(f.events.events, "\n"))
+	}
+}
+
+// The reclaim of TestQueueReclaimFreesOneClique, with metrics: its
+// evictions count as useful once the asker holds a GPU they freed, as
+// useless when it holds only others, or none within the hold.
+func TestQueueReclaimEvictionResults(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		holding []int // the asker's GPUs once bound; nil: never bound
+		after   time.Duration
+		useful  float64
+		useless float64
+	}{
+		{name: "the asker runs on the freed clique", holding: []int{0, 1, 2, 3}, useful: 4},
+		{name: "the asker runs on other GPUs", holding: []int{4, 5, 6, 7}, useless: 4},
+		{name: "the asker does not run within the hold", after: 3 * time.Minute, useless: 4},
+		{name: "within the hold nothing is counted yet", after: time.Minute},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := makeNode("n0").GPUs(8, "H100", 81920).Cliques([]int{0, 1, 2, 3}, []int{4, 5, 6, 7}).Obj()
+			nodes := withGPUCapacity([]*corev1.Node{n})
+			f := newGangFixture(t, nodes...)
+			book := &QueueBook{
+				Queues: staticObjects{queueObj(t, "team-a", "", []string{"ns-a"}, 4, 0, f.now), queueObj(t, "team-b", "", []string{"ns-b"}, 0, 0, f.now)},
+				Pods:   f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil },
+			}
+			metrics := NewMetrics(prometheus.NewRegistry())
+			evicter := &fakePreemptClient{}
+			reclaim := &QueueReclaimer{Cache: f.cache, Evicter: evicter, Pods: f.list, Events: f.events, Metrics: metrics, Now: func() time.Time { return f.now }}
+			f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+				Events: f.events, Now: func() time.Time { return f.now }, Queues: book, QueueReclaim: reclaim})
+			// Clique 0's pods are the newest: they go.
+			for i, gpu := range []int{0, 1, 2, 3, 4, 5, 6, 7} {
+				p := makePod(fmt.Sprintf("b-%d", gpu)).Whole(1).Node("n0").Holding(gpu).Obj()
+				p.Namespace, p.UID = "ns-b", types.UID(fmt.Sprintf("uid-b-%d", gpu))
+				age := metav1.NewTime(f.now.Add(-time.Duration(i+1) * time.Minute))
+				p.CreationTimestamp, p.Status.StartTime = age, &age
+				if _, err := f.client.CoreV1().Pods("ns-b").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				f.cache.SetPod(p)
+			}
+			asker := makePod("a-0").Whole(4).NVLink().Obj()
+			asker.Namespace, asker.UID = "ns-a", "uid-ns-a-a-0"
+			asker.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: api.SchedulingGateQueue}}
+			asker.CreationTimestamp = metav1.NewTime(f.now)
+			if _, err := f.client.CoreV1().Pods("ns-a").Create(context.Background(), asker, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			f.sync()
+			got := append([]string(nil), evicter.evicted...)
+			sort.Strings(got)
+			if diff := cmp.Diff([]string{"b-0", "b-1", "b-2", "b-3"}, got); diff != "" {
+				t.Fatalf("evicted (-want +got):\n%s", diff)
+			}
+			if left := reclaim.settle(f.now); left != 4 {
+				t.Errorf("%d evictions followed before the asker runs, want 4 (one per workload)", left)
+			}
+			for i := range 4 {
+				f.cache.DeletePod(types.UID(fmt.Sprintf("uid-b-%d", i)))
+			}
+			if tc.holding != nil {
+				bound := makePod("a-0").Whole(4).NVLink().Node("n0").Holding(tc.holding...).Obj()
+				bound.Namespace, bound.UID = "ns-a", asker.UID
+				f.cache.SetPod(bound)
+			}
+			reclaim.settle(f.now.Add(tc.after))
+			if got := testutil.ToFloat64(metrics.reclaimOutcome.WithLabelValues("useful")); got != tc.useful {
+				t.Errorf("useful evictions %v, want %v", got, tc.useful)
+			}
+			if got := testutil.ToFloat64(metrics.reclaimOutcome.WithLabelValues("useless")); got != tc.useless {
+				t.Errorf("useless evictions %v, want %v", got, tc.useless)
+			}
+		})
 	}
 }
