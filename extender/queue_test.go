@@ -513,3 +513,90 @@ func TestQueueReclaimEvictionResults(t *testing.T) {
 		})
 	}
 }
+
+// Topology-aware reclaim for a gang whose gang-topology level is required
+// (a rack, or a node): team-b, guaranteed 4, runs a 1-GPU pod on each GPU
+// of four 2-GPU nodes in two racks, the newest alternating between the
+// domains; team-a's gang of 4 × 1 GPU (2 × 1 GPU for a node) reclaims the
+// pods of ONE domain and is planned there. Newest first without the
+// topology would spend team-b's 4 GPUs of surplus across both domains.
+func TestQueueReclaimFreesOneTopologyDomain(t *testing.T) {
+	for _, tc := range []struct {
+		level   string
+		members int
+		domain  func(node string) string
+	}{
+		{level: "rack", members: 4, domain: func(n string) string { return map[string]string{"n0": "r1", "n1": "r1", "n2": "r2", "n3": "r2"}[n] }},
+		{level: corev1.LabelHostname, members: 2, domain: func(n string) string { return n }},
+	} {
+		t.Run(tc.level, func(t *testing.T) {
+			var nodes []*corev1.Node
+			for _, name := range []string{"n0", "n1", "n2", "n3"} {
+				n := makeNode(name).GPUs(2, "H100", 81920).Obj()
+				n.Labels = map[string]string{"rack": map[string]string{"n0": "r1", "n1": "r1", "n2": "r2", "n3": "r2"}[name], corev1.LabelHostname: name}
+				nodes = append(nodes, n)
+			}
+			nodes = withGPUCapacity(nodes)
+			f := newGangFixture(t, nodes...)
+			book := &QueueBook{
+				Queues: staticObjects{queueObj(t, "team-a", "", []string{"ns-a"}, 4, 0, f.now), queueObj(t, "team-b", "", []string{"ns-b"}, 4, 0, f.now)},
+				Pods:   f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil },
+			}
+			evicter := &fakePreemptClient{}
+			reclaim := &QueueReclaimer{Cache: f.cache, Evicter: evicter, Pods: f.list, Events: f.events, Now: func() time.Time { return f.now }}
+			f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+				Events: f.events, Now: func() time.Time { return f.now }, Queues: book, QueueReclaim: reclaim})
+			nodeOf := map[string]string{}
+			// Newest first: n0, n2, n1, n3, then the older ones.
+			for i, at := range []struct {
+				node string
+				gpu  int
+			}{{"n0", 0}, {"n2", 0}, {"n1", 0}, {"n3", 0}, {"n0", 1}, {"n1", 1}, {"n2", 1}, {"n3", 1}} {
+				name := fmt.Sprintf("b-%s-%d", at.node, at.gpu)
+				p := makePod(name).Whole(1).Node(at.node).Holding(at.gpu).Obj()
+				p.Namespace, p.UID = "ns-b", types.UID("uid-"+name)
+				age := metav1.NewTime(f.now.Add(-time.Duration(i+1) * time.Minute))
+				p.CreationTimestamp, p.Status.StartTime = age, &age
+				if _, err := f.client.CoreV1().Pods("ns-b").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				f.cache.SetPod(p)
+				nodeOf[name] = at.node
+			}
+			for i := range tc.members {
+				p := makePod(fmt.Sprintf("g-%d", i)).Whole(1).Obj()
+				p.Namespace, p.UID = "ns-a", types.UID(fmt.Sprintf("uid-g-%d", i))
+				p.Annotations[api.AnnotationGang] = "g"
+				p.Annotations[api.AnnotationGangMinMember] = fmt.Sprint(tc.members)
+				p.Annotations[api.AnnotationGangTopology] = tc.level + ":required"
+				p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: api.SchedulingGateGang}}
+				p.CreationTimestamp = metav1.NewTime(f.now)
+				if _, err := f.client.CoreV1().Pods("ns-a").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f.sync()
+			domains := map[string]bool{}
+			for _, name := range evicter.evicted {
+				domains[tc.domain(nodeOf[name])] = true
+			}
+			if len(evicter.evicted) != tc.members || len(domains) != 1 {
+				t.Fatalf("evicted %v, want the %d pods of one %s\nevents:\n%s", evicter.evicted, tc.members, tc.level, strings.Join(f.events.events, "\n"))
+			}
+			pods, _ := f.list()
+			for _, p := range pods {
+				if p.Namespace != "ns-a" {
+					continue
+				}
+				plan, ok, err := api.GetGangPlan(p.Annotations)
+				if !ok || err != nil {
+					t.Errorf("%s not planned (%v)", p.Name, err)
+					continue
+				}
+				if !domains[tc.domain(plan.Node)] {
+					t.Errorf("%s planned on %s, not in the freed %s %v", p.Name, plan.Node, tc.level, domains)
+				}
+			}
+		})
+	}
+}
