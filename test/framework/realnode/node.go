@@ -499,25 +499,38 @@ func (n *Node) Stop() {
 	if n.holder != nil {
 		n.holder.Stop(time.Second)
 	}
-	// Shims outlive containerd: kill what is left of the node's tasks.
-	_ = exec.Command("pkill", "-KILL", "-f", "containerd-shim-runc-v2 -namespace k8s.io -address "+n.ContainerdSocket()).Run()
+	n.killShims()
 	_ = exec.Command("ip", "link", "delete", n.cfg.Bridge).Run()
 }
 
-// removeContainers kills and removes every task and container of the
-// node's containerd.
+// removeContainers kills and removes every task (pod sandboxes and
+// containers) and container of the node's containerd, so that no shim or
+// container outlives the node.
 func (n *Node) removeContainers() {
 	ctr := func(args ...string) string {
 		out, _ := exec.Command(n.cfg.Bins.Ctr, append([]string{"--address", n.ContainerdSocket(), "-n", "k8s.io"}, args...)...).Output()
 		return string(out)
 	}
-	for _, id := range strings.Fields(ctr("tasks", "list", "-q")) {
-		ctr("tasks", "kill", "-s", "SIGKILL", id)
-	}
-	time.Sleep(500 * time.Millisecond)
+	_ = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 15*time.Second, true, func(context.Context) (bool, error) {
+		ids := strings.Fields(ctr("tasks", "list", "-q"))
+		for _, id := range ids {
+			ctr("tasks", "kill", "--all", "--signal", "SIGKILL", id)
+			ctr("tasks", "delete", "--force", id)
+		}
+		return len(ids) == 0, nil
+	})
 	for _, id := range strings.Fields(ctr("containers", "list", "-q")) {
-		ctr("tasks", "delete", "-f", id)
 		ctr("containers", "delete", id)
+	}
+}
+
+// killShims kills what is left of the node's shims, and their children:
+// a shim outlives containerd, and its containers outlive it.
+func (n *Node) killShims() {
+	out, _ := exec.Command("pgrep", "-f", "containerd-shim-runc-v2 .*-address "+n.ContainerdSocket()).Output()
+	for _, pid := range strings.Fields(string(out)) {
+		_ = exec.Command("pkill", "-KILL", "-P", pid).Run()
+		_ = exec.Command("kill", "-KILL", pid).Run()
 	}
 }
 
