@@ -34,6 +34,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -127,6 +128,7 @@ type Node struct {
 	cfg    Options
 	uuids  []string
 	nodeIP string
+	lock   *os.File
 
 	mu         sync.Mutex
 	holder     *proc.Proc
@@ -170,6 +172,11 @@ func Start(ctx context.Context, client kubernetes.Interface, o Options) (n *Node
 	}
 	n = &Node{cfg: o}
 	if n.nodeIP, err = hostIP(); err != nil {
+		return nil, err
+	}
+	// One real node per machine: kubelets share the machine's cgroup tree
+	// (each removes pod cgroups it does not know) and the CNI bridge.
+	if n.lock, err = lockMachine(ctx); err != nil {
 		return nil, err
 	}
 	started := n
@@ -500,6 +507,9 @@ func (n *Node) Stop() {
 		n.holder.Stop(time.Second)
 	}
 	n.killShims()
+	if n.lock != nil {
+		n.lock.Close() // releases the flock
+	}
 	_ = exec.Command("ip", "link", "delete", n.cfg.Bridge).Run()
 }
 
@@ -532,6 +542,27 @@ func (n *Node) killShims() {
 		_ = exec.Command("pkill", "-KILL", "-P", pid).Run()
 		_ = exec.Command("kill", "-KILL", pid).Run()
 	}
+}
+
+// machineLock is the file whose flock a running real node holds.
+const machineLock = "/run/tessera-test-realnode.lock"
+
+// lockMachine waits until no other real node runs on this machine (another
+// test process's) and takes the lock.
+func lockMachine(ctx context.Context) (*os.File, error) {
+	f, err := os.OpenFile(machineLock, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 10*time.Minute, true, func(context.Context) (bool, error) {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		return err == nil, nil
+	})
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("another real node runs on this machine (%s stays locked): %w", machineLock, err)
+	}
+	return f, nil
 }
 
 // hostIP is the host's first global IPv4 address: the kubelet refuses a
