@@ -169,6 +169,8 @@ type Agent struct {
 
 	mu         sync.Mutex
 	placements map[kubeletstate.ContainerKey]string
+	// lastKubelet is the kubelet's last answer, with what keepLive kept.
+	lastKubelet []kubeletstate.ContainerDevices
 	registered map[corev1.ResourceName]bool
 }
 
@@ -596,7 +598,40 @@ func mapsEqual(x, y map[kubeletstate.ContainerKey]string) bool {
 	return true
 }
 
+// LivePods is what a PodWatch may also tell: whether a pod of the node
+// has not ended, by its watch of the API server.
+type LivePods interface {
+	// Live reports whether the pod is on the node and has not ended.
+	Live(namespace, name string) bool
+}
+
+// keepLive adds to allocs the allocations of the last answer whose pods
+// are missing from it but have not ended: the kubelet never frees the
+// devices of a pod that runs, and a kubelet that has just restarted
+// answers PodResources with none until it has synced its pods (a GPU
+// released then would be offered to the other kind while its pod runs).
+func (a *Agent) keepLive(allocs []kubeletstate.ContainerDevices) []kubeletstate.ContainerDevices {
+	live, ok := a.opts.Pods.(LivePods)
+	if !ok {
+		return allocs
+	}
+	present := map[[2]string]bool{}
+	for _, c := range allocs {
+		present[[2]string{c.Namespace, c.Name}] = true
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, c := range a.lastKubelet {
+		if c.Name != "" && !present[[2]string{c.Namespace, c.Name}] && live.Live(c.Namespace, c.Name) {
+			allocs = append(allocs, c)
+		}
+	}
+	a.lastKubelet = allocs
+	return allocs
+}
+
 func (a *Agent) applyKubelet(allocs []kubeletstate.ContainerDevices) {
+	allocs = a.keepLive(allocs)
 	a.mu.Lock()
 	placements := a.placements
 	a.mu.Unlock()

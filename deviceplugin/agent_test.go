@@ -940,6 +940,57 @@ func TestPodWatchWithholdsAssignedGPUsAndRereadsOnRelease(t *testing.T) {
 	e.kubelet.waitCounts("GPU 5's units offered again", all, e.healthyBut(0, 1))
 }
 
+// livePodWatch is a fakePodWatch that also says which pods run.
+type livePodWatch struct {
+	*fakePodWatch
+	mu   sync.Mutex
+	live map[string]bool
+}
+
+var (
+	_ deviceplugin.LivePods = (*livePodWatch)(nil)
+	_ deviceplugin.LivePods = (*kube.PodWatch)(nil)
+)
+
+func (l *livePodWatch) Live(namespace, name string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.live[namespace+"/"+name]
+}
+
+func (l *livePodWatch) setLive(key string, live bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.live[key] = live
+}
+
+// A kubelet that has just restarted answers PodResources with no
+// allocations until it has synced its pods: the devices of a pod the watch
+// still sees running stay held, and are released once the pod has ended.
+func TestLivePodKeepsItsDevicesThroughAnEmptyKubeletAnswer(t *testing.T) {
+	pods := &livePodWatch{fakePodWatch: &fakePodWatch{updates: make(chan podsUpdate)}, live: map[string]bool{"ns/w": true}}
+	kubelet := &fakeSource{}
+	e := newEnv(t, nvmlmock.DGXA100(), func(c *api.NodeAgentConfig) {
+		c.KubeletSyncInterval.Duration = time.Hour // only pokes read the kubelet
+	}, func(o *deviceplugin.Options) { o.Pods = pods; o.Kubelet = kubelet })
+	e.nri.connected.Store(true)
+	e.start(true)
+	all := e.totals()
+	e.kubelet.waitCounts("registration", all, all)
+	kubelet.set(kubeletstate.ContainerDevices{Namespace: "ns", Name: "w", Container: "c", Resource: gpuR, DeviceIDs: []string{e.uuid(5)}})
+	pods.updates <- podsUpdate{assigned: map[string]bool{}, released: true}
+	e.kubelet.waitCounts("GPU 5's units withheld", all, e.healthyBut(0, 1))
+	// The restarted kubelet's empty answer: w still runs.
+	kubelet.set()
+	pods.updates <- podsUpdate{assigned: map[string]bool{}, released: true}
+	time.Sleep(300 * time.Millisecond)
+	e.kubelet.waitCounts("GPU 5's units still withheld", all, e.healthyBut(0, 1))
+	// w ends: its GPU is released.
+	pods.setLive("ns/w", false)
+	pods.updates <- podsUpdate{assigned: map[string]bool{}, released: true}
+	e.kubelet.waitCounts("GPU 5's units offered again", all, all)
+}
+
 // The inventory names the GPUs whose devices the agent withholds, so that
 // the extender does not place the other kind there before the kubelet can
 // admit it; a GPU leaves the list once the kubelet was offered it again.

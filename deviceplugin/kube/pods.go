@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -35,6 +36,31 @@ type PodWatch struct {
 	// trust keeps only the assignments Tessera sealed for their pods: a
 	// tenant's hand-written one withholds nothing.
 	trust *podtrust.Filter
+
+	mu sync.Mutex
+	// live are the node's pods (namespace/name) that have not ended, as
+	// the watch last saw them.
+	live map[string]bool
+}
+
+// Live reports whether the watch last saw the pod on the node, not ended.
+func (w *PodWatch) Live(namespace, name string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.live[namespace+"/"+name]
+}
+
+func (w *PodWatch) setLive(key string, live bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.live == nil {
+		w.live = map[string]bool{}
+	}
+	if live {
+		w.live[key] = true
+	} else {
+		delete(w.live, key)
+	}
 }
 
 // NewPodWatch returns a watch of node's pods that reads assignments through
@@ -73,6 +99,7 @@ func (w *PodWatch) Run(ctx context.Context, changed func(assigned map[string]boo
 		// Only pods that have not ended are kept.
 		key := pod.Namespace + "/" + pod.Name
 		before, had := assignments[key]
+		w.setLive(key, !w.ended(pod))
 		if w.ended(pod) {
 			delete(assignments, key)
 			if had {
@@ -102,6 +129,7 @@ func (w *PodWatch) Run(ctx context.Context, changed func(assigned map[string]boo
 			return
 		}
 		delete(assignments, pod.Namespace+"/"+pod.Name)
+		w.setLive(pod.Namespace+"/"+pod.Name, false)
 		report(true)
 	}
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{

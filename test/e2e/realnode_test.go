@@ -46,8 +46,17 @@ func startRealNode(ctx context.Context, t *testing.T, ns string, o realnode.Opti
 	if n != nil || err == nil {
 		t.Cleanup(func() {
 			if t.Failed() {
+				// Whole logs to $TESSERA_TEST_ARTIFACTS/<test>/, their ends here.
+				dst := ""
+				if a := os.Getenv("TESSERA_TEST_ARTIFACTS"); a != "" {
+					dst = filepath.Join(a, t.Name())
+					_ = os.MkdirAll(dst, 0o755)
+				}
 				for name, path := range n.LogFiles() {
 					b, _ := os.ReadFile(path)
+					if dst != "" {
+						_ = os.WriteFile(filepath.Join(dst, name+".log"), b, 0o644)
+					}
 					if len(b) > 6000 {
 						b = b[len(b)-6000:]
 					}
