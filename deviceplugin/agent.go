@@ -171,7 +171,7 @@ type Agent struct {
 	placements map[kubeletstate.ContainerKey]string
 	// lastKubelet is the kubelet's last answer, with what keepLive kept.
 	lastKubelet []kubeletstate.ContainerDevices
-	registered map[corev1.ResourceName]bool
+	registered  map[corev1.ResourceName]bool
 }
 
 // New validates opts and builds the agent.
