@@ -199,6 +199,9 @@ type GangPlanner struct {
 	// views publishes the reservations to the filter and the bind
 	// (backfill.go).
 	views views
+	// consolidator, when set, moves pods for a workload that fits nowhere
+	// (consolidate.go).
+	consolidator *Consolidator
 	// schedulers are the schedulerNames whose pods the extender serves:
 	// only their ungated gang members are planned.
 	schedulers map[string]bool
@@ -238,6 +241,8 @@ type GangPlannerConfig struct {
 	// Reservation configures reservations for workloads that wait too
 	// long; the zero value makes none.
 	Reservation ReservationConfig
+	// Consolidation may be nil: no consolidation.
+	Consolidation *Consolidator
 	// SchedulerNames are the schedulerNames whose pods go through the
 	// extender (kube-scheduler's profiles that call it); default
 	// default-scheduler. A gang member of another scheduler is planned
@@ -249,7 +254,8 @@ type GangPlannerConfig struct {
 func NewGangPlanner(cfg GangPlannerConfig) *GangPlanner {
 	p := &GangPlanner{cache: cfg.Cache, client: cfg.Client, pods: cfg.Pods, policy: cfg.Policy, events: cfg.Events, now: cfg.Now, waiting: map[string]*waitState{}, quota: cfg.Quota,
 		queues: cfg.Queues, queueReclaim: cfg.QueueReclaim, schedulers: map[string]bool{},
-		reservation: cfg.Reservation, reserved: map[string]*reservation{}, heldBefore: map[string]map[string]bool{}, cooldown: map[string]time.Time{}, preempt: cfg.Preempt}
+		reservation: cfg.Reservation, reserved: map[string]*reservation{}, heldBefore: map[string]map[string]bool{}, cooldown: map[string]time.Time{}, preempt: cfg.Preempt,
+		consolidator: cfg.Consolidation}
 	if p.now == nil {
 		p.now = time.Now
 	}
@@ -785,6 +791,15 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 			case evicted:
 				reason += "; preempting lower tiers for it"
 				preempting = true
+			}
+		}
+		if err != nil && errors.Is(err, gang.ErrNoRoom) && !shared && !preempting {
+			// Move pods that consent to it, when its GPUs are scattered
+			// (consolidate.go).
+			if r, msg := p.consolidate(ctx, key, g, members, demands, minMember, snap); r != nil {
+				res, err = r, nil
+			} else if msg != "" {
+				reason += "; " + msg
 			}
 		}
 		if err != nil && errors.Is(err, gang.ErrNoRoom) && !shared && !preempting {

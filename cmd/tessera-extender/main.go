@@ -37,6 +37,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
@@ -106,6 +107,9 @@ type options struct {
 	reservePerGPU      time.Duration
 	reserveRelative    float64
 
+	consolidation          bool
+	consolidationPerMinute int
+
 	preemption           bool
 	preemptionMinRuntime time.Duration
 	preemptionHold       time.Duration
@@ -150,6 +154,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.reservePerGPU, "reservation-wait-per-gpu", 0, "added to --reservation-wait per whole GPU of the workload")
 	fs.Float64Var(&o.reserveRelative, "reservation-relative", 0, "added to --reservation-wait: this many times the wait of the longest-waiting pending GPU pod outside a gang smaller than --reservation-min-gpus")
 	fs.BoolVar(&o.reserveBackfill, "reservation-backfill", true, "a gang or queued pod whose members all declare tessera.dev/expected-runtime may be planned on reserved nodes when, by it, it ends before the reservation starts (by the expected run times of the pods there); evicted if it runs past it when the reservation could start")
+	fs.BoolVar(&o.consolidation, "consolidation", false, "move single pods marked tessera.dev/preemptible=true and owned by a controller (evicted, PodDisruptionBudgets honoured; the controller recreates them elsewhere) so that a whole-GPU gang or queued pod due a reservation that fits nowhere gets whole nodes or NVLink cliques (docs/queues.md)")
+	fs.IntVar(&o.consolidationPerMinute, "consolidation-moves-per-minute", 4, "with --consolidation, at most this many pods are moved in any minute; a workload that needs more is not consolidated for")
 	fs.BoolVar(&o.reservePreemptible, "reservation-preemptible", true, "a gang or queued pod whose members are all marked tessera.dev/preemptible=true may be planned on reserved nodes; evicted when the reservation fills")
 	o.schedulers = []string{corev1.DefaultSchedulerName, "tessera-scheduler"}
 	fs.Func("scheduler-names", "comma-separated schedulerNames whose profiles call this extender (default default-scheduler,tessera-scheduler, the two profiles of deploy/extender/scheduler-config.yaml): the planner plans their ungated gang members and queued pods itself; a pod of another scheduler is planned only when the webhooks gated it", func(v string) error {
@@ -189,6 +195,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.reserveMinGPUs < 0 || o.reservePerGPU < 0 || o.reserveRelative < 0 {
 		return nil, fmt.Errorf("--reservation-min-gpus, --reservation-wait-per-gpu and --reservation-relative must be 0 or more, got %d, %s and %v", o.reserveMinGPUs, o.reservePerGPU, o.reserveRelative)
+	}
+	if o.consolidationPerMinute < 1 {
+		return nil, fmt.Errorf("--consolidation-moves-per-minute must be 1 or more, got %d", o.consolidationPerMinute)
 	}
 	if o.gangResync <= 0 {
 		return nil, fmt.Errorf("--gang-resync must be positive, got %s", o.gangResync)
@@ -416,6 +425,14 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 				Pods:   func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) },
 				Events: recorder, Metrics: metrics, MinRuntime: o.preemptionMinRuntime,
 			}
+		}
+		if o.consolidation {
+			c, err := extender.NewConsolidator(&extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()}, recorder, clock.RealClock{}, o.consolidationPerMinute)
+			if err != nil {
+				return err
+			}
+			reg.MustRegister(c.Collector())
+			pcfg.Consolidation = c
 		}
 		planner = extender.NewGangPlanner(pcfg)
 		if o.reserveAfter > 0 && (o.reserveBackfill || o.reservePreemptible) {

@@ -95,6 +95,28 @@ func TestReservationFlags(t *testing.T) {
 	}
 }
 
+func TestConsolidationFlags(t *testing.T) {
+	o, err := parseFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.consolidation || o.consolidationPerMinute != 4 {
+		t.Errorf("defaults: consolidation %v, moves per minute %d; want off, 4", o.consolidation, o.consolidationPerMinute)
+	}
+	o, err = parseFlags([]string{"--consolidation", "--consolidation-moves-per-minute=10"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.consolidation || o.consolidationPerMinute != 10 {
+		t.Errorf("set: consolidation %v, moves per minute %d", o.consolidation, o.consolidationPerMinute)
+	}
+	for _, bad := range []string{"--consolidation-moves-per-minute=0", "--consolidation-moves-per-minute=-1"} {
+		if _, err := parseFlags([]string{bad}, io.Discard); err == nil {
+			t.Errorf("%s was accepted", bad)
+		}
+	}
+}
+
 func writeSelfSigned(t *testing.T, dir string) (certPath, keyPath string) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)

@@ -1,0 +1,357 @@
+package extender
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/tessera-gpu/tessera/allocator/consolidate"
+	"github.com/tessera-gpu/tessera/allocator/gang"
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// Consolidation (--consolidation, off by default): a whole-GPU workload of
+// the planner (a gang, or a queued pod) that fits nowhere, though the
+// cluster has the GPUs, because they are scattered, gets whole nodes or
+// NVLink cliques by moving pods that consent to it: single pods (outside
+// any gang) marked api.AnnotationPreemptible, owned by a controller that
+// recreates them (a ReplicaSet, Job, StatefulSet or ReplicationController;
+// not a DaemonSet, whose pods cannot go elsewhere). allocator/consolidate
+// decides which (the fewest moves; none whose freed GPUs the workload's
+// placement does not use; the moved pods must have room elsewhere), with
+// the planner's own placement as the judge of "it fits" (the nodes a
+// member's selectors exclude take moved pods, not the workload; its GPU
+// model and other rules are the judge's). Each pod is first
+// evicted with a dry run: one a PodDisruptionBudget protects is kept and
+// the choice made again without it. Then the Eviction API evicts them, each
+// with a Consolidated Event, and the workload is planned on the room they
+// free (the ledger holds it, so their replacements go elsewhere; the
+// members bind once the pods are gone), as queue reclaim does.
+//
+// At most MovesPerMinute pods are moved in any minute; a workload that
+// would need more is not consolidated for (half a consolidation frees
+// room it cannot use). The moves are remembered in memory only: after a
+// restart the extender counts a full minute's moves as made at its start,
+// so the bound holds across restarts without state.
+//
+// Who is consolidated for follows the reservation rule: a workload that is
+// due a reservation (--reservation-wait and the rest of
+// ReservationConfig's rule); every whole-GPU workload that fits nowhere
+// when reservations are off.
+
+// EventConsolidated is the reason of the Event on a pod moved by
+// consolidation; EventConsolidating the one on the workload's members.
+const (
+	EventConsolidated  = "Consolidated"
+	EventConsolidating = "Consolidating"
+)
+
+// Consolidator moves pods for the planner's workloads (see above).
+type Consolidator struct {
+	Evicter Evicter
+	// Events may be nil.
+	Events EventRecorder
+	// Clock defaults to the real clock.
+	Clock clock.PassiveClock
+	// MovesPerMinute bounds the pods moved in any minute (at least 1).
+	MovesPerMinute int
+
+	mu      sync.Mutex
+	started time.Time
+	recent  []time.Time
+	moves   *prometheus.CounterVec
+}
+
+// NewConsolidator returns a consolidator; its budget starts spent (see
+// above).
+func NewConsolidator(evicter Evicter, events EventRecorder, clk clock.PassiveClock, movesPerMinute int) (*Consolidator, error) {
+	if movesPerMinute < 1 {
+		return nil, fmt.Errorf("consolidation: %d moves per minute: want 1 or more", movesPerMinute)
+	}
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
+	c := &Consolidator{Evicter: evicter, Events: events, Clock: clk, MovesPerMinute: movesPerMinute, started: clk.Now()}
+	c.moves = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "tessera", Subsystem: "extender", Name: "consolidation_moves_total",
+		Help: "Pods moved by consolidation (--consolidation), by result: evicted, or blocked (a PodDisruptionBudget refused the dry run; another choice was made without it).",
+	}, []string{"result"})
+	for _, r := range []string{"evicted", "blocked"} {
+		c.moves.WithLabelValues(r)
+	}
+	return c, nil
+}
+
+// Collector is the consolidation counter, to register.
+func (c *Consolidator) Collector() prometheus.Collector { return c.moves }
+
+// budget is how many moves may be made now.
+func (c *Consolidator) budget() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.Clock.Now()
+	kept := c.recent[:0]
+	for _, t := range c.recent {
+		if now.Sub(t) < time.Minute {
+			kept = append(kept, t)
+		}
+	}
+	c.recent = kept
+	if now.Sub(c.started) < time.Minute {
+		return 0 // a full minute's moves may have been made before a restart
+	}
+	return consolidate.Budget(now, c.recent, c.MovesPerMinute)
+}
+
+func (c *Consolidator) moved() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.recent = append(c.recent, c.Clock.Now())
+}
+
+// Movable reports whether pod may be moved by consolidation: bound, not
+// leaving, marked api.AnnotationPreemptible "true", outside any gang, and
+// owned by a controller that recreates it elsewhere.
+func Movable(pod *corev1.Pod) bool {
+	if pod == nil || pod.Spec.NodeName == "" || pod.DeletionTimestamp != nil {
+		return false
+	}
+	if pre, err := api.GetPreemptible(pod.Annotations); err != nil || !pre {
+		return false
+	}
+	if _, gang, _ := api.GangOf(pod); gang {
+		return false
+	}
+	ref := metav1.GetControllerOf(pod)
+	if ref == nil {
+		return false
+	}
+	switch ref.Kind {
+	case "ReplicaSet", "Job", "StatefulSet", "ReplicationController":
+		return true
+	}
+	return false
+}
+
+// consolidate moves pods so that workload key fits, when it is due and
+// the moves are within budget: it evicts them and returns the workload's
+// plan on the room they free (nil when none), and what to add to its
+// waiting reason ("" for nothing).
+func (p *GangPlanner) consolidate(ctx context.Context, key string, g *api.Gang, members []*corev1.Pod, demands []Demand, minMember int, snap map[string]*NodeState) (*gang.Plan, string) {
+	c := p.consolidator
+	if c == nil {
+		return nil, ""
+	}
+	logger := klog.FromContext(ctx)
+	gpus := 0
+	for _, d := range demands {
+		if d.WholeGPUs == 0 || len(d.MIG) > 0 {
+			return nil, "" // slices and MIG instances are not consolidated for
+		}
+		gpus += d.WholeGPUs
+	}
+	if cfg := p.reservation; cfg.ReserveAfter > 0 {
+		oldest := members[0].CreationTimestamp.Time
+		for _, m := range members {
+			if m.CreationTimestamp.Time.Before(oldest) {
+				oldest = m.CreationTimestamp.Time
+			}
+		}
+		due := cfg.due()
+		if !due.Due(gpus, p.now().Sub(oldest), p.smallWaited(due.MinGPUs)) {
+			return nil, ""
+		}
+	}
+	budget := c.budget()
+	if budget == 0 {
+		return nil, ""
+	}
+	// Pods already leaving are gone for the decision (their room is on
+	// its way); nothing more is moved while the workload fits without
+	// them.
+	leaving := map[types.UID]bool{}
+	for _, st := range snap {
+		for uid := range st.Pods {
+			if pod := p.passPods[uid]; pod != nil && pod.DeletionTimestamp != nil {
+				leaving[uid] = true
+			}
+		}
+	}
+	base := without(snap, leaving)
+	fitsOn := func(s map[string]*NodeState) (*gang.Plan, bool) {
+		grp, nodes := p.gangInput(s, g, members, demands, minMember, false)
+		res, err := gang.PlanGroup(grp, nodes, p.policy)
+		return res, err == nil
+	}
+	blocked := map[types.UID]bool{}
+	for try := 0; try < 3; try++ {
+		view, podOf := p.consolidationView(base, g, members, blocked)
+		goneOf := func(moves []consolidate.Move) map[types.UID]bool {
+			gone := map[types.UID]bool{}
+			for _, m := range moves {
+				gone[types.UID(m.Pod)] = true
+			}
+			return gone
+		}
+		var w consolidate.Workload
+		for _, d := range demands {
+			w.Members = append(w.Members, d.WholeGPUs)
+			w.NVLink = w.NVLink || d.NVLink
+		}
+		w.OneDomain = requiredLevel(p.levels, g) != ""
+		plan, err := consolidate.Decide(view, w, budget, func(moves []consolidate.Move) bool {
+			_, ok := fitsOn(without(base, goneOf(moves)))
+			return ok
+		})
+		switch {
+		case errors.Is(err, consolidate.ErrFits):
+			return nil, "" // it fits once the pods leaving are gone
+		case errors.Is(err, consolidate.ErrBudget):
+			return nil, "consolidation: " + strings.TrimPrefix(err.Error(), "consolidate: ")
+		case err != nil:
+			logger.V(2).Info("No consolidation", "workload", key, "why", err)
+			return nil, ""
+		}
+		// A dry run first: a pod a PodDisruptionBudget protects stays, and
+		// the choice is made again without it.
+		var pods []*corev1.Pod
+		for _, m := range plan.Moves {
+			pods = append(pods, podOf[types.UID(m.Pod)])
+		}
+		if refused, derr := firstRefused(ctx, c.Evicter.Evict, pods); refused != nil {
+			blocked[refused.UID] = true
+			c.moves.WithLabelValues("blocked").Inc()
+			logger.Info("Consolidation passes over a pod it may not evict", "workload", key, "pod", klog.KObj(refused), "err", derr)
+			continue
+		}
+		res, ok := fitsOn(without(base, goneOf(plan.Moves)))
+		if !ok {
+			return nil, ""
+		}
+		var names []string
+		for _, pod := range pods {
+			if err := c.Evicter.Evict(ctx, pod, false); err != nil {
+				logger.Info("Consolidation could not evict a pod", "workload", key, "pod", klog.KObj(pod), "err", err)
+				// The pods evicted so far are leaving: the next pass
+				// decides again with them gone.
+				return nil, fmt.Sprintf("consolidation: evicting %s/%s: %v", pod.Namespace, pod.Name, err)
+			}
+			c.moved()
+			c.moves.WithLabelValues("evicted").Inc()
+			names = append(names, pod.Namespace+"/"+pod.Name)
+			if c.Events != nil {
+				c.Events.Eventf(pod, corev1.EventTypeWarning, EventConsolidated,
+					"tessera: evicted from node %s to consolidate (it is marked %s and its controller recreates it elsewhere): %s (%d whole GPUs) fits nowhere and gets room on nodes %s once the %d pods moved are gone",
+					pod.Spec.NodeName, api.AnnotationPreemptible, key, gpus, strings.Join(placedOn(res), ", "), len(pods))
+			}
+		}
+		msg := fmt.Sprintf("consolidation moves %s (%d of %d moves per minute) so that it fits on nodes %s", strings.Join(names, ", "), len(names), c.MovesPerMinute, strings.Join(placedOn(res), ", "))
+		logger.Info("Consolidating", "workload", key, "moved", names, "nodes", placedOn(res))
+		if c.Events != nil {
+			for _, m := range members {
+				c.Events.Eventf(m, corev1.EventTypeNormal, EventConsolidating, "tessera: %s", msg)
+			}
+		}
+		return res, msg
+	}
+	return nil, ""
+}
+
+// placedOn are the nodes of a plan, sorted, once each.
+func placedOn(res *gang.Plan) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, pl := range res.Placements {
+		if !seen[pl.Node] {
+			seen[pl.Node] = true
+			out = append(out, pl.Node)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// requiredLevel is the lowest required topology level of the workload
+// (its own levels, else the cluster's), "" when none.
+func requiredLevel(cluster []gang.Level, g *api.Gang) string {
+	levels := cluster
+	if g.Levels != nil {
+		levels = toGangLevels(g.Levels)
+	}
+	for _, l := range levels {
+		if l.Required {
+			return l.Key
+		}
+	}
+	return ""
+}
+
+// consolidationView is the ledger of snap as allocator/consolidate sees
+// it: a pod is named by its UID; podOf maps movable pods back. Pods of
+// blocked are not movable.
+func (p *GangPlanner) consolidationView(snap map[string]*NodeState, g *api.Gang, members []*corev1.Pod, blocked map[types.UID]bool) ([]consolidate.Node, map[types.UID]*corev1.Pod) {
+	names := make([]string, 0, len(snap))
+	for n, st := range snap {
+		if st.Info.HasInventory && st.Info.Err == nil {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	level := requiredLevel(p.levels, g)
+	podOf := map[types.UID]*corev1.Pod{}
+	out := make([]consolidate.Node, 0, len(names))
+	for _, n := range names {
+		st := snap[n]
+		info := st.Info
+		node := consolidate.Node{Name: n, GPUs: len(info.GPUs), Cliques: info.Cliques, Unknown: st.PendingWhole, Eligible: true}
+		gn := gang.Node{Labels: info.Labels}
+		for _, m := range members {
+			if allow := podAllows(m); allow != nil && !allow(gn) {
+				node.Eligible = false
+			}
+		}
+		if level != "" {
+			d, ok := info.Labels[level]
+			if level == corev1.LabelHostname && !ok {
+				d, ok = n, true
+			}
+			node.Domain = d
+			node.Eligible = node.Eligible && ok
+		}
+		on := map[types.UID][]int{}
+		for pos, gs := range st.GPUs {
+			for _, uid := range gs.Pods {
+				on[uid] = append(on[uid], pos)
+			}
+			if !info.GPUs[pos].Healthy {
+				node.Pods = append(node.Pods, consolidate.Pod{Name: "unhealthy", GPUs: []int{pos}})
+			}
+		}
+		uids := make([]types.UID, 0, len(on))
+		for uid := range on {
+			uids = append(uids, uid)
+		}
+		sort.Slice(uids, func(a, b int) bool { return uids[a] < uids[b] })
+		for _, uid := range uids {
+			pod := p.passPods[uid]
+			movable := !blocked[uid] && Movable(pod)
+			if movable {
+				podOf[uid] = pod
+			}
+			node.Pods = append(node.Pods, consolidate.Pod{Name: string(uid), GPUs: on[uid], Movable: movable})
+		}
+		out = append(out, node)
+	}
+	return out, podOf
+}

@@ -1,0 +1,209 @@
+package extender
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	k8stesting "k8s.io/client-go/testing"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// A 2 x 8 GPU gang waits on four 8-GPU nodes with 13 GPUs free, scattered:
+// n0 runs two movable pods (preemptible, of a ReplicaSet), n1 one, n2
+// three, n3 four that may not move. With consolidation the fewest moves
+// free two whole nodes (n0 and n1: three pods; their replacements fit on
+// n2 and n3), the pods are evicted with a Consolidated Event each, and the
+// gang is planned there at once.
+func TestConsolidation(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// off: no consolidator; perMinute: its budget; fresh: it has just
+		// started; orphan: n1's pod has no controller; pdb: the pods whose
+		// eviction a PodDisruptionBudget refuses; due: reservations on,
+		// with a wait the gang has not reached
+		off       bool
+		perMinute int
+		fresh     bool
+		orphan    bool
+		pdb       []string
+		notDue    bool
+		evicted   []string
+		blocked   float64
+		planned   []string // the gang's nodes
+		reason    string   // in the members' waiting reason
+	}{
+		{name: "on", perMinute: 4, evicted: []string{"n0-a", "n0-b", "n1-a"}, planned: []string{"n0", "n1"}},
+		{name: "off", off: true},
+		{name: "more moves than the budget", perMinute: 2, reason: "consolidation: more moves than the budget: it needs 3 moves, 2 are left this minute"},
+		{name: "the first minute after a start", perMinute: 4, fresh: true},
+		{name: "a pod without a controller does not move", perMinute: 6, orphan: true, evicted: []string{"n0-a", "n0-b", "n2-a", "n2-b", "n2-c"}, planned: []string{"n0", "n2"}},
+		{name: "a PodDisruptionBudget keeps a pod", perMinute: 6, pdb: []string{"n1-a"}, blocked: 1, evicted: []string{"n0-a", "n0-b", "n2-a", "n2-b", "n2-c"}, planned: []string{"n0", "n2"}},
+		{name: "not due a reservation yet", perMinute: 4, notDue: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newGangFixture(t, eightGPUNodes(4)...)
+			clk := clocktesting.NewFakePassiveClock(f.now.Add(-2 * time.Minute))
+			var c *Consolidator
+			if !tc.off {
+				var err error
+				if c, err = NewConsolidator(&KubeEvicter{Client: f.client}, f.events, clk, tc.perMinute); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !tc.fresh {
+				clk.SetTime(f.now)
+			}
+			// Dry runs: refused for the pods of tc.pdb, else allowed and
+			// not counted as evictions.
+			f.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+				if a.GetSubresource() != "eviction" {
+					return false, nil, nil
+				}
+				ev := a.(k8stesting.CreateAction).GetObject().(*policyv1.Eviction)
+				if slices.Contains(tc.pdb, ev.Name) {
+					return true, nil, apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+				}
+				if ev.DeleteOptions != nil && len(ev.DeleteOptions.DryRun) > 0 {
+					return true, nil, nil
+				}
+				return false, nil, nil
+			})
+			cfg := ReservationConfig{}
+			if tc.notDue {
+				cfg.ReserveAfter = 10 * time.Minute
+			}
+			f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+				Events: f.events, Now: func() time.Time { return f.now }, Reservation: cfg, Consolidation: c})
+			movable := map[string]bool{"n0": true, "n1": !tc.orphan, "n2": true, "n3": false}
+			for n, count := range map[string]int{"n0": 2, "n1": 1, "n2": 3, "n3": 4} {
+				for k := range count {
+					f.placed(fmt.Sprintf("%s-%c", n, 'a'+k), n, k, movable[n])
+				}
+			}
+			for i := range 2 {
+				f.member("big", 2, i, 8, f.now.Add(-2*time.Minute))
+			}
+			f.sync()
+			f.mu.Lock()
+			evicted := slices.Clone(f.evicted)
+			f.mu.Unlock()
+			slices.Sort(evicted)
+			events := strings.Join(f.events.events, "\n")
+			if !slices.Equal(evicted, tc.evicted) {
+				t.Errorf("evicted %v, want %v\nevents:\n%s", evicted, tc.evicted, events)
+			}
+			var nodes []string
+			for _, s := range f.state("big-") {
+				if s.planned {
+					nodes = append(nodes, s.node)
+				}
+			}
+			slices.Sort(nodes)
+			if !slices.Equal(nodes, tc.planned) {
+				t.Errorf("gang planned on %v, want %v\nevents:\n%s", nodes, tc.planned, events)
+			}
+			if got := strings.Count(events, EventConsolidated+": tessera: evicted from node"); got != len(tc.evicted) {
+				t.Errorf("%d %s Events, want %d:\n%s", got, EventConsolidated, len(tc.evicted), events)
+			}
+			if tc.reason != "" && !strings.Contains(events, tc.reason) {
+				t.Errorf("no waiting reason %q:\n%s", tc.reason, events)
+			}
+			if c != nil {
+				if got := testutil.ToFloat64(c.moves.WithLabelValues("evicted")); got != float64(len(tc.evicted)) {
+					t.Errorf("consolidation_moves_total{result=evicted} = %v, want %d", got, len(tc.evicted))
+				}
+				if got := testutil.ToFloat64(c.moves.WithLabelValues("blocked")); got != tc.blocked {
+					t.Errorf("consolidation_moves_total{result=blocked} = %v, want %v", got, tc.blocked)
+				}
+			}
+			if len(tc.evicted) == 0 {
+				return
+			}
+			// The next pass moves nothing more: the gang is planned.
+			f.sync()
+			f.mu.Lock()
+			again := len(f.evicted)
+			f.mu.Unlock()
+			if again != len(tc.evicted) {
+				t.Errorf("%d evictions after a second pass, want %d", again, len(tc.evicted))
+			}
+		})
+	}
+}
+
+// placed creates a 1-GPU pod bound to node on GPU gpu; movable ones are
+// marked preemptible and owned by a ReplicaSet.
+func (f *gangFixture) placed(name, node string, gpu int, movable bool) {
+	f.t.Helper()
+	p := makePod(name).Whole(1).Node(node).Holding(gpu).Obj()
+	p.UID = types.UID("uid-" + name)
+	p.Status.StartTime = &metav1.Time{Time: f.now.Add(-time.Hour)}
+	if movable {
+		p.Annotations[api.AnnotationPreemptible] = "true"
+		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "rs", UID: "rs-uid", Controller: new(bool)}}
+		*p.OwnerReferences[0].Controller = true
+	}
+	if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		f.t.Fatal(err)
+	}
+	f.cache.SetPod(p)
+}
+
+func TestMovable(t *testing.T) {
+	owned := func(kind string) []metav1.OwnerReference {
+		yes := true
+		return []metav1.OwnerReference{{Kind: kind, Name: "x", UID: "u", Controller: &yes}}
+	}
+	base := func() *corev1.Pod {
+		p := makePod("p").Whole(1).Node("n0").Obj()
+		p.Annotations[api.AnnotationPreemptible] = "true"
+		p.OwnerReferences = owned("ReplicaSet")
+		return p
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(*corev1.Pod)
+		want bool
+	}{
+		{"a preemptible ReplicaSet pod", func(*corev1.Pod) {}, true},
+		{"a Job's", func(p *corev1.Pod) { p.OwnerReferences = owned("Job") }, true},
+		{"a StatefulSet's", func(p *corev1.Pod) { p.OwnerReferences = owned("StatefulSet") }, true},
+		{"a DaemonSet's", func(p *corev1.Pod) { p.OwnerReferences = owned("DaemonSet") }, false},
+		{"no controller", func(p *corev1.Pod) { p.OwnerReferences = nil }, false},
+		{"an owner that is not the controller", func(p *corev1.Pod) { p.OwnerReferences[0].Controller = nil }, false},
+		{"not marked", func(p *corev1.Pod) { delete(p.Annotations, api.AnnotationPreemptible) }, false},
+		{"marked false", func(p *corev1.Pod) { p.Annotations[api.AnnotationPreemptible] = "false" }, false},
+		{"malformed mark", func(p *corev1.Pod) { p.Annotations[api.AnnotationPreemptible] = "yes" }, false},
+		{"a gang member", func(p *corev1.Pod) { p.Annotations[api.AnnotationGang] = "g" }, false},
+		{"not bound", func(p *corev1.Pod) { p.Spec.NodeName = "" }, false},
+		{"leaving", func(p *corev1.Pod) { p.DeletionTimestamp = &metav1.Time{} }, false},
+	} {
+		p := base()
+		tc.edit(p)
+		if got := Movable(p); got != tc.want {
+			t.Errorf("%s: Movable = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if got := Movable(nil); got {
+		t.Error("Movable(nil) = true")
+	}
+}
+
+func TestNewConsolidatorRefusesNoMoves(t *testing.T) {
+	if _, err := NewConsolidator(nil, nil, nil, 0); err == nil {
+		t.Error("0 moves per minute accepted")
+	}
+}
