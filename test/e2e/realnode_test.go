@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -46,21 +47,18 @@ func startRealNode(ctx context.Context, t *testing.T, ns string, o realnode.Opti
 	if n != nil || err == nil {
 		t.Cleanup(func() {
 			if t.Failed() {
-				// Whole logs to $TESSERA_TEST_ARTIFACTS/<test>/, their ends here.
-				dst := ""
-				if a := os.Getenv("TESSERA_TEST_ARTIFACTS"); a != "" {
-					dst = filepath.Join(a, t.Name())
-					_ = os.MkdirAll(dst, 0o755)
-				}
+				// Whole logs to $TESSERA_TEST_ARTIFACTS/<test>/ (or the
+				// temporary directory), a few lines of each here: the test's
+				// own messages stay the end of the output.
+				dst := filepath.Join(cmp.Or(os.Getenv("TESSERA_TEST_ARTIFACTS"), os.TempDir()), t.Name())
+				_ = os.MkdirAll(dst, 0o755)
 				for name, path := range n.LogFiles() {
 					b, _ := os.ReadFile(path)
-					if dst != "" {
-						_ = os.WriteFile(filepath.Join(dst, name+".log"), b, 0o644)
+					_ = os.WriteFile(filepath.Join(dst, name+".log"), b, 0o644)
+					if len(b) > 1200 {
+						b = b[len(b)-1200:]
 					}
-					if len(b) > 6000 {
-						b = b[len(b)-6000:]
-					}
-					t.Logf("log %s (%s), its end:\n%s", name, path, b)
+					t.Logf("log %s (whole: %s), its end:\n%s", name, filepath.Join(dst, name+".log"), b)
 				}
 			}
 			n.Stop()

@@ -25,6 +25,7 @@
 package realnode
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -161,8 +162,8 @@ func Start(ctx context.Context, client kubernetes.Interface, o Options) (n *Node
 	if o.Logf == nil {
 		o.Logf = func(string, ...any) {}
 	}
-	o.Bridge = cmpOr(o.Bridge, "tessera-rn0")
-	o.PodCIDR = cmpOr(o.PodCIDR, "10.231.0.0/24")
+	o.Bridge = cmp.Or(o.Bridge, "tessera-rn0")
+	o.PodCIDR = cmp.Or(o.PodCIDR, "10.231.0.0/24")
 	for _, p := range []*int{&o.KubeletPort, &o.KubeletHealthzPort} {
 		if *p == 0 {
 			if *p, err = freePort(); err != nil {
@@ -588,11 +589,4 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
