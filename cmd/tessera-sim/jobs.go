@@ -40,6 +40,7 @@ type jobsOptions struct {
 	teamShares   bool
 	reserve      reserve.Policy
 	estimates    []jobs.Estimates
+	consolidate  int
 }
 
 func parseJobsFlags(args []string, stderr io.Writer) (*jobsOptions, error) {
@@ -73,6 +74,7 @@ func parseJobsFlags(args []string, stderr io.Writer) (*jobsOptions, error) {
 	fs.BoolVar(&o.reserve.ShortFirst, "reserve-short-first", def.Reserve.ShortFirst, "reserve: try waiting jobs by response ratio ((waited + declared run time) / declared run time) instead of in arrival order")
 	fs.Float64Var(&o.reserve.MaxShare, "reserve-max-share", def.Reserve.MaxShare, "reserve: no new reservation while jobs of --reserve-min-gpus or more run on more than this share of the GPUs (0: no cap)")
 	fs.DurationVar(&o.reserve.Undeclared, "reserve-undeclared", def.Reserve.Undeclared, "reserve: with --reserve-short-first, the run time assumed for a job that declares none (0: 720h)")
+	fs.IntVar(&o.consolidate, "consolidate-moves-per-minute", 0, "reserve: consolidation: a job holding a reservation that cannot start gets whole nodes by moving running one-pod jobs smaller than a node (each restarts, its work lost), at most this many per minute of simulated time (0: off)")
 	estimates := fs.String("estimates", def.Estimates.String(), "reserve: comma-separated models of the run time jobs declare, one replay each: none, oracle (the actual duration), user<factor>x-miss<share> (actual x factor rounded up to a limit class of 1h..30d; that share of jobs declares none)")
 	reserveOrder := fs.String("reserve-order", string(def.Reserve.Order), "reserve: tie-break between nodes with as many GPUs to drain: youngest, oldest (by their longest-running pod) or name")
 	fs.BoolVar(&o.teamShares, "team-shares", false, "table: also print each team's received and entitled GPU-hours while it waited")
@@ -86,6 +88,9 @@ func parseJobsFlags(args []string, stderr io.Writer) (*jobsOptions, error) {
 			return nil, fmt.Errorf("jobs: --estimates: %w", err)
 		}
 		o.estimates = append(o.estimates, m)
+	}
+	if o.consolidate < 0 {
+		return nil, fmt.Errorf("jobs: --consolidate-moves-per-minute %d: want 0 (off) or more", o.consolidate)
 	}
 	if err := o.reserve.Validate(); err != nil {
 		return nil, fmt.Errorf("jobs: %w", err)
@@ -145,6 +150,9 @@ func runJobs(args []string, stdout, stderr io.Writer) error {
 				Queues:      jobs.QueueConfig{Teams: o.queueTeams, Departments: o.queueDepts, GuaranteeFraction: o.queueGuar, HalfLife: o.queueHalf},
 				Reserve:     o.reserve,
 				Estimates:   run.estimates,
+			}
+			if st == jobs.StrategyReserve {
+				cfg.ConsolidateMovesPerMinute = o.consolidate
 			}
 			if o.queueTeams == 0 {
 				// The fairness metric's teams are --teams for every
@@ -218,6 +226,9 @@ func variant(cfg jobs.Config) string {
 	}
 	if cfg.Strategy == jobs.StrategyReserve {
 		v += reserveVariant(cfg.Reserve)
+		if cfg.ConsolidateMovesPerMinute > 0 {
+			v += "+cons" + strconv.Itoa(cfg.ConsolidateMovesPerMinute)
+		}
 		if cfg.Reserve.Estimates {
 			v += "+est=" + cfg.Estimates.String()
 		}

@@ -108,6 +108,7 @@ func TestJobsCommand(t *testing.T) {
 		want []string
 	}{
 		{[]string{"--estimates", "oracle,user3x-miss0"}, []string{`"variant":"reserve+est=oracle"`, `"variant":"reserve+est=user3x-miss0"`}},
+		{[]string{"--consolidate-moves-per-minute", "4"}, []string{`"variant":"reserve+cons4+est=user2x-miss0.2"`}},
 		{[]string{"--estimates", "oracle,none", "--reserve-estimates=false", "--reserve-short-first=false", "--reserve-max-share", "0", "--reserve-undeclared", "1h"},
 			[]string{`"variant":"reserve+easy=false+und1h0m0s+share0+sf=false"`}},
 	} {
@@ -138,6 +139,7 @@ func TestJobsCommand(t *testing.T) {
 		"bad reserve order": {[]string{"jobs", "--trace", trace, "--reserve-order", "soonest"}, `order "soonest"`},
 		"bad reserve min":   {[]string{"jobs", "--trace", trace, "--reserve-min-gpus", "0"}, "MinGPUs 0"},
 		"bad estimates":     {[]string{"jobs", "--trace", trace, "--estimates", "psychic"}, `estimates "psychic"`},
+		"bad consolidation": {[]string{"jobs", "--trace", trace, "--consolidate-moves-per-minute", "-1"}, "--consolidate-moves-per-minute -1"},
 		"bad max share":     {[]string{"jobs", "--trace", trace, "--reserve-max-share", "2"}, "MaxShare 2"},
 		"bad format":        {[]string{"jobs", "--trace", trace, "--format", "xml"}, `--format "xml"`},
 		"too small":         {[]string{"jobs", "--trace", trace, "--nodes", "1"}, "more than the cluster's 8"},

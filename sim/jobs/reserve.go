@@ -72,6 +72,9 @@ func (s *sim) occupant(j *jobState, k int) reserve.Occupant {
 func (s *sim) initReserve() {
 	if s.cfg.Strategy == StrategyReserve {
 		s.rsv = &reservation{policy: s.cfg.Reserve, heldBy: map[int]*jobState{}, inside: map[*jobState]insideOf{}, window: map[*jobState]reserve.Window{}}
+		if s.cfg.ConsolidateMovesPerMinute > 0 {
+			s.cons = &consolidation{}
+		}
 	}
 }
 
@@ -127,6 +130,16 @@ func (s *sim) reservePass() (bool, error) {
 		if len(r.holds) < r.policy.Slots() && !r.holding(j) && r.policy.MayHold(s.bigGPUs(), s.cfg.Nodes*s.cfg.GPUsPerNode) && r.policy.Due(j.job.GPUs, time.Duration(s.now-j.job.Submit)*time.Second, small) {
 			r.holds = append(r.holds, j)
 			s.hold()
+			if s.cons != nil {
+				// Consolidation need not wait for the next event.
+				started, err := s.reserveTry(j)
+				if err != nil {
+					return false, err
+				}
+				if started {
+					kept = kept[:len(kept)-1]
+				}
+			}
 		}
 	}
 	if r.policy.ShortFirst {
@@ -270,10 +283,15 @@ func (s *sim) reserveTry(j *jobState) (bool, error) {
 		if ok {
 			s.reserveStarted(j)
 		}
-		if ok || err != nil || !r.policy.Preemptible && !r.policy.Estimates {
+		if ok || err != nil {
 			return ok, err
 		}
-		return s.startEvicting(j)
+		if r.policy.Preemptible || r.policy.Estimates {
+			if ok, err := s.startEvicting(j); ok || err != nil {
+				return ok, err
+			}
+		}
+		return s.consolidateFor(j)
 	}
 	ok, err := s.startOn(j, r.outside, j.shapeKey(false), false)
 	if ok || err != nil {

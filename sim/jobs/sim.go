@@ -67,6 +67,9 @@ type Config struct {
 	// Estimates is the run time each job declares (estimate.go), used by
 	// StrategyReserve when Reserve.Estimates is set.
 	Estimates Estimates
+	// ConsolidateMovesPerMinute turns consolidation on in StrategyReserve
+	// (consolidate.go): at most this many jobs moved per minute; 0: off.
+	ConsolidateMovesPerMinute int
 }
 
 // DefaultConfig is an 8-GPU-node cluster scheduled by Tessera.
@@ -108,10 +111,12 @@ type Result struct {
 	ReservedIdleGPUHours float64 `json:"reservedIdleGPUHours"`
 	// Evictions are reclaims of borrowed jobs; LostGPUHours the work they
 	// lost.
-	Evictions    int      `json:"evictions"`
-	LostGPUHours float64  `json:"lostGPUHours"`
-	EndTime      int64    `json:"endTime"`
-	Series       []Sample `json:"series,omitempty"`
+	Evictions    int     `json:"evictions"`
+	LostGPUHours float64 `json:"lostGPUHours"`
+	// ConsolidationMoves are the evictions made by consolidation.
+	ConsolidationMoves int      `json:"consolidationMoves,omitempty"`
+	EndTime            int64    `json:"endTime"`
+	Series             []Sample `json:"series,omitempty"`
 	// Fairness over the teams of Config.Queues, for every strategy.
 	Fairness Fairness `json:"fairness"`
 
@@ -169,6 +174,9 @@ func Run(jobs []Job, cfg Config) (*Result, error) {
 	switch cfg.Strategy {
 	case StrategyGang, StrategyNoGang, StrategyFIFO, StrategyQueues:
 	case StrategyReserve:
+		if cfg.ConsolidateMovesPerMinute < 0 {
+			return nil, fmt.Errorf("consolidation: %d moves per minute: want 0 (off) or more", cfg.ConsolidateMovesPerMinute)
+		}
 		if err := cfg.Reserve.Validate(); err != nil {
 			return nil, err
 		}
@@ -208,6 +216,7 @@ type sim struct {
 	quota       *quota.State
 	q           *queueSim
 	rsv         *reservation
+	cons        *consolidation
 	res         Result
 	now         int64
 	lastT       int64
@@ -311,6 +320,9 @@ func (s *sim) run(jobs []Job) (*Result, error) {
 	}
 	s.res.MeanQueueHours, _, s.res.P95QueueHours = stats(s.wait)
 	s.res.Fairness = s.fairnessResult()
+	if s.cons != nil {
+		s.res.ConsolidationMoves = s.cons.moved
+	}
 	return &s.res, nil
 }
 
