@@ -7,7 +7,11 @@ import (
 
 // benchCluster builds a 1213-node cluster shaped like the Alibaba trace's
 // (mostly 8-GPU and 2-GPU nodes), half used, from a fixed seed.
-func benchCluster() []*Node {
+func benchCluster() []*Node { return benchClusterScaled(1) }
+
+// benchClusterScaled is benchCluster with every node shape's count
+// multiplied by scale (rounded).
+func benchClusterScaled(scale float64) []*Node {
 	rng := rand.New(rand.NewSource(1))
 	shapes := []struct {
 		model    string
@@ -22,7 +26,8 @@ func benchCluster() []*Node {
 	}
 	var nodes []*Node
 	for _, s := range shapes {
-		for i := 0; i < s.count; i++ {
+		count := int(float64(s.count)*scale + 0.5)
+		for i := 0; i < count; i++ {
 			n := makeNode().Model(s.model).CPU(s.cpu, s.cpu/2+int64(rng.Intn(int(s.cpu/2)))).Mem(s.mem, s.mem/2).Obj()
 			n.Name = s.model + "-" + string(rune('a'+len(nodes)%26))
 			for g := 0; g < s.gpus; g++ {
@@ -86,6 +91,63 @@ func BenchmarkPodScoring(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				if _, err := Select(p, nodes, reqs[i%len(reqs)], nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// benchWorkloadWide is benchWorkload's shapes, each in six CPU sizes (90
+// shapes, all kept: the simulator gives tessera every shape of the trace,
+// 91 on the Alibaba default trace).
+func benchWorkloadWide() Workload {
+	var reqs []Request
+	for _, sh := range benchWorkload().Shapes {
+		for k := int64(1); k <= 6; k++ {
+			r := sh.Request
+			r.CPUMilli = r.CPUMilli * k / 3
+			n := int(sh.Freq*1000) + 1
+			for i := 0; i < n; i++ {
+				reqs = append(reqs, r)
+			}
+		}
+	}
+	w, err := NewWorkload(reqs, 1)
+	if err != nil {
+		panic(err)
+	}
+	return w
+}
+
+// BenchmarkTesseraPodScoring5000 measures the tessera policy's per-pod cost
+// at the extender's largest scale: Fit + Evaluate on 5000 nodes (the bench
+// cluster scaled up), the best kept, for the same mix of requests as
+// BenchmarkPodScoring; with the 15-shape and the 90-shape target workload,
+// and FGD for comparison. The extender's budget for filter + prioritize
+// is 5 ms per pod.
+func BenchmarkTesseraPodScoring5000(b *testing.B) {
+	nodes := benchClusterScaled(5000.0 / 1213)
+	if len(nodes) < 4990 || len(nodes) > 5010 {
+		b.Fatalf("bench cluster has %d nodes", len(nodes))
+	}
+	reqs := []Request{sliceReq(3000, 810), wholeReq(11000, 1), sliceReq(8000, 470), cpuReq(12000), wholeReq(64000, 8), sliceReq(4000, 320)}
+	for _, c := range []struct {
+		name, policy string
+		w            Workload
+	}{
+		{"tessera-15shapes", PolicyTessera, benchWorkload()},
+		{"tessera-90shapes", PolicyTessera, benchWorkloadWide()},
+		{"fgd-15shapes", PolicyFGD, benchWorkload()},
+	} {
+		p, err := NewPolicy(c.policy, WithWorkload(c.w))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for i := 0; i < b.N; i++ {
 				if _, err := Select(p, nodes, reqs[i%len(reqs)], nil); err != nil {

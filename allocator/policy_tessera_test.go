@@ -212,3 +212,61 @@ func TestTesseraSharedSkipsSameStateGPUs(t *testing.T) {
 		}
 	}
 }
+
+func TestTesseraScarcityAndFreeWaste(t *testing.T) {
+	// 810m slices are ten times as frequent as the 160m slices that are
+	// the only ones to fit their 190m gaps; 470m slices pair up.
+	mix := func(f810, f160, f470, fWhole float64) Workload {
+		return Workload{Shapes: []Shape{
+			{Request: sliceReq(1000, 810), Freq: f810}, {Request: sliceReq(1000, 160), Freq: f160},
+			{Request: sliceReq(1000, 470), Freq: f470}, {Request: wholeReq(1000, 1), Freq: fWhole},
+		}}
+	}
+	off := DefaultTesseraConfig()
+	off.Scarcity, off.FreeWaste = 0, 0
+	for _, c := range []struct {
+		name string
+		w    Workload
+		// wantW190Above: with Scarcity, W(190) must exceed this share of
+		// 190 (the gaps outnumber their fillers ten to one).
+		wantW190Above float64
+	}{
+		{"whole-heavy", mix(0.1, 0.01, 0.1, 0.79), 0.85},
+		{"slice-heavy", mix(0.4, 0.04, 0.4, 0.16), 0.85},
+		{"few-470", mix(0.5, 0.05, 0.01, 0.44), 0.85},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := tessera(t, c.w).(*tesseraPolicy)
+			old := tessera(t, c.w, WithTesseraConfig(off)).(*tesseraPolicy)
+			if w := p.gapWaste[190]; w < c.wantW190Above*190 || w > 190 {
+				t.Errorf("W(190) = %v with scarcity, want in [%v, 190]", w, c.wantW190Above*190)
+			}
+			if !(old.gapWaste[190] < p.gapWaste[190]) {
+				t.Errorf("W(190) without scarcity %v, with %v: scarcity should raise it", old.gapWaste[190], p.gapWaste[190])
+			}
+			// A gap no slice larger than half a GPU creates is unchanged.
+			if p.gapWaste[530] != old.gapWaste[530] {
+				t.Errorf("W(530) = %v, without scarcity %v: want equal", p.gapWaste[530], old.gapWaste[530])
+			}
+			if old.gapWaste[MilliPerGPU] != 0 {
+				t.Errorf("without FreeWaste a free GPU costs %v, want 0", old.gapWaste[MilliPerGPU])
+			}
+			free := p.gapWaste[MilliPerGPU]
+			if !(free > 0) {
+				t.Errorf("free GPU waste %v, want > 0 (810m slices take free GPUs)", free)
+			}
+			// Taking a free GPU for a slice never lowers the cost.
+			for _, s := range []int{810, 470, 160} {
+				if d := p.gapWaste[MilliPerGPU-s] + p.cfg.OpenCost - free; d < 0 {
+					t.Errorf("a %dm slice on a free GPU changes the gap cost by %v, want >= 0", s, d)
+				}
+			}
+			// A 160m slice closes an 810m slice's gap rather than a 470m
+			// one's, and rather than take a free GPU.
+			n := makeNode().Free(190, 530, 1000).Obj()
+			if ev := p.Evaluate(n, sliceReq(1000, 160)); ev.GPUs != set(0) {
+				t.Errorf("160m slice went to %v, want GPU 0 (the 190m gap)", ev.GPUs)
+			}
+		})
+	}
+}

@@ -10,7 +10,7 @@ import (
 )
 
 // ParseTesseraConfig reads a tessera tuning such as
-// "frag=0.25,strand=4,gap=4,gapcomp=0.01,gaptau=5,open=40,model=2" on top of
+// "frag=0.25,strand=4,gap=4,gapcomp=0.01,gaptau=5,open=40,model=2,scarce=1,free=1" on top of
 // allocator.DefaultTesseraConfig: keys left out keep their default.
 func ParseTesseraConfig(s string) (allocator.TesseraConfig, error) {
 	cfg := allocator.DefaultTesseraConfig()
@@ -22,6 +22,8 @@ func ParseTesseraConfig(s string) (allocator.TesseraConfig, error) {
 		"gaptau":  &cfg.GapRouting,
 		"open":    &cfg.OpenCost,
 		"model":   &cfg.ModelWeight,
+		"scarce":  &cfg.Scarcity,
+		"free":    &cfg.FreeWaste,
 	}
 	seen := map[string]bool{}
 	for _, kv := range strings.Split(s, ",") {
@@ -33,7 +35,7 @@ func ParseTesseraConfig(s string) (allocator.TesseraConfig, error) {
 		k = strings.ToLower(strings.TrimSpace(k))
 		dst, known := fields[k]
 		if !ok || !known {
-			return cfg, fmt.Errorf("tessera weights %q: %q is not KEY=VALUE with KEY one of frag, strand, gap, gapcomp, gaptau, open, model", s, kv)
+			return cfg, fmt.Errorf("tessera weights %q: %q is not KEY=VALUE with KEY one of frag, strand, gap, gapcomp, gaptau, open, model, scarce, free", s, kv)
 		}
 		if seen[k] {
 			return cfg, fmt.Errorf("tessera weights %q: %s given twice", s, k)
