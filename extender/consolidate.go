@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -71,6 +72,12 @@ type Consolidator struct {
 	started time.Time
 	recent  []time.Time
 	moves   *prometheus.CounterVec
+	// Short-lived hints (a restart loses them; the next pass sees the
+	// pods leaving or gone): pods evicted in the last two minutes, counted
+	// as leaving before the informer shows it, and pods a budget refused,
+	// passed over for a minute.
+	evicted map[types.UID]time.Time
+	blocked map[types.UID]time.Time
 }
 
 // NewConsolidator returns a consolidator; its budget starts spent (see
@@ -82,7 +89,8 @@ func NewConsolidator(evicter Evicter, events EventRecorder, clk clock.PassiveClo
 	if clk == nil {
 		clk = clock.RealClock{}
 	}
-	c := &Consolidator{Evicter: evicter, Events: events, Clock: clk, MovesPerMinute: movesPerMinute, started: clk.Now()}
+	c := &Consolidator{Evicter: evicter, Events: events, Clock: clk, MovesPerMinute: movesPerMinute, started: clk.Now(),
+		evicted: map[types.UID]time.Time{}, blocked: map[types.UID]time.Time{}}
 	c.moves = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "tessera", Subsystem: "extender", Name: "consolidation_moves_total",
 		Help: "Pods moved by consolidation (--consolidation), by result: evicted, or blocked (a PodDisruptionBudget refused the dry run; another choice was made without it).",
@@ -114,10 +122,44 @@ func (c *Consolidator) budget() int {
 	return consolidate.Budget(now, c.recent, c.MovesPerMinute)
 }
 
-func (c *Consolidator) moved() {
+// moved records the eviction of pod uid.
+func (c *Consolidator) moved(uid types.UID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.recent = append(c.recent, c.Clock.Now())
+	now := c.Clock.Now()
+	c.recent = append(c.recent, now)
+	c.evicted[uid] = now
+}
+
+// block passes pod uid over for a minute.
+func (c *Consolidator) block(uid types.UID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.blocked[uid] = c.Clock.Now()
+}
+
+// hints are the pods evicted in the last two minutes and those passed
+// over in the last minute.
+func (c *Consolidator) hints() (evicted, blocked map[types.UID]bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.Clock.Now()
+	evicted, blocked = map[types.UID]bool{}, map[types.UID]bool{}
+	for uid, at := range c.evicted {
+		if now.Sub(at) >= 2*time.Minute {
+			delete(c.evicted, uid)
+			continue
+		}
+		evicted[uid] = true
+	}
+	for uid, at := range c.blocked {
+		if now.Sub(at) >= time.Minute {
+			delete(c.blocked, uid)
+			continue
+		}
+		blocked[uid] = true
+	}
+	return evicted, blocked
 }
 
 // Movable reports whether pod may be moved by consolidation: bound, not
@@ -173,14 +215,12 @@ func (p *GangPlanner) consolidate(ctx context.Context, key string, g *api.Gang, 
 			return nil, ""
 		}
 	}
-	budget := c.budget()
-	if budget == 0 {
-		return nil, ""
-	}
-	// Pods already leaving are gone for the decision (their room is on
-	// its way); nothing more is moved while the workload fits without
-	// them.
-	leaving := map[types.UID]bool{}
+	// Pods already leaving (or evicted by consolidation, which the pass's
+	// listing may not show yet) are gone for the decision: their room is
+	// on its way, and the workload is planned on it when it fits there
+	// (so a pass that plans again, or the next one, takes the room its
+	// moves freed before anyone else).
+	leaving, blocked := c.hints()
 	for _, st := range snap {
 		for uid := range st.Pods {
 			if pod := p.passPods[uid]; pod != nil && pod.DeletionTimestamp != nil {
@@ -194,7 +234,13 @@ func (p *GangPlanner) consolidate(ctx context.Context, key string, g *api.Gang, 
 		res, err := gang.PlanGroup(grp, nodes, p.policy)
 		return res, err == nil
 	}
-	blocked := map[types.UID]bool{}
+	if res, ok := fitsOn(base); ok {
+		return res, ""
+	}
+	budget := c.budget()
+	if budget == 0 {
+		return nil, ""
+	}
 	for try := 0; try < 3; try++ {
 		view, podOf := p.consolidationView(base, g, members, blocked)
 		goneOf := func(moves []consolidate.Move) map[types.UID]bool {
@@ -216,7 +262,7 @@ func (p *GangPlanner) consolidate(ctx context.Context, key string, g *api.Gang, 
 		})
 		switch {
 		case errors.Is(err, consolidate.ErrFits):
-			return nil, "" // it fits once the pods leaving are gone
+			return nil, "" // (fitsOn said otherwise above)
 		case errors.Is(err, consolidate.ErrBudget):
 			return nil, "consolidation: " + strings.TrimPrefix(err.Error(), "consolidate: ")
 		case err != nil:
@@ -231,6 +277,7 @@ func (p *GangPlanner) consolidate(ctx context.Context, key string, g *api.Gang, 
 		}
 		if refused, derr := firstRefused(ctx, c.Evicter.Evict, pods); refused != nil {
 			blocked[refused.UID] = true
+			c.block(refused.UID)
 			c.moves.WithLabelValues("blocked").Inc()
 			logger.Info("Consolidation passes over a pod it may not evict", "workload", key, "pod", klog.KObj(refused), "err", derr)
 			continue
@@ -241,13 +288,17 @@ func (p *GangPlanner) consolidate(ctx context.Context, key string, g *api.Gang, 
 		}
 		var names []string
 		for _, pod := range pods {
-			if err := c.Evicter.Evict(ctx, pod, false); err != nil {
+			err := c.Evicter.Evict(ctx, pod, false)
+			if apierrors.IsNotFound(err) {
+				continue // gone already: its room is freed
+			}
+			if err != nil {
 				logger.Info("Consolidation could not evict a pod", "workload", key, "pod", klog.KObj(pod), "err", err)
 				// The pods evicted so far are leaving: the next pass
 				// decides again with them gone.
 				return nil, fmt.Sprintf("consolidation: evicting %s/%s: %v", pod.Namespace, pod.Name, err)
 			}
-			c.moved()
+			c.moved(pod.UID)
 			c.moves.WithLabelValues("evicted").Inc()
 			names = append(names, pod.Namespace+"/"+pod.Name)
 			if c.Events != nil {

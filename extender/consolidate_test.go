@@ -207,3 +207,52 @@ func TestNewConsolidatorRefusesNoMoves(t *testing.T) {
 		t.Error("0 moves per minute accepted")
 	}
 }
+
+// Pods consolidation evicted may still be listed (the informer is behind,
+// or a pass plans again on a snapshot taken before): they count as
+// leaving, the gang is planned on their room, and nothing more is moved.
+func TestConsolidationPlansOnTheRoomItsMovesFree(t *testing.T) {
+	f := newGangFixture(t, eightGPUNodes(4)...)
+	clk := clocktesting.NewFakePassiveClock(f.now.Add(-2 * time.Minute))
+	c, err := NewConsolidator(&KubeEvicter{Client: f.client}, f.events, clk, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.SetTime(f.now)
+	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+		Events: f.events, Now: func() time.Time { return f.now }, Consolidation: c})
+	for n, count := range map[string]int{"n0": 2, "n1": 1, "n2": 3, "n3": 4} {
+		for k := range count {
+			f.placed(fmt.Sprintf("%s-%c", n, 'a'+k), n, k, n != "n3")
+		}
+	}
+	for _, name := range []string{"n0-a", "n0-b", "n1-a"} {
+		c.moved(types.UID("uid-" + name)) // evicted by an earlier pass
+	}
+	for i := range 2 {
+		f.member("big", 2, i, 8, f.now.Add(-2*time.Minute))
+	}
+	f.sync()
+	f.mu.Lock()
+	evicted := slices.Clone(f.evicted)
+	f.mu.Unlock()
+	if len(evicted) != 0 {
+		t.Errorf("evicted %v, want nothing more", evicted)
+	}
+	var nodes []string
+	for _, s := range f.state("big-") {
+		if s.planned {
+			nodes = append(nodes, s.node)
+		}
+	}
+	slices.Sort(nodes)
+	if !slices.Equal(nodes, []string{"n0", "n1"}) {
+		t.Errorf("gang planned on %v, want n0 and n1\nevents:\n%s", nodes, strings.Join(f.events.events, "\n"))
+	}
+	// Without the hints (two minutes later), nothing is left to count as
+	// leaving: a new planner pass with the same pods would move again.
+	clk.SetTime(f.now.Add(2 * time.Minute))
+	if ev, _ := c.hints(); len(ev) != 0 {
+		t.Errorf("hints %v two minutes after", ev)
+	}
+}
