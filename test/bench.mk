@@ -7,6 +7,15 @@
 #   bench-scheduler  GPU pods/s of kube-scheduler with and without
 #                    tessera-extender at BENCH_NODES fake nodes, and the
 #                    extender's per-verb latency; prints tables
+#   peer-bins        build the peers of bench-peers into bin/peers
+#                    (test/hack/build-peer-bins.sh): scheduler-plugins'
+#                    kube-scheduler and, with HAMI_GIT (a git copy of HAMi),
+#                    HAMi's scheduler extender
+#   bench-peers      the same GPU pods through kube-scheduler alone,
+#                    kube-scheduler + tessera-extender, kube-scheduler +
+#                    HAMi's extender and scheduler-plugins (coscheduling,
+#                    capacityscheduling): pods/s, gang bind latency,
+#                    extender verb latency, a plot (docs/bench.md)
 #
 # Variables (BENCH_ prefix, overridable on the command line):
 #   BENCH_NODES   node counts, ascending (default 1000,5000)
@@ -19,7 +28,28 @@ BENCH_PODS  ?= 1000
 BENCH_LOGS  ?=
 BENCH_FLAGS ?=
 
-.PHONY: bench-scheduler
+# bench-peers (BENCH_LOGS and BENCH_FLAGS apply too):
+#   BENCH_PEERS_NODES      node counts, ascending (default 1000)
+#   BENCH_PEERS_PODS       pods per throughput run (default 1000)
+#   BENCH_PEERS_SYSTEMS    kube-scheduler,tessera,hami,scheduler-plugins
+#   BENCH_PEERS_WORKLOADS  whole,mixed,gang
+#   BENCH_PEERS_GANGS      gangs per system and node count (default 3)
+#   BENCH_PEERS_GANG       members x GPUs of a gang (default 16x8)
+#   BENCH_PEERS_SVG        write the plot there (default: none)
+#   BENCH_PEER_BIN_DIR     where peer-bins builds (default bin/peers)
+#   HAMI_GIT               git copy of github.com/Project-HAMi/HAMi for
+#                          peer-bins (HAMi's module is not on the module proxy)
+BENCH_PEERS_NODES     ?= 1000
+BENCH_PEERS_PODS      ?= 1000
+BENCH_PEERS_SYSTEMS   ?= kube-scheduler,tessera,hami,scheduler-plugins
+BENCH_PEERS_WORKLOADS ?= whole,mixed,gang
+BENCH_PEERS_GANGS     ?= 3
+BENCH_PEERS_GANG      ?= 16x8
+BENCH_PEERS_SVG       ?=
+BENCH_PEER_BIN_DIR    ?= $(CURDIR)/bin/peers
+HAMI_GIT              ?=
+
+.PHONY: bench-scheduler peer-bins bench-peers
 
 bench-scheduler: k8s-bins test-etcd ## kube-scheduler GPU pods/s with and without tessera-extender (1000 and 5000 fake nodes), extender verb latency
 	cd $(TEST_DIR) && \
@@ -27,3 +57,15 @@ bench-scheduler: k8s-bins test-etcd ## kube-scheduler GPU pods/s with and withou
 		TESSERA_TEST_ETCD=$(TEST_ETCD) \
 		$(TEST_GO) run ./bench --repo=$(CURDIR) --nodes=$(BENCH_NODES) --pods=$(BENCH_PODS) \
 			$(if $(BENCH_LOGS),--logs=$(BENCH_LOGS)) $(BENCH_FLAGS)
+
+peer-bins: ## build bench-peers' peers into bin/peers: scheduler-plugins' kube-scheduler, HAMi's extender (needs HAMI_GIT)
+	@HAMI_GIT=$(HAMI_GIT) $(TEST_DIR)/hack/build-peer-bins.sh $(BENCH_PEER_BIN_DIR)
+
+bench-peers: k8s-bins test-etcd peer-bins ## the same GPU pods through kube-scheduler, tessera, HAMi and scheduler-plugins: pods/s, gang latency, extender verbs, plot
+	cd $(TEST_DIR) && \
+		TESSERA_TEST_K8S_BIN_DIR=$(TEST_K8S_BIN_DIR) \
+		TESSERA_TEST_ETCD=$(TEST_ETCD) \
+		$(TEST_GO) run ./bench --peers --repo=$(CURDIR) --nodes=$(BENCH_PEERS_NODES) --pods=$(BENCH_PEERS_PODS) \
+			--peer-systems=$(BENCH_PEERS_SYSTEMS) --peer-workloads=$(BENCH_PEERS_WORKLOADS) --peer-bin-dir=$(BENCH_PEER_BIN_DIR) \
+			--gangs=$(BENCH_PEERS_GANGS) --gang-members=$(word 1,$(subst x, ,$(BENCH_PEERS_GANG))) --gang-gpus=$(word 2,$(subst x, ,$(BENCH_PEERS_GANG))) \
+			$(if $(BENCH_PEERS_SVG),--svg=$(abspath $(BENCH_PEERS_SVG))) $(if $(BENCH_LOGS),--logs=$(BENCH_LOGS)) $(BENCH_FLAGS)

@@ -108,8 +108,13 @@ func fakeNode(name string) (*v1.Node, error) {
 // TaintNodesByCondition admission plugin puts on every new Node, taken off
 // as the node lifecycle controller would.
 func createNodes(ctx context.Context, client kubernetes.Interface, from, to, workers int) error {
+	return createNodesWith(ctx, client, from, to, workers, fakeNode)
+}
+
+// createNodesWith is createNodes with the Node objects made by mk.
+func createNodesWith(ctx context.Context, client kubernetes.Interface, from, to, workers int, mk func(name string) (*v1.Node, error)) error {
 	return parallel(ctx, from, to, workers, func(ctx context.Context, i int) error {
-		n, err := fakeNode(fmt.Sprintf("bench-node-%05d", i))
+		n, err := mk(fmt.Sprintf("bench-node-%05d", i))
 		if err != nil {
 			return err
 		}
@@ -208,6 +213,12 @@ const runLabel = "bench.tessera.dev/run"
 // which can still hold pods of an earlier run whose deletion it has not
 // seen yet; the run label keeps them out.
 func measure(ctx context.Context, client kubernetes.Interface, ns, schedulerName, run string, n, workers int, timeout time.Duration) (runResult, error) {
+	return measureWith(ctx, client, ns, run, n, workers, timeout, func(i int) *v1.Pod { return benchPod(ns, schedulerName, run, i) })
+}
+
+// measureWith is measure with pod i made by mk (which must give it the
+// label runLabel=run).
+func measureWith(ctx context.Context, client kubernetes.Interface, ns, run string, n, workers int, timeout time.Duration, mk func(i int) *v1.Pod) (runResult, error) {
 	var (
 		mu      sync.Mutex
 		start   time.Time
@@ -266,7 +277,7 @@ func measure(ctx context.Context, client kubernetes.Interface, ns, schedulerName
 	var createdIn time.Duration
 	go func() {
 		err := parallel(ctx, 0, n, workers, func(ctx context.Context, i int) error {
-			if _, err := client.CoreV1().Pods(ns).Create(ctx, benchPod(ns, schedulerName, run, i), metav1.CreateOptions{}); err != nil {
+			if _, err := client.CoreV1().Pods(ns).Create(ctx, mk(i), metav1.CreateOptions{}); err != nil {
 				return fmt.Errorf("create pod %d: %w", i, err)
 			}
 			return nil

@@ -50,6 +50,8 @@ type config struct {
 	settle        time.Duration
 	keepLogs      string
 	extenderFlags []string
+	// peers: --peers runs the side-by-side benchmark (peers.go) instead.
+	peers peerConfig
 }
 
 func main() {
@@ -81,6 +83,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		c.extenderFlags = append(c.extenderFlags, v)
 		return nil
 	})
+	addPeerFlags(fs, &c.peers)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -126,6 +129,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	c, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
+	}
+	if c.peers.enabled {
+		return runPeers(ctx, c, stdout, stderr)
 	}
 	logf := func(format string, a ...any) {
 		fmt.Fprintf(stderr, "%s "+format+"\n", append([]any{time.Now().UTC().Format("15:04:05")}, a...)...)

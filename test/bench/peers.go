@@ -1,0 +1,691 @@
+package main
+
+// The side-by-side benchmark (`make bench-peers`, --peers): on the same
+// control plane and fake nodes as the throughput benchmark, the same GPU
+// pods through
+//
+//	kube-scheduler      kube-scheduler alone (deploy/'s configuration
+//	                    without its extenders)
+//	tessera             kube-scheduler + tessera-extender (deploy/'s)
+//	hami                kube-scheduler + HAMi's scheduler extender (its
+//	                    chart's configuration)
+//	scheduler-plugins   scheduler-plugins' kube-scheduler with
+//	                    Coscheduling and CapacityScheduling
+//
+// and three workloads: whole GPUs (1, 1, 2, 4 GPUs), the throughput
+// benchmark's mix of whole GPUs and shared slices (systems that share a
+// GPU: tessera, hami), and gangs (M members x G GPUs, one after the other,
+// earlier gangs staying bound). See docs/bench.md.
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/test/framework/controlplane"
+)
+
+const (
+	sysKube    = "kube-scheduler"
+	sysTessera = "tessera"
+	sysHAMi    = "hami"
+	sysSP      = "scheduler-plugins"
+
+	wlWhole = "whole"
+	wlMixed = "mixed"
+	wlGang  = "gang"
+)
+
+var (
+	allSystems   = []string{sysKube, sysTessera, sysHAMi, sysSP}
+	allWorkloads = []string{wlWhole, wlMixed, wlGang}
+)
+
+// systemLabel is how the report names a system.
+var systemLabel = map[string]string{
+	sysKube:    "kube-scheduler",
+	sysTessera: "kube-scheduler + tessera-extender",
+	sysHAMi:    "kube-scheduler + HAMi extender",
+	sysSP:      "scheduler-plugins (coscheduling, capacityscheduling)",
+}
+
+// peerConfig are the flags of --peers.
+type peerConfig struct {
+	enabled     bool
+	systems     []string
+	workloads   []string
+	binDir      string
+	gangs       int
+	gangMembers int
+	gangGPUs    int
+	svg         string
+}
+
+func addPeerFlags(fs *flag.FlagSet, pc *peerConfig) {
+	fs.BoolVar(&pc.enabled, "peers", false, "run the side-by-side benchmark of kube-scheduler, tessera, HAMi and scheduler-plugins (make bench-peers) instead")
+	list := func(dst *[]string, allowed []string) func(string) error {
+		return func(v string) error {
+			*dst = nil
+			for _, f := range strings.Split(v, ",") {
+				f = strings.TrimSpace(f)
+				ok := false
+				for _, a := range allowed {
+					ok = ok || a == f
+				}
+				if !ok {
+					return fmt.Errorf("%q is none of %s", f, strings.Join(allowed, ","))
+				}
+				*dst = append(*dst, f)
+			}
+			return nil
+		}
+	}
+	fs.Func("peer-systems", "with --peers: systems to run, comma-separated (default "+strings.Join(allSystems, ",")+")", list(&pc.systems, allSystems))
+	fs.Func("peer-workloads", "with --peers: workloads, comma-separated (default "+strings.Join(allWorkloads, ",")+")", list(&pc.workloads, allWorkloads))
+	fs.StringVar(&pc.binDir, "peer-bin-dir", "", "with --peers: where make peer-bins put the peers (default <repo>/bin/peers)")
+	fs.IntVar(&pc.gangs, "gangs", 3, "with --peers: gangs per system and node count, one after the other")
+	fs.IntVar(&pc.gangMembers, "gang-members", 16, "with --peers: members of each gang")
+	fs.IntVar(&pc.gangGPUs, "gang-gpus", 8, "with --peers: whole GPUs of each gang member")
+	fs.StringVar(&pc.svg, "svg", "", "with --peers: write the plot (SVG) to this file")
+}
+
+// supports says whether system runs workload: shared slices only where
+// the system places them on a GPU (kube-scheduler and scheduler-plugins
+// count extended resources per node, with no GPU to share).
+func supports(system, workload string) bool {
+	return workload != wlMixed || system == sysTessera || system == sysHAMi
+}
+
+// allOrNothing says whether system binds a gang all or nothing.
+func allOrNothing(system string) bool { return system == sysTessera || system == sysSP }
+
+// peerResult is one system's run of one workload at one node count.
+type peerResult struct {
+	nodes            int
+	system, workload string
+	res              runResult       // whole, mixed
+	gangs            []time.Duration // gang: last member created -> all bound
+	gangFirst        []time.Duration // gang: first create -> all bound
+	latency          map[string]latencySummary
+	note             string
+	err              error
+}
+
+// peerEnv is what every system's run shares.
+type peerEnv struct {
+	c                  *config
+	dir                string
+	cp                 *controlplane.ControlPlane
+	client             kubernetes.Interface
+	dyn                dynamic.Interface
+	ns                 string
+	logf               func(string, ...any)
+	nodes              int
+	bins               map[string]string
+	withCfg            string // tessera: deploy's config pointed at the tessera proxy
+	without            string // kube-scheduler alone
+	hamiCfg            string
+	extKube            string // kubeconfigs
+	hamiKube, spKube   string
+	extAddr, hamiAddr  string
+	tessProxy, hamiPrx *timingProxy
+}
+
+func runPeers(ctx context.Context, c *config, stdout, stderr io.Writer) error {
+	pc := &c.peers
+	if len(pc.systems) == 0 {
+		pc.systems = allSystems
+	}
+	if len(pc.workloads) == 0 {
+		pc.workloads = allWorkloads
+	}
+	if pc.gangMembers <= 0 || pc.gangGPUs <= 0 || pc.gangGPUs > gpusPerNode || pc.gangs < 0 {
+		return fmt.Errorf("--gang-members must be positive, --gang-gpus within 1..%d, --gangs not negative", gpusPerNode)
+	}
+	if pc.binDir == "" {
+		pc.binDir = filepath.Join(c.repo, "bin", "peers")
+	}
+	logf := func(format string, a ...any) {
+		fmt.Fprintf(stderr, "%s "+format+"\n", append([]any{time.Now().UTC().Format("15:04:05")}, a...)...)
+	}
+	began := time.Now()
+	load0 := loadavg()
+	dir, err := os.MkdirTemp("", "tessera-bench-peers-")
+	if err != nil {
+		return fmt.Errorf("temp dir: %w", err)
+	}
+	defer os.RemoveAll(dir)
+
+	e := &peerEnv{c: c, dir: dir, ns: "bench", logf: logf, bins: map[string]string{}}
+	has := func(s string) bool {
+		for _, x := range pc.systems {
+			if x == s {
+				return true
+			}
+		}
+		return false
+	}
+	needCRDs := has(sysSP) || contains(pc.workloads, wlGang)
+	for _, b := range []struct {
+		system, name string
+		need         bool
+	}{
+		{sysHAMi, "hami-scheduler", has(sysHAMi)},
+		{sysSP, "scheduler-plugins-scheduler", has(sysSP)},
+		{"crds", "scheduler-plugins-crds/podgroups.yaml", needCRDs},
+	} {
+		p := filepath.Join(pc.binDir, b.name)
+		if _, err := os.Stat(p); err != nil {
+			if b.need {
+				return fmt.Errorf("%w: %s (run `make peer-bins`; docs/bench.md): %w", errNoBinary, p, err)
+			}
+			continue
+		}
+		e.bins[b.system] = p
+	}
+	if has(sysTessera) {
+		logf("building tessera-extender")
+		if e.bins[sysTessera], err = buildExtender(ctx, c.repo, dir); err != nil {
+			return err
+		}
+	}
+	bins, err := controlplane.BinariesFromEnv()
+	if err != nil {
+		return err
+	}
+	extUser := &controlplane.User{Name: extenderUser}
+	hUser := &controlplane.User{Name: hamiUser}
+	// scheduler-plugins' kube-scheduler runs as kube-scheduler's own
+	// identity (a second token), so it gets the same bootstrap roles.
+	spUser := &controlplane.User{Name: controlplane.SchedulerUser}
+	users := map[string]*controlplane.User{extUser.Name: extUser, hUser.Name: hUser, spUser.Name: spUser}
+	logf("starting etcd and kube-apiserver")
+	cp, err := controlplane.Start(ctx, controlplane.Options{Binaries: bins, BaseDir: dir, Users: []*controlplane.User{extUser, hUser, spUser}})
+	if err != nil {
+		return fmt.Errorf("start control plane: %w", err)
+	}
+	e.cp = cp
+	defer func() {
+		if c.keepLogs != "" {
+			copyLogs(cp, c.keepLogs, logf)
+			copyPeerLogs(dir, c.keepLogs, logf)
+		}
+		if err := cp.Stop(); err != nil {
+			logf("stop control plane: %v", err)
+		}
+	}()
+	rc := cp.RESTConfig()
+	rc.QPS, rc.Burst = 5000, 5000
+	if e.client, err = kubernetes.NewForConfig(rc); err != nil {
+		return fmt.Errorf("client: %w", err)
+	}
+	if e.dyn, err = dynamic.NewForConfig(rc); err != nil {
+		return fmt.Errorf("dynamic client: %w", err)
+	}
+	if err := cp.EnsureNamespace(ctx, e.ns); err != nil {
+		return err
+	}
+	kubeconfigFor := func(user, file string) (string, error) {
+		path := filepath.Join(dir, file)
+		kc := clientcmdapi.NewConfig()
+		kc.Clusters["bench"] = &clientcmdapi.Cluster{Server: cp.APIServerURL, CertificateAuthority: cp.CAFile()}
+		kc.AuthInfos[user] = &clientcmdapi.AuthInfo{Token: users[user].Token}
+		kc.Contexts["bench"] = &clientcmdapi.Context{Cluster: "bench", AuthInfo: user}
+		kc.CurrentContext = "bench"
+		if err := clientcmd.WriteToFile(*kc, path); err != nil {
+			return "", fmt.Errorf("write kubeconfig %s: %w", file, err)
+		}
+		return path, nil
+	}
+	if needCRDs {
+		logf("installing scheduler-plugins' CRDs (PodGroup, ElasticQuota)")
+		if err := installSPCRDs(ctx, rc, filepath.Dir(e.bins["crds"])); err != nil {
+			return err
+		}
+	}
+	if e.extKube, err = setupExtenderAccess(ctx, cp, e.client, extUser, c.repo, dir); err != nil {
+		return err
+	}
+	if err := setupSealKeyAccess(ctx, e.client, c.repo, extUser.Name); err != nil {
+		return err
+	}
+	if e.hamiKube, err = setupHAMiAccess(ctx, e.client, kubeconfigFor); err != nil {
+		return err
+	}
+	if has(sysSP) {
+		if e.spKube, err = setupSPAccess(ctx, e.client, kubeconfigFor, spUser.Name); err != nil {
+			return err
+		}
+	}
+	if e.extAddr, err = freeAddr(); err != nil {
+		return err
+	}
+	if e.hamiAddr, err = freeAddr(); err != nil {
+		return err
+	}
+	if e.tessProxy, err = startTimingProxy("http://" + e.extAddr); err != nil {
+		return err
+	}
+	defer e.tessProxy.close()
+	if e.hamiPrx, err = startTimingProxy("http://" + e.hamiAddr); err != nil {
+		return err
+	}
+	defer e.hamiPrx.close()
+	if e.withCfg, e.without, err = schedulerConfigs(c.repo, dir, e.tessProxy.addr()); err != nil {
+		return err
+	}
+	e.hamiCfg = filepath.Join(dir, "scheduler-hami.yaml")
+	if err := os.WriteFile(e.hamiCfg, []byte(hamiSchedulerConfig("http://"+e.hamiPrx.addr(), "hami-scheduler")), 0o600); err != nil {
+		return fmt.Errorf("write HAMi scheduler config: %w", err)
+	}
+
+	var results []peerResult
+	for _, n := range c.nodes {
+		logf("creating nodes %d..%d", e.nodes, n-1)
+		t0 := time.Now()
+		if err := createNodesWith(ctx, e.client, e.nodes, n, c.nodeWorkers, peerNode); err != nil {
+			return err
+		}
+		e.nodes = n
+		logf("%d nodes (created in %s)", n, time.Since(t0).Round(time.Millisecond))
+		if needCRDs {
+			if err := createElasticQuota(ctx, e.dyn, e.ns, n*gpusPerNode); err != nil {
+				return err
+			}
+		}
+		for _, s := range pc.systems {
+			rs, err := e.runSystem(ctx, s)
+			results = append(results, rs...)
+			if err != nil {
+				if ctx.Err() != nil {
+					return err
+				}
+				logf("%s at %d nodes: %v", s, n, err)
+				results = append(results, peerResult{nodes: n, system: s, err: err})
+			}
+			if err := e.cleanup(ctx); err != nil {
+				return err
+			}
+		}
+	}
+	reportPeers(stdout, c, e, results, load0, loadavg(), time.Since(began))
+	if pc.svg != "" {
+		if err := os.WriteFile(pc.svg, []byte(peersSVG(c, results)), 0o644); err != nil {
+			return fmt.Errorf("write plot: %w", err)
+		}
+		logf("plot written to %s", pc.svg)
+	}
+	for _, r := range results {
+		if r.err != nil {
+			return errors.New("some runs failed (see the report)")
+		}
+	}
+	return nil
+}
+
+// setupSealKeyAccess creates deploy/extender's Role for the seal key
+// (tessera-extender reads, or creates, the Secret tessera-seal-key in
+// kube-system before it serves) and binds it to user.
+func setupSealKeyAccess(ctx context.Context, client kubernetes.Interface, repo, user string) error {
+	var role rbacv1.Role
+	if err := readDeploy(repo, "rbac.yaml", "Role", &role); err != nil {
+		return err
+	}
+	if _, err := client.RbacV1().Roles(role.Namespace).Create(ctx, &role, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create Role %s: %w", role.Name, err)
+	}
+	binding := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: role.Name + "-bench", Namespace: role.Namespace},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: user}},
+	}
+	if _, err := client.RbacV1().RoleBindings(role.Namespace).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create RoleBinding %s: %w", binding.Name, err)
+	}
+	return nil
+}
+
+func contains(l []string, s string) bool {
+	for _, x := range l {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// cleanup deletes the pods and PodGroups of a run.
+func (e *peerEnv) cleanup(ctx context.Context) error {
+	if err := deletePods(ctx, e.client, e.ns, 2*time.Minute); err != nil {
+		return err
+	}
+	if e.bins["crds"] != "" {
+		return deletePodGroups(ctx, e.dyn, e.ns)
+	}
+	return nil
+}
+
+// runSystem starts system, runs every workload it supports, and stops it.
+func (e *peerEnv) runSystem(ctx context.Context, system string) ([]peerResult, error) {
+	c, pc := e.c, &e.c.peers
+	var (
+		proxy *timingProxy
+		procs []*extenderProc
+		agent *hamiNodeAgent
+		note  string
+	)
+	stopAll := func() {
+		agent.stop()
+		for i := len(procs) - 1; i >= 0; i-- {
+			procs[i].stop()
+		}
+	}
+	defer stopAll()
+	schedName := "tessera-scheduler"
+	startKube := func(cfg string) error {
+		if err := e.cp.StartScheduler(ctx, controlplane.SchedulerOptions{ConfigFile: cfg, Args: []string{schedulerMetricsArg}}); err != nil {
+			return fmt.Errorf("start kube-scheduler: %w", err)
+		}
+		return nil
+	}
+	kubeRunning := false
+	defer func() {
+		if kubeRunning {
+			if err := e.cp.StopScheduler(); err != nil {
+				e.logf("stop kube-scheduler: %v", err)
+			}
+		}
+	}()
+	e.logf("%s: starting at %d nodes", system, e.nodes)
+	switch system {
+	case sysKube:
+		if err := startKube(e.without); err != nil {
+			return nil, err
+		}
+		kubeRunning = true
+	case sysTessera:
+		ext, err := startExtender(ctx, e.bins[sysTessera], e.extKube, e.extAddr, filepath.Join(e.dir, fmt.Sprintf("extender-%d.log", e.nodes)), c.extenderFlags, 2*time.Minute)
+		if err != nil {
+			return nil, err
+		}
+		procs = append(procs, ext)
+		proxy = e.tessProxy
+		if err := startKube(e.withCfg); err != nil {
+			return nil, err
+		}
+		kubeRunning = true
+	case sysHAMi:
+		h, err := startHAMi(ctx, e.bins[sysHAMi], e.hamiKube, e.hamiAddr, e.dir, 2*time.Minute)
+		if err != nil {
+			return nil, err
+		}
+		procs = append(procs, h)
+		t0 := time.Now()
+		if err := waitHAMiRegistered(ctx, e.client, e.nodes, 5*time.Minute); err != nil {
+			return nil, fmt.Errorf("%w; HAMi log:\n%s", err, tail(h.logPath))
+		}
+		e.logf("hami: every node handshaken in %s", time.Since(t0).Round(time.Millisecond))
+		if agent, err = startHAMiNodeAgent(ctx, e.client, e.ns, 4); err != nil {
+			return nil, err
+		}
+		proxy = e.hamiPrx
+		schedName = "hami-scheduler"
+		if err := startKube(e.hamiCfg); err != nil {
+			return nil, err
+		}
+		kubeRunning = true
+	case sysSP:
+		p, _, err := startSPScheduler(ctx, e.bins[sysSP], e.spKube, e.dir, 2*time.Minute)
+		if err != nil {
+			return nil, err
+		}
+		procs = append(procs, p)
+		schedName = spProfile
+	}
+	select {
+	case <-time.After(c.settle):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if proxy != nil {
+		proxy.take() // calls before the run (none expected)
+	}
+
+	var out []peerResult
+	for _, wl := range pc.workloads {
+		if !supports(system, wl) {
+			continue
+		}
+		r := peerResult{nodes: e.nodes, system: system, workload: wl, note: note}
+		run := fmt.Sprintf("n%d-%s-%s", e.nodes, shortName(system), wl)
+		switch wl {
+		case wlWhole, wlMixed:
+			e.logf("%s: %s: creating %d pods", system, wl, c.pods)
+			res, err := measureWith(ctx, e.client, e.ns, run, c.pods, c.podWorkers, c.runTimeout, func(i int) *v1.Pod {
+				return peerPod(system, e.ns, schedName, run, i, shapeOf(wl, i))
+			})
+			if err != nil {
+				r.err = fmt.Errorf("%s %s: %w", system, wl, err)
+			} else {
+				r.res = res
+				e.logf("%s: %s: %d pods bound in %s: %.1f pods/s", system, wl, res.pods, res.boundIn.Round(time.Millisecond), res.podsPerSecond())
+			}
+		case wlGang:
+			for g := range pc.gangs {
+				name := fmt.Sprintf("%s-%d", run, g)
+				if err := createPodGroup(ctx, e.dyn, e.ns, name, pc.gangMembers); err != nil {
+					return out, err
+				}
+				s := shape{name: fmt.Sprintf("gang%dx%d", pc.gangMembers, pc.gangGPUs), gpus: int64(pc.gangGPUs)}
+				res, err := measureWith(ctx, e.client, e.ns, name, pc.gangMembers, c.podWorkers, c.runTimeout, func(i int) *v1.Pod {
+					p := peerPod(system, e.ns, schedName, name, i, s)
+					p.Labels[api.LabelPodGroup] = name
+					if system == sysTessera {
+						// What Tessera's gang webhook adds to a member.
+						p.Spec.SchedulingGates = []v1.PodSchedulingGate{{Name: api.SchedulingGateGang}}
+					}
+					return p
+				})
+				if err != nil {
+					r.err = fmt.Errorf("%s gang %d: %w", system, g, err)
+					break
+				}
+				r.gangs = append(r.gangs, res.boundIn-res.createdIn)
+				r.gangFirst = append(r.gangFirst, res.boundIn)
+				e.logf("%s: gang %d (%d x %d GPUs): last member created -> all bound %s", system, g, pc.gangMembers, pc.gangGPUs, (res.boundIn - res.createdIn).Round(time.Millisecond))
+			}
+		}
+		if proxy != nil {
+			// The informer can see the last Binding before the bind call
+			// has returned to kube-scheduler through the proxy.
+			time.Sleep(time.Second)
+			r.latency = proxy.take()
+		}
+		if agent != nil {
+			released, failures, lastErr := agent.counts()
+			r.note = fmt.Sprintf("stand-in device plugin: %d node locks released, %d failures", released, failures)
+			if lastErr != nil {
+				r.note += fmt.Sprintf(" (last: %v)", lastErr)
+			}
+		}
+		out = append(out, r)
+		if err := e.cleanup(ctx); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+func shortName(system string) string {
+	switch system {
+	case sysKube:
+		return "kube"
+	case sysTessera:
+		return "tessera"
+	case sysHAMi:
+		return "hami"
+	default:
+		return "sp"
+	}
+}
+
+// wholeCycle are the whole-GPU shapes, in order (the whole-GPU part of
+// podMix).
+var wholeCycle = []shape{{name: "1gpu", gpus: 1}, {name: "1gpu", gpus: 1}, {name: "2gpu", gpus: 2}, {name: "4gpu", gpus: 4}}
+
+func shapeOf(workload string, i int) shape {
+	if workload == wlMixed {
+		mix := podMix()
+		return mix[i%len(mix)]
+	}
+	return wholeCycle[i%len(wholeCycle)]
+}
+
+// peerPod is pod i of run with shape s in system's resource names: HAMi's
+// for hami, Tessera's otherwise (kube-scheduler and scheduler-plugins count
+// tessera.dev/gpu as any extended resource, as they would nvidia.com/gpu
+// of NVIDIA's device plugin).
+func peerPod(system, ns, schedulerName, run string, i int, s shape) *v1.Pod {
+	if system == sysHAMi {
+		return hamiPod(ns, schedulerName, run, i, s)
+	}
+	limits := v1.ResourceList{}
+	set := func(r v1.ResourceName, v int64) {
+		if v > 0 {
+			limits[r] = *resource.NewQuantity(v, resource.DecimalSI)
+		}
+	}
+	set(api.ResourceGPU, s.gpus)
+	set(api.ResourceGPUMemory, s.memUnits)
+	set(api.ResourceGPUCore, s.cores)
+	return podWithLimits(ns, schedulerName, run, i, s.name, limits)
+}
+
+func copyPeerLogs(dir, to string, logf func(string, ...any)) {
+	logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	for _, path := range logs {
+		if strings.HasPrefix(filepath.Base(path), "extender-") {
+			continue // copyLogs has them
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			logf("logs: %v", err)
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(to, filepath.Base(path)), b, 0o644); err != nil {
+			logf("logs: %v", err)
+		}
+	}
+}
+
+// peerVersions reads the stamps build-peer-bins.sh leaves next to the
+// binaries.
+func peerVersions(binDir string) []string {
+	var out []string
+	for _, name := range []string{"hami-scheduler", "scheduler-plugins-scheduler"} {
+		b, err := os.ReadFile(filepath.Join(binDir, "."+name+".stamp"))
+		if err != nil {
+			continue
+		}
+		out = append(out, name+": "+strings.TrimSpace(string(b)))
+	}
+	return out
+}
+
+func reportPeers(w io.Writer, c *config, e *peerEnv, results []peerResult, load0, load1 string, took time.Duration) {
+	pc := &c.peers
+	fmt.Fprintf(w, "\nside by side: %d pods per run, %d pod creators, %d CPUs; load average at start %s, at end %s; total %s\n",
+		c.pods, c.podWorkers, runtime.NumCPU(), load0, load1, took.Round(time.Second))
+	for _, v := range peerVersions(pc.binDir) {
+		fmt.Fprintf(w, "  %s\n", v)
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "nodes\tsystem\tworkload\tpods\tcreated in\tfirst bound\tlast bound\tpods/s\t")
+	for _, r := range results {
+		if r.workload == wlGang || r.workload == "" {
+			continue
+		}
+		if r.err != nil {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t-\t-\t-\t-\tfailed\t\n", r.nodes, r.system, r.workload)
+			continue
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%.1f\t\n", r.nodes, r.system, r.workload, r.res.pods, r.res.createdIn.Round(time.Millisecond),
+			r.res.firstBoundIn.Round(time.Millisecond), r.res.boundIn.Round(time.Millisecond), r.res.podsPerSecond())
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\ngangs of %d pods x %d GPUs, %d per system, one after the other (earlier gangs stay bound): last member created -> all bound (first create -> all bound)\n",
+		pc.gangMembers, pc.gangGPUs, pc.gangs)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "nodes\tsystem\tall or nothing\tper gang\tmean\t")
+	for _, r := range results {
+		if r.workload != wlGang {
+			continue
+		}
+		aon := "no"
+		if allOrNothing(r.system) {
+			aon = "yes"
+		}
+		var parts []string
+		var sum time.Duration
+		for i, d := range r.gangs {
+			parts = append(parts, fmt.Sprintf("%s (%s)", d.Round(time.Millisecond), r.gangFirst[i].Round(time.Millisecond)))
+			sum += d
+		}
+		mean := "-"
+		if len(r.gangs) > 0 {
+			mean = (sum / time.Duration(len(r.gangs))).Round(time.Millisecond).String()
+		}
+		if r.err != nil {
+			parts = append(parts, "failed")
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t\n", r.nodes, r.system, aon, strings.Join(parts, ", "), mean)
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "\nextender latency per verb, timed at a proxy between kube-scheduler and the extender (the extender's time plus one loopback hop; exact quantiles)")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "nodes\tsystem\tworkload\tverb\tcalls\terrors\tmean\tp50\tp99\tmax\t")
+	for _, r := range results {
+		verbs := make([]string, 0, len(r.latency))
+		for v := range r.latency {
+			verbs = append(verbs, v)
+		}
+		sort.Strings(verbs)
+		for _, v := range verbs {
+			l := r.latency[v]
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t\n", r.nodes, r.system, r.workload, v, l.calls, l.errors,
+				msD(l.mean), msD(l.p50), msD(l.p99), msD(l.max))
+		}
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	for _, r := range results {
+		if r.note != "" {
+			fmt.Fprintf(w, "%d nodes, %s, %s: %s\n", r.nodes, r.system, r.workload, r.note)
+		}
+		if r.err != nil {
+			fmt.Fprintf(w, "%d nodes, %s, %s: FAILED: %v\n", r.nodes, r.system, r.workload, r.err)
+		}
+	}
+}
+
+func msD(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond)) }
