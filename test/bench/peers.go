@@ -679,6 +679,11 @@ func reportPeers(w io.Writer, c *config, e *peerEnv, results []peerResult, load0
 	tw.Flush()
 	fmt.Fprintln(w)
 	for _, r := range results {
+		for v, l := range r.latency {
+			if l.errors > 0 {
+				fmt.Fprintf(w, "%d nodes, %s, %s: %d %s calls failed, the last: %s\n", r.nodes, r.system, r.workload, l.errors, v, l.lastErr)
+			}
+		}
 		if r.note != "" {
 			fmt.Fprintf(w, "%d nodes, %s, %s: %s\n", r.nodes, r.system, r.workload, r.note)
 		}

@@ -36,8 +36,9 @@ type timingProxy struct {
 
 // verbStats are the durations of one verb's calls.
 type verbStats struct {
-	d      []time.Duration
-	errors int // transport errors and answers other than 200
+	d       []time.Duration
+	errors  int // transport errors and answers other than 200
+	lastErr string
 }
 
 func startTimingProxy(target string) (*timingProxy, error) {
@@ -83,6 +84,10 @@ func (p *timingProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.d = append(s.d, d)
 	if err != nil || status != http.StatusOK {
 		s.errors++
+		s.lastErr = fmt.Sprintf("status %d", status)
+		if err != nil {
+			s.lastErr += ": " + err.Error()
+		}
 	}
 }
 
@@ -123,7 +128,9 @@ func (p *timingProxy) take() map[string]latencySummary {
 	p.mu.Unlock()
 	out := map[string]latencySummary{}
 	for verb, s := range calls {
-		out[verb] = summarize(s.d, s.errors)
+		l := summarize(s.d, s.errors)
+		l.lastErr = s.lastErr
+		out[verb] = l
 	}
 	return out
 }
@@ -134,6 +141,7 @@ type latencySummary struct {
 	mean, p50, p99  time.Duration
 	max             time.Duration
 	totalOfAllCalls time.Duration
+	lastErr         string
 }
 
 func summarize(d []time.Duration, errs int) latencySummary {

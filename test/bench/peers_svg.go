@@ -52,15 +52,15 @@ func peersSVG(c *config, results []peerResult) string {
 		gapP    = 90.0
 	)
 	groupW := float64(len(systems))*barW + groupGp
-	rateW := math.Max(float64(len(rateGroups))*groupW, 120)
-	gangW := math.Max(float64(len(gangGroups))*groupW, 120)
+	rateW := math.Max(float64(len(rateGroups))*groupW, 300)
+	gangW := math.Max(float64(len(gangGroups))*groupW, 300)
 	width := left + rateW + gapP + gangW + 30
-	height := top + panelH + 110
+	height := top + panelH + 60 + 18*float64(len(systems)) + 10
 
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="sans-serif" font-size="11">`+"\n", width, height, width, height)
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
-	fmt.Fprintf(&b, `<text x="%.0f" y="20" font-size="14" font-weight="bold">GPU pods on fake 8-GPU nodes: kube-scheduler, Tessera, HAMi, scheduler-plugins (%d pods per run)</text>`+"\n", left, c.pods)
+	fmt.Fprintf(&b, `<text x="%.0f" y="20" font-size="14" font-weight="bold">The same GPU pods on fake 8-GPU nodes (%d pods per throughput run)</text>`+"\n", left, c.pods)
 
 	panel := func(x0, w float64, title, unit string, groups []key, value func(key) (float64, bool, bool)) {
 		maxV := 0.0
@@ -111,7 +111,7 @@ func peersSVG(c *config, results []peerResult) string {
 		}
 		return r.res.podsPerSecond(), true, false
 	})
-	panel(left+rateW+gapP, gangW, fmt.Sprintf("Gang of %d x %d GPUs: last created -> all bound, mean (lower is better)", c.peers.gangMembers, c.peers.gangGPUs), "seconds", gangGroups, func(k key) (float64, bool, bool) {
+	panel(left+rateW+gapP, gangW, fmt.Sprintf("Gangs of %d x %d GPUs: last created -> all bound, mean (lower is better)", c.peers.gangMembers, c.peers.gangGPUs), "seconds", gangGroups, func(k key) (float64, bool, bool) {
 		r, ok := byKey[k]
 		if !ok {
 			return 0, false, false
@@ -127,8 +127,8 @@ func peersSVG(c *config, results []peerResult) string {
 	})
 	ly := top + panelH + 50
 	for i, s := range systems {
-		x := left + float64(i%2)*330
-		y := ly + float64(i/2)*18
+		x := left
+		y := ly + float64(i)*18
 		aon := ""
 		if contains(c.peers.workloads, wlGang) && !allOrNothing(s) {
 			aon = " (gangs not all-or-nothing)"
