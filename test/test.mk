@@ -13,6 +13,7 @@
 #   test-deps         k8s-bins + etcd (apt-get install etcd-server when etcd is
 #                     not on PATH) + test-node-deps
 #   test-integration  test-deps, then go test in test/ against the real binaries
+#                     (TEST_ALONE, the e2e suite, after the others and alone)
 #
 # All variables carry a TEST_ prefix and can be overridden on the command line.
 
@@ -28,6 +29,10 @@ TEST_ETCD        ?= etcd
 TEST_RACE        ?=
 TEST_TIMEOUT     ?= 15m
 TEST_PKGS        ?= ./...
+# Packages of TEST_PKGS run after the others, alone: the e2e suite's
+# timings assume the machine is not also compiling and linking the other
+# test binaries (with a cold cache, minutes of both cores).
+TEST_ALONE       ?= ./e2e
 TEST_FLAGS       ?= -count=1
 TEST_APT_GET     ?= apt-get
 
@@ -74,12 +79,19 @@ test-deps: k8s-bins test-etcd test-node-deps ## everything the integration tests
 # tests build it with go tool.
 TEST_HELM ?= $(HELM)
 test-integration: test-deps $(TEST_HELM) ## go test in test/ against real etcd, kube-apiserver, kube-scheduler and device manager
-	cd $(TEST_DIR) && \
-		TESSERA_TEST_K8S_BIN_DIR=$(TEST_K8S_BIN_DIR) \
-		TESSERA_TEST_NODE_BIN_DIR=$(TEST_NODE_BIN_DIR) \
-		TESSERA_TEST_HELM=$(TEST_HELM) \
-		TESSERA_TEST_ETCD=$(TEST_ETCD) \
-		$(TEST_GO) test $(TEST_RACE) $(TEST_FLAGS) -timeout $(TEST_TIMEOUT) $(TEST_PKGS)
+	@cd $(TEST_DIR) && \
+		all=$$($(TEST_GO) list $(TEST_PKGS)) && \
+		alone=$$($(TEST_GO) list $(TEST_ALONE) | grep -xF "$$all" || true) && \
+		rest=$$(echo "$$all" | grep -vxF "$${alone:-/}" || true) && \
+		export TESSERA_TEST_K8S_BIN_DIR=$(TEST_K8S_BIN_DIR) \
+			TESSERA_TEST_NODE_BIN_DIR=$(TEST_NODE_BIN_DIR) \
+			TESSERA_TEST_HELM=$(TEST_HELM) \
+			TESSERA_TEST_ETCD=$(TEST_ETCD) && \
+		rc=0 && for pkgs in "$$rest" "$$alone"; do \
+			[ -n "$$pkgs" ] || continue; \
+			echo "go test $(TEST_RACE) $(TEST_FLAGS) -timeout $(TEST_TIMEOUT)" $$pkgs; \
+			$(TEST_GO) test $(TEST_RACE) $(TEST_FLAGS) -timeout $(TEST_TIMEOUT) $$pkgs || rc=1; \
+		done && exit $$rc
 
 # gofmt, go vet and staticcheck for the test module (the root lint stops at
 # the module boundary). Included from the root Makefile, staticcheck is its
