@@ -940,6 +940,45 @@ func TestPodWatchWithholdsAssignedGPUsAndRereadsOnRelease(t *testing.T) {
 	e.kubelet.waitCounts("GPU 5's units offered again", all, e.healthyBut(0, 1))
 }
 
+// A slice's units come from the GPUs already shared or assigned to slices,
+// those of a slice bound a moment ago (in the API server, not yet in the
+// watch) included: units of a free GPU would make the agent withhold that
+// GPU from whole use while the slice runs on its assigned GPU, and a
+// whole-GPU pod bound meanwhile would then be refused by the kubelet (seen
+// in TestSliceAndWholeGPUPodTogether: "Requested: 7, Available: 6").
+func TestUnitsComeFromAssignedGPUs(t *testing.T) {
+	pods := &fakePodWatch{updates: make(chan podsUpdate)}
+	e := newEnv(t, nvmlmock.DGXA100(), nil, func(o *deviceplugin.Options) { o.Pods = pods; o.Kubelet = &fakeSource{} })
+	e.nri.connected.Store(true)
+	e.start(true)
+	all := e.totals()
+	e.kubelet.waitCounts("registration", all, all)
+
+	// GPU 2's units are the best fit by count (fewer free after a slice's
+	// units), GPU 6 is the one the API server says a slice is assigned to.
+	avail := append(unitsOf(memR, e.uuid(2), 8), unitsOf(memR, e.uuid(6), 39)...)
+	for _, tc := range []struct {
+		name     string
+		assigned map[string]bool
+		want     string
+	}{
+		{"nothing assigned: best fit", nil, e.uuid(2)},
+		{"GPU 6 assigned in the API server", map[string]bool{e.uuid(6): true}, e.uuid(6)},
+	} {
+		pods.setAPI(tc.assigned, nil)
+		got, err := e.kubelet.preferred(memR, avail, nil, 4)
+		if err != nil || len(got) != 4 {
+			t.Fatalf("%s: preferred = %v, %v", tc.name, got, err)
+		}
+		for _, id := range got {
+			if uuid, _, _ := devices.ParseDeviceID(memR, id); uuid != tc.want {
+				t.Errorf("%s: preferred %v, want units of %s", tc.name, got, tc.want)
+				break
+			}
+		}
+	}
+}
+
 // livePodWatch is a fakePodWatch that also says which pods run.
 type livePodWatch struct {
 	*fakePodWatch

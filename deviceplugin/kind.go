@@ -56,8 +56,9 @@ type Withholder interface {
 	Withheld(uuid string, u devices.Usage) (bool, string)
 }
 
-// AssignedReader is a Kind that must avoid the GPUs assigned to slices of
-// the node's pods, including pods the watch has not shown yet: before its
+// AssignedReader is a Kind whose choices depend on the GPUs assigned to
+// slices of the node's pods, including pods the watch has not shown yet
+// (whole GPUs avoid them, units are taken from them first): before its
 // GetPreferredAllocation and Allocate the agent reads those GPUs from the
 // API server (bounded by assignedReadTimeout) into Usage.Assigned.
 type AssignedReader interface {

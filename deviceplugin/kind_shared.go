@@ -26,6 +26,7 @@ var (
 	_ PreferredAllocator = (*unitKind)(nil)
 	_ Withholder         = (*unitKind)(nil)
 	_ SharedKind         = (*unitKind)(nil)
+	_ AssignedReader     = (*unitKind)(nil)
 )
 
 func newUnitKind(r corev1.ResourceName, env kindEnv) unitKind {
@@ -50,11 +51,25 @@ func (k *unitKind) Withheld(uuid string, u devices.Usage) (bool, string) {
 // SharesGPU implements SharedKind.
 func (k *unitKind) SharesGPU() {}
 
-// Preferred implements PreferredAllocator: units packed onto one GPU, best
-// fit, preferring GPUs already shared.
+// Preferred implements PreferredAllocator: units of the GPUs already
+// shared or assigned to slices first (the kubelet counts a slice's units
+// on the GPUs their IDs name, and the agent withholds a GPU whose units
+// are allocated from whole use: units of a GPU that is neither would
+// withhold it for a slice that runs elsewhere), packed onto few GPUs, best
+// fit.
 func (k *unitKind) Preferred(usable, mustInclude []string, size int, u devices.Usage) ([]string, error) {
-	return preferred.Units(k.resource, usable, mustInclude, size, u.Shared)
+	prefer := make(map[string]bool, len(u.Shared)+len(u.Assigned))
+	for _, m := range []map[string]bool{u.Shared, u.Assigned} {
+		for uuid, ok := range m {
+			prefer[uuid] = prefer[uuid] || ok
+		}
+	}
+	return preferred.Units(k.resource, usable, mustInclude, size, prefer)
 }
+
+// ReadsAssigned implements AssignedReader: Preferred takes units of the
+// assigned GPUs first, those of a slice bound a moment ago included.
+func (k *unitKind) ReadsAssigned() {}
 
 // Allocate checks every container's units (the request rules, known, not
 // twice, usable) and answers with no GPU.

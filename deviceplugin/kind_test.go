@@ -51,7 +51,7 @@ func TestKindsTraits(t *testing.T) {
 		_, ar := k.(AssignedReader)
 		_, sh := k.(SharedKind)
 		whole := k.Resource() == api.ResourceGPU
-		if !pa || !wh || ar != whole || sh == whole || sh != api.IsSharedResource(k.Resource()) {
+		if !pa || !wh || ar != (whole || sh) || sh == whole || sh != api.IsSharedResource(k.Resource()) {
 			t.Errorf("%s: preferred %v, withholder %v, assigned reader %v, shared %v", k.Resource(), pa, wh, ar, sh)
 		}
 	}

@@ -284,12 +284,16 @@ func sortDevices(ds []*gpuallocator.Device) {
 }
 
 // Units returns the preferred size units of resource r out of available,
-// including every one of mustInclude. It packs them onto as few GPUs as
-// it can: the GPUs of mustInclude first, then a GPU that can serve all that
-// is still needed (the one with the fewest free units, preferring GPUs
-// already in shared use), else the GPU with the most free units. It returns
-// an empty slice when available cannot cover size.
-func Units(r corev1.ResourceName, available, mustInclude []string, size int, sharedInUse map[string]bool) ([]string, error) {
+// including every one of mustInclude. The GPUs of mustInclude come first,
+// then those of prefer (the GPUs already serving units or assigned to a
+// slice of the node's pods: a unit taken from any other GPU would withhold
+// that GPU from whole use while the slice runs, although the slice's
+// assignment serves it elsewhere), then the others; within each group it
+// packs them onto as few GPUs as it can: a GPU that can serve all that is
+// still needed (the one with the fewest free units), else the GPU with the
+// most free units. It returns an empty slice when available cannot cover
+// size.
+func Units(r corev1.ResourceName, available, mustInclude []string, size int, prefer map[string]bool) ([]string, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("allocation size %d: must be greater than 0", size)
 	}
@@ -355,12 +359,12 @@ func Units(r corev1.ResourceName, available, mustInclude []string, size int, sha
 			if pinned[a] != pinned[b] {
 				return pinned[a]
 			}
+			if prefer[a] != prefer[b] {
+				return prefer[a]
+			}
 			fitA, fitB := len(free[a]) >= need, len(free[b]) >= need
 			if fitA != fitB {
 				return fitA
-			}
-			if sharedInUse[a] != sharedInUse[b] {
-				return sharedInUse[a]
 			}
 			if len(free[a]) != len(free[b]) {
 				if fitA {
