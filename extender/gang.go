@@ -40,6 +40,8 @@ type GangClient interface {
 	RemoveGate(ctx context.Context, pod *corev1.Pod) error
 	// Evict evicts the pod through the Eviction API.
 	Evict(ctx context.Context, pod *corev1.Pod) error
+	// GetPod reads a pod from the API server, not from a cache.
+	GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
 	// GetPodGroup reads the PodGroup object of a gang declared by one:
 	// scheduler-plugins' (scheduling.x-k8s.io/v1alpha1) or Volcano's
 	// (scheduling.volcano.sh/v1beta1), by the gang's Source.
@@ -76,6 +78,11 @@ func (k *KubeGang) SetPlan(ctx context.Context, pod *corev1.Pod, value string) e
 	}
 	_, err = k.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: FieldManager})
 	return err
+}
+
+// GetPod implements GangClient.
+func (k *KubeGang) GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+	return k.Client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 }
 
 // RemoveGate removes Tessera's gates (gang, queue) with a JSON patch that first tests the
@@ -520,9 +527,21 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 	if len(planned) > 0 {
 		if len(planned) < g.MinMember && !anyBound(planned) {
 			// An interrupted plan (some annotations written, then a
-			// failure): release it and plan again.
-			logger.Info("Releasing an incomplete gang plan", "gang", g.Key(), "planned", len(planned), "minMember", g.MinMember)
-			return p.clearPlans(ctx, planned)
+			// failure) is released and planned again; but the cache may
+			// lag this planner's own writes of a moment ago (a plan lands
+			// one pod at a time, and kube-scheduler binds an ungated member
+			// as soon as it sees its plan): released on that view, members
+			// bound meanwhile were left without a plan and the others
+			// waited for ever. So the API server's copies decide.
+			fresh, err := p.freshPlanned(ctx, g, gr.members)
+			if err != nil {
+				return err
+			}
+			if len(fresh) >= g.MinMember || anyBound(fresh) {
+				return nil // the cache catches up: the next pass sees the plan
+			}
+			logger.Info("Releasing an incomplete gang plan", "gang", g.Key(), "planned", len(fresh), "minMember", g.MinMember)
+			return p.clearPlans(ctx, fresh)
 		}
 		if !allBound && p.now().After(expires) {
 			return p.expire(ctx, gr, planned)
@@ -614,6 +633,27 @@ func (p *GangPlanner) serves(pod *corev1.Pod) bool {
 		name = corev1.DefaultSchedulerName
 	}
 	return p.schedulers[name]
+}
+
+// freshPlanned reads members, the gang's members in the cache, from the
+// API server and returns those that carry a plan of the gang there.
+func (p *GangPlanner) freshPlanned(ctx context.Context, g *api.Gang, members []*corev1.Pod) ([]*corev1.Pod, error) {
+	var out []*corev1.Pod
+	for _, m := range members {
+		f, err := p.client.GetPod(ctx, m.Namespace, m.Name)
+		switch {
+		case apierrors.IsNotFound(err):
+			continue
+		case err != nil:
+			return nil, fmt.Errorf("gang %s: reading member %s: %w", g.Key(), m.Name, err)
+		case f.UID != m.UID:
+			continue
+		}
+		if plan, ok, err := api.GetGangPlan(f.Annotations); ok && err == nil && plan.Gang == g.Name {
+			out = append(out, f)
+		}
+	}
+	return out, nil
 }
 
 func anyBound(pods []*corev1.Pod) bool {

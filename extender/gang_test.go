@@ -28,6 +28,9 @@ type gangFixture struct {
 	now     time.Time
 	mu      sync.Mutex
 	evicted []string
+	// view, when set, is what the planner's pod lister returns instead of
+	// the API server's pods: an informer cache that lags.
+	view []*corev1.Pod
 }
 
 func newGangFixture(t *testing.T, nodes ...*corev1.Node) *gangFixture {
@@ -47,7 +50,7 @@ func newGangFixture(t *testing.T, nodes ...*corev1.Node) *gangFixture {
 		return true, nil, nil
 	})
 	f.planner = NewGangPlanner(GangPlannerConfig{
-		Cache: f.cache, Client: &KubeGang{Client: f.client, Sealer: testSealer(t)}, Pods: f.list,
+		Cache: f.cache, Client: &KubeGang{Client: f.client, Sealer: testSealer(t)}, Pods: f.plannerView,
 		Policy: testPolicy(t, PolicyBinpack), Events: f.events, Now: func() time.Time { return f.now },
 	})
 	return f
@@ -63,6 +66,13 @@ func (f *gangFixture) list() ([]*corev1.Pod, error) {
 		out[i] = &l.Items[i]
 	}
 	return out, nil
+}
+
+func (f *gangFixture) plannerView() ([]*corev1.Pod, error) {
+	if f.view != nil {
+		return f.view, nil
+	}
+	return f.list()
 }
 
 // member creates a gated gang member asking for gpus whole GPUs.
@@ -256,6 +266,41 @@ func TestInterruptedPlanIsReleased(t *testing.T) {
 	for name, s := range f.state("g-") {
 		if !s.planned || s.gated {
 			t.Errorf("after replanning member %s planned=%v gated=%v", name, s.planned, s.gated)
+		}
+	}
+}
+
+// A plan the cache shows half-written, because the cache lags the
+// planner's own writes of a moment ago, is not released: the API server's
+// copies decide. (Released, the members kube-scheduler bound meanwhile were
+// left without a plan and the last member waited for ever: seen in
+// TestUngatedGangNeverBoundAlone.)
+func TestPlanSeenHalfWrittenInALaggingCacheIsKept(t *testing.T) {
+	f := newGangFixture(t, eightGPUNodes(1)...)
+	var before []*corev1.Pod
+	for i := range 3 {
+		before = append(before, f.member("g", 3, i, 1, f.now).DeepCopy())
+	}
+	f.sync()
+	pods, _ := f.list()
+	var lagging []*corev1.Pod
+	for _, p := range pods {
+		if p.Name == "g-2" {
+			for _, b := range before {
+				if b.Name == "g-2" {
+					b.UID = p.UID
+					p = b // its plan not seen yet
+				}
+			}
+		}
+		lagging = append(lagging, p)
+	}
+	f.view = lagging
+	f.sync()
+	f.view = nil
+	for name, s := range f.state("g-") {
+		if !s.planned {
+			t.Errorf("member %s lost its plan on a lagging view of it", name)
 		}
 	}
 }
