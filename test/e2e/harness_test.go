@@ -7,11 +7,14 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -162,10 +165,7 @@ func ownCluster(ctx context.Context, t *testing.T, ns string, nodes []nodesim.No
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("cluster logs in %s", c.Dir)
-			for name, path := range c.LogFiles() {
-				t.Logf("log %s: %s", name, path)
-			}
+			keepFailedLogs(t, c.LogFiles(), 0)
 		}
 		c.Stop()
 	})
@@ -173,6 +173,29 @@ func ownCluster(ctx context.Context, t *testing.T, ns string, nodes []nodesim.No
 		t.Fatal(err)
 	}
 	return c
+}
+
+// keepFailedLogs copies a failed test's logs (name -> path) to
+// $TESSERA_TEST_ARTIFACTS/<test>/ (or the temporary directory), where they
+// outlive the cluster's directory, and prints their paths with the last
+// tail bytes of each.
+func keepFailedLogs(t *testing.T, logs map[string]string, tail int) {
+	dst := filepath.Join(cmp.Or(os.Getenv("TESSERA_TEST_ARTIFACTS"), os.TempDir()), t.Name())
+	_ = os.MkdirAll(dst, 0o755)
+	names := slices.Sorted(maps.Keys(logs))
+	for _, name := range names {
+		b, _ := os.ReadFile(logs[name])
+		kept := filepath.Join(dst, name+".log")
+		_ = os.WriteFile(kept, b, 0o644)
+		if tail <= 0 {
+			t.Logf("log %s: %s", name, kept)
+			continue
+		}
+		if len(b) > tail {
+			b = b[len(b)-tail:]
+		}
+		t.Logf("log %s (whole: %s), its end:\n%s", name, kept, b)
+	}
 }
 
 // testCRDs are CRDs of other projects that the e2e tests use and deploy/

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -47,19 +46,7 @@ func startRealNode(ctx context.Context, t *testing.T, ns string, o realnode.Opti
 	if n != nil || err == nil {
 		t.Cleanup(func() {
 			if t.Failed() {
-				// Whole logs to $TESSERA_TEST_ARTIFACTS/<test>/ (or the
-				// temporary directory), a few lines of each here: the test's
-				// own messages stay the end of the output.
-				dst := filepath.Join(cmp.Or(os.Getenv("TESSERA_TEST_ARTIFACTS"), os.TempDir()), t.Name())
-				_ = os.MkdirAll(dst, 0o755)
-				for name, path := range n.LogFiles() {
-					b, _ := os.ReadFile(path)
-					_ = os.WriteFile(filepath.Join(dst, name+".log"), b, 0o644)
-					if len(b) > 1200 {
-						b = b[len(b)-1200:]
-					}
-					t.Logf("log %s (whole: %s), its end:\n%s", name, filepath.Join(dst, name+".log"), b)
-				}
+				keepFailedLogs(t, n.LogFiles(), 1200)
 			}
 			n.Stop()
 		})

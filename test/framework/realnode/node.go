@@ -450,9 +450,10 @@ func (n *Node) stop(pp **proc.Proc, grace time.Duration) {
 	}
 }
 
-// WaitGPUs waits until the Node is Ready and its allocatable holds want
-// whole GPUs and all of their memory units (for want 0: none of either,
-// with the agent's inventory published).
+// WaitGPUs waits until the Node is Ready, the agent's inventory is
+// published, and its allocatable holds want whole GPUs and all of their
+// memory units with the inventory withholding none (for want 0: none of
+// either).
 func (n *Node) WaitGPUs(ctx context.Context, client kubernetes.Interface, want int64, timeout time.Duration) error {
 	var last string
 	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
@@ -479,9 +480,23 @@ func (n *Node) WaitGPUs(ctx context.Context, client kubernetes.Interface, want i
 		gpus := node.Status.Allocatable[api.ResourceGPU]
 		mem, memCap := node.Status.Allocatable[api.ResourceGPUMemory], node.Status.Capacity[api.ResourceGPUMemory]
 		last = fmt.Sprintf("allocatable %s=%s %s=%s of %s", api.ResourceGPU, gpus.String(), api.ResourceGPUMemory, mem.String(), memCap.String())
+		inv, published, err := api.GetGPUInventory(node.Annotations)
+		if err != nil {
+			return false, fmt.Errorf("real node %s: %w", n.cfg.Name, err)
+		}
+		if !published {
+			last += ", no GPU inventory published"
+			return false, nil
+		}
 		if want == 0 {
-			_, published := node.Annotations[api.AnnotationGPUInventory]
-			return published && gpus.Value() == 0 && mem.Value() == 0, nil
+			return gpus.Value() == 0 && mem.Value() == 0, nil
+		}
+		// The extender places pods by the inventory: until it offers every
+		// GPU, a pod for the node is refused (and, on a quiet cluster,
+		// retried only when something changes).
+		if len(inv.WithheldFromWhole)+len(inv.WithheldFromShared) > 0 {
+			last += fmt.Sprintf(", inventory withholds %v from whole and %v from shared use", inv.WithheldFromWhole, inv.WithheldFromShared)
+			return false, nil
 		}
 		return gpus.Value() == want && mem.Value() > 0 && mem.Cmp(memCap) == 0, nil
 	})
