@@ -27,6 +27,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -75,7 +76,7 @@ type peerConfig struct {
 	workloads   []string
 	binDir      string
 	gangs       int
-	gangMembers int
+	gangMembers []int // one gang workload per size
 	gangGPUs    int
 	svg         string
 }
@@ -103,7 +104,18 @@ func addPeerFlags(fs *flag.FlagSet, pc *peerConfig) {
 	fs.Func("peer-workloads", "with --peers: workloads, comma-separated (default "+strings.Join(allWorkloads, ",")+")", list(&pc.workloads, allWorkloads))
 	fs.StringVar(&pc.binDir, "peer-bin-dir", "", "with --peers: where make peer-bins put the peers (default <repo>/bin/peers)")
 	fs.IntVar(&pc.gangs, "gangs", 3, "with --peers: gangs per system and node count, one after the other")
-	fs.IntVar(&pc.gangMembers, "gang-members", 16, "with --peers: members of each gang")
+	pc.gangMembers = []int{16}
+	fs.Func("gang-members", "with --peers: members of each gang; several sizes, comma-separated, run one after the other (default 16)", func(v string) error {
+		pc.gangMembers = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n <= 0 {
+				return fmt.Errorf("%q is no positive member count", f)
+			}
+			pc.gangMembers = append(pc.gangMembers, n)
+		}
+		return nil
+	})
 	fs.IntVar(&pc.gangGPUs, "gang-gpus", 8, "with --peers: whole GPUs of each gang member")
 	fs.StringVar(&pc.svg, "svg", "", "with --peers: write the plot (SVG) to this file")
 }
@@ -123,6 +135,7 @@ type peerResult struct {
 	nodes            int
 	system, workload string
 	res              runResult       // whole, mixed
+	gangMembers      int             // gang: members of each gang
 	gangs            []time.Duration // gang: last member created -> all bound
 	gangFirst        []time.Duration // gang: first create -> all bound
 	latency          map[string]latencySummary
@@ -158,8 +171,8 @@ func runPeers(ctx context.Context, c *config, stdout, stderr io.Writer) error {
 	if len(pc.workloads) == 0 {
 		pc.workloads = allWorkloads
 	}
-	if pc.gangMembers <= 0 || pc.gangGPUs <= 0 || pc.gangGPUs > gpusPerNode || pc.gangs < 0 {
-		return fmt.Errorf("--gang-members must be positive, --gang-gpus within 1..%d, --gangs not negative", gpusPerNode)
+	if pc.gangGPUs <= 0 || pc.gangGPUs > gpusPerNode || pc.gangs < 0 {
+		return fmt.Errorf("--gang-gpus must be within 1..%d, --gangs not negative", gpusPerNode)
 	}
 	if pc.binDir == "" {
 		pc.binDir = filepath.Join(c.repo, "bin", "peers")
@@ -440,7 +453,7 @@ func (e *peerEnv) runSystem(ctx context.Context, system string) ([]peerResult, e
 		}
 		procs = append(procs, h)
 		t0 := time.Now()
-		if err := waitHAMiRegistered(ctx, e.client, e.nodes, 5*time.Minute); err != nil {
+		if err := waitHAMiRegistered(ctx, e.client, e.nodes, 20*time.Minute); err != nil {
 			return nil, fmt.Errorf("%w; HAMi log:\n%s", err, tail(h.logPath))
 		}
 		e.logf("hami: every node handshaken in %s", time.Since(t0).Round(time.Millisecond))
@@ -470,13 +483,30 @@ func (e *peerEnv) runSystem(ctx context.Context, system string) ([]peerResult, e
 		proxy.take() // calls before the run (none expected)
 	}
 
-	var out []peerResult
+	type job struct {
+		workload string
+		members  int
+	}
+	var jobs []job
 	for _, wl := range pc.workloads {
-		if !supports(system, wl) {
-			continue
+		switch {
+		case !supports(system, wl):
+		case wl == wlGang:
+			for _, m := range pc.gangMembers {
+				jobs = append(jobs, job{wl, m})
+			}
+		default:
+			jobs = append(jobs, job{workload: wl})
 		}
-		r := peerResult{nodes: e.nodes, system: system, workload: wl, note: note}
+	}
+	var out []peerResult
+	for _, j := range jobs {
+		wl := j.workload
+		r := peerResult{nodes: e.nodes, system: system, workload: wl, gangMembers: j.members, note: note}
 		run := fmt.Sprintf("n%d-%s-%s", e.nodes, shortName(system), wl)
+		if wl == wlGang {
+			run = fmt.Sprintf("%s%d", run, j.members)
+		}
 		switch wl {
 		case wlWhole, wlMixed:
 			e.logf("%s: %s: creating %d pods", system, wl, c.pods)
@@ -492,11 +522,11 @@ func (e *peerEnv) runSystem(ctx context.Context, system string) ([]peerResult, e
 		case wlGang:
 			for g := range pc.gangs {
 				name := fmt.Sprintf("%s-%d", run, g)
-				if err := createPodGroup(ctx, e.dyn, e.ns, name, pc.gangMembers); err != nil {
+				if err := createPodGroup(ctx, e.dyn, e.ns, name, j.members); err != nil {
 					return out, err
 				}
-				s := shape{name: fmt.Sprintf("gang%dx%d", pc.gangMembers, pc.gangGPUs), gpus: int64(pc.gangGPUs)}
-				res, err := measureWith(ctx, e.client, e.ns, name, pc.gangMembers, c.podWorkers, c.runTimeout, func(i int) *v1.Pod {
+				s := shape{name: fmt.Sprintf("gang%dx%d", j.members, pc.gangGPUs), gpus: int64(pc.gangGPUs)}
+				res, err := measureWith(ctx, e.client, e.ns, name, j.members, c.podWorkers, c.runTimeout, func(i int) *v1.Pod {
 					p := peerPod(system, e.ns, schedName, name, i, s)
 					p.Labels[api.LabelPodGroup] = name
 					if system == sysTessera {
@@ -511,7 +541,7 @@ func (e *peerEnv) runSystem(ctx context.Context, system string) ([]peerResult, e
 				}
 				r.gangs = append(r.gangs, res.boundIn-res.createdIn)
 				r.gangFirst = append(r.gangFirst, res.boundIn)
-				e.logf("%s: gang %d (%d x %d GPUs): last member created -> all bound %s", system, g, pc.gangMembers, pc.gangGPUs, (res.boundIn - res.createdIn).Round(time.Millisecond))
+				e.logf("%s: gang %d (%d x %d GPUs): last member created -> all bound %s", system, g, j.members, pc.gangGPUs, (res.boundIn - res.createdIn).Round(time.Millisecond))
 			}
 		}
 		if proxy != nil {
@@ -633,10 +663,10 @@ func reportPeers(w io.Writer, c *config, e *peerEnv, results []peerResult, load0
 			r.res.firstBoundIn.Round(time.Millisecond), r.res.boundIn.Round(time.Millisecond), r.res.podsPerSecond())
 	}
 	tw.Flush()
-	fmt.Fprintf(w, "\ngangs of %d pods x %d GPUs, %d per system, one after the other (earlier gangs stay bound): last member created -> all bound (first create -> all bound)\n",
-		pc.gangMembers, pc.gangGPUs, pc.gangs)
+	fmt.Fprintf(w, "\ngangs of N pods x %d GPUs, %d per system and size, one after the other (earlier gangs stay bound): last member created -> all bound (first create -> all bound)\n",
+		pc.gangGPUs, pc.gangs)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "nodes\tsystem\tall or nothing\tper gang\tmean\t")
+	fmt.Fprintln(tw, "nodes\tsystem\tN\tall or nothing\tper gang\tmean\t")
 	for _, r := range results {
 		if r.workload != wlGang {
 			continue
@@ -658,12 +688,18 @@ func reportPeers(w io.Writer, c *config, e *peerEnv, results []peerResult, load0
 		if r.err != nil {
 			parts = append(parts, "failed")
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t\n", r.nodes, r.system, aon, strings.Join(parts, ", "), mean)
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t\n", r.nodes, r.system, r.gangMembers, aon, strings.Join(parts, ", "), mean)
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "\nextender latency per verb, timed at a proxy between kube-scheduler and the extender (the extender's time plus one loopback hop; exact quantiles)")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "nodes\tsystem\tworkload\tverb\tcalls\terrors\tmean\tp50\tp99\tmax\t")
+	wlName := func(r peerResult) string {
+		if r.workload == wlGang {
+			return fmt.Sprintf("gang %dx%d", r.gangMembers, pc.gangGPUs)
+		}
+		return r.workload
+	}
 	for _, r := range results {
 		verbs := make([]string, 0, len(r.latency))
 		for v := range r.latency {
@@ -672,7 +708,7 @@ func reportPeers(w io.Writer, c *config, e *peerEnv, results []peerResult, load0
 		sort.Strings(verbs)
 		for _, v := range verbs {
 			l := r.latency[v]
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t\n", r.nodes, r.system, r.workload, v, l.calls, l.errors,
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t\n", r.nodes, r.system, wlName(r), v, l.calls, l.errors,
 				msD(l.mean), msD(l.p50), msD(l.p99), msD(l.max))
 		}
 	}
@@ -681,14 +717,14 @@ func reportPeers(w io.Writer, c *config, e *peerEnv, results []peerResult, load0
 	for _, r := range results {
 		for v, l := range r.latency {
 			if l.errors > 0 {
-				fmt.Fprintf(w, "%d nodes, %s, %s: %d %s calls failed, the last: %s\n", r.nodes, r.system, r.workload, l.errors, v, l.lastErr)
+				fmt.Fprintf(w, "%d nodes, %s, %s: %d %s calls failed, the last: %s\n", r.nodes, r.system, wlName(r), l.errors, v, l.lastErr)
 			}
 		}
 		if r.note != "" {
-			fmt.Fprintf(w, "%d nodes, %s, %s: %s\n", r.nodes, r.system, r.workload, r.note)
+			fmt.Fprintf(w, "%d nodes, %s, %s: %s\n", r.nodes, r.system, wlName(r), r.note)
 		}
 		if r.err != nil {
-			fmt.Fprintf(w, "%d nodes, %s, %s: FAILED: %v\n", r.nodes, r.system, r.workload, r.err)
+			fmt.Fprintf(w, "%d nodes, %s, %s: FAILED: %v\n", r.nodes, r.system, wlName(r), r.err)
 		}
 	}
 }

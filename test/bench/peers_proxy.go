@@ -91,13 +91,20 @@ func (p *timingProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// forward sends r to the extender and returns its status once its whole
+// answer is read (the time measured), then passes the answer on. Errors
+// writing to kube-scheduler are not the extender's: kube-scheduler closes
+// the connection as soon as it has decoded the JSON, before the trailing
+// newline (its extender client uses a json.Decoder).
 func (p *timingProxy) forward(w http.ResponseWriter, r *http.Request) (int, error) {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)
 		return 0, fmt.Errorf("read request: %w", err)
 	}
-	req, err := http.NewRequestWithContext(r.Context(), r.Method, p.target+r.URL.RequestURI(), bytes.NewReader(body))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, r.Method, p.target+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)
 		return 0, fmt.Errorf("build request: %w", err)
@@ -108,14 +115,17 @@ func (p *timingProxy) forward(w http.ResponseWriter, r *http.Request) (int, erro
 		http.Error(w, err.Error(), http.StatusBadGateway)
 		return 0, fmt.Errorf("forward: %w", err)
 	}
-	defer resp.Body.Close()
+	answer, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return resp.StatusCode, fmt.Errorf("read answer: %w", err)
+	}
 	for k, v := range resp.Header {
 		w.Header()[k] = v
 	}
 	w.WriteHeader(resp.StatusCode)
-	if _, err := io.Copy(w, resp.Body); err != nil {
-		return resp.StatusCode, fmt.Errorf("copy answer: %w", err)
-	}
+	_, _ = w.Write(answer)
 	return resp.StatusCode, nil
 }
 

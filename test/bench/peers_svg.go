@@ -24,11 +24,12 @@ func peersSVG(c *config, results []peerResult) string {
 	type key struct {
 		nodes            int
 		system, workload string
+		members          int // gang
 	}
 	byKey := map[key]peerResult{}
 	for _, r := range results {
 		if r.workload != "" {
-			byKey[key{r.nodes, r.system, r.workload}] = r
+			byKey[key{r.nodes, r.system, r.workload, r.gangMembers}] = r
 		}
 	}
 	systems := c.peers.systems
@@ -36,7 +37,9 @@ func peersSVG(c *config, results []peerResult) string {
 	for _, n := range c.nodes {
 		for _, wl := range c.peers.workloads {
 			if wl == wlGang {
-				gangGroups = append(gangGroups, key{nodes: n, workload: wl})
+				for _, m := range c.peers.gangMembers {
+					gangGroups = append(gangGroups, key{nodes: n, workload: wl, members: m})
+				}
 			} else {
 				rateGroups = append(rateGroups, key{nodes: n, workload: wl})
 			}
@@ -66,7 +69,7 @@ func peersSVG(c *config, results []peerResult) string {
 		maxV := 0.0
 		for _, g := range groups {
 			for _, s := range systems {
-				if v, ok, _ := value(key{g.nodes, s, g.workload}); ok {
+				if v, ok, _ := value(key{g.nodes, s, g.workload, g.members}); ok {
 					maxV = math.Max(maxV, v)
 				}
 			}
@@ -85,7 +88,7 @@ func peersSVG(c *config, results []peerResult) string {
 			gx := x0 + float64(gi)*groupW + groupGp/2
 			for si, s := range systems {
 				x := gx + float64(si)*barW
-				v, ok, failed := value(key{g.nodes, s, g.workload})
+				v, ok, failed := value(key{g.nodes, s, g.workload, g.members})
 				switch {
 				case ok && maxV > 0:
 					h := panelH * v / maxV
@@ -96,7 +99,11 @@ func peersSVG(c *config, results []peerResult) string {
 					fmt.Fprintf(&b, `<text transform="translate(%.1f,%.1f) rotate(-90)" font-size="9" fill="#c00">failed</text>`+"\n", x+barW/2+2, y0-4)
 				}
 			}
-			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`+"\n", gx+float64(len(systems))*barW/2, y0+14, g.workload)
+			label := g.workload
+			if g.workload == wlGang {
+				label = fmt.Sprintf("%d x %d GPUs", g.members, c.peers.gangGPUs)
+			}
+			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`+"\n", gx+float64(len(systems))*barW/2, y0+14, label)
 			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%d nodes</text>`+"\n", gx+float64(len(systems))*barW/2, y0+27, g.nodes)
 		}
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="black"/>`+"\n", x0, y0, x0+w, y0)
@@ -111,7 +118,7 @@ func peersSVG(c *config, results []peerResult) string {
 		}
 		return r.res.podsPerSecond(), true, false
 	})
-	panel(left+rateW+gapP, gangW, fmt.Sprintf("Gangs of %d x %d GPUs: last created -> all bound, mean (lower is better)", c.peers.gangMembers, c.peers.gangGPUs), "seconds", gangGroups, func(k key) (float64, bool, bool) {
+	panel(left+rateW+gapP, gangW, "Gangs: last member created -> all bound, mean (lower is better)", "seconds", gangGroups, func(k key) (float64, bool, bool) {
 		r, ok := byKey[k]
 		if !ok {
 			return 0, false, false

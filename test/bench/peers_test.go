@@ -83,11 +83,11 @@ func TestPeerPods(t *testing.T) {
 }
 
 func TestPeersSVG(t *testing.T) {
-	c := &config{nodes: []int{200}, pods: 200, peers: peerConfig{systems: allSystems, workloads: allWorkloads, gangMembers: 16, gangGPUs: 8}}
+	c := &config{nodes: []int{200}, pods: 200, peers: peerConfig{systems: allSystems, workloads: allWorkloads, gangMembers: []int{16}, gangGPUs: 8}}
 	results := []peerResult{
 		{nodes: 200, system: sysKube, workload: wlWhole, res: runResult{pods: 200, boundIn: 2 * time.Second}},
 		{nodes: 200, system: sysHAMi, workload: wlMixed, err: io.EOF},
-		{nodes: 200, system: sysTessera, workload: wlGang, gangs: []time.Duration{time.Second, 3 * time.Second}},
+		{nodes: 200, system: sysTessera, workload: wlGang, gangMembers: 16, gangs: []time.Duration{time.Second, 3 * time.Second}},
 	}
 	svg := peersSVG(c, results)
 	dec := xml.NewDecoder(strings.NewReader(svg))
