@@ -29,15 +29,19 @@ type TesseraConfig struct {
 	// ModelWeight weighs the pressure that model-constrained pods put on a
 	// GPU model (needs WithModelCapacity).
 	ModelWeight float64
-	// Scarcity weighs how many gaps compete for the slices that fit them.
-	// A slice larger than half a GPU always takes a GPU of its own and
-	// leaves a gap of 1000 minus its size, at the slice's frequency o(g);
-	// such gaps compete for the fitting slices (frequency p), so a gap is
-	// filled with probability p / (max(p, Scarcity*o(g)) + GapCompetition)
-	// instead of p / (p + GapCompetition). 0 turns it off. Without it the
-	// model believed that most 190m gaps left by 810m slices get filled
-	// (W(190) ~ 100 on the Alibaba trace), while the trace has ten 810m
-	// slices for each slice of 190m or less (W(190) ~ 175, as observed).
+	// Scarcity weighs the competition between gaps for the slices that
+	// fit them. A slice larger than half a GPU always takes a GPU of its
+	// own and leaves a gap of 1000 minus its size, at the slice's frequency
+	// o(g). Such a gap, with fitting slices of frequency p, is filled with
+	// probability p / (max(p, Scarcity*o(g)) + GapCompetition). These gaps
+	// claim the slices that fit them best (the smallest gaps first, the
+	// largest fitting slice first, Scarcity*o(g) of them); any other gap
+	// is filled with probability q / (q + GapCompetition), q the frequency
+	// of the fitting slices left unclaimed. 0 turns it off (every gap:
+	// p / (p + GapCompetition)). On the Alibaba trace there are ten 810m
+	// slices for each slice of 190m or less: without it the model said
+	// W(190) ~ 100 (most such gaps get filled) and W(210) ~ 117, W(130) ~
+	// 100, while those gaps are nearly never filled.
 	Scarcity float64
 	// FreeWaste weighs the expected final waste of a fully free GPU in the
 	// gap-waste term (0: a free GPU counts as no waste). A free GPU ends
@@ -119,6 +123,28 @@ func newTesseraPolicy(m fragModel, cfg TesseraConfig, capacity map[string]int) *
 			open[MilliPerGPU-int(s.milli)] += s.freq
 		}
 	}
+	// left[g]: the frequency of the slices of at most g milli that those
+	// gaps leave unclaimed.
+	var left [MilliPerGPU + 1]float64
+	if cfg.Scarcity > 0 {
+		var rem [MilliPerGPU + 1]float64
+		for _, s := range m.shapes {
+			if !s.cpuOK && !s.whole {
+				rem[s.milli] += s.freq
+			}
+		}
+		for g := 1; g < MilliPerGPU; g++ {
+			need := cfg.Scarcity * open[g]
+			for ms := g; ms > 0 && need > 0; ms-- {
+				take := math.Min(need, rem[ms])
+				rem[ms] -= take
+				need -= take
+			}
+		}
+		for g := 1; g <= MilliPerGPU; g++ {
+			left[g] = left[g-1] + rem[g]
+		}
+	}
 	for g := 1; g < MilliPerGPU; g++ {
 		// The least waste a fitting slice can leave, for the routing
 		// weights (relative to it, so that they never all underflow).
@@ -146,8 +172,11 @@ func newTesseraPolicy(m fragModel, cfg TesseraConfig, capacity map[string]int) *
 			continue
 		}
 		filled := fit / (fit + cfg.GapCompetition)
-		if cfg.Scarcity > 0 {
+		switch {
+		case cfg.Scarcity > 0 && open[g] > 0:
 			filled = fit / (math.Max(fit, cfg.Scarcity*open[g]) + cfg.GapCompetition)
+		case cfg.Scarcity > 0:
+			filled = left[g] / (left[g] + cfg.GapCompetition)
 		}
 		p.gapWaste[g] = (1-filled)*float64(g) + filled*next/wsum
 	}

@@ -230,10 +230,13 @@ func TestTesseraScarcityAndFreeWaste(t *testing.T) {
 		// wantW190Above: with Scarcity, W(190) must exceed this share of
 		// 190 (the gaps outnumber their fillers ten to one).
 		wantW190Above float64
+		// wantW530Below: 470m slices fill 530m gaps (how surely depends
+		// on how common they are).
+		wantW530Below float64
 	}{
-		{"whole-heavy", mix(0.1, 0.01, 0.1, 0.79), 0.85},
-		{"slice-heavy", mix(0.4, 0.04, 0.4, 0.16), 0.85},
-		{"few-470", mix(0.5, 0.05, 0.01, 0.44), 0.85},
+		{"whole-heavy", mix(0.1, 0.01, 0.1, 0.79), 0.85, 150},
+		{"slice-heavy", mix(0.4, 0.04, 0.4, 0.16), 0.85, 150},
+		{"few-470", mix(0.5, 0.05, 0.01, 0.44), 0.85, 300},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			p := tessera(t, c.w).(*tesseraPolicy)
@@ -244,9 +247,14 @@ func TestTesseraScarcityAndFreeWaste(t *testing.T) {
 			if !(old.gapWaste[190] < p.gapWaste[190]) {
 				t.Errorf("W(190) without scarcity %v, with %v: scarcity should raise it", old.gapWaste[190], p.gapWaste[190])
 			}
-			// A gap no slice larger than half a GPU creates is unchanged.
-			if p.gapWaste[530] != old.gapWaste[530] {
-				t.Errorf("W(530) = %v, without scarcity %v: want equal", p.gapWaste[530], old.gapWaste[530])
+			// Only 160m slices fit a 350m gap, and the 190m gaps claim
+			// them all: it is never filled. 470m slices are not claimed,
+			// and they fill 530m gaps.
+			if p.gapWaste[350] != 350 || !(old.gapWaste[350] < 350) {
+				t.Errorf("W(350) = %v with scarcity, %v without; want 350 and below 350", p.gapWaste[350], old.gapWaste[350])
+			}
+			if !(p.gapWaste[530] < c.wantW530Below) {
+				t.Errorf("W(530) = %v, want below %v (470m slices fill it)", p.gapWaste[530], c.wantW530Below)
 			}
 			if old.gapWaste[MilliPerGPU] != 0 {
 				t.Errorf("without FreeWaste a free GPU costs %v, want 0", old.gapWaste[MilliPerGPU])
