@@ -6,10 +6,12 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	corev1listers "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
@@ -167,4 +169,51 @@ func logNodeErr(logger klog.Logger, c *Cache, name string) {
 	if st, ok := c.Node(name); ok && st.Info.Err != nil {
 		logger.Info("Node's GPU inventory is malformed; it fits no GPU pod", "node", klog.KRef("", name), "err", st.Info.Err)
 	}
+}
+
+// Evicter evicts pods through the Eviction API, which honours
+// PodDisruptionBudgets: a budget that forbids the eviction answers 429
+// (apierrors.IsTooManyRequests).
+type Evicter interface {
+	// Evict evicts the pod; with dryRun the API server only checks that
+	// it may (budgets included).
+	Evict(ctx context.Context, pod *corev1.Pod, dryRun bool) error
+}
+
+// KubeEvicter is the Evicter of a real API server.
+type KubeEvicter struct {
+	Client kubernetes.Interface
+	// REST, when set (the core/v1 REST client of Client), makes evictions
+	// without client-side retries: a budget still being processed answers
+	// 429 with Retry-After 10, which client-go would retry ten times
+	// (100 s) while reclaim should pass the workload over at once. A fake
+	// clientset has no REST client: then Client's EvictV1 is used.
+	REST rest.Interface
+}
+
+var _ Evicter = (*KubeEvicter)(nil)
+
+// Evict creates an Eviction conditional on the pod's UID.
+func (k *KubeEvicter) Evict(ctx context.Context, pod *corev1.Pod, dryRun bool) error {
+	uid := pod.UID
+	opts := &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}
+	if dryRun {
+		opts.DryRun = []string{metav1.DryRunAll}
+	}
+	ev := &policyv1.Eviction{
+		TypeMeta:   metav1.TypeMeta{APIVersion: policyv1.SchemeGroupVersion.String(), Kind: "Eviction"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}, DeleteOptions: opts,
+	}
+	if k.REST != nil {
+		return k.REST.Post().Namespace(pod.Namespace).Resource("pods").Name(pod.Name).SubResource("eviction").
+			MaxRetries(0).Body(ev).Do(ctx).Error()
+	}
+	return k.Client.CoreV1().Pods(pod.Namespace).EvictV1(ctx, ev)
+}
+
+func podPriority(p *corev1.Pod) int32 {
+	if p.Spec.Priority != nil {
+		return *p.Spec.Priority
+	}
+	return 0
 }

@@ -106,7 +106,8 @@ func (m *Metrics) failed(verb string) {
 	}
 }
 
-func (m *Metrics) reclaimEvicted(ns string) {
+// ReclaimEvicted counts a pod of namespace ns evicted by reclaim.
+func (m *Metrics) ReclaimEvicted(ns string) {
 	if m != nil {
 		m.evictions.WithLabelValues(ns).Inc()
 	}
@@ -142,7 +143,9 @@ func (m *Metrics) reclaimSettled(useful bool, n int) {
 	}
 }
 
-func (m *Metrics) reclaimBlocked(ns string) {
+// ReclaimBlocked counts a workload of namespace ns whose eviction a
+// budget refused.
+func (m *Metrics) ReclaimBlocked(ns string) {
 	if m != nil {
 		m.blocked.WithLabelValues(ns).Inc()
 	}

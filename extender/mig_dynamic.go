@@ -18,6 +18,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/allocator/mig"
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
 )
 
 // MIGNodeView is what dynamic MIG knows of a node: its GPUs from the
@@ -256,7 +257,7 @@ func (d *MIGDynamic) Sync(ctx context.Context) error {
 	var askers []*corev1.Pod
 	demands := map[types.UID]map[string]int{}
 	for _, p := range pods {
-		if !pendingUnschedulable(p) {
+		if !gpureq.PendingUnschedulable(p) {
 			continue
 		}
 		dm, err := ParseDemand(p)

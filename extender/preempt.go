@@ -20,6 +20,7 @@ import (
 	"github.com/tessera-gpu/tessera/allocator/queue"
 	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
+	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/gpureq"
 )
 
@@ -84,7 +85,7 @@ type Preemptor struct {
 	// Metrics may be nil.
 	Metrics *Metrics
 	// Quota may be nil: no quota rule applies.
-	Quota *QuotaEnforcer
+	Quota *equota.Enforcer
 	// Queues may be nil: no queue rule applies. With queues, no victim is
 	// taken whose queue would go below its guarantee at any level.
 	Queues *QueueBook
@@ -183,7 +184,7 @@ func (p *Preemptor) queues() *QueueSnapshot {
 // that may preempt: not a gang member (the gang planner places gangs),
 // without a plan, with a priority and no preemptionPolicy Never.
 func mayPreempt(pod *corev1.Pod) bool {
-	return pendingUnschedulable(pod) && preempts(pod)
+	return gpureq.PendingUnschedulable(pod) && preempts(pod)
 }
 
 // preempts reports a GPU pod outside any gang with a priority and no
@@ -394,7 +395,7 @@ func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Tim
 		if blocked[k] {
 			continue
 		}
-		ws := Workloads(members)
+		ws := equota.Workloads(members)
 		if len(ws) != 1 {
 			continue
 		}
@@ -427,7 +428,7 @@ func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Tim
 			if blocked[ek] {
 				continue
 			}
-			ew := Workloads([]*corev1.Pod{e})[0]
+			ew := equota.Workloads([]*corev1.Pod{e})[0]
 			out[ek] = &workload{w: ew, pods: []*corev1.Pod{e}, unit: preempt.Unit{Key: ek, Priority: w.unit.Priority, Started: startedAt(e), Pods: 1, Extra: true}}
 			unitsOf[e.UID] = append(unitsOf[e.UID], ek)
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/tessera-gpu/tessera/allocator/queue"
 	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
+	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/gpureq"
 )
 
@@ -186,7 +187,7 @@ func (b *QueueBook) Snapshot() (*QueueSnapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing nodes: %w", err)
 	}
-	snap.State.Capacity = clusterCapacity(nodes, func(n *corev1.Node) corev1.ResourceList { return n.Status.Capacity })
+	snap.State.Capacity = equota.Capacity(nodes, func(n *corev1.Node) corev1.ResourceList { return n.Status.Capacity })
 	pods, err := b.Pods()
 	if err != nil {
 		return nil, fmt.Errorf("listing pods: %w", err)

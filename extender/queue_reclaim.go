@@ -126,7 +126,7 @@ func (r *QueueReclaimer) ReclaimFor(ctx context.Context, snap *QueueSnapshot, q 
 					continue
 				}
 				r.evicted(p.UID)
-				r.Metrics.reclaimEvicted(p.Namespace)
+				r.Metrics.ReclaimEvicted(p.Namespace)
 				watch.add(r.Cache, p)
 				r.event(p, corev1.EventTypeWarning, api.EventReclaimed, "tessera: evicted to reclaim for queue %s: %s", q, why)
 			}
@@ -369,7 +369,7 @@ func (r *QueueReclaimer) dryRun(ctx context.Context, victims []queue.Workload, p
 			d = time.Minute
 		}
 		r.blocked.add(w.Key, r.now().Add(d))
-		r.Metrics.reclaimBlocked(p.Namespace)
+		r.Metrics.ReclaimBlocked(p.Namespace)
 		r.event(p, corev1.EventTypeWarning, api.EventReclaimBlocked, "tessera: queue reclaim passed over %s: pod %s cannot be evicted: %v", w.Key, p.Name, err)
 		return w.Key
 	}

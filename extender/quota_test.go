@@ -3,7 +3,6 @@ package extender
 import (
 	"context"
 	"fmt"
-	"math/rand"
 	"sort"
 	"strings"
 	"sync"
@@ -11,24 +10,22 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
+	equota "github.com/tessera-gpu/tessera/extender/quota"
 )
 
 type staticQuotas map[string]quota.Quota
@@ -55,7 +52,7 @@ type quotaFixture struct {
 	cache   *Cache
 	events  *fakeEvents
 	nodes   []*corev1.Node
-	enf     *QuotaEnforcer
+	enf     *equota.Enforcer
 	planner *GangPlanner
 	srv     *Server
 	reg     *prometheus.Registry
@@ -65,13 +62,15 @@ type quotaFixture struct {
 	evicted []string // ns/name, real evictions
 	dryRuns int
 	pdb     map[string]bool
+	// indexed are the pods fed to the quota index.
+	indexed map[types.UID]bool
 }
 
 var podsGVR = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
 
-func newQuotaFixture(t *testing.T, quotas QuotaSource, nodes ...*corev1.Node) *quotaFixture {
+func newQuotaFixture(t *testing.T, quotas equota.Source, nodes ...*corev1.Node) *quotaFixture {
 	t.Helper()
-	f := &quotaFixture{t: t, client: fake.NewClientset(), cache: NewCache(), events: &fakeEvents{}, pdb: map[string]bool{},
+	f := &quotaFixture{t: t, client: fake.NewClientset(), cache: NewCache(), events: &fakeEvents{}, pdb: map[string]bool{}, indexed: map[types.UID]bool{},
 		now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), reg: prometheus.NewRegistry()}
 	for _, n := range nodes {
 		n = n.DeepCopy()
@@ -96,29 +95,30 @@ func newQuotaFixture(t *testing.T, quotas QuotaSource, nodes ...*corev1.Node) *q
 		f.evicted = append(f.evicted, ev.Namespace+"/"+ev.Name)
 		return true, nil, f.client.Tracker().Delete(podsGVR, ev.Namespace, ev.Name)
 	})
-	ledger := &QuotaLedger{
+	ledger := &equota.Ledger{
 		Quotas: quotas,
-		Index:  &QuotaIndex{},
+		Index:  &equota.Index{},
 		Pods:   func(ns string) ([]*corev1.Pod, error) { return f.list(ns) },
 		Nodes:  func() ([]*corev1.Node, error) { return f.nodes, nil },
 		Reserved: func(uid types.UID) bool {
 			_, ok := f.cache.Reservation(uid)
 			return ok
 		},
-		now: func() time.Time { return f.now },
+		Now: func() time.Time { return f.now },
 	}
 	metrics := NewMetrics(f.reg)
-	f.enf = &QuotaEnforcer{Ledger: ledger, Cache: f.cache, Evicter: &KubeEvicter{Client: f.client}, Events: f.events, Metrics: metrics,
+	qn := QuotaNodes{Cache: f.cache}
+	f.enf = &equota.Enforcer{Ledger: ledger, Nodes: qn, Evicter: &KubeEvicter{Client: f.client}, Events: f.events, Metrics: metrics,
 		Now: func() time.Time { return f.now },
 		Pod: func(ns, name string) (*corev1.Pod, error) {
 			return f.client.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
 		}}
 	f.planner = NewGangPlanner(GangPlannerConfig{
 		Cache: f.cache, Client: &KubeGang{Client: f.client, Sealer: testSealer(t)}, Pods: func() ([]*corev1.Pod, error) { return f.list("") },
-		Policy: testPolicy(t, PolicyBinpack), Events: f.events, Now: func() time.Time { return f.now }, Quota: f.enf,
+		Policy: testPolicy(t, PolicyBinpack), Events: f.events, Now: func() time.Time { return f.now }, Quota: &Quota{Enforcer: f.enf, Nodes: qn},
 	})
 	f.srv = NewServer(f.cache, testPolicy(t, PolicyBinpack), newFakePods(), f.events, metrics)
-	f.srv.SetQuota(f.enf)
+	f.srv.SetQuota(&Quota{Enforcer: f.enf, Nodes: qn})
 	return f
 }
 
@@ -153,6 +153,7 @@ func (f *quotaFixture) feed() {
 		live[p.UID] = true
 		f.cache.SetPod(p)
 		f.enf.Ledger.Index.Set(p)
+		f.indexed[p.UID] = true
 	}
 	for _, st := range f.cache.Snapshot() {
 		for uid := range st.Pods {
@@ -161,16 +162,11 @@ func (f *quotaFixture) feed() {
 			}
 		}
 	}
-	f.enf.Ledger.Index.mu.RLock()
-	var gone []types.UID
-	for uid := range f.enf.Ledger.Index.pods {
+	for uid := range f.indexed {
 		if !live[uid] {
-			gone = append(gone, uid)
+			f.enf.Ledger.Index.Delete(uid)
+			delete(f.indexed, uid)
 		}
-	}
-	f.enf.Ledger.Index.mu.RUnlock()
-	for _, uid := range gone {
-		f.enf.Ledger.Index.Delete(uid)
 	}
 }
 
@@ -215,6 +211,7 @@ func (f *quotaFixture) pod(ns, name string, n int64, created time.Time, opts ...
 	}
 	f.cache.SetPod(p)
 	f.enf.Ledger.Index.Set(p)
+	f.indexed[p.UID] = true
 	return p
 }
 
@@ -281,7 +278,7 @@ func TestQuotaFilterAdmission(t *testing.T) {
 		},
 		ns: "a", gpus: 8, prio: 5,
 		want:   want{Failed: map[string]string{}, Unresolvable: all("tessera: quota: pod p asks for 8 tessera.dev/gpu; namespace a uses 16, its ElasticQuota max is 16")},
-		metric: QuotaAboveMax,
+		metric: Reason(equota.AboveMax),
 	}, {
 		name: "above max, lower-priority work of its own namespace could go",
 		quotas: staticQuotas{
@@ -290,7 +287,7 @@ func TestQuotaFilterAdmission(t *testing.T) {
 		},
 		ns: "a", gpus: 8, prio: 10,
 		want:   want{Unresolvable: map[string]string{}, Failed: all("tessera: quota: pod p asks for 8 tessera.dev/gpu; namespace a uses 16, its ElasticQuota max is 16")},
-		metric: QuotaAboveMax,
+		metric: Reason(equota.AboveMax),
 	}, {
 		name: "borrowing beyond what can be lent",
 		quotas: staticQuotas{
@@ -299,7 +296,7 @@ func TestQuotaFilterAdmission(t *testing.T) {
 		},
 		ns: "b", gpus: 16, prio: 0,
 		want:   want{Failed: map[string]string{}, Unresolvable: all("tessera: quota: pod p asks for 16 tessera.dev/gpu; namespace b would borrow above its min 16, but governed namespaces use 24 of 32 that can be lent")},
-		metric: QuotaNotLendable,
+		metric: Reason(equota.NotLendable),
 	}}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -449,15 +446,12 @@ func reclaimScene(t *testing.T) (*quotaFixture, *corev1.Pod) {
 // reclaimQueued runs the reclaim a filter without room queued.
 func (f *quotaFixture) reclaimQueued() error {
 	f.t.Helper()
-	select {
-	case key := <-f.enf.queue:
-		err := f.enf.reclaimForPod(context.Background(), key)
-		f.feed()
-		return err
-	default:
+	queued, err := f.enf.ReclaimQueued(context.Background())
+	if !queued {
 		f.t.Fatal("filter queued no reclaim")
-		return nil
 	}
+	f.feed()
+	return err
 }
 
 func TestReclaimForPlainPodAndHold(t *testing.T) {
@@ -551,89 +545,6 @@ func TestReclaimNeverTakesANamespaceUnderItsMin(t *testing.T) {
 	}
 }
 
-func TestPreemptVictimsKeepGangsWholeAndMins(t *testing.T) {
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	mk := func(ns, name, node string, n int64, opts ...podOpt) *corev1.Pod {
-		p := makePod(name).Whole(n).Node(node).Obj()
-		p.Namespace, p.UID, p.CreationTimestamp = ns, types.UID("uid-"+ns+"-"+name), metav1.NewTime(t0)
-		for _, o := range opts {
-			o(p)
-		}
-		return p
-	}
-	// a: min 16 uses 32 (gang g1 2x4 on n0, gang g2 2x4 spread over n0
-	// and n1, p1 and p2 8 each on n1); b: min 16 uses 0.
-	g1a := mk("a", "g1-0", "n0", 4, inGang("g1", 2))
-	g1b := mk("a", "g1-1", "n0", 4, inGang("g1", 2))
-	g2a := mk("a", "g2-0", "n0", 4, inGang("g2", 2))
-	g2b := mk("a", "g2-1", "n1", 4, inGang("g2", 2))
-	p1 := mk("a", "p1", "n1", 8)
-	p2 := mk("a", "p2", "n1", 8)
-	all := []*corev1.Pod{g1a, g1b, g2a, g2b, p1, p2}
-	st := &quota.State{Quotas: minMax16x32(), Used: map[string]quota.Resources{"a": gpus(32)}, Capacity: gpus(32)}
-	view := &QuotaView{State: st, Pods: all}
-	members := func(g *api.Gang) []*corev1.Pod {
-		var out []*corev1.Pod
-		for _, p := range all {
-			if mg, ok, _ := api.GangOf(p); ok && mg.Key() == g.Key() {
-				out = append(out, p)
-			}
-		}
-		return out
-	}
-	names := func(ps []*corev1.Pod) []string {
-		var out []string
-		for _, p := range ps {
-			out = append(out, p.Name)
-		}
-		sort.Strings(out)
-		return out
-	}
-	cases := []struct {
-		name      string
-		preemptor *corev1.Pod
-		victims   []*corev1.Pod
-		want      []string
-		dropped   []string
-	}{{
-		name:      "a whole gang on the node may go for b within its min",
-		preemptor: mk("b", "x", "", 4), victims: []*corev1.Pod{g1a, g1b},
-		want: []string{"g1-0", "g1-1"},
-	}, {
-		name:      "a gang with a member on another node is never broken",
-		preemptor: mk("b", "x", "", 4), victims: []*corev1.Pod{g2a, g1a, g1b},
-		want: []string{"g1-0", "g1-1"}, dropped: []string{"g2-0"},
-	}, {
-		name:      "not below the victim namespace's min",
-		preemptor: mk("b", "x", "", 8), victims: []*corev1.Pod{p1, p2, g1a, g1b},
-		want: []string{"p1", "p2"}, dropped: []string{"g1-0", "g1-1"},
-	}, {
-		name:      "a preemptor above its own min takes nothing from others",
-		preemptor: mk("b", "x", "", 24), victims: []*corev1.Pod{p1},
-		dropped: []string{"p1"},
-	}, {
-		name:      "same namespace: priority alone decides",
-		preemptor: mk("a", "x", "", 8), victims: []*corev1.Pod{p1, p2, g1a, g1b},
-		want: []string{"g1-0", "g1-1", "p1", "p2"},
-	}}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			allowed, dropped := PreemptVictims(view, members, tc.preemptor, PodQuotaUse(tc.preemptor), tc.victims)
-			if diff := cmp.Diff(tc.want, names(allowed)); diff != "" {
-				t.Errorf("allowed (-want +got):\n%s", diff)
-			}
-			var d []string
-			for n := range dropped {
-				d = append(d, n)
-			}
-			sort.Strings(d)
-			if diff := cmp.Diff(tc.dropped, d); diff != "" {
-				t.Errorf("dropped (-want +got):\n%s (reasons %v)", diff, dropped)
-			}
-		})
-	}
-}
-
 // TestPreemptVerbWithQuota: through the verb, a node whose only GPU
 // victims are a partial gang is dropped; a node with a whole
 // lower-priority single pod of a borrowing namespace keeps it.
@@ -657,115 +568,6 @@ func TestPreemptVerbWithQuota(t *testing.T) {
 	want := map[string]*extenderv1.MetaVictims{"n1": {Pods: []*extenderv1.MetaPod{{UID: string(solo.UID)}}}}
 	if diff := cmp.Diff(want, res.NodeNameToMetaVictims); diff != "" {
 		t.Errorf("victims (-want +got):\n%s", diff)
-	}
-}
-
-// fakeDiscovery serves the scheduling.x-k8s.io/v1alpha1 group once
-// installed is set.
-type fakeDiscovery struct {
-	mu        sync.Mutex
-	installed bool
-	calls     int
-}
-
-func (d *fakeDiscovery) ServerResourcesForGroupVersion(gv string) (*metav1.APIResourceList, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.calls++
-	if !d.installed || gv != api.ElasticQuotaGVR.GroupVersion().String() {
-		return nil, apierrors.NewNotFound(schema.GroupResource{Group: api.ElasticQuotaGVR.Group}, gv)
-	}
-	return &metav1.APIResourceList{GroupVersion: gv, APIResources: []metav1.APIResource{{Name: "elasticquotas", Namespaced: true, Kind: "ElasticQuota"}}}, nil
-}
-
-func elasticQuota(ns, name string, min, max map[string]any) *unstructured.Unstructured {
-	return &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "ElasticQuota",
-		"metadata": map[string]any{"namespace": ns, "name": name},
-		"spec":     map[string]any{"min": min, "max": max},
-	}}
-}
-
-// TestQuotaWatcherMissingCRD: without the CRD the watcher is decided at
-// once with no quotas (the extender gets ready and enforces nothing);
-// once the CRD appears the quotas are picked up without a restart, and
-// dropped when it is removed.
-func TestQuotaWatcherMissingCRD(t *testing.T) {
-	scheme := runtime.NewScheme()
-	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme,
-		map[schema.GroupVersionResource]string{api.ElasticQuotaGVR: "ElasticQuotaList"},
-		elasticQuota("a", "q", map[string]any{"tessera.dev/gpu": "16"}, map[string]any{"tessera.dev/gpu": "32", "cpu": "100"}))
-	disc := &fakeDiscovery{}
-	changed := make(chan struct{}, 10)
-	w := NewQuotaWatcher(dyn, disc, 20*time.Millisecond, func() { changed <- struct{}{} })
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go w.Run(ctx)
-	waitFor(t, "decided without the CRD", w.Decided)
-	if got := w.Quotas(); len(got) != 0 {
-		t.Errorf("quotas without the CRD: %v", got)
-	}
-	waitFor(t, "a second look for the CRD", func() bool { disc.mu.Lock(); defer disc.mu.Unlock(); return disc.calls >= 2 })
-	disc.mu.Lock()
-	disc.installed = true
-	disc.mu.Unlock()
-	waitFor(t, "the quota picked up", func() bool { return len(w.Quotas()) == 1 })
-	want := map[string]quota.Quota{"a": {Namespace: "a", Min: gpus(16), Max: gpus(32)}}
-	if diff := cmp.Diff(want, w.Quotas()); diff != "" {
-		t.Errorf("quotas (-want +got):\n%s", diff)
-	}
-	select {
-	case <-changed:
-	case <-time.After(5 * time.Second):
-		t.Error("no OnChange for the quota")
-	}
-	// The CRD goes: no quotas; it comes back: picked up again.
-	disc.mu.Lock()
-	disc.installed = false
-	disc.mu.Unlock()
-	waitFor(t, "the quotas dropped with the CRD", func() bool { return len(w.Quotas()) == 0 })
-	disc.mu.Lock()
-	disc.installed = true
-	disc.mu.Unlock()
-	waitFor(t, "the quota picked up again", func() bool { return len(w.Quotas()) == 1 })
-}
-
-func TestQuotasOf(t *testing.T) {
-	objs := []*unstructured.Unstructured{
-		elasticQuota("a", "z-second", map[string]any{"tessera.dev/gpu": "1"}, nil),
-		elasticQuota("a", "first", map[string]any{"tessera.dev/gpu": "8", "nvidia.com/gpu": "2"}, map[string]any{"tessera.dev/gpu-memory": "80"}),
-		elasticQuota("b", "bad", map[string]any{"tessera.dev/gpu": "lots"}, nil),
-		elasticQuota("c", "inverted", map[string]any{"tessera.dev/gpu": "8"}, map[string]any{"tessera.dev/gpu": "4"}),
-	}
-	got, errs := QuotasOf(objs)
-	// A malformed quota governs its namespace and admits nothing: it must
-	// not leave the namespace unlimited.
-	invalid := func(ns string) quota.Quota {
-		return quota.Quota{Namespace: ns, Min: quota.Resources{}, Max: quota.Resources{}, Invalid: errs[ns+"/"+map[string]string{"b": "bad", "c": "inverted"}[ns]].Error()}
-	}
-	want := map[string]quota.Quota{"a": {Namespace: "a",
-		Min: quota.Resources{api.ResourceGPU: 8, api.ResourceNVIDIAGPU: 2}, Max: quota.Resources{api.ResourceGPUMemory: 80}},
-		"b": invalid("b"), "c": invalid("c")}
-	if errs["c/inverted"] == nil || !strings.Contains(errs["c/inverted"].Error(), "above spec.max") {
-		t.Fatalf("inverted: %v", errs["c/inverted"])
-	}
-	st := &quota.State{Quotas: got, Used: map[string]quota.Resources{}, Capacity: gpus(64)}
-	if d := st.Admit("c", gpus(1)); d.Allowed || !strings.Contains(d.Reason, "c's quota is invalid") || !strings.Contains(d.Reason, "above spec.max") {
-		t.Errorf("admission under an inverted quota: %+v", d)
-	}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("quotas (-want +got):\n%s", diff)
-	}
-	var keys []string
-	for k := range errs {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	if diff := cmp.Diff([]string{"a/z-second", "b/bad", "c/inverted"}, keys); diff != "" {
-		t.Errorf("errors (-want +got):\n%s (%v)", diff, errs)
-	}
-	if err := errs["a/z-second"]; err == nil || !strings.Contains(err.Error(), "namespace a already has one, first, which applies") {
-		t.Errorf("duplicate: %v", err)
 	}
 }
 
@@ -801,17 +603,6 @@ func TestQuotaCollector(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("gauges (-want +got):\n%s", diff)
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -870,7 +661,7 @@ func TestQuotaLedgerHold(t *testing.T) {
 func TestReclaimForUnschedulablePod(t *testing.T) {
 	f, b := reclaimScene(t)
 	other := f.pod("b", "elsewhere", 8, f.now, func(p *corev1.Pod) { p.Spec.NodeSelector = map[string]string{"pool": "none"} })
-	if got := f.enf.unschedulable(); len(got) != 0 {
+	if got := f.enf.Unschedulable(); len(got) != 0 {
 		t.Errorf("unschedulable before kube-scheduler tried: %v", got)
 	}
 	for _, p := range []*corev1.Pod{b, other} {
@@ -880,16 +671,16 @@ func TestReclaimForUnschedulablePod(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got := f.enf.unschedulable()
+	got := f.enf.Unschedulable()
 	want := []types.NamespacedName{{Namespace: "b", Name: "elsewhere"}, {Namespace: "b", Name: "b-0"}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("unschedulable (-want +got):\n%s", diff)
 	}
 	// No node matches the first pod's selector: evicting would not help it.
-	if err := f.enf.reclaimForPod(context.Background(), got[0]); err == nil {
+	if err := f.enf.ReclaimForPod(context.Background(), got[0]); err == nil {
 		t.Error("reclaim for a pod no node selects: no error")
 	}
-	if err := f.enf.reclaimForPod(context.Background(), got[1]); err != nil {
+	if err := f.enf.ReclaimForPod(context.Background(), got[1]); err != nil {
 		t.Fatal(err)
 	}
 	if diff := cmp.Diff([]string{"a/ay"}, f.evictions()); diff != "" {
@@ -923,131 +714,5 @@ func TestPreemptVerbFreesQuota(t *testing.T) {
 	want := map[string]*extenderv1.MetaVictims{"n0": {Pods: []*extenderv1.MetaPod{{UID: string(low.UID)}}}}
 	if diff := cmp.Diff(want, res.NodeNameToMetaVictims); diff != "" {
 		t.Errorf("victims (-want +got):\n%s", diff)
-	}
-}
-
-// BenchmarkQuotaAdmit: the quota check filter makes per pod, on 1000
-// nodes of 8 GPUs with 4000 bound 1-GPU pods in 10 governed namespaces
-// (the state is built afresh from the listers on every call).
-func BenchmarkQuotaAdmit(b *testing.B) {
-	quotas := staticQuotas{}
-	byNS := map[string][]*corev1.Pod{}
-	var nodes []*corev1.Node
-	for i := range 1000 {
-		n := makeNode(fmt.Sprintf("node-%04d", i)).GPUs(8, "H100", 81920).Obj()
-		n.Status.Allocatable[api.ResourceGPU] = *resource.NewQuantity(8, resource.DecimalSI)
-		nodes = append(nodes, n)
-		for g := range 4 {
-			ns := fmt.Sprintf("team-%d", (i*4+g)%10)
-			p := makePod(fmt.Sprintf("p-%d-%d", i, g)).Whole(1).Node(n.Name).Obj()
-			p.Namespace = ns
-			byNS[ns] = append(byNS[ns], p)
-		}
-	}
-	for i := range 10 {
-		ns := fmt.Sprintf("team-%d", i)
-		quotas[ns] = quota.Quota{Namespace: ns, Min: gpus(800), Max: gpus(1600)}
-	}
-	index := &QuotaIndex{}
-	for _, pods := range byNS {
-		for _, p := range pods {
-			index.Set(p)
-		}
-	}
-	pod := makePod("x").Whole(8).Obj()
-	pod.Namespace = "team-3"
-	ctx := context.Background()
-	for _, withIndex := range []bool{false, true} {
-		l := &QuotaLedger{
-			Quotas: quotas,
-			Pods:   func(ns string) ([]*corev1.Pod, error) { return byNS[ns], nil },
-			Nodes:  func() ([]*corev1.Node, error) { return nodes, nil },
-		}
-		if withIndex {
-			l.Index = index
-		}
-		e := &QuotaEnforcer{Ledger: l}
-		b.Run(fmt.Sprintf("index=%v", withIndex), func(b *testing.B) {
-			for b.Loop() {
-				if v := e.AdmitPod(ctx, pod); !v.Allowed {
-					b.Fatal(v.Message)
-				}
-			}
-		})
-	}
-}
-
-// TestQuotaIndexMatchesView: the index's sums equal the full view's for
-// random pods (bound, planned, pending with and without a reservation,
-// being deleted, finished) and every pod skipped in turn.
-func TestQuotaIndexMatchesView(t *testing.T) {
-	rng := rand.New(rand.NewSource(7))
-	quotas := staticQuotas{"a": {Namespace: "a", Min: gpus(4)}, "b": {Namespace: "b", Min: gpus(4)}}
-	var pods []*corev1.Pod
-	reserved := map[types.UID]bool{}
-	plan := map[string]string{}
-	if err := api.SetGangPlan(plan, api.GangPlan{Gang: "g", Node: "n0", Expires: time.Unix(1e9, 0)}); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 200 {
-		p := makePod(fmt.Sprintf("p%d", i)).Whole(int64(1+rng.Intn(4))).Shared(0, 0).Obj()
-		p.Namespace = []string{"a", "b", "c"}[rng.Intn(3)]
-		switch rng.Intn(6) {
-		case 0:
-			p.Spec.NodeName = "n0"
-		case 1:
-			p.Annotations[api.AnnotationGangPlan] = plan[api.AnnotationGangPlan]
-		case 2:
-			reserved[p.UID] = true
-		case 3:
-			p.Spec.NodeName = "n0"
-			now := metav1.Now()
-			p.DeletionTimestamp = &now
-		case 4:
-			p.Spec.NodeName = "n0"
-			p.Status.Phase = corev1.PodSucceeded
-		}
-		if rng.Intn(10) == 0 {
-			p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{}
-		}
-		pods = append(pods, p)
-	}
-	idx := &QuotaIndex{}
-	for _, p := range pods {
-		idx.Set(p)
-		idx.Set(p) // updates are idempotent
-	}
-	// Some go, some change.
-	idx.Delete(pods[0].UID)
-	pods = pods[1:]
-	pods[0] = pods[0].DeepCopy()
-	pods[0].Spec.NodeName = "n1"
-	idx.Set(pods[0])
-	l := &QuotaLedger{
-		Quotas: quotas, Index: idx,
-		Pods: func(ns string) ([]*corev1.Pod, error) {
-			var out []*corev1.Pod
-			for _, p := range pods {
-				if p.Namespace == ns {
-					out = append(out, p)
-				}
-			}
-			return out, nil
-		},
-		Nodes:    func() ([]*corev1.Node, error) { return nil, nil },
-		Reserved: func(uid types.UID) bool { return reserved[uid] },
-	}
-	for _, skip := range append([]*corev1.Pod{{}}, pods...) {
-		v, err := l.View("a", func(p *corev1.Pod) bool { return p.UID == skip.UID })
-		if err != nil {
-			t.Fatal(err)
-		}
-		fast, err := l.FastState("a", skip.UID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if diff := cmp.Diff(v.State.Used, fast.Used, cmpopts.EquateEmpty()); diff != "" {
-			t.Fatalf("skipping %q: used (-view +index):\n%s", skip.Name, diff)
-		}
 	}
 }

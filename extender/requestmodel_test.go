@@ -9,6 +9,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
+	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/gpureq"
 )
 
@@ -94,8 +95,8 @@ func TestPodQuotaUseSidecars(t *testing.T) {
 	p := withInitSlice(makePod("p").Shared(4, 20).Obj(), "side", true, 2, 10)
 	p = withInitSlice(p, "init", false, 5, 50)
 	want := quota.Resources{api.ResourceGPUMemory: 7, api.ResourceGPUCore: 60}
-	if diff := cmp.Diff(want, PodQuotaUse(p)); diff != "" {
-		t.Errorf("PodQuotaUse() mismatch (-want +got):\n%s", diff)
+	if diff := cmp.Diff(want, equota.Use(p)); diff != "" {
+		t.Errorf("quota.Use() mismatch (-want +got):\n%s", diff)
 	}
 	d := mustDemand(t, p)
 	if mem, cores := d.SharedTotals(); mem != 7 || cores != 60 {

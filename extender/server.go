@@ -22,6 +22,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/api"
+	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/gpureq"
 	"github.com/tessera-gpu/tessera/internal/podtrust"
 )
@@ -183,7 +184,7 @@ func (s *Server) FilterArgs(ctx context.Context, args *extenderv1.ExtenderArgs) 
 		return res
 	}
 	names := argNames(args)
-	var qv QuotaVerdict
+	var qv equota.Verdict
 	if s.quota != nil {
 		if qv = s.quota.AdmitPod(ctx, args.Pod); !qv.Allowed {
 			s.rejectByQuota(args, qv, res)
@@ -259,7 +260,7 @@ func (s *Server) FilterArgs(ctx context.Context, args *extenderv1.ExtenderArgs) 
 }
 
 // rejectByQuota rejects every node for a pod quota refuses.
-func (s *Server) rejectByQuota(args *extenderv1.ExtenderArgs, v QuotaVerdict, res *extenderv1.ExtenderFilterResult) {
+func (s *Server) rejectByQuota(args *extenderv1.ExtenderArgs, v equota.Verdict, res *extenderv1.ExtenderFilterResult) {
 	names := argNames(args)
 	for _, n := range names {
 		if v.Unresolvable {
@@ -268,7 +269,7 @@ func (s *Server) rejectByQuota(args *extenderv1.ExtenderArgs, v QuotaVerdict, re
 			res.FailedNodes[n] = v.Message
 		}
 	}
-	s.metrics.rejected(v.Reason, len(names))
+	s.metrics.rejected(Reason(v.Reason), len(names))
 	if args.NodeNames != nil {
 		res.NodeNames = &[]string{}
 	} else if args.Nodes != nil {

@@ -674,3 +674,33 @@ func (s *NodeState) buildView(hold int, slicesOffered bool) allocator.Node {
 	}
 	return v
 }
+
+// without returns snap with the pods gone removed from their nodes'
+// states (unchanged nodes are shared).
+func without(snap map[string]*NodeState, gone map[types.UID]bool) map[string]*NodeState {
+	if len(gone) == 0 {
+		return snap
+	}
+	out := make(map[string]*NodeState, len(snap))
+	for n, st := range snap {
+		hit := false
+		for uid := range st.Pods {
+			if gone[uid] {
+				hit = true
+				break
+			}
+		}
+		if !hit {
+			out[n] = st
+			continue
+		}
+		uses := make([]*PodUse, 0, len(st.Pods))
+		for uid, u := range st.Pods {
+			if !gone[uid] {
+				uses = append(uses, u)
+			}
+		}
+		out[n] = BuildNodeState(st.Info, uses)
+	}
+	return out
+}

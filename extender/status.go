@@ -16,6 +16,7 @@ import (
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
+	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/gpureq"
 	"github.com/tessera-gpu/tessera/internal/gpustatus"
 )
@@ -40,14 +41,14 @@ const (
 type Status struct {
 	cache  *Cache
 	queues *QueueBook
-	quota  *QuotaEnforcer
+	quota  *equota.Enforcer
 	pods   func() ([]*corev1.Pod, error)
 	now    func() time.Time
 }
 
 // NewStatus returns the views of cache, queues (nil: no Queues), quota
 // (nil: no ElasticQuotas) and the pod informer's cache pods.
-func NewStatus(cache *Cache, queues *QueueBook, quota *QuotaEnforcer, pods func() ([]*corev1.Pod, error)) *Status {
+func NewStatus(cache *Cache, queues *QueueBook, quota *equota.Enforcer, pods func() ([]*corev1.Pod, error)) *Status {
 	return &Status{cache: cache, queues: queues, quota: quota, pods: pods, now: time.Now}
 }
 
@@ -71,7 +72,7 @@ type Snapshot struct {
 	Queues *QueueSnapshot // nil without Queues
 	// Quota is the ElasticQuota verdict on each pending GPU pod of a
 	// namespace a quota governs.
-	Quota map[types.UID]QuotaVerdict
+	Quota map[types.UID]equota.Verdict
 }
 
 // Take reads the ledger, the pods, the queues and the quota verdicts on
@@ -88,7 +89,7 @@ func (s *Status) Take(ctx context.Context) (*Snapshot, error) {
 		}
 	}
 	if s.quota != nil && s.quota.Ledger != nil && s.quota.Ledger.Quotas != nil {
-		snap.Quota = map[types.UID]QuotaVerdict{}
+		snap.Quota = map[types.UID]equota.Verdict{}
 		governed := s.quota.Ledger.Quotas.Quotas()
 		for _, p := range snap.Pods {
 			if _, ok := governed[p.Namespace]; ok && p.Spec.NodeName == "" && !gpureq.Ended(p) && len(gpureq.QuotaCount(p)) > 0 {

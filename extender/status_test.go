@@ -19,6 +19,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
+	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/internal/gpustatus"
 )
 
@@ -67,7 +68,7 @@ func statusFixture(t *testing.T) *Status {
 		Now:    func() time.Time { return created },
 	}
 	// default's ElasticQuota caps it at 4 GPUs: huge (9) waits for it too.
-	enforcer := &QuotaEnforcer{Ledger: &QuotaLedger{
+	enforcer := &equota.Enforcer{Ledger: &equota.Ledger{
 		Quotas: staticQuotas{"default": quota.Quota{Namespace: "default", Min: gpus(0), Max: gpus(4)}},
 		Pods: func(ns string) ([]*corev1.Pod, error) {
 			var out []*corev1.Pod

@@ -1,6 +1,10 @@
 package gpureq
 
-import corev1 "k8s.io/api/core/v1"
+import (
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/tessera-gpu/tessera/api"
+)
 
 // Terminal reports whether every container of pod has stopped for good
 // (phase Succeeded or Failed): what it held on its node is free.
@@ -19,4 +23,21 @@ func Ended(pod *corev1.Pod) bool {
 // node has ended here too.
 func EndedOn(pod *corev1.Pod, node string) bool {
 	return Ended(pod) || pod.Spec.NodeName != node
+}
+
+// PendingUnschedulable reports a pod kube-scheduler tried and could not
+// place (gang members are the planner's).
+func PendingUnschedulable(p *corev1.Pod) bool {
+	if p.Spec.NodeName != "" || Ended(p) || len(p.Spec.SchedulingGates) > 0 || p.Status.Phase != corev1.PodPending && p.Status.Phase != "" {
+		return false
+	}
+	if _, planned := p.Annotations[api.AnnotationGangPlan]; planned {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+			return true
+		}
+	}
+	return false
 }

@@ -43,6 +43,7 @@ import (
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/extender"
 	"github.com/tessera-gpu/tessera/extender/admission"
+	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/internal/kubeclient"
 	"github.com/tessera-gpu/tessera/internal/podtrust"
 	"github.com/tessera-gpu/tessera/internal/sealkey"
@@ -289,23 +290,24 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 	}
 	gangClient.Dynamic = dyn
-	var quotas *extender.QuotaWatcher
-	var enforcer *extender.QuotaEnforcer
+	var quotaWatcher *extender.CRDWatcher
+	var enforcer *equota.Enforcer
+	var quotaHooks *extender.Quota
 	trigger := make(chan struct{}, 1)
 	if o.quota {
-		quotas = extender.NewQuotaWatcher(dyn, client.Discovery(), o.quotaRetry, func() {
+		quotaWatcher = &extender.CRDWatcher{Dynamic: dyn, Discovery: client.Discovery(), Retry: o.quotaRetry, Resource: api.ElasticQuotaGVR, Kind: "ElasticQuota", OnChange: func() {
 			select { // quotas changed: a waiting gang may now be admitted
 			case trigger <- struct{}{}:
 			default:
 			}
-		})
+		}}
 		nodeLister := factory.Core().V1().Nodes().Lister()
-		index := &extender.QuotaIndex{}
+		index := &equota.Index{}
 		if _, err := podInf.AddEventHandler(index.Handler()); err != nil {
 			return fmt.Errorf("pod informer: %w", err)
 		}
-		ledger := &extender.QuotaLedger{
-			Quotas: quotas,
+		ledger := &equota.Ledger{
+			Quotas: &equota.Watcher{Store: quotaWatcher},
 			Index:  index,
 			Pods:   func(ns string) ([]*corev1.Pod, error) { return podLister.Pods(ns).List(labels.Everything()) },
 			Nodes:  func() ([]*corev1.Node, error) { return nodeLister.List(labels.Everything()) },
@@ -314,12 +316,14 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 				return ok
 			},
 		}
-		enforcer = &extender.QuotaEnforcer{
-			Ledger: ledger, Cache: cache, Evicter: &extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()},
+		nodes := extender.QuotaNodes{Cache: cache}
+		enforcer = &equota.Enforcer{
+			Ledger: ledger, Nodes: nodes, Evicter: &extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()},
 			Pod:    func(ns, name string) (*corev1.Pod, error) { return podLister.Pods(ns).Get(name) },
 			Events: recorder, Metrics: metrics, HoldFor: o.quotaHold,
 		}
-		srv.SetQuota(enforcer)
+		quotaHooks = &extender.Quota{Enforcer: enforcer, Nodes: nodes}
+		srv.SetQuota(quotaHooks)
 		reg.MustRegister(&extender.QuotaCollector{State: func() (*quota.State, error) {
 			v, err := ledger.View("", nil)
 			if err != nil {
@@ -410,8 +414,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			Policy: policy, Levels: o.gangLevels, Events: recorder,
 			SchedulerNames: o.schedulers,
 		}
-		if enforcer != nil {
-			pcfg.Quota = enforcer
+		if quotaHooks != nil {
+			pcfg.Quota = quotaHooks
 		}
 		pcfg.Queues = queues
 		if preemptor != nil {
@@ -466,8 +470,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		// goroutines, the planner, and the verbs once ready).
 		trust.Sealer, argsTrust.Sealer, gangClient.Sealer = sealer, sealer, sealer
 		factory.Start(ctx.Done())
-		if quotas != nil {
-			go quotas.Run(ctx)
+		if quotaWatcher != nil {
+			go quotaWatcher.Run(ctx)
 		}
 		if queues != nil {
 			go queueWatcher.Run(ctx)
@@ -484,8 +488,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		decided := func(w interface{ Decided() bool }) bool {
 			return wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(context.Context) (bool, error) { return w.Decided(), nil }) == nil
 		}
-		if quotas != nil {
-			if !decided(quotas) {
+		if quotaWatcher != nil {
+			if !decided(quotaWatcher) {
 				return
 			}
 			go enforcer.Run(ctx, o.quotaResync)

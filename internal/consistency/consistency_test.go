@@ -18,6 +18,7 @@ import (
 	"github.com/tessera-gpu/tessera/deviceplugin"
 	"github.com/tessera-gpu/tessera/deviceplugin/devices"
 	"github.com/tessera-gpu/tessera/extender"
+	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/gpureq"
 	"github.com/tessera-gpu/tessera/nri"
 	"github.com/tessera-gpu/tessera/topology"
@@ -602,8 +603,8 @@ func TestOneRequestModel(t *testing.T) {
 			if got, w := codeOf(t, "QuotaUse", err), want(r.quotaV); got != w {
 				t.Errorf("quota: %q, want %q", got, w)
 			}
-			if diff := cmp.Diff(extender.PodQuotaUse(pod), qu); diff != "" {
-				t.Errorf("extender.PodQuotaUse and gpureq.QuotaUse differ (-extender +gpureq):\n%s", diff)
+			if diff := cmp.Diff(equota.Use(pod), qu); diff != "" {
+				t.Errorf("quota.Use and gpureq.QuotaUse differ (-extender +gpureq):\n%s", diff)
 			}
 
 			// The device plugin's Allocate.

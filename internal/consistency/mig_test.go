@@ -16,6 +16,7 @@ import (
 	"github.com/tessera-gpu/tessera/deviceplugin"
 	"github.com/tessera-gpu/tessera/deviceplugin/devices"
 	"github.com/tessera-gpu/tessera/extender"
+	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/gpu"
 	"github.com/tessera-gpu/tessera/gpu/nvmlmock"
 	"github.com/tessera-gpu/tessera/gpureq"
@@ -147,8 +148,8 @@ func TestMIGRequests(t *testing.T) {
 			if got := codeOf(t, "QuotaUse", err); got != r.want {
 				t.Errorf("quota: %q, want %q", got, r.want)
 			}
-			if diff := cmp.Diff(extender.PodQuotaUse(pod), qu); diff != "" {
-				t.Errorf("extender.PodQuotaUse and gpureq.QuotaUse differ (-extender +gpureq):\n%s", diff)
+			if diff := cmp.Diff(equota.Use(pod), qu); diff != "" {
+				t.Errorf("quota.Use and gpureq.QuotaUse differ (-extender +gpureq):\n%s", diff)
 			}
 			if r.want == accept {
 				for _, c := range r.ctrs {

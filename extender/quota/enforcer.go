@@ -1,4 +1,4 @@
-package extender
+package quota
 
 import (
 	"context"
@@ -10,99 +10,70 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/klog/v2"
 
-	"github.com/tessera-gpu/tessera/allocator/quota"
+	core "github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/gpureq"
 )
 
 // Evicter evicts pods through the Eviction API, which honours
 // PodDisruptionBudgets: a budget that forbids the eviction answers 429
-// (apierrors.IsTooManyRequests).
+// (extender.KubeEvicter fits).
 type Evicter interface {
 	// Evict evicts the pod; with dryRun the API server only checks that
 	// it may (budgets included).
 	Evict(ctx context.Context, pod *corev1.Pod, dryRun bool) error
 }
 
-// KubeEvicter is the Evicter of a real API server.
-type KubeEvicter struct {
-	Client kubernetes.Interface
-	// REST, when set (the core/v1 REST client of Client), makes evictions
-	// without client-side retries: a budget still being processed answers
-	// 429 with Retry-After 10, which client-go would retry ten times
-	// (100 s) while reclaim should pass the workload over at once. A fake
-	// clientset has no REST client: then Client's EvictV1 is used.
-	REST rest.Interface
+// EventRecorder records Kubernetes Events (record.EventRecorder fits).
+type EventRecorder interface {
+	Eventf(object runtime.Object, eventtype, reason, messageFmt string, args ...any)
 }
 
-var _ Evicter = (*KubeEvicter)(nil)
-
-// Evict creates an Eviction conditional on the pod's UID.
-func (k *KubeEvicter) Evict(ctx context.Context, pod *corev1.Pod, dryRun bool) error {
-	uid := pod.UID
-	opts := &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}
-	if dryRun {
-		opts.DryRun = []string{metav1.DryRunAll}
-	}
-	ev := &policyv1.Eviction{
-		TypeMeta:   metav1.TypeMeta{APIVersion: policyv1.SchemeGroupVersion.String(), Kind: "Eviction"},
-		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}, DeleteOptions: opts,
-	}
-	if k.REST != nil {
-		return k.REST.Post().Namespace(pod.Namespace).Resource("pods").Name(pod.Name).SubResource("eviction").
-			MaxRetries(0).Body(ev).Do(ctx).Error()
-	}
-	return k.Client.CoreV1().Pods(pod.Namespace).EvictV1(ctx, ev)
+// Metrics counts reclaim's evictions (extender.Metrics fits).
+type Metrics interface {
+	// ReclaimEvicted counts a pod of namespace evicted by reclaim.
+	ReclaimEvicted(namespace string)
+	// ReclaimBlocked counts a workload of namespace whose eviction a
+	// budget refused.
+	ReclaimBlocked(namespace string)
 }
 
-// QuotaHooks is what the verbs ask of quota.
-type QuotaHooks interface {
-	// AdmitPod decides whether the pod's namespace may take what the pod
-	// asks for.
-	AdmitPod(ctx context.Context, pod *corev1.Pod) QuotaVerdict
-	// NoRoom says that a pod admitted within its namespace's min fits no
-	// node: reclaim may make room (asynchronously).
-	NoRoom(pod *corev1.Pod)
-	// PreemptVictims keeps, of kube-scheduler's victims on a node, those
-	// quota and gangs allow; ok is false when the node is no candidate
-	// (a victim the scheduler needs for CPU or memory may not go).
-	PreemptVictims(ctx context.Context, pod *corev1.Pod, st *NodeState, victims []types.UID) (kept []types.UID, ok bool)
-	// AdmitsWithout reports whether quota admits the pod once the victims
-	// (pods of node state st) are gone.
-	AdmitsWithout(ctx context.Context, pod *corev1.Pod, st *NodeState, victims []types.UID) bool
+// Nodes is the GPU ledger as reclaim sees it (extender.QuotaNodes).
+type Nodes interface {
+	// Tracks reports whether the ledger still counts the pod: an eviction
+	// is in flight until the pod is seen leaving.
+	Tracks(uid types.UID) bool
+	// PodFits returns the test of whether a pending pod fits a node it may
+	// use, or why its request cannot be read.
+	PodFits(pod *corev1.Pod) (Fits, error)
 }
 
-// GangQuota is what the gang planner asks of quota.
-type GangQuota interface {
-	// AdmitGang decides whether namespace ns may start the whole gang.
-	AdmitGang(ctx context.Context, ns string, members []*corev1.Pod) QuotaVerdict
-	// ReclaimFor frees room for askers (within their namespace's min)
-	// when fits says they fit no node state: it returns what it did, or
-	// why it cannot.
-	ReclaimFor(ctx context.Context, ns string, askers []*corev1.Pod, fits func(map[string]*NodeState) bool) (string, error)
-}
+// Fits tests whether waiting work fits the GPU ledger. Reclaim calls it
+// once per decision with the pods already leaving (gone): it reads the
+// ledger then, and returns the test of each choice of victims, whether
+// the work fits once they are gone too.
+type Fits func(gone map[types.UID]bool) func(victims map[types.UID]bool) bool
 
-// QuotaEnforcer applies ElasticQuota at the extender's edges: admission at
+// Enforcer applies ElasticQuota at the extender's edges: admission at
 // filter and gang planning, reclaim by eviction, quota-aware preemption.
 // Decisions are the pure functions of allocator/quota on states built
 // afresh from the informers; evictions happen outside every lock.
-type QuotaEnforcer struct {
-	Ledger  *QuotaLedger
-	Cache   *Cache
+type Enforcer struct {
+	Ledger *Ledger
+	// Nodes is the GPU ledger (reclaim's fit tests).
+	Nodes   Nodes
 	Evicter Evicter
 	// Pod reads a pod from the informer cache (preempt victims).
-	Pod    func(namespace, name string) (*corev1.Pod, error)
-	Events EventRecorder
-	// Metrics may be nil.
-	Metrics *Metrics
+	Pod func(namespace, name string) (*corev1.Pod, error)
+	// Events and Metrics may be nil.
+	Events  EventRecorder
+	Metrics Metrics
 	// HoldFor is how long reclaimed room is held for the asker (default 2m).
 	HoldFor time.Duration
 	// BlockedFor is how long a workload whose eviction a budget refused is
@@ -117,19 +88,14 @@ type QuotaEnforcer struct {
 	once     sync.Once
 }
 
-var (
-	_ QuotaHooks = (*QuotaEnforcer)(nil)
-	_ GangQuota  = (*QuotaEnforcer)(nil)
-)
-
-func (e *QuotaEnforcer) now() time.Time {
+func (e *Enforcer) now() time.Time {
 	if e.Now != nil {
 		return e.Now()
 	}
 	return time.Now()
 }
 
-func (e *QuotaEnforcer) init() {
+func (e *Enforcer) init() {
 	e.once.Do(func() {
 		e.inflight = map[types.UID]time.Time{}
 		e.blocked = map[string]time.Time{}
@@ -139,17 +105,17 @@ func (e *QuotaEnforcer) init() {
 
 // AdmitPod decides at filter. A pod already counted (planned or reserved)
 // is not counted twice.
-func (e *QuotaEnforcer) AdmitPod(ctx context.Context, pod *corev1.Pod) QuotaVerdict {
-	req := PodQuotaUse(pod)
+func (e *Enforcer) AdmitPod(ctx context.Context, pod *corev1.Pod) Verdict {
+	req := Use(pod)
 	if len(req) == 0 {
-		return QuotaVerdict{Allowed: true}
+		return Verdict{Allowed: true}
 	}
 	if st, err := e.Ledger.FastState(pod.Namespace, pod.UID); err == nil && st != nil {
 		if _, governed := st.Quotas[pod.Namespace]; !governed {
-			return QuotaVerdict{Allowed: true}
+			return Verdict{Allowed: true}
 		}
 		if d := st.Admit(pod.Namespace, req); d.Allowed {
-			return QuotaVerdict{Allowed: true, WithinMin: !d.Borrowing, Message: d.Reason}
+			return Verdict{Allowed: true, WithinMin: !d.Borrowing, Message: d.Reason}
 		}
 		// Refused: the full view explains it (and may see it afresh).
 	}
@@ -157,24 +123,24 @@ func (e *QuotaEnforcer) AdmitPod(ctx context.Context, pod *corev1.Pod) QuotaVerd
 	if err != nil {
 		// Quota cannot be read: the GPU checks still protect the nodes.
 		klog.FromContext(ctx).Info("Quota state unavailable; admitting", "pod", klog.KObj(pod), "err", err)
-		return QuotaVerdict{Allowed: true}
+		return Verdict{Allowed: true}
 	}
 	if _, governed := v.State.Quotas[pod.Namespace]; !governed {
-		return QuotaVerdict{Allowed: true}
+		return Verdict{Allowed: true}
 	}
-	return AdmitRequest(v, pod.Namespace, podPriority(pod), req, "pod "+pod.Name)
+	return AdmitRequest(v, pod.Namespace, corev1helpers.PodPriority(pod), req, "pod "+pod.Name)
 }
 
 // AdmitGang decides for a whole gang before it is planned.
-func (e *QuotaEnforcer) AdmitGang(ctx context.Context, ns string, members []*corev1.Pod) QuotaVerdict {
+func (e *Enforcer) AdmitGang(ctx context.Context, ns string, members []*corev1.Pod) Verdict {
 	uids := map[types.UID]bool{}
-	req := quota.Resources{}
+	req := core.Resources{}
 	var prio int32
 	counted := false
 	for _, m := range members {
 		uids[m.UID] = true
-		req = req.Add(PodQuotaUse(m))
-		prio = max(prio, podPriority(m))
+		req = req.Add(Use(m))
+		prio = max(prio, corev1helpers.PodPriority(m))
 		counted = counted || e.Ledger.Counted(m)
 	}
 	if !counted {
@@ -182,20 +148,20 @@ func (e *QuotaEnforcer) AdmitGang(ctx context.Context, ns string, members []*cor
 		// index answers an admission.
 		if st, err := e.Ledger.FastState(ns, ""); err == nil && st != nil {
 			if _, governed := st.Quotas[ns]; !governed {
-				return QuotaVerdict{Allowed: true}
+				return Verdict{Allowed: true}
 			}
 			if d := st.Admit(ns, req); d.Allowed {
-				return QuotaVerdict{Allowed: true, WithinMin: !d.Borrowing, Message: d.Reason}
+				return Verdict{Allowed: true, WithinMin: !d.Borrowing, Message: d.Reason}
 			}
 		}
 	}
 	v, err := e.Ledger.View(ns, func(p *corev1.Pod) bool { return uids[p.UID] })
 	if err != nil {
 		klog.FromContext(ctx).Info("Quota state unavailable; admitting the gang", "namespace", ns, "err", err)
-		return QuotaVerdict{Allowed: true}
+		return Verdict{Allowed: true}
 	}
 	if _, governed := v.State.Quotas[ns]; !governed {
-		return QuotaVerdict{Allowed: true}
+		return Verdict{Allowed: true}
 	}
 	name := fmt.Sprintf("%d members", len(members))
 	if len(members) > 0 {
@@ -207,7 +173,7 @@ func (e *QuotaEnforcer) AdmitGang(ctx context.Context, ns string, members []*cor
 }
 
 // NoRoom queues the pod for a reclaim pass (Run); it never blocks.
-func (e *QuotaEnforcer) NoRoom(pod *corev1.Pod) {
+func (e *Enforcer) NoRoom(pod *corev1.Pod) {
 	e.init()
 	select {
 	case e.queue <- types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}:
@@ -220,7 +186,7 @@ func (e *QuotaEnforcer) NoRoom(pod *corev1.Pod) {
 // found unschedulable (a full cluster fails kube-scheduler's own resource
 // check before the extender's filter is asked). Each is read afresh and,
 // while still pending and fitting no node, gets room by ReclaimFor.
-func (e *QuotaEnforcer) Run(ctx context.Context, period time.Duration) {
+func (e *Enforcer) Run(ctx context.Context, period time.Duration) {
 	e.init()
 	logger := klog.FromContext(ctx)
 	t := time.NewTicker(period)
@@ -230,12 +196,12 @@ func (e *QuotaEnforcer) Run(ctx context.Context, period time.Duration) {
 		case <-ctx.Done():
 			return
 		case key := <-e.queue:
-			if err := e.reclaimForPod(ctx, key); err != nil {
+			if err := e.ReclaimForPod(ctx, key); err != nil {
 				logger.V(2).Info("No reclaim for pod", "pod", key, "err", err)
 			}
 		case <-t.C:
-			for _, key := range e.unschedulable() {
-				if err := e.reclaimForPod(ctx, key); err != nil {
+			for _, key := range e.Unschedulable() {
+				if err := e.ReclaimForPod(ctx, key); err != nil {
 					logger.V(3).Info("No reclaim for pod", "pod", key, "err", err)
 				}
 			}
@@ -243,9 +209,21 @@ func (e *QuotaEnforcer) Run(ctx context.Context, period time.Duration) {
 	}
 }
 
-// unschedulable lists the pods of governed namespaces that kube-scheduler
+// ReclaimQueued reclaims for the next pod NoRoom queued, as Run would; it
+// reports false, without waiting, when none is queued.
+func (e *Enforcer) ReclaimQueued(ctx context.Context) (bool, error) {
+	e.init()
+	select {
+	case key := <-e.queue:
+		return true, e.ReclaimForPod(ctx, key)
+	default:
+		return false, nil
+	}
+}
+
+// Unschedulable lists the pods of governed namespaces that kube-scheduler
 // marked unschedulable and that ask for a governed resource, oldest first.
-func (e *QuotaEnforcer) unschedulable() []types.NamespacedName {
+func (e *Enforcer) Unschedulable() []types.NamespacedName {
 	var pods []*corev1.Pod
 	for ns := range e.Ledger.Quotas.Quotas() {
 		list, err := e.Ledger.Pods(ns)
@@ -253,7 +231,7 @@ func (e *QuotaEnforcer) unschedulable() []types.NamespacedName {
 			continue
 		}
 		for _, p := range list {
-			if pendingUnschedulable(p) && len(PodQuotaUse(p)) > 0 {
+			if gpureq.PendingUnschedulable(p) && len(Use(p)) > 0 {
 				pods = append(pods, p)
 			}
 		}
@@ -271,24 +249,9 @@ func (e *QuotaEnforcer) unschedulable() []types.NamespacedName {
 	return out
 }
 
-// pendingUnschedulable reports a pod kube-scheduler tried and could not
-// place (gang members are the planner's).
-func pendingUnschedulable(p *corev1.Pod) bool {
-	if p.Spec.NodeName != "" || gpureq.Ended(p) || len(p.Spec.SchedulingGates) > 0 || p.Status.Phase != corev1.PodPending && p.Status.Phase != "" {
-		return false
-	}
-	if _, planned := p.Annotations[api.AnnotationGangPlan]; planned {
-		return false
-	}
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
-			return true
-		}
-	}
-	return false
-}
-
-func (e *QuotaEnforcer) reclaimForPod(ctx context.Context, key types.NamespacedName) error {
+// ReclaimForPod reads the pod afresh and, while it is still pending and
+// fits no node it may use (Nodes.PodFits), gets it room by ReclaimFor.
+func (e *Enforcer) ReclaimForPod(ctx context.Context, key types.NamespacedName) error {
 	pod, err := e.Pod(key.Namespace, key.Name)
 	if err != nil {
 		return fmt.Errorf("reading pod: %w", err)
@@ -299,65 +262,15 @@ func (e *QuotaEnforcer) reclaimForPod(ctx context.Context, key types.NamespacedN
 	if _, planned := pod.Annotations[api.AnnotationGangPlan]; planned {
 		return nil
 	}
-	d, err := ParseDemand(pod)
+	fits, err := e.Nodes.PodFits(pod)
 	if err != nil {
 		return err
-	}
-	fits := func(snap map[string]*NodeState) bool {
-		for _, st := range snap {
-			if selects(pod.Spec.NodeSelector, st.Info.Labels) && Check(st, &d) == Fits {
-				return true
-			}
-		}
-		return false
 	}
 	_, err = e.ReclaimFor(ctx, pod.Namespace, []*corev1.Pod{pod}, fits)
 	return err
 }
 
-// selects reports whether a node with labels matches a nodeSelector (the
-// rest of a pod's scheduling constraints are kube-scheduler's; reclaim
-// only uses this to not free room on nodes the pod can never use).
-func selects(selector, labels map[string]string) bool {
-	for k, v := range selector {
-		if labels[k] != v {
-			return false
-		}
-	}
-	return true
-}
-
-// without returns snap with the pods gone removed from their nodes'
-// states (unchanged nodes are shared).
-func without(snap map[string]*NodeState, gone map[types.UID]bool) map[string]*NodeState {
-	if len(gone) == 0 {
-		return snap
-	}
-	out := make(map[string]*NodeState, len(snap))
-	for n, st := range snap {
-		hit := false
-		for uid := range st.Pods {
-			if gone[uid] {
-				hit = true
-				break
-			}
-		}
-		if !hit {
-			out[n] = st
-			continue
-		}
-		uses := make([]*PodUse, 0, len(st.Pods))
-		for uid, u := range st.Pods {
-			if !gone[uid] {
-				uses = append(uses, u)
-			}
-		}
-		out[n] = BuildNodeState(st.Info, uses)
-	}
-	return out
-}
-
-func workloadKey(w quota.Workload) string { return w.Namespace + "/" + w.Name }
+func workloadKey(w core.Workload) string { return w.Namespace + "/" + w.Name }
 
 // ErrNothingGuaranteed is wrapped when reclaim is not due: the asking
 // namespace has no quota or would be above its min.
@@ -365,22 +278,22 @@ var ErrNothingGuaranteed = errors.New("reclaim not due")
 
 // choice is a decided reclaim: the workloads to evict and their pods.
 type choice struct {
-	victims []quota.Workload
+	victims []core.Workload
 	pods    map[string][]*corev1.Pod // workload key -> pods
-	state   *quota.State
-	req     quota.Resources
+	state   *core.State
+	req     core.Resources
 }
 
 // decide chooses the victims under e.mu and marks their pods in flight.
-func (e *QuotaEnforcer) decide(ns string, askers []*corev1.Pod, fits func(map[string]*NodeState) bool) (*choice, error) {
+func (e *Enforcer) decide(ns string, askers []*corev1.Pod, fits Fits) (*choice, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := e.now()
 	asker := map[types.UID]bool{}
-	req := quota.Resources{}
+	req := core.Resources{}
 	for _, p := range askers {
 		asker[p.UID] = true
-		req = req.Add(PodQuotaUse(p))
+		req = req.Add(Use(p))
 	}
 	v, err := e.Ledger.View(ns, func(p *corev1.Pod) bool { _, evicting := e.inflight[p.UID]; return asker[p.UID] || evicting })
 	if err != nil {
@@ -389,7 +302,7 @@ func (e *QuotaEnforcer) decide(ns string, askers []*corev1.Pod, fits func(map[st
 	// Forget evictions that the informer shows leaving or gone (or that
 	// are old: the informer missed them).
 	for uid, at := range e.inflight {
-		if _, seen := e.Cache.PodUse(uid); !seen || now.Sub(at) > 2*time.Minute {
+		if !e.Nodes.Tracks(uid) || now.Sub(at) > 2*time.Minute {
 			delete(e.inflight, uid)
 		}
 	}
@@ -411,7 +324,7 @@ func (e *QuotaEnforcer) decide(ns string, askers []*corev1.Pod, fits func(map[st
 	for _, p := range v.Leaving {
 		gone[p.UID] = true
 	}
-	base := without(e.Cache.Snapshot(), gone)
+	fitsWithout := fits(gone)
 	byName := map[string]*corev1.Pod{}
 	var cand []*corev1.Pod
 	for _, p := range v.Pods {
@@ -420,27 +333,27 @@ func (e *QuotaEnforcer) decide(ns string, askers []*corev1.Pod, fits func(map[st
 			byName[p.Namespace+"/"+p.Name] = p
 		}
 	}
-	var running []quota.Workload
+	var running []core.Workload
 	for _, w := range Workloads(cand) {
 		if _, blocked := e.blocked[workloadKey(w)]; !blocked {
 			running = append(running, w)
 		}
 	}
-	podsOf := func(w quota.Workload) []*corev1.Pod {
+	podsOf := func(w core.Workload) []*corev1.Pod {
 		out := make([]*corev1.Pod, 0, len(w.Pods))
 		for _, n := range w.Pods {
 			out = append(out, byName[w.Namespace+"/"+n])
 		}
 		return out
 	}
-	victims, err := v.State.Reclaim(ns, req, running, func(ws []quota.Workload) bool {
+	victims, err := v.State.Reclaim(ns, req, running, func(ws []core.Workload) bool {
 		g := map[types.UID]bool{}
 		for _, w := range ws {
 			for _, p := range podsOf(w) {
 				g[p.UID] = true
 			}
 		}
-		return fits(without(base, g))
+		return fitsWithout(g)
 	})
 	if err != nil {
 		return nil, err
@@ -456,7 +369,7 @@ func (e *QuotaEnforcer) decide(ns string, askers []*corev1.Pod, fits func(map[st
 }
 
 // release forgets in-flight evictions of pods (a budget refused them).
-func (e *QuotaEnforcer) release(pods []*corev1.Pod, block string) {
+func (e *Enforcer) release(pods []*corev1.Pod, block string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, p := range pods {
@@ -479,8 +392,8 @@ func (e *QuotaEnforcer) release(pods []*corev1.Pod, block string) {
 // PodDisruptionBudget protects (429, checked for every member with a dry
 // run first, so that a gang is never half evicted) is passed over and
 // reported, and the choice is made again without it. The room freed is
-// held for ns (QuotaLedger.Hold) until its work starts.
-func (e *QuotaEnforcer) ReclaimFor(ctx context.Context, ns string, askers []*corev1.Pod, fits func(map[string]*NodeState) bool) (string, error) {
+// held for ns (Ledger.Hold) until its work starts.
+func (e *Enforcer) ReclaimFor(ctx context.Context, ns string, askers []*corev1.Pod, fits Fits) (string, error) {
 	e.init()
 	logger := klog.FromContext(ctx)
 	var blockedMsgs []string
@@ -498,7 +411,7 @@ func (e *QuotaEnforcer) ReclaimFor(ctx context.Context, ns string, askers []*cor
 		// API writes, outside the lock: a dry run for every pod of every
 		// victim, then the evictions.
 		retry := false
-		var evicted []quota.Workload
+		var evicted []core.Workload
 		for _, w := range c.victims {
 			pods := c.pods[workloadKey(w)]
 			if blocker, err := e.dryRun(ctx, pods); err != nil {
@@ -506,7 +419,9 @@ func (e *QuotaEnforcer) ReclaimFor(ctx context.Context, ns string, askers []*cor
 				msg := fmt.Sprintf("%s of namespace %s cannot be evicted: pod %s: %v", w.Name, w.Namespace, blocker, err)
 				blockedMsgs = append(blockedMsgs, msg)
 				logger.Info("Reclaim victim refused", "namespace", ns, "victim", workloadKey(w), "pod", blocker, "err", err)
-				e.Metrics.reclaimBlocked(w.Namespace)
+				if e.Metrics != nil {
+					e.Metrics.ReclaimBlocked(w.Namespace)
+				}
 				for _, p := range append(askers, pods...) {
 					e.event(p, corev1.EventTypeWarning, api.EventReclaimBlocked, "tessera: quota reclaim for namespace %s: %s", ns, msg)
 				}
@@ -535,7 +450,9 @@ func (e *QuotaEnforcer) ReclaimFor(ctx context.Context, ns string, askers []*cor
 					errs = append(errs, fmt.Errorf("evicting %s/%s for namespace %s: %w", p.Namespace, p.Name, ns, err))
 					continue
 				}
-				e.Metrics.reclaimEvicted(w.Namespace)
+				if e.Metrics != nil {
+					e.Metrics.ReclaimEvicted(w.Namespace)
+				}
 				e.event(p, corev1.EventTypeWarning, api.EventReclaimed, "tessera: evicted to reclaim quota for namespace %s: %s", ns, why)
 			}
 			names = append(names, fmt.Sprintf("%s of namespace %s (%d pods)", w.Name, w.Namespace, len(w.Pods)))
@@ -546,17 +463,17 @@ func (e *QuotaEnforcer) ReclaimFor(ctx context.Context, ns string, askers []*cor
 			hold = 2 * time.Minute
 		}
 		e.Ledger.Hold(ns, string(askers[0].UID), c.state.Used[ns], c.req, hold)
-		msg := fmt.Sprintf("namespace %s is under its min and needs %s: evicting %s", ns, describeUse(c.req), strings.Join(names, ", "))
+		msg := fmt.Sprintf("namespace %s is under its min and needs %s: evicting %s", ns, Describe(c.req), strings.Join(names, ", "))
 		for _, p := range askers {
 			e.event(p, corev1.EventTypeNormal, api.EventQuotaReclaiming, "tessera: quota: %s", msg)
 		}
 		return msg, errors.Join(errs...)
 	}
-	return strings.Join(blockedMsgs, "; "), &quota.ReclaimError{Namespace: ns, Reason: "every workload that could be reclaimed is protected by a PodDisruptionBudget: " + strings.Join(blockedMsgs, "; ")}
+	return strings.Join(blockedMsgs, "; "), &core.ReclaimError{Namespace: ns, Reason: "every workload that could be reclaimed is protected by a PodDisruptionBudget: " + strings.Join(blockedMsgs, "; ")}
 }
 
 // dryRun checks every pod may be evicted; it returns the first refused.
-func (e *QuotaEnforcer) dryRun(ctx context.Context, pods []*corev1.Pod) (string, error) {
+func (e *Enforcer) dryRun(ctx context.Context, pods []*corev1.Pod) (string, error) {
 	for _, p := range pods {
 		if err := e.Evicter.Evict(ctx, p, true); err != nil && !apierrors.IsNotFound(err) {
 			return p.Name, err
@@ -566,45 +483,53 @@ func (e *QuotaEnforcer) dryRun(ctx context.Context, pods []*corev1.Pod) (string,
 }
 
 // why explains a victim's choice for its Events.
-func (e *QuotaEnforcer) why(c *choice, ns string, w quota.Workload) string {
+func (e *Enforcer) why(c *choice, ns string, w core.Workload) string {
 	st := c.state
 	used, min := st.Used[ns], st.Quotas[ns].Min
 	vUsed, vMin := st.Used[w.Namespace], st.Quotas[w.Namespace].Min
 	return fmt.Sprintf("%s uses %s of its min %s and asks for %s; %s uses %s above its min %s; %s (priority %d, created %s) is the lowest-priority, newest workload whose eviction keeps %s at its min",
-		ns, describeUse(used), describeUse(min), describeUse(c.req), w.Namespace, describeUse(vUsed), describeUse(vMin), w.Name, w.Priority, w.Created.UTC().Format(time.RFC3339), w.Namespace)
+		ns, Describe(used), Describe(min), Describe(c.req), w.Namespace, Describe(vUsed), Describe(vMin), w.Name, w.Priority, w.Created.UTC().Format(time.RFC3339), w.Namespace)
 }
 
-func (e *QuotaEnforcer) event(p *corev1.Pod, typ, reason, format string, args ...any) {
+func (e *Enforcer) event(p *corev1.Pod, typ, reason, format string, args ...any) {
 	if e.Events != nil && p != nil {
 		e.Events.Eventf(p, typ, reason, format, args...)
 	}
 }
 
+// Victim is a pod kube-scheduler would preempt on a node, as the GPU
+// ledger counts it there.
+type Victim struct {
+	UID types.UID
+	// Namespace and Name are the pod's the ledger counts on the node
+	// under UID (empty: none).
+	Namespace, Name string
+	// GPUs reports that the pod holds GPUs on the node.
+	GPUs bool
+}
+
 // PreemptVictims applies PreemptVictims (the function) to the victims on
-// one node. A dropped victim that uses no GPU was needed by
-// kube-scheduler for CPU or memory, so the node is then no candidate.
-func (e *QuotaEnforcer) PreemptVictims(ctx context.Context, pod *corev1.Pod, st *NodeState, victims []types.UID) ([]types.UID, bool) {
-	if st == nil {
-		return victims, true
-	}
+// one node and returns the UIDs kept. A dropped victim that uses no GPU
+// was needed by kube-scheduler for CPU or memory, so the node is then no
+// candidate (false).
+func (e *Enforcer) PreemptVictims(ctx context.Context, pod *corev1.Pod, victims []Victim) ([]types.UID, bool) {
 	v, err := e.Ledger.View(pod.Namespace, func(p *corev1.Pod) bool { return p.UID == pod.UID })
 	if err != nil {
 		klog.FromContext(ctx).Info("Quota state unavailable; keeping no gang or quota victim", "pod", klog.KObj(pod), "err", err)
-		v = &QuotaView{State: &quota.State{Quotas: map[string]quota.Quota{}, Used: map[string]quota.Resources{}}}
+		v = &View{State: &core.State{Quotas: map[string]core.Quota{}, Used: map[string]core.Resources{}}}
 	}
 	var vp []*corev1.Pod
 	byUID := map[types.UID]bool{}
-	for _, uid := range victims {
-		u, ok := st.Pods[uid]
-		if !ok {
+	for _, vi := range victims {
+		if vi.Name == "" {
 			continue
 		}
-		p, err := e.Pod(u.Namespace, u.Name)
-		if err != nil || p.UID != uid {
+		p, err := e.Pod(vi.Namespace, vi.Name)
+		if err != nil || p.UID != vi.UID {
 			continue
 		}
 		vp = append(vp, p)
-		byUID[uid] = true
+		byUID[vi.UID] = true
 	}
 	members := func(g *api.Gang) []*corev1.Pod {
 		pods, err := e.Ledger.Pods(g.Namespace)
@@ -619,22 +544,22 @@ func (e *QuotaEnforcer) PreemptVictims(ctx context.Context, pod *corev1.Pod, st 
 		}
 		return out
 	}
-	allowed, dropped := PreemptVictims(v, members, pod, PodQuotaUse(pod), vp)
+	allowed, dropped := PreemptVictims(v, members, pod, Use(pod), vp)
 	ok := map[types.UID]bool{}
 	for _, p := range allowed {
 		ok[p.UID] = true
 	}
 	var kept []types.UID
-	for _, uid := range victims {
+	for _, vi := range victims {
 		switch {
-		case ok[uid]:
-			kept = append(kept, uid)
-		case byUID[uid]:
-			if u := st.Pods[uid]; len(u.Shared) == 0 && len(u.Whole) == 0 && u.WholePending == 0 {
+		case ok[vi.UID]:
+			kept = append(kept, vi.UID)
+		case byUID[vi.UID]:
+			if !vi.GPUs {
 				return nil, false
 			}
 		default:
-			kept = append(kept, uid) // not a pod the extender knows: the scheduler's business
+			kept = append(kept, vi.UID) // not a pod the extender knows: the scheduler's business
 		}
 	}
 	if len(dropped) > 0 {
@@ -651,8 +576,8 @@ func (e *QuotaEnforcer) PreemptVictims(ctx context.Context, pod *corev1.Pod, st 
 // AdmitsWithout reports whether quota admits pod once victims are gone:
 // preemption that frees GPUs but leaves the namespace above its max would
 // be useless.
-func (e *QuotaEnforcer) AdmitsWithout(ctx context.Context, pod *corev1.Pod, st *NodeState, victims []types.UID) bool {
-	req := PodQuotaUse(pod)
+func (e *Enforcer) AdmitsWithout(ctx context.Context, pod *corev1.Pod, victims []types.UID) bool {
+	req := Use(pod)
 	if len(req) == 0 {
 		return true
 	}

@@ -1,0 +1,113 @@
+// Package quota is the extender's glue of ElasticQuota
+// (scheduling.x-k8s.io/v1alpha1): it decodes the quotas in force
+// (Watcher), builds quota states from the informers (Ledger, with an
+// Index for the filter's hot path), explains admission (Verdict) and
+// applies reclaim and quota-aware preemption by eviction (Enforcer). The
+// decisions are allocator/quota's pure functions (imported as core); the
+// GPU ledger is reached through the narrow Nodes interface, so that this
+// package does not depend on the extender's node state.
+package quota
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/klog/v2"
+
+	core "github.com/tessera-gpu/tessera/allocator/quota"
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// Source gives the ElasticQuotas in force, by namespace.
+type Source interface {
+	// Quotas returns the quotas by namespace: empty when there are none
+	// or the ElasticQuota CRD is not installed.
+	Quotas() map[string]core.Quota
+}
+
+// Store holds ElasticQuota objects (scheduling.x-k8s.io/v1alpha1): an
+// extender.CRDWatcher of api.ElasticQuotaGVR, which watches them.
+type Store interface {
+	Objects() []*unstructured.Unstructured
+}
+
+// Watcher decodes the ElasticQuotas of a watched store.
+type Watcher struct {
+	Store Store
+
+	mu        sync.Mutex
+	malformed map[string]string // key -> last error logged
+}
+
+var _ Source = (*Watcher)(nil)
+
+// Quotas decodes the ElasticQuotas of the store. A malformed
+// object is logged (once per error) and admits nothing in its namespace
+// (Decode); of several in one namespace, the first by name applies.
+func (w *Watcher) Quotas() map[string]core.Quota {
+	out, errs := Decode(w.Store.Objects())
+	if len(errs) > 0 {
+		w.mu.Lock()
+		if w.malformed == nil {
+			w.malformed = map[string]string{}
+		}
+		for key, err := range errs {
+			if w.malformed[key] != err.Error() {
+				w.malformed[key] = err.Error()
+				klog.Background().Info("Ignoring an ElasticQuota", "quota", key, "err", err)
+			}
+		}
+		w.mu.Unlock()
+	}
+	return out
+}
+
+// Decode decodes ElasticQuota objects into quotas by namespace, over the
+// resources quota governs (api.QuotaResources). Malformed objects are
+// returned as errors by namespace/name and, when first by name in their
+// namespace, govern it as an Invalid quota that admits nothing; of several
+// in one namespace the first by name applies, the others are errors.
+func Decode(objs []*unstructured.Unstructured) (map[string]core.Quota, map[string]error) {
+	sort.Slice(objs, func(i, j int) bool {
+		if objs[i].GetNamespace() != objs[j].GetNamespace() {
+			return objs[i].GetNamespace() < objs[j].GetNamespace()
+		}
+		return objs[i].GetName() < objs[j].GetName()
+	})
+	out := map[string]core.Quota{}
+	errs := map[string]error{}
+	applied := map[string]string{} // namespace -> name of the quota in force
+	for _, u := range objs {
+		key := u.GetNamespace() + "/" + u.GetName()
+		eq, err := api.ElasticQuotaFromUnstructured(u)
+		if err != nil {
+			errs[key] = err
+			// Fail closed: the namespace is governed by a quota that
+			// admits nothing until the object is fixed (unless one
+			// before it by name applies).
+			if _, dup := applied[u.GetNamespace()]; !dup {
+				applied[u.GetNamespace()] = u.GetName()
+				out[u.GetNamespace()] = core.Quota{Namespace: u.GetNamespace(), Min: core.Resources{}, Max: core.Resources{}, Invalid: err.Error()}
+			}
+			continue
+		}
+		if first, dup := applied[eq.Namespace]; dup {
+			errs[key] = fmt.Errorf("ElasticQuota %s: namespace %s already has one, %s, which applies", key, eq.Namespace, first)
+			continue
+		}
+		applied[eq.Namespace] = eq.Name
+		q := core.Quota{Namespace: eq.Namespace, Min: core.Resources{}, Max: core.Resources{}}
+		for _, name := range api.QuotaResources() {
+			if v, ok := eq.Min[name]; ok {
+				q.Min[name] = v.Value()
+			}
+			if v, ok := eq.Max[name]; ok {
+				q.Max[name] = v.Value()
+			}
+		}
+		out[eq.Namespace] = q
+	}
+	return out, errs
+}
