@@ -825,8 +825,13 @@ func (a *Agent) devices(k Kind) ([]devices.Device, <-chan struct{}) {
 }
 
 // sent implements handler.
-func (a *Agent) sent(k Kind, list []devices.Device) {
-	a.state.markSent(k.Resource(), list)
+func (a *Agent) sent(k Kind, list []devices.Device, stream uint64) {
+	a.state.markSent(k.Resource(), list, stream)
+}
+
+// streamEnded implements handler.
+func (a *Agent) streamEnded(k Kind, stream uint64) {
+	a.state.streamEnded(k.Resource(), stream)
 }
 
 // assignedFor is, for an AssignedReader, the GPUs assigned to slices of the

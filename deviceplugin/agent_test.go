@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
@@ -279,7 +280,13 @@ func TestWaitsForKubeletAndReRegistersWhenItRestarts(t *testing.T) {
 	e.kubelet.waitCounts("first registration", all, all)
 
 	for round := 0; round < 2; round++ {
+		// GPUs allocated whole in earlier rounds are withheld from shared use.
+		waitInventory(t, e, fmt.Sprintf("round %d: the kubelet has the devices", round), 0, round)
 		e.kubelet.stop()
+		// The stopped kubelet's streams ended: it knows no device until
+		// the plugins register again, so the inventory withholds every
+		// GPU and the extender binds nothing to the node meanwhile.
+		waitInventory(t, e, fmt.Sprintf("round %d: the kubelet stopped", round), len(e.m.Profile().GPUs), len(e.m.Profile().GPUs))
 		// The kubelet's device manager removes the plugin sockets on start.
 		for _, r := range api.Resources() {
 			os.Remove(filepath.Join(e.dir, deviceplugin.SocketName(r)))
@@ -294,6 +301,21 @@ func TestWaitsForKubeletAndReRegistersWhenItRestarts(t *testing.T) {
 	}
 	if got := mustMetric(t, e.reg, "tessera_node_kubelet_registrations_total", map[string]string{"resource": string(gpuR), "result": "success"}); got != 3 {
 		t.Errorf("gpu registrations = %v, want 3", got)
+	}
+}
+
+// waitInventory waits until the agent's inventory withholds wantWhole GPUs
+// from whole use and wantShared from shared use.
+func waitInventory(t *testing.T, e *env, what string, wantWhole, wantShared int) {
+	t.Helper()
+	var whole, shared []string
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		inv := e.agent.Inventory()
+		whole, shared = inv.WithheldFromWhole, inv.WithheldFromShared
+		return len(whole) == wantWhole && len(shared) == wantShared, nil
+	})
+	if err != nil {
+		t.Fatalf("%s: inventory withholds %v from whole, %v from shared use; want %d and %d GPUs", what, whole, shared, wantWhole, wantShared)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -28,9 +29,12 @@ type handler interface {
 	// devices returns the kind's devices and a channel closed when they
 	// change.
 	devices(k Kind) ([]devices.Device, <-chan struct{})
-	// sent is told each list a ListAndWatch stream sent to the kubelet,
-	// after the Send returned.
-	sent(k Kind, list []devices.Device)
+	// sent is told each list ListAndWatch stream (a number unique in the
+	// agent) sent to the kubelet, after the Send returned.
+	sent(k Kind, list []devices.Device, stream uint64)
+	// streamEnded is told when a ListAndWatch stream ends: the kubelet
+	// closed it (it stopped or restarts) or the server stopped.
+	streamEnded(k Kind, stream uint64)
 	// preferred answers one container's GetPreferredAllocation request.
 	preferred(ctx context.Context, k Kind, available, mustInclude []string, size int) ([]string, error)
 	// allocateRequest checks and records the containers of one Allocate
@@ -47,6 +51,9 @@ type plugin struct {
 	socket   string
 	h        handler
 	logger   klog.Logger
+
+	// streams numbers the plugin's ListAndWatch streams.
+	streams atomic.Uint64
 
 	mu   sync.Mutex
 	srv  *grpc.Server
@@ -119,6 +126,8 @@ func (p *plugin) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*plu
 // full list whenever a device's health changes.
 func (p *plugin) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingServer[pluginapi.ListAndWatchResponse]) error {
 	ctx := stream.Context()
+	id := p.streams.Add(1)
+	defer p.h.streamEnded(p.kind, id)
 	var last []devices.Device
 	first := true
 	for {
@@ -129,7 +138,7 @@ func (p *plugin) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingSer
 			}
 			// Only now may the inventory stop naming a GPU this list
 			// offers again (state.inventoryView).
-			p.h.sent(p.kind, list)
+			p.h.sent(p.kind, list, id)
 			healthy := 0
 			for _, d := range list {
 				if d.Healthy {

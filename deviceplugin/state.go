@@ -37,6 +37,8 @@ type state struct {
 	// sent is, per resource, the last device list a ListAndWatch stream
 	// sent to the kubelet (markSent); absent until one was sent.
 	sent map[corev1.ResourceName][]devices.Device
+	// sentBy is, per resource, the ListAndWatch stream that sent sent[r].
+	sentBy map[corev1.ResourceName]uint64
 	// stopping is set when the agent stops: every GPU is withheld.
 	stopping bool
 	// onChange, when set, is called (under mu; it must not block or take
@@ -64,6 +66,7 @@ func newState(logger klog.Logger, model *devices.Model, kinds []Kind, grace time
 		lists:   map[corev1.ResourceName][]devices.Device{},
 		changed: map[corev1.ResourceName]chan struct{}{},
 		sent:    map[corev1.ResourceName][]devices.Device{},
+		sentBy:  map[corev1.ResourceName]uint64{},
 	}
 	for _, k := range kinds {
 		s.changed[k.Resource()] = make(chan struct{})
@@ -215,6 +218,7 @@ func (s *state) clearSent() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	clear(s.sent)
+	clear(s.sentBy)
 	if s.onChange != nil {
 		s.onChange()
 	}
@@ -228,12 +232,31 @@ func (s *state) stop() {
 	s.stopping = true
 }
 
-// markSent records that a ListAndWatch stream sent list, resource r's
+// markSent records that ListAndWatch stream sent list, resource r's
 // device list, to the kubelet: the Send returned.
-func (s *state) markSent(r corev1.ResourceName, list []devices.Device) {
+func (s *state) markSent(r corev1.ResourceName, list []devices.Device, stream uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.sent[r] = list
+	s.sent[r], s.sentBy[r] = list, stream
+	if s.onChange != nil {
+		s.onChange()
+	}
+}
+
+// streamEnded records that ListAndWatch stream ended: when it is the one
+// that sent r's last list, the kubelet is gone (stopped, restarting) and
+// knows nothing of r until a new stream sends again, so every GPU is
+// withheld from r's kind meanwhile: a pod bound to the node now would be
+// admitted by a restarted kubelet before the plugins registered again, and
+// refused ("no healthy devices present").
+func (s *state) streamEnded(r corev1.ResourceName, stream uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if by, ok := s.sentBy[r]; !ok || by != stream {
+		return // a newer stream has sent since
+	}
+	delete(s.sent, r)
+	delete(s.sentBy, r)
 	if s.onChange != nil {
 		s.onChange()
 	}

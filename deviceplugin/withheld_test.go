@@ -32,7 +32,7 @@ func TestInventoryViewReleasesOnlyAfterTheListWasSent(t *testing.T) {
 		for _, k := range kinds {
 			if slices.Contains(r, string(k.Resource())) {
 				list, _ := s.devices(k.Resource())
-				s.markSent(k.Resource(), list)
+				s.markSent(k.Resource(), list, 1)
 			}
 		}
 	}
