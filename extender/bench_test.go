@@ -14,6 +14,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	"github.com/tessera-gpu/tessera/extender/verbs"
 )
 
 // benchCluster builds n nodes of 8 A100s, about half used by shared and
@@ -85,7 +87,7 @@ func BenchmarkFilterPrioritize(b *testing.B) {
 				// scheduler's own encoding and decoding not counted).
 				b.Run(fmt.Sprintf("nodes=%d/shortlist=%d/%s/http", n, k, shape.name), func(b *testing.B) {
 					mux := http.NewServeMux()
-					s.Register(mux)
+					(&verbs.Handler{Core: s}).Register(mux)
 					fbody, _ := json.Marshal(args)
 					res := s.FilterArgs(context.Background(), args)
 					pbody, _ := json.Marshal(&extenderv1.ExtenderArgs{Pod: shape.pod, NodeNames: res.NodeNames})
@@ -94,7 +96,7 @@ func BenchmarkFilterPrioritize(b *testing.B) {
 						for _, call := range []struct {
 							path string
 							body []byte
-						}{{PathFilter, fbody}, {PathPrioritize, pbody}} {
+						}{{verbs.PathFilter, fbody}, {verbs.PathPrioritize, pbody}} {
 							rec := httptest.NewRecorder()
 							mux.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, call.path, bytes.NewReader(call.body)))
 							if rec.Code != http.StatusOK {

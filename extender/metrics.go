@@ -76,7 +76,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-func (m *Metrics) observe(verb string, start time.Time) {
+// Observe records the latency of a call of verb begun at start.
+func (m *Metrics) Observe(verb string, start time.Time) {
 	if m != nil {
 		m.latency.WithLabelValues(verb).Observe(time.Since(start).Seconds())
 	}
@@ -100,7 +101,8 @@ func (m *Metrics) rejected(r Reason, n int) {
 	}
 }
 
-func (m *Metrics) failed(verb string) {
+// Failed counts a call of verb that failed.
+func (m *Metrics) Failed(verb string) {
 	if m != nil {
 		m.errors.WithLabelValues(verb).Inc()
 	}

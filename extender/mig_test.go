@@ -12,6 +12,7 @@ import (
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/allocator/gang"
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender/verbs"
 )
 
 // migUUID is instance k of GPU i of node.
@@ -202,7 +203,7 @@ func TestMIGPodsAreGPUPodsForTheCPUEntry(t *testing.T) {
 	f := newFixture(t, []*corev1.Node{migNode("a"), makeNode("b").GPUs(8, "A100", 40960).Obj()}, nil)
 	names := []string{"a", "b"}
 	var got extenderv1.HostPriorityList
-	f.post(t, PathPrioritizeCPU, &extenderv1.ExtenderArgs{Pod: migPod("p", "1g.5gb", 1).Obj(), NodeNames: &names}, &got)
+	f.post(t, verbs.PathPrioritizeCPU, &extenderv1.ExtenderArgs{Pod: migPod("p", "1g.5gb", 1).Obj(), NodeNames: &names}, &got)
 	for _, h := range got {
 		if h.Score != 0 {
 			t.Errorf("CPU entry scored %s %d, want the flat 0", h.Host, h.Score)

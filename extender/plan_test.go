@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender/verbs"
 )
 
 // withPlan returns pod with a gang plan on node (and GPU position gpu of
@@ -69,7 +70,7 @@ func TestFilterPassesOnlyPlannedNode(t *testing.T) {
 	f := newFixture(t, nodes, []*corev1.Pod{pod}, pod)
 	names := []string{"a", "b", "c"}
 	var res extenderv1.ExtenderFilterResult
-	f.post(t, PathFilter, &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names}, &res)
+	f.post(t, verbs.PathFilter, &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names}, &res)
 	if res.Error != "" || res.NodeNames == nil || strings.Join(*res.NodeNames, ",") != "b" {
 		t.Fatalf("filter passed %v (error %q), want only b", res.NodeNames, res.Error)
 	}
@@ -91,7 +92,7 @@ func TestFilterPassesOnlyPlannedNode(t *testing.T) {
 		bad := pod.DeepCopy()
 		mutate(bad)
 		res = extenderv1.ExtenderFilterResult{}
-		f.post(t, PathFilter, &extenderv1.ExtenderArgs{Pod: bad, NodeNames: &names}, &res)
+		f.post(t, verbs.PathFilter, &extenderv1.ExtenderArgs{Pod: bad, NodeNames: &names}, &res)
 		if res.Error != "" || res.NodeNames == nil || strings.Join(*res.NodeNames, ",") != "a,c" {
 			t.Errorf("%s plan: filter passed %v (error %q), want a,c (b is full with the pod's own sealed plan in the ledger)", name, res.NodeNames, res.Error)
 		}
@@ -108,7 +109,7 @@ func TestBindChecksPlan(t *testing.T) {
 	pod := withPlan(t, makePod("m").Whole(8).Obj(), "b", -1)
 	f := newFixture(t, nodes, []*corev1.Pod{pod}, pod)
 	var res extenderv1.ExtenderBindingResult
-	f.post(t, PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "m", PodUID: pod.UID, Node: "a"}, &res)
+	f.post(t, verbs.PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "m", PodUID: pod.UID, Node: "a"}, &res)
 	if !strings.Contains(res.Error, ErrNotPlannedNode.Error()) {
 		t.Errorf("bind to the wrong node: error %q", res.Error)
 	}
@@ -116,7 +117,7 @@ func TestBindChecksPlan(t *testing.T) {
 		t.Errorf("a failed bind left %d free GPUs on a", st.FreeGPUs())
 	}
 	res = extenderv1.ExtenderBindingResult{}
-	f.post(t, PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "m", PodUID: pod.UID, Node: "b"}, &res)
+	f.post(t, verbs.PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "m", PodUID: pod.UID, Node: "b"}, &res)
 	if res.Error != "" {
 		t.Fatalf("bind to the planned node (which the member fills exactly): %q", res.Error)
 	}
@@ -130,7 +131,7 @@ func TestBindSharedMemberUsesPlannedGPU(t *testing.T) {
 	pod := withPlan(t, makePod("s").Shared(10, 50).Obj(), "n", 3)
 	f := newFixture(t, []*corev1.Node{node}, []*corev1.Pod{pod}, pod)
 	var res extenderv1.ExtenderBindingResult
-	f.post(t, PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "s", PodUID: pod.UID, Node: "n"}, &res)
+	f.post(t, verbs.PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "s", PodUID: pod.UID, Node: "n"}, &res)
 	if res.Error != "" {
 		t.Fatalf("bind: %q", res.Error)
 	}
@@ -186,7 +187,7 @@ func TestWholeBindWaitsForPlannedSlices(t *testing.T) {
 		done := make(chan string, 1)
 		go func() {
 			var res extenderv1.ExtenderBindingResult
-			f.post(t, PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: p.Name, PodUID: p.UID, Node: "n"}, &res)
+			f.post(t, verbs.PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: p.Name, PodUID: p.UID, Node: "n"}, &res)
 			done <- res.Error
 		}()
 		return done
@@ -221,7 +222,7 @@ func TestBindWaitsUntilTheNodeOffersTheGPU(t *testing.T) {
 	done := make(chan string, 1)
 	go func() {
 		var res extenderv1.ExtenderBindingResult
-		f.post(t, PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "w", PodUID: whole.UID, Node: "n"}, &res)
+		f.post(t, verbs.PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "w", PodUID: whole.UID, Node: "n"}, &res)
 		done <- res.Error
 	}()
 	select {
@@ -267,7 +268,7 @@ func TestUnplannedGangMemberPassesNoNode(t *testing.T) {
 		{malformed, "gang-min-member"},
 	} {
 		var res extenderv1.ExtenderFilterResult
-		f.post(t, PathFilter, &extenderv1.ExtenderArgs{Pod: tc.pod, NodeNames: &names}, &res)
+		f.post(t, verbs.PathFilter, &extenderv1.ExtenderArgs{Pod: tc.pod, NodeNames: &names}, &res)
 		if res.NodeNames == nil || len(*res.NodeNames) != 0 {
 			t.Errorf("%s: filter passed %v, want no node", tc.pod.Name, res.NodeNames)
 		}
@@ -275,7 +276,7 @@ func TestUnplannedGangMemberPassesNoNode(t *testing.T) {
 			t.Errorf("%s: reason %q, want it to say %q", tc.pod.Name, msg, tc.want)
 		}
 		var br extenderv1.ExtenderBindingResult
-		f.post(t, PathBind, &extenderv1.ExtenderBindingArgs{PodName: tc.pod.Name, PodNamespace: tc.pod.Namespace, PodUID: tc.pod.UID, Node: "a"}, &br)
+		f.post(t, verbs.PathBind, &extenderv1.ExtenderBindingArgs{PodName: tc.pod.Name, PodNamespace: tc.pod.Namespace, PodUID: tc.pod.UID, Node: "a"}, &br)
 		if !strings.Contains(br.Error, tc.want) {
 			t.Errorf("%s: bind answered %q, want a refusal saying %q", tc.pod.Name, br.Error, tc.want)
 		}

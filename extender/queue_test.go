@@ -19,6 +19,7 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender/verbs"
 )
 
 // staticObjects is a fixed ObjectSource.
@@ -403,19 +404,19 @@ func TestUngatedQueuedPodWaitsForItsPlan(t *testing.T) {
 		pass bool
 	}{{pod, false}, {other, true}, {cpu, true}} {
 		var res extenderv1.ExtenderFilterResult
-		f.post(t, PathFilter, &extenderv1.ExtenderArgs{Pod: tc.pod, NodeNames: &names}, &res)
+		f.post(t, verbs.PathFilter, &extenderv1.ExtenderArgs{Pod: tc.pod, NodeNames: &names}, &res)
 		if passed := res.NodeNames != nil && len(*res.NodeNames) == 1; passed != tc.pass {
 			t.Errorf("%s/%s: filter passed %v (reasons %v), want %v", tc.pod.Namespace, tc.pod.Name, res.NodeNames, res.FailedNodes, tc.pass)
 		}
 	}
 	var br extenderv1.ExtenderBindingResult
-	f.post(t, PathBind, &extenderv1.ExtenderBindingArgs{PodName: pod.Name, PodNamespace: pod.Namespace, PodUID: pod.UID, Node: "a"}, &br)
+	f.post(t, verbs.PathBind, &extenderv1.ExtenderBindingArgs{PodName: pod.Name, PodNamespace: pod.Namespace, PodUID: pod.UID, Node: "a"}, &br)
 	if !strings.Contains(br.Error, "waits to be admitted in its queue's order") {
 		t.Errorf("bind answered %q, want a refusal", br.Error)
 	}
 	planned := withPlan(t, pod, "a", -1)
 	var res extenderv1.ExtenderFilterResult
-	f.post(t, PathFilter, &extenderv1.ExtenderArgs{Pod: planned, NodeNames: &names}, &res)
+	f.post(t, verbs.PathFilter, &extenderv1.ExtenderArgs{Pod: planned, NodeNames: &names}, &res)
 	if res.NodeNames == nil || len(*res.NodeNames) != 1 {
 		t.Errorf("planned: filter passed %v, want its node", res.NodeNames)
 	}

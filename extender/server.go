@@ -2,11 +2,8 @@ package extender
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"slices"
 	"sort"
 	"strings"
@@ -24,21 +21,7 @@ import (
 	"github.com/tessera-gpu/tessera/api"
 	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/gpureq"
-	"github.com/tessera-gpu/tessera/internal/podtrust"
 )
-
-// Paths of the extender verbs (relative to the urlPrefix).
-const (
-	PathFilter        = "/filter"
-	PathPrioritize    = "/prioritize"
-	PathPrioritizeCPU = "/prioritize-cpu"
-	PathBind          = "/bind"
-	PathPreempt       = "/preempt"
-)
-
-// maxBody bounds a request body: a full NodeList of thousands of nodes is
-// tens of MiB.
-const maxBody = 256 << 20
 
 // StateSource is the ledger as the handlers use it.
 type StateSource interface {
@@ -83,9 +66,6 @@ type Server struct {
 	// order makes whole-GPU binds wait for the slice binds in flight on
 	// their node.
 	order bindOrder
-	// trust removes from the scheduler's pods what a tenant wrote in
-	// Tessera's name (nil: every state annotation is removed).
-	trust *podtrust.Filter
 	// backfill, when set, shows a pod a reservation's room it may use
 	// (backfill.go).
 	backfill atomic.Pointer[BackfillView]
@@ -101,45 +81,9 @@ func NewServer(state StateSource, policy allocator.Policy, pods PodClient, event
 // it before serving.
 func (s *Server) SetShortlist(k int) { s.shortlist = k }
 
-// SetTrust sets the filter of the pods in the scheduler's arguments: only
-// the decisions it keeps are Tessera's. Without it none is. Call it before
-// serving.
-func (s *Server) SetTrust(f *podtrust.Filter) { s.trust = f }
-
 // SetQuota makes filter and preempt enforce quota (nil: none). Call it
 // before serving.
 func (s *Server) SetQuota(q QuotaHooks) { s.quota = q }
-
-// Register adds the verb handlers to mux.
-func (s *Server) Register(mux *http.ServeMux) {
-	mux.HandleFunc("POST "+PathFilter, s.handleFilter)
-	mux.HandleFunc("POST "+PathPrioritize, s.handlePrioritize(false))
-	mux.HandleFunc("POST "+PathPrioritizeCPU, s.handlePrioritize(true))
-	mux.HandleFunc("POST "+PathBind, s.handleBind)
-	mux.HandleFunc("POST "+PathPreempt, s.handlePreempt)
-}
-
-// ErrorReply is the JSON body of an error answer of a verb whose result
-// type has no error field.
-type ErrorReply struct {
-	Error string `json:"error"`
-}
-
-func decode(r *http.Request, v any) error {
-	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody))
-	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("malformed request body: %w", err)
-	}
-	return nil
-}
-
-func writeJSON(ctx context.Context, w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	if err := json.NewEncoder(w).Encode(v); err != nil {
-		klog.FromContext(ctx).V(2).Info("Writing reply failed", "err", err)
-	}
-}
 
 func (s *Server) event(pod *corev1.Pod, reason, format string, args ...any) {
 	if s.events != nil && pod != nil && pod.Name != "" {
@@ -336,23 +280,6 @@ func argNames(args *extenderv1.ExtenderArgs) []string {
 	return names
 }
 
-func (s *Server) handleFilter(w http.ResponseWriter, r *http.Request) {
-	defer s.metrics.observe("filter", time.Now())
-	ctx := r.Context()
-	var args extenderv1.ExtenderArgs
-	if err := decode(r, &args); err != nil {
-		s.metrics.failed("filter")
-		writeJSON(ctx, w, http.StatusBadRequest, &extenderv1.ExtenderFilterResult{Error: err.Error()})
-		return
-	}
-	s.trust.Pod(args.Pod)
-	res := s.FilterArgs(ctx, &args)
-	if res.Error != "" {
-		s.metrics.failed("filter")
-	}
-	writeJSON(ctx, w, http.StatusOK, res)
-}
-
 // PrioritizeArgs runs the prioritize verb. With cpuOnly (the verb of the
 // extender entry without managedResources, called for every pod), pods
 // that use GPUs get a flat score, since the main entry scores them.
@@ -387,31 +314,6 @@ func (s *Server) PrioritizeArgs(ctx context.Context, args *extenderv1.ExtenderAr
 		out[i] = extenderv1.HostPriority{Host: n, Score: scores[i]}
 	}
 	return out, nil
-}
-
-func (s *Server) handlePrioritize(cpuOnly bool) http.HandlerFunc {
-	verb := "prioritize"
-	if cpuOnly {
-		verb = "prioritize-cpu"
-	}
-	return func(w http.ResponseWriter, r *http.Request) {
-		defer s.metrics.observe(verb, time.Now())
-		ctx := r.Context()
-		var args extenderv1.ExtenderArgs
-		if err := decode(r, &args); err != nil {
-			s.metrics.failed(verb)
-			writeJSON(ctx, w, http.StatusBadRequest, &ErrorReply{Error: err.Error()})
-			return
-		}
-		s.trust.Pod(args.Pod)
-		out, err := s.PrioritizeArgs(ctx, &args, cpuOnly)
-		if err != nil {
-			s.metrics.failed(verb)
-			writeJSON(ctx, w, http.StatusBadRequest, &ErrorReply{Error: err.Error()})
-			return
-		}
-		writeJSON(ctx, w, http.StatusOK, out)
-	}
 }
 
 // ErrPodMismatch is wrapped when the pod to bind is not the one the
@@ -730,24 +632,6 @@ func SharedAssignment(prev *api.Assignment, use *PodUse) *api.Assignment {
 	return a
 }
 
-func (s *Server) handleBind(w http.ResponseWriter, r *http.Request) {
-	defer s.metrics.observe("bind", time.Now())
-	ctx := r.Context()
-	var args extenderv1.ExtenderBindingArgs
-	if err := decode(r, &args); err != nil {
-		s.metrics.failed("bind")
-		writeJSON(ctx, w, http.StatusBadRequest, &extenderv1.ExtenderBindingResult{Error: err.Error()})
-		return
-	}
-	res := &extenderv1.ExtenderBindingResult{}
-	if err := s.Bind(ctx, &args); err != nil {
-		s.metrics.failed("bind")
-		klog.FromContext(ctx).Info("Bind failed", "pod", klog.KRef(args.PodNamespace, args.PodName), "node", args.Node, "err", err)
-		res.Error = err.Error()
-	}
-	writeJSON(ctx, w, http.StatusOK, res)
-}
-
 // PreemptArgs runs the preempt verb: per node, it keeps only the victims
 // whose removal makes the pod fit at GPU level, and drops nodes where it
 // would not fit even with all of them gone.
@@ -828,43 +712,4 @@ func (s *Server) PreemptArgs(ctx context.Context, args *extenderv1.ExtenderPreem
 	}
 	klog.FromContext(ctx).V(3).Info("Preemption", "pod", klog.KObj(args.Pod), "candidates", len(victims), "kept", len(res.NodeNameToMetaVictims))
 	return res, nil
-}
-
-func (s *Server) handlePreempt(w http.ResponseWriter, r *http.Request) {
-	defer s.metrics.observe("preempt", time.Now())
-	ctx := r.Context()
-	var args extenderv1.ExtenderPreemptionArgs
-	if err := decode(r, &args); err != nil {
-		s.metrics.failed("preempt")
-		writeJSON(ctx, w, http.StatusBadRequest, &ErrorReply{Error: err.Error()})
-		return
-	}
-	s.trust.Pod(args.Pod)
-	for _, v := range args.NodeNameToVictims {
-		if v != nil {
-			for _, p := range v.Pods {
-				s.trust.Pod(p)
-			}
-		}
-	}
-	res, err := s.PreemptArgs(ctx, &args)
-	if err != nil {
-		s.metrics.failed("preempt")
-		writeJSON(ctx, w, http.StatusBadRequest, &ErrorReply{Error: err.Error()})
-		return
-	}
-	writeJSON(ctx, w, http.StatusOK, res)
-}
-
-// UntilReady answers every request with 503 and a JSON error until ready
-// reports true (the informer caches have synced: before that the ledger
-// would pass GPUs that are in use), then hands over to next.
-func UntilReady(ready func() bool, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !ready() {
-			writeJSON(r.Context(), w, http.StatusServiceUnavailable, &ErrorReply{Error: "tessera-extender: caches not synced yet"})
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
 }

@@ -23,6 +23,7 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender/verbs"
 	"github.com/tessera-gpu/tessera/internal/podtrust"
 )
 
@@ -132,11 +133,11 @@ type fixture struct {
 func newFixture(t *testing.T, nodes []*corev1.Node, bound []*corev1.Pod, pending ...*corev1.Pod) *fixture {
 	t.Helper()
 	f := &fixture{cache: newTestCache(t, nodes, bound), pods: newFakePods(pending...), events: &fakeEvents{}, reg: prometheus.NewRegistry()}
-	s := NewServer(f.cache, testPolicy(t, PolicyBinpack), f.pods, f.events, NewMetrics(f.reg))
-	s.SetTrust(&podtrust.Filter{Sealer: testSealer(t)})
+	metrics := NewMetrics(f.reg)
+	s := NewServer(f.cache, testPolicy(t, PolicyBinpack), f.pods, f.events, metrics)
 	f.server = s
 	mux := http.NewServeMux()
-	s.Register(mux)
+	(&verbs.Handler{Core: s, Trust: &podtrust.Filter{Sealer: testSealer(t)}, Metrics: metrics}).Register(mux)
 	f.srv = httptest.NewServer(mux)
 	// Closing the connections first ends the requests of a handler that
 	// still waits (a failed test), so Close does not block.
@@ -182,7 +183,7 @@ func TestFilterVerb(t *testing.T) {
 	names := []string{"a100", "h100", "cpu", "ghost"}
 
 	var res extenderv1.ExtenderFilterResult
-	if code := f.post(t, PathFilter, &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names}, &res); code != http.StatusOK {
+	if code := f.post(t, verbs.PathFilter, &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names}, &res); code != http.StatusOK {
 		t.Fatalf("status %d", code)
 	}
 	if res.NodeNames == nil || len(*res.NodeNames) != 0 {
@@ -210,7 +211,7 @@ func TestFilterVerb(t *testing.T) {
 	shared := makePod("s").Shared(20, 0).Obj()
 	list := &corev1.NodeList{Items: []corev1.Node{*nodes[0], *nodes[1], *nodes[2]}}
 	res = extenderv1.ExtenderFilterResult{}
-	f.post(t, PathFilter, &extenderv1.ExtenderArgs{Pod: shared, Nodes: list}, &res)
+	f.post(t, verbs.PathFilter, &extenderv1.ExtenderArgs{Pod: shared, Nodes: list}, &res)
 	var got []string
 	for _, n := range res.Nodes.Items {
 		got = append(got, n.Name)
@@ -241,7 +242,7 @@ func counterValue(t *testing.T, reg *prometheus.Registry, which, label string) f
 
 func TestMalformedRequests(t *testing.T) {
 	f := newFixture(t, []*corev1.Node{makeNode("n").GPUs(1, "A100", 40960).Obj()}, nil)
-	for _, path := range []string{PathFilter, PathPrioritize, PathPrioritizeCPU, PathBind, PathPreempt} {
+	for _, path := range []string{verbs.PathFilter, verbs.PathPrioritize, verbs.PathPrioritizeCPU, verbs.PathBind, verbs.PathPreempt} {
 		t.Run(path, func(t *testing.T) {
 			var reply map[string]any
 			code := f.post(t, path, `{"Pod": [`, &reply)
@@ -261,7 +262,7 @@ func TestMalformedRequests(t *testing.T) {
 	names := []string{"n"}
 	bad := makePod("bad").Whole(1).Model("|").Obj()
 	var res extenderv1.ExtenderFilterResult
-	f.post(t, PathFilter, &extenderv1.ExtenderArgs{Pod: bad, NodeNames: &names}, &res)
+	f.post(t, verbs.PathFilter, &extenderv1.ExtenderArgs{Pod: bad, NodeNames: &names}, &res)
 	if !strings.Contains(res.Error, api.AnnotationGPUModel) {
 		t.Errorf("Error = %q, want it to name %s", res.Error, api.AnnotationGPUModel)
 	}
@@ -270,7 +271,7 @@ func TestMalformedRequests(t *testing.T) {
 	}
 	// No pod at all.
 	res = extenderv1.ExtenderFilterResult{}
-	f.post(t, PathFilter, &extenderv1.ExtenderArgs{NodeNames: &names}, &res)
+	f.post(t, verbs.PathFilter, &extenderv1.ExtenderArgs{NodeNames: &names}, &res)
 	if res.Error == "" {
 		t.Error("filter without a pod: no error")
 	}
@@ -285,7 +286,7 @@ func TestPrioritizeVerb(t *testing.T) {
 	f := newFixture(t, nodes, bound)
 	names := []string{"empty", "used", "full"}
 	var got extenderv1.HostPriorityList
-	f.post(t, PathPrioritize, &extenderv1.ExtenderArgs{Pod: makePod("p").Shared(10, 25).Obj(), NodeNames: &names}, &got)
+	f.post(t, verbs.PathPrioritize, &extenderv1.ExtenderArgs{Pod: makePod("p").Shared(10, 25).Obj(), NodeNames: &names}, &got)
 	want := extenderv1.HostPriorityList{{Host: "empty", Score: 0}, {Host: "used", Score: 10}, {Host: "full", Score: 0}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("prioritize (-want +got):\n%s", diff)
@@ -293,13 +294,13 @@ func TestPrioritizeVerb(t *testing.T) {
 	// Full Nodes mode scores the same.
 	got = nil
 	list := &corev1.NodeList{Items: []corev1.Node{*nodes[0], *nodes[1], *nodes[2]}}
-	f.post(t, PathPrioritize, &extenderv1.ExtenderArgs{Pod: makePod("p").Shared(10, 25).Obj(), Nodes: list}, &got)
+	f.post(t, verbs.PathPrioritize, &extenderv1.ExtenderArgs{Pod: makePod("p").Shared(10, 25).Obj(), Nodes: list}, &got)
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("prioritize with Nodes (-want +got):\n%s", diff)
 	}
 	// The CPU-only entry leaves GPU pods alone.
 	got = nil
-	f.post(t, PathPrioritizeCPU, &extenderv1.ExtenderArgs{Pod: makePod("p").Shared(10, 25).Obj(), NodeNames: &names}, &got)
+	f.post(t, verbs.PathPrioritizeCPU, &extenderv1.ExtenderArgs{Pod: makePod("p").Shared(10, 25).Obj(), NodeNames: &names}, &got)
 	for _, hp := range got {
 		if hp.Score != 0 {
 			t.Errorf("prioritize-cpu scored a GPU pod: %v", got)
@@ -314,7 +315,7 @@ func TestCPUOnlyPodsAvoidStrandingGPUs(t *testing.T) {
 	f := newFixture(t, nodes, nil)
 	names := []string{"gpu", "plain"}
 	var got extenderv1.HostPriorityList
-	f.post(t, PathPrioritizeCPU, &extenderv1.ExtenderArgs{Pod: makePod("c").CPU("48").Obj(), NodeNames: &names}, &got)
+	f.post(t, verbs.PathPrioritizeCPU, &extenderv1.ExtenderArgs{Pod: makePod("c").CPU("48").Obj(), NodeNames: &names}, &got)
 	if len(got) != 2 || got[1].Score <= got[0].Score {
 		t.Errorf("prioritize-cpu = %v, want plain above gpu", got)
 	}
@@ -328,7 +329,7 @@ func TestBindVerb(t *testing.T) {
 	args := &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "p", PodUID: pod.UID, Node: "n"}
 
 	var res extenderv1.ExtenderBindingResult
-	f.post(t, PathBind, args, &res)
+	f.post(t, verbs.PathBind, args, &res)
 	if res.Error != "" {
 		t.Fatalf("bind error %q", res.Error)
 	}
@@ -354,7 +355,7 @@ func TestBindVerb(t *testing.T) {
 	}
 	// A retry is a no-op.
 	res = extenderv1.ExtenderBindingResult{}
-	f.post(t, PathBind, args, &res)
+	f.post(t, verbs.PathBind, args, &res)
 	if res.Error != "" || len(f.pods.calls) != 2 {
 		t.Errorf("retry: error %q, calls %v", res.Error, f.pods.calls)
 	}
@@ -380,7 +381,7 @@ func TestBindOrdersWholeAfterEarlierSlices(t *testing.T) {
 		done := make(chan string, 1)
 		go func() {
 			var res extenderv1.ExtenderBindingResult
-			f.post(t, PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: p.Name, PodUID: p.UID, Node: node}, &res)
+			f.post(t, verbs.PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: p.Name, PodUID: p.UID, Node: node}, &res)
 			done <- res.Error
 		}()
 		return done
@@ -437,7 +438,7 @@ func TestBindRollsBackAndRetriesSameGPU(t *testing.T) {
 	args := &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "p", PodUID: pod.UID, Node: "n"}
 	f.pods.bindErr = errors.New("apiserver unavailable")
 	var res extenderv1.ExtenderBindingResult
-	f.post(t, PathBind, args, &res)
+	f.post(t, verbs.PathBind, args, &res)
 	if !strings.Contains(res.Error, "apiserver unavailable") {
 		t.Fatalf("bind error %q", res.Error)
 	}
@@ -449,7 +450,7 @@ func TestBindRollsBackAndRetriesSameGPU(t *testing.T) {
 	}
 	f.pods.bindErr = nil
 	res = extenderv1.ExtenderBindingResult{}
-	f.post(t, PathBind, args, &res)
+	f.post(t, verbs.PathBind, args, &res)
 	if res.Error != "" {
 		t.Fatalf("retry: %q", res.Error)
 	}
@@ -478,7 +479,7 @@ func TestBindErrors(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var res extenderv1.ExtenderBindingResult
-			f.post(t, PathBind, &tc.args, &res)
+			f.post(t, verbs.PathBind, &tc.args, &res)
 			if !strings.Contains(res.Error, tc.want) {
 				t.Errorf("Error = %q, want it to contain %q", res.Error, tc.want)
 			}
@@ -504,7 +505,7 @@ func TestPreemptVerb(t *testing.T) {
 		},
 	}
 	var res extenderv1.ExtenderPreemptionResult
-	if code := f.post(t, PathPreempt, args, &res); code != http.StatusOK {
+	if code := f.post(t, verbs.PathPreempt, args, &res); code != http.StatusOK {
 		t.Fatalf("status %d", code)
 	}
 	want := map[string]*extenderv1.MetaVictims{"n": {Pods: []*extenderv1.MetaPod{{UID: "uid-g0"}}, NumPDBViolations: 1}}
@@ -525,7 +526,7 @@ func TestBindStaleCacheNeverOverwrites(t *testing.T) {
 	f := newFixture(t, []*corev1.Node{node}, nil, boundElsewhere)
 	f.pods.stale = map[string]*corev1.Pod{"default/p": pod}
 	var res extenderv1.ExtenderBindingResult
-	f.post(t, PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "p", PodUID: pod.UID, Node: "n"}, &res)
+	f.post(t, verbs.PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "p", PodUID: pod.UID, Node: "n"}, &res)
 	if !strings.Contains(res.Error, ErrPodMismatch.Error()) {
 		t.Errorf("Error = %q, want %v", res.Error, ErrPodMismatch)
 	}

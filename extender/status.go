@@ -17,6 +17,7 @@ import (
 	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
 	equota "github.com/tessera-gpu/tessera/extender/quota"
+	"github.com/tessera-gpu/tessera/extender/verbs"
 	"github.com/tessera-gpu/tessera/gpureq"
 	"github.com/tessera-gpu/tessera/internal/gpustatus"
 )
@@ -61,7 +62,7 @@ func (s *Status) Register(mux *http.ServeMux, ready func() bool) {
 		StatusPendingPath:                    s.handlePending,
 		StatusPodPath + "{namespace}/{name}": s.handlePod,
 	} {
-		mux.Handle("GET "+path, UntilReady(ready, h))
+		mux.Handle("GET "+path, verbs.UntilReady(ready, h))
 	}
 }
 
@@ -460,11 +461,11 @@ func (s *Status) serve(w http.ResponseWriter, r *http.Request, view func(*Snapsh
 	snap, err := s.Take(ctx)
 	if err != nil {
 		klog.FromContext(ctx).Info("Status view failed", "path", r.URL.Path, "err", err)
-		writeJSON(ctx, w, http.StatusInternalServerError, &ErrorReply{Error: err.Error()})
+		verbs.WriteJSON(ctx, w, http.StatusInternalServerError, &verbs.ErrorReply{Error: err.Error()})
 		return
 	}
 	v, code := view(snap)
-	writeJSON(ctx, w, code, v)
+	verbs.WriteJSON(ctx, w, code, v)
 }
 
 func (s *Status) handleOccupancy(w http.ResponseWriter, r *http.Request) {
@@ -485,6 +486,6 @@ func (s *Status) handlePod(w http.ResponseWriter, r *http.Request) {
 		if v := PodView(snap, ns, name); v != nil {
 			return v, http.StatusOK
 		}
-		return &ErrorReply{Error: fmt.Sprintf("pod %s/%s is not in the extender's cache", ns, name)}, http.StatusNotFound
+		return &verbs.ErrorReply{Error: fmt.Sprintf("pod %s/%s is not in the extender's cache", ns, name)}, http.StatusNotFound
 	})
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
 	equota "github.com/tessera-gpu/tessera/extender/quota"
+	"github.com/tessera-gpu/tessera/extender/verbs"
 	"github.com/tessera-gpu/tessera/internal/gpustatus"
 )
 
@@ -276,7 +277,7 @@ func TestStatusHandlers(t *testing.T) {
 		{"GET", StatusQueuesPath, 200, "application/json", []string{`"name":"team-a"`, `"borrowed":{"tessera.dev/gpu":1}`}, &[]QueueView{}},
 		{"GET", StatusPendingPath, 200, "application/json", []string{`"name":"huge"`, `"fitting":0`}, &[]PendingPod{}},
 		{"GET", StatusPodPath + "team-a/wait", 200, "application/json", []string{`"nodes":[{"node":"b","fits":true},{"node":"a","fits":false,"reason":"tessera: fewer than 1 whole GPUs free`}, &PodStatus{}},
-		{"GET", StatusPodPath + "team-a/gone", 404, "application/json", []string{"not in the extender's cache"}, &ErrorReply{}},
+		{"GET", StatusPodPath + "team-a/gone", 404, "application/json", []string{"not in the extender's cache"}, &verbs.ErrorReply{}},
 		{"GET", StatusPath, 200, "text/html; charset=utf-8", []string{`http-equiv="refresh"`, `data-node="a" data-gpu="2"`, "nb/nb-1 nb/nb-2", `data-queue="team-a"`, `data-pod="default/huge"`, "quota: waits: "}, nil},
 		{"POST", StatusOccupancyPath, 405, "", nil, nil},
 	}

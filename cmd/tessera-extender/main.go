@@ -44,6 +44,7 @@ import (
 	"github.com/tessera-gpu/tessera/extender"
 	"github.com/tessera-gpu/tessera/extender/admission"
 	equota "github.com/tessera-gpu/tessera/extender/quota"
+	"github.com/tessera-gpu/tessera/extender/verbs"
 	"github.com/tessera-gpu/tessera/internal/kubeclient"
 	"github.com/tessera-gpu/tessera/internal/podtrust"
 	"github.com/tessera-gpu/tessera/internal/sealkey"
@@ -60,6 +61,12 @@ const pathAdmissionQueue = "/admission/queue"
 // pathAdmissionNVIDIAGPU is where the nvidia.com/gpu compatibility webhook
 // is served (charts/tessera, compat.nvidiaGPU; off unless installed).
 const pathAdmissionNVIDIAGPU = "/admission/nvidia-gpu"
+
+// The verbs call the extender's Server and count with its Metrics.
+var (
+	_ verbs.Core    = (*extender.Server)(nil)
+	_ verbs.Metrics = (*extender.Metrics)(nil)
+)
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -280,7 +287,6 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	// The scheduler's arguments are filtered without Events: the
 	// informer's transform already reported each pod.
 	srv := extender.NewServer(cache, policy, &extender.KubePods{Client: client, Lister: podLister, Trust: trust}, recorder, metrics)
-	srv.SetTrust(argsTrust)
 	srv.SetShortlist(o.shortlist)
 
 	var dyn dynamic.Interface
@@ -356,8 +362,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 
 	var ready atomic.Bool
-	verbs := http.NewServeMux()
-	srv.Register(verbs)
+	verbMux := http.NewServeMux()
+	(&verbs.Handler{Core: srv, Trust: argsTrust, Metrics: metrics}).Register(verbMux)
 	mux := http.NewServeMux()
 	// The gang webhook needs no cache: it only looks at the pod under
 	// review. The queue webhook asks the Queues which namespaces they
@@ -378,7 +384,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		_, _ = io.WriteString(w, "ok\n")
 	})
-	mux.Handle("/", extender.UntilReady(ready.Load, verbs))
+	mux.Handle("/", verbs.UntilReady(ready.Load, verbMux))
 	// Read-only views: GET /status (HTML), /status/{occupancy,queues,pending,pods/NS/NAME} (JSON).
 	status := extender.NewStatus(cache, queues, enforcer, func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) })
 	status.Register(mux, ready.Load)
