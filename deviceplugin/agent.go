@@ -74,6 +74,10 @@ type PodWatch interface {
 	Assigned(ctx context.Context) (map[string]bool, error)
 }
 
+// syncedPoll is how often the agent reads the kubelet while it waits for
+// a (re)started kubelet to list the node's pods.
+const syncedPoll = 200 * time.Millisecond
+
 // assignedReadTimeout bounds the API read of assigned GPUs that a whole-GPU
 // allocation makes; past it, the watch's view decides.
 const assignedReadTimeout = 2 * time.Second
@@ -419,8 +423,11 @@ func (a *Agent) registrar(ctx context.Context) {
 func (a *Agent) registerAll(ctx context.Context) {
 	a.setRegistered(nil)
 	// A (re)started kubelet knows none of the devices until the plugins'
-	// ListAndWatch streams send them: withhold every GPU till then.
+	// ListAndWatch streams send them, and has not synced its pods until
+	// it lists them (checkSynced): withhold every GPU till then.
 	a.state.clearSent()
+	a.state.unsync()
+	go a.pollSynced(ctx)
 	for _, p := range a.plugins {
 		p.stop()
 		if err := p.start(); err != nil {
@@ -458,6 +465,21 @@ func (a *Agent) registerAll(ctx context.Context) {
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 30*time.Second)
+	}
+}
+
+// pollSynced reads the kubelet every syncedPoll until it has synced the
+// node's pods (checkSynced) or ctx ends.
+func (a *Agent) pollSynced(ctx context.Context) {
+	t := time.NewTicker(syncedPoll)
+	defer t.Stop()
+	for !a.state.isSynced() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			poke(a.syncNow)
+		}
 	}
 }
 
@@ -554,19 +576,24 @@ func (a *Agent) syncLoop(ctx context.Context) {
 func (a *Agent) syncKubelet(ctx context.Context) error {
 	var allocs []kubeletstate.ContainerDevices
 	var err error
-	if first, ok := a.opts.Kubelet.(kubeletstate.First); ok {
+	var listed []kubeletstate.PodRef
+	switch k := a.opts.Kubelet.(type) {
+	case kubeletstate.First:
 		var from kubeletstate.Source
-		allocs, from, err = first.AllocationsFrom(ctx)
+		allocs, listed, from, err = k.AllocationsPodsFrom(ctx)
 		if err == nil {
 			a.logger.V(4).Info("Read the kubelet's allocations", "source", from.Name(), "allocations", len(allocs))
 		}
-	} else {
+	case kubeletstate.PodsLister:
+		allocs, listed, err = k.AllocationsAndPods(ctx)
+	default:
 		allocs, err = a.opts.Kubelet.Allocations(ctx)
 	}
 	if err != nil {
 		return err
 	}
 	a.applyKubelet(allocs)
+	a.checkSynced(listed)
 	if a.opts.Publisher == nil {
 		return nil
 	}
@@ -603,6 +630,40 @@ func mapsEqual(x, y map[kubeletstate.ContainerKey]string) bool {
 type LivePods interface {
 	// Live reports whether the pod is on the node and has not ended.
 	Live(namespace, name string) bool
+	// LiveList returns the node's pods that have not ended.
+	LiveList() []kubeletstate.PodRef
+}
+
+// checkSynced ends the wait after a (re)registration for the kubelet to
+// have synced the node's pods (state.synced): when it lists every pod the
+// watch sees running on the node. A restarted kubelet admits the pods of
+// its first batch from the API server before it has synced any (its
+// device manager frees the devices of ended pods only after that), so
+// until then it still counts the units of pods that ended while it was
+// down, and a slice bound then was refused ("Requested: 50, Available:
+// 10"). Without a watch of the node's pods, or with a kubelet source that
+// lists no pods (the checkpoint), nothing can be checked and the wait ends.
+func (a *Agent) checkSynced(listed []kubeletstate.PodRef) {
+	if a.state.isSynced() {
+		return
+	}
+	live, ok := a.opts.Pods.(LivePods)
+	if !ok || listed == nil {
+		a.state.setSynced()
+		return
+	}
+	have := make(map[kubeletstate.PodRef]bool, len(listed))
+	for _, p := range listed {
+		have[p] = true
+	}
+	for _, p := range live.LiveList() {
+		if !have[p] {
+			a.logger.V(2).Info("Waiting for the kubelet to sync the node's pods before offering GPUs", "missing", p.Namespace+"/"+p.Name)
+			return
+		}
+	}
+	a.logger.Info("The kubelet lists every running pod of the node: offering its GPUs", "pods", len(listed))
+	a.state.setSynced()
 }
 
 // keepLive adds to allocs the allocations of the last answer whose pods

@@ -1019,6 +1019,18 @@ func (l *livePodWatch) Live(namespace, name string) bool {
 	return l.live[namespace+"/"+name]
 }
 
+func (l *livePodWatch) LiveList() []kubeletstate.PodRef {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []kubeletstate.PodRef
+	for key, live := range l.live {
+		if ns, name, _ := strings.Cut(key, "/"); live {
+			out = append(out, kubeletstate.PodRef{Namespace: ns, Name: name})
+		}
+	}
+	return out
+}
+
 func (l *livePodWatch) setLive(key string, live bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -1050,6 +1062,54 @@ func TestLivePodKeepsItsDevicesThroughAnEmptyKubeletAnswer(t *testing.T) {
 	pods.setLive("ns/w", false)
 	pods.updates <- podsUpdate{assigned: map[string]bool{}, released: true}
 	e.kubelet.waitCounts("GPU 5's units offered again", all, all)
+}
+
+// listingSource is a kubelet whose allocations and listed pods a test sets.
+type listingSource struct {
+	fakeSource
+	pods []kubeletstate.PodRef
+}
+
+var _ kubeletstate.PodsLister = (*listingSource)(nil)
+
+func (l *listingSource) AllocationsAndPods(ctx context.Context) ([]kubeletstate.ContainerDevices, []kubeletstate.PodRef, error) {
+	a, _ := l.Allocations(ctx)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return a, append([]kubeletstate.PodRef{}, l.pods...), nil
+}
+
+func (l *listingSource) setPods(pods ...kubeletstate.PodRef) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.pods = pods
+}
+
+// After the kubelet restarts, the inventory withholds every GPU until the
+// kubelet lists every pod the watch sees running on the node: before it
+// has synced its pods, a restarted kubelet still counts the units of pods
+// that ended while it was down, and refused a slice bound then.
+func TestRestartedKubeletMustListTheRunningPodsBeforeGPUsAreOffered(t *testing.T) {
+	pods := &livePodWatch{fakePodWatch: &fakePodWatch{updates: make(chan podsUpdate)}, live: map[string]bool{"ns/w": true, "ns/done": false}}
+	kubelet := &listingSource{}
+	w := kubeletstate.PodRef{Namespace: "ns", Name: "w"}
+	kubelet.setPods(w)
+	e := newEnv(t, nvmlmock.PCIe2NUMA(), nil, func(o *deviceplugin.Options) { o.Pods = pods; o.Kubelet = kubelet })
+	e.start(true)
+	all := e.totals()
+	e.kubelet.waitCounts("registration", all, all)
+	gpus := len(e.m.Profile().GPUs)
+	waitInventory(t, e, "the kubelet lists w", 0, 0)
+
+	e.kubelet.stop()
+	kubelet.setPods() // the restarted kubelet has not synced its pods
+	e.kubelet = startFakeKubelet(t, e.dir)
+	e.kubelet.waitCounts("re-registration", all, all)
+	waitInventory(t, e, "registered again, w not listed yet", gpus, gpus)
+	time.Sleep(500 * time.Millisecond) // several reads of the kubelet
+	waitInventory(t, e, "still not listed", gpus, gpus)
+	kubelet.setPods(w, kubeletstate.PodRef{Namespace: "ns", Name: "other"})
+	waitInventory(t, e, "the kubelet lists w", 0, 0)
 }
 
 // The inventory names the GPUs whose devices the agent withholds, so that

@@ -41,6 +41,9 @@ type state struct {
 	sentBy map[corev1.ResourceName]uint64
 	// stopping is set when the agent stops: every GPU is withheld.
 	stopping bool
+	// unsynced is set from a (re)registration until the kubelet lists
+	// the node's running pods (Agent.checkSynced): every GPU is withheld.
+	unsynced bool
 	// onChange, when set, is called (under mu; it must not block or take
 	// mu) when a device list changes or one was sent: the inventory's
 	// withheld lists may have changed.
@@ -224,6 +227,35 @@ func (s *state) clearSent() {
 	}
 }
 
+// unsync makes inventoryView withhold every GPU until setSynced.
+func (s *state) unsync() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.unsynced = true
+	if s.onChange != nil {
+		s.onChange()
+	}
+}
+
+// setSynced ends unsync's withholding.
+func (s *state) setSynced() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.unsynced {
+		return
+	}
+	s.unsynced = false
+	if s.onChange != nil {
+		s.onChange()
+	}
+}
+
+func (s *state) isSynced() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.unsynced
+}
+
 // stop makes inventoryView withhold every GPU from both kinds: the agent
 // is stopping.
 func (s *state) stop() {
@@ -288,9 +320,9 @@ func (s *state) inventoryView() (h devices.HealthMap, whole, shared []string) {
 			into = fromShared
 		}
 		r := k.Resource()
-		if _, sent := s.sent[r]; !sent || s.stopping {
-			// The kubelet has none of r's devices from this agent yet, or
-			// the agent is stopping.
+		if _, sent := s.sent[r]; !sent || s.stopping || s.unsynced {
+			// The kubelet has none of r's devices from this agent yet, has
+			// not synced the node's pods, or the agent is stopping.
 			for _, g := range s.model.GPUs() {
 				if s.health.Of(g.UUID).Healthy {
 					into[g.UUID] = true

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"strings"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/deviceplugin/kubeletstate"
 	"github.com/tessera-gpu/tessera/gpureq"
 	"github.com/tessera-gpu/tessera/internal/podtrust"
 )
@@ -48,6 +50,18 @@ func (w *PodWatch) Live(namespace, name string) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.live[namespace+"/"+name]
+}
+
+// LiveList returns the pods the watch last saw on the node, not ended.
+func (w *PodWatch) LiveList() []kubeletstate.PodRef {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]kubeletstate.PodRef, 0, len(w.live))
+	for key := range w.live {
+		ns, name, _ := strings.Cut(key, "/")
+		out = append(out, kubeletstate.PodRef{Namespace: ns, Name: name})
+	}
+	return out
 }
 
 func (w *PodWatch) setLive(key string, live bool) {

@@ -61,6 +61,19 @@ type Source interface {
 	Name() string
 }
 
+// PodRef names a pod by namespace and name.
+type PodRef struct{ Namespace, Name string }
+
+// PodsLister is a Source that also tells which pods the kubelet lists:
+// those it has admitted and not yet finished terminating, with devices or
+// without.
+type PodsLister interface {
+	Source
+	AllocationsAndPods(ctx context.Context) ([]ContainerDevices, []PodRef, error)
+}
+
+var _ PodsLister = (*PodResources)(nil)
+
 // PodResources reads the kubelet's PodResources API.
 type PodResources struct {
 	// Socket is the kubelet's pod-resources socket.
@@ -112,19 +125,27 @@ func (p *PodResources) Deadline(ctx context.Context) (context.Context, context.C
 
 // Allocations implements Source with one List call.
 func (p *PodResources) Allocations(ctx context.Context) ([]ContainerDevices, error) {
+	out, _, err := p.AllocationsAndPods(ctx)
+	return out, err
+}
+
+// AllocationsAndPods implements PodsLister with one List call.
+func (p *PodResources) AllocationsAndPods(ctx context.Context) ([]ContainerDevices, []PodRef, error) {
 	ctx, cancel := p.Deadline(ctx)
 	defer cancel()
 	client, done, err := p.Connect()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer done()
 	resp, err := client.List(ctx, &podresourcesapi.ListPodResourcesRequest{})
 	if err != nil {
-		return nil, fmt.Errorf("listing pod resources at %s: %w", p.Socket, err)
+		return nil, nil, fmt.Errorf("listing pod resources at %s: %w", p.Socket, err)
 	}
 	var out []ContainerDevices
+	pods := make([]PodRef, 0, len(resp.GetPodResources()))
 	for _, pod := range resp.GetPodResources() {
+		pods = append(pods, PodRef{Namespace: pod.GetNamespace(), Name: pod.GetName()})
 		for _, c := range pod.GetContainers() {
 			for _, d := range c.GetDevices() {
 				r := corev1.ResourceName(d.GetResourceName())
@@ -142,7 +163,7 @@ func (p *PodResources) Allocations(ctx context.Context) ([]ContainerDevices, err
 		}
 	}
 	sortAllocations(out)
-	return out, nil
+	return out, pods, nil
 }
 
 // Checkpoint reads the kubelet device manager's checkpoint file.
@@ -258,15 +279,29 @@ func (f First) Allocations(ctx context.Context) ([]ContainerDevices, error) {
 
 // AllocationsFrom is Allocations naming the source that answered.
 func (f First) AllocationsFrom(ctx context.Context) ([]ContainerDevices, Source, error) {
+	a, _, s, err := f.AllocationsPodsFrom(ctx)
+	return a, s, err
+}
+
+// AllocationsPodsFrom is AllocationsFrom with the pods the source listed
+// when it is a PodsLister (nil otherwise: unknown).
+func (f First) AllocationsPodsFrom(ctx context.Context) ([]ContainerDevices, []PodRef, Source, error) {
 	var errs []error
 	for _, s := range f {
-		a, err := s.Allocations(ctx)
+		var a []ContainerDevices
+		var pods []PodRef
+		var err error
+		if pl, ok := s.(PodsLister); ok {
+			a, pods, err = pl.AllocationsAndPods(ctx)
+		} else {
+			a, err = s.Allocations(ctx)
+		}
 		if err == nil {
-			return a, s, nil
+			return a, pods, s, nil
 		}
 		errs = append(errs, err)
 	}
-	return nil, nil, fmt.Errorf("no source of the kubelet's allocations answered: %w", errors.Join(errs...))
+	return nil, nil, nil, fmt.Errorf("no source of the kubelet's allocations answered: %w", errors.Join(errs...))
 }
 
 func sorted(ids []string) []string {
