@@ -78,6 +78,9 @@ type PodWatch interface {
 // a (re)started kubelet to list the node's pods.
 const syncedPoll = 200 * time.Millisecond
 
+// syncedMaxWait bounds that wait (pollSynced).
+const syncedMaxWait = 2 * time.Minute
+
 // assignedReadTimeout bounds the API read of assigned GPUs that a whole-GPU
 // allocation makes; past it, the watch's view decides.
 const assignedReadTimeout = 2 * time.Second
@@ -469,15 +472,24 @@ func (a *Agent) registerAll(ctx context.Context) {
 }
 
 // pollSynced reads the kubelet every syncedPoll until it has synced the
-// node's pods (checkSynced) or ctx ends.
+// node's pods (checkSynced) or ctx ends. A pod the kubelet never lists
+// (a bug of ours or of the kubelet) must not keep the node's GPUs from
+// every other pod: after syncedMaxWait the GPUs are offered, with an
+// error in the log.
 func (a *Agent) pollSynced(ctx context.Context) {
 	t := time.NewTicker(syncedPoll)
 	defer t.Stop()
+	deadline := time.Now().Add(syncedMaxWait)
 	for !a.state.isSynced() {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			if time.Now().After(deadline) {
+				a.logger.Error(nil, "The kubelet has not listed every running pod of the node; offering its GPUs anyway", "waited", syncedMaxWait)
+				a.state.setSynced()
+				return
+			}
 			poke(a.syncNow)
 		}
 	}
