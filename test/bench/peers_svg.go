@@ -56,7 +56,7 @@ func peersSVG(c *config, results []peerResult) string {
 	)
 	groupW := float64(len(systems))*barW + groupGp
 	rateW := math.Max(float64(len(rateGroups))*groupW, 300)
-	gangW := math.Max(float64(len(gangGroups))*groupW, 300)
+	gangW := math.Max(float64(len(gangGroups))*groupW, 340)
 	width := left + rateW + gapP + gangW + 30
 	height := top + panelH + 60 + 18*float64(len(systems)) + 10
 
@@ -118,7 +118,7 @@ func peersSVG(c *config, results []peerResult) string {
 		}
 		return r.res.podsPerSecond(), true, false
 	})
-	panel(left+rateW+gapP, gangW, "Gangs: last member created -> all bound, mean (lower is better)", "seconds", gangGroups, func(k key) (float64, bool, bool) {
+	panel(left+rateW+gapP, gangW, "Gangs: last created -> all bound (lower is better)", "seconds (mean)", gangGroups, func(k key) (float64, bool, bool) {
 		r, ok := byKey[k]
 		if !ok {
 			return 0, false, false
