@@ -47,7 +47,9 @@ func (c *fakeCore) Bind(context.Context, *extenderv1.ExtenderBindingArgs) error 
 func (c *fakeCore) PreemptArgs(_ context.Context, args *extenderv1.ExtenderPreemptionArgs) (*extenderv1.ExtenderPreemptionResult, error) {
 	c.pods = append(c.pods, args.Pod)
 	for _, v := range args.NodeNameToVictims {
-		c.pods = append(c.pods, v.Pods...)
+		if v != nil {
+			c.pods = append(c.pods, v.Pods...)
+		}
 	}
 	return &extenderv1.ExtenderPreemptionResult{}, c.err
 }
@@ -158,4 +160,31 @@ func TestUntilReady(t *testing.T) {
 	if code, _ := post(t, h, verbs.PathFilter, body); code != http.StatusOK {
 		t.Errorf("when ready: %d", code)
 	}
+}
+
+// FuzzBodies: whatever the body, every verb answers JSON, 200 or 400 (a
+// body that does not decode names itself as malformed), and never panics.
+func FuzzBodies(f *testing.F) {
+	for _, seed := range []string{``, `{}`, `{"Pod": [`, `null`, `{"Pod":{"metadata":{"name":"p"}},"NodeNames":["n"]}`,
+		`{"podName":"p","node":"n"}`, `{"NodeNameToVictims":{"n":{"Pods":[null]}}}`, `{"NodeNameToVictims":{"n":null}}`} {
+		f.Add(seed)
+	}
+	paths := []string{verbs.PathFilter, verbs.PathPrioritize, verbs.PathPrioritizeCPU, verbs.PathBind, verbs.PathPreempt}
+	f.Fuzz(func(t *testing.T, body string) {
+		mux := http.NewServeMux()
+		(&verbs.Handler{Core: &fakeCore{}}).Register(mux)
+		for _, path := range paths {
+			rec := httptest.NewRecorder()
+			mux.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, strings.NewReader(body)))
+			if rec.Code != http.StatusOK && rec.Code != http.StatusBadRequest {
+				t.Fatalf("%s: status %d", path, rec.Code)
+			}
+			if !json.Valid(rec.Body.Bytes()) {
+				t.Fatalf("%s: reply is not JSON: %q", path, rec.Body)
+			}
+			if rec.Code == http.StatusBadRequest && !strings.Contains(rec.Body.String(), "malformed request body") {
+				t.Fatalf("%s: 400 without naming the body: %s", path, rec.Body)
+			}
+		}
+	})
 }
