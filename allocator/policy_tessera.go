@@ -99,12 +99,34 @@ type tesseraPolicy struct {
 	// gapWaste[g] is the expected final waste of a GPU left with g free.
 	gapWaste [MilliPerGPU + 1]float64
 	pressure map[string]float64
+	// hostClass[i] is the index in hostKeys of shape i's GPU demand (what
+	// canHost looks at): shapes that differ only in CPU or GPU count share
+	// it, so fragmented computes which GPUs can host it once.
+	hostClass []int
+	hostKeys  []compiledShape
 }
 
 var _ Policy = (*tesseraPolicy)(nil)
 
 func newTesseraPolicy(m fragModel, cfg TesseraConfig, capacity map[string]int) *tesseraPolicy {
 	p := &tesseraPolicy{model: m, cfg: cfg, pressure: modelPressure(m, capacity)}
+	p.hostClass = make([]int, len(m.shapes))
+	for i, s := range m.shapes {
+		p.hostClass[i] = -1
+		if s.cpuOK {
+			continue
+		}
+		for k, h := range p.hostKeys {
+			if h.whole == s.whole && (s.whole || h.milli == s.milli && h.mem == s.mem) {
+				p.hostClass[i] = k
+				break
+			}
+		}
+		if p.hostClass[i] < 0 {
+			p.hostClass[i] = len(p.hostKeys)
+			p.hostKeys = append(p.hostKeys, s)
+		}
+	}
 	var cpu, gpu float64
 	for _, s := range m.shapes {
 		if !s.cpuOK {
@@ -277,9 +299,71 @@ func (p *tesseraPolicy) cost(model string, cpuFree int64, gpus []GPU) float64 {
 		c += p.cfg.StrandWeight * math.Max(0, float64(free)-float64(cpuFree)/p.cpuPerMilli)
 	}
 	if p.cfg.FragWeight != 0 {
-		c += p.cfg.FragWeight * p.model.amount(model, cpuFree, gpus).Fragmented()
+		c += p.cfg.FragWeight * p.fragmented(model, cpuFree, gpus)
 	}
 	return c
+}
+
+// maxHostClasses bounds the shape classes fragmented keeps on the stack;
+// a workload with more falls back to fragModel.amount.
+const maxHostClasses = 64
+
+// fragmented is p.model.amount(model, cpuFree, gpus).Fragmented(), bit for
+// bit (the same sums in the same order), but it finds which GPUs can host
+// a shape once per GPU demand rather than once per shape.
+func (p *tesseraPolicy) fragmented(model string, cpuFree int64, gpus []GPU) float64 {
+	if len(p.hostKeys) > maxHostClasses {
+		return p.model.amount(model, cpuFree, gpus).Fragmented()
+	}
+	var hosts [maxHostClasses]int
+	var small [maxHostClasses]int64
+	for k := range p.hostKeys {
+		h := &p.hostKeys[k]
+		for gi := range gpus {
+			if h.canHost(&gpus[gi]) {
+				hosts[k]++
+			} else {
+				small[k] += gpus[gi].MilliFree
+			}
+		}
+	}
+	var out FragAmount
+	var idle int64
+	for i := range gpus {
+		idle += gpus[i].MilliFree
+	}
+	fidle := float64(idle)
+	for si := range p.model.shapes {
+		s := &p.model.shapes[si]
+		cpuOK := cpuFree >= s.cpu
+		var cat FragCategory
+		switch {
+		case s.cpuOK:
+			if cpuOK {
+				cat = CPUOnlySatisfied
+			} else {
+				cat = CPUOnlyLackCPU
+			}
+		case !s.allows(model):
+			cat = NoAccess
+		default:
+			k := p.hostClass[si]
+			switch {
+			case hosts[k] >= s.count && cpuOK:
+				out[LackGPU] += s.freq * float64(small[k])
+				out[Satisfied] += s.freq * float64(idle-small[k])
+				continue
+			case hosts[k] >= s.count:
+				cat = LackCPU
+			case cpuOK:
+				cat = LackGPU
+			default:
+				cat = LackBoth
+			}
+		}
+		out[cat] += s.freq * fidle
+	}
+	return out.Fragmented()
 }
 
 func (p *tesseraPolicy) Evaluate(n *Node, r Request) Evaluation {

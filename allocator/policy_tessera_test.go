@@ -278,3 +278,33 @@ func TestTesseraScarcityAndFreeWaste(t *testing.T) {
 		})
 	}
 }
+
+func TestTesseraFragmentedMatchesAmount(t *testing.T) {
+	withModel := benchWorkload()
+	withModel.Shapes[3].Request = withModels(withModel.Shapes[3].Request, "T4")
+	for _, c := range []struct {
+		name string
+		w    Workload
+	}{
+		{"15-shapes", benchWorkload()},
+		{"90-shapes", benchWorkloadWide()},
+		{"model-constrained", withModel},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := tessera(t, c.w).(*tesseraPolicy)
+			rng := rand.New(rand.NewSource(7))
+			for _, n := range benchCluster()[:400] {
+				for i := range n.GPUs {
+					n.GPUs[i].MilliFree = []int64{0, 1000, int64(rng.Intn(100)) * 10}[rng.Intn(3)]
+				}
+				cpu := int64(rng.Intn(int(n.CPUMilliCapacity) + 1))
+				for _, model := range []string{n.Model, "T4"} {
+					want := p.model.amount(model, cpu, n.GPUs).Fragmented()
+					if got := p.fragmented(model, cpu, n.GPUs); got != want {
+						t.Fatalf("node %s model %s cpu %d GPUs %+v: fragmented %v, amount %v", n.Name, model, cpu, n.GPUs, got, want)
+					}
+				}
+			}
+		})
+	}
+}
