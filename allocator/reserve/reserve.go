@@ -77,6 +77,19 @@ type Policy struct {
 	// Undeclared is the run time Priority assumes for a job that declared
 	// none (0: DefaultUndeclared).
 	Undeclared time.Duration
+	// OverdueFirst gives free reservation slots to the due jobs that are
+	// most overdue (waited minus DueAfter), not to the first due jobs in
+	// queue order: with ShortFirst, a long big job's response ratio grows
+	// slowly, and due jobs of shorter run times would otherwise take the
+	// slot before it again and again.
+	OverdueFirst bool
+	// Backlog adds this many times the job's backlog wait (BacklogWait):
+	// how long the work ahead of it when it arrived kept the whole
+	// cluster busy, i.e. about when arrival order would have started it.
+	// A big job is then due only once backfill has made it wait longer
+	// than that: on a cluster loaded far beyond its capacity the bar rises
+	// with the load, on a lightly loaded one it stays near Wait.
+	Backlog float64
 	// MaxShare caps reservations by how much of the cluster big jobs
 	// already use: no new reservation is made while jobs of MinGPUs or
 	// more run on more than this share of the GPUs (0: no cap). Backfill
@@ -102,6 +115,9 @@ func (p Policy) Validate() error {
 	if p.Relative < 0 {
 		return fmt.Errorf("reserve: Relative %v: want 0 or more", p.Relative)
 	}
+	if p.Backlog < 0 {
+		return fmt.Errorf("reserve: Backlog %v: want 0 or more", p.Backlog)
+	}
 	if p.Max < 0 {
 		return fmt.Errorf("reserve: Max %d: want 0 or more", p.Max)
 	}
@@ -126,17 +142,69 @@ func (p Policy) Validate() error {
 // reservation, when the longest-waiting job smaller than MinGPUs has waited
 // smallWaited; ok is false when it never is (smaller than MinGPUs).
 func (p Policy) DueAfter(gpus int, smallWaited time.Duration) (wait time.Duration, ok bool) {
+	return p.DueAfterBacklog(gpus, smallWaited, 0)
+}
+
+// DueAfterBacklog is DueAfter for a job whose backlog wait (BacklogWait)
+// is backlog.
+func (p Policy) DueAfterBacklog(gpus int, smallWaited, backlog time.Duration) (wait time.Duration, ok bool) {
 	if gpus < p.MinGPUs {
 		return 0, false
 	}
-	return p.Wait + time.Duration(gpus)*p.WaitPerGPU + time.Duration(p.Relative*float64(smallWaited)), true
+	return p.Wait + time.Duration(gpus)*p.WaitPerGPU + time.Duration(p.Relative*float64(smallWaited)) + time.Duration(p.Backlog*float64(backlog)), true
 }
 
 // Due reports whether a job of gpus GPUs that has waited waited is due a
 // reservation (smallWaited as in DueAfter).
 func (p Policy) Due(gpus int, waited, smallWaited time.Duration) bool {
-	d, ok := p.DueAfter(gpus, smallWaited)
+	return p.DueBacklog(gpus, waited, smallWaited, 0)
+}
+
+// DueBacklog is Due for a job whose backlog wait is backlog.
+func (p Policy) DueBacklog(gpus int, waited, smallWaited, backlog time.Duration) bool {
+	d, ok := p.DueAfterBacklog(gpus, smallWaited, backlog)
 	return ok && waited >= d
+}
+
+// Overdue is how long a job has waited past its due wait (DueAfterBacklog);
+// ok is false when it is not due.
+func (p Policy) Overdue(gpus int, waited, smallWaited, backlog time.Duration) (time.Duration, bool) {
+	d, ok := p.DueAfterBacklog(gpus, smallWaited, backlog)
+	if !ok || waited < d {
+		return 0, false
+	}
+	return waited - d, true
+}
+
+// Work is a job ahead of another: its GPUs and how long it still runs by
+// its declared run time (the whole of it for a job not started).
+type Work struct {
+	GPUs      int
+	Remaining Runtime
+}
+
+// BacklogWait is how long the work ahead keeps capacity GPUs busy: the sum
+// of its GPU-time over capacity, a job that declared no run time counted
+// with Undeclared (DefaultUndeclared when 0), one past its estimate not at
+// all. It is about the wait arrival order gives a job that arrives behind
+// that work.
+func (p Policy) BacklogWait(ahead []Work, capacity int) time.Duration {
+	if capacity <= 0 {
+		return 0
+	}
+	und := p.Undeclared
+	if und <= 0 {
+		und = DefaultUndeclared
+	}
+	var gpuTime float64
+	for _, w := range ahead {
+		d := und
+		if w.Remaining.Known {
+			d = max(w.Remaining.Duration, 0)
+		}
+		gpuTime += float64(w.GPUs) * float64(d)
+	}
+	return time.Duration(gpuTime / float64(capacity))
 }
 
 // Waiting is a job that has not started.

@@ -134,3 +134,41 @@ func TestValidate(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+func TestBacklogAndOverdue(t *testing.T) {
+	p := Policy{MinGPUs: 16, Wait: time.Hour, Backlog: 0.5, Undeclared: 24 * time.Hour}
+	ahead := []Work{
+		{GPUs: 8, Remaining: Expect(10 * time.Hour)}, // 80 GPU-h
+		{GPUs: 16, Remaining: Runtime{}},             // undeclared: 24 h, 384 GPU-h
+		{GPUs: 8, Remaining: Expect(-2 * time.Hour)}, // past its estimate: 0
+		{GPUs: 32, Remaining: Expect(3 * time.Hour)}, // 96 GPU-h
+	}
+	if got, want := p.BacklogWait(ahead, 32), time.Duration(float64(80+384+96)/32*float64(time.Hour)); got != want {
+		t.Errorf("BacklogWait = %s, want %s", got, want)
+	}
+	if got := p.BacklogWait(ahead, 0); got != 0 {
+		t.Errorf("BacklogWait on no GPUs = %s, want 0", got)
+	}
+	backlog := 10 * time.Hour
+	if d, ok := p.DueAfterBacklog(16, 0, backlog); !ok || d != 6*time.Hour {
+		t.Errorf("DueAfterBacklog = %s %v, want 6h (1h + 0.5 x 10h)", d, ok)
+	}
+	if p.DueBacklog(16, 5*time.Hour, 0, backlog) || !p.DueBacklog(16, 6*time.Hour, 0, backlog) {
+		t.Error("DueBacklog: due before 6h, or not at 6h")
+	}
+	if over, ok := p.Overdue(16, 8*time.Hour, 0, backlog); !ok || over != 2*time.Hour {
+		t.Errorf("Overdue = %s %v, want 2h", over, ok)
+	}
+	if _, ok := p.Overdue(16, 5*time.Hour, 0, backlog); ok {
+		t.Error("Overdue before due")
+	}
+	if _, ok := p.Overdue(8, 100*time.Hour, 0, 0); ok {
+		t.Error("Overdue for a job below MinGPUs")
+	}
+	if !p.Due(16, time.Hour, 0) {
+		t.Error("Due without a backlog: want due at Wait")
+	}
+	if err := (Policy{MinGPUs: 1, Backlog: -1}).Validate(); err == nil {
+		t.Error("a negative Backlog validated")
+	}
+}

@@ -74,6 +74,8 @@ func parseJobsFlags(args []string, stderr io.Writer) (*jobsOptions, error) {
 	fs.BoolVar(&o.reserve.ShortFirst, "reserve-short-first", def.Reserve.ShortFirst, "reserve: try waiting jobs by response ratio ((waited + declared run time) / declared run time) instead of in arrival order")
 	fs.Float64Var(&o.reserve.MaxShare, "reserve-max-share", def.Reserve.MaxShare, "reserve: no new reservation while jobs of --reserve-min-gpus or more run on more than this share of the GPUs (0: no cap)")
 	fs.DurationVar(&o.reserve.Undeclared, "reserve-undeclared", def.Reserve.Undeclared, "reserve: with --reserve-short-first, the run time assumed for a job that declares none (0: 720h)")
+	fs.BoolVar(&o.reserve.OverdueFirst, "reserve-overdue-first", def.Reserve.OverdueFirst, "reserve: a free reservation slot goes to the most overdue due job (waited minus its due wait), not the first due job in queue order")
+	fs.Float64Var(&o.reserve.Backlog, "reserve-backlog", def.Reserve.Backlog, "reserve: add this many times the job's backlog wait (the work ahead of it when it arrived, by declared run times, over the cluster's GPUs) to its due wait")
 	fs.IntVar(&o.consolidate, "consolidate-moves-per-minute", 0, "reserve: consolidation: a job holding a reservation that cannot start gets whole nodes by moving running one-pod jobs smaller than a node (each restarts, its work lost), at most this many per minute of simulated time (0: off)")
 	estimates := fs.String("estimates", def.Estimates.String(), "reserve: comma-separated models of the run time jobs declare, one replay each: none, oracle (the actual duration), user<factor>x-miss<share> (actual x factor rounded up to a limit class of 1h..30d; that share of jobs declares none)")
 	reserveOrder := fs.String("reserve-order", string(def.Reserve.Order), "reserve: tie-break between nodes with as many GPUs to drain: youngest, oldest (by their longest-running pod) or name")
@@ -309,6 +311,12 @@ func reserveVariant(p reserve.Policy) string {
 	}
 	if p.MaxShare != def.MaxShare {
 		v += "+share" + strconv.FormatFloat(p.MaxShare, 'g', -1, 64)
+	}
+	if p.OverdueFirst != def.OverdueFirst {
+		v += "+overdue=" + strconv.FormatBool(p.OverdueFirst)
+	}
+	if p.Backlog != def.Backlog {
+		v += "+backlog" + strconv.FormatFloat(p.Backlog, 'g', -1, 64)
 	}
 	if p.ShortFirst != def.ShortFirst {
 		v += "+sf=" + strconv.FormatBool(p.ShortFirst)

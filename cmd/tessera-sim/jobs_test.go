@@ -109,6 +109,7 @@ func TestJobsCommand(t *testing.T) {
 	}{
 		{[]string{"--estimates", "oracle,user3x-miss0"}, []string{`"variant":"reserve+est=oracle"`, `"variant":"reserve+est=user3x-miss0"`}},
 		{[]string{"--consolidate-moves-per-minute", "4"}, []string{`"variant":"reserve+cons4+est=user2x-miss0.2"`}},
+		{[]string{"--reserve-overdue-first", "--reserve-backlog", "0.5"}, []string{`"variant":"reserve+overdue=true+backlog0.5+est=user2x-miss0.2"`}},
 		{[]string{"--estimates", "oracle,none", "--reserve-estimates=false", "--reserve-short-first=false", "--reserve-max-share", "0", "--reserve-undeclared", "1h"},
 			[]string{`"variant":"reserve+easy=false+und1h0m0s+share0+sf=false"`}},
 	} {

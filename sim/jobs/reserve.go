@@ -78,16 +78,31 @@ func (s *sim) initReserve() {
 	}
 }
 
-// reserveFinish forgets a finished job and records its completion time by
-// ID (for tests).
+// reserveArrive records j's backlog wait: the running and waiting work
+// ahead of it, by the declared run times, over the cluster's GPUs.
+func (s *sim) reserveArrive(j *jobState) {
+	if s.rsv == nil || s.rsv.policy.Backlog <= 0 {
+		return
+	}
+	ahead := make([]reserve.Work, 0, len(s.running)+len(s.queue))
+	for _, c := range s.running {
+		rt := c.job.rt
+		if rt.Known {
+			rt = reserve.Expect(rt.Duration - time.Duration(s.now-c.job.start)*time.Second)
+		}
+		ahead = append(ahead, reserve.Work{GPUs: c.job.job.GPUs, Remaining: rt})
+	}
+	for _, q := range s.queue {
+		ahead = append(ahead, reserve.Work{GPUs: q.job.GPUs, Remaining: q.rt})
+	}
+	j.backlog = s.rsv.policy.BacklogWait(ahead, s.cfg.Nodes*s.cfg.GPUsPerNode)
+}
+
+// reserveFinish forgets a finished job.
 func (s *sim) reserveFinish(j *jobState) {
 	if s.rsv != nil {
 		delete(s.rsv.inside, j)
 	}
-	if s.res.jctByID == nil {
-		s.res.jctByID = map[string]int64{}
-	}
-	s.res.jctByID[j.job.ID] = s.now - j.job.Submit
 }
 
 // scheduleReserve starts whole jobs in queue order under the reservations.
@@ -117,6 +132,25 @@ func (s *sim) reservePass() (bool, error) {
 	if r.policy.ShortFirst {
 		walk = s.byPriority()
 	}
+	// With OverdueFirst, the free slots go to the most overdue due jobs.
+	var next map[*jobState]bool
+	if r.policy.OverdueFirst && len(r.holds) < r.policy.Slots() {
+		type due struct {
+			j    *jobState
+			over time.Duration
+		}
+		var ds []due
+		for _, j := range s.queue {
+			if over, ok := r.policy.Overdue(j.job.GPUs, time.Duration(s.now-j.job.Submit)*time.Second, small, j.backlog); ok && !r.holding(j) {
+				ds = append(ds, due{j, over})
+			}
+		}
+		slices.SortStableFunc(ds, func(a, b due) int { return cmp.Compare(b.over, a.over) })
+		next = map[*jobState]bool{}
+		for _, d := range ds[:min(len(ds), r.policy.Slots()-len(r.holds))] {
+			next[d.j] = true
+		}
+	}
 	var kept []*jobState
 	for _, j := range walk {
 		started, err := s.reserveTry(j)
@@ -127,7 +161,7 @@ func (s *sim) reservePass() (bool, error) {
 			continue
 		}
 		kept = append(kept, j)
-		if len(r.holds) < r.policy.Slots() && !r.holding(j) && r.policy.MayHold(s.bigGPUs(), s.cfg.Nodes*s.cfg.GPUsPerNode) && r.policy.Due(j.job.GPUs, time.Duration(s.now-j.job.Submit)*time.Second, small) {
+		if len(r.holds) < r.policy.Slots() && !r.holding(j) && (next == nil || next[j]) && r.policy.MayHold(s.bigGPUs(), s.cfg.Nodes*s.cfg.GPUsPerNode) && r.policy.DueBacklog(j.job.GPUs, time.Duration(s.now-j.job.Submit)*time.Second, small, j.backlog) {
 			r.holds = append(r.holds, j)
 			s.hold()
 			if s.cons != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"sort"
+	"time"
 
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/allocator/gang"
@@ -139,6 +140,9 @@ type jobState struct {
 	order  int // arrival order, the queue's sort key
 	// rt is the run time the job declares (Config.Estimates).
 	rt reserve.Runtime
+	// backlog is the job's backlog wait when it arrived
+	// (reserve.Policy.BacklogWait; StrategyReserve with Backlog only).
+	backlog time.Duration
 	// shape memoises shapeKey.
 	shape string
 }
@@ -294,6 +298,7 @@ func (s *sim) run(jobs []Job) (*Result, error) {
 			j := jobs[next]
 			js := &jobState{job: j, team: s.teamOf(j), fteam: s.fairTeam(j), sizes: j.pods(s.cfg.GPUsPerNode), order: next, rt: s.cfg.Estimates.runtime(j)}
 			s.queueArrive(js)
+			s.reserveArrive(js)
 			js.nodes = make([]int, len(js.sizes))
 			js.gpus = make([]allocator.GPUSet, len(js.sizes))
 			for i := range js.nodes {
@@ -360,6 +365,10 @@ func (s *sim) finish(j *jobState) {
 		s.res.MaxBigGangJCTHours = max(s.res.MaxBigGangJCTHours, float64(s.now-j.job.Submit)/3600)
 	}
 	s.res.jctSec = append(s.res.jctSec, float64(s.now-j.job.Submit))
+	if s.res.jctByID == nil {
+		s.res.jctByID = map[string]int64{}
+	}
+	s.res.jctByID[j.job.ID] = s.now - j.job.Submit
 }
 
 // release frees every placed pod of j.
