@@ -23,7 +23,8 @@ import (
 // pairs separated by commas: min, wait, rel, share, max, est (an estimate
 // model), sf (short-first), pre, easy, cons. It prints both results, the
 // big jobs (>= BigGangGPUs) with the longest completion times under A, and
-// the days of submission where A's completion times add the most over B's.
+// the days of submission where A's completion times add the most over B's
+// (and the completion times of job TESSERA_ITP_JOB, when set).
 func TestTraceAnalysis(t *testing.T) {
 	path := os.Getenv("TESSERA_ITP_TRACE")
 	if path == "" {
@@ -72,6 +73,9 @@ func TestTraceAnalysis(t *testing.T) {
 		fmt.Fprintf(&sb, "%-38s %5d %8.1f %9.1f %9.1f %9.1f\n", j.ID, j.GPUs, float64(j.Duration)/3600, float64(j.Submit-first)/3600, float64(a.jctByID[j.ID])/3600, float64(b.jctByID[j.ID])/3600)
 	}
 	t.Log(sb.String())
+	if id := os.Getenv("TESSERA_ITP_JOB"); id != "" {
+		t.Logf("job %s: JCT A %.1f h, B %.1f h", id, float64(a.jctByID[id])/3600, float64(b.jctByID[id])/3600)
+	}
 	type day struct {
 		day         int
 		jobs        int
@@ -109,7 +113,8 @@ func TestTraceAnalysis(t *testing.T) {
 // analysisConfig parses TestTraceAnalysis's replay spec.
 func analysisConfig(spec string, nodes int) (Config, error) {
 	cfg := DefaultConfig()
-	cfg.Nodes, cfg.Teams, cfg.SampleEvery = nodes, 0, 0
+	// As tessera-sim jobs: no quota, no hold (gang is pure backfill).
+	cfg.Nodes, cfg.Teams, cfg.SampleEvery, cfg.MaxBackfillWait = nodes, 0, 0, 0
 	name, settings, _ := strings.Cut(spec, ":")
 	cfg.Strategy = Strategy(name)
 	if settings == "" {
