@@ -33,16 +33,20 @@ type TesseraConfig struct {
 	// fit them. A slice larger than half a GPU always takes a GPU of its
 	// own and leaves a gap of 1000 minus its size, at the slice's frequency
 	// o(g). Such a gap, with fitting slices of frequency p, is filled with
-	// probability p / (max(p, Scarcity*o(g)) + GapCompetition). These gaps
-	// claim the slices that fit them best (the smallest gaps first, the
-	// largest fitting slice first, Scarcity*o(g) of them); any other gap
-	// is filled with probability q / (q + GapCompetition), q the frequency
-	// of the fitting slices left unclaimed. 0 turns it off (every gap:
-	// p / (p + GapCompetition)). On the Alibaba trace there are ten 810m
-	// slices for each slice of 190m or less: without it the model said
-	// W(190) ~ 100 (most such gaps get filled) and W(210) ~ 117, W(130) ~
-	// 100, while those gaps are nearly never filled.
+	// probability p / (max(p, Scarcity*o(g)) + GapCompetition) instead of
+	// p / (p + GapCompetition) (0 turns it off). On the Alibaba trace there
+	// are ten 810m slices for each slice of 190m or less: without it the
+	// model said W(190) ~ 100 (most such gaps get filled), with it 175
+	// (observed: ~185).
 	Scarcity float64
+	// ClaimFillers (0 or 1; needs Scarcity) makes those gaps claim the
+	// slices that fit them best (the smallest gaps first, the largest
+	// fitting slice first, Scarcity*o(g) of them); any other gap is then
+	// filled with probability q / (q + GapCompetition), q the frequency of
+	// the fitting slices left unclaimed. It helps on the seven Alibaba
+	// workloads but hurts on variants with other slice sizes (docs/sim.md,
+	// "Gap scarcity and the free GPU"), so it is off by default.
+	ClaimFillers float64
 	// FreeWaste weighs the expected final waste of a fully free GPU in the
 	// gap-waste term (0: a free GPU counts as no waste). A free GPU ends
 	// up with a whole-GPU pod (no waste) or a slice larger than half a GPU
@@ -148,7 +152,8 @@ func newTesseraPolicy(m fragModel, cfg TesseraConfig, capacity map[string]int) *
 	// left[g]: the frequency of the slices of at most g milli that those
 	// gaps leave unclaimed.
 	var left [MilliPerGPU + 1]float64
-	if cfg.Scarcity > 0 {
+	claims := cfg.Scarcity > 0 && cfg.ClaimFillers > 0
+	if claims {
 		var rem [MilliPerGPU + 1]float64
 		for _, s := range m.shapes {
 			if !s.cpuOK && !s.whole {
@@ -197,7 +202,7 @@ func newTesseraPolicy(m fragModel, cfg TesseraConfig, capacity map[string]int) *
 		switch {
 		case cfg.Scarcity > 0 && open[g] > 0:
 			filled = fit / (math.Max(fit, cfg.Scarcity*open[g]) + cfg.GapCompetition)
-		case cfg.Scarcity > 0:
+		case claims:
 			filled = left[g] / (left[g] + cfg.GapCompetition)
 		}
 		p.gapWaste[g] = (1-filled)*float64(g) + filled*next/wsum

@@ -247,14 +247,25 @@ func TestTesseraScarcityAndFreeWaste(t *testing.T) {
 			if !(old.gapWaste[190] < p.gapWaste[190]) {
 				t.Errorf("W(190) without scarcity %v, with %v: scarcity should raise it", old.gapWaste[190], p.gapWaste[190])
 			}
-			// Only 160m slices fit a 350m gap, and the 190m gaps claim
-			// them all: it is never filled. 470m slices are not claimed,
-			// and they fill 530m gaps.
-			if p.gapWaste[350] != 350 || !(old.gapWaste[350] < 350) {
-				t.Errorf("W(350) = %v with scarcity, %v without; want 350 and below 350", p.gapWaste[350], old.gapWaste[350])
+			// By default the other gaps change only through the gaps their
+			// fillers leave: W(180) not at all, W(350) (a 160m slice
+			// leaves 190m) goes up. With ClaimFillers: only 160m slices fit
+			// a 350m gap, and the 190m gaps claim them all, so it is never
+			// filled; 470m slices are not claimed, and they fill 530m gaps.
+			if p.gapWaste[180] != old.gapWaste[180] || !(p.gapWaste[350] > old.gapWaste[350]) {
+				t.Errorf("W(180), W(350) = %v, %v; without scarcity %v, %v: want equal and higher", p.gapWaste[180], p.gapWaste[350], old.gapWaste[180], old.gapWaste[350])
 			}
-			if !(p.gapWaste[530] < c.wantW530Below) {
-				t.Errorf("W(530) = %v, want below %v (470m slices fill it)", p.gapWaste[530], c.wantW530Below)
+			claimCfg := DefaultTesseraConfig()
+			claimCfg.ClaimFillers = 1
+			pc := tessera(t, c.w, WithTesseraConfig(claimCfg)).(*tesseraPolicy)
+			if pc.gapWaste[350] != 350 || !(old.gapWaste[350] < 350) {
+				t.Errorf("W(350) = %v with claims, %v without; want 350 and below 350", pc.gapWaste[350], old.gapWaste[350])
+			}
+			if !(pc.gapWaste[530] < c.wantW530Below) {
+				t.Errorf("W(530) = %v with claims, want below %v (470m slices fill it)", pc.gapWaste[530], c.wantW530Below)
+			}
+			if pc.gapWaste[190] != p.gapWaste[190] {
+				t.Errorf("W(190) = %v with claims, %v without: the big slices' own gaps should not change", pc.gapWaste[190], p.gapWaste[190])
 			}
 			if old.gapWaste[MilliPerGPU] != 0 {
 				t.Errorf("without FreeWaste a free GPU costs %v, want 0", old.gapWaste[MilliPerGPU])
