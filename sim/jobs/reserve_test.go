@@ -185,3 +185,36 @@ func withNodes(cfg Config, n int) Config {
 	cfg.Nodes = n
 	return cfg
 }
+
+// OverdueFirst: two 16-GPU jobs wait on a full 2-node cluster, the long
+// one (10000 s) due first; at t=200 the short one (100 s) has the higher
+// response ratio, so in short-first order it would take the one
+// reservation and the long one would start after it. With OverdueFirst
+// the slot goes to the long one, overdue longer.
+func TestReserveOverdueFirst(t *testing.T) {
+	jobs := []Job{
+		{ID: "a", Submit: 0, Duration: 1000, GPUs: 8},
+		{ID: "b", Submit: 0, Duration: 2000, GPUs: 8},
+		{ID: "long", Submit: 10, Duration: 10000, GPUs: 16},
+		{ID: "short", Submit: 20, Duration: 100, GPUs: 16},
+		{ID: "tick", Submit: 200, Duration: 50, GPUs: 1},
+	}
+	for _, tc := range []struct {
+		overdue   bool
+		long, sht int64 // completion times, seconds
+	}{
+		{false, 2100 + 10000 - 10, 2100 - 20},
+		{true, 2000 + 10000 - 10, 12000 + 50 + 100 - 20}, // after tick, which goes first when long ends
+	} {
+		cfg := twoNodes(StrategyReserve)
+		cfg.Reserve = reserve.Policy{MinGPUs: 16, Wait: 100 * time.Second, ShortFirst: true, Max: 1, OverdueFirst: tc.overdue}
+		var err error
+		if cfg.Estimates, err = ParseEstimates("oracle"); err != nil {
+			t.Fatal(err)
+		}
+		jct, _ := jctOf(t, jobs, cfg)
+		if jct["long"] != tc.long || jct["short"] != tc.sht {
+			t.Errorf("overdue-first %v: long's JCT %d s, short's %d s; want %d and %d", tc.overdue, jct["long"], jct["short"], tc.long, tc.sht)
+		}
+	}
+}
