@@ -65,7 +65,10 @@ if [[ " ${peers} " == *" scheduler-plugins "* ]]; then
 	chmod u+w "${out_dir}/scheduler-plugins-crds/"*.yaml
 fi
 
-if [[ " ${peers} " == *" hami "* ]]; then
+hami_want="github.com/Project-HAMi/HAMi/cmd/scheduler ${hami_tag}-${hami_commit:0:12} ${go_version}"
+if [[ " ${peers} " == *" hami "* && -x "${out_dir}/hami-scheduler" && "$(cat "${out_dir}/.hami-scheduler.stamp" 2>/dev/null)" == "${hami_want}" ]]; then
+	echo "peer-bins: hami-scheduler up to date (${hami_want}) in ${out_dir}"
+elif [[ " ${peers} " == *" hami "* ]]; then
 	src="${out_dir}/src/hami"
 	have="$(cat "${src}/.commit" 2>/dev/null || true)"
 	if [[ "${have}" != "${hami_commit}" ]]; then
