@@ -41,6 +41,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"sigs.k8s.io/yaml"
+
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/test/framework/controlplane"
 )
@@ -79,6 +81,10 @@ type peerConfig struct {
 	gangMembers []int // one gang workload per size
 	gangGPUs    int
 	svg         string
+	// scorePercent, when not negative, is set as percentageOfNodesToScore
+	// in every system's configuration (0: kube-scheduler's adaptive
+	// default).
+	scorePercent int
 }
 
 func addPeerFlags(fs *flag.FlagSet, pc *peerConfig) {
@@ -118,6 +124,7 @@ func addPeerFlags(fs *flag.FlagSet, pc *peerConfig) {
 	})
 	fs.IntVar(&pc.gangGPUs, "gang-gpus", 8, "with --peers: whole GPUs of each gang member")
 	fs.StringVar(&pc.svg, "svg", "", "with --peers: write the plot (SVG) to this file")
+	fs.IntVar(&pc.scorePercent, "peer-score-percent", -1, "with --peers: set percentageOfNodesToScore to this in every system's scheduler configuration (0: kube-scheduler's adaptive default; negative: each as its project configures it)")
 }
 
 // supports says whether system runs workload: shared slices only where
@@ -310,6 +317,13 @@ func runPeers(ctx context.Context, c *config, stdout, stderr io.Writer) error {
 	if err := os.WriteFile(e.hamiCfg, []byte(hamiSchedulerConfig("http://"+e.hamiPrx.addr(), "hami-scheduler")), 0o600); err != nil {
 		return fmt.Errorf("write HAMi scheduler config: %w", err)
 	}
+	if pc.scorePercent >= 0 {
+		for _, f := range []string{e.withCfg, e.without, e.hamiCfg} {
+			if err := setScorePercent(f, pc.scorePercent); err != nil {
+				return err
+			}
+		}
+	}
 
 	var results []peerResult
 	for _, n := range c.nodes {
@@ -373,6 +387,28 @@ func setupSealKeyAccess(ctx context.Context, client kubernetes.Interface, repo, 
 	}
 	if _, err := client.RbacV1().RoleBindings(role.Namespace).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create RoleBinding %s: %w", binding.Name, err)
+	}
+	return nil
+}
+
+// setScorePercent sets percentageOfNodesToScore in the
+// KubeSchedulerConfiguration file path.
+func setScorePercent(path string, pct int) error {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read scheduler config: %w", err)
+	}
+	cfg := map[string]any{}
+	if err := yaml.Unmarshal(raw, &cfg); err != nil {
+		return fmt.Errorf("parse scheduler config %s: %w", path, err)
+	}
+	cfg["percentageOfNodesToScore"] = pct
+	out, err := yaml.Marshal(cfg)
+	if err != nil {
+		return fmt.Errorf("marshal scheduler config: %w", err)
+	}
+	if err := os.WriteFile(path, out, 0o600); err != nil {
+		return fmt.Errorf("write scheduler config: %w", err)
 	}
 	return nil
 }
@@ -467,7 +503,7 @@ func (e *peerEnv) runSystem(ctx context.Context, system string) ([]peerResult, e
 		}
 		kubeRunning = true
 	case sysSP:
-		p, _, err := startSPScheduler(ctx, e.bins[sysSP], e.spKube, e.dir, 2*time.Minute)
+		p, _, err := startSPScheduler(ctx, e.bins[sysSP], e.spKube, e.dir, pc.scorePercent, 2*time.Minute)
 		if err != nil {
 			return nil, err
 		}
@@ -645,6 +681,9 @@ func reportPeers(w io.Writer, c *config, e *peerEnv, results []peerResult, load0
 	pc := &c.peers
 	fmt.Fprintf(w, "\nside by side: %d pods per run, %d pod creators, %d CPUs; load average at start %s, at end %s; total %s\n",
 		c.pods, c.podWorkers, runtime.NumCPU(), load0, load1, took.Round(time.Second))
+	if pc.scorePercent >= 0 {
+		fmt.Fprintf(w, "percentageOfNodesToScore set to %d in every system's configuration\n", pc.scorePercent)
+	}
 	for _, v := range peerVersions(pc.binDir) {
 		fmt.Fprintf(w, "  %s\n", v)
 	}

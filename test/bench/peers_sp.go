@@ -171,8 +171,9 @@ func deletePodGroups(ctx context.Context, dyn dynamic.Interface, ns string) erro
 
 // startSPScheduler runs scheduler-plugins' kube-scheduler as its own
 // process with the flags the control plane gives kube-scheduler, and
-// waits for its /readyz. It returns the process and its address.
-func startSPScheduler(ctx context.Context, bin, kubeconfig, dir string, timeout time.Duration) (*extenderProc, string, error) {
+// waits for its /readyz. scorePercent, when not negative, is set as its
+// percentageOfNodesToScore. It returns the process and its address.
+func startSPScheduler(ctx context.Context, bin, kubeconfig, dir string, scorePercent int, timeout time.Duration) (*extenderProc, string, error) {
 	sub := filepath.Join(dir, "scheduler-plugins")
 	if err := os.MkdirAll(sub, 0o700); err != nil {
 		return nil, "", fmt.Errorf("scheduler-plugins dir: %w", err)
@@ -180,6 +181,11 @@ func startSPScheduler(ctx context.Context, bin, kubeconfig, dir string, timeout 
 	cfg := filepath.Join(sub, "config.yaml")
 	if err := os.WriteFile(cfg, []byte(spSchedulerConfig(kubeconfig)), 0o600); err != nil {
 		return nil, "", fmt.Errorf("write scheduler-plugins config: %w", err)
+	}
+	if scorePercent >= 0 {
+		if err := setScorePercent(cfg, scorePercent); err != nil {
+			return nil, "", err
+		}
 	}
 	addr, err := freeAddr()
 	if err != nil {
