@@ -66,8 +66,8 @@ func readDeploy(repo, file, kind string, into any) error {
 	return fmt.Errorf("%s has no %s", file, kind)
 }
 
-// setupExtenderAccess creates deploy/'s ClusterRole bound to user and
-// writes a kubeconfig for it into dir.
+// setupExtenderAccess creates deploy/'s ClusterRole and seal-key Role
+// bound to user and writes a kubeconfig for it into dir.
 func setupExtenderAccess(ctx context.Context, cp *controlplane.ControlPlane, client kubernetes.Interface, user *controlplane.User, repo, dir string) (string, error) {
 	var role rbacv1.ClusterRole
 	if err := readDeploy(repo, "rbac.yaml", "ClusterRole", &role); err != nil {
@@ -83,6 +83,10 @@ func setupExtenderAccess(ctx context.Context, cp *controlplane.ControlPlane, cli
 	}
 	if _, err := client.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
 		return "", fmt.Errorf("create ClusterRoleBinding: %w", err)
+	}
+	// The extender reads (or creates) its seal key before it serves.
+	if err := setupSealKeyAccess(ctx, client, repo, user.Name); err != nil {
+		return "", err
 	}
 	kubeconfig := filepath.Join(dir, "extender.kubeconfig")
 	kc := clientcmdapi.NewConfig()

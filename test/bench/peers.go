@@ -285,9 +285,6 @@ func runPeers(ctx context.Context, c *config, stdout, stderr io.Writer) error {
 	if e.extKube, err = setupExtenderAccess(ctx, cp, e.client, extUser, c.repo, dir); err != nil {
 		return err
 	}
-	if err := setupSealKeyAccess(ctx, e.client, c.repo, extUser.Name); err != nil {
-		return err
-	}
 	if e.hamiKube, err = setupHAMiAccess(ctx, e.client, kubeconfigFor); err != nil {
 		return err
 	}
@@ -325,7 +322,11 @@ func runPeers(ctx context.Context, c *config, stdout, stderr io.Writer) error {
 		}
 	}
 
-	var results []peerResult
+	var (
+		results     []peerResult
+		interrupted error
+	)
+nodeCounts:
 	for _, n := range c.nodes {
 		logf("creating nodes %d..%d", e.nodes, n-1)
 		t0 := time.Now()
@@ -344,7 +345,9 @@ func runPeers(ctx context.Context, c *config, stdout, stderr io.Writer) error {
 			results = append(results, rs...)
 			if err != nil {
 				if ctx.Err() != nil {
-					return err
+					// Interrupted: report what was measured.
+					interrupted = err
+					break nodeCounts
 				}
 				logf("%s at %d nodes: %v", s, n, err)
 				results = append(results, peerResult{nodes: n, system: s, err: err})
@@ -354,12 +357,18 @@ func runPeers(ctx context.Context, c *config, stdout, stderr io.Writer) error {
 			}
 		}
 	}
+	if interrupted != nil {
+		fmt.Fprintf(stdout, "\ninterrupted (%v): the report has the runs finished before\n", interrupted)
+	}
 	reportPeers(stdout, c, e, results, load0, loadavg(), time.Since(began))
 	if pc.svg != "" {
 		if err := os.WriteFile(pc.svg, []byte(peersSVG(c, results)), 0o644); err != nil {
 			return fmt.Errorf("write plot: %w", err)
 		}
 		logf("plot written to %s", pc.svg)
+	}
+	if interrupted != nil {
+		return interrupted
 	}
 	for _, r := range results {
 		if r.err != nil {
