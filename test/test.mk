@@ -27,7 +27,7 @@ TEST_ETCD        ?= etcd
 # package the tests import (minutes on 2 cores, see test/README.md).
 # Use TEST_RACE=-race when the cache is warm.
 TEST_RACE        ?=
-TEST_TIMEOUT     ?= 15m
+TEST_TIMEOUT     ?= 25m
 TEST_PKGS        ?= ./...
 # Packages of TEST_PKGS run after the others, alone: the e2e suite's
 # timings assume the machine is not also compiling and linking the other
