@@ -479,13 +479,13 @@ func (a *Agent) registerAll(ctx context.Context) {
 func (a *Agent) pollSynced(ctx context.Context) {
 	t := time.NewTicker(syncedPoll)
 	defer t.Stop()
-	deadline := time.Now().Add(syncedMaxWait)
+	deadline := a.opts.Now().Add(syncedMaxWait)
 	for !a.state.isSynced() {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if time.Now().After(deadline) {
+			if a.opts.Now().After(deadline) {
 				a.logger.Error(nil, "The kubelet has not listed every running pod of the node; offering its GPUs anyway", "waited", syncedMaxWait)
 				a.state.setSynced()
 				return
@@ -647,7 +647,7 @@ type LivePods interface {
 }
 
 // checkSynced ends the wait after a (re)registration for the kubelet to
-// have synced the node's pods (state.synced): when it lists every pod the
+// have synced the node's pods (state.unsynced): when it lists every pod the
 // watch sees running on the node. A restarted kubelet admits the pods of
 // its first batch from the API server before it has synced any (its
 // device manager frees the devices of ended pods only after that), so

@@ -29,8 +29,8 @@ type handler interface {
 	// devices returns the kind's devices and a channel closed when they
 	// change.
 	devices(k Kind) ([]devices.Device, <-chan struct{})
-	// sent is told each list ListAndWatch stream (a number unique in the
-	// agent) sent to the kubelet, after the Send returned.
+	// sent is told each list ListAndWatch stream (a number unique among
+	// the plugin's streams) sent to the kubelet, after the Send returned.
 	sent(k Kind, list []devices.Device, stream uint64)
 	// streamEnded is told when a ListAndWatch stream ends: the kubelet
 	// closed it (it stopped or restarts) or the server stopped.
