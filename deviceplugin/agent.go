@@ -653,16 +653,20 @@ type LivePods interface {
 // device manager frees the devices of ended pods only after that), so
 // until then it still counts the units of pods that ended while it was
 // down, and a slice bound then was refused ("Requested: 50, Available:
-// 10"). Without a watch of the node's pods, or with a kubelet source that
-// lists no pods (the checkpoint), nothing can be checked and the wait ends.
+// 10"). Without a watch of the node's pods, or without a kubelet source
+// that lists pods (PodResources), nothing can be checked and the wait
+// ends; while only the checkpoint answers, it goes on.
 func (a *Agent) checkSynced(listed []kubeletstate.PodRef) {
 	if a.state.isSynced() {
 		return
 	}
 	live, ok := a.opts.Pods.(LivePods)
-	if !ok || listed == nil {
+	if !ok || !a.kubeletLists() {
 		a.state.setSynced()
 		return
+	}
+	if listed == nil {
+		return // the listing source did not answer (the checkpoint did)
 	}
 	have := make(map[kubeletstate.PodRef]bool, len(listed))
 	for _, p := range listed {
@@ -676,6 +680,21 @@ func (a *Agent) checkSynced(listed []kubeletstate.PodRef) {
 	}
 	a.logger.Info("The kubelet lists every running pod of the node: offering its GPUs", "pods", len(listed))
 	a.state.setSynced()
+}
+
+// kubeletLists says whether the kubelet source can list the node's pods
+// (a PodsLister, alone or among First's sources).
+func (a *Agent) kubeletLists() bool {
+	srcs := []kubeletstate.Source{a.opts.Kubelet}
+	if f, ok := a.opts.Kubelet.(kubeletstate.First); ok {
+		srcs = f
+	}
+	for _, s := range srcs {
+		if _, ok := s.(kubeletstate.PodsLister); ok {
+			return true
+		}
+	}
+	return false
 }
 
 // keepLive adds to allocs the allocations of the last answer whose pods

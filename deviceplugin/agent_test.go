@@ -1068,6 +1068,7 @@ func TestLivePodKeepsItsDevicesThroughAnEmptyKubeletAnswer(t *testing.T) {
 type listingSource struct {
 	fakeSource
 	pods []kubeletstate.PodRef
+	err  error // when set, the listing fails
 }
 
 var _ kubeletstate.PodsLister = (*listingSource)(nil)
@@ -1076,7 +1077,16 @@ func (l *listingSource) AllocationsAndPods(ctx context.Context) ([]kubeletstate.
 	a, _ := l.Allocations(ctx)
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.err != nil {
+		return nil, nil, l.err
+	}
 	return a, append([]kubeletstate.PodRef{}, l.pods...), nil
+}
+
+func (l *listingSource) setErr(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.err = err
 }
 
 func (l *listingSource) setPods(pods ...kubeletstate.PodRef) {
@@ -1094,7 +1104,10 @@ func TestRestartedKubeletMustListTheRunningPodsBeforeGPUsAreOffered(t *testing.T
 	kubelet := &listingSource{}
 	w := kubeletstate.PodRef{Namespace: "ns", Name: "w"}
 	kubelet.setPods(w)
-	e := newEnv(t, nvmlmock.PCIe2NUMA(), nil, func(o *deviceplugin.Options) { o.Pods = pods; o.Kubelet = kubelet })
+	// PodResources first, the checkpoint when it does not answer, as the
+	// node agent's command sets it up.
+	sources := kubeletstate.First{kubelet, &fakeSource{}}
+	e := newEnv(t, nvmlmock.PCIe2NUMA(), nil, func(o *deviceplugin.Options) { o.Pods = pods; o.Kubelet = sources })
 	e.start(true)
 	all := e.totals()
 	e.kubelet.waitCounts("registration", all, all)
@@ -1108,6 +1121,12 @@ func TestRestartedKubeletMustListTheRunningPodsBeforeGPUsAreOffered(t *testing.T
 	waitInventory(t, e, "registered again, w not listed yet", gpus, gpus)
 	time.Sleep(500 * time.Millisecond) // several reads of the kubelet
 	waitInventory(t, e, "still not listed", gpus, gpus)
+	// Only the checkpoint answers (PodResources not up yet): still waiting.
+	kubelet.setErr(errors.New("pod-resources socket not there yet"))
+	kubelet.setPods(w)
+	time.Sleep(500 * time.Millisecond)
+	waitInventory(t, e, "only the checkpoint answers", gpus, gpus)
+	kubelet.setErr(nil)
 	kubelet.setPods(w, kubeletstate.PodRef{Namespace: "ns", Name: "other"})
 	waitInventory(t, e, "the kubelet lists w", 0, 0)
 }
