@@ -29,6 +29,7 @@ import (
 	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/gpureq"
+	"github.com/tessera-gpu/tessera/internal/podtrust"
 )
 
 // GangClient is what the gang planner writes and reads at the API server.
@@ -40,7 +41,9 @@ type GangClient interface {
 	RemoveGate(ctx context.Context, pod *corev1.Pod) error
 	// Evict evicts the pod through the Eviction API.
 	Evict(ctx context.Context, pod *corev1.Pod) error
-	// GetPod reads a pod from the API server, not from a cache.
+	// GetPod reads a pod from the API server, not from a cache, keeping
+	// only the decision annotations Tessera sealed for it (as the
+	// informer's transform does).
 	GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
 	// GetPodGroup reads the PodGroup object of a gang declared by one:
 	// scheduler-plugins' (scheduling.x-k8s.io/v1alpha1) or Volcano's
@@ -80,9 +83,15 @@ func (k *KubeGang) SetPlan(ctx context.Context, pod *corev1.Pod, value string) e
 	return err
 }
 
-// GetPod implements GangClient.
+// GetPod implements GangClient: a plan a pod's creator wrote or copied
+// (no valid seal) is removed, so it never counts as the planner's.
 func (k *KubeGang) GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
-	return k.Client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	p, err := k.Client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	(&podtrust.Filter{Sealer: k.Sealer}).Pod(p)
+	return p, nil
 }
 
 // RemoveGate removes Tessera's gates (gang, queue) with a JSON patch that first tests the
@@ -541,7 +550,7 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 				return nil // the cache catches up: the next pass sees the plan
 			}
 			logger.Info("Releasing an incomplete gang plan", "gang", g.Key(), "planned", len(fresh), "minMember", g.MinMember)
-			return p.clearPlans(ctx, fresh)
+			return p.clearPlans(ctx, unionByName(fresh, planned))
 		}
 		if !allBound && p.now().After(expires) {
 			return p.expire(ctx, gr, planned)
@@ -654,6 +663,22 @@ func (p *GangPlanner) freshPlanned(ctx context.Context, g *api.Gang, members []*
 		}
 	}
 	return out, nil
+}
+
+// unionByName is a's pods, then those of b that a does not name: for the
+// same member, a's copy (the API server's) wins over b's (the cache's).
+func unionByName(a, b []*corev1.Pod) []*corev1.Pod {
+	seen := make(map[string]bool, len(a))
+	out := append([]*corev1.Pod(nil), a...)
+	for _, p := range a {
+		seen[p.Namespace+"/"+p.Name] = true
+	}
+	for _, p := range b {
+		if !seen[p.Namespace+"/"+p.Name] {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 func anyBound(pods []*corev1.Pod) bool {

@@ -305,6 +305,50 @@ func TestPlanSeenHalfWrittenInALaggingCacheIsKept(t *testing.T) {
 	}
 }
 
+// The API server's copies decide only through their seals: plans a
+// tenant wrote on its members do not keep an incomplete plan alive.
+func TestForgedPlansDoNotKeepAnIncompletePlan(t *testing.T) {
+	f := newGangFixture(t, eightGPUNodes(1)...)
+	var before []*corev1.Pod
+	for i := range 3 {
+		before = append(before, f.member("g", 3, i, 1, f.now).DeepCopy())
+	}
+	f.sync() // three sealed plans
+	ctx := context.Background()
+	for _, name := range []string{"g-1", "g-2"} {
+		p, err := f.client.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The tenant moves the plan to another node: the seal no longer fits.
+		if err := api.SetGangPlan(p.Annotations, api.GangPlan{Gang: "g", Node: "elsewhere", Expires: f.now.Add(time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.client.CoreV1().Pods("default").Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The cache shows g-0's plan only.
+	pods, _ := f.list()
+	var view []*corev1.Pod
+	for _, p := range pods {
+		if p.Name != "g-0" {
+			for _, b := range before {
+				if b.Name == p.Name {
+					p = b
+				}
+			}
+		}
+		view = append(view, p)
+	}
+	f.view = view
+	f.sync()
+	f.view = nil
+	if f.state("g-")["g-0"].planned {
+		t.Error("g-0's plan was kept: forged plans counted as the planner's")
+	}
+}
+
 func TestMalformedGangDeclarationWaitsWithReason(t *testing.T) {
 	f := newGangFixture(t, eightGPUNodes(1)...)
 	p := makePod("bad").Whole(1).Obj()
