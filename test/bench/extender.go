@@ -153,47 +153,13 @@ type extenderProc struct {
 // startExtender runs bin with deploy's flags and extra, and waits (at most
 // timeout) for its /readyz.
 func startExtender(ctx context.Context, bin, kubeconfig, addr, logPath string, extra []string, timeout time.Duration) (*extenderProc, error) {
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	args := append([]string{"--kubeconfig=" + kubeconfig, "--listen=" + addr, "--policy=binpack", "--v=1"}, extra...)
+	e, err := startProc(ctx, bin, args, nil, logPath, "http://"+addr+"/readyz", timeout)
 	if err != nil {
-		return nil, fmt.Errorf("open extender log: %w", err)
+		return nil, fmt.Errorf("extender: %w", err)
 	}
-	cmd := exec.Command(bin, append([]string{"--kubeconfig=" + kubeconfig, "--listen=" + addr, "--policy=binpack", "--v=1"}, extra...)...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return nil, fmt.Errorf("start extender: %w", err)
-	}
-	e := &extenderProc{addr: addr, logPath: logPath, cmd: cmd, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); logf.Close(); close(e.done) }()
-
-	hc := &http.Client{Timeout: 2 * time.Second}
-	deadline := time.Now().Add(timeout)
-	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/readyz", nil)
-		if err != nil {
-			e.stop()
-			return nil, fmt.Errorf("readyz request: %w", err)
-		}
-		if resp, err := hc.Do(req); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return e, nil
-			}
-		}
-		select {
-		case <-e.done:
-			return nil, fmt.Errorf("extender exited before it was ready; log %s:\n%s", logPath, tail(logPath))
-		case <-ctx.Done():
-			e.stop()
-			return nil, fmt.Errorf("waiting for extender /readyz: %w", ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			e.stop()
-			return nil, fmt.Errorf("extender not ready after %s; log %s:\n%s", timeout, logPath, tail(logPath))
-		}
-	}
+	e.addr = addr
+	return e, nil
 }
 
 // metrics returns the extender's /metrics text.
