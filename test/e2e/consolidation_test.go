@@ -1,13 +1,10 @@
 package e2e
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -277,31 +274,12 @@ func movedOff(t *testing.T, client kubernetes.Interface, ns string, initial map[
 // required, when consolidation is off).
 func consolidationMoves(t *testing.T, base string, hc *http.Client, on bool) (evicted, blocked float64) {
 	t.Helper()
-	code, body, err := getBody(t.Context(), hc, base+"/metrics")
-	if err != nil || code != http.StatusOK {
-		t.Fatalf("the extender's /metrics: %d %v", code, err)
+	v := counterByResult(t, base, hc, "tessera_extender_consolidation_moves_total", "evicted", "blocked")
+	if on && len(v) != 2 {
+		t.Fatalf("/metrics has %d of the two series of tessera_extender_consolidation_moves_total", len(v))
 	}
-	found := 0
-	sc := bufio.NewScanner(bytes.NewReader(body))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		for result, v := range map[string]*float64{"evicted": &evicted, "blocked": &blocked} {
-			if rest, ok := strings.CutPrefix(line, `tessera_extender_consolidation_moves_total{result="`+result+`"} `); ok {
-				f, err := strconv.ParseFloat(strings.Fields(rest)[0], 64)
-				if err != nil {
-					t.Fatalf("/metrics: %q: %v", line, err)
-				}
-				*v = f
-				found++
-			}
-		}
-	}
-	if on && found != 2 {
-		t.Fatalf("/metrics has %d of the two series of tessera_extender_consolidation_moves_total", found)
-	}
-	if !on && found != 0 {
+	if !on && len(v) != 0 {
 		t.Errorf("/metrics has tessera_extender_consolidation_moves_total without --consolidation")
 	}
-	return evicted, blocked
+	return v["evicted"], v["blocked"]
 }

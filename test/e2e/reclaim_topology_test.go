@@ -186,29 +186,35 @@ func TestReclaimFreesOneNVLinkClique(t *testing.T) {
 // extender's /metrics: useful and useless.
 func reclaimResults(t *testing.T, base string, hc *http.Client) (useful, useless float64) {
 	t.Helper()
+	v := counterByResult(t, base, hc, "tessera_extender_reclaim_evictions_total", "useful", "useless")
+	if len(v) != 2 {
+		t.Fatalf("/metrics has %d of the two series of tessera_extender_reclaim_evictions_total", len(v))
+	}
+	return v["useful"], v["useless"]
+}
+
+// counterByResult reads the series {result="R"} of the extender's counter
+// name from its /metrics, for each R of results that it exports.
+func counterByResult(t *testing.T, base string, hc *http.Client, name string, results ...string) map[string]float64 {
+	t.Helper()
 	code, body, err := getBody(t.Context(), hc, base+"/metrics")
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("the extender's /metrics: %d %v", code, err)
 	}
-	found := 0
+	out := map[string]float64{}
 	sc := bufio.NewScanner(bytes.NewReader(body))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		for result, v := range map[string]*float64{"useful": &useful, "useless": &useless} {
-			prefix := `tessera_extender_reclaim_evictions_total{result="` + result + `"} `
-			if rest, ok := strings.CutPrefix(line, prefix); ok {
+		for _, result := range results {
+			if rest, ok := strings.CutPrefix(line, name+`{result="`+result+`"} `); ok {
 				f, err := strconv.ParseFloat(strings.Fields(rest)[0], 64)
 				if err != nil {
 					t.Fatalf("/metrics: %q: %v", line, err)
 				}
-				*v = f
-				found++
+				out[result] = f
 			}
 		}
 	}
-	if found != 2 {
-		t.Fatalf("/metrics has %d of the two series of tessera_extender_reclaim_evictions_total", found)
-	}
-	return useful, useless
+	return out
 }
