@@ -321,6 +321,52 @@ func TestQueuedPodPreemptsLowerTier(t *testing.T) {
 	}
 }
 
+// newReclaimFixture is a gang fixture on nodes whose planner serves the
+// queues team-a (namespace ns-a, 4 GPUs guaranteed) and team-b (ns-b,
+// bGuaranteed) and reclaims for them with the returned reclaimer and
+// evicter; metrics may be nil.
+func newReclaimFixture(t *testing.T, nodes []*corev1.Node, bGuaranteed int64, metrics *Metrics) (*gangFixture, *QueueReclaimer, *fakePreemptClient) {
+	t.Helper()
+	f := newGangFixture(t, nodes...)
+	book := &QueueBook{
+		Queues: staticObjects{queueObj(t, "team-a", "", []string{"ns-a"}, 4, 0, f.now), queueObj(t, "team-b", "", []string{"ns-b"}, bGuaranteed, 0, f.now)},
+		Pods:   f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil },
+	}
+	evicter := &fakePreemptClient{}
+	reclaim := &QueueReclaimer{Cache: f.cache, Evicter: evicter, Pods: f.list, Events: f.events, Metrics: metrics, Now: func() time.Time { return f.now }}
+	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+		Events: f.events, Now: func() time.Time { return f.now }, Queues: book, QueueReclaim: reclaim})
+	return f, reclaim, evicter
+}
+
+// runningB creates team-b's running 1-GPU pod name on GPU gpu of node,
+// started age ago, and feeds it to the ledger.
+func (f *gangFixture) runningB(name, node string, gpu int, age time.Duration) {
+	f.t.Helper()
+	p := makePod(name).Whole(1).Node(node).Holding(gpu).Obj()
+	p.Namespace, p.UID = "ns-b", types.UID("uid-"+name)
+	started := metav1.NewTime(f.now.Add(-age))
+	p.CreationTimestamp, p.Status.StartTime = started, &started
+	if _, err := f.client.CoreV1().Pods("ns-b").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		f.t.Fatal(err)
+	}
+	f.cache.SetPod(p)
+}
+
+// queuedNVLinkAsker creates team-a's gated 4-GPU pod a-0 that needs one
+// NVLink clique.
+func (f *gangFixture) queuedNVLinkAsker() *corev1.Pod {
+	f.t.Helper()
+	asker := makePod("a-0").Whole(4).NVLink().Obj()
+	asker.Namespace, asker.UID = "ns-a", "uid-ns-a-a-0"
+	asker.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: api.SchedulingGateQueue}}
+	asker.CreationTimestamp = metav1.NewTime(f.now)
+	if _, err := f.client.CoreV1().Pods("ns-a").Create(context.Background(), asker, metav1.CreateOptions{}); err != nil {
+		f.t.Fatal(err)
+	}
+	return asker
+}
+
 // Topology-aware reclaim: a 4-GPU pod that needs one NVLink clique (a
 // node of two 4-GPU cliques, each with two of team-b's 1-GPU pods)
 // reclaims the two pods of one clique, not one of each (which would free
@@ -328,34 +374,13 @@ func TestQueuedPodPreemptsLowerTier(t *testing.T) {
 func TestQueueReclaimFreesOneClique(t *testing.T) {
 	n := makeNode("n0").GPUs(8, "H100", 81920).Cliques([]int{0, 1, 2, 3}, []int{4, 5, 6, 7}).Obj()
 	nodes := withGPUCapacity([]*corev1.Node{n})
-	f := newGangFixture(t, nodes...)
-	book := &QueueBook{
-		Queues: staticObjects{queueObj(t, "team-a", "", []string{"ns-a"}, 4, 0, f.now), queueObj(t, "team-b", "", []string{"ns-b"}, 0, 0, f.now)},
-		Pods:   f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil },
-	}
-	evicter := &fakePreemptClient{}
-	reclaim := &QueueReclaimer{Cache: f.cache, Evicter: evicter, Pods: f.list, Events: f.events, Now: func() time.Time { return f.now }}
-	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
-		Events: f.events, Now: func() time.Time { return f.now }, Queues: book, QueueReclaim: reclaim})
+	f, _, evicter := newReclaimFixture(t, nodes, 0, nil)
 	// Newest first alternates between the cliques: 0, 4, 1, 5 (and the
 	// other GPUs, 2, 3, 6, 7, are busy too, with older pods).
 	for i, gpu := range []int{0, 4, 1, 5, 2, 3, 6, 7} {
-		p := makePod(fmt.Sprintf("b-%d", gpu)).Whole(1).Node("n0").Holding(gpu).Obj()
-		p.Namespace, p.UID = "ns-b", types.UID(fmt.Sprintf("uid-b-%d", gpu))
-		age := metav1.NewTime(f.now.Add(-time.Duration(i+1) * time.Minute))
-		p.CreationTimestamp, p.Status.StartTime = age, &age
-		if _, err := f.client.CoreV1().Pods("ns-b").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		f.cache.SetPod(p)
+		f.runningB(fmt.Sprintf("b-%d", gpu), "n0", gpu, time.Duration(i+1)*time.Minute)
 	}
-	asker := makePod("a-0").Whole(4).NVLink().Obj()
-	asker.Namespace, asker.UID = "ns-a", "uid-ns-a-a-0"
-	asker.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: api.SchedulingGateQueue}}
-	asker.CreationTimestamp = metav1.NewTime(f.now)
-	if _, err := f.client.CoreV1().Pods("ns-a").Create(context.Background(), asker, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	f.queuedNVLinkAsker()
 	f.sync()
 	got := append([]string(nil), evicter.evicted...)
 	sort.Strings(got)
@@ -459,34 +484,13 @@ func TestQueueReclaimEvictionResults(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			n := makeNode("n0").GPUs(8, "H100", 81920).Cliques([]int{0, 1, 2, 3}, []int{4, 5, 6, 7}).Obj()
 			nodes := withGPUCapacity([]*corev1.Node{n})
-			f := newGangFixture(t, nodes...)
-			book := &QueueBook{
-				Queues: staticObjects{queueObj(t, "team-a", "", []string{"ns-a"}, 4, 0, f.now), queueObj(t, "team-b", "", []string{"ns-b"}, 0, 0, f.now)},
-				Pods:   f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil },
-			}
 			metrics := NewMetrics(prometheus.NewRegistry())
-			evicter := &fakePreemptClient{}
-			reclaim := &QueueReclaimer{Cache: f.cache, Evicter: evicter, Pods: f.list, Events: f.events, Metrics: metrics, Now: func() time.Time { return f.now }}
-			f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
-				Events: f.events, Now: func() time.Time { return f.now }, Queues: book, QueueReclaim: reclaim})
+			f, reclaim, evicter := newReclaimFixture(t, nodes, 0, metrics)
 			// Clique 0's pods are the newest: they go.
 			for i, gpu := range []int{0, 1, 2, 3, 4, 5, 6, 7} {
-				p := makePod(fmt.Sprintf("b-%d", gpu)).Whole(1).Node("n0").Holding(gpu).Obj()
-				p.Namespace, p.UID = "ns-b", types.UID(fmt.Sprintf("uid-b-%d", gpu))
-				age := metav1.NewTime(f.now.Add(-time.Duration(i+1) * time.Minute))
-				p.CreationTimestamp, p.Status.StartTime = age, &age
-				if _, err := f.client.CoreV1().Pods("ns-b").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
-					t.Fatal(err)
-				}
-				f.cache.SetPod(p)
+				f.runningB(fmt.Sprintf("b-%d", gpu), "n0", gpu, time.Duration(i+1)*time.Minute)
 			}
-			asker := makePod("a-0").Whole(4).NVLink().Obj()
-			asker.Namespace, asker.UID = "ns-a", "uid-ns-a-a-0"
-			asker.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: api.SchedulingGateQueue}}
-			asker.CreationTimestamp = metav1.NewTime(f.now)
-			if _, err := f.client.CoreV1().Pods("ns-a").Create(context.Background(), asker, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
+			asker := f.queuedNVLinkAsker()
 			f.sync()
 			got := append([]string(nil), evicter.evicted...)
 			sort.Strings(got)
@@ -538,15 +542,7 @@ func TestQueueReclaimFreesOneTopologyDomain(t *testing.T) {
 				nodes = append(nodes, n)
 			}
 			nodes = withGPUCapacity(nodes)
-			f := newGangFixture(t, nodes...)
-			book := &QueueBook{
-				Queues: staticObjects{queueObj(t, "team-a", "", []string{"ns-a"}, 4, 0, f.now), queueObj(t, "team-b", "", []string{"ns-b"}, 4, 0, f.now)},
-				Pods:   f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil },
-			}
-			evicter := &fakePreemptClient{}
-			reclaim := &QueueReclaimer{Cache: f.cache, Evicter: evicter, Pods: f.list, Events: f.events, Now: func() time.Time { return f.now }}
-			f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
-				Events: f.events, Now: func() time.Time { return f.now }, Queues: book, QueueReclaim: reclaim})
+			f, _, evicter := newReclaimFixture(t, nodes, 4, nil)
 			nodeOf := map[string]string{}
 			// Newest first: n0, n2, n1, n3, then the older ones.
 			for i, at := range []struct {
@@ -554,14 +550,7 @@ func TestQueueReclaimFreesOneTopologyDomain(t *testing.T) {
 				gpu  int
 			}{{"n0", 0}, {"n2", 0}, {"n1", 0}, {"n3", 0}, {"n0", 1}, {"n1", 1}, {"n2", 1}, {"n3", 1}} {
 				name := fmt.Sprintf("b-%s-%d", at.node, at.gpu)
-				p := makePod(name).Whole(1).Node(at.node).Holding(at.gpu).Obj()
-				p.Namespace, p.UID = "ns-b", types.UID("uid-"+name)
-				age := metav1.NewTime(f.now.Add(-time.Duration(i+1) * time.Minute))
-				p.CreationTimestamp, p.Status.StartTime = age, &age
-				if _, err := f.client.CoreV1().Pods("ns-b").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
-					t.Fatal(err)
-				}
-				f.cache.SetPod(p)
+				f.runningB(name, at.node, at.gpu, time.Duration(i+1)*time.Minute)
 				nodeOf[name] = at.node
 			}
 			for i := range tc.members {
