@@ -133,9 +133,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if c.peers.enabled {
 		return runPeers(ctx, c, stdout, stderr)
 	}
-	logf := func(format string, a ...any) {
-		fmt.Fprintf(stderr, "%s "+format+"\n", append([]any{time.Now().UTC().Format("15:04:05")}, a...)...)
-	}
+	logf := stampedLogf(stderr)
 	began := time.Now()
 	load0 := loadavg()
 
@@ -524,5 +522,12 @@ func copyLogs(cp *controlplane.ControlPlane, to string, logf func(string, ...any
 		if err := os.WriteFile(filepath.Join(to, filepath.Base(path)), b, 0o644); err != nil {
 			logf("logs: %v", err)
 		}
+	}
+}
+
+// stampedLogf returns a printf to w that starts each line with the UTC time.
+func stampedLogf(w io.Writer) func(format string, a ...any) {
+	return func(format string, a ...any) {
+		fmt.Fprintf(w, "%s "+format+"\n", append([]any{time.Now().UTC().Format("15:04:05")}, a...)...)
 	}
 }

@@ -184,9 +184,7 @@ func runPeers(ctx context.Context, c *config, stdout, stderr io.Writer) error {
 	if pc.binDir == "" {
 		pc.binDir = filepath.Join(c.repo, "bin", "peers")
 	}
-	logf := func(format string, a ...any) {
-		fmt.Fprintf(stderr, "%s "+format+"\n", append([]any{time.Now().UTC().Format("15:04:05")}, a...)...)
-	}
+	logf := stampedLogf(stderr)
 	began := time.Now()
 	load0 := loadavg()
 	dir, err := os.MkdirTemp("", "tessera-bench-peers-")
