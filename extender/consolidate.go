@@ -20,6 +20,7 @@ import (
 	"github.com/tessera-gpu/tessera/allocator/consolidate"
 	"github.com/tessera-gpu/tessera/allocator/gang"
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
 )
 
 // Consolidation (--consolidation, off by default): a whole-GPU workload of
@@ -163,10 +164,11 @@ func (c *Consolidator) hints() (evicted, blocked map[types.UID]bool) {
 }
 
 // Movable reports whether pod may be moved by consolidation: bound, not
-// leaving, marked api.AnnotationPreemptible "true", outside any gang, and
-// owned by a controller that recreates it elsewhere.
+// ended (gpureq.Ended: terminal or being deleted), marked
+// api.AnnotationPreemptible "true", outside any gang, and owned by a
+// controller that recreates it elsewhere.
 func Movable(pod *corev1.Pod) bool {
-	if pod == nil || pod.Spec.NodeName == "" || pod.DeletionTimestamp != nil {
+	if pod == nil || pod.Spec.NodeName == "" || gpureq.Ended(pod) {
 		return false
 	}
 	if pre, err := api.GetPreemptible(pod.Annotations); err != nil || !pre {

@@ -190,6 +190,7 @@ func TestMovable(t *testing.T) {
 		{"a gang member", func(p *corev1.Pod) { p.Annotations[api.AnnotationGang] = "g" }, false},
 		{"not bound", func(p *corev1.Pod) { p.Spec.NodeName = "" }, false},
 		{"leaving", func(p *corev1.Pod) { p.DeletionTimestamp = &metav1.Time{} }, false},
+		{"ended", func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }, false},
 	} {
 		p := base()
 		tc.edit(p)
