@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	toolscache "k8s.io/client-go/tools/cache"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/allocator"
@@ -28,6 +29,7 @@ import (
 	"github.com/tessera-gpu/tessera/allocator/queue"
 	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
+	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/gpureq"
 	"github.com/tessera-gpu/tessera/internal/podtrust"
 )
@@ -448,7 +450,7 @@ func (p *GangPlanner) inOrder(groups []*group, sync func(*group)) {
 		q, _ := p.qsnap.QueueOf(gr.gang.Namespace)
 		w := queue.Workload{Key: gr.key, Queue: q, Created: gr.oldest, Uses: quota.Resources{}}
 		for _, m := range gr.members {
-			w.Priority = max(w.Priority, podPriority(m))
+			w.Priority = max(w.Priority, corev1helpers.PodPriority(m))
 			w.Uses = w.Uses.Add(gpureq.QuotaCount(m))
 		}
 		work[gr] = w
@@ -751,7 +753,7 @@ func (p *GangPlanner) admittedWhy(q string, want quota.Resources) string {
 		return ""
 	}
 	st := p.qsnap.State
-	return fmt.Sprintf("it uses %s, guaranteed %s, fair share %s", describeUse(st.Used[q]), describeUse(p.guaranteed(q)), describeUse(st.FairShare()[q]))
+	return fmt.Sprintf("it uses %s, guaranteed %s, fair share %s", equota.Describe(st.Used[q]), equota.Describe(p.guaranteed(q)), equota.Describe(st.FairShare()[q]))
 }
 
 func (p *GangPlanner) guaranteed(q string) quota.Resources {
@@ -842,7 +844,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 			switch {
 			case rerr == nil && msg != "":
 				reason += "; quota reclaim: " + msg
-			case rerr != nil && !errors.Is(rerr, ErrNothingGuaranteed):
+			case rerr != nil && !errors.Is(rerr, equota.ErrNothingGuaranteed):
 				reason += "; quota reclaim: " + rerr.Error()
 			}
 		}

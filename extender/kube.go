@@ -210,10 +210,3 @@ func (k *KubeEvicter) Evict(ctx context.Context, pod *corev1.Pod, dryRun bool) e
 	}
 	return k.Client.CoreV1().Pods(pod.Namespace).EvictV1(ctx, ev)
 }
-
-func podPriority(p *corev1.Pod) int32 {
-	if p.Spec.Priority != nil {
-		return *p.Spec.Priority
-	}
-	return 0
-}

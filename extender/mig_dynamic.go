@@ -350,7 +350,7 @@ func (d *MIGDynamic) decide(askers []*corev1.Pod, demands map[types.UID]map[stri
 		views = append(views, v)
 	}
 	sort.Slice(askers, func(i, j int) bool {
-		a, b := podPriority(askers[i]), podPriority(askers[j])
+		a, b := corev1helpers.PodPriority(askers[i]), corev1helpers.PodPriority(askers[j])
 		if a != b {
 			return a > b
 		}

@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 
@@ -150,7 +151,7 @@ func (p *Preemptor) Sync(ctx context.Context) error {
 	}
 	qsnap := p.queues()
 	sort.Slice(askers, func(i, j int) bool {
-		a, b := podPriority(askers[i]), podPriority(askers[j])
+		a, b := corev1helpers.PodPriority(askers[i]), corev1helpers.PodPriority(askers[j])
 		if a != b {
 			return a > b
 		}
@@ -190,7 +191,7 @@ func mayPreempt(pod *corev1.Pod) bool {
 // preempts reports a GPU pod outside any gang with a priority and no
 // preemptionPolicy Never.
 func preempts(pod *corev1.Pod) bool {
-	if podPriority(pod) == 0 {
+	if corev1helpers.PodPriority(pod) == 0 {
 		return false
 	}
 	if pod.Spec.PreemptionPolicy != nil && *pod.Spec.PreemptionPolicy == corev1.PreemptNever {
@@ -371,7 +372,7 @@ func unitOf(pod *corev1.Pod) string {
 // unit: taking that ends every member, so it never drops below its
 // minimum). unitsOf gives each pod's units.
 func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Time, qsnap *QueueSnapshot) (map[string]*workload, map[types.UID][]string) {
-	prio := podPriority(asker)
+	prio := corev1helpers.PodPriority(asker)
 	groups := map[string][]*corev1.Pod{}
 	for _, pod := range running {
 		if len(gpureq.QuotaCount(pod)) == 0 {
@@ -406,7 +407,7 @@ func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Tim
 			if started.After(w.unit.Started) {
 				w.unit.Started = started
 			}
-			if podPriority(m) >= prio || now.Sub(started) < p.MinRuntime {
+			if corev1helpers.PodPriority(m) >= prio || now.Sub(started) < p.MinRuntime {
 				ok = false
 			}
 		}
@@ -530,7 +531,7 @@ func (p *Preemptor) apply(ctx context.Context, asker *corev1.Pod, d *Demand, nod
 			p.Metrics.preempted(pod.Namespace)
 			p.event(pod, corev1.EventTypeWarning, api.EventPreempted,
 				"tessera: evicted for %s/%s (priority %d), which needs %s and fits no node: %s has priority %d, the lowest whose removal makes room on %s; the room is held for %s/%s until %s",
-				asker.Namespace, asker.Name, podPriority(asker), describeUse(gpureq.QuotaCount(asker)), strings.TrimPrefix(strings.TrimPrefix(v.unit.Key, "pod "), "gang "), v.unit.Priority, where, asker.Namespace, asker.Name, plan.Expires.Format(time.RFC3339))
+				asker.Namespace, asker.Name, corev1helpers.PodPriority(asker), equota.Describe(gpureq.QuotaCount(asker)), strings.TrimPrefix(strings.TrimPrefix(v.unit.Key, "pod "), "gang "), v.unit.Priority, where, asker.Namespace, asker.Name, plan.Expires.Format(time.RFC3339))
 		}
 	}
 	p.event(asker, corev1.EventTypeNormal, api.EventPreempting, "tessera: evicting %s to make room on %s; the room is held for this pod until %s",

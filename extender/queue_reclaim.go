@@ -12,12 +12,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/allocator/queue"
 	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
+	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/gpureq"
 )
 
@@ -115,7 +117,7 @@ func (r *QueueReclaimer) ReclaimFor(ctx context.Context, snap *QueueSnapshot, q 
 			}
 			watch := &reclaimWatch{askers: askerUIDs, freed: map[string]bool{}, nodes: map[string]bool{}, until: r.now().Add(r.hold())}
 			names = append(names, fmt.Sprintf("%s of queue %s", strings.TrimPrefix(strings.TrimPrefix(w.Key, "pod "), "gang "), w.Queue))
-			why := fmt.Sprintf("queue %s asks for %s within its guarantee or fair share; queue %s borrows beyond its own", q, describeUse(want), w.Queue)
+			why := fmt.Sprintf("queue %s asks for %s within its guarantee or fair share; queue %s borrows beyond its own", q, equota.Describe(want), w.Queue)
 			for _, p := range podsOf[w.Key] {
 				err := r.Evicter.Evict(ctx, p, false)
 				if apierrors.IsNotFound(err) {
@@ -132,7 +134,7 @@ func (r *QueueReclaimer) ReclaimFor(ctx context.Context, snap *QueueSnapshot, q 
 			}
 			r.watch(watch)
 		}
-		msg := fmt.Sprintf("queue %s reclaims %s: evicting %s", q, describeUse(want), strings.Join(names, ", "))
+		msg := fmt.Sprintf("queue %s reclaims %s: evicting %s", q, equota.Describe(want), strings.Join(names, ", "))
 		for _, p := range askers {
 			r.event(p, corev1.EventTypeNormal, api.EventQuotaReclaiming, "tessera: %s", msg)
 		}
@@ -201,7 +203,7 @@ func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.
 		wq, _ := snap.QueueOf(members[0].Namespace)
 		w := queue.Workload{Key: k, Queue: wq, Uses: quota.Resources{}, Preemptible: !blocked[k]}
 		for _, m := range members {
-			w.Priority = max(w.Priority, podPriority(m))
+			w.Priority = max(w.Priority, corev1helpers.PodPriority(m))
 			w.Uses = w.Uses.Add(gpureq.QuotaCount(m))
 			started := startedAt(m)
 			if started.After(w.Created) {

@@ -6,7 +6,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	core "github.com/tessera-gpu/tessera/allocator/quota"
 	equota "github.com/tessera-gpu/tessera/extender/quota"
 )
 
@@ -36,10 +35,6 @@ type GangQuota interface {
 	// why it cannot.
 	ReclaimFor(ctx context.Context, ns string, askers []*corev1.Pod, fits func(map[string]*NodeState) bool) (string, error)
 }
-
-// ErrNothingGuaranteed is quota.ErrNothingGuaranteed, as the gang planner
-// tests for it.
-var ErrNothingGuaranteed = equota.ErrNothingGuaranteed
 
 // QuotaNodes is the GPU ledger as quota reclaim sees it (quota.Nodes).
 type QuotaNodes struct {
@@ -150,6 +145,3 @@ func (q *Quota) AdmitGang(ctx context.Context, ns string, members []*corev1.Pod)
 func (q *Quota) ReclaimFor(ctx context.Context, ns string, askers []*corev1.Pod, fits func(map[string]*NodeState) bool) (string, error) {
 	return q.Enforcer.ReclaimFor(ctx, ns, askers, q.Nodes.Fits(fits))
 }
-
-// describeUse renders resources for messages (quota.Describe).
-func describeUse(r core.Resources) string { return equota.Describe(r) }
