@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
+	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 	"github.com/tessera-gpu/tessera/extender/verbs"
 )
 
@@ -27,13 +28,13 @@ func benchCluster(b *testing.B, n int) (*Cache, []string) {
 	names := make([]string, n)
 	for i := range names {
 		names[i] = fmt.Sprintf("node-%05d", i)
-		c.SetNode(makeNode(names[i]).GPUs(8, "NVIDIA A100-SXM4-40GB", 40960).Obj())
+		c.SetNode(testbuild.Node(names[i]).GPUs(8, "NVIDIA A100-SXM4-40GB", 40960).Obj())
 		for g := 0; g < 8; g++ {
 			switch rng.Intn(4) {
 			case 0: // whole
-				c.SetPod(makePod(fmt.Sprintf("w-%d-%d", i, g)).Whole(1).Node(names[i]).Holding(g).Obj())
+				c.SetPod(testbuild.Pod(fmt.Sprintf("w-%d-%d", i, g)).Whole(1).Node(names[i]).Holding(g).Obj())
 			case 1: // shared
-				c.SetPod(makePod(fmt.Sprintf("s-%d-%d", i, g)).Shared(10, 30).Node(names[i]).On(g, 10240, 30).Obj())
+				c.SetPod(testbuild.Pod(fmt.Sprintf("s-%d-%d", i, g)).Shared(10, 30).Node(names[i]).On(g, 10240, 30).Obj())
 			}
 		}
 	}
@@ -52,8 +53,8 @@ func BenchmarkFilterPrioritize(b *testing.B) {
 				name string
 				pod  *corev1.Pod
 			}{
-				{"shared", makePod("p").Shared(8, 25).CPU("2").Obj()},
-				{"whole2", makePod("p").Whole(2).CPU("8").Obj()},
+				{"shared", testbuild.Pod("p").Shared(8, 25).CPU("2").Obj()},
+				{"whole2", testbuild.Pod("p").Whole(2).CPU("8").Obj()},
 			} {
 				args := &extenderv1.ExtenderArgs{Pod: shape.pod, NodeNames: &names}
 				// cold: every pod has a new shape (its CPU request), so no

@@ -5,12 +5,13 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
 
 func TestNodeStateAccounting(t *testing.T) {
-	node := makeNode("n1").GPUs(4, "NVIDIA A100-SXM4-40GB", 40960).Unhealthy(3).Obj()
+	node := testbuild.Node("n1").GPUs(4, "NVIDIA A100-SXM4-40GB", 40960).Unhealthy(3).Obj()
 	tests := []struct {
 		name    string
 		pods    []*corev1.Pod
@@ -19,36 +20,36 @@ func TestNodeStateAccounting(t *testing.T) {
 	}{
 		{name: "empty", want: "1000/40960 1000/40960 1000/40960 0/0"},
 		{name: "shared slices add up on one GPU", pods: []*corev1.Pod{
-			makePod("a").Shared(10, 30).Node("n1").On(0, 10240, 30).Obj(),
-			makePod("b").Shared(5, 20).Node("n1").On(0, 5120, 20).Obj(),
+			testbuild.Pod("a").Shared(10, 30).Node("n1").On(0, 10240, 30).Obj(),
+			testbuild.Pod("b").Shared(5, 20).Node("n1").On(0, 5120, 20).Obj(),
 		}, want: "500/25600 1000/40960 1000/40960 0/0"},
 		{name: "recorded whole GPUs are used", pods: []*corev1.Pod{
-			makePod("a").Whole(2).Node("n1").Holding(1, 2).Obj(),
+			testbuild.Pod("a").Whole(2).Node("n1").Holding(1, 2).Obj(),
 		}, want: "1000/40960 0/0 0/0 0/0"},
 		{name: "unrecorded whole GPUs hold back free GPUs", pods: []*corev1.Pod{
-			makePod("a").Whole(2).Node("n1").Obj(),
+			testbuild.Pod("a").Whole(2).Node("n1").Obj(),
 		}, want: "1000/40960 0/0 0/0 0/0", pending: 2},
 		{name: "pending whole GPUs skip shared GPUs", pods: []*corev1.Pod{
-			makePod("a").Shared(1, 10).Node("n1").On(2, 1024, 10).Obj(),
-			makePod("b").Whole(1).Node("n1").Obj(),
+			testbuild.Pod("a").Shared(1, 10).Node("n1").On(2, 1024, 10).Obj(),
+			testbuild.Pod("b").Whole(1).Node("n1").Obj(),
 		}, want: "1000/40960 0/0 900/39936 0/0", pending: 1},
 		{name: "unbound and finished pods do not count", pods: []*corev1.Pod{
-			makePod("a").Shared(1, 10).Obj(),
+			testbuild.Pod("a").Shared(1, 10).Obj(),
 			func() *corev1.Pod {
-				p := makePod("b").Whole(1).Node("n1").Holding(0).Obj()
+				p := testbuild.Pod("b").Whole(1).Node("n1").Holding(0).Obj()
 				p.Status.Phase = corev1.PodSucceeded
 				return p
 			}(),
 		}, want: "1000/40960 1000/40960 1000/40960 0/0"},
 		{name: "over-commitment clamps at zero", pods: []*corev1.Pod{
-			makePod("a").Shared(30, 80).Node("n1").On(0, 30720, 80).Obj(),
-			makePod("b").Shared(30, 80).Node("n1").On(0, 30720, 80).Obj(),
+			testbuild.Pod("a").Shared(30, 80).Node("n1").On(0, 30720, 80).Obj(),
+			testbuild.Pod("b").Shared(30, 80).Node("n1").On(0, 30720, 80).Obj(),
 		}, want: "0/0 1000/40960 1000/40960 0/0"},
 		{name: "a bound slice without an assignment holds a GPU", pods: []*corev1.Pod{
-			makePod("a").Shared(10, 10).Node("n1").Obj(),
+			testbuild.Pod("a").Shared(10, 10).Node("n1").Obj(),
 		}, want: "1000/40960 1000/40960 0/0 0/0", pending: 1},
 		{name: "malformed assignment counts whole GPUs as pending", pods: []*corev1.Pod{
-			makePod("a").Whole(1).Node("n1").RawAssignment("{").Obj(),
+			testbuild.Pod("a").Whole(1).Node("n1").RawAssignment("{").Obj(),
 		}, want: "1000/40960 1000/40960 0/0 0/0", pending: 1},
 	}
 	for _, tc := range tests {
@@ -65,7 +66,7 @@ func TestNodeStateAccounting(t *testing.T) {
 }
 
 func TestMalformedInventory(t *testing.T) {
-	c := newTestCache(t, []*corev1.Node{makeNode("bad").RawInventory(`{"apiVersion":"x"}`).Obj()}, nil)
+	c := newTestCache(t, []*corev1.Node{testbuild.Node("bad").RawInventory(`{"apiVersion":"x"}`).Obj()}, nil)
 	st := mustState(t, c, "bad")
 	if st.Info.Err == nil {
 		t.Fatal("malformed inventory not reported")
@@ -80,13 +81,13 @@ func TestMalformedInventory(t *testing.T) {
 // counted at once and kept until the informer shows the pod bound with
 // its assignment, and dropped on rollback or deletion.
 func TestReservationLifecycle(t *testing.T) {
-	node := makeNode("n1").GPUs(2, "A100", 40960).Obj()
+	node := testbuild.Node("n1").GPUs(2, "A100", 40960).Obj()
 	c := newTestCache(t, []*corev1.Node{node}, nil)
 	uid := types.UID("uid-p")
 	reserve := func() {
 		t.Helper()
 		_, err := c.Reserve(uid, "n1", func(st *NodeState) (*PodUse, error) {
-			return &PodUse{UID: uid, Shared: []SharedUse{{Container: "main", UUID: gpuUUID("n1", 0), MemMiB: 10240, Cores: 50}}}, nil
+			return &PodUse{UID: uid, Shared: []SharedUse{{Container: "main", UUID: testbuild.GPUUUID("n1", 0), MemMiB: 10240, Cores: 50}}}, nil
 		})
 		if err != nil {
 			t.Fatalf("Reserve() error = %v", err)
@@ -102,7 +103,7 @@ func TestReservationLifecycle(t *testing.T) {
 	check("reserved", "500/30720 1000/40960")
 
 	// The assignment patch shows up first: the pod is not bound yet.
-	unbound := makePod("p").Shared(10, 50).Node("n1").On(0, 10240, 50).Obj()
+	unbound := testbuild.Pod("p").Shared(10, 50).Node("n1").On(0, 10240, 50).Obj()
 	unbound.Spec.NodeName = ""
 	c.SetPod(unbound)
 	check("assignment seen, not bound", "500/30720 1000/40960")
@@ -110,7 +111,7 @@ func TestReservationLifecycle(t *testing.T) {
 		t.Fatal("reservation dropped before the pod was seen bound")
 	}
 	// Bound, with its assignment: the pod takes over, counted once.
-	c.SetPod(makePod("p").Shared(10, 50).Node("n1").On(0, 10240, 50).Obj())
+	c.SetPod(testbuild.Pod("p").Shared(10, 50).Node("n1").On(0, 10240, 50).Obj())
 	check("bound", "500/30720 1000/40960")
 	if _, ok := c.Reservation(uid); ok {
 		t.Error("reservation kept after the pod was seen bound")
@@ -130,7 +131,7 @@ func TestReservationLifecycle(t *testing.T) {
 
 	// Bound elsewhere.
 	reserve()
-	c.SetPod(makePod("p").Shared(10, 50).Node("n2").Obj())
+	c.SetPod(testbuild.Pod("p").Shared(10, 50).Node("n2").Obj())
 	check("bound elsewhere", "1000/40960 1000/40960")
 
 	// A failing decision leaves no reservation; unknown nodes are errors.
@@ -147,7 +148,7 @@ func TestReservationLifecycle(t *testing.T) {
 }
 
 func TestWholeReservationUntilNodeAgentRecords(t *testing.T) {
-	c := newTestCache(t, []*corev1.Node{makeNode("n1").GPUs(2, "A100", 40960).Obj()}, nil)
+	c := newTestCache(t, []*corev1.Node{testbuild.Node("n1").GPUs(2, "A100", 40960).Obj()}, nil)
 	uid := types.UID("uid-w")
 	if _, err := c.Reserve(uid, "n1", func(st *NodeState) (*PodUse, error) {
 		return &PodUse{UID: uid, WholePending: 1}, nil
@@ -157,11 +158,11 @@ func TestWholeReservationUntilNodeAgentRecords(t *testing.T) {
 	if st := mustState(t, c, "n1"); st.PendingWhole != 1 || st.FreeGPUs() != 1 {
 		t.Fatalf("reserved: pending %d free %d, want 1 1", st.PendingWhole, st.FreeGPUs())
 	}
-	c.SetPod(makePod("w").Whole(1).Node("n1").Obj())
+	c.SetPod(testbuild.Pod("w").Whole(1).Node("n1").Obj())
 	if st := mustState(t, c, "n1"); st.PendingWhole != 1 || st.FreeGPUs() != 1 {
 		t.Fatalf("bound: pending %d free %d, want 1 1", st.PendingWhole, st.FreeGPUs())
 	}
-	c.SetPod(makePod("w").Whole(1).Node("n1").Holding(0).Obj())
+	c.SetPod(testbuild.Pod("w").Whole(1).Node("n1").Holding(0).Obj())
 	st := mustState(t, c, "n1")
 	if st.PendingWhole != 0 || freeOf(st) != "0/0 1000/40960" {
 		t.Fatalf("recorded: pending %d free %q", st.PendingWhole, freeOf(st))

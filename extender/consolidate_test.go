@@ -19,6 +19,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 )
 
 // A 2 x 8 GPU gang waits on four 8-GPU nodes with 13 GPUs free, scattered:
@@ -148,7 +149,7 @@ func TestConsolidation(t *testing.T) {
 // marked preemptible and owned by a ReplicaSet.
 func (f *gangFixture) placed(name, node string, gpu int, movable bool) {
 	f.t.Helper()
-	p := makePod(name).Whole(1).Node(node).Holding(gpu).Obj()
+	p := testbuild.Pod(name).Whole(1).Node(node).Holding(gpu).Obj()
 	p.UID = types.UID("uid-" + name)
 	p.Status.StartTime = &metav1.Time{Time: f.now.Add(-time.Hour)}
 	if movable {
@@ -168,7 +169,7 @@ func TestMovable(t *testing.T) {
 		return []metav1.OwnerReference{{Kind: kind, Name: "x", UID: "u", Controller: &yes}}
 	}
 	base := func() *corev1.Pod {
-		p := makePod("p").Whole(1).Node("n0").Obj()
+		p := testbuild.Pod("p").Whole(1).Node("n0").Obj()
 		p.Annotations[api.AnnotationPreemptible] = "true"
 		p.OwnerReferences = owned("ReplicaSet")
 		return p

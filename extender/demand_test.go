@@ -11,6 +11,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 )
 
 func TestParseDemand(t *testing.T) {
@@ -30,23 +31,23 @@ func TestParseDemand(t *testing.T) {
 		want    Demand
 		wantErr bool
 	}{
-		{name: "cpu only", pod: makePod("p").CPU("2").Obj(), want: Demand{CPUMilli: 2000}},
-		{name: "shared memory and cores", pod: makePod("p").Shared(8, 30).Obj(),
+		{name: "cpu only", pod: testbuild.Pod("p").CPU("2").Obj(), want: Demand{CPUMilli: 2000}},
+		{name: "shared memory and cores", pod: testbuild.Pod("p").Shared(8, 30).Obj(),
 			want: Demand{Shares: []ContainerShare{{Name: "main", MemUnits: 8, Cores: 30}}}},
-		{name: "cores only", pod: makePod("p").Shared(0, 50).Obj(),
+		{name: "cores only", pod: testbuild.Pod("p").Shared(0, 50).Obj(),
 			want: Demand{Shares: []ContainerShare{{Name: "main", Cores: 50}}}},
-		{name: "whole with model and nvlink", pod: makePod("p").Whole(4).Model("A100|H100").NVLink().Obj(),
+		{name: "whole with model and nvlink", pod: testbuild.Pod("p").Whole(4).Model("A100|H100").NVLink().Obj(),
 			want: Demand{WholeGPUs: 4, Models: []string{"A100", "H100"}, NVLink: true}},
-		{name: "nvlink ignored without whole GPUs", pod: makePod("p").Shared(1, 0).NVLink().Obj(),
+		{name: "nvlink ignored without whole GPUs", pod: testbuild.Pod("p").Shared(1, 0).NVLink().Obj(),
 			want: Demand{Shares: []ContainerShare{{Name: "main", MemUnits: 1}}}},
-		{name: "init container takes the max", pod: withInit(makePod("p").Whole(2).Obj(), false, 3), want: Demand{WholeGPUs: 3}},
-		{name: "sidecar adds up", pod: withInit(makePod("p").Whole(2).Obj(), true, 3), want: Demand{WholeGPUs: 5}},
-		{name: "whole and shared", pod: makePod("p").Whole(1).Shared(1, 0).Obj(), wantErr: true},
-		{name: "more than one GPU of cores", pod: makePod("p").Shared(0, 150).Obj(), wantErr: true},
-		{name: "bad model list", pod: makePod("p").Whole(1).Model("A100||H100").Obj(), wantErr: true},
-		{name: "bad nvlink value", pod: makePod("p").Whole(2).Obj(), wantErr: true},
+		{name: "init container takes the max", pod: withInit(testbuild.Pod("p").Whole(2).Obj(), false, 3), want: Demand{WholeGPUs: 3}},
+		{name: "sidecar adds up", pod: withInit(testbuild.Pod("p").Whole(2).Obj(), true, 3), want: Demand{WholeGPUs: 5}},
+		{name: "whole and shared", pod: testbuild.Pod("p").Whole(1).Shared(1, 0).Obj(), wantErr: true},
+		{name: "more than one GPU of cores", pod: testbuild.Pod("p").Shared(0, 150).Obj(), wantErr: true},
+		{name: "bad model list", pod: testbuild.Pod("p").Whole(1).Model("A100||H100").Obj(), wantErr: true},
+		{name: "bad nvlink value", pod: testbuild.Pod("p").Whole(2).Obj(), wantErr: true},
 		{name: "fractional GPU", pod: func() *corev1.Pod {
-			p := makePod("p").Obj()
+			p := testbuild.Pod("p").Obj()
 			p.Spec.Containers[0].Resources.Limits[api.ResourceGPU] = resource.MustParse("500m")
 			return p
 		}(), wantErr: true},
@@ -62,16 +63,16 @@ func TestParseDemand(t *testing.T) {
 		want    Demand
 		wantErr bool
 	}{
-		{name: "gpu-count 2: the share of each GPU", pod: counted(makePod("p").Shared(16, 40).Obj(), "2"),
+		{name: "gpu-count 2: the share of each GPU", pod: counted(testbuild.Pod("p").Shared(16, 40).Obj(), "2"),
 			want: Demand{Shares: []ContainerShare{{Name: "main", MemUnits: 8, Cores: 20}}, GPUCount: 2}},
-		{name: "gpu-count 2 keeps nvlink for its GPUs", pod: counted(makePod("p").Shared(4, 0).NVLink().Obj(), "2"),
+		{name: "gpu-count 2 keeps nvlink for its GPUs", pod: counted(testbuild.Pod("p").Shared(4, 0).NVLink().Obj(), "2"),
 			want: Demand{Shares: []ContainerShare{{Name: "main", MemUnits: 2}}, GPUCount: 2, NVLink: true}},
-		{name: "gpu-count 2 over 150 cores", pod: counted(makePod("p").Shared(2, 150).Obj(), "2"),
+		{name: "gpu-count 2 over 150 cores", pod: counted(testbuild.Pod("p").Shared(2, 150).Obj(), "2"),
 			want: Demand{Shares: []ContainerShare{{Name: "main", MemUnits: 1, Cores: 75}}, GPUCount: 2}},
-		{name: "gpu-count uneven", pod: counted(makePod("p").Shared(3, 0).Obj(), "2"), wantErr: true},
-		{name: "gpu-count garbage", pod: counted(makePod("p").Shared(2, 0).Obj(), "2 "), wantErr: true},
+		{name: "gpu-count uneven", pod: counted(testbuild.Pod("p").Shared(3, 0).Obj(), "2"), wantErr: true},
+		{name: "gpu-count garbage", pod: counted(testbuild.Pod("p").Shared(2, 0).Obj(), "2 "), wantErr: true},
 		{name: "gpu-count on a gang member", pod: func() *corev1.Pod {
-			p := counted(makePod("p").Shared(2, 0).Obj(), "2")
+			p := counted(testbuild.Pod("p").Shared(2, 0).Obj(), "2")
 			p.Labels = map[string]string{api.LabelPodGroup: "g"}
 			return p
 		}(), wantErr: true},

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -18,7 +19,7 @@ func TestElasticGangStartsAtMinAndGrows(t *testing.T) {
 	// Node n1 is full; n0 has room for two 4-GPU members.
 	var fillers []*corev1.Pod
 	for i := range 2 {
-		p := makePod(fmt.Sprintf("fill-%d", i)).Whole(4).Node("n1").Holding(4*i, 4*i+1, 4*i+2, 4*i+3).Obj()
+		p := testbuild.Pod(fmt.Sprintf("fill-%d", i)).Whole(4).Node("n1").Holding(4*i, 4*i+1, 4*i+2, 4*i+3).Obj()
 		p.UID = types.UID(fmt.Sprintf("uid-fill-%d", i))
 		if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 )
 
 // gangFixture runs a GangPlanner against a fake clientset, feeding the
@@ -50,7 +51,7 @@ func newGangFixture(t *testing.T, nodes ...*corev1.Node) *gangFixture {
 		return true, nil, nil
 	})
 	f.planner = NewGangPlanner(GangPlannerConfig{
-		Cache: f.cache, Client: &KubeGang{Client: f.client, Sealer: testSealer(t)}, Pods: f.plannerView,
+		Cache: f.cache, Client: &KubeGang{Client: f.client, Sealer: testbuild.Sealer(t)}, Pods: f.plannerView,
 		Policy: testPolicy(t, PolicyBinpack), Events: f.events, Now: func() time.Time { return f.now },
 	})
 	return f
@@ -78,7 +79,7 @@ func (f *gangFixture) plannerView() ([]*corev1.Pod, error) {
 // member creates a gated gang member asking for gpus whole GPUs.
 func (f *gangFixture) member(gangName string, minMember, i, gpus int, created time.Time) *corev1.Pod {
 	f.t.Helper()
-	p := makePod(fmt.Sprintf("%s-%d", gangName, i)).Whole(int64(gpus)).Obj()
+	p := testbuild.Pod(fmt.Sprintf("%s-%d", gangName, i)).Whole(int64(gpus)).Obj()
 	p.Annotations[api.AnnotationGang] = gangName
 	p.Annotations[api.AnnotationGangMinMember] = fmt.Sprint(minMember)
 	p.Annotations[api.AnnotationGangTimeout] = "60"
@@ -134,7 +135,7 @@ func (f *gangFixture) state(prefix string) map[string]memberState {
 func eightGPUNodes(n int) []*corev1.Node {
 	var out []*corev1.Node
 	for i := range n {
-		out = append(out, makeNode(fmt.Sprintf("n%d", i)).GPUs(8, "H100", 81920).Obj())
+		out = append(out, testbuild.Node(fmt.Sprintf("n%d", i)).GPUs(8, "H100", 81920).Obj())
 	}
 	return out
 }
@@ -159,7 +160,7 @@ func TestGangWaitsWholeUntilItFits(t *testing.T) {
 	if ev := strings.Join(f.events.events, "\n"); !strings.Contains(ev, "no room for the whole group") {
 		t.Errorf("events %q: want the no-room reason", ev)
 	}
-	f.cache.SetNode(makeNode("n3").GPUs(8, "H100", 81920).Obj())
+	f.cache.SetNode(testbuild.Node("n3").GPUs(8, "H100", 81920).Obj())
 	f.sync()
 	nodes := map[string]bool{}
 	for name, s := range f.state("g-") {
@@ -179,7 +180,7 @@ func TestGangWaitsWholeUntilItFits(t *testing.T) {
 	// A planner restarted with an empty memory keeps the plan (it lives on
 	// the pods) and plans nothing twice.
 	before := f.state("g-")
-	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: &KubeGang{Client: f.client, Sealer: testSealer(t)}, Pods: f.list, Policy: testPolicy(t, PolicyBinpack), Now: func() time.Time { return f.now }})
+	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: &KubeGang{Client: f.client, Sealer: testbuild.Sealer(t)}, Pods: f.list, Policy: testPolicy(t, PolicyBinpack), Now: func() time.Time { return f.now }})
 	f.sync()
 	for name, s := range f.state("g-") {
 		if s != before[name] {
@@ -351,7 +352,7 @@ func TestForgedPlansDoNotKeepAnIncompletePlan(t *testing.T) {
 
 func TestMalformedGangDeclarationWaitsWithReason(t *testing.T) {
 	f := newGangFixture(t, eightGPUNodes(1)...)
-	p := makePod("bad").Whole(1).Obj()
+	p := testbuild.Pod("bad").Whole(1).Obj()
 	p.Annotations[api.AnnotationGang] = "g"
 	p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "other.example/gate"}, {Name: api.SchedulingGateGang}}
 	if _, err := f.client.CoreV1().Pods("default").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {

@@ -14,6 +14,7 @@ import (
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 )
 
 func podGroupObject(gvr schema.GroupVersionResource, ns, name string, spec map[string]any) *unstructured.Unstructured {
@@ -30,13 +31,13 @@ func (f *gangFixture) withPodGroups(objs ...runtime.Object) {
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
 		api.PodGroupGVR: "PodGroupList", api.VolcanoPodGroupGVR: "PodGroupList",
 	}, objs...)
-	f.planner.client = &KubeGang{Client: f.client, Dynamic: dyn, Sealer: testSealer(f.t)}
+	f.planner.client = &KubeGang{Client: f.client, Dynamic: dyn, Sealer: testbuild.Sealer(f.t)}
 }
 
 // volcanoMember creates a gated pod naming its Volcano PodGroup.
 func (f *gangFixture) volcanoMember(group string, i, gpus int) {
 	f.t.Helper()
-	p := makePod(fmt.Sprintf("%s-%d", group, i)).Whole(int64(gpus)).Obj()
+	p := testbuild.Pod(fmt.Sprintf("%s-%d", group, i)).Whole(int64(gpus)).Obj()
 	p.Annotations[api.AnnotationVolcanoGroupName] = group
 	p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "other.example/gate"}, {Name: api.SchedulingGateGang}}
 	if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {

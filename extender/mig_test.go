@@ -12,17 +12,9 @@ import (
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/allocator/gang"
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 	"github.com/tessera-gpu/tessera/extender/verbs"
 )
-
-// migUUID is instance k of GPU i of node.
-func migUUID(node string, i, k int) string {
-	h := 0
-	for _, c := range node {
-		h = h*31 + int(c)
-	}
-	return fmt.Sprintf("MIG-%08x-%04x-%04x-0000-000000000000", uint32(h), i, k)
-}
 
 // migSlot is one instance of a layout.
 type migSlot struct {
@@ -33,9 +25,9 @@ type migSlot struct {
 // migNode is a node of 8 A100s of which GPUs 0-1 are in 7 × 1g.5gb and
 // GPUs 2-3 in 3g.20gb + 2g.10gb + 1g.5gb (dgx-a100-mig's layout).
 func migNode(name string) *corev1.Node {
-	b := makeNode(name).GPUs(8, "A100", 40960)
+	b := testbuild.Node(name).GPUs(8, "A100", 40960)
 	for i := 0; i < 4; i++ {
-		g := &b.inv.GPUs[i]
+		g := &b.Inv.GPUs[i]
 		g.MemoryUnits = 0
 		g.MIG = &api.InventoryMIG{}
 		layout := []migSlot{{"1g.5gb", 0, 1}, {"1g.5gb", 1, 1}, {"1g.5gb", 2, 1}, {"1g.5gb", 3, 1}, {"1g.5gb", 4, 1}, {"1g.5gb", 5, 1}, {"1g.5gb", 6, 1}}
@@ -43,34 +35,20 @@ func migNode(name string) *corev1.Node {
 			layout = []migSlot{{"3g.20gb", 0, 4}, {"2g.10gb", 4, 2}, {"1g.5gb", 6, 1}}
 		}
 		for k, l := range layout {
-			g.MIG.Instances = append(g.MIG.Instances, api.InventoryMIGInstance{UUID: migUUID(name, i, k), Profile: l.profile,
+			g.MIG.Instances = append(g.MIG.Instances, api.InventoryMIGInstance{UUID: testbuild.MIGUUID(name, i, k), Profile: l.profile,
 				MIGPlacement: api.MIGPlacement{Start: l.start, Size: l.size}, Healthy: true})
 		}
 	}
 	for _, p := range []string{"1g.5gb", "2g.10gb", "3g.20gb"} {
-		b.inv.Resources = append(b.inv.Resources, string(api.MIGResource(p)))
+		b.Inv.Resources = append(b.Inv.Resources, string(api.MIGResource(p)))
 	}
 	return b.Obj()
 }
 
 // migPod asks n instances of profile.
-func migPod(name, profile string, n int64) *podBuilder {
-	b := makePod(name)
-	b.pod.Spec.Containers[0].Resources.Limits[api.MIGResource(profile)] = *resource.NewQuantity(n, resource.DecimalSI)
-	return b
-}
-
-// HoldingMIG records the pod's MIG instances (GPU, instance) on its node.
-func (b *podBuilder) HoldingMIG(profile string, at ...[2]int) *podBuilder {
-	if b.assign == nil {
-		b.assign = api.NewAssignment()
-	}
-	var refs []api.MIGRef
-	for _, gk := range at {
-		refs = append(refs, api.MIGRef{UUID: migUUID(b.pod.Spec.NodeName, gk[0], gk[1]), Profile: profile,
-			GPU: api.GPURef{UUID: gpuUUID(b.pod.Spec.NodeName, gk[0]), Index: gk[0]}})
-	}
-	b.assign.Containers = append(b.assign.Containers, api.ContainerAssignment{Name: "main", MIG: refs})
+func migPod(name, profile string, n int64) *testbuild.PodBuilder {
+	b := testbuild.Pod(name)
+	b.Pod.Spec.Containers[0].Resources.Limits[api.MIGResource(profile)] = *resource.NewQuantity(n, resource.DecimalSI)
 	return b
 }
 
@@ -84,7 +62,7 @@ func TestMIGFilter(t *testing.T) {
 		msg  string
 	}{
 		{name: "fits", node: migNode("n"), pod: migPod("p", "1g.5gb", 2).Obj()},
-		{name: "a node without MIG", node: makeNode("n").GPUs(8, "A100", 40960).Obj(), pod: migPod("p", "1g.5gb", 1).Obj(),
+		{name: "a node without MIG", node: testbuild.Node("n").GPUs(8, "A100", 40960).Obj(), pod: migPod("p", "1g.5gb", 1).Obj(),
 			want: NoMIG, msg: "tessera: node has no GPU in MIG mode"},
 		{name: "a profile the node does not have", node: migNode("n"), pod: migPod("p", "7g.40gb", 1).Obj(),
 			want: NoMIGProfile, msg: "tessera: node has fewer than 1 healthy tessera.dev/mig-7g.40gb instances"},
@@ -97,10 +75,10 @@ func TestMIGFilter(t *testing.T) {
 			pod:  migPod("p", "3g.20gb", 1).Obj()},
 		{name: "16 of 16 1g.5gb", node: migNode("n"), pod: migPod("p", "1g.5gb", 16).Obj()},
 		{name: "17 of 16 1g.5gb", node: migNode("n"), pod: migPod("p", "1g.5gb", 17).Obj(), want: NoMIGProfile},
-		{name: "GPUs in MIG mode are not offered whole", node: migNode("n"), pod: makePod("p").Whole(5).Obj(), want: TooFewGPUs},
-		{name: "the other 4 are", node: migNode("n"), pod: makePod("p").Whole(4).Obj()},
-		{name: "nor sliced", node: migNode("n"), pods: []*corev1.Pod{makePod("w").Whole(4).Node("n").Holding(4, 5, 6, 7).Obj()},
-			pod: makePod("p").Shared(4, 10).Obj(), want: NoGPUForSlice},
+		{name: "GPUs in MIG mode are not offered whole", node: migNode("n"), pod: testbuild.Pod("p").Whole(5).Obj(), want: TooFewGPUs},
+		{name: "the other 4 are", node: migNode("n"), pod: testbuild.Pod("p").Whole(4).Obj()},
+		{name: "nor sliced", node: migNode("n"), pods: []*corev1.Pod{testbuild.Pod("w").Whole(4).Node("n").Holding(4, 5, 6, 7).Obj()},
+			pod: testbuild.Pod("p").Shared(4, 10).Obj(), want: NoGPUForSlice},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -156,7 +134,7 @@ func TestMIGScoreAndBind(t *testing.T) {
 
 // A gang of MIG pods is planned by the instances free on each node.
 func TestMIGGangPlan(t *testing.T) {
-	c := newTestCache(t, []*corev1.Node{migNode("a"), makeNode("b").GPUs(8, "A100", 40960).Obj()}, nil)
+	c := newTestCache(t, []*corev1.Node{migNode("a"), testbuild.Node("b").GPUs(8, "A100", 40960).Obj()}, nil)
 	var demands []Demand
 	grp := gang.Group{Namespace: "default", Name: "g"}
 	for i := 0; i < 2; i++ {
@@ -200,7 +178,7 @@ func TestMIGPodsAreGPUPodsForTheCPUEntry(t *testing.T) {
 	if !d.UsesGPUs() {
 		t.Fatal("a MIG demand does not use GPUs")
 	}
-	f := newFixture(t, []*corev1.Node{migNode("a"), makeNode("b").GPUs(8, "A100", 40960).Obj()}, nil)
+	f := newFixture(t, []*corev1.Node{migNode("a"), testbuild.Node("b").GPUs(8, "A100", 40960).Obj()}, nil)
 	names := []string{"a", "b"}
 	var got extenderv1.HostPriorityList
 	f.post(t, verbs.PathPrioritizeCPU, &extenderv1.ExtenderArgs{Pod: migPod("p", "1g.5gb", 1).Obj(), NodeNames: &names}, &got)

@@ -7,6 +7,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 )
 
 // A multi-GPU slice on nodes with NVLink cliques: its GPUs are taken in
@@ -20,7 +21,7 @@ func TestMultiGPUSliceCliques(t *testing.T) {
 		t.Fatal(err)
 	}
 	pod := func(nvlink bool) *Demand {
-		b := makePod("p").Shared(8, 40)
+		b := testbuild.Pod("p").Shared(8, 40)
 		if nvlink {
 			b = b.NVLink()
 		}
@@ -33,7 +34,7 @@ func TestMultiGPUSliceCliques(t *testing.T) {
 		return &d
 	}
 	// GPU 1 and 3 of four are full (used whole).
-	node := makeNode("n").GPUs(4, "A100", 40960).Cliques([]int{0, 1}, []int{2, 3}).Obj()
+	node := testbuild.Node("n").GPUs(4, "A100", 40960).Cliques([]int{0, 1}, []int{2, 3}).Obj()
 	for _, tc := range []struct {
 		name   string
 		node   string
@@ -51,7 +52,7 @@ func TestMultiGPUSliceCliques(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var pods []*PodUse
 			for i, g := range tc.uses {
-				pods = append(pods, &PodUse{UID: types.UID(rune('a' + i)), Whole: []string{gpuUUID("n", g)}})
+				pods = append(pods, &PodUse{UID: types.UID(rune('a' + i)), Whole: []string{testbuild.GPUUUID("n", g)}})
 			}
 			st := BuildNodeState(NewNodeInfo(node), pods)
 			d := pod(tc.nvlink)
@@ -86,7 +87,7 @@ func TestMultiGPUSliceCliques(t *testing.T) {
 		})
 	}
 	// More GPUs than the node has: refused for good (preemption cannot help).
-	p := makePod("p").Shared(8, 40).Obj()
+	p := testbuild.Pod("p").Shared(8, 40).Obj()
 	p.Annotations[api.AnnotationGPUCount] = "8"
 	d, err := ParseDemand(p)
 	if err != nil {

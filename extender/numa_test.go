@@ -12,6 +12,7 @@ import (
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/allocator/gang"
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 	"github.com/tessera-gpu/tessera/gpu/nvmlmock"
 )
 
@@ -24,9 +25,9 @@ func machineNode(t *testing.T, name, profile, policy string, held map[string]map
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := makeNode(name).GPUs(len(m.GPUs), "A100", 40960)
+	b := testbuild.Node(name).GPUs(len(m.GPUs), "A100", 40960)
 	for i, g := range m.GPUs {
-		b.inv.GPUs[i].NUMANode = g.NUMANode
+		b.Inv.GPUs[i].NUMANode = g.NUMANode
 	}
 	total := 0
 	topo := &api.NUMATopology{APIVersion: api.Version, Kind: api.KindNUMATopology, TopologyManagerPolicy: policy,
@@ -65,9 +66,9 @@ func machineNode(t *testing.T, name, profile, policy string, held map[string]map
 }
 
 // guaranteedPod asks gpus whole GPUs and cpus CPUs, requests = limits.
-func guaranteedPod(name string, gpus int64, cpus string) *podBuilder {
-	b := makePod(name).Whole(gpus)
-	c := &b.pod.Spec.Containers[0]
+func guaranteedPod(name string, gpus int64, cpus string) *testbuild.PodBuilder {
+	b := testbuild.Pod(name).Whole(gpus)
+	c := &b.Pod.Spec.Containers[0]
 	for _, rl := range []corev1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
 		rl[corev1.ResourceCPU] = resource.MustParse(cpus)
 		rl[corev1.ResourceMemory] = resource.MustParse("1Gi")
@@ -102,10 +103,10 @@ func TestNUMAFilterOnMockMachines(t *testing.T) {
 		{name: "a hog the node has not reported yet holds its CPUs", node: machineNode(t, "n", "dgx-a100", "single-numa-node", map[string]map[int]int{"default/hog-0": {0: 100}}),
 			pods: hogPods("n"), pod: big, want: NoNUMAFit},
 		{name: "GPUs of the free side taken", node: machineNode(t, "n", "dgx-a100", "single-numa-node", map[string]map[int]int{"default/hog-0": {0: 100}}),
-			pods: []*corev1.Pod{hogPods("n")[0], makePod("w").Whole(1).Node("n").Holding(4).Obj()}, pod: big, want: NoNUMAFit},
-		{name: "8 GPUs never fit one NUMA node", node: machineNode(t, "n", "dgx-a100", "single-numa-node", nil), pod: makePod("p").Whole(8).Obj(),
+			pods: []*corev1.Pod{hogPods("n")[0], testbuild.Pod("w").Whole(1).Node("n").Holding(4).Obj()}, pod: big, want: NoNUMAFit},
+		{name: "8 GPUs never fit one NUMA node", node: machineNode(t, "n", "dgx-a100", "single-numa-node", nil), pod: testbuild.Pod("p").Whole(8).Obj(),
 			want: NUMANodeTooSmall, msg: "tessera: no NUMA node has 8 GPUs even when empty (topology manager policy single-numa-node)"},
-		{name: "a burstable pod aligns GPUs only", node: machineNode(t, "n", "dgx-a100", "single-numa-node", hogs), pods: hogPods("n"), pod: makePod("p").Whole(4).CPU("32").Obj()},
+		{name: "a burstable pod aligns GPUs only", node: machineNode(t, "n", "dgx-a100", "single-numa-node", hogs), pods: hogPods("n"), pod: testbuild.Pod("p").Whole(4).CPU("32").Obj()},
 		{name: "pcie-2numa: 2 GPUs and 60 CPUs", node: machineNode(t, "n", "pcie-2numa", "single-numa-node", map[string]map[int]int{"default/hog-0": {1: 10}}),
 			pods: smallHogs[:1], pod: guaranteedPod("p", 2, "60").Obj()},
 		{name: "pcie-2numa: 2 GPUs and 60 CPUs, neither side", node: machineNode(t, "n", "pcie-2numa", "single-numa-node", map[string]map[int]int{"default/hog-0": {0: 10}, "default/hog-1": {1: 10}}),
@@ -140,7 +141,7 @@ func TestNUMAMalformedReport(t *testing.T) {
 	node := machineNode(t, "n", "dgx-a100", "single-numa-node", nil)
 	node.Annotations[api.AnnotationNUMATopology] = `{"apiVersion":"tessera.dev/v1alpha1","kind":"NUMATopology","topologyManagerPolicy":"strict"}`
 	c := newTestCache(t, []*corev1.Node{node}, nil)
-	d, _ := ParseDemand(makePod("p").Whole(1).Obj())
+	d, _ := ParseDemand(testbuild.Pod("p").Whole(1).Obj())
 	v := Filter(mustState(t, c, "n"), &d)
 	if v.Reason != BadNUMATopology || !v.Reason.Unresolvable() || !strings.Contains(v.Message, api.AnnotationNUMATopology) {
 		t.Fatalf("Filter = %+v, want %s naming the annotation", v, BadNUMATopology)
@@ -153,7 +154,7 @@ func TestNUMASlicePlacement(t *testing.T) {
 	node := machineNode(t, "n", "pcie-2numa", "single-numa-node", map[string]map[int]int{"default/hog-0": {0: 60}})
 	c := newTestCache(t, []*corev1.Node{node}, []*corev1.Pod{guaranteedPod("hog-0", 0, "60").Node("n").Obj()})
 	st := mustState(t, c, "n")
-	p := makePod("p").Shared(8, 30).Obj()
+	p := testbuild.Pod("p").Shared(8, 30).Obj()
 	for _, rl := range []corev1.ResourceList{p.Spec.Containers[0].Resources.Limits, p.Spec.Containers[0].Resources.Requests} {
 		rl[corev1.ResourceCPU] = resource.MustParse("8")
 		rl[corev1.ResourceMemory] = resource.MustParse("1Gi")

@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 	"github.com/tessera-gpu/tessera/extender/verbs"
 )
 
@@ -25,9 +26,9 @@ func withPlan(t testing.TB, pod *corev1.Pod, node string, gpu int) *corev1.Pod {
 	p := pod.DeepCopy()
 	plan := api.GangPlan{Gang: "g", Node: node, Expires: time.Now().Add(time.Hour)}
 	if gpu >= 0 {
-		plan.GPU = &api.GPURef{UUID: gpuUUID(node, gpu), Index: gpu}
+		plan.GPU = &api.GPURef{UUID: testbuild.GPUUUID(node, gpu), Index: gpu}
 	}
-	ann, err := testSealer(t).GangPlanAnnotations(p.UID, plan)
+	ann, err := testbuild.Sealer(t).GangPlanAnnotations(p.UID, plan)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,10 +37,10 @@ func withPlan(t testing.TB, pod *corev1.Pod, node string, gpu int) *corev1.Pod {
 }
 
 func TestLedgerCountsPlannedMembers(t *testing.T) {
-	nodes := []*corev1.Node{makeNode("a").GPUs(4, "A100", 40960).Obj(), makeNode("b").GPUs(4, "A100", 40960).Obj()}
-	whole := withPlan(t, makePod("w").Whole(3).Obj(), "a", -1)
-	shared := withPlan(t, makePod("s").Shared(10, 50).Obj(), "b", 2)
-	plain := makePod("unplanned").Whole(4).Obj() // pending, no plan: not counted
+	nodes := []*corev1.Node{testbuild.Node("a").GPUs(4, "A100", 40960).Obj(), testbuild.Node("b").GPUs(4, "A100", 40960).Obj()}
+	whole := withPlan(t, testbuild.Pod("w").Whole(3).Obj(), "a", -1)
+	shared := withPlan(t, testbuild.Pod("s").Shared(10, 50).Obj(), "b", 2)
+	plain := testbuild.Pod("unplanned").Whole(4).Obj() // pending, no plan: not counted
 	c := newTestCache(t, nodes, []*corev1.Pod{whole, shared, plain})
 	if st := mustState(t, c, "a"); st.FreeGPUs() != 1 || st.PendingWhole != 3 {
 		t.Errorf("node a: %d free GPUs, %d pending, want 1 and 3", st.FreeGPUs(), st.PendingWhole)
@@ -55,7 +56,7 @@ func TestLedgerCountsPlannedMembers(t *testing.T) {
 		t.Errorf("after release node a has %d free GPUs, want 4", st.FreeGPUs())
 	}
 	// A malformed plan is not counted (and does not crash).
-	bad := makePod("bad").Whole(2).Obj()
+	bad := testbuild.Pod("bad").Whole(2).Obj()
 	bad.Annotations[api.AnnotationGangPlan] = `{"apiVersion":"x"}`
 	if u := c.SetPod(bad); u != nil {
 		t.Errorf("malformed plan counted: %+v", u)
@@ -63,10 +64,10 @@ func TestLedgerCountsPlannedMembers(t *testing.T) {
 }
 
 func TestFilterPassesOnlyPlannedNode(t *testing.T) {
-	nodes := []*corev1.Node{makeNode("a").GPUs(8, "A100", 40960).Obj(), makeNode("b").GPUs(8, "A100", 40960).Obj(), makeNode("c").GPUs(8, "A100", 40960).Obj()}
+	nodes := []*corev1.Node{testbuild.Node("a").GPUs(8, "A100", 40960).Obj(), testbuild.Node("b").GPUs(8, "A100", 40960).Obj(), testbuild.Node("c").GPUs(8, "A100", 40960).Obj()}
 	// The member fills node b exactly: filter must not count it against
 	// itself.
-	pod := withPlan(t, makePod("m").Whole(8).Obj(), "b", -1)
+	pod := withPlan(t, testbuild.Pod("m").Whole(8).Obj(), "b", -1)
 	f := newFixture(t, nodes, []*corev1.Pod{pod}, pod)
 	names := []string{"a", "b", "c"}
 	var res extenderv1.ExtenderFilterResult
@@ -105,8 +106,8 @@ func TestFilterPassesOnlyPlannedNode(t *testing.T) {
 }
 
 func TestBindChecksPlan(t *testing.T) {
-	nodes := []*corev1.Node{makeNode("a").GPUs(8, "A100", 40960).Obj(), makeNode("b").GPUs(8, "A100", 40960).Obj()}
-	pod := withPlan(t, makePod("m").Whole(8).Obj(), "b", -1)
+	nodes := []*corev1.Node{testbuild.Node("a").GPUs(8, "A100", 40960).Obj(), testbuild.Node("b").GPUs(8, "A100", 40960).Obj()}
+	pod := withPlan(t, testbuild.Pod("m").Whole(8).Obj(), "b", -1)
 	f := newFixture(t, nodes, []*corev1.Pod{pod}, pod)
 	var res extenderv1.ExtenderBindingResult
 	f.post(t, verbs.PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "m", PodUID: pod.UID, Node: "a"}, &res)
@@ -127,8 +128,8 @@ func TestBindChecksPlan(t *testing.T) {
 }
 
 func TestBindSharedMemberUsesPlannedGPU(t *testing.T) {
-	node := makeNode("n").GPUs(4, "A100", 40960).Obj()
-	pod := withPlan(t, makePod("s").Shared(10, 50).Obj(), "n", 3)
+	node := testbuild.Node("n").GPUs(4, "A100", 40960).Obj()
+	pod := withPlan(t, testbuild.Pod("s").Shared(10, 50).Obj(), "n", 3)
 	f := newFixture(t, []*corev1.Node{node}, []*corev1.Pod{pod}, pod)
 	var res extenderv1.ExtenderBindingResult
 	f.post(t, verbs.PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "s", PodUID: pod.UID, Node: "n"}, &res)
@@ -137,7 +138,7 @@ func TestBindSharedMemberUsesPlannedGPU(t *testing.T) {
 	}
 	got, _ := f.pods.GetPod(context.Background(), "default", "s")
 	a, ok, err := api.GetAssignment(got.Annotations)
-	if err != nil || !ok || a.Containers[0].Shared == nil || a.Containers[0].Shared.GPU.UUID != gpuUUID("n", 3) {
+	if err != nil || !ok || a.Containers[0].Shared == nil || a.Containers[0].Shared.GPU.UUID != testbuild.GPUUUID("n", 3) {
 		t.Fatalf("assignment %+v (ok %v, err %v), want the planned GPU 3", a, ok, err)
 	}
 	if got := freeOf(mustState(t, f.cache, "n")); got != "1000/40960 1000/40960 1000/40960 500/30720" {
@@ -146,7 +147,7 @@ func TestBindSharedMemberUsesPlannedGPU(t *testing.T) {
 }
 
 func TestReserveGangAllOrNothing(t *testing.T) {
-	nodes := []*corev1.Node{makeNode("a").GPUs(8, "A100", 40960).Obj(), makeNode("b").GPUs(8, "A100", 40960).Obj()}
+	nodes := []*corev1.Node{testbuild.Node("a").GPUs(8, "A100", 40960).Obj(), testbuild.Node("b").GPUs(8, "A100", 40960).Obj()}
 	c := newTestCache(t, nodes, nil)
 	snap := c.Snapshot()
 	// A bind on b after the snapshot makes the gang's plan stale.
@@ -179,9 +180,9 @@ func TestReserveGangAllOrNothing(t *testing.T) {
 // for a slice waits until that member is bound: until then only the ledger
 // knows the slice's GPU, and the kubelet could give it to the whole-GPU pod.
 func TestWholeBindWaitsForPlannedSlices(t *testing.T) {
-	node := makeNode("n").GPUs(4, "A100", 40960).Obj()
-	member := withPlan(t, makePod("s").Shared(10, 50).Obj(), "n", 2)
-	whole := makePod("w").Whole(2).Obj()
+	node := testbuild.Node("n").GPUs(4, "A100", 40960).Obj()
+	member := withPlan(t, testbuild.Pod("s").Shared(10, 50).Obj(), "n", 2)
+	whole := testbuild.Pod("w").Whole(2).Obj()
 	f := newFixture(t, []*corev1.Node{node}, []*corev1.Pod{member}, member, whole)
 	bind := func(p *corev1.Pod) <-chan string {
 		done := make(chan string, 1)
@@ -216,8 +217,8 @@ func TestWholeBindWaitsForPlannedSlices(t *testing.T) {
 // GPU 0 when its slice ended, but the node agent still withholds it from
 // whole use; the Binding is created once the inventory releases it.
 func TestBindWaitsUntilTheNodeOffersTheGPU(t *testing.T) {
-	withheld := makeNode("n").GPUs(1, "A100", 40960).WithheldFromWhole(0).Obj()
-	whole := makePod("w").Whole(1).Obj()
+	withheld := testbuild.Node("n").GPUs(1, "A100", 40960).WithheldFromWhole(0).Obj()
+	whole := testbuild.Pod("w").Whole(1).Obj()
 	f := newFixture(t, []*corev1.Node{withheld}, nil, whole)
 	done := make(chan string, 1)
 	go func() {
@@ -230,7 +231,7 @@ func TestBindWaitsUntilTheNodeOffersTheGPU(t *testing.T) {
 		t.Fatalf("whole-GPU pod bound (error %q) while its node withholds its GPU from whole use", err)
 	case <-time.After(200 * time.Millisecond):
 	}
-	f.cache.SetNode(makeNode("n").GPUs(1, "A100", 40960).Obj())
+	f.cache.SetNode(testbuild.Node("n").GPUs(1, "A100", 40960).Obj())
 	select {
 	case err := <-done:
 		if err != "" {
@@ -251,11 +252,11 @@ func TestBindWaitsUntilTheNodeOffersTheGPU(t *testing.T) {
 // or not it carries the gate (the webhook may be absent or fail open): no
 // member is ever bound alone.
 func TestUnplannedGangMemberPassesNoNode(t *testing.T) {
-	nodes := []*corev1.Node{makeNode("a").GPUs(8, "A100", 40960).Obj()}
-	member := makePod("m").Whole(1).Obj()
+	nodes := []*corev1.Node{testbuild.Node("a").GPUs(8, "A100", 40960).Obj()}
+	member := testbuild.Pod("m").Whole(1).Obj()
 	member.Annotations[api.AnnotationGang] = "g"
 	member.Annotations[api.AnnotationGangMinMember] = "2"
-	malformed := makePod("bad").Whole(1).Obj()
+	malformed := testbuild.Pod("bad").Whole(1).Obj()
 	malformed.Annotations[api.AnnotationGang] = "g"
 	malformed.Annotations[api.AnnotationGangMinMember] = "two"
 	f := newFixture(t, nodes, nil, member, malformed)

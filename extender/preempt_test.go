@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 )
 
 // fakePreemptClient records evictions and plans; pods named in pdb refuse
@@ -45,7 +46,7 @@ func (f *fakePreemptClient) SetPlan(_ context.Context, pod *corev1.Pod, value st
 var preemptNow = time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
 
 // running is a bound pod started minutes ago.
-func running(b *podBuilder, minutesAgo int) *corev1.Pod {
+func running(b *testbuild.PodBuilder, minutesAgo int) *corev1.Pod {
 	p := b.Obj()
 	start := metav1.NewTime(preemptNow.Add(-time.Duration(minutesAgo) * time.Minute))
 	p.CreationTimestamp, p.Status.StartTime, p.Status.Phase = start, &start, corev1.PodRunning
@@ -53,7 +54,7 @@ func running(b *podBuilder, minutesAgo int) *corev1.Pod {
 }
 
 // asking is a pending pod kube-scheduler found unschedulable.
-func asking(b *podBuilder) *corev1.Pod {
+func asking(b *testbuild.PodBuilder) *corev1.Pod {
 	p := b.Obj()
 	p.CreationTimestamp = metav1.NewTime(preemptNow.Add(-time.Minute))
 	p.Status.Phase = corev1.PodPending
@@ -75,7 +76,7 @@ const (
 
 func TestPreemptorAcrossShapes(t *testing.T) {
 	never := corev1.PreemptNever
-	twoGPUs := func(name string) *corev1.Node { return makeNode(name).GPUs(2, "A100", 40960).Obj() }
+	twoGPUs := func(name string) *corev1.Node { return testbuild.Node(name).GPUs(2, "A100", 40960).Obj() }
 	tests := []struct {
 		name       string
 		nodes      []*corev1.Node
@@ -90,9 +91,9 @@ func TestPreemptorAcrossShapes(t *testing.T) {
 			name:  "an inference slice evicts one whole-GPU notebook, the newest",
 			nodes: []*corev1.Node{twoGPUs("n1")},
 			pods: []*corev1.Pod{
-				running(makePod("nb-old").Whole(1).Priority(notebook).Node("n1").Holding(0), 30),
-				running(makePod("nb-new").Whole(1).Priority(notebook).Node("n1").Holding(1), 10),
-				asking(makePod("inf").Shared(10, 20).Priority(inference)),
+				running(testbuild.Pod("nb-old").Whole(1).Priority(notebook).Node("n1").Holding(0), 30),
+				running(testbuild.Pod("nb-new").Whole(1).Priority(notebook).Node("n1").Holding(1), 10),
+				asking(testbuild.Pod("inf").Shared(10, 20).Priority(inference)),
 			},
 			want: []string{"nb-new"}, wantPlan: "n1", wantGPU: 1,
 		},
@@ -100,10 +101,10 @@ func TestPreemptorAcrossShapes(t *testing.T) {
 			name:  "a two-GPU inference slice evicts both whole-GPU notebooks; planned without a GPU",
 			nodes: []*corev1.Node{twoGPUs("n1")},
 			pods: []*corev1.Pod{
-				running(makePod("nb-old").Whole(1).Priority(notebook).Node("n1").Holding(0), 30),
-				running(makePod("nb-new").Whole(1).Priority(notebook).Node("n1").Holding(1), 10),
+				running(testbuild.Pod("nb-old").Whole(1).Priority(notebook).Node("n1").Holding(0), 30),
+				running(testbuild.Pod("nb-new").Whole(1).Priority(notebook).Node("n1").Holding(1), 10),
 				func() *corev1.Pod {
-					p := asking(makePod("inf").Shared(10, 20).Priority(inference))
+					p := asking(testbuild.Pod("inf").Shared(10, 20).Priority(inference))
 					p.Annotations[api.AnnotationGPUCount] = "2"
 					return p
 				}(),
@@ -114,10 +115,10 @@ func TestPreemptorAcrossShapes(t *testing.T) {
 			name:  "an inference whole GPU evicts the notebook slices of one GPU, the fewest",
 			nodes: []*corev1.Node{twoGPUs("n1")},
 			pods: []*corev1.Pod{
-				running(makePod("s-a").Shared(10, 20).Priority(notebook).Node("n1").On(0, 10240, 20), 10),
-				running(makePod("s-b").Shared(10, 20).Priority(notebook).Node("n1").On(0, 10240, 20), 10),
-				running(makePod("s-c").Shared(10, 20).Priority(notebook).Node("n1").On(1, 10240, 20), 10),
-				asking(makePod("inf").Whole(1).Priority(inference)),
+				running(testbuild.Pod("s-a").Shared(10, 20).Priority(notebook).Node("n1").On(0, 10240, 20), 10),
+				running(testbuild.Pod("s-b").Shared(10, 20).Priority(notebook).Node("n1").On(0, 10240, 20), 10),
+				running(testbuild.Pod("s-c").Shared(10, 20).Priority(notebook).Node("n1").On(1, 10240, 20), 10),
+				asking(testbuild.Pod("inf").Whole(1).Priority(inference)),
 			},
 			want: []string{"s-c"}, wantPlan: "n1", wantGPU: -1,
 		},
@@ -126,10 +127,10 @@ func TestPreemptorAcrossShapes(t *testing.T) {
 			nodes: []*corev1.Node{twoGPUs("n1")},
 			pods: []*corev1.Pod{
 				// GPU 0: 35 GiB used (5 free); GPU 1: 30 GiB used (10 free).
-				running(makePod("f-a").Shared(20, 10).Priority(notebook).Node("n1").On(0, 20480, 10), 10),
-				running(makePod("f-b").Shared(15, 10).Priority(notebook).Node("n1").On(0, 15360, 10), 5),
-				running(makePod("f-c").Shared(30, 10).Priority(notebook).Node("n1").On(1, 30720, 10), 20),
-				asking(makePod("inf").Shared(20, 10).Priority(inference)),
+				running(testbuild.Pod("f-a").Shared(20, 10).Priority(notebook).Node("n1").On(0, 20480, 10), 10),
+				running(testbuild.Pod("f-b").Shared(15, 10).Priority(notebook).Node("n1").On(0, 15360, 10), 5),
+				running(testbuild.Pod("f-c").Shared(30, 10).Priority(notebook).Node("n1").On(1, 30720, 10), 20),
+				asking(testbuild.Pod("inf").Shared(20, 10).Priority(inference)),
 			},
 			// newest first: f-b frees 15 GiB on GPU 0 (5+15 = 20): enough.
 			want: []string{"f-b"}, wantPlan: "n1", wantGPU: 0,
@@ -138,9 +139,9 @@ func TestPreemptorAcrossShapes(t *testing.T) {
 			name:  "training (preemptionPolicy Never) waits",
 			nodes: []*corev1.Node{twoGPUs("n1")},
 			pods: []*corev1.Pod{
-				running(makePod("nb-0").Whole(2).Priority(notebook).Node("n1").Holding(0, 1), 10),
+				running(testbuild.Pod("nb-0").Whole(2).Priority(notebook).Node("n1").Holding(0, 1), 10),
 				func() *corev1.Pod {
-					p := asking(makePod("train").Whole(1).Priority(training))
+					p := asking(testbuild.Pod("train").Whole(1).Priority(training))
 					p.Spec.PreemptionPolicy = &never
 					return p
 				}(),
@@ -151,8 +152,8 @@ func TestPreemptorAcrossShapes(t *testing.T) {
 			name:  "nothing of equal or higher priority is taken",
 			nodes: []*corev1.Node{twoGPUs("n1")},
 			pods: []*corev1.Pod{
-				running(makePod("inf-0").Whole(2).Priority(inference).Node("n1").Holding(0, 1), 10),
-				asking(makePod("inf-1").Whole(1).Priority(inference)),
+				running(testbuild.Pod("inf-0").Whole(2).Priority(inference).Node("n1").Holding(0, 1), 10),
+				asking(testbuild.Pod("inf-1").Whole(1).Priority(inference)),
 			},
 			wantGPU: -1,
 		},
@@ -160,8 +161,8 @@ func TestPreemptorAcrossShapes(t *testing.T) {
 			name:  "a pod that fits already preempts nothing",
 			nodes: []*corev1.Node{twoGPUs("n1")},
 			pods: []*corev1.Pod{
-				running(makePod("nb-0").Whole(1).Priority(notebook).Node("n1").Holding(0), 10),
-				asking(makePod("inf").Whole(1).Priority(inference)),
+				running(testbuild.Pod("nb-0").Whole(1).Priority(notebook).Node("n1").Holding(0), 10),
+				asking(testbuild.Pod("inf").Whole(1).Priority(inference)),
 			},
 			wantGPU: -1,
 		},
@@ -170,9 +171,9 @@ func TestPreemptorAcrossShapes(t *testing.T) {
 			nodes:      []*corev1.Node{twoGPUs("n1")},
 			minRuntime: 15 * time.Minute,
 			pods: []*corev1.Pod{
-				running(makePod("nb-old").Whole(1).Priority(notebook).Node("n1").Holding(0), 30),
-				running(makePod("nb-new").Whole(1).Priority(notebook).Node("n1").Holding(1), 10),
-				asking(makePod("inf").Whole(1).Priority(inference)),
+				running(testbuild.Pod("nb-old").Whole(1).Priority(notebook).Node("n1").Holding(0), 30),
+				running(testbuild.Pod("nb-new").Whole(1).Priority(notebook).Node("n1").Holding(1), 10),
+				asking(testbuild.Pod("inf").Whole(1).Priority(inference)),
 			},
 			want: []string{"nb-old"}, wantPlan: "n1", wantGPU: -1,
 		},
@@ -181,9 +182,9 @@ func TestPreemptorAcrossShapes(t *testing.T) {
 			nodes: []*corev1.Node{twoGPUs("n1")},
 			pdb:   []string{"nb-new"},
 			pods: []*corev1.Pod{
-				running(makePod("nb-old").Whole(1).Priority(notebook).Node("n1").Holding(0), 30),
-				running(makePod("nb-new").Whole(1).Priority(notebook).Node("n1").Holding(1), 10),
-				asking(makePod("inf").Whole(1).Priority(inference)),
+				running(testbuild.Pod("nb-old").Whole(1).Priority(notebook).Node("n1").Holding(0), 30),
+				running(testbuild.Pod("nb-new").Whole(1).Priority(notebook).Node("n1").Holding(1), 10),
+				asking(testbuild.Pod("inf").Whole(1).Priority(inference)),
 			},
 			want: []string{"nb-old"}, wantPlan: "n1", wantGPU: -1,
 		},
@@ -191,10 +192,10 @@ func TestPreemptorAcrossShapes(t *testing.T) {
 			name:  "a gang goes whole, so a single pod on another node is the cheaper victim",
 			nodes: []*corev1.Node{twoGPUs("n1"), twoGPUs("n2")},
 			pods: []*corev1.Pod{
-				gangPod(running(makePod("g-0").Whole(1).Priority(notebook).Node("n1").Holding(0), 10), "g", 2),
-				gangPod(running(makePod("g-1").Whole(1).Priority(notebook).Node("n1").Holding(1), 10), "g", 2),
-				running(makePod("solo").Whole(2).Priority(notebook).Node("n2").Holding(0, 1), 10),
-				asking(makePod("inf").Whole(1).Priority(inference)),
+				gangPod(running(testbuild.Pod("g-0").Whole(1).Priority(notebook).Node("n1").Holding(0), 10), "g", 2),
+				gangPod(running(testbuild.Pod("g-1").Whole(1).Priority(notebook).Node("n1").Holding(1), 10), "g", 2),
+				running(testbuild.Pod("solo").Whole(2).Priority(notebook).Node("n2").Holding(0, 1), 10),
+				asking(testbuild.Pod("inf").Whole(1).Priority(inference)),
 			},
 			want: []string{"solo"}, wantPlan: "n2", wantGPU: -1,
 		},
@@ -202,24 +203,24 @@ func TestPreemptorAcrossShapes(t *testing.T) {
 			name:  "a gang member's eviction takes the whole gang",
 			nodes: []*corev1.Node{twoGPUs("n1"), twoGPUs("n2")},
 			pods: []*corev1.Pod{
-				gangPod(running(makePod("g-0").Whole(2).Priority(notebook).Node("n1").Holding(0, 1), 10), "g", 2),
-				gangPod(running(makePod("g-1").Whole(2).Priority(notebook).Node("n2").Holding(0, 1), 10), "g", 2),
-				asking(makePod("inf").Whole(2).Priority(inference)),
+				gangPod(running(testbuild.Pod("g-0").Whole(2).Priority(notebook).Node("n1").Holding(0, 1), 10), "g", 2),
+				gangPod(running(testbuild.Pod("g-1").Whole(2).Priority(notebook).Node("n2").Holding(0, 1), 10), "g", 2),
+				asking(testbuild.Pod("inf").Whole(2).Priority(inference)),
 			},
 			want: []string{"g-0", "g-1"}, wantPlan: "n1", wantGPU: -1,
 		},
 		{
 			name:  "an elastic gang gives back its newest extra member before any whole workload",
-			nodes: []*corev1.Node{makeNode("n2").GPUs(4, "A100", 40960).Obj(), makeNode("n1").GPUs(1, "A100", 40960).Obj()},
+			nodes: []*corev1.Node{testbuild.Node("n2").GPUs(4, "A100", 40960).Obj(), testbuild.Node("n1").GPUs(1, "A100", 40960).Obj()},
 			pods: []*corev1.Pod{
-				gangPod(running(makePod("el-0").Whole(1).Priority(notebook).Node("n2").Holding(0), 40), "el", 2),
-				gangPod(running(makePod("el-1").Whole(1).Priority(notebook).Node("n2").Holding(1), 40), "el", 2),
-				gangPod(running(makePod("el-2").Whole(1).Priority(notebook).Node("n2").Holding(2), 20), "el", 2),
-				gangPod(running(makePod("el-3").Whole(1).Priority(notebook).Node("n2").Holding(3), 30), "el", 2),
+				gangPod(running(testbuild.Pod("el-0").Whole(1).Priority(notebook).Node("n2").Holding(0), 40), "el", 2),
+				gangPod(running(testbuild.Pod("el-1").Whole(1).Priority(notebook).Node("n2").Holding(1), 40), "el", 2),
+				gangPod(running(testbuild.Pod("el-2").Whole(1).Priority(notebook).Node("n2").Holding(2), 20), "el", 2),
+				gangPod(running(testbuild.Pod("el-3").Whole(1).Priority(notebook).Node("n2").Holding(3), 30), "el", 2),
 				// newer than every extra, on the node first by name, but
 				// whole: it stays.
-				running(makePod("solo").Whole(1).Priority(notebook).Node("n1").Holding(0), 5),
-				asking(makePod("inf").Whole(1).Priority(inference)),
+				running(testbuild.Pod("solo").Whole(1).Priority(notebook).Node("n1").Holding(0), 5),
+				asking(testbuild.Pod("inf").Whole(1).Priority(inference)),
 			},
 			want: []string{"el-2"}, wantPlan: "n2", wantGPU: -1,
 		},
@@ -227,19 +228,19 @@ func TestPreemptorAcrossShapes(t *testing.T) {
 			name:  "pods without GPUs are no victims: CPU is kube-scheduler's to preempt for",
 			nodes: []*corev1.Node{twoGPUs("n1")},
 			pods: []*corev1.Pod{
-				running(makePod("cpu-low").CPU("100").Priority(notebook).Node("n1"), 10),
-				asking(makePod("inf").Whole(1).CPU("100").Priority(inference)),
+				running(testbuild.Pod("cpu-low").CPU("100").Priority(notebook).Node("n1"), 10),
+				asking(testbuild.Pod("inf").Whole(1).CPU("100").Priority(inference)),
 			},
 			wantGPU: -1,
 		},
 		{
 			name:  "a nodeSelector keeps the victims on the nodes the pod may use",
-			nodes: []*corev1.Node{twoGPUs("n1"), makeNode("n2").GPUs(2, "A100", 40960).Obj()},
+			nodes: []*corev1.Node{twoGPUs("n1"), testbuild.Node("n2").GPUs(2, "A100", 40960).Obj()},
 			pods: []*corev1.Pod{
-				running(makePod("nb-1").Whole(2).Priority(notebook).Node("n1").Holding(0, 1), 10),
-				running(makePod("nb-2").Whole(2).Priority(notebook).Node("n2").Holding(0, 1), 30),
+				running(testbuild.Pod("nb-1").Whole(2).Priority(notebook).Node("n1").Holding(0, 1), 10),
+				running(testbuild.Pod("nb-2").Whole(2).Priority(notebook).Node("n2").Holding(0, 1), 30),
 				func() *corev1.Pod {
-					p := asking(makePod("inf").Whole(1).Priority(inference))
+					p := asking(testbuild.Pod("inf").Whole(1).Priority(inference))
 					p.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": "n2"}
 					return p
 				}(),
@@ -305,9 +306,9 @@ func TestPreemptorAcrossShapes(t *testing.T) {
 // The ledger counts the hold: once the plan is seen, nothing more is
 // evicted, and another pod does not fit the held room.
 func TestPreemptorHoldsTheRoom(t *testing.T) {
-	node := makeNode("n1").GPUs(1, "A100", 40960).Obj()
-	nb := running(makePod("nb").Whole(1).Priority(notebook).Node("n1").Holding(0), 10)
-	inf := asking(makePod("inf").Shared(10, 20).Priority(inference))
+	node := testbuild.Node("n1").GPUs(1, "A100", 40960).Obj()
+	nb := running(testbuild.Pod("nb").Whole(1).Priority(notebook).Node("n1").Holding(0), 10)
+	inf := asking(testbuild.Pod("inf").Shared(10, 20).Priority(inference))
 	pods := []*corev1.Pod{nb, inf}
 	cache := newTestCache(t, []*corev1.Node{node}, pods)
 	client := &fakePreemptClient{}
@@ -326,7 +327,7 @@ func TestPreemptorHoldsTheRoom(t *testing.T) {
 	nb.DeletionTimestamp = &metav1.Time{Time: preemptNow}
 	cache.SetPod(inf)
 	cache.SetPod(nb)
-	other := asking(makePod("other").Shared(40, 100).Priority(inference))
+	other := asking(testbuild.Pod("other").Shared(40, 100).Priority(inference))
 	pods = []*corev1.Pod{nb, inf, other}
 	if err := p.Sync(context.Background()); err != nil {
 		t.Fatal(err)
@@ -359,13 +360,13 @@ func TestPreemptorHoldsTheRoom(t *testing.T) {
 // A higher tier never takes a queue below its guarantee: the notebook of
 // a queue at its guarantee is spared, the one of a queue above it goes.
 func TestPreemptorKeepsQueueGuarantees(t *testing.T) {
-	node := makeNode("n1").GPUs(2, "A100", 40960).Obj()
+	node := testbuild.Node("n1").GPUs(2, "A100", 40960).Obj()
 	node.Status.Capacity = corev1.ResourceList{api.ResourceGPU: resource.MustParse("2")}
-	atGuarantee := running(makePod("nb-guaranteed").Whole(1).Priority(notebook).Node("n1").Holding(0), 10)
+	atGuarantee := running(testbuild.Pod("nb-guaranteed").Whole(1).Priority(notebook).Node("n1").Holding(0), 10)
 	atGuarantee.Namespace, atGuarantee.UID = "ns-a", "uid-nb-guaranteed"
-	borrowed := running(makePod("nb-borrowed").Whole(1).Priority(notebook).Node("n1").Holding(1), 30)
+	borrowed := running(testbuild.Pod("nb-borrowed").Whole(1).Priority(notebook).Node("n1").Holding(1), 30)
 	borrowed.Namespace, borrowed.UID = "ns-b", "uid-nb-borrowed"
-	inf := asking(makePod("inf").Whole(1).Priority(inference))
+	inf := asking(testbuild.Pod("inf").Whole(1).Priority(inference))
 	pods := []*corev1.Pod{atGuarantee, borrowed, inf}
 	cache := newTestCache(t, []*corev1.Node{node}, pods)
 	client := &fakePreemptClient{}

@@ -19,6 +19,7 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 	"github.com/tessera-gpu/tessera/extender/verbs"
 )
 
@@ -48,7 +49,7 @@ func queueObj(t *testing.T, name, parent string, namespaces []string, guaranteed
 // queued creates a 1-GPU pod held by the queue gate.
 func (f *gangFixture) queued(ns, name string, created time.Time) {
 	f.t.Helper()
-	p := makePod(name).Whole(1).Obj()
+	p := testbuild.Pod(name).Whole(1).Obj()
 	p.Namespace, p.UID = ns, types.UID("uid-"+ns+"-"+name)
 	p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: api.SchedulingGateQueue}}
 	p.CreationTimestamp = metav1.NewTime(created)
@@ -97,7 +98,7 @@ func TestQueuesFairShareByHistory(t *testing.T) {
 		{historyOf: "team-b", wantA: 6, wantB: 2},
 	} {
 		t.Run("history on "+tc.historyOf, func(t *testing.T) {
-			nodes := withGPUCapacity([]*corev1.Node{makeNode("n0").GPUs(8, "H100", 81920).Obj()})
+			nodes := withGPUCapacity([]*corev1.Node{testbuild.Node("n0").GPUs(8, "H100", 81920).Obj()})
 			f := newGangFixture(t, nodes...)
 			hist := map[string]float64{tc.historyOf: 2 * 3600 * 8}
 			book := &QueueBook{
@@ -131,7 +132,7 @@ func TestQueuesFairShareByHistory(t *testing.T) {
 
 // A queue's limit holds: what would pass it waits, with the reason.
 func TestQueueLimitHolds(t *testing.T) {
-	nodes := withGPUCapacity([]*corev1.Node{makeNode("n0").GPUs(8, "H100", 81920).Obj()})
+	nodes := withGPUCapacity([]*corev1.Node{testbuild.Node("n0").GPUs(8, "H100", 81920).Obj()})
 	f := newGangFixture(t, nodes...)
 	q := &api.Queue{Name: "team-a", Namespaces: []string{"ns-a"}, Resources: map[corev1.ResourceName]api.QueueResource{
 		api.ResourceGPU: {Guaranteed: 1, Limit: 3, Limited: true, Weight: 1},
@@ -171,7 +172,7 @@ func TestQueueReclaimAcrossDepartments(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var nodes []*corev1.Node
 			for i := range 2 {
-				n := makeNode(fmt.Sprintf("n%d", i)).GPUs(8, "H100", 81920).Obj()
+				n := testbuild.Node(fmt.Sprintf("n%d", i)).GPUs(8, "H100", 81920).Obj()
 				n.Labels = map[string]string{corev1.LabelHostname: n.Name}
 				nodes = append(nodes, n)
 			}
@@ -191,7 +192,7 @@ func TestQueueReclaimAcrossDepartments(t *testing.T) {
 			onNode := map[string]string{}
 			for i := range 16 {
 				node := fmt.Sprintf("n%d", i/8)
-				p := makePod(fmt.Sprintf("b-%d", i)).Whole(1).Node(node).Holding(i % 8).Obj()
+				p := testbuild.Pod(fmt.Sprintf("b-%d", i)).Whole(1).Node(node).Holding(i % 8).Obj()
 				p.Namespace, p.UID = "ns-b", types.UID(fmt.Sprintf("uid-b-%d", i))
 				// n1's pods are the oldest: reclaim's order (newest first)
 				// comes to them last.
@@ -249,7 +250,7 @@ func TestQueueReclaimAcrossDepartments(t *testing.T) {
 // could start within its guarantee), so one runs instead of both waiting
 // for ever.
 func TestQueuedWorkLargerThanGuaranteesRuns(t *testing.T) {
-	nodes := withGPUCapacity([]*corev1.Node{makeNode("n0").GPUs(8, "H100", 81920).Obj()})
+	nodes := withGPUCapacity([]*corev1.Node{testbuild.Node("n0").GPUs(8, "H100", 81920).Obj()})
 	f := newGangFixture(t, nodes...)
 	book := &QueueBook{
 		Queues: staticObjects{queueObj(t, "team-a", "", []string{"ns-a"}, 2, 0, f.now), queueObj(t, "team-b", "", []string{"ns-b"}, 2, 0, f.now)},
@@ -258,7 +259,7 @@ func TestQueuedWorkLargerThanGuaranteesRuns(t *testing.T) {
 	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
 		Events: f.events, Now: func() time.Time { return f.now }, Queues: book})
 	for _, ns := range []string{"ns-a", "ns-b"} {
-		p := makePod("big").Whole(8).Obj()
+		p := testbuild.Pod("big").Whole(8).Obj()
 		p.Namespace, p.UID = ns, types.UID("uid-"+ns+"-big")
 		p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: api.SchedulingGateQueue}}
 		if _, err := f.client.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
@@ -288,9 +289,9 @@ func (w planWriter) SetPlan(ctx context.Context, pod *corev1.Pod, value string) 
 // like any pod would: the planner asks the preemptor, which evicts and
 // holds the room with a plan; the next pass lifts the gate.
 func TestQueuedPodPreemptsLowerTier(t *testing.T) {
-	nodes := withGPUCapacity([]*corev1.Node{makeNode("n0").GPUs(1, "H100", 81920).Obj()})
+	nodes := withGPUCapacity([]*corev1.Node{testbuild.Node("n0").GPUs(1, "H100", 81920).Obj()})
 	f := newGangFixture(t, nodes...)
-	nb := makePod("nb").Whole(1).Priority(notebook).Node("n0").Holding(0).Obj()
+	nb := testbuild.Pod("nb").Whole(1).Priority(notebook).Node("n0").Holding(0).Obj()
 	nb.Namespace, nb.UID = "notebooks", "uid-nb"
 	start := metav1.NewTime(f.now.Add(-time.Hour))
 	nb.CreationTimestamp, nb.Status.StartTime = start, &start
@@ -300,7 +301,7 @@ func TestQueuedPodPreemptsLowerTier(t *testing.T) {
 	f.cache.SetPod(nb)
 	book := &QueueBook{Queues: staticObjects{queueObj(t, "serving", "", []string{"ns-a"}, 1, 0, f.now)}, Pods: f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }}
 	evicter := &fakePreemptClient{}
-	pre := &Preemptor{Cache: f.cache, Client: planWriter{evicter, &KubeGang{Client: f.client, Sealer: testSealer(t)}}, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+	pre := &Preemptor{Cache: f.cache, Client: planWriter{evicter, &KubeGang{Client: f.client, Sealer: testbuild.Sealer(t)}}, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
 		Events: f.events, Queues: book, Now: func() time.Time { return f.now }}
 	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
 		Events: f.events, Now: func() time.Time { return f.now }, Queues: book, Preempt: pre})
@@ -343,7 +344,7 @@ func newReclaimFixture(t *testing.T, nodes []*corev1.Node, bGuaranteed int64, me
 // started age ago, and feeds it to the ledger.
 func (f *gangFixture) runningB(name, node string, gpu int, age time.Duration) {
 	f.t.Helper()
-	p := makePod(name).Whole(1).Node(node).Holding(gpu).Obj()
+	p := testbuild.Pod(name).Whole(1).Node(node).Holding(gpu).Obj()
 	p.Namespace, p.UID = "ns-b", types.UID("uid-"+name)
 	started := metav1.NewTime(f.now.Add(-age))
 	p.CreationTimestamp, p.Status.StartTime = started, &started
@@ -357,7 +358,7 @@ func (f *gangFixture) runningB(name, node string, gpu int, age time.Duration) {
 // NVLink clique.
 func (f *gangFixture) queuedNVLinkAsker() *corev1.Pod {
 	f.t.Helper()
-	asker := makePod("a-0").Whole(4).NVLink().Obj()
+	asker := testbuild.Pod("a-0").Whole(4).NVLink().Obj()
 	asker.Namespace, asker.UID = "ns-a", "uid-ns-a-a-0"
 	asker.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: api.SchedulingGateQueue}}
 	asker.CreationTimestamp = metav1.NewTime(f.now)
@@ -372,7 +373,7 @@ func (f *gangFixture) queuedNVLinkAsker() *corev1.Pod {
 // reclaims the two pods of one clique, not one of each (which would free
 // 4 GPUs that cannot serve it).
 func TestQueueReclaimFreesOneClique(t *testing.T) {
-	n := makeNode("n0").GPUs(8, "H100", 81920).Cliques([]int{0, 1, 2, 3}, []int{4, 5, 6, 7}).Obj()
+	n := testbuild.Node("n0").GPUs(8, "H100", 81920).Cliques([]int{0, 1, 2, 3}, []int{4, 5, 6, 7}).Obj()
 	nodes := withGPUCapacity([]*corev1.Node{n})
 	f, _, evicter := newReclaimFixture(t, nodes, 0, nil)
 	// Newest first alternates between the cliques: 0, 4, 1, 5 (and the
@@ -415,11 +416,11 @@ func (n namespaces) Queued(ns string) bool { return n[ns] }
 // until the planner admits it with a plan: nothing its creator writes
 // skips the queue.
 func TestUngatedQueuedPodWaitsForItsPlan(t *testing.T) {
-	nodes := []*corev1.Node{makeNode("a").GPUs(8, "A100", 40960).Obj()}
-	pod := makePod("p").Whole(1).Obj()
+	nodes := []*corev1.Node{testbuild.Node("a").GPUs(8, "A100", 40960).Obj()}
+	pod := testbuild.Pod("p").Whole(1).Obj()
 	pod.Namespace = "ns-a"
-	other := makePod("o").Whole(1).Obj() // a namespace no Queue serves
-	cpu := makePod("c").CPU("1").Obj()
+	other := testbuild.Pod("o").Whole(1).Obj() // a namespace no Queue serves
+	cpu := testbuild.Pod("c").CPU("1").Obj()
 	cpu.Namespace = "ns-a" // no GPU: not the queue's
 	f := newFixture(t, nodes, nil, pod, other, cpu)
 	f.server.SetQueues(namespaces{"ns-a": true})
@@ -449,12 +450,12 @@ func TestUngatedQueuedPodWaitsForItsPlan(t *testing.T) {
 
 // The planner admits such a pod like a gated one.
 func TestPlannerAdmitsUngatedQueuedPod(t *testing.T) {
-	nodes := withGPUCapacity([]*corev1.Node{makeNode("n0").GPUs(8, "H100", 81920).Obj()})
+	nodes := withGPUCapacity([]*corev1.Node{testbuild.Node("n0").GPUs(8, "H100", 81920).Obj()})
 	f := newGangFixture(t, nodes...)
 	book := &QueueBook{Queues: staticObjects{queueObj(t, "team-a", "", []string{"ns-a"}, 1, 0, f.now)}, Pods: f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }}
 	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
 		Events: f.events, Now: func() time.Time { return f.now }, Queues: book})
-	p := makePod("ungated").Whole(1).Obj()
+	p := testbuild.Pod("ungated").Whole(1).Obj()
 	p.Namespace, p.UID = "ns-a", "uid-ungated"
 	if _, err := f.client.CoreV1().Pods("ns-a").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -482,7 +483,7 @@ func TestQueueReclaimEvictionResults(t *testing.T) {
 		{name: "within the hold nothing is counted yet", after: time.Minute},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			n := makeNode("n0").GPUs(8, "H100", 81920).Cliques([]int{0, 1, 2, 3}, []int{4, 5, 6, 7}).Obj()
+			n := testbuild.Node("n0").GPUs(8, "H100", 81920).Cliques([]int{0, 1, 2, 3}, []int{4, 5, 6, 7}).Obj()
 			nodes := withGPUCapacity([]*corev1.Node{n})
 			metrics := NewMetrics(prometheus.NewRegistry())
 			f, reclaim, evicter := newReclaimFixture(t, nodes, 0, metrics)
@@ -504,7 +505,7 @@ func TestQueueReclaimEvictionResults(t *testing.T) {
 				f.cache.DeletePod(types.UID(fmt.Sprintf("uid-b-%d", i)))
 			}
 			if tc.holding != nil {
-				bound := makePod("a-0").Whole(4).NVLink().Node("n0").Holding(tc.holding...).Obj()
+				bound := testbuild.Pod("a-0").Whole(4).NVLink().Node("n0").Holding(tc.holding...).Obj()
 				bound.Namespace, bound.UID = "ns-a", asker.UID
 				f.cache.SetPod(bound)
 			}
@@ -537,7 +538,7 @@ func TestQueueReclaimFreesOneTopologyDomain(t *testing.T) {
 		t.Run(tc.level, func(t *testing.T) {
 			var nodes []*corev1.Node
 			for _, name := range []string{"n0", "n1", "n2", "n3"} {
-				n := makeNode(name).GPUs(2, "H100", 81920).Obj()
+				n := testbuild.Node(name).GPUs(2, "H100", 81920).Obj()
 				n.Labels = map[string]string{"rack": map[string]string{"n0": "r1", "n1": "r1", "n2": "r2", "n3": "r2"}[name], corev1.LabelHostname: name}
 				nodes = append(nodes, n)
 			}
@@ -554,7 +555,7 @@ func TestQueueReclaimFreesOneTopologyDomain(t *testing.T) {
 				nodeOf[name] = at.node
 			}
 			for i := range tc.members {
-				p := makePod(fmt.Sprintf("g-%d", i)).Whole(1).Obj()
+				p := testbuild.Pod(fmt.Sprintf("g-%d", i)).Whole(1).Obj()
 				p.Namespace, p.UID = "ns-a", types.UID(fmt.Sprintf("uid-g-%d", i))
 				p.Annotations[api.AnnotationGang] = "g"
 				p.Annotations[api.AnnotationGangMinMember] = fmt.Sprint(tc.members)

@@ -25,6 +25,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 	equota "github.com/tessera-gpu/tessera/extender/quota"
 )
 
@@ -114,7 +115,7 @@ func newQuotaFixture(t *testing.T, quotas equota.Source, nodes ...*corev1.Node) 
 			return f.client.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
 		}}
 	f.planner = NewGangPlanner(GangPlannerConfig{
-		Cache: f.cache, Client: &KubeGang{Client: f.client, Sealer: testSealer(t)}, Pods: func() ([]*corev1.Pod, error) { return f.list("") },
+		Cache: f.cache, Client: &KubeGang{Client: f.client, Sealer: testbuild.Sealer(t)}, Pods: func() ([]*corev1.Pod, error) { return f.list("") },
 		Policy: testPolicy(t, PolicyBinpack), Events: f.events, Now: func() time.Time { return f.now }, Quota: &Quota{Enforcer: f.enf, Nodes: qn},
 	})
 	f.srv = NewServer(f.cache, testPolicy(t, PolicyBinpack), newFakePods(), f.events, metrics)
@@ -199,7 +200,7 @@ func prio(n int32) podOpt { return func(p *corev1.Pod) { p.Spec.Priority = &n } 
 // pod creates a pod of namespace ns asking for n whole GPUs.
 func (f *quotaFixture) pod(ns, name string, n int64, created time.Time, opts ...podOpt) *corev1.Pod {
 	f.t.Helper()
-	p := makePod(name).Whole(n).Obj()
+	p := testbuild.Pod(name).Whole(n).Obj()
 	p.Namespace = ns
 	p.UID = types.UID("uid-" + ns + "-" + name + "-" + created.Format("150405"))
 	p.CreationTimestamp = metav1.NewTime(created)
@@ -304,7 +305,7 @@ func TestQuotaFilterAdmission(t *testing.T) {
 			f.pod("a", "a0", 8, t0, on("n0"), prio(5))
 			f.pod("a", "a1", 8, t0, on("n1"), prio(5))
 			f.pod("b", "b0", 8, t0, on("n2"))
-			p := makePod("p").Whole(tc.gpus).Priority(tc.prio).Obj()
+			p := testbuild.Pod("p").Whole(tc.gpus).Priority(tc.prio).Obj()
 			p.Namespace = tc.ns
 			res := f.filter(p)
 			if res.Error != "" {
@@ -555,7 +556,7 @@ func TestPreemptVerbWithQuota(t *testing.T) {
 	g0 := f.pod("a", "g-0", 8, t0, inGang("g", 2), on("n0"))
 	f.pod("a", "g-1", 4, t0, inGang("g", 2), on("n1"))
 	solo := f.pod("a", "solo", 4, t0, on("n1"))
-	pre := makePod("x").Whole(4).Priority(100).Obj()
+	pre := testbuild.Pod("x").Whole(4).Priority(100).Obj()
 	pre.Namespace = "b"
 	args := &extenderv1.ExtenderPreemptionArgs{Pod: pre, NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{
 		"n0": {Pods: []*extenderv1.MetaPod{{UID: string(g0.UID)}}},
@@ -699,7 +700,7 @@ func TestPreemptVerbFreesQuota(t *testing.T) {
 	f.pod("a", "high", 8, f.now, on("n1"), prio(100))
 	small := f.pod("a", "small", 1, f.now, on("n2"), prio(1))
 	f.pod("a", "mid", 2, f.now, on("n2"), prio(100)) // a uses 15 of its max 16
-	pre := makePod("x").Whole(4).Priority(10).Obj()
+	pre := testbuild.Pod("x").Whole(4).Priority(10).Obj()
 	pre.Namespace = "a"
 	if v := f.enf.AdmitPod(context.Background(), pre); v.Allowed || v.Unresolvable {
 		t.Fatalf("the preemptor: %+v, want refused and resolvable", v)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/gpureq"
 )
@@ -36,14 +37,14 @@ func withInitSlice(p *corev1.Pod, name string, sidecar bool, memUnits, cores int
 // does not add to the regular containers', a sidecar's does.
 func TestSlicesAtTheirPeak(t *testing.T) {
 	a100 := "NVIDIA A100-SXM4-40GB"
-	node := makeNode("n").GPUs(1, a100, 40960).Obj()
+	node := testbuild.Node("n").GPUs(1, a100, 40960).Obj()
 	tests := []struct {
 		name string
 		pod  *corev1.Pod
 		want Reason
 	}{
-		{name: "init and main slices of 30 GiB fit a 40 GiB GPU", pod: withInitSlice(makePod("p").Shared(30, 60).Obj(), "init", false, 30, 60)},
-		{name: "a sidecar's slice adds up", pod: withInitSlice(makePod("p").Shared(30, 40).Obj(), "side", true, 20, 40), want: SliceTooLarge},
+		{name: "init and main slices of 30 GiB fit a 40 GiB GPU", pod: withInitSlice(testbuild.Pod("p").Shared(30, 60).Obj(), "init", false, 30, 60)},
+		{name: "a sidecar's slice adds up", pod: withInitSlice(testbuild.Pod("p").Shared(30, 40).Obj(), "side", true, 20, 40), want: SliceTooLarge},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -55,7 +56,7 @@ func TestSlicesAtTheirPeak(t *testing.T) {
 	}
 
 	// Bound with both slices recorded on GPU 0, the pod holds its peak.
-	bound := withInitSlice(makePod("b").Shared(30, 60).Node("n").On(0, 30720, 60).Obj(), "init", false, 30, 60)
+	bound := withInitSlice(testbuild.Pod("b").Shared(30, 60).Node("n").On(0, 30720, 60).Obj(), "init", false, 30, 60)
 	a, _, err := api.GetAssignment(bound.Annotations)
 	if err != nil {
 		t.Fatal(err)
@@ -73,13 +74,13 @@ func TestSlicesAtTheirPeak(t *testing.T) {
 // TestCoreOnlySliceBase: a core-only slice is cores% of the smallest shared
 // capacity of the node's GPUs, rounded up, whichever GPU serves it.
 func TestCoreOnlySliceBase(t *testing.T) {
-	nb := makeNode("n").GPUs(2, "NVIDIA A100-SXM4-80GB", 81920)
-	nb.inv.GPUs[1].MemoryMiB, nb.inv.GPUs[1].MemoryUnits = 40960, 39 // a reserve left 39 units
+	nb := testbuild.Node("n").GPUs(2, "NVIDIA A100-SXM4-80GB", 81920)
+	nb.Inv.GPUs[1].MemoryMiB, nb.Inv.GPUs[1].MemoryUnits = 40960, 39 // a reserve left 39 units
 	info := NewNodeInfo(nb.Obj())
 	if info.SliceBaseMiB != 39*1024 {
 		t.Fatalf("SliceBaseMiB = %d, want %d", info.SliceBaseMiB, 39*1024)
 	}
-	d := mustDemand(t, makePod("p").Shared(0, 30).Obj())
+	d := mustDemand(t, testbuild.Pod("p").Shared(0, 30).Obj())
 	u, err := ChoosePlacement(testPolicy(t, PolicyBinpack), BuildNodeState(info, nil), "uid-p", d)
 	if err != nil {
 		t.Fatal(err)
@@ -92,7 +93,7 @@ func TestCoreOnlySliceBase(t *testing.T) {
 // TestPodQuotaUseSidecars: quota counts sidecars beside the regular
 // containers, as the GPU fit does.
 func TestPodQuotaUseSidecars(t *testing.T) {
-	p := withInitSlice(makePod("p").Shared(4, 20).Obj(), "side", true, 2, 10)
+	p := withInitSlice(testbuild.Pod("p").Shared(4, 20).Obj(), "side", true, 2, 10)
 	p = withInitSlice(p, "init", false, 5, 50)
 	want := quota.Resources{api.ResourceGPUMemory: 7, api.ResourceGPUCore: 60}
 	if diff := cmp.Diff(want, equota.Use(p)); diff != "" {

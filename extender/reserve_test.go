@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 )
 
 // A 2 x 8 GPU gang waits on two 8-GPU nodes that each run a 1-GPU pod.
@@ -34,7 +35,7 @@ func TestReservationKeepsAStreamOfSmallPodsOff(t *testing.T) {
 				Events: f.events, Now: func() time.Time { return f.now }, Reservation: tc.cfg})
 			var small []*corev1.Pod
 			for i := range 2 {
-				p := makePod(fmt.Sprintf("small-%d", i)).Whole(1).Node(fmt.Sprintf("n%d", i)).Holding(0).Obj()
+				p := testbuild.Pod(fmt.Sprintf("small-%d", i)).Whole(1).Node(fmt.Sprintf("n%d", i)).Holding(0).Obj()
 				p.UID = types.UID(fmt.Sprintf("uid-small-%d", i))
 				if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
 					t.Fatal(err)
@@ -46,7 +47,7 @@ func TestReservationKeepsAStreamOfSmallPodsOff(t *testing.T) {
 				f.member("big", 2, i, 8, f.now.Add(-2*time.Minute))
 			}
 			f.sync()
-			newcomer := makePod("newcomer").Whole(1).Obj()
+			newcomer := testbuild.Pod("newcomer").Whole(1).Obj()
 			d, err := ParseDemand(newcomer)
 			if err != nil {
 				t.Fatal(err)
@@ -95,7 +96,7 @@ func TestReservationExpires(t *testing.T) {
 	f := newGangFixture(t, eightGPUNodes(1)...)
 	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
 		Events: f.events, Now: func() time.Time { return f.now }, Reservation: ReservationConfig{ReserveAfter: time.Minute, ReserveFor: 10 * time.Minute}})
-	p := makePod("small").Whole(1).Node("n0").Holding(0).Obj()
+	p := testbuild.Pod("small").Whole(1).Node("n0").Holding(0).Obj()
 	if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +154,7 @@ func (f *gangFixture) running(name, node string, gpus int, started time.Time, an
 	for i := range idx {
 		idx[i] = i
 	}
-	p := makePod(name).Whole(int64(gpus)).Node(node).Holding(idx...).Obj()
+	p := testbuild.Pod(name).Whole(int64(gpus)).Node(node).Holding(idx...).Obj()
 	p.UID = types.UID("uid-" + name)
 	for k, v := range ann {
 		p.Annotations[k] = v
@@ -247,7 +248,7 @@ func TestReservationBackfill(t *testing.T) {
 			}
 			// The reservation still holds its nodes for the gang: a new
 			// 1-GPU pod fits neither.
-			newcomer := makePod("newcomer").Whole(1).Obj()
+			newcomer := testbuild.Pod("newcomer").Whole(1).Obj()
 			d, err := ParseDemand(newcomer)
 			if err != nil {
 				t.Fatal(err)
@@ -338,7 +339,7 @@ func TestReservationDue(t *testing.T) {
 				f.running(fmt.Sprintf("small-%d", i), fmt.Sprintf("n%d", i), 1, f.now.Add(-time.Minute), nil)
 			}
 			if tc.smallAge > 0 {
-				p := makePod("pending").Whole(1).Obj()
+				p := testbuild.Pod("pending").Whole(1).Obj()
 				p.CreationTimestamp = metav1.NewTime(f.now.Add(-tc.smallAge))
 				if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
 					t.Fatal(err)
@@ -374,7 +375,7 @@ func TestReservationBackfillView(t *testing.T) {
 		{"malformed", map[string]string{api.AnnotationExpectedRuntime: "8 minutes"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pod := makePod("plain").Whole(4).Obj()
+			pod := testbuild.Pod("plain").Whole(4).Obj()
 			for k, v := range tc.ann {
 				pod.Annotations[k] = v
 			}

@@ -23,6 +23,7 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 	"github.com/tessera-gpu/tessera/extender/verbs"
 	"github.com/tessera-gpu/tessera/internal/podtrust"
 )
@@ -137,7 +138,7 @@ func newFixture(t *testing.T, nodes []*corev1.Node, bound []*corev1.Pod, pending
 	s := NewServer(f.cache, testPolicy(t, PolicyBinpack), f.pods, f.events, metrics)
 	f.server = s
 	mux := http.NewServeMux()
-	(&verbs.Handler{Core: s, Trust: &podtrust.Filter{Sealer: testSealer(t)}, Metrics: metrics}).Register(mux)
+	(&verbs.Handler{Core: s, Trust: &podtrust.Filter{Sealer: testbuild.Sealer(t)}, Metrics: metrics}).Register(mux)
 	f.srv = httptest.NewServer(mux)
 	// Closing the connections first ends the requests of a handler that
 	// still waits (a failed test), so Close does not block.
@@ -173,13 +174,13 @@ func (f *fixture) post(t *testing.T, path string, body any, out any) int {
 
 func TestFilterVerb(t *testing.T) {
 	nodes := []*corev1.Node{
-		makeNode("a100").GPUs(2, "NVIDIA A100-SXM4-40GB", 40960).Obj(),
-		makeNode("h100").GPUs(2, "NVIDIA H100 80GB HBM3", 81920).Obj(),
-		makeNode("cpu").Obj(),
+		testbuild.Node("a100").GPUs(2, "NVIDIA A100-SXM4-40GB", 40960).Obj(),
+		testbuild.Node("h100").GPUs(2, "NVIDIA H100 80GB HBM3", 81920).Obj(),
+		testbuild.Node("cpu").Obj(),
 	}
-	bound := []*corev1.Pod{makePod("a").Shared(40, 10).Node("a100").On(0, 40960, 10).Obj()}
+	bound := []*corev1.Pod{testbuild.Pod("a").Shared(40, 10).Node("a100").On(0, 40960, 10).Obj()}
 	f := newFixture(t, nodes, bound)
-	pod := makePod("p").Whole(2).Model("A100|V100").Obj()
+	pod := testbuild.Pod("p").Whole(2).Model("A100|V100").Obj()
 	names := []string{"a100", "h100", "cpu", "ghost"}
 
 	var res extenderv1.ExtenderFilterResult
@@ -208,7 +209,7 @@ func TestFilterVerb(t *testing.T) {
 	}
 
 	// Full Nodes mode: a shared pod fits the H100 (and the A100's free GPU).
-	shared := makePod("s").Shared(20, 0).Obj()
+	shared := testbuild.Pod("s").Shared(20, 0).Obj()
 	list := &corev1.NodeList{Items: []corev1.Node{*nodes[0], *nodes[1], *nodes[2]}}
 	res = extenderv1.ExtenderFilterResult{}
 	f.post(t, verbs.PathFilter, &extenderv1.ExtenderArgs{Pod: shared, Nodes: list}, &res)
@@ -241,7 +242,7 @@ func counterValue(t *testing.T, reg *prometheus.Registry, which, label string) f
 }
 
 func TestMalformedRequests(t *testing.T) {
-	f := newFixture(t, []*corev1.Node{makeNode("n").GPUs(1, "A100", 40960).Obj()}, nil)
+	f := newFixture(t, []*corev1.Node{testbuild.Node("n").GPUs(1, "A100", 40960).Obj()}, nil)
 	for _, path := range []string{verbs.PathFilter, verbs.PathPrioritize, verbs.PathPrioritizeCPU, verbs.PathBind, verbs.PathPreempt} {
 		t.Run(path, func(t *testing.T) {
 			var reply map[string]any
@@ -260,7 +261,7 @@ func TestMalformedRequests(t *testing.T) {
 	}
 	// A malformed pod annotation: a JSON error and an Event.
 	names := []string{"n"}
-	bad := makePod("bad").Whole(1).Model("|").Obj()
+	bad := testbuild.Pod("bad").Whole(1).Model("|").Obj()
 	var res extenderv1.ExtenderFilterResult
 	f.post(t, verbs.PathFilter, &extenderv1.ExtenderArgs{Pod: bad, NodeNames: &names}, &res)
 	if !strings.Contains(res.Error, api.AnnotationGPUModel) {
@@ -278,15 +279,15 @@ func TestMalformedRequests(t *testing.T) {
 }
 
 func TestPrioritizeVerb(t *testing.T) {
-	nodes := []*corev1.Node{makeNode("empty").GPUs(8, "A100", 40960).Obj(), makeNode("used").GPUs(8, "A100", 40960).Obj(), makeNode("full").GPUs(1, "A100", 40960).Obj()}
+	nodes := []*corev1.Node{testbuild.Node("empty").GPUs(8, "A100", 40960).Obj(), testbuild.Node("used").GPUs(8, "A100", 40960).Obj(), testbuild.Node("full").GPUs(1, "A100", 40960).Obj()}
 	bound := []*corev1.Pod{
-		makePod("a").Shared(10, 50).Node("used").On(0, 10240, 50).Obj(),
-		makePod("b").Whole(1).Node("full").Holding(0).Obj(),
+		testbuild.Pod("a").Shared(10, 50).Node("used").On(0, 10240, 50).Obj(),
+		testbuild.Pod("b").Whole(1).Node("full").Holding(0).Obj(),
 	}
 	f := newFixture(t, nodes, bound)
 	names := []string{"empty", "used", "full"}
 	var got extenderv1.HostPriorityList
-	f.post(t, verbs.PathPrioritize, &extenderv1.ExtenderArgs{Pod: makePod("p").Shared(10, 25).Obj(), NodeNames: &names}, &got)
+	f.post(t, verbs.PathPrioritize, &extenderv1.ExtenderArgs{Pod: testbuild.Pod("p").Shared(10, 25).Obj(), NodeNames: &names}, &got)
 	want := extenderv1.HostPriorityList{{Host: "empty", Score: 0}, {Host: "used", Score: 10}, {Host: "full", Score: 0}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("prioritize (-want +got):\n%s", diff)
@@ -294,13 +295,13 @@ func TestPrioritizeVerb(t *testing.T) {
 	// Full Nodes mode scores the same.
 	got = nil
 	list := &corev1.NodeList{Items: []corev1.Node{*nodes[0], *nodes[1], *nodes[2]}}
-	f.post(t, verbs.PathPrioritize, &extenderv1.ExtenderArgs{Pod: makePod("p").Shared(10, 25).Obj(), Nodes: list}, &got)
+	f.post(t, verbs.PathPrioritize, &extenderv1.ExtenderArgs{Pod: testbuild.Pod("p").Shared(10, 25).Obj(), Nodes: list}, &got)
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("prioritize with Nodes (-want +got):\n%s", diff)
 	}
 	// The CPU-only entry leaves GPU pods alone.
 	got = nil
-	f.post(t, verbs.PathPrioritizeCPU, &extenderv1.ExtenderArgs{Pod: makePod("p").Shared(10, 25).Obj(), NodeNames: &names}, &got)
+	f.post(t, verbs.PathPrioritizeCPU, &extenderv1.ExtenderArgs{Pod: testbuild.Pod("p").Shared(10, 25).Obj(), NodeNames: &names}, &got)
 	for _, hp := range got {
 		if hp.Score != 0 {
 			t.Errorf("prioritize-cpu scored a GPU pod: %v", got)
@@ -311,20 +312,20 @@ func TestPrioritizeVerb(t *testing.T) {
 // TestCPUOnlyPodsAvoidStrandingGPUs checks that a CPU-only pod prefers a
 // node without GPUs over one whose GPUs its CPU would strand.
 func TestCPUOnlyPodsAvoidStrandingGPUs(t *testing.T) {
-	nodes := []*corev1.Node{makeNode("gpu").GPUs(8, "A100", 40960).CPU("64").Obj(), makeNode("plain").CPU("64").Obj()}
+	nodes := []*corev1.Node{testbuild.Node("gpu").GPUs(8, "A100", 40960).CPU("64").Obj(), testbuild.Node("plain").CPU("64").Obj()}
 	f := newFixture(t, nodes, nil)
 	names := []string{"gpu", "plain"}
 	var got extenderv1.HostPriorityList
-	f.post(t, verbs.PathPrioritizeCPU, &extenderv1.ExtenderArgs{Pod: makePod("c").CPU("48").Obj(), NodeNames: &names}, &got)
+	f.post(t, verbs.PathPrioritizeCPU, &extenderv1.ExtenderArgs{Pod: testbuild.Pod("c").CPU("48").Obj(), NodeNames: &names}, &got)
 	if len(got) != 2 || got[1].Score <= got[0].Score {
 		t.Errorf("prioritize-cpu = %v, want plain above gpu", got)
 	}
 }
 
 func TestBindVerb(t *testing.T) {
-	node := makeNode("n").GPUs(2, "A100", 40960).Obj()
-	bound := []*corev1.Pod{makePod("a").Shared(10, 50).Node("n").On(1, 10240, 50).Obj()}
-	pod := makePod("p").Shared(10, 25).Obj()
+	node := testbuild.Node("n").GPUs(2, "A100", 40960).Obj()
+	bound := []*corev1.Pod{testbuild.Pod("a").Shared(10, 50).Node("n").On(1, 10240, 50).Obj()}
+	pod := testbuild.Pod("p").Shared(10, 25).Obj()
 	f := newFixture(t, []*corev1.Node{node}, bound, pod)
 	args := &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "p", PodUID: pod.UID, Node: "n"}
 
@@ -339,7 +340,7 @@ func TestBindVerb(t *testing.T) {
 		t.Fatalf("assignment: ok=%v err=%v", ok, err)
 	}
 	want := &api.Assignment{APIVersion: api.Version, Kind: api.KindAssignment, Containers: []api.ContainerAssignment{{Name: "main",
-		Shared: &api.SharedGPU{GPU: api.GPURef{UUID: gpuUUID("n", 1), Index: 1}, MemoryMiB: 10240, Cores: 25}}}}
+		Shared: &api.SharedGPU{GPU: api.GPURef{UUID: testbuild.GPUUUID("n", 1), Index: 1}, MemoryMiB: 10240, Cores: 25}}}}
 	if diff := cmp.Diff(want, a); diff != "" {
 		t.Errorf("assignment (-want +got):\n%s", diff)
 	}
@@ -365,11 +366,11 @@ func TestBindVerb(t *testing.T) {
 // that node is bound only after the slice: the node agent must see the
 // slice's GPU before the kubelet chooses the whole-GPU pod's GPUs.
 func TestBindOrdersWholeAfterEarlierSlices(t *testing.T) {
-	node := makeNode("n").GPUs(4, "A100", 40960).Obj()
-	slice := makePod("s").Shared(10, 25).Obj()
-	whole := makePod("w").Whole(2).Obj()
-	other := makePod("o").Shared(10, 25).Obj()
-	f := newFixture(t, []*corev1.Node{node, makeNode("m").GPUs(4, "A100", 40960).Obj()}, nil, slice, whole, other)
+	node := testbuild.Node("n").GPUs(4, "A100", 40960).Obj()
+	slice := testbuild.Pod("s").Shared(10, 25).Obj()
+	whole := testbuild.Pod("w").Whole(2).Obj()
+	other := testbuild.Pod("o").Shared(10, 25).Obj()
+	f := newFixture(t, []*corev1.Node{node, testbuild.Node("m").GPUs(4, "A100", 40960).Obj()}, nil, slice, whole, other)
 	sGate, oGate := make(chan struct{}), make(chan struct{})
 	var sOpen, oOpen sync.Once
 	openS, openO := func() { sOpen.Do(func() { close(sGate) }) }, func() { oOpen.Do(func() { close(oGate) }) }
@@ -431,9 +432,9 @@ func TestBindOrdersWholeAfterEarlierSlices(t *testing.T) {
 }
 
 func TestBindRollsBackAndRetriesSameGPU(t *testing.T) {
-	node := makeNode("n").GPUs(2, "A100", 40960).Obj()
-	bound := []*corev1.Pod{makePod("a").Shared(10, 50).Node("n").On(1, 10240, 50).Obj()}
-	pod := makePod("p").Shared(10, 25).Obj()
+	node := testbuild.Node("n").GPUs(2, "A100", 40960).Obj()
+	bound := []*corev1.Pod{testbuild.Pod("a").Shared(10, 50).Node("n").On(1, 10240, 50).Obj()}
+	pod := testbuild.Pod("p").Shared(10, 25).Obj()
 	f := newFixture(t, []*corev1.Node{node}, bound, pod)
 	args := &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "p", PodUID: pod.UID, Node: "n"}
 	f.pods.bindErr = errors.New("apiserver unavailable")
@@ -461,9 +462,9 @@ func TestBindRollsBackAndRetriesSameGPU(t *testing.T) {
 }
 
 func TestBindErrors(t *testing.T) {
-	node := makeNode("n").GPUs(1, "A100", 40960).Obj()
-	full := []*corev1.Pod{makePod("a").Shared(40, 50).Node("n").On(0, 40960, 50).Obj()}
-	pod := makePod("p").Shared(10, 25).Obj()
+	node := testbuild.Node("n").GPUs(1, "A100", 40960).Obj()
+	full := []*corev1.Pod{testbuild.Pod("a").Shared(40, 50).Node("n").On(0, 40960, 50).Obj()}
+	pod := testbuild.Pod("p").Shared(10, 25).Obj()
 	f := newFixture(t, []*corev1.Node{node}, full, pod)
 	tests := []struct {
 		name string
@@ -491,14 +492,14 @@ func TestBindErrors(t *testing.T) {
 }
 
 func TestPreemptVerb(t *testing.T) {
-	node := makeNode("n").GPUs(2, "A100", 40960).Obj()
+	node := testbuild.Node("n").GPUs(2, "A100", 40960).Obj()
 	bound := []*corev1.Pod{
-		makePod("g0").Shared(40, 50).Node("n").On(0, 40960, 50).Obj(),
-		makePod("g1").Shared(40, 50).Node("n").On(1, 40960, 50).Priority(5).Obj(),
+		testbuild.Pod("g0").Shared(40, 50).Node("n").On(0, 40960, 50).Obj(),
+		testbuild.Pod("g1").Shared(40, 50).Node("n").On(1, 40960, 50).Priority(5).Obj(),
 	}
 	f := newFixture(t, []*corev1.Node{node}, bound)
 	args := &extenderv1.ExtenderPreemptionArgs{
-		Pod: makePod("p").Shared(30, 0).Obj(),
+		Pod: testbuild.Pod("p").Shared(30, 0).Obj(),
 		NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{
 			"n":     {Pods: []*extenderv1.MetaPod{{UID: "uid-g0"}, {UID: "uid-g1"}}, NumPDBViolations: 1},
 			"ghost": {Pods: []*extenderv1.MetaPod{{UID: "x"}}},
@@ -518,10 +519,10 @@ func TestPreemptVerb(t *testing.T) {
 // stale cached pod (it was bound elsewhere meanwhile) does not touch the
 // pod's assignment and fails.
 func TestBindStaleCacheNeverOverwrites(t *testing.T) {
-	node := makeNode("n").GPUs(1, "A100", 40960).Obj()
-	pod := makePod("p").Shared(10, 25).Obj()
+	node := testbuild.Node("n").GPUs(1, "A100", 40960).Obj()
+	pod := testbuild.Pod("p").Shared(10, 25).Obj()
 	pod.ResourceVersion = "1"
-	boundElsewhere := makePod("p").Shared(10, 25).Node("m").On(0, 10240, 25).Obj()
+	boundElsewhere := testbuild.Pod("p").Shared(10, 25).Node("m").On(0, 10240, 25).Obj()
 	boundElsewhere.ResourceVersion = "2"
 	f := newFixture(t, []*corev1.Node{node}, nil, boundElsewhere)
 	f.pods.stale = map[string]*corev1.Pod{"default/p": pod}

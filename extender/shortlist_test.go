@@ -11,6 +11,7 @@ import (
 	gocmp "github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 	corev1 "k8s.io/api/core/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 )
@@ -20,21 +21,21 @@ import (
 // the reasons of the nodes that do not fit, and counts what it left out.
 func TestFilterShortlist(t *testing.T) {
 	nodes := []*corev1.Node{
-		makeNode("empty").GPUs(8, "A100", 40960).Obj(),
-		makeNode("quarter").GPUs(8, "A100", 40960).Obj(),
-		makeNode("half").GPUs(8, "A100", 40960).Obj(),
-		makeNode("threeq").GPUs(8, "A100", 40960).Obj(),
-		makeNode("full").GPUs(1, "A100", 40960).Obj(),
-		makeNode("cpu").Obj(),
+		testbuild.Node("empty").GPUs(8, "A100", 40960).Obj(),
+		testbuild.Node("quarter").GPUs(8, "A100", 40960).Obj(),
+		testbuild.Node("half").GPUs(8, "A100", 40960).Obj(),
+		testbuild.Node("threeq").GPUs(8, "A100", 40960).Obj(),
+		testbuild.Node("full").GPUs(1, "A100", 40960).Obj(),
+		testbuild.Node("cpu").Obj(),
 	}
 	bound := []*corev1.Pod{
-		makePod("q").Shared(10, 25).Node("quarter").On(0, 10240, 25).Obj(),
-		makePod("h").Shared(20, 50).Node("half").On(0, 20480, 50).Obj(),
-		makePod("t").Shared(30, 75).Node("threeq").On(0, 30720, 75).Obj(),
-		makePod("f").Whole(1).Node("full").Holding(0).Obj(),
+		testbuild.Pod("q").Shared(10, 25).Node("quarter").On(0, 10240, 25).Obj(),
+		testbuild.Pod("h").Shared(20, 50).Node("half").On(0, 20480, 50).Obj(),
+		testbuild.Pod("t").Shared(30, 75).Node("threeq").On(0, 30720, 75).Obj(),
+		testbuild.Pod("f").Whole(1).Node("full").Holding(0).Obj(),
 	}
 	names := []string{"empty", "quarter", "half", "threeq", "full", "cpu"}
-	pod := makePod("p").Shared(10, 25).Obj()
+	pod := testbuild.Pod("p").Shared(10, 25).Obj()
 	ctx := context.Background()
 
 	// The policy's order (binpack, checked here so that the cases below
@@ -132,22 +133,22 @@ func TestShortlistKeepsTheBestNode(t *testing.T) {
 		for i := range names {
 			names[i] = fmt.Sprintf("n%02d", i)
 			gpus := 1 + rng.Intn(8)
-			nodes = append(nodes, makeNode(names[i]).GPUs(gpus, "A100", 40960).Obj())
+			nodes = append(nodes, testbuild.Node(names[i]).GPUs(gpus, "A100", 40960).Obj())
 			for g := range gpus {
 				switch rng.Intn(4) {
 				case 0:
-					bound = append(bound, makePod(fmt.Sprintf("w-%d-%d", i, g)).Whole(1).Node(names[i]).Holding(g).Obj())
+					bound = append(bound, testbuild.Pod(fmt.Sprintf("w-%d-%d", i, g)).Whole(1).Node(names[i]).Holding(g).Obj())
 				case 1:
 					mem, cores := int64(1+rng.Intn(39)), int64(1+rng.Intn(99))
-					bound = append(bound, makePod(fmt.Sprintf("s-%d-%d", i, g)).Shared(mem, cores).Node(names[i]).On(g, mem*1024, cores).Obj())
+					bound = append(bound, testbuild.Pod(fmt.Sprintf("s-%d-%d", i, g)).Shared(mem, cores).Node(names[i]).On(g, mem*1024, cores).Obj())
 				}
 			}
 		}
 		var pod *corev1.Pod
 		if rng.Intn(2) == 0 {
-			pod = makePod("p").Shared(int64(1+rng.Intn(39)), int64(1+rng.Intn(99))).Obj()
+			pod = testbuild.Pod("p").Shared(int64(1+rng.Intn(39)), int64(1+rng.Intn(99))).Obj()
 		} else {
-			pod = makePod("p").Whole(int64(1 + rng.Intn(4))).Obj()
+			pod = testbuild.Pod("p").Whole(int64(1 + rng.Intn(4))).Obj()
 		}
 		k := 1 + rng.Intn(5)
 		s := NewServer(newTestCache(t, nodes, bound), testPolicy(t, PolicyBinpack), newFakePods(), nil, nil)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/extender/verbs"
 	"github.com/tessera-gpu/tessera/internal/gpustatus"
@@ -33,32 +34,32 @@ import (
 func statusFixture(t *testing.T) *Status {
 	t.Helper()
 	nodes := []*corev1.Node{
-		makeNode("a").GPUs(4, "NVIDIA A100-SXM4-40GB", 40960).Obj(),
-		makeNode("b").GPUs(4, "NVIDIA A100-SXM4-40GB", 40960).Obj(),
-		makeNode("broken").RawInventory("{").Obj(),
+		testbuild.Node("a").GPUs(4, "NVIDIA A100-SXM4-40GB", 40960).Obj(),
+		testbuild.Node("b").GPUs(4, "NVIDIA A100-SXM4-40GB", 40960).Obj(),
+		testbuild.Node("broken").RawInventory("{").Obj(),
 	}
 	for _, n := range nodes {
 		n.Status.Capacity = corev1.ResourceList{api.ResourceGPU: resource.MustParse("4")}
 	}
 	created := time.Date(2026, 11, 24, 1, 0, 0, 0, time.UTC)
-	pod := func(b *podBuilder, ns string, phase corev1.PodPhase, age time.Duration) *corev1.Pod {
+	pod := func(b *testbuild.PodBuilder, ns string, phase corev1.PodPhase, age time.Duration) *corev1.Pod {
 		p := b.Obj()
 		p.Namespace, p.UID = ns, types.UID("uid-"+ns+"-"+p.Name)
 		p.Status.Phase = phase
 		p.CreationTimestamp = metav1.NewTime(created.Add(-age))
 		return p
 	}
-	wait := pod(makePod("wait").Whole(1), "team-a", corev1.PodPending, time.Minute)
+	wait := pod(testbuild.Pod("wait").Whole(1), "team-a", corev1.PodPending, time.Minute)
 	wait.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: api.SchedulingGateQueue}}
-	huge := pod(makePod("huge").Whole(9), "default", corev1.PodPending, 2*time.Minute)
+	huge := pod(testbuild.Pod("huge").Whole(9), "default", corev1.PodPending, 2*time.Minute)
 	huge.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: "Unschedulable", Message: "0/3 nodes are available: 3 Insufficient tessera.dev/gpu."}}
 	pods := []*corev1.Pod{
-		pod(makePod("llm").Whole(2).Node("a").Holding(0, 1), "train", corev1.PodRunning, time.Hour),
-		pod(makePod("nb-1").Shared(8, 25).Node("a").On(2, 8192, 25), "nb", corev1.PodRunning, time.Hour),
-		pod(makePod("nb-2").Shared(4, 10).Node("a").On(2, 4096, 10), "nb", corev1.PodRunning, time.Hour),
-		pod(makePod("starting").Whole(1).Node("a"), "nb", corev1.PodPending, time.Second),
-		pod(makePod("run").Whole(2).Node("b").Holding(0, 1), "team-a", corev1.PodRunning, time.Hour),
-		pod(makePod("cpu").CPU("1"), "default", corev1.PodSucceeded, time.Hour),
+		pod(testbuild.Pod("llm").Whole(2).Node("a").Holding(0, 1), "train", corev1.PodRunning, time.Hour),
+		pod(testbuild.Pod("nb-1").Shared(8, 25).Node("a").On(2, 8192, 25), "nb", corev1.PodRunning, time.Hour),
+		pod(testbuild.Pod("nb-2").Shared(4, 10).Node("a").On(2, 4096, 10), "nb", corev1.PodRunning, time.Hour),
+		pod(testbuild.Pod("starting").Whole(1).Node("a"), "nb", corev1.PodPending, time.Second),
+		pod(testbuild.Pod("run").Whole(2).Node("b").Holding(0, 1), "team-a", corev1.PodRunning, time.Hour),
+		pod(testbuild.Pod("cpu").CPU("1"), "default", corev1.PodSucceeded, time.Hour),
 		wait, huge,
 	}
 	cache := newTestCache(t, nodes, pods)
@@ -211,9 +212,9 @@ func TestPendingView(t *testing.T) {
 		wantNodes []NodeFit
 	}{
 		{ns: "train", name: "llm", want: &PodStatus{Namespace: "train", Name: "llm", Phase: "Running", Node: "a",
-			GPUs: []string{"GPU 0 (A100-SXM4-40GB, " + gpuUUID("a", 0) + ")", "GPU 1 (A100-SXM4-40GB, " + gpuUUID("a", 1) + ")"}}},
+			GPUs: []string{"GPU 0 (A100-SXM4-40GB, " + testbuild.GPUUUID("a", 0) + ")", "GPU 1 (A100-SXM4-40GB, " + testbuild.GPUUUID("a", 1) + ")"}}},
 		{ns: "nb", name: "nb-1", want: &PodStatus{Namespace: "nb", Name: "nb-1", Phase: "Running", Node: "a",
-			GPUs: []string{"GPU 2 (A100-SXM4-40GB, " + gpuUUID("a", 2) + "): 8192 MiB, 25% compute (container main)"}}},
+			GPUs: []string{"GPU 2 (A100-SXM4-40GB, " + testbuild.GPUUUID("a", 2) + "): 8192 MiB, 25% compute (container main)"}}},
 		{ns: "team-a", name: "wait", wantNodes: []NodeFit{{Node: "b", Fits: true}, {Node: "a", Reason: "x"}, {Node: "broken", Reason: "x"}}},
 		{ns: "nope", name: "nope"},
 	}
@@ -306,7 +307,7 @@ func TestStatusHandlers(t *testing.T) {
 
 // TestStatusPageEscapes: names come from tenants; the page escapes them.
 func TestStatusPageEscapes(t *testing.T) {
-	snap := &Snapshot{Nodes: map[string]*NodeState{}, Pods: []*corev1.Pod{makePod("<script>x</script>").Whole(1).Obj()}}
+	snap := &Snapshot{Nodes: map[string]*NodeState{}, Pods: []*corev1.Pod{testbuild.Pod("<script>x</script>").Whole(1).Obj()}}
 	page, err := RenderPage(PageView(snap, time.Now()))
 	if err != nil {
 		t.Fatal(err)

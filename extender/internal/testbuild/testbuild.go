@@ -1,0 +1,278 @@
+// Package testbuild builds the Nodes and Pods of the extender's tests
+// (package extender and extender/planner): nodes with a GPU inventory,
+// pods asking for GPUs, their assignments and seals.
+package testbuild
+
+import (
+	"fmt"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// Sealer seals Tessera's annotations in tests.
+func Sealer(t testing.TB) *api.Sealer {
+	t.Helper()
+	s, err := api.NewSealer([]byte("tessera-extender-unit-test-seal-key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// GPUUUID is the UUID of GPU i of node node in tests.
+func GPUUUID(node string, i int) string {
+	h := 0
+	for _, c := range node {
+		h = h*31 + int(c)
+	}
+	return fmt.Sprintf("GPU-%08x-%04x", uint32(h), i)
+}
+
+// NodeBuilder builds a Node with a GPU inventory.
+type NodeBuilder struct {
+	// Node is the node built; Inv its inventory (nil: none), which
+	// Obj writes into its annotation.
+	Node *corev1.Node
+	Inv  *api.GPUInventory
+	raw  *string
+}
+
+// Node starts a node named name (128 CPUs, 1 TiB memory, no GPU).
+func Node(name string) *NodeBuilder {
+	return &NodeBuilder{Node: &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{}},
+		Status: corev1.NodeStatus{Allocatable: corev1.ResourceList{
+			corev1.ResourceCPU:    resource.MustParse("128"),
+			corev1.ResourceMemory: resource.MustParse("1024Gi"),
+		}},
+	}}
+}
+
+// GPUs gives the node n GPUs of model with memMiB each (1 GiB units), all
+// in one NVLink clique, shared isolation on.
+func (b *NodeBuilder) GPUs(n int, model string, memMiB int) *NodeBuilder {
+	inv := &api.GPUInventory{APIVersion: api.Version, Kind: api.KindGPUInventory, MemoryUnitMiB: 1024,
+		Resources: []string{string(api.ResourceGPU), string(api.ResourceGPUMemory), string(api.ResourceGPUCore)}, SharedIsolation: true}
+	clique := []int{}
+	for i := 0; i < n; i++ {
+		inv.GPUs = append(inv.GPUs, api.InventoryGPU{Index: i, UUID: GPUUUID(b.Node.Name, i), Model: model,
+			MemoryMiB: uint64(memMiB), MemoryUnits: memMiB / 1024, NUMANode: 0, Healthy: true})
+		row := make([]string, n)
+		for j := range row {
+			row[j] = "NV12"
+			if i == j {
+				row[j] = "X"
+			}
+		}
+		inv.Links = append(inv.Links, row)
+		clique = append(clique, i)
+	}
+	if n > 0 {
+		inv.NVLinkCliques = [][]int{clique}
+	}
+	b.Inv = inv
+	return b
+}
+
+// Cliques replaces the NVLink cliques (GPU indices); links between GPUs of
+// different cliques become SYS.
+func (b *NodeBuilder) Cliques(cs ...[]int) *NodeBuilder {
+	of := map[int]int{}
+	for k, c := range cs {
+		for _, i := range c {
+			of[i] = k + 1
+		}
+	}
+	for i := range b.Inv.Links {
+		for j := range b.Inv.Links[i] {
+			if i != j && (of[i] == 0 || of[i] != of[j]) {
+				b.Inv.Links[i][j] = "SYS"
+			}
+		}
+	}
+	b.Inv.NVLinkCliques = cs
+	return b
+}
+
+// Unhealthy marks GPU i unhealthy (XID 79).
+func (b *NodeBuilder) Unhealthy(i int) *NodeBuilder {
+	b.Inv.GPUs[i].Healthy = false
+	b.Inv.GPUs[i].Reason = "XID 79"
+	return b
+}
+
+// WithheldFromWhole and WithheldFromShared name GPUs (indices) the node
+// agent withholds from that use in the inventory.
+func (b *NodeBuilder) WithheldFromWhole(idx ...int) *NodeBuilder {
+	for _, i := range idx {
+		b.Inv.WithheldFromWhole = append(b.Inv.WithheldFromWhole, GPUUUID(b.Node.Name, i))
+	}
+	return b
+}
+
+// WithheldFromShared: see WithheldFromWhole.
+func (b *NodeBuilder) WithheldFromShared(idx ...int) *NodeBuilder {
+	for _, i := range idx {
+		b.Inv.WithheldFromShared = append(b.Inv.WithheldFromShared, GPUUUID(b.Node.Name, i))
+	}
+	return b
+}
+
+// NoIsolation turns shared isolation off.
+func (b *NodeBuilder) NoIsolation() *NodeBuilder { b.Inv.SharedIsolation = false; return b }
+
+// CPU sets the node's allocatable CPU.
+func (b *NodeBuilder) CPU(q string) *NodeBuilder {
+	b.Node.Status.Allocatable[corev1.ResourceCPU] = resource.MustParse(q)
+	return b
+}
+
+// RawInventory writes v as the inventory annotation, as is.
+func (b *NodeBuilder) RawInventory(v string) *NodeBuilder { b.raw = &v; return b }
+
+// Obj returns a copy of the node.
+func (b *NodeBuilder) Obj() *corev1.Node {
+	n := b.Node.DeepCopy()
+	switch {
+	case b.raw != nil:
+		n.Annotations[api.AnnotationGPUInventory] = *b.raw
+	case b.Inv != nil:
+		if err := api.SetGPUInventory(n.Annotations, b.Inv); err != nil {
+			panic(err)
+		}
+	}
+	return n
+}
+
+// PodBuilder builds a pod of one container "main" in namespace default.
+type PodBuilder struct {
+	// Pod is the pod built; Assign its assignment (nil: none), which Obj
+	// writes into its annotation.
+	Pod    *corev1.Pod
+	Assign *api.Assignment
+	raw    *string
+}
+
+// Pod starts a pod named name, UID "uid-<name>", asking for nothing.
+func Pod(name string) *PodBuilder {
+	return &PodBuilder{Pod: &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, UID: types.UID("uid-" + name), Annotations: map[string]string{}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Resources: corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}}}},
+	}}
+}
+
+// Limit sets the limit of resource name of container main to v.
+func (b *PodBuilder) Limit(name corev1.ResourceName, v int64) *PodBuilder {
+	q := *resource.NewQuantity(v, resource.DecimalSI)
+	b.Pod.Spec.Containers[0].Resources.Limits[name] = q
+	return b
+}
+
+// Shared asks for memUnits GPU memory units and cores GPU cores (0: not
+// asked).
+func (b *PodBuilder) Shared(memUnits, cores int64) *PodBuilder {
+	if memUnits > 0 {
+		b.Limit(api.ResourceGPUMemory, memUnits)
+	}
+	if cores > 0 {
+		b.Limit(api.ResourceGPUCore, cores)
+	}
+	return b
+}
+
+// Whole asks for n whole GPUs.
+func (b *PodBuilder) Whole(n int64) *PodBuilder { b.Limit(api.ResourceGPU, n); return b }
+
+// CPU requests q CPU.
+func (b *PodBuilder) CPU(q string) *PodBuilder {
+	b.Pod.Spec.Containers[0].Resources.Requests[corev1.ResourceCPU] = resource.MustParse(q)
+	return b
+}
+
+// Model restricts GPU models (api.AnnotationGPUModel).
+func (b *PodBuilder) Model(m string) *PodBuilder {
+	b.Pod.Annotations[api.AnnotationGPUModel] = m
+	return b
+}
+
+// NVLink requires one NVLink clique.
+func (b *PodBuilder) NVLink() *PodBuilder {
+	b.Pod.Annotations[api.AnnotationNVLink] = api.NVLinkRequired
+	return b
+}
+
+// Priority sets the pod's priority.
+func (b *PodBuilder) Priority(p int32) *PodBuilder { b.Pod.Spec.Priority = &p; return b }
+
+// Node binds the pod to node n.
+func (b *PodBuilder) Node(n string) *PodBuilder { b.Pod.Spec.NodeName = n; return b }
+
+// On records the pod's shared slice on GPU i of its node.
+func (b *PodBuilder) On(i int, memMiB, cores int64) *PodBuilder {
+	if b.Assign == nil {
+		b.Assign = api.NewAssignment()
+	}
+	b.Assign.Containers = append(b.Assign.Containers, api.ContainerAssignment{Name: "main",
+		Shared: &api.SharedGPU{GPU: api.GPURef{UUID: GPUUUID(b.Pod.Spec.NodeName, i), Index: i}, MemoryMiB: memMiB, Cores: cores}})
+	return b
+}
+
+// Holding records the pod's whole GPUs (indices) on its node.
+func (b *PodBuilder) Holding(idx ...int) *PodBuilder {
+	if b.Assign == nil {
+		b.Assign = api.NewAssignment()
+	}
+	var refs []api.GPURef
+	for _, i := range idx {
+		refs = append(refs, api.GPURef{UUID: GPUUUID(b.Pod.Spec.NodeName, i), Index: i})
+	}
+	b.Assign.Containers = append(b.Assign.Containers, api.ContainerAssignment{Name: "main", GPUs: refs})
+	return b
+}
+
+// RawAssignment writes v as the assignment annotation, as is.
+func (b *PodBuilder) RawAssignment(v string) *PodBuilder { b.raw = &v; return b }
+
+// Obj returns a copy of the pod.
+func (b *PodBuilder) Obj() *corev1.Pod {
+	p := b.Pod.DeepCopy()
+	switch {
+	case b.raw != nil:
+		p.Annotations[api.AnnotationAssignment] = *b.raw
+	case b.Assign != nil:
+		if err := api.SetAssignment(p.Annotations, b.Assign); err != nil {
+			panic(err)
+		}
+	}
+	return p
+}
+
+// MIGUUID is instance k of GPU i of node.
+func MIGUUID(node string, i, k int) string {
+	h := 0
+	for _, c := range node {
+		h = h*31 + int(c)
+	}
+	return fmt.Sprintf("MIG-%08x-%04x-%04x-0000-000000000000", uint32(h), i, k)
+}
+
+// HoldingMIG records the pod's MIG instances (GPU, instance) on its node.
+func (b *PodBuilder) HoldingMIG(profile string, at ...[2]int) *PodBuilder {
+	if b.Assign == nil {
+		b.Assign = api.NewAssignment()
+	}
+	var refs []api.MIGRef
+	for _, gk := range at {
+		refs = append(refs, api.MIGRef{UUID: MIGUUID(b.Pod.Spec.NodeName, gk[0], gk[1]), Profile: profile,
+			GPU: api.GPURef{UUID: GPUUUID(b.Pod.Spec.NodeName, gk[0]), Index: gk[0]}})
+	}
+	b.Assign.Containers = append(b.Assign.Containers, api.ContainerAssignment{Name: "main", MIG: refs})
+	return b
+}
