@@ -1,7 +1,6 @@
 package extender
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 
@@ -9,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender/planner"
 	"github.com/tessera-gpu/tessera/gpureq"
 )
 
@@ -239,23 +239,20 @@ func (c *Cache) Snapshot() map[string]*NodeState {
 	return out
 }
 
-// ErrStaleSnapshot is returned by ReserveGang when a node changed since
-// the snapshot the plan was made on.
-var ErrStaleSnapshot = errors.New("a planned node changed since the plan was made")
-
 // ReserveGang counts the uses of a planned gang (each with Node set) as
 // reservations, all or none: when the state of any of their nodes is no
-// longer the one in snap, nothing is reserved and ErrStaleSnapshot is
-// returned, so that a plan is never reserved over a placement made
-// meanwhile. The reservations last until the informer shows the pods bound
-// (their plan annotations count them after that too) or ReleaseGang.
+// longer the one in snap, nothing is reserved and an error wrapping
+// planner.ErrStaleSnapshot is returned, so that a plan is never reserved
+// over a placement made meanwhile. The reservations last until the
+// informer shows the pods bound (their plan annotations count them after
+// that too) or ReleaseGang.
 func (c *Cache) ReserveGang(snap map[string]*NodeState, uses []*PodUse) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var nodes []string
 	for _, u := range uses {
 		if st, ok := c.states[u.Node]; !ok || st != snap[u.Node] {
-			return fmt.Errorf("%w: %s", ErrStaleSnapshot, u.Node)
+			return fmt.Errorf("%w: %s", planner.ErrStaleSnapshot, u.Node)
 		}
 		nodes = append(nodes, u.Node)
 	}

@@ -16,11 +16,13 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender/planner"
 	"github.com/tessera-gpu/tessera/internal/podtrust"
 )
 
-// FieldManager is the field manager of the extender's API writes.
-const FieldManager = "tessera-extender"
+// FieldManager is the field manager of the extender's API writes (the
+// planner's too).
+const FieldManager = planner.FieldManager
 
 // KubePods is the PodClient of a real API server.
 type KubePods struct {

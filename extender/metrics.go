@@ -20,7 +20,7 @@ type Metrics struct {
 	// Tessera's priority preemption (Preemptor).
 	preemptions *prometheus.CounterVec
 	preemptOut  *prometheus.CounterVec
-	// Queue reclaim evictions by outcome (QueueReclaimer).
+	// Queue reclaim evictions by outcome (planner.QueueReclaimer).
 	reclaimOutcome *prometheus.CounterVec
 }
 
@@ -133,9 +133,9 @@ func (m *Metrics) preemptionUseless() {
 	}
 }
 
-// reclaimSettled counts n pods evicted by queue reclaim whose result is
-// known.
-func (m *Metrics) reclaimSettled(useful bool, n int) {
+// ReclaimSettled counts n pods evicted by queue reclaim whose result is
+// known: useful when the pods they were evicted for got a GPU they freed.
+func (m *Metrics) ReclaimSettled(useful bool, n int) {
 	if m != nil && n > 0 {
 		result := "useless"
 		if useful {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
+	"github.com/tessera-gpu/tessera/extender/planner"
 	"github.com/tessera-gpu/tessera/extender/verbs"
 )
 
@@ -157,7 +158,7 @@ func TestReserveGangAllOrNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	uses := []*PodUse{{UID: "g1", Node: "a", WholePending: 8}, {UID: "g2", Node: "b", WholePending: 8}}
-	if err := c.ReserveGang(snap, uses); !errors.Is(err, ErrStaleSnapshot) {
+	if err := c.ReserveGang(snap, uses); !errors.Is(err, planner.ErrStaleSnapshot) {
 		t.Fatalf("ReserveGang on a stale snapshot: %v", err)
 	}
 	if mustState(t, c, "a").FreeGPUs() != 8 {

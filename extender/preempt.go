@@ -21,6 +21,7 @@ import (
 	"github.com/tessera-gpu/tessera/allocator/queue"
 	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender/planner"
 	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/gpureq"
 )
@@ -36,7 +37,7 @@ type PreemptClient interface {
 // KubePreempt is the PreemptClient of a real API server.
 type KubePreempt struct {
 	Evicter *KubeEvicter
-	Gang    *KubeGang
+	Gang    *planner.KubeGang
 }
 
 var _ PreemptClient = (*KubePreempt)(nil)
@@ -89,7 +90,7 @@ type Preemptor struct {
 	Quota *equota.Enforcer
 	// Queues may be nil: no queue rule applies. With queues, no victim is
 	// taken whose queue would go below its guarantee at any level.
-	Queues *QueueBook
+	Queues *planner.QueueBook
 	// MinRuntime protects pods that started less than this long ago.
 	MinRuntime time.Duration
 	// HoldFor is how long the freed room is held for the asker (default
@@ -100,7 +101,7 @@ type Preemptor struct {
 	BlockedFor time.Duration
 	Now        func() time.Time
 
-	blocked passOver
+	blocked planner.PassOver
 }
 
 func (p *Preemptor) now() time.Time {
@@ -170,7 +171,7 @@ func (p *Preemptor) Sync(ctx context.Context) error {
 
 // queues is the queues' state now: nil without queues, or when it cannot
 // be read (no queue rule applies then, as without queues).
-func (p *Preemptor) queues() *QueueSnapshot {
+func (p *Preemptor) queues() *planner.QueueSnapshot {
 	if p.Queues == nil {
 		return nil
 	}
@@ -256,7 +257,7 @@ type workload struct {
 // preemptFor makes room for asker when it fits nowhere, or does nothing;
 // it reports whether it evicted. A victim a budget protects is passed
 // over and the choice made again.
-func (p *Preemptor) preemptFor(ctx context.Context, asker *corev1.Pod, pods []*corev1.Pod, qsnap *QueueSnapshot) (bool, error) {
+func (p *Preemptor) preemptFor(ctx context.Context, asker *corev1.Pod, pods []*corev1.Pod, qsnap *planner.QueueSnapshot) (bool, error) {
 	logger := klog.FromContext(ctx)
 	d, err := ParseDemand(asker)
 	if err != nil {
@@ -284,7 +285,7 @@ func (p *Preemptor) preemptFor(ctx context.Context, asker *corev1.Pod, pods []*c
 // when asker fits somewhere already (or will, once leaving pods are
 // gone) or when no preemption makes room. after is the chosen node's
 // state without the victims.
-func (p *Preemptor) choose(asker *corev1.Pod, d *Demand, pods []*corev1.Pod, qsnap *QueueSnapshot) (*preempt.Choice, map[string]*workload, *NodeState, error) {
+func (p *Preemptor) choose(asker *corev1.Pod, d *Demand, pods []*corev1.Pod, qsnap *planner.QueueSnapshot) (*preempt.Choice, map[string]*workload, *NodeState, error) {
 	now := p.now()
 	byUID := make(map[types.UID]*corev1.Pod, len(pods))
 	gone := map[types.UID]bool{}
@@ -353,17 +354,6 @@ func matches(req nodeaffinity.RequiredNodeAffinity, info *NodeInfo) bool {
 	return err == nil && ok
 }
 
-// unitOf is the eviction unit key of a pod: its gang's, or its own.
-func unitOf(pod *corev1.Pod) string {
-	if pod == nil {
-		return ""
-	}
-	if g, ok, err := api.GangOf(pod); ok && err == nil {
-		return "gang " + g.Key()
-	}
-	return "pod " + pod.Namespace + "/" + pod.Name
-}
-
 // units are the workloads asker may evict, by unit key: every pod of the
 // workload of lower priority than asker, run at least MinRuntime, not
 // passed over for a budget, and let go by quota and queues. An elastic
@@ -371,17 +361,17 @@ func unitOf(pod *corev1.Pod) string {
 // member for those beyond the minimum, newest first (its whole is still a
 // unit: taking that ends every member, so it never drops below its
 // minimum). unitsOf gives each pod's units.
-func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Time, qsnap *QueueSnapshot) (map[string]*workload, map[types.UID][]string) {
+func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Time, qsnap *planner.QueueSnapshot) (map[string]*workload, map[types.UID][]string) {
 	prio := corev1helpers.PodPriority(asker)
 	groups := map[string][]*corev1.Pod{}
 	for _, pod := range running {
 		if len(gpureq.QuotaCount(pod)) == 0 {
 			continue
 		}
-		k := unitOf(pod)
+		k := planner.UnitOf(pod)
 		groups[k] = append(groups[k], pod)
 	}
-	blocked := p.blocked.current(now)
+	blocked := p.blocked.Current(now)
 	var qs *quota.State
 	if p.Quota != nil {
 		if v, err := p.Quota.Ledger.View(asker.Namespace, func(pod *corev1.Pod) bool { return pod.UID == asker.UID }); err == nil {
@@ -403,7 +393,7 @@ func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Tim
 		w := &workload{w: ws[0], pods: members, unit: preempt.Unit{Key: k, Priority: ws[0].Priority, Pods: len(members)}}
 		ok := true
 		for _, m := range members {
-			started := startedAt(m)
+			started := planner.StartedAt(m)
 			if started.After(w.unit.Started) {
 				w.unit.Started = started
 			}
@@ -430,18 +420,11 @@ func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Tim
 				continue
 			}
 			ew := equota.Workloads([]*corev1.Pod{e})[0]
-			out[ek] = &workload{w: ew, pods: []*corev1.Pod{e}, unit: preempt.Unit{Key: ek, Priority: w.unit.Priority, Started: startedAt(e), Pods: 1, Extra: true}}
+			out[ek] = &workload{w: ew, pods: []*corev1.Pod{e}, unit: preempt.Unit{Key: ek, Priority: w.unit.Priority, Started: planner.StartedAt(e), Pods: 1, Extra: true}}
 			unitsOf[e.UID] = append(unitsOf[e.UID], ek)
 		}
 	}
 	return out, unitsOf
-}
-
-func startedAt(pod *corev1.Pod) time.Time {
-	if pod.Status.StartTime != nil {
-		return pod.Status.StartTime.Time
-	}
-	return pod.CreationTimestamp.Time
 }
 
 // extras are the running members of an elastic gang beyond its
@@ -453,7 +436,7 @@ func extras(members []*corev1.Pod) []*corev1.Pod {
 		return nil
 	}
 	byAge := append([]*corev1.Pod(nil), members...)
-	sort.SliceStable(byAge, func(i, j int) bool { return startedAt(byAge[i]).After(startedAt(byAge[j])) })
+	sort.SliceStable(byAge, func(i, j int) bool { return planner.StartedAt(byAge[i]).After(planner.StartedAt(byAge[j])) })
 	return byAge[:len(members)-g.MinMember]
 }
 
@@ -461,7 +444,7 @@ func extras(members []*corev1.Pod) []*corev1.Pod {
 // refused workload (passed over for BlockedFor), or "".
 func (p *Preemptor) dryRun(ctx context.Context, asker *corev1.Pod, victims []*workload) string {
 	for _, v := range victims {
-		pod, err := firstRefused(ctx, p.Client.Evict, v.pods)
+		pod, err := planner.FirstRefused(ctx, p.Client.Evict, v.pods)
 		if pod == nil {
 			continue
 		}
@@ -469,7 +452,7 @@ func (p *Preemptor) dryRun(ctx context.Context, asker *corev1.Pod, victims []*wo
 		if d <= 0 {
 			d = time.Minute
 		}
-		p.blocked.add(v.unit.Key, p.now().Add(d))
+		p.blocked.Add(v.unit.Key, p.now().Add(d))
 		p.Metrics.preemptionBlocked()
 		msg := fmt.Sprintf("tessera: preemption for %s/%s passed over %s: pod %s cannot be evicted: %v", asker.Namespace, asker.Name, v.unit.Key, pod.Name, err)
 		p.event(asker, corev1.EventTypeWarning, api.EventPreemptionBlocked, "%s", msg)

@@ -2,7 +2,6 @@ package extender
 
 import (
 	"context"
-	"errors"
 	"sort"
 	"strings"
 	"testing"
@@ -15,33 +14,8 @@ import (
 
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
+	"github.com/tessera-gpu/tessera/extender/planner"
 )
-
-// fakePreemptClient records evictions and plans; pods named in pdb refuse
-// eviction.
-type fakePreemptClient struct {
-	evicted []string
-	plans   map[string]string
-	pdb     map[string]bool
-}
-
-func (f *fakePreemptClient) Evict(_ context.Context, pod *corev1.Pod, dryRun bool) error {
-	if f.pdb[pod.Name] {
-		return errors.New("Cannot evict pod as it would violate the pod's disruption budget.")
-	}
-	if !dryRun {
-		f.evicted = append(f.evicted, pod.Name)
-	}
-	return nil
-}
-
-func (f *fakePreemptClient) SetPlan(_ context.Context, pod *corev1.Pod, value string) error {
-	if f.plans == nil {
-		f.plans = map[string]string{}
-	}
-	f.plans[pod.Name] = value
-	return nil
-}
 
 var preemptNow = time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
 
@@ -257,17 +231,17 @@ func TestPreemptorAcrossShapes(t *testing.T) {
 				n.Labels["kubernetes.io/hostname"] = n.Name
 			}
 			cache := newTestCache(t, tc.nodes, tc.pods)
-			client := &fakePreemptClient{pdb: map[string]bool{}}
+			client := &testbuild.PreemptClient{PDB: map[string]bool{}}
 			for _, n := range tc.pdb {
-				client.pdb[n] = true
+				client.PDB[n] = true
 			}
 			p := &Preemptor{Cache: cache, Client: client, Pods: func() ([]*corev1.Pod, error) { return tc.pods, nil },
-				Policy: testPolicy(t, PolicyBinpack), Events: &fakeEvents{}, MinRuntime: tc.minRuntime, Now: func() time.Time { return preemptNow }}
+				Policy: testPolicy(t, PolicyBinpack), Events: &testbuild.Recorder{}, MinRuntime: tc.minRuntime, Now: func() time.Time { return preemptNow }}
 			if err := p.Sync(context.Background()); err != nil {
 				t.Fatal(err)
 			}
-			sort.Strings(client.evicted)
-			if diff := cmp.Diff(tc.want, client.evicted); diff != "" {
+			sort.Strings(client.Evicted)
+			if diff := cmp.Diff(tc.want, client.Evicted); diff != "" {
 				t.Errorf("evicted (-want +got):\n%s", diff)
 			}
 			var asker *corev1.Pod
@@ -276,7 +250,7 @@ func TestPreemptorAcrossShapes(t *testing.T) {
 					asker = pod
 				}
 			}
-			v, planned := client.plans[asker.Name]
+			v, planned := client.Plans[asker.Name]
 			if tc.wantPlan == "" {
 				if planned {
 					t.Errorf("plan %s, want none", v)
@@ -311,18 +285,18 @@ func TestPreemptorHoldsTheRoom(t *testing.T) {
 	inf := asking(testbuild.Pod("inf").Shared(10, 20).Priority(inference))
 	pods := []*corev1.Pod{nb, inf}
 	cache := newTestCache(t, []*corev1.Node{node}, pods)
-	client := &fakePreemptClient{}
+	client := &testbuild.PreemptClient{}
 	p := &Preemptor{Cache: cache, Client: client, Pods: func() ([]*corev1.Pod, error) { return pods, nil },
 		Policy: testPolicy(t, PolicyBinpack), Now: func() time.Time { return preemptNow }}
 	if err := p.Sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]string{"nb"}, client.evicted); diff != "" {
+	if diff := cmp.Diff([]string{"nb"}, client.Evicted); diff != "" {
 		t.Fatalf("evicted (-want +got):\n%s", diff)
 	}
 	// The informer shows the plan and the victim leaving.
 	inf = inf.DeepCopy()
-	inf.Annotations[api.AnnotationGangPlan] = client.plans["inf"]
+	inf.Annotations[api.AnnotationGangPlan] = client.Plans["inf"]
 	nb = nb.DeepCopy()
 	nb.DeletionTimestamp = &metav1.Time{Time: preemptNow}
 	cache.SetPod(inf)
@@ -332,8 +306,8 @@ func TestPreemptorHoldsTheRoom(t *testing.T) {
 	if err := p.Sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if len(client.evicted) != 1 {
-		t.Errorf("evicted %v: the second pass must not evict again", client.evicted)
+	if len(client.Evicted) != 1 {
+		t.Errorf("evicted %v: the second pass must not evict again", client.Evicted)
 	}
 	// Once the victim is gone, the held GPU does not fit a second 40 GiB slice.
 	cache.DeletePod(nb.UID)
@@ -352,7 +326,7 @@ func TestPreemptorHoldsTheRoom(t *testing.T) {
 	if err := p.Sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if v, ok := client.plans["inf"]; !ok || v != "" {
+	if v, ok := client.Plans["inf"]; !ok || v != "" {
 		t.Errorf("plan after expiry %q (set %v), want removed", v, ok)
 	}
 }
@@ -369,9 +343,9 @@ func TestPreemptorKeepsQueueGuarantees(t *testing.T) {
 	inf := asking(testbuild.Pod("inf").Whole(1).Priority(inference))
 	pods := []*corev1.Pod{atGuarantee, borrowed, inf}
 	cache := newTestCache(t, []*corev1.Node{node}, pods)
-	client := &fakePreemptClient{}
-	book := &QueueBook{
-		Queues: staticObjects{queueObj(t, "team-a", "", []string{"ns-a"}, 1, 0, preemptNow), queueObj(t, "team-b", "", []string{"ns-b"}, 0, 0, preemptNow)},
+	client := &testbuild.PreemptClient{}
+	book := &planner.QueueBook{
+		Queues: testbuild.Objects{testbuild.QueueObj(t, "team-a", "", []string{"ns-a"}, 1, 0, preemptNow), testbuild.QueueObj(t, "team-b", "", []string{"ns-b"}, 0, 0, preemptNow)},
 		Pods:   func() ([]*corev1.Pod, error) { return pods, nil }, Nodes: func() ([]*corev1.Node, error) { return []*corev1.Node{node}, nil },
 	}
 	p := &Preemptor{Cache: cache, Client: client, Pods: func() ([]*corev1.Pod, error) { return pods, nil },
@@ -380,7 +354,7 @@ func TestPreemptorKeepsQueueGuarantees(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Without queues the newer nb-guaranteed would go (newest first).
-	if diff := cmp.Diff([]string{"nb-borrowed"}, client.evicted); diff != "" {
+	if diff := cmp.Diff([]string{"nb-borrowed"}, client.Evicted); diff != "" {
 		t.Errorf("evicted (-want +got):\n%s", diff)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/tessera-gpu/tessera/extender/planner"
 	equota "github.com/tessera-gpu/tessera/extender/quota"
 )
 
@@ -24,16 +25,6 @@ type QuotaHooks interface {
 	// AdmitsWithout reports whether quota admits the pod once the victims
 	// (pods of node state st) are gone.
 	AdmitsWithout(ctx context.Context, pod *corev1.Pod, st *NodeState, victims []types.UID) bool
-}
-
-// GangQuota is what the gang planner asks of quota.
-type GangQuota interface {
-	// AdmitGang decides whether namespace ns may start the whole gang.
-	AdmitGang(ctx context.Context, ns string, members []*corev1.Pod) equota.Verdict
-	// ReclaimFor frees room for askers (within their namespace's min)
-	// when fits says they fit no node state: it returns what it did, or
-	// why it cannot.
-	ReclaimFor(ctx context.Context, ns string, askers []*corev1.Pod, fits func(map[string]*NodeState) bool) (string, error)
 }
 
 // QuotaNodes is the GPU ledger as quota reclaim sees it (quota.Nodes).
@@ -95,16 +86,13 @@ func selects(selector, labels map[string]string) bool {
 }
 
 // Quota binds quota's Enforcer to the GPU ledger: it is the verbs'
-// QuotaHooks and the gang planner's GangQuota.
+// QuotaHooks and the gang planner's planner.GangQuota.
 type Quota struct {
 	Enforcer *equota.Enforcer
 	Nodes    QuotaNodes
 }
 
-var (
-	_ QuotaHooks = (*Quota)(nil)
-	_ GangQuota  = (*Quota)(nil)
-)
+var _ QuotaHooks = (*Quota)(nil)
 
 // AdmitPod is Enforcer.AdmitPod.
 func (q *Quota) AdmitPod(ctx context.Context, pod *corev1.Pod) equota.Verdict {
@@ -141,7 +129,8 @@ func (q *Quota) AdmitGang(ctx context.Context, ns string, members []*corev1.Pod)
 	return q.Enforcer.AdmitGang(ctx, ns, members)
 }
 
-// ReclaimFor is Enforcer.ReclaimFor with a test on node states.
-func (q *Quota) ReclaimFor(ctx context.Context, ns string, askers []*corev1.Pod, fits func(map[string]*NodeState) bool) (string, error) {
-	return q.Enforcer.ReclaimFor(ctx, ns, askers, q.Nodes.Fits(fits))
+// ReclaimFor is Enforcer.ReclaimFor with the planner's test on node
+// states.
+func (q *Quota) ReclaimFor(ctx context.Context, ns string, askers []*corev1.Pod, fits func(planner.Snapshot) bool) (string, error) {
+	return q.Enforcer.ReclaimFor(ctx, ns, askers, q.Nodes.Fits(func(s map[string]*NodeState) bool { return fits(plannerSnapshot(s)) }))
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
+	"github.com/tessera-gpu/tessera/extender/planner"
 	equota "github.com/tessera-gpu/tessera/extender/quota"
 )
 
@@ -51,10 +52,10 @@ type quotaFixture struct {
 	t       *testing.T
 	client  *fake.Clientset
 	cache   *Cache
-	events  *fakeEvents
+	events  *testbuild.Recorder
 	nodes   []*corev1.Node
 	enf     *equota.Enforcer
-	planner *GangPlanner
+	planner *planner.GangPlanner
 	srv     *Server
 	reg     *prometheus.Registry
 	now     time.Time
@@ -71,7 +72,7 @@ var podsGVR = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
 
 func newQuotaFixture(t *testing.T, quotas equota.Source, nodes ...*corev1.Node) *quotaFixture {
 	t.Helper()
-	f := &quotaFixture{t: t, client: fake.NewClientset(), cache: NewCache(), events: &fakeEvents{}, pdb: map[string]bool{}, indexed: map[types.UID]bool{},
+	f := &quotaFixture{t: t, client: fake.NewClientset(), cache: NewCache(), events: &testbuild.Recorder{}, pdb: map[string]bool{}, indexed: map[types.UID]bool{},
 		now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), reg: prometheus.NewRegistry()}
 	for _, n := range nodes {
 		n = n.DeepCopy()
@@ -114,8 +115,8 @@ func newQuotaFixture(t *testing.T, quotas equota.Source, nodes ...*corev1.Node) 
 		Pod: func(ns, name string) (*corev1.Pod, error) {
 			return f.client.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
 		}}
-	f.planner = NewGangPlanner(GangPlannerConfig{
-		Cache: f.cache, Client: &KubeGang{Client: f.client, Sealer: testbuild.Sealer(t)}, Pods: func() ([]*corev1.Pod, error) { return f.list("") },
+	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{
+		Ledger: PlannerLedger{Cache: f.cache}, Client: &planner.KubeGang{Client: f.client, Sealer: testbuild.Sealer(t)}, Pods: func() ([]*corev1.Pod, error) { return f.list("") },
 		Policy: testPolicy(t, PolicyBinpack), Events: f.events, Now: func() time.Time { return f.now }, Quota: &Quota{Enforcer: f.enf, Nodes: qn},
 	})
 	f.srv = NewServer(f.cache, testPolicy(t, PolicyBinpack), newFakePods(), f.events, metrics)
@@ -223,10 +224,10 @@ func (f *quotaFixture) evictions() []string {
 }
 
 func (f *quotaFixture) eventsWith(reason string) []string {
-	f.events.mu.Lock()
-	defer f.events.mu.Unlock()
+	f.events.Mu.Lock()
+	defer f.events.Mu.Unlock()
 	var out []string
-	for _, e := range f.events.events {
+	for _, e := range f.events.Events {
 		if strings.HasPrefix(e, reason+": ") {
 			out = append(out, e)
 		}
@@ -301,7 +302,7 @@ func TestQuotaFilterAdmission(t *testing.T) {
 	}}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newQuotaFixture(t, tc.quotas, eightGPUNodes(4)...)
+			f := newQuotaFixture(t, tc.quotas, testbuild.EightGPUNodes(4)...)
 			f.pod("a", "a0", 8, t0, on("n0"), prio(5))
 			f.pod("a", "a1", 8, t0, on("n1"), prio(5))
 			f.pod("b", "b0", 8, t0, on("n2"))
@@ -330,7 +331,7 @@ func TestQuotaFilterAdmission(t *testing.T) {
 				t.Errorf("QuotaExceeded events %q, want some: %v", evs, !tc.noEvent)
 			}
 			if tc.metric != "" {
-				if v := counterValue(t, f.reg, "rejections", string(tc.metric)); v != 4 {
+				if v := testbuild.Counter(t, f.reg, "rejections", string(tc.metric)); v != 4 {
 					t.Errorf("rejections{%s} = %v, want 4", tc.metric, v)
 				}
 			}
@@ -342,7 +343,7 @@ func TestQuotaFilterAdmission(t *testing.T) {
 // members, so a gang whose members would each fit under max alone waits
 // whole with the quota reason.
 func TestGangQuotaAdmittedWhole(t *testing.T) {
-	f := newQuotaFixture(t, staticQuotas{"a": {Namespace: "a", Min: gpus(8), Max: gpus(16)}}, eightGPUNodes(4)...)
+	f := newQuotaFixture(t, staticQuotas{"a": {Namespace: "a", Min: gpus(8), Max: gpus(16)}}, testbuild.EightGPUNodes(4)...)
 	t0 := f.now
 	for i := range 3 {
 		f.pod("a", fmt.Sprintf("g-%d", i), 8, t0, inGang("g", 3), gated)
@@ -370,7 +371,7 @@ func TestGangQuotaAdmittedWhole(t *testing.T) {
 // afterwards nothing flaps: b is planned, a's gang, recreated by its
 // controller, waits with the quota reason, and nothing more is evicted.
 func TestReclaimEvictsWholeBorrowedGang(t *testing.T) {
-	f := newQuotaFixture(t, minMax16x32(), eightGPUNodes(4)...)
+	f := newQuotaFixture(t, minMax16x32(), testbuild.EightGPUNodes(4)...)
 	t0 := f.now
 	f.pod("a", "a1-0", 8, t0, inGang("a1", 2), on("n0"))
 	f.pod("a", "a1-1", 8, t0, inGang("a1", 2), on("n1"))
@@ -393,7 +394,7 @@ func TestReclaimEvictsWholeBorrowedGang(t *testing.T) {
 	if ev := f.eventsWith(api.EventQuotaReclaiming); len(ev) != 2 || !strings.Contains(ev[0], "evicting gang a2 of namespace a (2 pods)") {
 		t.Errorf("QuotaReclaiming events on b's members: %q", ev)
 	}
-	if v := counterValue(t, f.reg, "quota_reclaim_evictions", "a"); v != 2 {
+	if v := testbuild.Counter(t, f.reg, "quota_reclaim_evictions", "a"); v != 2 {
 		t.Errorf("quota_reclaim_evictions_total{a} = %v, want 2", v)
 	}
 
@@ -434,7 +435,7 @@ func TestReclaimEvictsWholeBorrowedGang(t *testing.T) {
 // reclaimScene: a uses 32 (gang a1 of 16, oldest, and pods ax and ay of 8,
 // ay newest); b's plain pod of 8 is pending within its min.
 func reclaimScene(t *testing.T) (*quotaFixture, *corev1.Pod) {
-	f := newQuotaFixture(t, minMax16x32(), eightGPUNodes(4)...)
+	f := newQuotaFixture(t, minMax16x32(), testbuild.EightGPUNodes(4)...)
 	t0 := f.now
 	f.pod("a", "a1-0", 8, t0, inGang("a1", 2), on("n0"))
 	f.pod("a", "a1-1", 8, t0, inGang("a1", 2), on("n1"))
@@ -531,7 +532,7 @@ func TestReclaimSkipsWorkloadProtectedByPDB(t *testing.T) {
 func TestReclaimNeverTakesANamespaceUnderItsMin(t *testing.T) {
 	// a runs one gang of 32, half inside its min: it is spared, and b
 	// waits.
-	f := newQuotaFixture(t, minMax16x32(), eightGPUNodes(4)...)
+	f := newQuotaFixture(t, minMax16x32(), testbuild.EightGPUNodes(4)...)
 	for i := range 4 {
 		f.pod("a", fmt.Sprintf("a-%d", i), 8, f.now, inGang("big", 4), on(fmt.Sprintf("n%d", i)))
 	}
@@ -550,7 +551,7 @@ func TestReclaimNeverTakesANamespaceUnderItsMin(t *testing.T) {
 // victims are a partial gang is dropped; a node with a whole
 // lower-priority single pod of a borrowing namespace keeps it.
 func TestPreemptVerbWithQuota(t *testing.T) {
-	f := newQuotaFixture(t, minMax16x32(), eightGPUNodes(3)...)
+	f := newQuotaFixture(t, minMax16x32(), testbuild.EightGPUNodes(3)...)
 	t0 := f.now
 	f.pod("a", "other", 8, t0, on("n2")) // a uses 24: 8 above its min
 	g0 := f.pod("a", "g-0", 8, t0, inGang("g", 2), on("n0"))
@@ -614,7 +615,7 @@ func TestQuotaLedgerHold(t *testing.T) {
 	f := newQuotaFixture(t, staticQuotas{
 		"a": {Namespace: "a", Min: gpus(16), Max: gpus(32)},
 		"b": {Namespace: "b", Min: gpus(24), Max: gpus(32)},
-	}, eightGPUNodes(4)...)
+	}, testbuild.EightGPUNodes(4)...)
 	f.pod("b", "b0", 8, f.now, on("n0"))
 	usedB := func(asking string) int64 {
 		t.Helper()
@@ -695,7 +696,7 @@ func TestReclaimForUnschedulablePod(t *testing.T) {
 // needs it gone; a node whose victims would not free enough quota is
 // dropped.
 func TestPreemptVerbFreesQuota(t *testing.T) {
-	f := newQuotaFixture(t, staticQuotas{"a": {Namespace: "a", Min: gpus(8), Max: gpus(16)}}, eightGPUNodes(3)...)
+	f := newQuotaFixture(t, staticQuotas{"a": {Namespace: "a", Min: gpus(8), Max: gpus(16)}}, testbuild.EightGPUNodes(3)...)
 	low := f.pod("a", "low", 4, f.now, on("n0"), prio(1))
 	f.pod("a", "high", 8, f.now, on("n1"), prio(100))
 	small := f.pod("a", "small", 1, f.now, on("n2"), prio(1))

@@ -526,7 +526,7 @@ func (s *Server) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs,
 		prev = nil
 	}
 	use, err := s.state.Reserve(pod.UID, args.Node, func(st *NodeState) (*PodUse, error) {
-		st = s.viewFor(pod, st)
+		st = s.ViewFor(pod, st)
 		if u, ok := ReuseShared(st, pod.UID, &d, prev); ok {
 			return u, nil
 		}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -18,7 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
@@ -111,21 +109,10 @@ func (f *fakePods) Bind(_ context.Context, pod *corev1.Pod, node string) error {
 	return nil
 }
 
-type fakeEvents struct {
-	mu     sync.Mutex
-	events []string
-}
-
-func (f *fakeEvents) Eventf(_ runtime.Object, _, reason, format string, args ...any) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.events = append(f.events, reason+": "+fmt.Sprintf(format, args...))
-}
-
 type fixture struct {
 	cache  *Cache
 	pods   *fakePods
-	events *fakeEvents
+	events *testbuild.Recorder
 	reg    *prometheus.Registry
 	srv    *httptest.Server
 	server *Server
@@ -133,7 +120,7 @@ type fixture struct {
 
 func newFixture(t *testing.T, nodes []*corev1.Node, bound []*corev1.Pod, pending ...*corev1.Pod) *fixture {
 	t.Helper()
-	f := &fixture{cache: newTestCache(t, nodes, bound), pods: newFakePods(pending...), events: &fakeEvents{}, reg: prometheus.NewRegistry()}
+	f := &fixture{cache: newTestCache(t, nodes, bound), pods: newFakePods(pending...), events: &testbuild.Recorder{}, reg: prometheus.NewRegistry()}
 	metrics := NewMetrics(f.reg)
 	s := NewServer(f.cache, testPolicy(t, PolicyBinpack), f.pods, f.events, metrics)
 	f.server = s
@@ -204,7 +191,7 @@ func TestFilterVerb(t *testing.T) {
 	if !strings.Contains(res.FailedAndUnresolvableNodes["h100"], "H100") {
 		t.Errorf("model message %q does not name the model", res.FailedAndUnresolvableNodes["h100"])
 	}
-	if got := counterValue(t, f.reg, "rejections", string(ModelNotAllowed)); got != 1 {
+	if got := testbuild.Counter(t, f.reg, "rejections", string(ModelNotAllowed)); got != 1 {
 		t.Errorf("rejections{%s} = %v, want 1", ModelNotAllowed, got)
 	}
 
@@ -220,25 +207,6 @@ func TestFilterVerb(t *testing.T) {
 	if diff := cmp.Diff([]string{"a100", "h100"}, got); diff != "" {
 		t.Errorf("Nodes (-want +got):\n%s", diff)
 	}
-}
-
-// counterValue reads a tessera_extender_<which>_total child.
-func counterValue(t *testing.T, reg *prometheus.Registry, which, label string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == "tessera_extender_"+which+"_total" {
-			for _, m := range mf.GetMetric() {
-				if m.GetLabel()[0].GetValue() == label {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
 }
 
 func TestMalformedRequests(t *testing.T) {
@@ -267,8 +235,8 @@ func TestMalformedRequests(t *testing.T) {
 	if !strings.Contains(res.Error, api.AnnotationGPUModel) {
 		t.Errorf("Error = %q, want it to name %s", res.Error, api.AnnotationGPUModel)
 	}
-	if len(f.events.events) != 1 || !strings.HasPrefix(f.events.events[0], "InvalidGPURequest") {
-		t.Errorf("events = %v, want one InvalidGPURequest", f.events.events)
+	if len(f.events.Events) != 1 || !strings.HasPrefix(f.events.Events[0], "InvalidGPURequest") {
+		t.Errorf("events = %v, want one InvalidGPURequest", f.events.Events)
 	}
 	// No pod at all.
 	res = extenderv1.ExtenderFilterResult{}

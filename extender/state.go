@@ -683,24 +683,29 @@ func without(snap map[string]*NodeState, gone map[types.UID]bool) map[string]*No
 	}
 	out := make(map[string]*NodeState, len(snap))
 	for n, st := range snap {
-		hit := false
-		for uid := range st.Pods {
-			if gone[uid] {
-				hit = true
-				break
-			}
-		}
-		if !hit {
-			out[n] = st
-			continue
-		}
-		uses := make([]*PodUse, 0, len(st.Pods))
-		for uid, u := range st.Pods {
-			if !gone[uid] {
-				uses = append(uses, u)
-			}
-		}
-		out[n] = BuildNodeState(st.Info, uses)
+		out[n] = st.without(gone)
 	}
 	return out
+}
+
+// without returns s with the pods gone removed (s itself when it counts
+// none of them).
+func (s *NodeState) without(gone map[types.UID]bool) *NodeState {
+	hit := false
+	for uid := range s.Pods {
+		if gone[uid] {
+			hit = true
+			break
+		}
+	}
+	if !hit {
+		return s
+	}
+	uses := make([]*PodUse, 0, len(s.Pods))
+	for uid, u := range s.Pods {
+		if !gone[uid] {
+			uses = append(uses, u)
+		}
+	}
+	return BuildNodeState(s.Info, uses)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender/planner"
 	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/extender/verbs"
 	"github.com/tessera-gpu/tessera/gpureq"
@@ -41,7 +42,7 @@ const (
 // scheduling state (no env, no secrets).
 type Status struct {
 	cache  *Cache
-	queues *QueueBook
+	queues *planner.QueueBook
 	quota  *equota.Enforcer
 	pods   func() ([]*corev1.Pod, error)
 	now    func() time.Time
@@ -49,7 +50,7 @@ type Status struct {
 
 // NewStatus returns the views of cache, queues (nil: no Queues), quota
 // (nil: no ElasticQuotas) and the pod informer's cache pods.
-func NewStatus(cache *Cache, queues *QueueBook, quota *equota.Enforcer, pods func() ([]*corev1.Pod, error)) *Status {
+func NewStatus(cache *Cache, queues *planner.QueueBook, quota *equota.Enforcer, pods func() ([]*corev1.Pod, error)) *Status {
 	return &Status{cache: cache, queues: queues, quota: quota, pods: pods, now: time.Now}
 }
 
@@ -70,7 +71,7 @@ func (s *Status) Register(mux *http.ServeMux, ready func() bool) {
 type Snapshot struct {
 	Nodes  map[string]*NodeState
 	Pods   []*corev1.Pod
-	Queues *QueueSnapshot // nil without Queues
+	Queues *planner.QueueSnapshot // nil without Queues
 	// Quota is the ElasticQuota verdict on each pending GPU pod of a
 	// namespace a quota governs.
 	Quota map[types.UID]equota.Verdict

@@ -20,6 +20,7 @@ import (
 	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
+	"github.com/tessera-gpu/tessera/extender/planner"
 	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/extender/verbs"
 	"github.com/tessera-gpu/tessera/internal/gpustatus"
@@ -63,8 +64,8 @@ func statusFixture(t *testing.T) *Status {
 		wait, huge,
 	}
 	cache := newTestCache(t, nodes, pods)
-	book := &QueueBook{
-		Queues: staticObjects{queueObj(t, "team-a", "", []string{"team-a"}, 1, 0, created), queueObj(t, "team-b", "", []string{"team-b"}, 2, 0, created)},
+	book := &planner.QueueBook{
+		Queues: testbuild.Objects{testbuild.QueueObj(t, "team-a", "", []string{"team-a"}, 1, 0, created), testbuild.QueueObj(t, "team-b", "", []string{"team-b"}, 2, 0, created)},
 		Pods:   func() ([]*corev1.Pod, error) { return pods, nil },
 		Nodes:  func() ([]*corev1.Node, error) { return nodes, nil },
 		Now:    func() time.Time { return created },

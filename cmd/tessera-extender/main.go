@@ -43,6 +43,7 @@ import (
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/extender"
 	"github.com/tessera-gpu/tessera/extender/admission"
+	"github.com/tessera-gpu/tessera/extender/planner"
 	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/extender/verbs"
 	"github.com/tessera-gpu/tessera/internal/kubeclient"
@@ -260,7 +261,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	// nothing and the verbs answer 503.
 	trust := &podtrust.Filter{Events: recorder, Component: extender.FieldManager}
 	argsTrust := &podtrust.Filter{}
-	gangClient := &extender.KubeGang{Client: client}
+	gangClient := &planner.KubeGang{Client: client}
 
 	cache := extender.NewCache()
 	if !o.numaFit {
@@ -339,7 +340,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}})
 	}
 
-	var queues *extender.QueueBook
+	var queues *planner.QueueBook
 	var queueWatcher *extender.CRDWatcher
 	if o.queues && o.gangPlanner { // the planner lifts the queue gate
 		nodeLister := factory.Core().V1().Nodes().Lister()
@@ -349,7 +350,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			default:
 			}
 		}}
-		queues = &extender.QueueBook{
+		queues = &planner.QueueBook{
 			Queues:   queueWatcher,
 			Pods:     func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) },
 			Nodes:    func() ([]*corev1.Node, error) { return nodeLister.List(labels.Everything()) },
@@ -412,10 +413,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			MinRuntime: o.preemptionMinRuntime, HoldFor: o.preemptionHold, Queues: queues,
 		}
 	}
-	var planner *extender.GangPlanner
+	var gangs *planner.GangPlanner
 	if o.gangPlanner {
-		pcfg := extender.GangPlannerConfig{
-			Cache: cache, Client: gangClient,
+		pcfg := planner.GangPlannerConfig{
+			Ledger: extender.PlannerLedger{Cache: cache}, Client: gangClient,
 			Pods:   func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) },
 			Policy: policy, Levels: o.gangLevels, Events: recorder,
 			SchedulerNames: o.schedulers,
@@ -427,34 +428,34 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		if preemptor != nil {
 			pcfg.Preempt = preemptor
 		}
-		pcfg.Reservation = extender.ReservationConfig{ReserveAfter: o.reserveAfter, ReserveFor: o.reserveFor, Backfill: o.reserveBackfill, Preemptible: o.reservePreemptible,
+		pcfg.Reservation = planner.ReservationConfig{ReserveAfter: o.reserveAfter, ReserveFor: o.reserveFor, Backfill: o.reserveBackfill, Preemptible: o.reservePreemptible,
 			MinGPUs: o.reserveMinGPUs, WaitPerGPU: o.reservePerGPU, Relative: o.reserveRelative}
 		if queues != nil {
-			pcfg.QueueReclaim = &extender.QueueReclaimer{
-				Cache: cache, Evicter: &extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()},
+			pcfg.QueueReclaim = &planner.QueueReclaimer{
+				Ledger: extender.PlannerLedger{Cache: cache}, Evicter: &extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()},
 				Pods:   func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) },
 				Events: recorder, Metrics: metrics, MinRuntime: o.preemptionMinRuntime,
 			}
 		}
 		if o.consolidation {
-			c, err := extender.NewConsolidator(&extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()}, recorder, clock.RealClock{}, o.consolidationPerMinute)
+			c, err := planner.NewConsolidator(&extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()}, recorder, clock.RealClock{}, o.consolidationPerMinute)
 			if err != nil {
 				return err
 			}
 			reg.MustRegister(c.Collector())
 			pcfg.Consolidation = c
 		}
-		planner = extender.NewGangPlanner(pcfg)
+		gangs = planner.NewGangPlanner(pcfg)
 		if o.reserveAfter > 0 && (o.reserveBackfill || o.reservePreemptible) {
 			// Pods kube-scheduler places see reserved room on the
 			// planner's terms.
-			srv.SetBackfill(planner)
+			srv.SetBackfill(gangs)
 		}
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: "tessera", Subsystem: "extender", Name: "workload_reservations",
 			Help: "Workloads (gangs, queued pods) that hold a reservation of nodes after waiting --reservation-wait.",
-		}, func() float64 { return float64(planner.Reservations()) }))
-		if _, err := podInf.AddEventHandler(extender.GangTrigger(trigger)); err != nil {
+		}, func() float64 { return float64(gangs.Reservations()) }))
+		if _, err := podInf.AddEventHandler(planner.GangTrigger(trigger)); err != nil {
 			return fmt.Errorf("pod informer: %w", err)
 		}
 	}
@@ -517,8 +518,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		ready.Store(true)
 		logger.Info("Caches synced; ready")
-		if planner != nil {
-			planner.Run(ctx, trigger, o.gangResync)
+		if gangs != nil {
+			gangs.Run(ctx, trigger, o.gangResync)
 		}
 	}()
 

@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/api"
-	"github.com/tessera-gpu/tessera/extender"
+	"github.com/tessera-gpu/tessera/extender/planner"
 	"github.com/tessera-gpu/tessera/test/framework/nodesim"
 )
 
@@ -116,8 +116,8 @@ func TestConsolidationMovesPreemptiblePodsForAGang(t *testing.T) {
 				if moved := movedOff(t, client, ns, initial); len(moved) > 0 {
 					t.Errorf("without consolidation pods were evicted or replaced: %v", moved)
 				}
-				if ev := events(t, client, ns, "big-0"); strings.Contains(ev, extender.EventConsolidating) {
-					t.Errorf("a %s Event without consolidation: %s", extender.EventConsolidating, ev)
+				if ev := events(t, client, ns, "big-0"); strings.Contains(ev, planner.EventConsolidating) {
+					t.Errorf("a %s Event without consolidation: %s", planner.EventConsolidating, ev)
 				}
 				t.Logf("without consolidation: the gang waited %s with nothing evicted; big-0's events:%s", time.Since(created).Round(time.Second), events(t, client, ns, "big-0"))
 				return
@@ -142,8 +142,8 @@ func TestConsolidationMovesPreemptiblePodsForAGang(t *testing.T) {
 				t.Errorf("moved %v, want web-0, web-1, web-2", moved)
 			}
 			for _, n := range []string{"web-0", "web-1", "web-2"} {
-				if ev := events(t, client, ns, n); !strings.Contains(ev, extender.EventConsolidated) {
-					t.Errorf("no %s Event on %s: %s", extender.EventConsolidated, n, ev)
+				if ev := events(t, client, ns, n); !strings.Contains(ev, planner.EventConsolidated) {
+					t.Errorf("no %s Event on %s: %s", planner.EventConsolidated, n, ev)
 				}
 			}
 			// The replacements run, elsewhere.

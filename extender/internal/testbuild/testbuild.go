@@ -4,14 +4,21 @@
 package testbuild
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/tessera-gpu/tessera/api"
 )
 
@@ -275,4 +282,99 @@ func (b *PodBuilder) HoldingMIG(profile string, at ...[2]int) *PodBuilder {
 	}
 	b.Assign.Containers = append(b.Assign.Containers, api.ContainerAssignment{Name: "main", MIG: refs})
 	return b
+}
+
+// EightGPUNodes are n nodes n0..n<n-1> of 8 H100s (80 GiB) each.
+func EightGPUNodes(n int) []*corev1.Node {
+	var out []*corev1.Node
+	for i := range n {
+		out = append(out, Node(fmt.Sprintf("n%d", i)).GPUs(8, "H100", 81920).Obj())
+	}
+	return out
+}
+
+// Recorder records Events as "reason: message"; Mu guards Events.
+type Recorder struct {
+	Mu     sync.Mutex
+	Events []string
+}
+
+// Eventf records an Event.
+func (f *Recorder) Eventf(_ runtime.Object, _, reason, format string, args ...any) {
+	f.Mu.Lock()
+	defer f.Mu.Unlock()
+	f.Events = append(f.Events, reason+": "+fmt.Sprintf(format, args...))
+}
+
+// PreemptClient records evictions and plans; pods named in PDB refuse
+// eviction.
+type PreemptClient struct {
+	Evicted []string
+	Plans   map[string]string
+	PDB     map[string]bool
+}
+
+// Evict evicts pod (records it unless dryRun), or refuses as a budget.
+func (f *PreemptClient) Evict(_ context.Context, pod *corev1.Pod, dryRun bool) error {
+	if f.PDB[pod.Name] {
+		//lint:ignore ST1005 the API server's words, as the tests saw them before
+		return errors.New("Cannot evict pod as it would violate the pod's disruption budget.")
+	}
+	if !dryRun {
+		f.Evicted = append(f.Evicted, pod.Name)
+	}
+	return nil
+}
+
+// SetPlan records the pod's plan.
+func (f *PreemptClient) SetPlan(_ context.Context, pod *corev1.Pod, value string) error {
+	if f.Plans == nil {
+		f.Plans = map[string]string{}
+	}
+	f.Plans[pod.Name] = value
+	return nil
+}
+
+// Objects is a fixed list of objects of a custom resource.
+type Objects []*unstructured.Unstructured
+
+// Objects returns them.
+func (q Objects) Objects() []*unstructured.Unstructured { return q }
+
+// QueueObj is a Queue object with a guarantee of GPUs and, when usage >
+// 0, a usage history of that many GPU-seconds written at updated.
+func QueueObj(t testing.TB, name, parent string, namespaces []string, guaranteed int64, usage float64, updated time.Time) *unstructured.Unstructured {
+	t.Helper()
+	q := &api.Queue{Name: name, Parent: parent, Namespaces: namespaces, Resources: map[corev1.ResourceName]api.QueueResource{
+		api.ResourceGPU: {Guaranteed: guaranteed, Weight: 1},
+	}}
+	u := q.Unstructured()
+	if usage > 0 {
+		st := api.QueueStatus{Usage: map[corev1.ResourceName]float64{api.ResourceGPU: usage}, UsageUpdated: updated}
+		u.Object["status"] = st.Object()
+	}
+	if _, err := api.QueueFromUnstructured(u); err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// Counter reads the child of label of counter tessera_extender_<which>_total
+// in reg (0 when absent).
+func Counter(t testing.TB, reg *prometheus.Registry, which, label string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "tessera_extender_"+which+"_total" {
+			for _, m := range mf.GetMetric() {
+				if m.GetLabel()[0].GetValue() == label {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

@@ -1,4 +1,4 @@
-package extender
+package planner_test
 
 import (
 	"context"
@@ -12,7 +12,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender"
 	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
+	"github.com/tessera-gpu/tessera/extender/planner"
 )
 
 // A 2 x 8 GPU gang waits on two 8-GPU nodes that each run a 1-GPU pod.
@@ -23,15 +25,15 @@ import (
 func TestReservationKeepsAStreamOfSmallPodsOff(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		cfg     ReservationConfig
+		cfg     planner.ReservationConfig
 		reserve bool
 	}{
-		{name: "reservations", cfg: ReservationConfig{ReserveAfter: time.Minute}, reserve: true},
-		{name: "none", cfg: ReservationConfig{}, reserve: false},
+		{name: "reservations", cfg: planner.ReservationConfig{ReserveAfter: time.Minute}, reserve: true},
+		{name: "none", cfg: planner.ReservationConfig{}, reserve: false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newGangFixture(t, eightGPUNodes(2)...)
-			f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+			f := newGangFixture(t, testbuild.EightGPUNodes(2)...)
+			f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
 				Events: f.events, Now: func() time.Time { return f.now }, Reservation: tc.cfg})
 			var small []*corev1.Pod
 			for i := range 2 {
@@ -48,18 +50,18 @@ func TestReservationKeepsAStreamOfSmallPodsOff(t *testing.T) {
 			}
 			f.sync()
 			newcomer := testbuild.Pod("newcomer").Whole(1).Obj()
-			d, err := ParseDemand(newcomer)
+			d, err := extender.ParseDemand(newcomer)
 			if err != nil {
 				t.Fatal(err)
 			}
 			fits := 0
 			for _, n := range []string{"n0", "n1"} {
-				if Check(mustState(t, f.cache, n), &d) == Fits {
+				if extender.Check(mustState(t, f.cache, n), &d) == extender.Fits {
 					fits++
 				}
 			}
 			if tc.reserve && fits != 0 {
-				t.Errorf("a new 1-GPU pod fits %d reserved nodes\nevents:\n%s", fits, strings.Join(f.events.events, "\n"))
+				t.Errorf("a new 1-GPU pod fits %d reserved nodes\nevents:\n%s", fits, strings.Join(f.events.Events, "\n"))
 			}
 			if !tc.reserve && fits != 2 {
 				t.Errorf("without reservations a new 1-GPU pod fits %d nodes, want 2", fits)
@@ -67,8 +69,8 @@ func TestReservationKeepsAStreamOfSmallPodsOff(t *testing.T) {
 			if got := f.planner.Reservations(); got != map[bool]int64{true: 1, false: 0}[tc.reserve] {
 				t.Errorf("reservations gauge %d", got)
 			}
-			if tc.reserve && !strings.Contains(strings.Join(f.events.events, "\n"), api.EventReserved+": tessera: it waited longer than 1m0s: nodes n0, n1 are reserved") {
-				t.Errorf("no Reserved Event naming the nodes:\n%s", strings.Join(f.events.events, "\n"))
+			if tc.reserve && !strings.Contains(strings.Join(f.events.Events, "\n"), api.EventReserved+": tessera: it waited longer than 1m0s: nodes n0, n1 are reserved") {
+				t.Errorf("no Reserved Event naming the nodes:\n%s", strings.Join(f.events.Events, "\n"))
 			}
 			// The small pods end: the gang is planned on the room.
 			for _, p := range small {
@@ -93,9 +95,9 @@ func TestReservationKeepsAStreamOfSmallPodsOff(t *testing.T) {
 // A reservation lasts ReserveFor at most; then it is released and the
 // workload does not reserve again for as long.
 func TestReservationExpires(t *testing.T) {
-	f := newGangFixture(t, eightGPUNodes(1)...)
-	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
-		Events: f.events, Now: func() time.Time { return f.now }, Reservation: ReservationConfig{ReserveAfter: time.Minute, ReserveFor: 10 * time.Minute}})
+	f := newGangFixture(t, testbuild.EightGPUNodes(1)...)
+	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
+		Events: f.events, Now: func() time.Time { return f.now }, Reservation: planner.ReservationConfig{ReserveAfter: time.Minute, ReserveFor: 10 * time.Minute}})
 	p := testbuild.Pod("small").Whole(1).Node("n0").Holding(0).Obj()
 	if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -126,10 +128,10 @@ func TestReservationExpires(t *testing.T) {
 // reservationFixture is two 8-GPU nodes, each running a 1-GPU pod started
 // a minute ago (annotations ann), and a 2 x 8 GPU gang that has waited 2
 // minutes: it reserves both nodes.
-func reservationFixture(t *testing.T, cfg ReservationConfig, ann map[string]string) (*gangFixture, []*corev1.Pod) {
+func reservationFixture(t *testing.T, cfg planner.ReservationConfig, ann map[string]string) (*gangFixture, []*corev1.Pod) {
 	t.Helper()
-	f := newGangFixture(t, eightGPUNodes(2)...)
-	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+	f := newGangFixture(t, testbuild.EightGPUNodes(2)...)
+	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
 		Events: f.events, Now: func() time.Time { return f.now }, Reservation: cfg})
 	var small []*corev1.Pod
 	for i := range 2 {
@@ -141,7 +143,7 @@ func reservationFixture(t *testing.T, cfg ReservationConfig, ann map[string]stri
 	}
 	f.sync()
 	if f.planner.Reservations() != 1 {
-		t.Fatalf("no reservation\nevents:\n%s", strings.Join(f.events.events, "\n"))
+		t.Fatalf("no reservation\nevents:\n%s", strings.Join(f.events.Events, "\n"))
 	}
 	return f, small
 }
@@ -175,19 +177,19 @@ func TestReservationBackfill(t *testing.T) {
 	tenMinutes := map[string]string{api.AnnotationExpectedRuntime: "10m"}
 	for _, tc := range []struct {
 		name    string
-		cfg     ReservationConfig
+		cfg     planner.ReservationConfig
 		smalls  map[string]string
 		ann     map[string]string
 		planned bool
 		event   string
 	}{
-		{"ends before", ReservationConfig{ReserveAfter: time.Minute, Backfill: true}, tenMinutes, map[string]string{api.AnnotationExpectedRuntime: "8m"}, true, "by its expected run time (8m0s) it ends before that reservation starts (in 9m0s)"},
-		{"ends after", ReservationConfig{ReserveAfter: time.Minute, Backfill: true}, tenMinutes, map[string]string{api.AnnotationExpectedRuntime: "10m"}, false, ""},
-		{"no estimate", ReservationConfig{ReserveAfter: time.Minute, Backfill: true}, tenMinutes, nil, false, ""},
-		{"the reservation's start is unknown", ReservationConfig{ReserveAfter: time.Minute, Backfill: true}, nil, map[string]string{api.AnnotationExpectedRuntime: "1m"}, false, ""},
-		{"backfill off", ReservationConfig{ReserveAfter: time.Minute}, tenMinutes, map[string]string{api.AnnotationExpectedRuntime: "1m"}, false, ""},
-		{"preemptible", ReservationConfig{ReserveAfter: time.Minute, Preemptible: true}, nil, map[string]string{api.AnnotationPreemptible: "true"}, true, "as a preemptible workload"},
-		{"preemptible, not allowed", ReservationConfig{ReserveAfter: time.Minute, Backfill: true}, nil, map[string]string{api.AnnotationPreemptible: "true"}, false, ""},
+		{"ends before", planner.ReservationConfig{ReserveAfter: time.Minute, Backfill: true}, tenMinutes, map[string]string{api.AnnotationExpectedRuntime: "8m"}, true, "by its expected run time (8m0s) it ends before that reservation starts (in 9m0s)"},
+		{"ends after", planner.ReservationConfig{ReserveAfter: time.Minute, Backfill: true}, tenMinutes, map[string]string{api.AnnotationExpectedRuntime: "10m"}, false, ""},
+		{"no estimate", planner.ReservationConfig{ReserveAfter: time.Minute, Backfill: true}, tenMinutes, nil, false, ""},
+		{"the reservation's start is unknown", planner.ReservationConfig{ReserveAfter: time.Minute, Backfill: true}, nil, map[string]string{api.AnnotationExpectedRuntime: "1m"}, false, ""},
+		{"backfill off", planner.ReservationConfig{ReserveAfter: time.Minute}, tenMinutes, map[string]string{api.AnnotationExpectedRuntime: "1m"}, false, ""},
+		{"preemptible", planner.ReservationConfig{ReserveAfter: time.Minute, Preemptible: true}, nil, map[string]string{api.AnnotationPreemptible: "true"}, true, "as a preemptible workload"},
+		{"preemptible, not allowed", planner.ReservationConfig{ReserveAfter: time.Minute, Backfill: true}, nil, map[string]string{api.AnnotationPreemptible: "true"}, false, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f, _ := reservationFixture(t, tc.cfg, tc.smalls)
@@ -201,14 +203,14 @@ func TestReservationBackfill(t *testing.T) {
 			f.sync()
 			s := f.state("bf-")["bf-0"]
 			if s.planned != tc.planned {
-				t.Errorf("backfill planned %v, want %v\nevents:\n%s", s.planned, tc.planned, strings.Join(f.events.events, "\n"))
+				t.Errorf("backfill planned %v, want %v\nevents:\n%s", s.planned, tc.planned, strings.Join(f.events.Events, "\n"))
 			}
 			if got := f.planner.Reservations(); got != 1 {
 				t.Errorf("%d reservations after the backfill, want the gang's still", got)
 			}
-			all := strings.Join(f.events.events, "\n")
+			all := strings.Join(f.events.Events, "\n")
 			if tc.event != "" && (!strings.Contains(all, api.EventBackfilled+": tessera: planned on room reserved for default/big") || !strings.Contains(all, tc.event)) {
-				t.Errorf("no %s Event with %q:\n%s", api.EventBackfilled, tc.event, strings.Join(f.events.events, "\n"))
+				t.Errorf("no %s Event with %q:\n%s", api.EventBackfilled, tc.event, strings.Join(f.events.Events, "\n"))
 			}
 			// The bind sees room for the backfill on the node it was
 			// planned on (its own planned use left out, as Cache.Reserve
@@ -222,18 +224,20 @@ func TestReservationBackfill(t *testing.T) {
 					}
 				}
 				st := mustState(t, f.cache, s.node)
-				var uses []*PodUse
+				var uses []*extender.PodUse
 				for uid, u := range st.Pods {
 					if uid != pod.UID {
 						uses = append(uses, u)
 					}
 				}
-				d, err := ParseDemand(pod)
+				d, err := extender.ParseDemand(pod)
 				if err != nil {
 					t.Fatal(err)
 				}
-				own := BuildNodeState(st.Info, uses)
-				if Check(own, &d) != Fits || Check(f.planner.View(pod, own), &d) != Fits {
+				own := extender.BuildNodeState(st.Info, uses)
+				view := extender.NewServer(f.cache, testPolicy(t, extender.PolicyBinpack), nil, nil, nil)
+				view.SetBackfill(f.planner)
+				if extender.Check(own, &d) != extender.Fits || extender.Check(view.ViewFor(pod, own), &d) != extender.Fits {
 					t.Errorf("node %s: the backfill does not fit where it was planned: it could not bind", s.node)
 				}
 				// Nor does the ledger count more GPUs there than the node
@@ -249,12 +253,12 @@ func TestReservationBackfill(t *testing.T) {
 			// The reservation still holds its nodes for the gang: a new
 			// 1-GPU pod fits neither.
 			newcomer := testbuild.Pod("newcomer").Whole(1).Obj()
-			d, err := ParseDemand(newcomer)
+			d, err := extender.ParseDemand(newcomer)
 			if err != nil {
 				t.Fatal(err)
 			}
 			for _, n := range []string{"n0", "n1"} {
-				if Check(mustState(t, f.cache, n), &d) == Fits {
+				if extender.Check(mustState(t, f.cache, n), &d) == extender.Fits {
 					t.Errorf("a new 1-GPU pod fits reserved node %s", n)
 				}
 			}
@@ -266,7 +270,7 @@ func TestReservationBackfill(t *testing.T) {
 // marked preemptible there and the backfill that ran past its expected run
 // time; backfill within its estimate is waited for.
 func TestReservationEvictsVictims(t *testing.T) {
-	cfg := ReservationConfig{ReserveAfter: time.Minute, Backfill: true, Preemptible: true}
+	cfg := planner.ReservationConfig{ReserveAfter: time.Minute, Backfill: true, Preemptible: true}
 	for _, tc := range []struct {
 		name string
 		// the pod left on n1 once the small pods are gone: started after
@@ -295,7 +299,7 @@ func TestReservationEvictsVictims(t *testing.T) {
 			evicted := strings.Join(f.evicted, ",")
 			f.mu.Unlock()
 			if got := evicted == "late"; got != tc.evicted {
-				t.Errorf("evicted %q, want the late pod evicted: %v\nevents:\n%s", evicted, tc.evicted, strings.Join(f.events.events, "\n"))
+				t.Errorf("evicted %q, want the late pod evicted: %v\nevents:\n%s", evicted, tc.evicted, strings.Join(f.events.Events, "\n"))
 			}
 			// Once its victims are leaving, the reservation holds its whole
 			// member on their node, so that their GPUs go to no one else.
@@ -321,19 +325,19 @@ func TestReservationEvictsVictims(t *testing.T) {
 func TestReservationDue(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
-		cfg        ReservationConfig
+		cfg        planner.ReservationConfig
 		smallAge   time.Duration // a pending 1-GPU pod created this long ago (0: none)
 		wantReserv bool
 	}{
-		{"due", ReservationConfig{ReserveAfter: time.Minute, MinGPUs: 16}, 0, true},
-		{"too small", ReservationConfig{ReserveAfter: time.Minute, MinGPUs: 32}, 0, false},
-		{"per GPU", ReservationConfig{ReserveAfter: time.Minute, WaitPerGPU: 4 * time.Second}, 0, false},
-		{"relative: the small pod waited longer", ReservationConfig{ReserveAfter: time.Minute, MinGPUs: 16, Relative: 1}, 90 * time.Second, false},
-		{"relative: the small pod waited less", ReservationConfig{ReserveAfter: time.Minute, MinGPUs: 16, Relative: 1}, 30 * time.Second, true},
+		{"due", planner.ReservationConfig{ReserveAfter: time.Minute, MinGPUs: 16}, 0, true},
+		{"too small", planner.ReservationConfig{ReserveAfter: time.Minute, MinGPUs: 32}, 0, false},
+		{"per GPU", planner.ReservationConfig{ReserveAfter: time.Minute, WaitPerGPU: 4 * time.Second}, 0, false},
+		{"relative: the small pod waited longer", planner.ReservationConfig{ReserveAfter: time.Minute, MinGPUs: 16, Relative: 1}, 90 * time.Second, false},
+		{"relative: the small pod waited less", planner.ReservationConfig{ReserveAfter: time.Minute, MinGPUs: 16, Relative: 1}, 30 * time.Second, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newGangFixture(t, eightGPUNodes(2)...)
-			f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+			f := newGangFixture(t, testbuild.EightGPUNodes(2)...)
+			f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
 				Events: f.events, Now: func() time.Time { return f.now }, Reservation: tc.cfg})
 			for i := range 2 {
 				f.running(fmt.Sprintf("small-%d", i), fmt.Sprintf("n%d", i), 1, f.now.Add(-time.Minute), nil)
@@ -350,7 +354,7 @@ func TestReservationDue(t *testing.T) {
 			}
 			f.sync()
 			if got := f.planner.Reservations() == 1; got != tc.wantReserv {
-				t.Errorf("reserved %v, want %v\nevents:\n%s", got, tc.wantReserv, strings.Join(f.events.events, "\n"))
+				t.Errorf("reserved %v, want %v\nevents:\n%s", got, tc.wantReserv, strings.Join(f.events.Events, "\n"))
 			}
 		})
 	}
@@ -361,8 +365,8 @@ func TestReservationDue(t *testing.T) {
 // 9 minutes; the filter and the bind see the reserved nodes free for a pod
 // that expects 8 minutes or is marked preemptible, full for the others.
 func TestReservationBackfillView(t *testing.T) {
-	f, _ := reservationFixture(t, ReservationConfig{ReserveAfter: time.Minute, Backfill: true, Preemptible: true}, map[string]string{api.AnnotationExpectedRuntime: "10m"})
-	s := NewServer(f.cache, testPolicy(t, PolicyBinpack), nil, nil, nil)
+	f, _ := reservationFixture(t, planner.ReservationConfig{ReserveAfter: time.Minute, Backfill: true, Preemptible: true}, map[string]string{api.AnnotationExpectedRuntime: "10m"})
+	s := extender.NewServer(f.cache, testPolicy(t, extender.PolicyBinpack), nil, nil, nil)
 	for _, tc := range []struct {
 		name string
 		ann  map[string]string
@@ -379,7 +383,7 @@ func TestReservationBackfillView(t *testing.T) {
 			for k, v := range tc.ann {
 				pod.Annotations[k] = v
 			}
-			d, err := ParseDemand(pod)
+			d, err := extender.ParseDemand(pod)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -390,7 +394,7 @@ func TestReservationBackfillView(t *testing.T) {
 					s.SetBackfill(nil)
 				}
 				for _, n := range []string{"n0", "n1"} {
-					got := Check(s.viewFor(pod, mustState(t, f.cache, n)), &d) == Fits
+					got := extender.Check(s.ViewFor(pod, mustState(t, f.cache, n)), &d) == extender.Fits
 					if want := set && tc.fits; got != want {
 						t.Errorf("view set %v: node %s fits %v, want %v", set, n, got, want)
 					}
@@ -401,7 +405,7 @@ func TestReservationBackfillView(t *testing.T) {
 			if tc.name == "ends before" {
 				f.now = f.now.Add(2 * time.Minute)
 				defer func() { f.now = f.now.Add(-2 * time.Minute) }()
-				if Check(s.viewFor(pod, mustState(t, f.cache, "n0")), &d) == Fits {
+				if extender.Check(s.ViewFor(pod, mustState(t, f.cache, "n0")), &d) == extender.Fits {
 					t.Error("the 8-minute pod fits a reservation that starts in 7")
 				}
 			}

@@ -1,4 +1,4 @@
-package extender
+package planner
 
 import (
 	"context"
@@ -174,7 +174,7 @@ func (k *KubeGang) GetPodGroup(ctx context.Context, g *api.Gang) (*unstructured.
 //
 // Sync is not safe for concurrent use: run it from one goroutine (Run).
 type GangPlanner struct {
-	cache  *Cache
+	ledger Ledger
 	client GangClient
 	pods   func() ([]*corev1.Pod, error)
 	policy allocator.Policy
@@ -195,7 +195,7 @@ type GangPlanner struct {
 	// that room freed while the pass goes on is not taken by a workload
 	// ordered after one that waited for it; the pass's own reservations
 	// are added as they are made.
-	passSnap map[string]*NodeState
+	passSnap Snapshot
 	// passPods are the pods the current pass listed, by UID (reserve.go
 	// reads their run-time hints).
 	passPods map[types.UID]*corev1.Pod
@@ -225,18 +225,28 @@ type GangPlanner struct {
 	schedulers map[string]bool
 }
 
-// TierPreempt is what the planner asks of tier preemption.
+// GangQuota is what the gang planner asks of quota (extender.Quota).
+type GangQuota interface {
+	// AdmitGang decides whether namespace ns may start the whole gang.
+	AdmitGang(ctx context.Context, ns string, members []*corev1.Pod) equota.Verdict
+	// ReclaimFor frees room for askers (within their namespace's min)
+	// when fits says they fit no snapshot of the ledger: it returns what
+	// it did, or why it cannot.
+	ReclaimFor(ctx context.Context, ns string, askers []*corev1.Pod, fits func(Snapshot) bool) (string, error)
+}
+
+// TierPreempt is what the planner asks of tier preemption
+// (extender.Preemptor).
 type TierPreempt interface {
 	// For preempts lower tiers for pod, a queued pod that fits nowhere;
 	// it reports whether it evicted (the room is then held for pod).
 	For(ctx context.Context, pod *corev1.Pod) (bool, error)
 }
 
-var _ TierPreempt = (*Preemptor)(nil)
-
 // GangPlannerConfig configures a GangPlanner.
 type GangPlannerConfig struct {
-	Cache  *Cache
+	// Ledger is the extender's ledger of nodes (extender.PlannerLedger).
+	Ledger Ledger
 	Client GangClient
 	// Pods lists the pods (from the informer's cache).
 	Pods   func() ([]*corev1.Pod, error)
@@ -270,7 +280,7 @@ type GangPlannerConfig struct {
 
 // NewGangPlanner returns a planner.
 func NewGangPlanner(cfg GangPlannerConfig) *GangPlanner {
-	p := &GangPlanner{cache: cfg.Cache, client: cfg.Client, pods: cfg.Pods, policy: cfg.Policy, events: cfg.Events, now: cfg.Now, waiting: map[string]*waitState{}, quota: cfg.Quota,
+	p := &GangPlanner{ledger: cfg.Ledger, client: cfg.Client, pods: cfg.Pods, policy: cfg.Policy, events: cfg.Events, now: cfg.Now, waiting: map[string]*waitState{}, quota: cfg.Quota,
 		queues: cfg.Queues, queueReclaim: cfg.QueueReclaim, schedulers: map[string]bool{},
 		reservation: cfg.Reservation, reserved: map[string]*reservation{}, heldBefore: map[string]map[string]bool{}, cooldown: map[string]time.Time{}, preempt: cfg.Preempt,
 		consolidator: cfg.Consolidation}
@@ -382,7 +392,7 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 			return fmt.Errorf("queues: %w", err)
 		}
 	}
-	p.passSnap = p.cache.Snapshot()
+	p.passSnap = p.ledger.Snapshot()
 	p.passPods = make(map[types.UID]*corev1.Pod, len(pods))
 	for _, pod := range pods {
 		p.passPods[pod.UID] = pod
@@ -776,7 +786,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 	demands := make([]Demand, len(members))
 	shared := false
 	for i, m := range members {
-		d, err := ParseDemand(m)
+		d, err := p.ledger.ParseDemand(m)
 		if err != nil {
 			p.wait(key, members, fmt.Sprintf("gang %s: member %s: %v", g.Key(), m.Name, err))
 			return false, nil
@@ -806,7 +816,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 	}
 	snap := p.passSnap
 	if snap == nil {
-		snap = p.cache.Snapshot()
+		snap = p.ledger.Snapshot()
 	}
 	grp, nodes := p.gangInput(snap, g, members, demands, minMember, shared)
 	res, err := gang.PlanGroup(grp, nodes, p.policy)
@@ -815,7 +825,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		// Within its queue's guarantee or fair share, or its namespace's
 		// min, the workload may get room by reclaim; the planner tries
 		// again on its next pass.
-		fits := func(s map[string]*NodeState) bool {
+		fits := func(s Snapshot) bool {
 			grp, nodes := p.gangInput(s, g, members, demands, minMember, shared)
 			_, err := gang.PlanGroup(grp, nodes, p.policy)
 			return err == nil
@@ -889,7 +899,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		}
 	}
 	expires := p.now().Add(g.Timeout).UTC().Truncate(time.Second)
-	uses := make([]*PodUse, len(members))
+	uses := make([]*Use, len(members))
 	values := make([]string, len(members))
 	for i, pl := range res.Placements {
 		plan := api.GangPlan{Gang: g.Name, Node: pl.Node, Expires: expires}
@@ -898,23 +908,23 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 			if len(pos) != 1 {
 				return false, fmt.Errorf("gang %s: member %s planned on %d GPUs for a slice", g.Key(), members[i].Name, len(pos))
 			}
-			gi := snap[pl.Node].Info.GPUs[pos[0]]
-			plan.GPU = &api.GPURef{UUID: gi.UUID, Index: gi.Index}
+			ref := snap[pl.Node].GPURef(pos[0])
+			plan.GPU = &ref
 		}
 		ann := map[string]string{}
 		if err := api.SetGangPlan(ann, plan); err != nil {
 			return false, fmt.Errorf("gang %s: %w", g.Key(), err)
 		}
 		values[i] = ann[api.AnnotationGangPlan]
-		uses[i] = PlannedPodUse(members[i], &plan)
+		uses[i] = p.ledger.Planned(members[i], &plan)
 	}
-	if err := p.cache.ReserveGang(snap, uses); err != nil {
+	if err := p.ledger.ReserveGang(snap, uses); err != nil {
 		if errors.Is(err, ErrStaleSnapshot) && p.passSnap != nil && !p.replanning {
 			// A node changed since the pass began (a pod bound or left):
 			// this workload, which comes first, plans again at once on
 			// the node as it is now.
 			for _, u := range uses {
-				if st, ok := p.cache.Node(u.Node); ok {
+				if st, ok := p.ledger.Node(u.Node); ok {
 					p.passSnap[u.Node] = st
 				}
 			}
@@ -928,7 +938,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		// The workloads after this one in the pass see its reservation
 		// (and nothing else that changed on the cluster meanwhile).
 		for _, u := range uses {
-			if st, ok := p.cache.Node(u.Node); ok {
+			if st, ok := p.ledger.Node(u.Node); ok {
 				p.passSnap[u.Node] = st
 			}
 		}
@@ -941,7 +951,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 	// that no member is released before the whole gang is recorded.
 	for i, m := range members {
 		if err := p.client.SetPlan(ctx, m, values[i]); err != nil {
-			p.cache.ReleaseGang(uids)
+			p.ledger.ReleaseGang(uids)
 			return false, errors.Join(fmt.Errorf("gang %s: writing the plan of %s: %w", g.Key(), m.Name, err), p.clearPlans(ctx, members[:i]))
 		}
 	}
@@ -986,7 +996,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 }
 
 // gangInput is the planning input of members on the node states snap.
-func (p *GangPlanner) gangInput(snap map[string]*NodeState, g *api.Gang, members []*corev1.Pod, demands []Demand, minMember int, shared bool) (gang.Group, []gang.Node) {
+func (p *GangPlanner) gangInput(snap Snapshot, g *api.Gang, members []*corev1.Pod, demands []Demand, minMember int, shared bool) (gang.Group, []gang.Node) {
 	names := make([]string, 0, len(snap))
 	for n := range snap {
 		names = append(names, n)
@@ -1000,25 +1010,17 @@ func (p *GangPlanner) gangInput(snap map[string]*NodeState, g *api.Gang, members
 	var unitMiB, sliceBaseMiB int64
 	for _, n := range names {
 		st := snap[n]
-		info := st.Info
-		if info.Err != nil || (shared && !info.SharedIsolation) {
+		if !st.Plannable(shared) {
 			continue
 		}
-		if unitMiB == 0 && info.HasInventory {
-			unitMiB, sliceBaseMiB = info.UnitMiB, info.SliceBaseMiB
-		}
-		if st.PendingNVLink > 0 {
-			continue // its clique is not known yet (see Check)
-		}
-		cliques := make([][]int, 0, len(info.Cliques))
-		for _, c := range info.Cliques {
-			idx := make([]int, 0, len(c))
-			for _, pos := range c {
-				idx = append(idx, info.GPUs[pos].Index)
+		if unitMiB == 0 {
+			if u, base, ok := st.Units(); ok {
+				unitMiB, sliceBaseMiB = u, base
 			}
-			cliques = append(cliques, idx)
 		}
-		nodes = append(nodes, gang.Node{Node: st.View(kind), Labels: info.Labels, Cliques: cliques, Admit: allOf(st.numaAdmit(demands), st.migAdmit(demands))})
+		if gn, ok := st.GangNode(kind, demands); ok {
+			nodes = append(nodes, gn)
+		}
 	}
 	grp := gang.Group{Namespace: g.Namespace, Name: g.Name, MinMember: minMember, Levels: p.levels}
 	if g.Levels != nil {
@@ -1028,8 +1030,8 @@ func (p *GangPlanner) gangInput(snap map[string]*NodeState, g *api.Gang, members
 		// Shared slices are sized with the memory unit of the cluster's
 		// first GPU node: nodes with another unit may be misjudged.
 		r := demands[i].Request(unitMiB, sliceBaseMiB)
-		r.Models = demands[i].Models
-		grp.Members = append(grp.Members, gang.Member{Name: m.Name, Request: r, NVLink: demands[i].NVLink, Allowed: podAllows(m)})
+		r.Models = demands[i].GPUModels()
+		grp.Members = append(grp.Members, gang.Member{Name: m.Name, Request: r, NVLink: demands[i].NeedsNVLink(), Allowed: podAllows(m)})
 	}
 	return grp, nodes
 }
@@ -1045,7 +1047,7 @@ func (p *GangPlanner) clearPlans(ctx context.Context, pods []*corev1.Pod) error 
 			errs = append(errs, fmt.Errorf("pod %s/%s: clearing the plan: %w", m.Namespace, m.Name, err))
 		}
 	}
-	p.cache.ReleaseGang(uids)
+	p.ledger.ReleaseGang(uids)
 	return errors.Join(errs...)
 }
 
@@ -1075,7 +1077,7 @@ func (p *GangPlanner) expire(ctx context.Context, gr *group, planned []*corev1.P
 			errs = append(errs, fmt.Errorf("evicting %s/%s: %w", m.Namespace, m.Name, err))
 		}
 	}
-	p.cache.ReleaseGang(uids)
+	p.ledger.ReleaseGang(uids)
 	return errors.Join(errs...)
 }
 

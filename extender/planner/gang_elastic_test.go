@@ -1,4 +1,4 @@
-package extender
+package planner_test
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 // room for 2 starts with 2, then grows by one member each time room for
 // one appears, and never plans a member without room.
 func TestElasticGangStartsAtMinAndGrows(t *testing.T) {
-	f := newGangFixture(t, eightGPUNodes(2)...)
+	f := newGangFixture(t, testbuild.EightGPUNodes(2)...)
 	// Node n1 is full; n0 has room for two 4-GPU members.
 	var fillers []*corev1.Pod
 	for i := range 2 {

@@ -1,4 +1,4 @@
-package extender
+package planner
 
 import (
 	"context"
@@ -23,12 +23,11 @@ import (
 	"github.com/tessera-gpu/tessera/gpureq"
 )
 
-// ObjectSource gives the objects of a custom resource.
+// ObjectSource gives the objects of a custom resource
+// (extender.CRDWatcher).
 type ObjectSource interface {
 	Objects() []*unstructured.Unstructured
 }
-
-var _ ObjectSource = (*CRDWatcher)(nil)
 
 // QueueBook is the extender's view of the workload queues
 // (tessera.dev/v1alpha1 Queue): the Queue objects (a CRDWatcher of
@@ -208,7 +207,7 @@ func (b *QueueBook) Snapshot() (*QueueSnapshot, error) {
 			snap.State.Used[q] = snap.State.Used[q].Add(uses)
 		} else {
 			snap.State.Pending[q] = snap.State.Pending[q].Add(uses)
-			k := unitOf(p)
+			k := UnitOf(p)
 			waiting[k], leafOf[k] = waiting[k].Add(uses), q
 		}
 	}

@@ -1,4 +1,4 @@
-package extender
+package planner
 
 import (
 	"context"
@@ -192,7 +192,7 @@ func Movable(pod *corev1.Pod) bool {
 // the moves are within budget: it evicts them and returns the workload's
 // plan on the room they free (nil when none), and what to add to its
 // waiting reason ("" for nothing).
-func (p *GangPlanner) consolidate(ctx context.Context, key string, g *api.Gang, members []*corev1.Pod, demands []Demand, minMember int, snap map[string]*NodeState) (*gang.Plan, string) {
+func (p *GangPlanner) consolidate(ctx context.Context, key string, g *api.Gang, members []*corev1.Pod, demands []Demand, minMember int, snap Snapshot) (*gang.Plan, string) {
 	c := p.consolidator
 	if c == nil {
 		return nil, ""
@@ -200,10 +200,10 @@ func (p *GangPlanner) consolidate(ctx context.Context, key string, g *api.Gang, 
 	logger := klog.FromContext(ctx)
 	gpus := 0
 	for _, d := range demands {
-		if d.WholeGPUs == 0 || len(d.MIG) > 0 {
+		if d.Whole() == 0 || d.AsksMIG() {
 			return nil, "" // slices and MIG instances are not consolidated for
 		}
-		gpus += d.WholeGPUs
+		gpus += d.Whole()
 	}
 	if cfg := p.reservation; cfg.ReserveAfter > 0 {
 		oldest := members[0].CreationTimestamp.Time
@@ -224,14 +224,14 @@ func (p *GangPlanner) consolidate(ctx context.Context, key string, g *api.Gang, 
 	// moves freed before anyone else).
 	leaving, blocked := c.hints()
 	for _, st := range snap {
-		for uid := range st.Pods {
+		for uid := range st.Occupants() {
 			if pod := p.passPods[uid]; pod != nil && pod.DeletionTimestamp != nil {
 				leaving[uid] = true
 			}
 		}
 	}
 	base := without(snap, leaving)
-	fitsOn := func(s map[string]*NodeState) (*gang.Plan, bool) {
+	fitsOn := func(s Snapshot) (*gang.Plan, bool) {
 		grp, nodes := p.gangInput(s, g, members, demands, minMember, false)
 		res, err := gang.PlanGroup(grp, nodes, p.policy)
 		return res, err == nil
@@ -254,8 +254,8 @@ func (p *GangPlanner) consolidate(ctx context.Context, key string, g *api.Gang, 
 		}
 		var w consolidate.Workload
 		for _, d := range demands {
-			w.Members = append(w.Members, d.WholeGPUs)
-			w.NVLink = w.NVLink || d.NVLink
+			w.Members = append(w.Members, d.Whole())
+			w.NVLink = w.NVLink || d.NeedsNVLink()
 		}
 		w.OneDomain = requiredLevel(p.levels, g) != ""
 		plan, err := consolidate.Decide(view, w, budget, func(moves []consolidate.Move) bool {
@@ -277,7 +277,7 @@ func (p *GangPlanner) consolidate(ctx context.Context, key string, g *api.Gang, 
 		for _, m := range plan.Moves {
 			pods = append(pods, podOf[types.UID(m.Pod)])
 		}
-		if refused, derr := firstRefused(ctx, c.Evicter.Evict, pods); refused != nil {
+		if refused, derr := FirstRefused(ctx, c.Evicter.Evict, pods); refused != nil {
 			blocked[refused.UID] = true
 			c.block(refused.UID)
 			c.moves.WithLabelValues("blocked").Inc()
@@ -353,10 +353,10 @@ func requiredLevel(cluster []gang.Level, g *api.Gang) string {
 // consolidationView is the ledger of snap as allocator/consolidate sees
 // it: a pod is named by its UID; podOf maps movable pods back. Pods of
 // blocked are not movable.
-func (p *GangPlanner) consolidationView(snap map[string]*NodeState, g *api.Gang, members []*corev1.Pod, blocked map[types.UID]bool) ([]consolidate.Node, map[types.UID]*corev1.Pod) {
+func (p *GangPlanner) consolidationView(snap Snapshot, g *api.Gang, members []*corev1.Pod, blocked map[types.UID]bool) ([]consolidate.Node, map[types.UID]*corev1.Pod) {
 	names := make([]string, 0, len(snap))
 	for n, st := range snap {
-		if st.Info.HasInventory && st.Info.Err == nil {
+		if st.Usable() {
 			names = append(names, n)
 		}
 	}
@@ -366,16 +366,15 @@ func (p *GangPlanner) consolidationView(snap map[string]*NodeState, g *api.Gang,
 	out := make([]consolidate.Node, 0, len(names))
 	for _, n := range names {
 		st := snap[n]
-		info := st.Info
-		node := consolidate.Node{Name: n, GPUs: len(info.GPUs), Cliques: info.Cliques, Unknown: st.PendingWhole, Eligible: true}
-		gn := gang.Node{Labels: info.Labels}
+		node := consolidate.Node{Name: n, GPUs: st.GPUCount(), Cliques: st.Cliques(), Unknown: st.PendingWholeGPUs(), Eligible: true}
+		gn := gang.Node{Labels: st.Labels()}
 		for _, m := range members {
 			if allow := podAllows(m); allow != nil && !allow(gn) {
 				node.Eligible = false
 			}
 		}
 		if level != "" {
-			d, ok := info.Labels[level]
+			d, ok := st.Labels()[level]
 			if level == corev1.LabelHostname && !ok {
 				d, ok = n, true
 			}
@@ -383,11 +382,11 @@ func (p *GangPlanner) consolidationView(snap map[string]*NodeState, g *api.Gang,
 			node.Eligible = node.Eligible && ok
 		}
 		on := map[types.UID][]int{}
-		for pos, gs := range st.GPUs {
-			for _, uid := range gs.Pods {
+		for pos := range st.GPUCount() {
+			for _, uid := range st.GPUPods(pos) {
 				on[uid] = append(on[uid], pos)
 			}
-			if !info.GPUs[pos].Healthy {
+			if !st.Healthy(pos) {
 				node.Pods = append(node.Pods, consolidate.Pod{Name: "unhealthy", GPUs: []int{pos}})
 			}
 		}

@@ -1,4 +1,4 @@
-package extender
+package planner
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
@@ -29,7 +30,7 @@ type QueueReclaim interface {
 	// want within its guarantee or fair share) when fits says they fit no
 	// node state: it returns what it did and the pods gone once the room
 	// is free (those already leaving and the victims), or why it cannot.
-	ReclaimFor(ctx context.Context, snap *QueueSnapshot, q string, askers []*corev1.Pod, want quota.Resources, fits func(map[string]*NodeState) bool) (string, map[types.UID]bool, error)
+	ReclaimFor(ctx context.Context, snap *QueueSnapshot, q string, askers []*corev1.Pod, want quota.Resources, fits func(Snapshot) bool) (string, map[types.UID]bool, error)
 }
 
 // QueueReclaimer takes back, for a queue within its guarantee (or below
@@ -43,13 +44,14 @@ type QueueReclaim interface {
 // made again). Pods already leaving count as gone, so a reclaim in flight
 // is not repeated.
 type QueueReclaimer struct {
-	Cache   *Cache
+	// Ledger is the extender's ledger of nodes.
+	Ledger  Ledger
 	Evicter Evicter
 	// Pods lists the pods (informer cache).
 	Pods   func() ([]*corev1.Pod, error)
 	Events EventRecorder
 	// Metrics may be nil.
-	Metrics    *Metrics
+	Metrics    ReclaimMetrics
 	MinRuntime time.Duration
 	BlockedFor time.Duration
 	// Hold is how long after an eviction the pods it was made for have to
@@ -58,12 +60,24 @@ type QueueReclaimer struct {
 	Hold time.Duration
 	Now  func() time.Time
 
-	blocked passOver
+	blocked PassOver
 
 	mu       sync.Mutex
 	inflight map[types.UID]time.Time // evicted, not yet seen leaving
 	watches  []*reclaimWatch         // evictions whose result is not known yet
 	settling bool                    // a settle tick is scheduled
+}
+
+// ReclaimMetrics counts queue reclaim's evictions (extender.Metrics).
+type ReclaimMetrics interface {
+	// ReclaimEvicted counts a pod of namespace ns evicted by reclaim.
+	ReclaimEvicted(ns string)
+	// ReclaimBlocked counts a workload of namespace ns whose eviction a
+	// budget refused.
+	ReclaimBlocked(ns string)
+	// ReclaimSettled counts n evicted pods whose result is known: useful
+	// when the pods they were evicted for got a GPU they freed.
+	ReclaimSettled(useful bool, n int)
 }
 
 // reclaimWatch follows one evicted workload until its result is known.
@@ -87,7 +101,7 @@ func (r *QueueReclaimer) now() time.Time {
 }
 
 // ReclaimFor implements QueueReclaim.
-func (r *QueueReclaimer) ReclaimFor(ctx context.Context, snap *QueueSnapshot, q string, askers []*corev1.Pod, want quota.Resources, fits func(map[string]*NodeState) bool) (string, map[types.UID]bool, error) {
+func (r *QueueReclaimer) ReclaimFor(ctx context.Context, snap *QueueSnapshot, q string, askers []*corev1.Pod, want quota.Resources, fits func(Snapshot) bool) (string, map[types.UID]bool, error) {
 	logger := klog.FromContext(ctx)
 	pods, err := r.Pods()
 	if err != nil {
@@ -128,8 +142,10 @@ func (r *QueueReclaimer) ReclaimFor(ctx context.Context, snap *QueueSnapshot, q 
 					continue
 				}
 				r.evicted(p.UID)
-				r.Metrics.ReclaimEvicted(p.Namespace)
-				watch.add(r.Cache, p)
+				if r.Metrics != nil {
+					r.Metrics.ReclaimEvicted(p.Namespace)
+				}
+				watch.add(r.Ledger, p)
 				r.event(p, corev1.EventTypeWarning, api.EventReclaimed, "tessera: evicted to reclaim for queue %s: %s", q, why)
 			}
 			r.watch(watch)
@@ -147,7 +163,7 @@ func (r *QueueReclaimer) ReclaimFor(ctx context.Context, snap *QueueSnapshot, q 
 // choose decides the victims on the current ledger, the pods already
 // leaving (gone) counted as gone; none when the askers fit once those are
 // gone.
-func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.Pod, want quota.Resources, pods []*corev1.Pod, fits func(map[string]*NodeState) bool) (victims []queue.Workload, podsOf map[string][]*corev1.Pod, gone map[types.UID]bool, err error) {
+func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.Pod, want quota.Resources, pods []*corev1.Pod, fits func(Snapshot) bool) (victims []queue.Workload, podsOf map[string][]*corev1.Pod, gone map[types.UID]bool, err error) {
 	now := r.now()
 	asker := map[types.UID]bool{}
 	for _, p := range askers {
@@ -162,11 +178,11 @@ func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.
 		case gone[p.UID]:
 		case p.Spec.NodeName != "" && !gpureq.Ended(p) && !asker[p.UID]:
 			if _, queued := snap.QueueOf(p.Namespace); queued && len(gpureq.QuotaCount(p)) > 0 {
-				groups[unitOf(p)] = append(groups[unitOf(p)], p)
+				groups[UnitOf(p)] = append(groups[UnitOf(p)], p)
 			}
 		}
 	}
-	base := without(r.Cache.Snapshot(), gone)
+	base := without(r.Ledger.Snapshot(), gone)
 	if fits(base) {
 		return nil, nil, gone, nil
 	}
@@ -176,7 +192,7 @@ func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.
 	useful := map[string]bool{}
 	for name, st := range base {
 		for _, a := range askers {
-			if matches(nodeaffinity.GetRequiredNodeAffinity(a), st.Info) {
+			if matches(nodeaffinity.GetRequiredNodeAffinity(a), st) {
 				useful[name] = true
 				break
 			}
@@ -191,7 +207,7 @@ func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.
 			delete(groups, k)
 		}
 	}
-	blocked := r.blocked.current(now)
+	blocked := r.blocked.Current(now)
 	keys := make([]string, 0, len(groups))
 	for k := range groups {
 		keys = append(keys, k)
@@ -205,7 +221,7 @@ func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.
 		for _, m := range members {
 			w.Priority = max(w.Priority, corev1helpers.PodPriority(m))
 			w.Uses = w.Uses.Add(gpureq.QuotaCount(m))
-			started := startedAt(m)
+			started := StartedAt(m)
 			if started.After(w.Created) {
 				w.Created = started
 			}
@@ -235,20 +251,17 @@ func (r *QueueReclaimer) hold() time.Duration {
 }
 
 // add counts an evicted pod and the GPUs it held.
-func (w *reclaimWatch) add(c *Cache, p *corev1.Pod) {
+func (w *reclaimWatch) add(c Ledger, p *corev1.Pod) {
 	w.pods++
-	u, ok := c.PodUse(p.UID)
+	u, ok := c.Holds(p.UID)
 	if !ok {
 		w.nodes[p.Spec.NodeName] = true
 		return
 	}
-	for _, g := range u.Whole {
+	for _, g := range u.GPUs {
 		w.freed[u.Node+"/"+g] = true
 	}
-	for _, s := range u.Shared {
-		w.freed[u.Node+"/"+s.UUID] = true
-	}
-	if u.WholePending > 0 || u.Err != nil {
+	if u.Pending > 0 || u.Malformed {
 		w.nodes[u.Node] = true
 	}
 }
@@ -257,28 +270,23 @@ func (w *reclaimWatch) add(c *Cache, p *corev1.Pod) {
 // or cannot any more (useless: the hold is over, or every asker is bound
 // on GPUs all named and none of them freed by it); known is false while
 // neither is so.
-func (w *reclaimWatch) result(c *Cache, now time.Time) (useful, known bool) {
+func (w *reclaimWatch) result(c Ledger, now time.Time) (useful, known bool) {
 	settled := len(w.askers) > 0
 	for _, uid := range w.askers {
-		u, ok := c.PodUse(uid)
+		u, ok := c.Holds(uid)
 		if !ok || u.Planned || u.Node == "" {
 			settled = false
 			continue
 		}
-		if w.nodes[u.Node] && (len(u.Whole) > 0 || len(u.Shared) > 0 || u.WholePending > 0) {
+		if w.nodes[u.Node] && (len(u.GPUs) > 0 || u.Pending > 0) {
 			return true, true
 		}
-		for _, g := range u.Whole {
+		for _, g := range u.GPUs {
 			if w.freed[u.Node+"/"+g] {
 				return true, true
 			}
 		}
-		for _, s := range u.Shared {
-			if w.freed[u.Node+"/"+s.UUID] {
-				return true, true
-			}
-		}
-		if u.WholePending > 0 || u.Err != nil {
+		if u.Pending > 0 || u.Malformed {
 			settled = false // its GPUs are not named yet
 		}
 	}
@@ -316,12 +324,14 @@ func (r *QueueReclaimer) settle(now time.Time) int {
 	defer r.mu.Unlock()
 	left := r.watches[:0]
 	for _, w := range r.watches {
-		useful, known := w.result(r.Cache, now)
+		useful, known := w.result(r.Ledger, now)
 		if !known {
 			left = append(left, w)
 			continue
 		}
-		r.Metrics.reclaimSettled(useful, w.pods)
+		if r.Metrics != nil {
+			r.Metrics.ReclaimSettled(useful, w.pods)
+		}
 	}
 	clear(r.watches[len(left):])
 	r.watches = left
@@ -362,7 +372,7 @@ func (r *QueueReclaimer) evicting(now time.Time) map[types.UID]bool {
 // refused workload (passed over for BlockedFor), or "".
 func (r *QueueReclaimer) dryRun(ctx context.Context, victims []queue.Workload, podsOf map[string][]*corev1.Pod) string {
 	for _, w := range victims {
-		p, err := firstRefused(ctx, r.Evicter.Evict, podsOf[w.Key])
+		p, err := FirstRefused(ctx, r.Evicter.Evict, podsOf[w.Key])
 		if p == nil {
 			continue
 		}
@@ -370,8 +380,10 @@ func (r *QueueReclaimer) dryRun(ctx context.Context, victims []queue.Workload, p
 		if d <= 0 {
 			d = time.Minute
 		}
-		r.blocked.add(w.Key, r.now().Add(d))
-		r.Metrics.ReclaimBlocked(p.Namespace)
+		r.blocked.Add(w.Key, r.now().Add(d))
+		if r.Metrics != nil {
+			r.Metrics.ReclaimBlocked(p.Namespace)
+		}
 		r.event(p, corev1.EventTypeWarning, api.EventReclaimBlocked, "tessera: queue reclaim passed over %s: pod %s cannot be evicted: %v", w.Key, p.Name, err)
 		return w.Key
 	}
@@ -382,4 +394,12 @@ func (r *QueueReclaimer) event(pod *corev1.Pod, typ, reason, format string, args
 	if r.Events != nil && pod != nil {
 		r.Events.Eventf(pod, typ, reason, format, args...)
 	}
+}
+
+// matches reports whether node st passes the pod's required node affinity
+// and nodeSelector.
+func matches(req nodeaffinity.RequiredNodeAffinity, st Node) bool {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: st.Name(), Labels: st.Labels()}}
+	ok, err := req.Match(node)
+	return err == nil && ok
 }

@@ -1,4 +1,4 @@
-package extender
+package planner_test
 
 import (
 	"context"
@@ -10,41 +10,17 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender"
 	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
-	"github.com/tessera-gpu/tessera/extender/verbs"
+	"github.com/tessera-gpu/tessera/extender/planner"
 )
-
-// staticObjects is a fixed ObjectSource.
-type staticObjects []*unstructured.Unstructured
-
-func (q staticObjects) Objects() []*unstructured.Unstructured { return q }
-
-// queueObj is a Queue object with a guarantee of GPUs and, when usage >
-// 0, a usage history of that many GPU-seconds written at updated.
-func queueObj(t *testing.T, name, parent string, namespaces []string, guaranteed int64, usage float64, updated time.Time) *unstructured.Unstructured {
-	t.Helper()
-	q := &api.Queue{Name: name, Parent: parent, Namespaces: namespaces, Resources: map[corev1.ResourceName]api.QueueResource{
-		api.ResourceGPU: {Guaranteed: guaranteed, Weight: 1},
-	}}
-	u := q.Unstructured()
-	if usage > 0 {
-		st := api.QueueStatus{Usage: map[corev1.ResourceName]float64{api.ResourceGPU: usage}, UsageUpdated: updated}
-		u.Object["status"] = st.Object()
-	}
-	if _, err := api.QueueFromUnstructured(u); err != nil {
-		t.Fatal(err)
-	}
-	return u
-}
 
 // queued creates a 1-GPU pod held by the queue gate.
 func (f *gangFixture) queued(ns, name string, created time.Time) {
@@ -101,16 +77,16 @@ func TestQueuesFairShareByHistory(t *testing.T) {
 			nodes := withGPUCapacity([]*corev1.Node{testbuild.Node("n0").GPUs(8, "H100", 81920).Obj()})
 			f := newGangFixture(t, nodes...)
 			hist := map[string]float64{tc.historyOf: 2 * 3600 * 8}
-			book := &QueueBook{
-				Queues: staticObjects{
-					queueObj(t, "team-a", "", []string{"ns-a"}, 2, hist["team-a"], f.now),
-					queueObj(t, "team-b", "", []string{"ns-b"}, 2, hist["team-b"], f.now),
+			book := &planner.QueueBook{
+				Queues: testbuild.Objects{
+					testbuild.QueueObj(t, "team-a", "", []string{"ns-a"}, 2, hist["team-a"], f.now),
+					testbuild.QueueObj(t, "team-b", "", []string{"ns-b"}, 2, hist["team-b"], f.now),
 				},
 				Pods:     f.list,
 				Nodes:    func() ([]*corev1.Node, error) { return nodes, nil },
 				HalfLife: time.Hour, Now: func() time.Time { return f.now },
 			}
-			f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+			f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
 				Events: f.events, Now: func() time.Time { return f.now }, Queues: book})
 			for i := range 8 {
 				f.queued("ns-a", fmt.Sprintf("a-%d", i), f.now)
@@ -121,9 +97,9 @@ func TestQueuesFairShareByHistory(t *testing.T) {
 			a, ga := f.admitted("ns-a")
 			b, gb := f.admitted("ns-b")
 			if a != tc.wantA || b != tc.wantB {
-				t.Errorf("admitted team-a %d (gated %d), team-b %d (gated %d); want %d and %d\nevents: %s", a, ga, b, gb, tc.wantA, tc.wantB, strings.Join(f.events.events, "\n"))
+				t.Errorf("admitted team-a %d (gated %d), team-b %d (gated %d); want %d and %d\nevents: %s", a, ga, b, gb, tc.wantA, tc.wantB, strings.Join(f.events.Events, "\n"))
 			}
-			if !strings.Contains(strings.Join(f.events.events, "\n"), api.EventQueueWaiting) {
+			if !strings.Contains(strings.Join(f.events.Events, "\n"), api.EventQueueWaiting) {
 				t.Errorf("no %s Event for the pods left waiting", api.EventQueueWaiting)
 			}
 		})
@@ -137,8 +113,8 @@ func TestQueueLimitHolds(t *testing.T) {
 	q := &api.Queue{Name: "team-a", Namespaces: []string{"ns-a"}, Resources: map[corev1.ResourceName]api.QueueResource{
 		api.ResourceGPU: {Guaranteed: 1, Limit: 3, Limited: true, Weight: 1},
 	}}
-	book := &QueueBook{Queues: staticObjects{q.Unstructured()}, Pods: f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }}
-	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+	book := &planner.QueueBook{Queues: testbuild.Objects{q.Unstructured()}, Pods: f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }}
+	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
 		Events: f.events, Now: func() time.Time { return f.now }, Queues: book})
 	for i := range 5 {
 		f.queued("ns-a", fmt.Sprintf("a-%d", i), f.now.Add(time.Duration(i)*time.Second))
@@ -148,7 +124,7 @@ func TestQueueLimitHolds(t *testing.T) {
 	if a, g := f.admitted("ns-a"); a != 3 || g != 2 {
 		t.Errorf("admitted %d, gated %d; want 3 and 2 (limit 3)", a, g)
 	}
-	if ev := strings.Join(f.events.events, "\n"); !strings.Contains(ev, "limit 3") {
+	if ev := strings.Join(f.events.Events, "\n"); !strings.Contains(ev, "limit 3") {
 		t.Errorf("no Event naming the limit: %s", ev)
 	}
 }
@@ -179,15 +155,15 @@ func TestQueueReclaimAcrossDepartments(t *testing.T) {
 			nodes = withGPUCapacity(nodes)
 			f := newGangFixture(t, nodes...)
 			guar := func(name, parent string, ns []string) *unstructured.Unstructured {
-				return queueObj(t, name, parent, ns, 8, 0, f.now)
+				return testbuild.QueueObj(t, name, parent, ns, 8, 0, f.now)
 			}
-			book := &QueueBook{
-				Queues: staticObjects{guar("dept-1", "", nil), guar("team-a", "dept-1", []string{"ns-a"}), guar("dept-2", "", nil), guar("team-b", "dept-2", []string{"ns-b"})},
+			book := &planner.QueueBook{
+				Queues: testbuild.Objects{guar("dept-1", "", nil), guar("team-a", "dept-1", []string{"ns-a"}), guar("dept-2", "", nil), guar("team-b", "dept-2", []string{"ns-b"})},
 				Pods:   f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }, HalfLife: time.Hour, Now: func() time.Time { return f.now },
 			}
-			evicter := &fakePreemptClient{}
-			reclaim := &QueueReclaimer{Cache: f.cache, Evicter: evicter, Pods: f.list, Events: f.events, Now: func() time.Time { return f.now }}
-			f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+			evicter := &testbuild.PreemptClient{}
+			reclaim := &planner.QueueReclaimer{Ledger: extender.PlannerLedger{Cache: f.cache}, Evicter: evicter, Pods: f.list, Events: f.events, Now: func() time.Time { return f.now }}
+			f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
 				Events: f.events, Now: func() time.Time { return f.now }, Queues: book, QueueReclaim: reclaim})
 			onNode := map[string]string{}
 			for i := range 16 {
@@ -221,25 +197,25 @@ func TestQueueReclaimAcrossDepartments(t *testing.T) {
 			seen := 0
 			for pass := 0; pass < 6; pass++ {
 				f.sync()
-				for _, name := range evicter.evicted[seen:] {
+				for _, name := range evicter.Evicted[seen:] {
 					if err := f.client.CoreV1().Pods("ns-b").Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
 						t.Fatal(err)
 					}
 					f.cache.DeletePod(types.UID("uid-" + name))
 				}
-				seen = len(evicter.evicted)
+				seen = len(evicter.Evicted)
 				f.now = f.now.Add(2 * time.Second)
 			}
-			if len(evicter.evicted) != tc.want {
-				t.Errorf("evicted %d of team-b's pods %v, want %d\nevents:\n%s", len(evicter.evicted), evicter.evicted, tc.want, strings.Join(f.events.events, "\n"))
+			if len(evicter.Evicted) != tc.want {
+				t.Errorf("evicted %d of team-b's pods %v, want %d\nevents:\n%s", len(evicter.Evicted), evicter.Evicted, tc.want, strings.Join(f.events.Events, "\n"))
 			}
-			for _, name := range evicter.evicted {
+			for _, name := range evicter.Evicted {
 				if tc.selector != "" && onNode[name] != tc.selector {
 					t.Errorf("evicted %s on %s, where team-a's pods may not run", name, onNode[name])
 				}
 			}
 			if a, _ := f.admitted("ns-a"); a != tc.want {
-				t.Errorf("team-a admitted %d, want %d\nevents:\n%s", a, tc.want, strings.Join(f.events.events, "\n"))
+				t.Errorf("team-a admitted %d, want %d\nevents:\n%s", a, tc.want, strings.Join(f.events.Events, "\n"))
 			}
 		})
 	}
@@ -252,11 +228,11 @@ func TestQueueReclaimAcrossDepartments(t *testing.T) {
 func TestQueuedWorkLargerThanGuaranteesRuns(t *testing.T) {
 	nodes := withGPUCapacity([]*corev1.Node{testbuild.Node("n0").GPUs(8, "H100", 81920).Obj()})
 	f := newGangFixture(t, nodes...)
-	book := &QueueBook{
-		Queues: staticObjects{queueObj(t, "team-a", "", []string{"ns-a"}, 2, 0, f.now), queueObj(t, "team-b", "", []string{"ns-b"}, 2, 0, f.now)},
+	book := &planner.QueueBook{
+		Queues: testbuild.Objects{testbuild.QueueObj(t, "team-a", "", []string{"ns-a"}, 2, 0, f.now), testbuild.QueueObj(t, "team-b", "", []string{"ns-b"}, 2, 0, f.now)},
 		Pods:   f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil },
 	}
-	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
 		Events: f.events, Now: func() time.Time { return f.now }, Queues: book})
 	for _, ns := range []string{"ns-a", "ns-b"} {
 		p := testbuild.Pod("big").Whole(8).Obj()
@@ -270,20 +246,26 @@ func TestQueuedWorkLargerThanGuaranteesRuns(t *testing.T) {
 	a, _ := f.admitted("ns-a")
 	b, _ := f.admitted("ns-b")
 	if a+b != 1 {
-		t.Errorf("admitted %d of team-a's and %d of team-b's 8-GPU pods, want one of the two\nevents:\n%s", a, b, strings.Join(f.events.events, "\n"))
+		t.Errorf("admitted %d of team-a's and %d of team-b's 8-GPU pods, want one of the two\nevents:\n%s", a, b, strings.Join(f.events.Events, "\n"))
 	}
 }
 
 // planWriter is a PreemptClient that records evictions and writes plans
 // through the fixture's clientset, so the planner sees them.
 type planWriter struct {
-	*fakePreemptClient
-	gang *KubeGang
+	*testbuild.PreemptClient
+	gang *planner.KubeGang
 }
 
 func (w planWriter) SetPlan(ctx context.Context, pod *corev1.Pod, value string) error {
 	return w.gang.SetPlan(ctx, pod, value)
 }
+
+// Priority tiers (as in the extender's preemption tests).
+const (
+	inference = 100000
+	notebook  = 1000
+)
 
 // A queued inference pod that fits nowhere preempts a lower-tier notebook
 // like any pod would: the planner asks the preemptor, which evicts and
@@ -299,11 +281,11 @@ func TestQueuedPodPreemptsLowerTier(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.cache.SetPod(nb)
-	book := &QueueBook{Queues: staticObjects{queueObj(t, "serving", "", []string{"ns-a"}, 1, 0, f.now)}, Pods: f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }}
-	evicter := &fakePreemptClient{}
-	pre := &Preemptor{Cache: f.cache, Client: planWriter{evicter, &KubeGang{Client: f.client, Sealer: testbuild.Sealer(t)}}, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+	book := &planner.QueueBook{Queues: testbuild.Objects{testbuild.QueueObj(t, "serving", "", []string{"ns-a"}, 1, 0, f.now)}, Pods: f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }}
+	evicter := &testbuild.PreemptClient{}
+	pre := &extender.Preemptor{Cache: f.cache, Client: planWriter{evicter, &planner.KubeGang{Client: f.client, Sealer: testbuild.Sealer(t)}}, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
 		Events: f.events, Queues: book, Now: func() time.Time { return f.now }}
-	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
 		Events: f.events, Now: func() time.Time { return f.now }, Queues: book, Preempt: pre})
 	f.queued("ns-a", "inf", f.now)
 	p, _ := f.client.CoreV1().Pods("ns-a").Get(context.Background(), "inf", metav1.GetOptions{})
@@ -313,8 +295,8 @@ func TestQueuedPodPreemptsLowerTier(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.sync()
-	if diff := cmp.Diff([]string{"nb"}, evicter.evicted); diff != "" {
-		t.Fatalf("evicted (-want +got):\n%s\nevents:\n%s", diff, strings.Join(f.events.events, "\n"))
+	if diff := cmp.Diff([]string{"nb"}, evicter.Evicted); diff != "" {
+		t.Fatalf("evicted (-want +got):\n%s\nevents:\n%s", diff, strings.Join(f.events.Events, "\n"))
 	}
 	f.sync()
 	if a, g := f.admitted("ns-a"); a != 1 || g != 0 {
@@ -326,16 +308,16 @@ func TestQueuedPodPreemptsLowerTier(t *testing.T) {
 // queues team-a (namespace ns-a, 4 GPUs guaranteed) and team-b (ns-b,
 // bGuaranteed) and reclaims for them with the returned reclaimer and
 // evicter; metrics may be nil.
-func newReclaimFixture(t *testing.T, nodes []*corev1.Node, bGuaranteed int64, metrics *Metrics) (*gangFixture, *QueueReclaimer, *fakePreemptClient) {
+func newReclaimFixture(t *testing.T, nodes []*corev1.Node, bGuaranteed int64, metrics *extender.Metrics) (*gangFixture, *planner.QueueReclaimer, *testbuild.PreemptClient) {
 	t.Helper()
 	f := newGangFixture(t, nodes...)
-	book := &QueueBook{
-		Queues: staticObjects{queueObj(t, "team-a", "", []string{"ns-a"}, 4, 0, f.now), queueObj(t, "team-b", "", []string{"ns-b"}, bGuaranteed, 0, f.now)},
+	book := &planner.QueueBook{
+		Queues: testbuild.Objects{testbuild.QueueObj(t, "team-a", "", []string{"ns-a"}, 4, 0, f.now), testbuild.QueueObj(t, "team-b", "", []string{"ns-b"}, bGuaranteed, 0, f.now)},
 		Pods:   f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil },
 	}
-	evicter := &fakePreemptClient{}
-	reclaim := &QueueReclaimer{Cache: f.cache, Evicter: evicter, Pods: f.list, Events: f.events, Metrics: metrics, Now: func() time.Time { return f.now }}
-	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+	evicter := &testbuild.PreemptClient{}
+	reclaim := &planner.QueueReclaimer{Ledger: extender.PlannerLedger{Cache: f.cache}, Evicter: evicter, Pods: f.list, Events: f.events, Metrics: metrics, Now: func() time.Time { return f.now }}
+	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
 		Events: f.events, Now: func() time.Time { return f.now }, Queues: book, QueueReclaim: reclaim})
 	return f, reclaim, evicter
 }
@@ -383,10 +365,10 @@ func TestQueueReclaimFreesOneClique(t *testing.T) {
 	}
 	f.queuedNVLinkAsker()
 	f.sync()
-	got := append([]string(nil), evicter.evicted...)
+	got := append([]string(nil), evicter.Evicted...)
 	sort.Strings(got)
 	if len(got) != 4 || !(sameClique(got, []int{0, 1, 2, 3}) || sameClique(got, []int{4, 5, 6, 7})) {
-		t.Errorf("evicted %v, want the four pods of one clique\nevents:\n%s", got, strings.Join(f.events.events, "\n"))
+		t.Errorf("evicted %v, want the four pods of one clique\nevents:\n%s", got, strings.Join(f.events.Events, "\n"))
 	}
 	if a, _ := f.admitted("ns-a"); a != 1 {
 		t.Errorf("the 4-GPU pod is not planned on the freed clique")
@@ -407,53 +389,12 @@ func sameClique(names []string, clique []int) bool {
 }
 
 // namespaces is a fixed QueueGate.
-type namespaces map[string]bool
-
-func (n namespaces) Queued(ns string) bool { return n[ns] }
-
-// A GPU pod of a queued namespace that its owner ungated (or that the
-// webhook, failing open, never gated) passes no node and is not bound
-// until the planner admits it with a plan: nothing its creator writes
-// skips the queue.
-func TestUngatedQueuedPodWaitsForItsPlan(t *testing.T) {
-	nodes := []*corev1.Node{testbuild.Node("a").GPUs(8, "A100", 40960).Obj()}
-	pod := testbuild.Pod("p").Whole(1).Obj()
-	pod.Namespace = "ns-a"
-	other := testbuild.Pod("o").Whole(1).Obj() // a namespace no Queue serves
-	cpu := testbuild.Pod("c").CPU("1").Obj()
-	cpu.Namespace = "ns-a" // no GPU: not the queue's
-	f := newFixture(t, nodes, nil, pod, other, cpu)
-	f.server.SetQueues(namespaces{"ns-a": true})
-	names := []string{"a"}
-	for _, tc := range []struct {
-		pod  *corev1.Pod
-		pass bool
-	}{{pod, false}, {other, true}, {cpu, true}} {
-		var res extenderv1.ExtenderFilterResult
-		f.post(t, verbs.PathFilter, &extenderv1.ExtenderArgs{Pod: tc.pod, NodeNames: &names}, &res)
-		if passed := res.NodeNames != nil && len(*res.NodeNames) == 1; passed != tc.pass {
-			t.Errorf("%s/%s: filter passed %v (reasons %v), want %v", tc.pod.Namespace, tc.pod.Name, res.NodeNames, res.FailedNodes, tc.pass)
-		}
-	}
-	var br extenderv1.ExtenderBindingResult
-	f.post(t, verbs.PathBind, &extenderv1.ExtenderBindingArgs{PodName: pod.Name, PodNamespace: pod.Namespace, PodUID: pod.UID, Node: "a"}, &br)
-	if !strings.Contains(br.Error, "waits to be admitted in its queue's order") {
-		t.Errorf("bind answered %q, want a refusal", br.Error)
-	}
-	planned := withPlan(t, pod, "a", -1)
-	var res extenderv1.ExtenderFilterResult
-	f.post(t, verbs.PathFilter, &extenderv1.ExtenderArgs{Pod: planned, NodeNames: &names}, &res)
-	if res.NodeNames == nil || len(*res.NodeNames) != 1 {
-		t.Errorf("planned: filter passed %v, want its node", res.NodeNames)
-	}
-}
-
 // The planner admits such a pod like a gated one.
 func TestPlannerAdmitsUngatedQueuedPod(t *testing.T) {
 	nodes := withGPUCapacity([]*corev1.Node{testbuild.Node("n0").GPUs(8, "H100", 81920).Obj()})
 	f := newGangFixture(t, nodes...)
-	book := &QueueBook{Queues: staticObjects{queueObj(t, "team-a", "", []string{"ns-a"}, 1, 0, f.now)}, Pods: f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }}
-	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+	book := &planner.QueueBook{Queues: testbuild.Objects{testbuild.QueueObj(t, "team-a", "", []string{"ns-a"}, 1, 0, f.now)}, Pods: f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }}
+	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
 		Events: f.events, Now: func() time.Time { return f.now }, Queues: book})
 	p := testbuild.Pod("ungated").Whole(1).Obj()
 	p.Namespace, p.UID = "ns-a", "uid-ungated"
@@ -462,7 +403,7 @@ func TestPlannerAdmitsUngatedQueuedPod(t *testing.T) {
 	}
 	f.sync()
 	if a, _ := f.admitted("ns-a"); a != 1 {
-		t.Errorf("the ungated pod of a queued namespace is not planned\nevents:\n%s", strings.Join(f.events.events, "\n"))
+		t.Errorf("the ungated pod of a queued namespace is not planned\nevents:\n%s", strings.Join(f.events.Events, "\n"))
 	}
 }
 
@@ -485,7 +426,8 @@ func TestQueueReclaimEvictionResults(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			n := testbuild.Node("n0").GPUs(8, "H100", 81920).Cliques([]int{0, 1, 2, 3}, []int{4, 5, 6, 7}).Obj()
 			nodes := withGPUCapacity([]*corev1.Node{n})
-			metrics := NewMetrics(prometheus.NewRegistry())
+			reg := prometheus.NewRegistry()
+			metrics := extender.NewMetrics(reg)
 			f, reclaim, evicter := newReclaimFixture(t, nodes, 0, metrics)
 			// Clique 0's pods are the newest: they go.
 			for i, gpu := range []int{0, 1, 2, 3, 4, 5, 6, 7} {
@@ -493,12 +435,12 @@ func TestQueueReclaimEvictionResults(t *testing.T) {
 			}
 			asker := f.queuedNVLinkAsker()
 			f.sync()
-			got := append([]string(nil), evicter.evicted...)
+			got := append([]string(nil), evicter.Evicted...)
 			sort.Strings(got)
 			if diff := cmp.Diff([]string{"b-0", "b-1", "b-2", "b-3"}, got); diff != "" {
 				t.Fatalf("evicted (-want +got):\n%s", diff)
 			}
-			if left := reclaim.settle(f.now); left != 4 {
+			if left := reclaim.Settle(f.now); left != 4 {
 				t.Errorf("%d evictions followed before the asker runs, want 4 (one per workload)", left)
 			}
 			for i := range 4 {
@@ -509,11 +451,11 @@ func TestQueueReclaimEvictionResults(t *testing.T) {
 				bound.Namespace, bound.UID = "ns-a", asker.UID
 				f.cache.SetPod(bound)
 			}
-			reclaim.settle(f.now.Add(tc.after))
-			if got := testutil.ToFloat64(metrics.reclaimOutcome.WithLabelValues("useful")); got != tc.useful {
+			reclaim.Settle(f.now.Add(tc.after))
+			if got := testbuild.Counter(t, reg, "reclaim_evictions", "useful"); got != tc.useful {
 				t.Errorf("useful evictions %v, want %v", got, tc.useful)
 			}
-			if got := testutil.ToFloat64(metrics.reclaimOutcome.WithLabelValues("useless")); got != tc.useless {
+			if got := testbuild.Counter(t, reg, "reclaim_evictions", "useless"); got != tc.useless {
 				t.Errorf("useless evictions %v, want %v", got, tc.useless)
 			}
 		})
@@ -568,11 +510,11 @@ func TestQueueReclaimFreesOneTopologyDomain(t *testing.T) {
 			}
 			f.sync()
 			domains := map[string]bool{}
-			for _, name := range evicter.evicted {
+			for _, name := range evicter.Evicted {
 				domains[tc.domain(nodeOf[name])] = true
 			}
-			if len(evicter.evicted) != tc.members || len(domains) != 1 {
-				t.Fatalf("evicted %v, want the %d pods of one %s\nevents:\n%s", evicter.evicted, tc.members, tc.level, strings.Join(f.events.events, "\n"))
+			if len(evicter.Evicted) != tc.members || len(domains) != 1 {
+				t.Fatalf("evicted %v, want the %d pods of one %s\nevents:\n%s", evicter.Evicted, tc.members, tc.level, strings.Join(f.events.Events, "\n"))
 			}
 			pods, _ := f.list()
 			for _, p := range pods {

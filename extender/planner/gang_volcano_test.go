@@ -1,4 +1,4 @@
-package extender
+package planner_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
+	"github.com/tessera-gpu/tessera/extender/planner"
 )
 
 func podGroupObject(gvr schema.GroupVersionResource, ns, name string, spec map[string]any) *unstructured.Unstructured {
@@ -31,7 +32,8 @@ func (f *gangFixture) withPodGroups(objs ...runtime.Object) {
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
 		api.PodGroupGVR: "PodGroupList", api.VolcanoPodGroupGVR: "PodGroupList",
 	}, objs...)
-	f.planner.client = &KubeGang{Client: f.client, Dynamic: dyn, Sealer: testbuild.Sealer(f.t)}
+	f.gangClient = &planner.KubeGang{Client: f.client, Dynamic: dyn, Sealer: testbuild.Sealer(f.t)}
+	f.planner.SetClient(f.gangClient)
 }
 
 // volcanoMember creates a gated pod naming its Volcano PodGroup.
@@ -48,7 +50,7 @@ func (f *gangFixture) volcanoMember(group string, i, gpus int) {
 // A Volcano gang is sized by its Volcano PodGroup, not by a
 // scheduler-plugins PodGroup of the same name.
 func TestGangVolcanoPodGroup(t *testing.T) {
-	f := newGangFixture(t, eightGPUNodes(2)...)
+	f := newGangFixture(t, testbuild.EightGPUNodes(2)...)
 	f.withPodGroups(
 		podGroupObject(api.VolcanoPodGroupGVR, "default", "train", map[string]any{"minMember": int64(3), "queue": "research"}),
 		podGroupObject(api.PodGroupGVR, "default", "train", map[string]any{"minMember": int64(5)}),
@@ -62,7 +64,7 @@ func TestGangVolcanoPodGroup(t *testing.T) {
 		}
 	}
 	if !f.hasEvent("2 of 3 members exist") {
-		t.Errorf("no Event says 2 of 3 members exist: %v", f.events.events)
+		t.Errorf("no Event says 2 of 3 members exist: %v", f.events.Events)
 	}
 	f.volcanoMember("train", 2, 4)
 	f.sync()
@@ -90,7 +92,7 @@ func TestGangVolcanoPodGroupRefused(t *testing.T) {
 			"VolcanoPodGroup default/bad cannot be read"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			f := newGangFixture(t, eightGPUNodes(1)...)
+			f := newGangFixture(t, testbuild.EightGPUNodes(1)...)
 			f.withPodGroups(tc.objs...)
 			f.volcanoMember("bad", 0, 1)
 			f.volcanoMember("bad", 1, 1)
@@ -102,16 +104,16 @@ func TestGangVolcanoPodGroupRefused(t *testing.T) {
 				}
 			}
 			if !f.hasEvent(tc.want) {
-				t.Errorf("no Event containing %q: %v", tc.want, f.events.events)
+				t.Errorf("no Event containing %q: %v", tc.want, f.events.Events)
 			}
 		})
 	}
 }
 
 func (f *gangFixture) hasEvent(want string) bool {
-	f.events.mu.Lock()
-	defer f.events.mu.Unlock()
-	for _, e := range f.events.events {
+	f.events.Mu.Lock()
+	defer f.events.Mu.Unlock()
+	for _, e := range f.events.Events {
 		if strings.HasPrefix(e, "GangWaiting: ") && strings.Contains(e, want) {
 			return true
 		}

@@ -1,4 +1,4 @@
-package extender
+package planner_test
 
 import (
 	"context"
@@ -19,7 +19,9 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender"
 	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
+	"github.com/tessera-gpu/tessera/extender/planner"
 )
 
 // A 2 x 8 GPU gang waits on four 8-GPU nodes with 13 GPUs free, scattered:
@@ -55,12 +57,12 @@ func TestConsolidation(t *testing.T) {
 		{name: "not due a reservation yet", perMinute: 4, notDue: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newGangFixture(t, eightGPUNodes(4)...)
+			f := newGangFixture(t, testbuild.EightGPUNodes(4)...)
 			clk := clocktesting.NewFakePassiveClock(f.now.Add(-2 * time.Minute))
-			var c *Consolidator
+			var c *planner.Consolidator
 			if !tc.off {
 				var err error
-				if c, err = NewConsolidator(&KubeEvicter{Client: f.client}, f.events, clk, tc.perMinute); err != nil {
+				if c, err = planner.NewConsolidator(&extender.KubeEvicter{Client: f.client}, f.events, clk, tc.perMinute); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -82,11 +84,11 @@ func TestConsolidation(t *testing.T) {
 				}
 				return false, nil, nil
 			})
-			cfg := ReservationConfig{}
+			cfg := planner.ReservationConfig{}
 			if tc.notDue {
 				cfg.ReserveAfter = 10 * time.Minute
 			}
-			f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+			f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
 				Events: f.events, Now: func() time.Time { return f.now }, Reservation: cfg, Consolidation: c})
 			movable := map[string]bool{"n0": true, "n1": !tc.orphan, "n2": true, "n3": false}
 			for n, count := range map[string]int{"n0": 2, "n1": 1, "n2": 3, "n3": 4} {
@@ -102,7 +104,7 @@ func TestConsolidation(t *testing.T) {
 			evicted := slices.Clone(f.evicted)
 			f.mu.Unlock()
 			slices.Sort(evicted)
-			events := strings.Join(f.events.events, "\n")
+			events := strings.Join(f.events.Events, "\n")
 			if !slices.Equal(evicted, tc.evicted) {
 				t.Errorf("evicted %v, want %v\nevents:\n%s", evicted, tc.evicted, events)
 			}
@@ -116,17 +118,17 @@ func TestConsolidation(t *testing.T) {
 			if !slices.Equal(nodes, tc.planned) {
 				t.Errorf("gang planned on %v, want %v\nevents:\n%s", nodes, tc.planned, events)
 			}
-			if got := strings.Count(events, EventConsolidated+": tessera: evicted from node"); got != len(tc.evicted) {
-				t.Errorf("%d %s Events, want %d:\n%s", got, EventConsolidated, len(tc.evicted), events)
+			if got := strings.Count(events, planner.EventConsolidated+": tessera: evicted from node"); got != len(tc.evicted) {
+				t.Errorf("%d %s Events, want %d:\n%s", got, planner.EventConsolidated, len(tc.evicted), events)
 			}
 			if tc.reason != "" && !strings.Contains(events, tc.reason) {
 				t.Errorf("no waiting reason %q:\n%s", tc.reason, events)
 			}
 			if c != nil {
-				if got := testutil.ToFloat64(c.moves.WithLabelValues("evicted")); got != float64(len(tc.evicted)) {
+				if got := testutil.ToFloat64(c.Moves().WithLabelValues("evicted")); got != float64(len(tc.evicted)) {
 					t.Errorf("consolidation_moves_total{result=evicted} = %v, want %d", got, len(tc.evicted))
 				}
-				if got := testutil.ToFloat64(c.moves.WithLabelValues("blocked")); got != tc.blocked {
+				if got := testutil.ToFloat64(c.Moves().WithLabelValues("blocked")); got != tc.blocked {
 					t.Errorf("consolidation_moves_total{result=blocked} = %v, want %v", got, tc.blocked)
 				}
 			}
@@ -195,17 +197,17 @@ func TestMovable(t *testing.T) {
 	} {
 		p := base()
 		tc.edit(p)
-		if got := Movable(p); got != tc.want {
+		if got := planner.Movable(p); got != tc.want {
 			t.Errorf("%s: Movable = %v, want %v", tc.name, got, tc.want)
 		}
 	}
-	if got := Movable(nil); got {
+	if got := planner.Movable(nil); got {
 		t.Error("Movable(nil) = true")
 	}
 }
 
 func TestNewConsolidatorRefusesNoMoves(t *testing.T) {
-	if _, err := NewConsolidator(nil, nil, nil, 0); err == nil {
+	if _, err := planner.NewConsolidator(nil, nil, nil, 0); err == nil {
 		t.Error("0 moves per minute accepted")
 	}
 }
@@ -214,14 +216,14 @@ func TestNewConsolidatorRefusesNoMoves(t *testing.T) {
 // or a pass plans again on a snapshot taken before): they count as
 // leaving, the gang is planned on their room, and nothing more is moved.
 func TestConsolidationPlansOnTheRoomItsMovesFree(t *testing.T) {
-	f := newGangFixture(t, eightGPUNodes(4)...)
+	f := newGangFixture(t, testbuild.EightGPUNodes(4)...)
 	clk := clocktesting.NewFakePassiveClock(f.now.Add(-2 * time.Minute))
-	c, err := NewConsolidator(&KubeEvicter{Client: f.client}, f.events, clk, 4)
+	c, err := planner.NewConsolidator(&extender.KubeEvicter{Client: f.client}, f.events, clk, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
 	clk.SetTime(f.now)
-	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: f.planner.client, Pods: f.list, Policy: testPolicy(t, PolicyBinpack),
+	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
 		Events: f.events, Now: func() time.Time { return f.now }, Consolidation: c})
 	for n, count := range map[string]int{"n0": 2, "n1": 1, "n2": 3, "n3": 4} {
 		for k := range count {
@@ -229,7 +231,7 @@ func TestConsolidationPlansOnTheRoomItsMovesFree(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"n0-a", "n0-b", "n1-a"} {
-		c.moved(types.UID("uid-" + name)) // evicted by an earlier pass
+		c.Moved(types.UID("uid-" + name)) // evicted by an earlier pass
 	}
 	for i := range 2 {
 		f.member("big", 2, i, 8, f.now.Add(-2*time.Minute))
@@ -249,12 +251,12 @@ func TestConsolidationPlansOnTheRoomItsMovesFree(t *testing.T) {
 	}
 	slices.Sort(nodes)
 	if !slices.Equal(nodes, []string{"n0", "n1"}) {
-		t.Errorf("gang planned on %v, want n0 and n1\nevents:\n%s", nodes, strings.Join(f.events.events, "\n"))
+		t.Errorf("gang planned on %v, want n0 and n1\nevents:\n%s", nodes, strings.Join(f.events.Events, "\n"))
 	}
 	// Without the hints (two minutes later), nothing is left to count as
 	// leaving: a new planner pass with the same pods would move again.
 	clk.SetTime(f.now.Add(2 * time.Minute))
-	if ev, _ := c.hints(); len(ev) != 0 {
+	if ev, _ := c.Hints(); len(ev) != 0 {
 		t.Errorf("hints %v two minutes after", ev)
 	}
 }

@@ -1,4 +1,4 @@
-package extender
+package planner_test
 
 import (
 	"context"
@@ -14,8 +14,11 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender"
 	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
+	"github.com/tessera-gpu/tessera/extender/planner"
 )
 
 // gangFixture runs a GangPlanner against a fake clientset, feeding the
@@ -23,12 +26,14 @@ import (
 type gangFixture struct {
 	t       *testing.T
 	client  *fake.Clientset
-	cache   *Cache
-	events  *fakeEvents
-	planner *GangPlanner
-	now     time.Time
-	mu      sync.Mutex
-	evicted []string
+	cache   *extender.Cache
+	events  *testbuild.Recorder
+	planner *planner.GangPlanner
+	// gangClient is the planner's client.
+	gangClient planner.GangClient
+	now        time.Time
+	mu         sync.Mutex
+	evicted    []string
 	// view, when set, is what the planner's pod lister returns instead of
 	// the API server's pods: an informer cache that lags.
 	view []*corev1.Pod
@@ -36,7 +41,7 @@ type gangFixture struct {
 
 func newGangFixture(t *testing.T, nodes ...*corev1.Node) *gangFixture {
 	t.Helper()
-	f := &gangFixture{t: t, client: fake.NewClientset(), cache: NewCache(), events: &fakeEvents{}, now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	f := &gangFixture{t: t, client: fake.NewClientset(), cache: extender.NewCache(), events: &testbuild.Recorder{}, now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	for _, n := range nodes {
 		f.cache.SetNode(n)
 	}
@@ -50,9 +55,10 @@ func newGangFixture(t *testing.T, nodes ...*corev1.Node) *gangFixture {
 		f.evicted = append(f.evicted, ca.GetObject().(metav1.Object).GetName())
 		return true, nil, nil
 	})
-	f.planner = NewGangPlanner(GangPlannerConfig{
-		Cache: f.cache, Client: &KubeGang{Client: f.client, Sealer: testbuild.Sealer(t)}, Pods: f.plannerView,
-		Policy: testPolicy(t, PolicyBinpack), Events: f.events, Now: func() time.Time { return f.now },
+	f.gangClient = &planner.KubeGang{Client: f.client, Sealer: testbuild.Sealer(t)}
+	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{
+		Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.plannerView,
+		Policy: testPolicy(t, extender.PolicyBinpack), Events: f.events, Now: func() time.Time { return f.now },
 	})
 	return f
 }
@@ -132,23 +138,15 @@ func (f *gangFixture) state(prefix string) map[string]memberState {
 	return out
 }
 
-func eightGPUNodes(n int) []*corev1.Node {
-	var out []*corev1.Node
-	for i := range n {
-		out = append(out, testbuild.Node(fmt.Sprintf("n%d", i)).GPUs(8, "H100", 81920).Obj())
-	}
-	return out
-}
-
 func TestGangWaitsWholeUntilItFits(t *testing.T) {
-	f := newGangFixture(t, eightGPUNodes(3)...)
+	f := newGangFixture(t, testbuild.EightGPUNodes(3)...)
 	t0 := f.now
 	for i := range 3 {
 		f.member("g", 4, i, 8, t0)
 	}
 	f.sync()
-	if !strings.Contains(strings.Join(f.events.events, "\n"), "3 of 4 members exist") {
-		t.Errorf("events %q: want the incomplete gang's reason", f.events.events)
+	if !strings.Contains(strings.Join(f.events.Events, "\n"), "3 of 4 members exist") {
+		t.Errorf("events %q: want the incomplete gang's reason", f.events.Events)
 	}
 	f.member("g", 4, 3, 8, t0)
 	f.sync()
@@ -157,7 +155,7 @@ func TestGangWaitsWholeUntilItFits(t *testing.T) {
 			t.Errorf("24 GPUs for 32: member %s planned=%v gated=%v; want the whole gang held", name, s.planned, s.gated)
 		}
 	}
-	if ev := strings.Join(f.events.events, "\n"); !strings.Contains(ev, "no room for the whole group") {
+	if ev := strings.Join(f.events.Events, "\n"); !strings.Contains(ev, "no room for the whole group") {
 		t.Errorf("events %q: want the no-room reason", ev)
 	}
 	f.cache.SetNode(testbuild.Node("n3").GPUs(8, "H100", 81920).Obj())
@@ -180,7 +178,7 @@ func TestGangWaitsWholeUntilItFits(t *testing.T) {
 	// A planner restarted with an empty memory keeps the plan (it lives on
 	// the pods) and plans nothing twice.
 	before := f.state("g-")
-	f.planner = NewGangPlanner(GangPlannerConfig{Cache: f.cache, Client: &KubeGang{Client: f.client, Sealer: testbuild.Sealer(t)}, Pods: f.list, Policy: testPolicy(t, PolicyBinpack), Now: func() time.Time { return f.now }})
+	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: &planner.KubeGang{Client: f.client, Sealer: testbuild.Sealer(t)}, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack), Now: func() time.Time { return f.now }})
 	f.sync()
 	for name, s := range f.state("g-") {
 		if s != before[name] {
@@ -190,7 +188,7 @@ func TestGangWaitsWholeUntilItFits(t *testing.T) {
 }
 
 func TestTwoGangsThatFitOnlyAloneDoNotDeadlock(t *testing.T) {
-	f := newGangFixture(t, eightGPUNodes(4)...)
+	f := newGangFixture(t, testbuild.EightGPUNodes(4)...)
 	t0 := f.now
 	// Interleaved creation: both gangs complete in the same pass.
 	for i := range 4 {
@@ -214,7 +212,7 @@ func TestTwoGangsThatFitOnlyAloneDoNotDeadlock(t *testing.T) {
 }
 
 func TestGangPlanExpiresAndEvictsAll(t *testing.T) {
-	f := newGangFixture(t, eightGPUNodes(2)...)
+	f := newGangFixture(t, testbuild.EightGPUNodes(2)...)
 	for i := range 2 {
 		f.member("g", 2, i, 8, f.now)
 	}
@@ -238,14 +236,14 @@ func TestGangPlanExpiresAndEvictsAll(t *testing.T) {
 	if got := strings.Join(f.evicted, ","); got != "g-0,g-1" {
 		t.Errorf("evicted %q, want every member g-0,g-1", got)
 	}
-	ev := strings.Join(f.events.events, "\n")
+	ev := strings.Join(f.events.Events, "\n")
 	if !strings.Contains(ev, "GangTimeout") || !strings.Contains(ev, "1 of 2 planned members unbound (g-1)") {
 		t.Errorf("events %q: want a GangTimeout naming g-1", ev)
 	}
 }
 
 func TestInterruptedPlanIsReleased(t *testing.T) {
-	f := newGangFixture(t, eightGPUNodes(2)...)
+	f := newGangFixture(t, testbuild.EightGPUNodes(2)...)
 	for i := range 2 {
 		f.member("g", 2, i, 8, f.now)
 	}
@@ -277,7 +275,7 @@ func TestInterruptedPlanIsReleased(t *testing.T) {
 // left without a plan and the last member waited for ever: seen in
 // TestUngatedGangNeverBoundAlone.)
 func TestPlanSeenHalfWrittenInALaggingCacheIsKept(t *testing.T) {
-	f := newGangFixture(t, eightGPUNodes(1)...)
+	f := newGangFixture(t, testbuild.EightGPUNodes(1)...)
 	var before []*corev1.Pod
 	for i := range 3 {
 		before = append(before, f.member("g", 3, i, 1, f.now).DeepCopy())
@@ -309,7 +307,7 @@ func TestPlanSeenHalfWrittenInALaggingCacheIsKept(t *testing.T) {
 // The API server's copies decide only through their seals: plans a
 // tenant wrote on its members do not keep an incomplete plan alive.
 func TestForgedPlansDoNotKeepAnIncompletePlan(t *testing.T) {
-	f := newGangFixture(t, eightGPUNodes(1)...)
+	f := newGangFixture(t, testbuild.EightGPUNodes(1)...)
 	var before []*corev1.Pod
 	for i := range 3 {
 		before = append(before, f.member("g", 3, i, 1, f.now).DeepCopy())
@@ -351,7 +349,7 @@ func TestForgedPlansDoNotKeepAnIncompletePlan(t *testing.T) {
 }
 
 func TestMalformedGangDeclarationWaitsWithReason(t *testing.T) {
-	f := newGangFixture(t, eightGPUNodes(1)...)
+	f := newGangFixture(t, testbuild.EightGPUNodes(1)...)
 	p := testbuild.Pod("bad").Whole(1).Obj()
 	p.Annotations[api.AnnotationGang] = "g"
 	p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "other.example/gate"}, {Name: api.SchedulingGateGang}}
@@ -360,8 +358,8 @@ func TestMalformedGangDeclarationWaitsWithReason(t *testing.T) {
 	}
 	f.sync()
 	f.sync()
-	if len(f.events.events) != 1 || !strings.Contains(f.events.events[0], api.AnnotationGangMinMember) {
-		t.Errorf("events %q: want one event naming the missing minMember", f.events.events)
+	if len(f.events.Events) != 1 || !strings.Contains(f.events.Events[0], api.AnnotationGangMinMember) {
+		t.Errorf("events %q: want one event naming the missing minMember", f.events.Events)
 	}
 }
 
@@ -376,11 +374,29 @@ func TestRemoveGateFromStaleCopy(t *testing.T) {
 	if _, err := f.client.CoreV1().Pods("default").Update(context.Background(), fresh, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := (&KubeGang{Client: f.client}).RemoveGate(context.Background(), stale); err != nil {
+	if err := (&planner.KubeGang{Client: f.client}).RemoveGate(context.Background(), stale); err != nil {
 		t.Fatalf("RemoveGate from a stale copy: %v", err)
 	}
 	got, _ := f.client.CoreV1().Pods("default").Get(context.Background(), stale.Name, metav1.GetOptions{})
 	if len(got.Spec.SchedulingGates) != 0 {
 		t.Errorf("gates left: %v", got.Spec.SchedulingGates)
 	}
+}
+
+func testPolicy(t testing.TB, name string) allocator.Policy {
+	t.Helper()
+	p, err := extender.NewPolicy(name, extender.DefaultWorkload(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func mustState(t testing.TB, c *extender.Cache, name string) *extender.NodeState {
+	t.Helper()
+	st, ok := c.Node(name)
+	if !ok {
+		t.Fatalf("node %s not in cache", name)
+	}
+	return st
 }

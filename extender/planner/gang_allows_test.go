@@ -1,4 +1,4 @@
-package extender
+package planner
 
 import (
 	"testing"

@@ -1,4 +1,4 @@
-package extender
+package planner
 
 import (
 	"context"
@@ -55,7 +55,7 @@ type reservation struct {
 	nodes []string
 	// uses are what the ledger counts for it (its members planned on
 	// nodes), to count them again after a backfill planned beside them.
-	uses []*PodUse
+	uses []*Use
 	// since is when the workload first reserved (kept while it is made
 	// again pass after pass).
 	since time.Time
@@ -118,8 +118,8 @@ func (p *GangPlanner) smallWaited(minGPUs int) time.Duration {
 		if _, gang, _ := api.GangOf(pod); gang {
 			continue // a member of a workload: its size is the gang's
 		}
-		d, err := ParseDemand(pod)
-		if err != nil || !d.UsesGPUs() || d.WholeGPUs >= minGPUs {
+		d, err := p.ledger.ParseDemand(pod)
+		if err != nil || !d.UsesGPUs() || d.Whole() >= minGPUs {
 			continue
 		}
 		out = max(out, now.Sub(pod.CreationTimestamp.Time))
@@ -151,24 +151,21 @@ func hints(members []*corev1.Pod) (rt reserve.Runtime, preemptible bool) {
 
 // occupants are the pods of st as a reservation made at since sees them
 // (holder's own planned members left out), with the pods they stand for.
-func (p *GangPlanner) occupants(st *NodeState, holder map[types.UID]bool, since time.Time) ([]reserve.Occupant, []*corev1.Pod) {
+func (p *GangPlanner) occupants(st Node, holder map[types.UID]bool, since time.Time) ([]reserve.Occupant, []*corev1.Pod) {
 	now := p.now()
 	var occ []reserve.Occupant
 	var pods []*corev1.Pod
-	uids := make([]types.UID, 0, len(st.Pods))
-	for uid := range st.Pods {
+	gpusOf := st.Occupants()
+	uids := make([]types.UID, 0, len(gpusOf))
+	for uid := range gpusOf {
 		uids = append(uids, uid)
 	}
 	sort.Slice(uids, func(a, b int) bool { return uids[a] < uids[b] })
 	for _, uid := range uids {
-		u := st.Pods[uid]
 		if holder[uid] {
 			continue
 		}
-		gpus := len(u.Whole) + u.WholePending
-		if gpus == 0 && len(u.Shared)+len(u.PlannedShares) > 0 {
-			gpus = 1
-		}
+		gpus := gpusOf[uid]
 		if gpus == 0 {
 			continue // CPU only: it does not keep GPUs from the reservation
 		}
@@ -204,7 +201,7 @@ func (p *GangPlanner) releaseReservation(key string) (time.Time, bool) {
 	}
 	delete(p.reserved, key)
 	p.reservations.Store(int64(len(p.reserved)))
-	p.cache.ReleaseGang(r.uids)
+	p.ledger.ReleaseGang(r.uids)
 	p.refresh(r.nodes)
 	return r.since, true
 }
@@ -215,7 +212,7 @@ func (p *GangPlanner) refresh(nodes []string) {
 		return
 	}
 	for _, n := range nodes {
-		if st, ok := p.cache.Node(n); ok {
+		if st, ok := p.ledger.Node(n); ok {
 			p.passSnap[n] = st
 		}
 	}
@@ -245,10 +242,10 @@ func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, de
 	}
 	gpus := 0
 	for _, d := range demands {
-		if d.WholeGPUs == 0 {
+		if d.Whole() == 0 {
 			return "" // slices are small; they do not starve behind others
 		}
-		gpus += d.WholeGPUs
+		gpus += d.Whole()
 	}
 	due := cfg.due()
 	if !due.Due(gpus, now.Sub(oldest), p.smallWaited(due.MinGPUs)) {
@@ -267,17 +264,17 @@ func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, de
 	}
 	snap := p.passSnap
 	if snap == nil {
-		snap = p.cache.Snapshot()
+		snap = p.ledger.Snapshot()
 	}
 	res, ok := p.soonest(snap, g, members, demands, minMember, p.heldBefore[key])
 	if !ok {
 		return ""
 	}
-	uses := make([]*PodUse, len(members))
+	uses := make([]*Use, len(members))
 	r := &reservation{since: since}
 	seen := map[string]bool{}
 	for i, pl := range res.Placements {
-		uses[i] = PlannedPodUse(members[i], &api.GangPlan{Gang: g.Name, Node: pl.Node})
+		uses[i] = p.ledger.Planned(members[i], &api.GangPlan{Gang: g.Name, Node: pl.Node})
 		r.uids = append(r.uids, members[i].UID)
 		if !seen[pl.Node] {
 			seen[pl.Node] = true
@@ -286,13 +283,13 @@ func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, de
 	}
 	// Victims first: their GPUs are the reservation's as they leave.
 	leaving, evict := p.fill(key, r, snap)
-	err := p.cache.ReserveGang(snap, p.held(snap, uses, since, leaving))
+	err := p.ledger.ReserveGang(snap, p.held(snap, uses, since, leaving))
 	for try := 0; try < 3 && errors.Is(err, ErrStaleSnapshot); try++ {
 		// A node changed since the pass began (a pod bound there, as
 		// backfill may, or left): hold on the nodes as they are now, so
 		// that the room is not free until the next pass.
-		fresh := p.cache.Snapshot()
-		err = p.cache.ReserveGang(fresh, p.held(fresh, uses, since, leaving))
+		fresh := p.ledger.Snapshot()
+		err = p.ledger.ReserveGang(fresh, p.held(fresh, uses, since, leaving))
 	}
 	if err != nil {
 		return "" // the next pass reserves
@@ -331,29 +328,29 @@ func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, de
 // the smallest such prefix that holds it (found by bisection: a longer
 // prefix holds whatever a shorter one does). held are the nodes the
 // workload held before.
-func (p *GangPlanner) soonest(snap map[string]*NodeState, g *api.Gang, members []*corev1.Pod, demands []Demand, minMember int, held map[string]bool) (*gang.Plan, bool) {
-	var candidates []*NodeState
+func (p *GangPlanner) soonest(snap Snapshot, g *api.Gang, members []*corev1.Pod, demands []Demand, minMember int, held map[string]bool) (*gang.Plan, bool) {
+	var candidates []Node
 	for _, st := range snap {
-		if st.Info.HasInventory && st.Info.Err == nil {
+		if st.Usable() {
 			candidates = append(candidates, st)
 		}
 	}
 	view := make([]reserve.Node, len(candidates))
 	for i, st := range candidates {
-		view[i] = reserve.Node{Name: st.Info.Name, GPUs: len(st.Info.GPUs), Held: held[st.Info.Name],
-			Occupants: []reserve.Occupant{{GPUs: len(st.Info.GPUs) - st.FreeGPUs()}}}
+		view[i] = reserve.Node{Name: st.Name(), GPUs: st.GPUCount(), Held: held[st.Name()],
+			Occupants: []reserve.Occupant{{GPUs: st.GPUCount() - st.FreeGPUs()}}}
 		if p.reservation.Backfill {
 			view[i].Occupants, _ = p.occupants(st, nil, p.now())
 		}
 	}
-	nodes := make([]*NodeState, len(candidates))
+	nodes := make([]Node, len(candidates))
 	for k, i := range p.reservation.policy(false).Rank(view) {
 		nodes[k] = candidates[i]
 	}
-	empty := func(k int) map[string]*NodeState {
-		out := make(map[string]*NodeState, k)
+	empty := func(k int) Snapshot {
+		out := make(Snapshot, k)
 		for _, st := range nodes[:k] {
-			out[st.Info.Name] = BuildNodeState(st.Info, nil)
+			out[st.Name()] = st.Empty()
 		}
 		return out
 	}
@@ -382,7 +379,7 @@ func (p *GangPlanner) soonest(snap map[string]*NodeState, g *api.Gang, members [
 // leaving are their pods, and evict evicts them and says so ("" for none).
 // Call evict once the reservation holds their nodes, so that the GPUs they
 // free go to no one else.
-func (p *GangPlanner) fill(key string, r *reservation, snap map[string]*NodeState) (leaving map[types.UID]bool, evict func() string) {
+func (p *GangPlanner) fill(key string, r *reservation, snap Snapshot) (leaving map[types.UID]bool, evict func() string) {
 	none := func() string { return "" }
 	holder := map[types.UID]bool{}
 	for _, uid := range r.uids {
@@ -396,7 +393,7 @@ func (p *GangPlanner) fill(key string, r *reservation, snap map[string]*NodeStat
 			continue
 		}
 		occ, pods := p.occupants(st, holder, r.since)
-		held = append(held, reserve.Node{Name: n, GPUs: len(st.Info.GPUs), Occupants: occ})
+		held = append(held, reserve.Node{Name: n, GPUs: st.GPUCount(), Occupants: occ})
 		owners = append(owners, pods)
 	}
 	r.window, r.at = reserve.Start(held), p.now()
@@ -451,7 +448,7 @@ func (p *GangPlanner) fill(key string, r *reservation, snap map[string]*NodeStat
 // reservation again (call it once the workload's plan is in the ledger).
 // It returns nil when no reservation admits the workload or it does not
 // fit there; msg says why it was admitted.
-func (p *GangPlanner) backfill(key string, g *api.Gang, members []*corev1.Pod, demands []Demand, minMember int) (res *gang.Plan, snap map[string]*NodeState, restore func(), msg string) {
+func (p *GangPlanner) backfill(key string, g *api.Gang, members []*corev1.Pod, demands []Demand, minMember int) (res *gang.Plan, snap Snapshot, restore func(), msg string) {
 	cfg := p.reservation
 	if !cfg.Backfill && !cfg.Preemptible {
 		return nil, nil, nil, ""
@@ -471,17 +468,17 @@ func (p *GangPlanner) backfill(key string, g *api.Gang, members []*corev1.Pod, d
 		if how == reserve.Refused {
 			continue
 		}
-		p.cache.ReleaseGang(r.uids)
+		p.ledger.ReleaseGang(r.uids)
 		p.refresh(r.nodes)
 		snap := p.passSnap
 		if snap == nil {
-			snap = p.cache.Snapshot()
+			snap = p.ledger.Snapshot()
 		}
 		grp, nodes := p.gangInput(snap, g, members, demands, minMember, false)
 		plan, err := gang.PlanGroup(grp, nodes, p.policy)
 		restore := func() {
-			now := p.cache.Snapshot()
-			if err := p.cache.ReserveGang(now, p.held(now, r.uses, r.since, nil)); err != nil {
+			now := p.ledger.Snapshot()
+			if err := p.ledger.ReserveGang(now, p.held(now, r.uses, r.since, nil)); err != nil {
 				delete(p.reserved, holder) // the next pass reserves again
 				p.reservations.Store(int64(len(p.reserved)))
 			}
@@ -520,7 +517,7 @@ func (p *GangPlanner) backfillEvent(key string, members []*corev1.Pod, msg strin
 // so that a GPU freed between two passes goes to no one else. (On a node
 // with backfill, a GPU freed between passes by another pod may be taken
 // until the next pass holds it.)
-func (p *GangPlanner) held(snap map[string]*NodeState, uses []*PodUse, since time.Time, leaving map[types.UID]bool) []*PodUse {
+func (p *GangPlanner) held(snap Snapshot, uses []*Use, since time.Time, leaving map[types.UID]bool) []*Use {
 	if !p.reservation.Backfill && !p.reservation.Preemptible {
 		return uses
 	}
@@ -549,7 +546,7 @@ func (p *GangPlanner) held(snap map[string]*NodeState, uses []*PodUse, since tim
 			}
 		}
 	}
-	out := make([]*PodUse, len(uses))
+	out := make([]*Use, len(uses))
 	for i, u := range uses {
 		c := *u
 		if capped[u.Node] {
