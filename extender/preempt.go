@@ -34,10 +34,18 @@ type PreemptClient interface {
 	SetPlan(ctx context.Context, pod *corev1.Pod, value string) error
 }
 
+// PlanWriter writes (sealed) or, with "", removes a pod's plan
+// (planner.KubeGang).
+type PlanWriter interface {
+	SetPlan(ctx context.Context, pod *corev1.Pod, value string) error
+}
+
+var _ PlanWriter = (*planner.KubeGang)(nil)
+
 // KubePreempt is the PreemptClient of a real API server.
 type KubePreempt struct {
 	Evicter *KubeEvicter
-	Gang    *planner.KubeGang
+	Gang    PlanWriter
 }
 
 var _ PreemptClient = (*KubePreempt)(nil)
