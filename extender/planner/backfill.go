@@ -11,6 +11,9 @@ import (
 	"github.com/tessera-gpu/tessera/api"
 )
 
+// Backfill: reservations as the filter and the bind see them
+// (extender.BackfillView asks Lifted).
+
 // heldRoom is a reservation as the filter and the bind see it, published
 // by the planner after each pass (they run on other goroutines).
 type heldRoom struct {
@@ -25,7 +28,7 @@ type views struct {
 	rooms atomic.Pointer[[]heldRoom]
 }
 
-// publish makes the current reservations visible to View.
+// publish makes the current reservations visible to Lifted.
 func (p *GangPlanner) publish() {
 	rooms := make([]heldRoom, 0, len(p.reserved))
 	for _, r := range p.reserved {
