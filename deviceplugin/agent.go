@@ -55,6 +55,16 @@ type NRI interface {
 	Connected() bool
 }
 
+// RuntimeUse tells which GPUs the containers that exist in the container
+// runtime use; *nri.Ledger implements it. Those GPUs are in use whatever
+// the API server and the kubelet say: a pod deleted with no grace period
+// is gone from both at once, while its containers run on until the kubelet
+// has killed them, and a GPU offered to the other kind meanwhile would be
+// refused to the next pod at container creation.
+type RuntimeUse interface {
+	GPUsInUse() (whole, shared map[string]bool)
+}
+
 // Publisher is what the agent writes to (and reads from) the API server;
 // *kube.Client implements it.
 type Publisher interface {
@@ -125,6 +135,10 @@ type Options struct {
 	Pods PodWatch
 	// NRI reports the NRI plugin's connection; nil means not connected.
 	NRI NRI
+	// Runtime tells the GPUs the runtime's containers use (the NRI
+	// plugin's ledger); nil: only the kubelet's and the API server's
+	// view count. Call RuntimeChanged when it changes.
+	Runtime RuntimeUse
 	// Metrics records metrics; nil records none.
 	Metrics *Metrics
 	// Now is the clock; time.Now when nil.
@@ -722,7 +736,14 @@ func (a *Agent) keepLive(allocs []kubeletstate.ContainerDevices) []kubeletstate.
 	return allocs
 }
 
+// RuntimeChanged tells the agent that Options.Runtime changed: it reads
+// the kubelet and the runtime's use again soon. It does not block.
+func (a *Agent) RuntimeChanged() { poke(a.syncNow) }
+
 func (a *Agent) applyKubelet(allocs []kubeletstate.ContainerDevices) {
+	if a.opts.Runtime != nil {
+		a.state.setRuntime(a.opts.Runtime.GPUsInUse())
+	}
 	allocs = a.keepLive(allocs)
 	a.mu.Lock()
 	placements := a.placements

@@ -1064,6 +1064,76 @@ func TestLivePodKeepsItsDevicesThroughAnEmptyKubeletAnswer(t *testing.T) {
 	e.kubelet.waitCounts("GPU 5's units offered again", all, all)
 }
 
+// fakeRuntime is the runtime's containers' GPU use a test sets (the NRI
+// plugin's ledger in the node agent).
+type fakeRuntime struct {
+	mu            sync.Mutex
+	whole, shared map[string]bool
+}
+
+var _ deviceplugin.RuntimeUse = (*fakeRuntime)(nil)
+
+func (f *fakeRuntime) GPUsInUse() (whole, shared map[string]bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.whole), maps.Clone(f.shared)
+}
+
+func (f *fakeRuntime) set(whole, shared map[string]bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.whole, f.shared = whole, shared
+}
+
+// A pod deleted with no grace period is gone from the API server and the
+// kubelet at once while its container runs on until the kubelet kills it:
+// its GPU stays withheld from the other kind while the runtime has the
+// container (the NRI plugin's ledger), and is offered again once it has
+// not. Seen in TestRealNodeLifecycle: a whole-GPU pod bound right after a
+// slice's forced deletion was given the slice's GPU, and the NRI plugin
+// refused its container ("serves 1 shared container(s) ... and cannot
+// also be used whole").
+func TestRuntimeContainersKeepTheirGPUsAfterAForcedDeletion(t *testing.T) {
+	pods := &fakePodWatch{updates: make(chan podsUpdate)}
+	kubelet := &fakeSource{}
+	runtime := &fakeRuntime{}
+	e := newEnv(t, nvmlmock.DGXA100(), func(c *api.NodeAgentConfig) {
+		c.KubeletSyncInterval.Duration = time.Hour // only pokes read the kubelet
+	}, func(o *deviceplugin.Options) { o.Pods = pods; o.Kubelet = kubelet; o.Runtime = runtime })
+	e.nri.connected.Store(true)
+	e.start(true)
+	all := e.totals()
+	e.kubelet.waitCounts("registration", all, all)
+
+	// A slice runs on GPU 3, a whole-GPU pod on GPU 5.
+	kubelet.set(
+		kubeletstate.ContainerDevices{Namespace: "ns", Name: "slice", Container: "c", Resource: memR, DeviceIDs: []string{devices.DeviceID(memR, e.uuid(3), 0)}},
+		kubeletstate.ContainerDevices{Namespace: "ns", Name: "whole", Container: "c", Resource: gpuR, DeviceIDs: []string{e.uuid(5)}},
+	)
+	runtime.set(map[string]bool{e.uuid(5): true}, map[string]bool{e.uuid(3): true})
+	pods.updates <- podsUpdate{assigned: map[string]bool{e.uuid(3): true}, released: true}
+	e.kubelet.waitCounts("both running", all, e.healthyBut(1, 1))
+
+	// Both deleted with no grace period: the API server and the kubelet
+	// forget them, their containers still run.
+	kubelet.set()
+	pods.updates <- podsUpdate{assigned: map[string]bool{}, released: true}
+	time.Sleep(300 * time.Millisecond)
+	e.kubelet.waitCounts("forgotten by the kubelet and the API server, running in the runtime", all, e.healthyBut(1, 1))
+	if _, err := e.kubelet.allocate(gpuR, e.uuid(3)); err == nil || !strings.Contains(err.Error(), "shared") {
+		t.Errorf("whole Allocate of the GPU a slice's container still uses = %v", err)
+	}
+	got, err := e.kubelet.preferred(gpuR, []string{e.uuid(3), e.uuid(4)}, nil, 1)
+	if err != nil || len(got) != 1 || got[0] != e.uuid(4) {
+		t.Errorf("preferred of {3, 4} = %v, %v; want GPU 4", got, err)
+	}
+
+	// The containers stop: the runtime's change offers both GPUs again.
+	runtime.set(map[string]bool{}, map[string]bool{})
+	e.agent.RuntimeChanged()
+	e.kubelet.waitCounts("the containers stopped", all, all)
+}
+
 // listingSource is a kubelet whose allocations and listed pods a test sets.
 type listingSource struct {
 	fakeSource

@@ -2,6 +2,7 @@ package deviceplugin
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -31,9 +32,13 @@ type state struct {
 	// assigned are the GPUs the shared parts of the assignments of the
 	// node's pods name (see devices.Usage.Assigned).
 	assigned map[string]bool
-	usage    devices.Usage
-	lists    map[corev1.ResourceName][]devices.Device
-	changed  map[corev1.ResourceName]chan struct{}
+	// runWhole and runShared are the GPUs the containers that exist in
+	// the runtime use whole and shared (the NRI plugin's ledger; see
+	// RuntimeUse).
+	runWhole, runShared map[string]bool
+	usage               devices.Usage
+	lists               map[corev1.ResourceName][]devices.Device
+	changed             map[corev1.ResourceName]chan struct{}
 	// sent is, per resource, the last device list a ListAndWatch stream
 	// sent to the kubelet (markSent); absent until one was sent.
 	sent map[corev1.ResourceName][]devices.Device
@@ -138,6 +143,18 @@ func (s *state) setAssigned(gpus map[string]bool) {
 	s.recomputeLocked()
 }
 
+// setRuntime replaces the GPUs the runtime's containers use whole and
+// shared.
+func (s *state) setRuntime(whole, shared map[string]bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if maps.Equal(s.runWhole, whole) && maps.Equal(s.runShared, shared) {
+		return
+	}
+	s.runWhole, s.runShared = whole, shared
+	s.recomputeLocked()
+}
+
 // expire drops pending allocations older than the grace period.
 func (s *state) expire() {
 	s.mu.Lock()
@@ -190,9 +207,13 @@ func (s *state) recomputeLocked() {
 		s.logger.Error(err, "Ignoring an allocation of a device this node does not have")
 	}
 	usage.Assigned = map[string]bool{}
-	for uuid := range s.assigned {
-		if _, ok := s.model.GPU(uuid); ok {
-			usage.Assigned[uuid] = true
+	for _, use := range []struct{ from, into map[string]bool }{
+		{s.assigned, usage.Assigned}, {s.runWhole, usage.Whole}, {s.runShared, usage.Shared},
+	} {
+		for uuid, ok := range use.from {
+			if _, known := s.model.GPU(uuid); ok && known {
+				use.into[uuid] = true
+			}
 		}
 	}
 	s.usage = usage

@@ -146,3 +146,6 @@ func TestDevicePluginSharedAllocateFollowsNRIConnection(t *testing.T) {
 
 // The plugin is what the device plugin agent asks whether NRI is connected.
 var _ deviceplugin.NRI = (*Plugin)(nil)
+
+// The ledger is what the agent asks which GPUs the runtime's containers use.
+var _ deviceplugin.RuntimeUse = (*Ledger)(nil)

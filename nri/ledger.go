@@ -34,6 +34,8 @@ type Ledger struct {
 
 	mu      sync.Mutex
 	entries map[Key]Entry
+	// onChange, when set, is called (outside mu) after every change.
+	onChange func()
 }
 
 // OpenLedger reads the ledger checkpointed in dir, or starts an empty one
@@ -95,6 +97,37 @@ func (l *Ledger) sortedLocked() []Entry {
 	return out
 }
 
+// OnChange sets f to be called after every change of the entries, outside
+// the ledger's lock; nil calls nothing.
+func (l *Ledger) OnChange(f func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.onChange = f
+}
+
+// GPUsInUse returns the UUIDs of the GPUs that the recorded containers use
+// whole and those they use shared (every GPU of a multi-GPU slice). The
+// entries are the containers that exist in the runtime, so this holds
+// while the API server and the kubelet no longer know a container's pod:
+// after a forced deletion, its container runs on until the kubelet has
+// killed it.
+func (l *Ledger) GPUsInUse() (whole, shared map[string]bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	whole, shared = map[string]bool{}, map[string]bool{}
+	for _, e := range l.entries {
+		for _, g := range e.GPUs {
+			whole[g.UUID] = true
+		}
+		if e.Shared != nil {
+			for _, uuid := range e.Shared.UUIDs() {
+				shared[uuid] = true
+			}
+		}
+	}
+	return whole, shared
+}
+
 // Put records e, replacing the entry of the same key.
 func (l *Ledger) Put(e Entry) error {
 	return l.update(func(m map[Key]Entry) bool {
@@ -148,6 +181,14 @@ func (l *Ledger) Retain(keep func(Entry) bool) error {
 // update applies change to a copy of the entries and, when it reports a
 // change, checkpoints the copy before making it current.
 func (l *Ledger) update(change func(map[Key]Entry) bool) error {
+	changed, notify, err := l.updateLocked(change)
+	if changed && notify != nil {
+		notify()
+	}
+	return err
+}
+
+func (l *Ledger) updateLocked(change func(map[Key]Entry) bool) (bool, func(), error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	next := make(map[Key]Entry, len(l.entries))
@@ -155,15 +196,15 @@ func (l *Ledger) update(change func(map[Key]Entry) bool) error {
 		next[k] = e
 	}
 	if !change(next) {
-		return nil
+		return false, nil, nil
 	}
 	old := l.entries
 	l.entries = next
 	if err := l.checkpointLocked(); err != nil {
 		l.entries = old
-		return err
+		return false, nil, err
 	}
-	return nil
+	return true, l.onChange, nil
 }
 
 func (l *Ledger) checkpointLocked() error {

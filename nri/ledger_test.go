@@ -3,6 +3,7 @@ package nri
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -67,6 +68,46 @@ func TestLedgerCheckpointAndRebuild(t *testing.T) {
 	files, _ := os.ReadDir(dir)
 	if len(files) != 1 || files[0].Name() != LedgerFile {
 		t.Errorf("state directory holds %v, want only %s", files, LedgerFile)
+	}
+}
+
+// GPUsInUse names the GPUs of every recorded container (a multi-GPU
+// slice's every GPU), and each change, not a no-op, calls OnChange.
+func TestLedgerGPUsInUseAndOnChange(t *testing.T) {
+	l, err := OpenLedger(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	changes := 0
+	l.OnChange(func() { changes++ })
+	ref := func(i int) api.GPURef { return api.GPURef{UUID: fmt.Sprintf("GPU-%d", i), Index: i} }
+	for _, e := range []Entry{
+		{PodUID: "w", Container: "c", GPUs: []api.GPURef{ref(0), ref(1)}},
+		{PodUID: "s", Container: "c", Shared: &api.SharedGPU{GPU: ref(2), MemoryMiB: 1024, Cores: 10}},
+		{PodUID: "m", Container: "c", Shared: &api.SharedGPU{GPU: ref(3), Spread: []api.GPURef{ref(4)}, MemoryMiB: 1024, Cores: 10}},
+	} {
+		if err := l.Put(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	whole, shared := l.GPUsInUse()
+	if d := cmp.Diff(map[string]bool{"GPU-0": true, "GPU-1": true}, whole); d != "" {
+		t.Errorf("whole (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff(map[string]bool{"GPU-2": true, "GPU-3": true, "GPU-4": true}, shared); d != "" {
+		t.Errorf("shared (-want +got):\n%s", d)
+	}
+	if err := l.RemoveContainer("nobody", "c", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.RemovePod("s"); err != nil {
+		t.Fatal(err)
+	}
+	if changes != 4 {
+		t.Errorf("OnChange called %d times, want 4 (three entries, one removal; not the no-op)", changes)
+	}
+	if _, shared := l.GPUsInUse(); shared["GPU-2"] {
+		t.Error("GPU-2 still in use after its pod was removed")
 	}
 }
 

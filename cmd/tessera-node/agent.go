@@ -328,6 +328,7 @@ func serveAgent(ctx context.Context, f *agentFlags, cfg *api.NodeAgentConfig, ba
 			return fmt.Errorf("isolation: %w", err)
 		}
 		opts.NRI = iso.plugin
+		opts.Runtime = iso.plugin.Ledger()
 		// The sentinel mount (api.NRISentinelPath) needs a host file: the
 		// state directory is the same path on the host (deploy/node).
 		opts.NRISentinel = filepath.Join(f.iso.stateDir, "nri-sentinel")
@@ -340,6 +341,9 @@ func serveAgent(ctx context.Context, f *agentFlags, cfg *api.NodeAgentConfig, ba
 	agent, err = deviceplugin.New(opts)
 	if err != nil {
 		return err
+	}
+	if iso != nil {
+		iso.plugin.Ledger().OnChange(agent.RuntimeChanged)
 	}
 	logger.Info("Starting the node agent", "gpus", len(topo.GPUs), "resources", agent.Resources(), "deviceListStrategy", cfg.DeviceListStrategy, "devicePluginDir", f.pluginDir)
 
