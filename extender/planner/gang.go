@@ -31,6 +31,7 @@ import (
 	"github.com/tessera-gpu/tessera/api"
 	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/gpureq"
+	"github.com/tessera-gpu/tessera/internal/nodepin"
 	"github.com/tessera-gpu/tessera/internal/podtrust"
 )
 
@@ -99,23 +100,39 @@ func (k *KubeGang) GetPod(ctx context.Context, namespace, name string) (*corev1.
 // RemoveGate removes Tessera's gates (gang, queue) with a JSON patch that first tests the
 // gate is where pod has it, so a concurrent change fails instead of
 // removing another gate. When pod is stale (the informer's copy, say) the
-// test fails: the pod is read afresh and the removal tried once more.
+// test fails: the pod is read afresh (through the trust filter) and the
+// removal tried once more.
+//
+// When pod carries its plan, the same patch pins it to the plan's node
+// (internal/nodepin): kube-scheduler then evaluates that node alone for
+// it, instead of every node, and a sampled percentageOfNodesToScore cannot
+// hide the node. The pin narrows nothing the extender's filter did not
+// already (a planned pod passes its plan's node only). A patch the API
+// server refuses as invalid is tried once more without the pin, so a pin
+// never keeps a pod gated.
 func (k *KubeGang) RemoveGate(ctx context.Context, pod *corev1.Pod) error {
-	err := k.removeGate(ctx, pod)
+	err := k.removeGate(ctx, pod, true)
 	if err == nil || apierrors.IsNotFound(err) {
 		return err
 	}
-	fresh, gerr := k.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	if apierrors.IsInvalid(err) {
+		klog.FromContext(ctx).Info("Lifting the gates without pinning the pod to its planned node", "pod", klog.KObj(pod), "err", err)
+		return k.removeGate(ctx, pod, false)
+	}
+	fresh, gerr := k.GetPod(ctx, pod.Namespace, pod.Name)
 	if gerr != nil {
 		return errors.Join(err, gerr)
 	}
 	if fresh.UID != pod.UID {
 		return fmt.Errorf("pod %s/%s was replaced: %w", pod.Namespace, pod.Name, err)
 	}
-	return k.removeGate(ctx, fresh)
+	if err := k.removeGate(ctx, fresh, true); !apierrors.IsInvalid(err) {
+		return err
+	}
+	return k.removeGate(ctx, fresh, false)
 }
 
-func (k *KubeGang) removeGate(ctx context.Context, pod *corev1.Pod) error {
+func (k *KubeGang) removeGate(ctx context.Context, pod *corev1.Pod, pin bool) error {
 	ops := []map[string]any{{"op": "test", "path": "/metadata/uid", "value": pod.UID}}
 	// Every Tessera gate (the gang's, the queue's), last first so that the
 	// indices of the others hold.
@@ -128,12 +145,29 @@ func (k *KubeGang) removeGate(ctx context.Context, pod *corev1.Pod) error {
 	if len(ops) == 1 {
 		return nil
 	}
+	if plan, ok, err := api.GetGangPlan(pod.Annotations); pin && ok && err == nil {
+		more, err := nodepin.Ops(pod, plan.Node)
+		if err != nil {
+			klog.FromContext(ctx).V(2).Info("Not pinning the pod to its planned node", "pod", klog.KObj(pod), "err", err)
+		}
+		ops = append(ops, more...)
+	}
 	patch, err := json.Marshal(ops)
 	if err != nil {
 		return fmt.Errorf("gate patch for pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	_, err = k.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.JSONPatchType, patch, metav1.PatchOptions{FieldManager: FieldManager})
 	return err
+}
+
+// withAnnotation returns a copy of pod with annotation key set to value.
+func withAnnotation(pod *corev1.Pod, key, value string) *corev1.Pod {
+	out := pod.DeepCopy()
+	if out.Annotations == nil {
+		out.Annotations = map[string]string{}
+	}
+	out.Annotations[key] = value
+	return out
 }
 
 // Evict evicts the pod (honouring PodDisruptionBudgets).
@@ -956,8 +990,9 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		}
 	}
 	var errs []error
-	for _, m := range members {
-		if err := p.client.RemoveGate(ctx, m); err != nil {
+	for i, m := range members {
+		// With its plan, so that the gate's removal pins it to its node.
+		if err := p.client.RemoveGate(ctx, withAnnotation(m, api.AnnotationGangPlan, values[i])); err != nil {
 			errs = append(errs, fmt.Errorf("gang %s: removing the gate of %s: %w", g.Key(), m.Name, err))
 		}
 	}

@@ -9,8 +9,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
@@ -19,6 +22,7 @@ import (
 	"github.com/tessera-gpu/tessera/extender"
 	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 	"github.com/tessera-gpu/tessera/extender/planner"
+	"github.com/tessera-gpu/tessera/internal/nodepin"
 )
 
 // gangFixture runs a GangPlanner against a fake clientset, feeding the
@@ -380,6 +384,53 @@ func TestRemoveGateFromStaleCopy(t *testing.T) {
 	got, _ := f.client.CoreV1().Pods("default").Get(context.Background(), stale.Name, metav1.GetOptions{})
 	if len(got.Spec.SchedulingGates) != 0 {
 		t.Errorf("gates left: %v", got.Spec.SchedulingGates)
+	}
+}
+
+// The patch that lifts a planned member's gates also pins it to its
+// plan's node (internal/nodepin), so kube-scheduler evaluates that node
+// alone for it; an API server that refuses the pin as invalid still gets
+// the gates lifted.
+func TestLiftedMembersArePinnedToTheirPlannedNodes(t *testing.T) {
+	for _, refusePin := range []bool{false, true} {
+		t.Run(fmt.Sprintf("refusePin=%v", refusePin), func(t *testing.T) {
+			f := newGangFixture(t, testbuild.EightGPUNodes(2)...)
+			refused := 0
+			if refusePin {
+				f.client.PrependReactor("patch", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+					if !strings.Contains(string(a.(k8stesting.PatchAction).GetPatch()), "affinity") {
+						return false, nil, nil
+					}
+					refused++
+					return true, nil, apierrors.NewInvalid(schema.GroupKind{Kind: "Pod"}, a.(k8stesting.PatchAction).GetName(), field.ErrorList{field.Invalid(field.NewPath("spec", "affinity"), nil, "refused by the test")})
+				})
+			}
+			for i := range 2 {
+				f.member("g", 2, i, 8, f.now)
+			}
+			f.sync()
+			pods, _ := f.list()
+			nodes := map[string]bool{}
+			for _, p := range pods {
+				plan, ok, err := api.GetGangPlan(p.Annotations)
+				if !ok || err != nil {
+					t.Fatalf("pod %s: plan %v, %v", p.Name, ok, err)
+				}
+				nodes[plan.Node] = true
+				if api.HasGangGate(p) {
+					t.Errorf("pod %s is still gated", p.Name)
+				}
+				if got := nodepin.Pinned(p, plan.Node); got == refusePin {
+					t.Errorf("pod %s pinned to %s: %v (affinity %+v)", p.Name, plan.Node, got, p.Spec.Affinity)
+				}
+			}
+			if len(nodes) != 2 {
+				t.Errorf("planned on %v, want 2 nodes", nodes)
+			}
+			if refusePin && refused != 2 {
+				t.Errorf("%d pins refused, want one per member", refused)
+			}
+		})
 	}
 }
 
