@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -384,6 +385,45 @@ func TestRemoveGateFromStaleCopy(t *testing.T) {
 	got, _ := f.client.CoreV1().Pods("default").Get(context.Background(), stale.Name, metav1.GetOptions{})
 	if len(got.Spec.SchedulingGates) != 0 {
 		t.Errorf("gates left: %v", got.Spec.SchedulingGates)
+	}
+}
+
+// A plan that cannot be written for every member lifts no gate, leaves no
+// plan on the members it was written for and releases the ledger's hold;
+// the next pass plans the gang again. (The plans are written several at
+// once, so any member's write may be the one that fails.)
+func TestPlanWriteFailureLiftsNoGate(t *testing.T) {
+	f := newGangFixture(t, testbuild.EightGPUNodes(4)...)
+	failing := true
+	f.client.PrependReactor("patch", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		pa := a.(k8stesting.PatchAction)
+		if !failing || pa.GetName() != "g-2" || pa.GetPatchType() != types.MergePatchType || !strings.Contains(string(pa.GetPatch()), `"`+api.AnnotationGangPlan+`":"`) {
+			return false, nil, nil
+		}
+		return true, nil, apierrors.NewServiceUnavailable("the test refuses g-2's plan")
+	})
+	for i := range 4 {
+		f.member("g", 4, i, 8, f.now)
+	}
+	if err := f.planner.Sync(context.Background()); err == nil || !strings.Contains(err.Error(), "writing the plan of g-2") {
+		t.Errorf("Sync = %v, want the failed write named", err)
+	}
+	for name, s := range f.state("g-") {
+		if s.planned || !s.gated {
+			t.Errorf("after the failed write member %s planned=%v gated=%v; want no plan, gated", name, s.planned, s.gated)
+		}
+	}
+	for i := range 4 {
+		if free := mustState(t, f.cache, fmt.Sprintf("n%d", i)).FreeGPUs(); free != 8 {
+			t.Errorf("n%d has %d free GPUs after the failed plan, want 8 (released)", i, free)
+		}
+	}
+	failing = false
+	f.sync()
+	for name, s := range f.state("g-") {
+		if !s.planned || s.gated {
+			t.Errorf("planned again: member %s planned=%v gated=%v", name, s.planned, s.gated)
+		}
 	}
 }
 
