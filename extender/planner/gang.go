@@ -116,10 +116,9 @@ func (k *KubeGang) RemoveGate(ctx context.Context, pod *corev1.Pod) error {
 	if err == nil || apierrors.IsNotFound(err) {
 		return err
 	}
-	if apierrors.IsInvalid(err) {
-		klog.FromContext(ctx).Info("Lifting the gates without pinning the pod to its planned node", "pod", klog.KObj(pod), "err", err)
-		return k.removeGate(ctx, pod, false)
-	}
+	// A failed test of the patch (a stale copy) is answered 422, as is a
+	// refused pin: read the pod afresh first.
+	klog.FromContext(ctx).V(2).Info("Lifting the gates from a stale copy failed; reading the pod afresh", "pod", klog.KObj(pod), "err", err, "causes", causes(err))
 	fresh, gerr := k.GetPod(ctx, pod.Namespace, pod.Name)
 	if gerr != nil {
 		return errors.Join(err, gerr)
@@ -127,10 +126,24 @@ func (k *KubeGang) RemoveGate(ctx context.Context, pod *corev1.Pod) error {
 	if fresh.UID != pod.UID {
 		return fmt.Errorf("pod %s/%s was replaced: %w", pod.Namespace, pod.Name, err)
 	}
-	if err := k.removeGate(ctx, fresh, true); !apierrors.IsInvalid(err) {
+	err = k.removeGate(ctx, fresh, true)
+	if !apierrors.IsInvalid(err) {
 		return err
 	}
+	klog.FromContext(ctx).Info("Lifting the gates without pinning the pod to its planned node", "pod", klog.KObj(pod), "err", err, "causes", causes(err))
 	return k.removeGate(ctx, fresh, false)
+}
+
+// causes are the messages of an API error's causes (a failed patch's
+// reason is there, not in its message).
+func causes(err error) []string {
+	var out []string
+	if s, ok := err.(apierrors.APIStatus); ok && s.Status().Details != nil {
+		for _, c := range s.Status().Details.Causes {
+			out = append(out, c.Message)
+		}
+	}
+	return out
 }
 
 func (k *KubeGang) removeGate(ctx context.Context, pod *corev1.Pod, pin bool) error {
