@@ -37,29 +37,49 @@ func gpuUUID(node string, i int) string {
 	return fmt.Sprintf("GPU-%08x-%04x", h, i)
 }
 
-// inventory is what the node agent would publish for an 8-GPU node with
-// one NVSwitch clique.
-func inventory(node string) *api.GPUInventory {
+// nodeShape is what a fake node has: CPU, memory, and GPUs of one model
+// with gpuMemMiB each, all on one NVSwitch or none.
+type nodeShape struct {
+	cpuMilli, memMiB int64
+	gpus             int
+	model            string
+	gpuMemMiB        int
+	nvswitch         bool
+}
+
+// benchShape is the fake node of the throughput benchmarks.
+var benchShape = nodeShape{cpuMilli: 256000, memMiB: 2048 * 1024, gpus: gpusPerNode, model: gpuModel, gpuMemMiB: gpuMemMiB, nvswitch: true}
+
+// inventoryOf is what the node agent would publish for a node of shape s:
+// every GPU NVSwitch-connected (one clique) when s.nvswitch (the 8-GPU
+// node of benchShape), else over the host bridge (no clique).
+func inventoryOf(node string, s nodeShape) *api.GPUInventory {
 	inv := &api.GPUInventory{APIVersion: api.Version, Kind: api.KindGPUInventory, MemoryUnitMiB: memUnitMiB, SharedIsolation: true,
 		Resources: []string{string(api.ResourceGPU), string(api.ResourceGPUMemory), string(api.ResourceGPUCore)}}
-	all := make([]int, gpusPerNode)
+	all := make([]int, s.gpus)
 	for i := range all {
 		all[i] = i
 	}
-	for i := 0; i < gpusPerNode; i++ {
-		inv.GPUs = append(inv.GPUs, api.InventoryGPU{Index: i, UUID: gpuUUID(node, i), Model: gpuModel,
-			MemoryMiB: gpuMemMiB, MemoryUnits: gpuMemMiB / memUnitMiB, NUMANode: i * 2 / gpusPerNode, Healthy: true})
-		row := make([]string, gpusPerNode)
+	link := "PHB"
+	if s.nvswitch {
+		link = "NVS18"
+	}
+	for i := 0; i < s.gpus; i++ {
+		inv.GPUs = append(inv.GPUs, api.InventoryGPU{Index: i, UUID: gpuUUID(node, i), Model: s.model,
+			MemoryMiB: uint64(s.gpuMemMiB), MemoryUnits: s.gpuMemMiB / memUnitMiB, NUMANode: i * 2 / s.gpus, Healthy: true})
+		row := make([]string, s.gpus)
 		for j := range row {
 			if i == j {
 				row[j] = "X"
 			} else {
-				row[j] = "NVS18"
+				row[j] = link
 			}
 		}
 		inv.Links = append(inv.Links, row)
 	}
-	inv.NVLinkCliques = [][]int{all}
+	if s.nvswitch && s.gpus > 1 {
+		inv.NVLinkCliques = [][]int{all}
+	}
 	return inv
 }
 
@@ -67,22 +87,30 @@ func inventory(node string) *api.GPUInventory {
 // capacities including Tessera's extended resources, Ready, loopback
 // address, the inventory annotation.
 func fakeNode(name string) (*v1.Node, error) {
+	return fakeNodeOf(name, benchShape)
+}
+
+// fakeNodeOf is fakeNode for a node of shape s (no GPU resources nor
+// inventory without GPUs).
+func fakeNodeOf(name string, s nodeShape) (*v1.Node, error) {
 	ann := map[string]string{}
-	if err := api.SetGPUInventory(ann, inventory(name)); err != nil {
-		return nil, fmt.Errorf("inventory of %s: %w", name, err)
-	}
 	q := func(n int) resource.Quantity { return *resource.NewQuantity(int64(n), resource.DecimalSI) }
 	capacity := v1.ResourceList{
-		v1.ResourceCPU:        resource.MustParse("256"),
-		v1.ResourceMemory:     resource.MustParse("2048Gi"),
-		v1.ResourcePods:       resource.MustParse("250"),
-		api.ResourceGPU:       q(gpusPerNode),
-		api.ResourceGPUMemory: q(gpusPerNode * gpuMemMiB / memUnitMiB),
-		api.ResourceGPUCore:   q(gpusPerNode * api.CoresPerGPU),
+		v1.ResourceCPU:    *resource.NewMilliQuantity(s.cpuMilli, resource.DecimalSI),
+		v1.ResourceMemory: *resource.NewQuantity(s.memMiB<<20, resource.BinarySI),
+		v1.ResourcePods:   resource.MustParse("250"),
+	}
+	if s.gpus > 0 {
+		if err := api.SetGPUInventory(ann, inventoryOf(name, s)); err != nil {
+			return nil, fmt.Errorf("inventory of %s: %w", name, err)
+		}
+		capacity[api.ResourceGPU] = q(s.gpus)
+		capacity[api.ResourceGPUMemory] = q(s.gpus * (s.gpuMemMiB / memUnitMiB))
+		capacity[api.ResourceGPUCore] = q(s.gpus * api.CoresPerGPU)
 	}
 	now := metav1.Now()
-	cond := func(t v1.NodeConditionType, s v1.ConditionStatus, reason string) v1.NodeCondition {
-		return v1.NodeCondition{Type: t, Status: s, Reason: reason, LastHeartbeatTime: now, LastTransitionTime: now}
+	cond := func(t v1.NodeConditionType, st v1.ConditionStatus, reason string) v1.NodeCondition {
+		return v1.NodeCondition{Type: t, Status: st, Reason: reason, LastHeartbeatTime: now, LastTransitionTime: now}
 	}
 	return &v1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: ann,
@@ -118,26 +146,32 @@ func createNodesWith(ctx context.Context, client kubernetes.Interface, from, to,
 		if err != nil {
 			return err
 		}
-		out, err := client.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
-		if err != nil {
-			return fmt.Errorf("create node %s: %w", n.Name, err)
-		}
-		if len(out.Spec.Taints) == 0 {
-			return nil
-		}
-		var keep []v1.Taint
-		for _, t := range out.Spec.Taints {
-			if t.Key != v1.TaintNodeNotReady && t.Key != v1.TaintNodeUnreachable {
-				keep = append(keep, t)
-			}
-		}
-		patch := fmt.Appendf(nil, `[{"op":"test","path":"/metadata/resourceVersion","value":%q},{"op":"replace","path":"/spec/taints","value":%s}]`,
-			out.ResourceVersion, mustJSON(keep))
-		if _, err := client.CoreV1().Nodes().Patch(ctx, n.Name, types.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
-			return fmt.Errorf("remove not-ready taint from %s: %w", n.Name, err)
-		}
-		return nil
+		return createNode(ctx, client, n)
 	})
+}
+
+// createNode creates n with its status and takes off the not-ready taint
+// (see createNodes).
+func createNode(ctx context.Context, client kubernetes.Interface, n *v1.Node) error {
+	out, err := client.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("create node %s: %w", n.Name, err)
+	}
+	if len(out.Spec.Taints) == 0 {
+		return nil
+	}
+	var keep []v1.Taint
+	for _, t := range out.Spec.Taints {
+		if t.Key != v1.TaintNodeNotReady && t.Key != v1.TaintNodeUnreachable {
+			keep = append(keep, t)
+		}
+	}
+	patch := fmt.Appendf(nil, `[{"op":"test","path":"/metadata/resourceVersion","value":%q},{"op":"replace","path":"/spec/taints","value":%s}]`,
+		out.ResourceVersion, mustJSON(keep))
+	if _, err := client.CoreV1().Nodes().Patch(ctx, n.Name, types.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("remove not-ready taint from %s: %w", n.Name, err)
+	}
+	return nil
 }
 
 // shape is one kind of GPU pod of the mix.

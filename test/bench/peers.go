@@ -15,7 +15,8 @@ package main
 // and three workloads: whole GPUs (1, 1, 2, 4 GPUs), the throughput
 // benchmark's mix of whole GPUs and shared slices (systems that share a
 // GPU: tessera, hami), and gangs (M members x G GPUs, one after the other,
-// earlier gangs staying bound). See docs/bench.md.
+// earlier gangs staying bound); or, on a cluster of its own, the trace
+// replay (trace.go). See docs/bench.md.
 
 import (
 	"context"
@@ -61,6 +62,9 @@ const (
 var (
 	allSystems   = []string{sysKube, sysTessera, sysHAMi, sysSP}
 	allWorkloads = []string{wlWhole, wlMixed, wlGang}
+	// knownWorkloads are those --peer-workloads accepts: the defaults and
+	// the trace replay, which runs alone on its own cluster.
+	knownWorkloads = append(append([]string(nil), allWorkloads...), wlTrace)
 )
 
 // systemLabel is how the report names a system.
@@ -85,6 +89,8 @@ type peerConfig struct {
 	// in every system's configuration (0: kube-scheduler's adaptive
 	// default).
 	scorePercent int
+	// trace: the trace replay (trace.go).
+	trace traceConfig
 }
 
 func addPeerFlags(fs *flag.FlagSet, pc *peerConfig) {
@@ -107,7 +113,7 @@ func addPeerFlags(fs *flag.FlagSet, pc *peerConfig) {
 		}
 	}
 	fs.Func("peer-systems", "with --peers: systems to run, comma-separated (default "+strings.Join(allSystems, ",")+")", list(&pc.systems, allSystems))
-	fs.Func("peer-workloads", "with --peers: workloads, comma-separated (default "+strings.Join(allWorkloads, ",")+")", list(&pc.workloads, allWorkloads))
+	fs.Func("peer-workloads", "with --peers: workloads, comma-separated, of "+strings.Join(knownWorkloads, ",")+" (default "+strings.Join(allWorkloads, ",")+"); trace runs alone, on a cluster shaped like the trace's nodes (--trace-*)", list(&pc.workloads, knownWorkloads))
 	fs.StringVar(&pc.binDir, "peer-bin-dir", "", "with --peers: where make peer-bins put the peers (default <repo>/bin/peers)")
 	fs.IntVar(&pc.gangs, "gangs", 3, "with --peers: gangs per system and node count, one after the other")
 	pc.gangMembers = []int{16}
@@ -124,6 +130,7 @@ func addPeerFlags(fs *flag.FlagSet, pc *peerConfig) {
 	})
 	fs.IntVar(&pc.gangGPUs, "gang-gpus", 8, "with --peers: whole GPUs of each gang member")
 	fs.StringVar(&pc.svg, "svg", "", "with --peers: write the plot (SVG) to this file")
+	addTraceFlags(fs, &pc.trace)
 	fs.IntVar(&pc.scorePercent, "peer-score-percent", -1, "with --peers: set percentageOfNodesToScore to this in every system's scheduler configuration (0: kube-scheduler's adaptive default; negative: each as its project configures it)")
 }
 
@@ -146,6 +153,7 @@ type peerResult struct {
 	gangs            []time.Duration // gang: last member created -> all bound
 	gangFirst        []time.Duration // gang: first create -> all bound
 	latency          map[string]latencySummary
+	trace            *traceRun // trace
 	note             string
 	err              error
 }
@@ -168,6 +176,11 @@ type peerEnv struct {
 	hamiKube, spKube   string
 	extAddr, hamiAddr  string
 	tessProxy, hamiPrx *timingProxy
+	// sample is the trace replay's sample and cluster; simulated what
+	// tessera-sim's policies make of it.
+	sample *traceSample
+	// crds: scheduler-plugins' CRDs are installed (PodGroups to delete).
+	crds bool
 }
 
 func runPeers(ctx context.Context, c *config, stdout, stderr io.Writer) error {
@@ -187,13 +200,33 @@ func runPeers(ctx context.Context, c *config, stdout, stderr io.Writer) error {
 	logf := stampedLogf(stderr)
 	began := time.Now()
 	load0 := loadavg()
+	var (
+		sample    *traceSample
+		simulated []simOutcome
+	)
+	nodeCounts := c.nodes
+	if contains(pc.workloads, wlTrace) {
+		if len(pc.workloads) > 1 {
+			return fmt.Errorf("--peer-workloads: %s runs alone (on a cluster of its own), not with %s", wlTrace, strings.Join(pc.workloads, ","))
+		}
+		var err error
+		if sample, err = loadTraceSample(c); err != nil {
+			return err
+		}
+		nodeCounts = []int{len(sample.nodes)}
+		logf("trace replay: %d of %d pods of %s (seed %d), %d of %d nodes, %d GPUs; --nodes is not used",
+			len(sample.pods), len(sample.trace.Pods), sample.trace.Workload, pc.trace.seed, len(sample.nodes), len(sample.trace.Nodes), sample.gpus())
+		if simulated, err = simulateAll(sample, logf); err != nil {
+			return err
+		}
+	}
 	dir, err := os.MkdirTemp("", "tessera-bench-peers-")
 	if err != nil {
 		return fmt.Errorf("temp dir: %w", err)
 	}
 	defer os.RemoveAll(dir)
 
-	e := &peerEnv{c: c, dir: dir, ns: "bench", logf: logf, bins: map[string]string{}}
+	e := &peerEnv{c: c, dir: dir, ns: "bench", logf: logf, bins: map[string]string{}, sample: sample}
 	has := func(s string) bool {
 		for _, x := range pc.systems {
 			if x == s {
@@ -279,6 +312,7 @@ func runPeers(ctx context.Context, c *config, stdout, stderr io.Writer) error {
 		if err := installSPCRDs(ctx, rc, filepath.Dir(e.bins["crds"])); err != nil {
 			return err
 		}
+		e.crds = true
 	}
 	if e.extKube, err = setupExtenderAccess(ctx, cp, e.client, extUser, c.repo, dir); err != nil {
 		return err
@@ -325,16 +359,25 @@ func runPeers(ctx context.Context, c *config, stdout, stderr io.Writer) error {
 		interrupted error
 	)
 nodeCounts:
-	for _, n := range c.nodes {
-		logf("creating nodes %d..%d", e.nodes, n-1)
+	for _, n := range nodeCounts {
 		t0 := time.Now()
-		if err := createNodesWith(ctx, e.client, e.nodes, n, c.nodeWorkers, peerNode); err != nil {
-			return err
+		gpus := n * gpusPerNode
+		if sample != nil {
+			logf("creating the trace's %d nodes", n)
+			if err := createTraceNodes(ctx, e.client, sample.nodes, c.nodeWorkers); err != nil {
+				return err
+			}
+			gpus = sample.gpus()
+		} else {
+			logf("creating nodes %d..%d", e.nodes, n-1)
+			if err := createNodesWith(ctx, e.client, e.nodes, n, c.nodeWorkers, peerNode); err != nil {
+				return err
+			}
 		}
 		e.nodes = n
 		logf("%d nodes (created in %s)", n, time.Since(t0).Round(time.Millisecond))
 		if needCRDs {
-			if err := createElasticQuota(ctx, e.dyn, e.ns, n*gpusPerNode); err != nil {
+			if err := createElasticQuota(ctx, e.dyn, e.ns, gpus); err != nil {
 				return err
 			}
 		}
@@ -359,6 +402,7 @@ nodeCounts:
 		fmt.Fprintf(stdout, "\ninterrupted (%v): the report has the runs finished before\n", interrupted)
 	}
 	reportPeers(stdout, c, e, results, load0, loadavg(), time.Since(began))
+	reportTrace(stdout, c, sample, results, simulated)
 	if pc.svg != "" {
 		if err := os.WriteFile(pc.svg, []byte(peersSVG(c, results)), 0o644); err != nil {
 			return fmt.Errorf("write plot: %w", err)
@@ -434,7 +478,7 @@ func (e *peerEnv) cleanup(ctx context.Context) error {
 	if err := deletePods(ctx, e.client, e.ns, 2*time.Minute); err != nil {
 		return err
 	}
-	if e.bins["crds"] != "" {
+	if e.crds {
 		return deletePodGroups(ctx, e.dyn, e.ns)
 	}
 	return nil
@@ -444,13 +488,15 @@ func (e *peerEnv) cleanup(ctx context.Context) error {
 func (e *peerEnv) runSystem(ctx context.Context, system string) ([]peerResult, error) {
 	c, pc := e.c, &e.c.peers
 	var (
-		proxy *timingProxy
-		procs []*extenderProc
-		agent *hamiNodeAgent
-		note  string
+		proxy  *timingProxy
+		procs  []*extenderProc
+		agent  *hamiNodeAgent
+		tAgent *tesseraNodeAgent
+		note   string
 	)
 	stopAll := func() {
 		agent.stop()
+		tAgent.stop()
 		for i := len(procs) - 1; i >= 0; i-- {
 			procs[i].stop()
 		}
@@ -485,6 +531,15 @@ func (e *peerEnv) runSystem(ctx context.Context, system string) ([]peerResult, e
 		}
 		procs = append(procs, ext)
 		proxy = e.tessProxy
+		if e.sample != nil && pc.trace.tesseraAgent {
+			gpus := map[string]int{}
+			for _, n := range e.sample.nodes {
+				gpus[n.Name] = n.GPUs
+			}
+			if tAgent, err = startTesseraNodeAgent(ctx, e.client, e.ns, "kube-system", func(n string) int { return gpus[n] }, 4); err != nil {
+				return nil, err
+			}
+		}
 		if err := startKube(e.withCfg); err != nil {
 			return nil, err
 		}
@@ -562,6 +617,17 @@ func (e *peerEnv) runSystem(ctx context.Context, system string) ([]peerResult, e
 				r.res = res
 				e.logf("%s: %s: %d pods bound in %s: %.1f pods/s", system, wl, res.pods, res.boundIn.Round(time.Millisecond), res.podsPerSecond())
 			}
+		case wlTrace:
+			e.logf("%s: trace: creating %d pods one after the other", system, len(e.sample.pods))
+			tr, err := e.runTrace(ctx, system, schedName, run)
+			if err != nil {
+				r.err = fmt.Errorf("%s trace: %w", system, err)
+			}
+			if tr.settledIn > 0 {
+				r.trace = &tr
+				o := tr.outcome
+				e.logf("%s: trace: %d of %d pods placed, unallocated GPU %.2f%%, last bound after %s", system, o.placed, o.pods, o.point.UnallocatedPct, tr.lastBound.Round(time.Millisecond))
+			}
 		case wlGang:
 			for g := range pc.gangs {
 				name := fmt.Sprintf("%s-%d", run, g)
@@ -592,6 +658,13 @@ func (e *peerEnv) runSystem(ctx context.Context, system string) ([]peerResult, e
 			// has returned to kube-scheduler through the proxy.
 			time.Sleep(time.Second)
 			r.latency = proxy.take()
+		}
+		if tAgent != nil {
+			records, failures, lastErr := tAgent.counts()
+			r.note = fmt.Sprintf("stand-in node agent: the GPUs of %d whole-GPU pods recorded, %d failures", records, failures)
+			if lastErr != nil {
+				r.note += fmt.Sprintf(" (last: %v)", lastErr)
+			}
 		}
 		if agent != nil {
 			released, failures, lastErr := agent.counts()
@@ -686,19 +759,34 @@ func peerVersions(binDir string) []string {
 
 func reportPeers(w io.Writer, c *config, e *peerEnv, results []peerResult, load0, load1 string, took time.Duration) {
 	pc := &c.peers
-	fmt.Fprintf(w, "\nside by side: %d pods per run, %d pod creators, %d CPUs; load average at start %s, at end %s; total %s\n",
-		c.pods, c.podWorkers, runtime.NumCPU(), load0, load1, took.Round(time.Second))
+	traceOnly := e.sample != nil
+	if traceOnly {
+		fmt.Fprintf(w, "\nside by side, trace replay (pods created one after the other): %d CPUs; load average at start %s, at end %s; total %s\n",
+			runtime.NumCPU(), load0, load1, took.Round(time.Second))
+	} else {
+		fmt.Fprintf(w, "\nside by side: %d pods per run, %d pod creators, %d CPUs; load average at start %s, at end %s; total %s\n",
+			c.pods, c.podWorkers, runtime.NumCPU(), load0, load1, took.Round(time.Second))
+	}
 	if pc.scorePercent >= 0 {
 		fmt.Fprintf(w, "percentageOfNodesToScore set to %d in every system's configuration\n", pc.scorePercent)
 	}
 	for _, v := range peerVersions(pc.binDir) {
 		fmt.Fprintf(w, "  %s\n", v)
 	}
+	if !traceOnly {
+		reportRates(w, c, results)
+	}
+	reportLatency(w, c, results)
+}
+
+// reportRates prints the throughput and gang tables.
+func reportRates(w io.Writer, c *config, results []peerResult) {
+	pc := &c.peers
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "nodes\tsystem\tworkload\tpods\tcreated in\tfirst bound\tlast bound\tpods/s\t")
 	for _, r := range results {
-		if r.workload == wlGang || r.workload == "" {
+		if r.workload == wlGang || r.workload == wlTrace || r.workload == "" {
 			continue
 		}
 		if r.err != nil {
@@ -737,8 +825,14 @@ func reportPeers(w io.Writer, c *config, e *peerEnv, results []peerResult, load0
 		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t\n", r.nodes, r.system, r.gangMembers, aon, strings.Join(parts, ", "), mean)
 	}
 	tw.Flush()
+}
+
+// reportLatency prints the extenders' latency per verb and the notes and
+// failures of every run.
+func reportLatency(w io.Writer, c *config, results []peerResult) {
+	pc := &c.peers
 	fmt.Fprintln(w, "\nextender latency per verb, timed at a proxy between kube-scheduler and the extender (the extender's time plus one loopback hop; exact quantiles)")
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "nodes\tsystem\tworkload\tverb\tcalls\terrors\tmean\tp50\tp99\tmax\t")
 	wlName := func(r peerResult) string {
 		if r.workload == wlGang {

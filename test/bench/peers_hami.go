@@ -65,10 +65,15 @@ type hamiDevice struct {
 // for the benchmark's 8-GPU node: the same GPUs (UUIDs, memory, NUMA) as
 // Tessera's inventory annotation.
 func hamiRegister(node string) (string, error) {
-	devs := make([]hamiDevice, gpusPerNode)
+	return hamiRegisterOf(node, benchShape)
+}
+
+// hamiRegisterOf is hamiRegister for a node of shape s.
+func hamiRegisterOf(node string, s nodeShape) (string, error) {
+	devs := make([]hamiDevice, s.gpus)
 	for i := range devs {
-		devs[i] = hamiDevice{ID: gpuUUID(node, i), Index: uint(i), Count: hamiSplitCount, Devmem: gpuMemMiB, Devcore: 100,
-			Type: gpuModel, Numa: i * 2 / gpusPerNode, Mode: "hami-core", Health: true}
+		devs[i] = hamiDevice{ID: gpuUUID(node, i), Index: uint(i), Count: hamiSplitCount, Devmem: int32(s.gpuMemMiB), Devcore: 100,
+			Type: s.model, Numa: i * 2 / s.gpus, Mode: "hami-core", Health: true}
 	}
 	b, err := json.Marshal(devs)
 	if err != nil {
@@ -82,16 +87,21 @@ func hamiRegister(node string) (string, error) {
 // The other systems ignore both (HAMi's own scheduler config marks
 // nvidia.com/gpu ignoredByScheduler, so only HAMi counts it).
 func peerNode(name string) (*v1.Node, error) {
-	n, err := fakeNode(name)
-	if err != nil {
-		return nil, err
+	return peerNodeOf(name, benchShape)
+}
+
+// peerNodeOf is peerNode for a node of shape s.
+func peerNodeOf(name string, s nodeShape) (*v1.Node, error) {
+	n, err := fakeNodeOf(name, s)
+	if err != nil || s.gpus == 0 {
+		return n, err
 	}
-	reg, err := hamiRegister(name)
+	reg, err := hamiRegisterOf(name, s)
 	if err != nil {
 		return nil, err
 	}
 	n.Annotations[hamiAnnotationRegister] = reg
-	q := *resource.NewQuantity(gpusPerNode*hamiSplitCount, resource.DecimalSI)
+	q := *resource.NewQuantity(int64(s.gpus*hamiSplitCount), resource.DecimalSI)
 	n.Status.Capacity[hamiResourceGPU] = q
 	n.Status.Allocatable[hamiResourceGPU] = q
 	return n, nil

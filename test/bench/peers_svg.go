@@ -36,6 +36,9 @@ func peersSVG(c *config, results []peerResult) string {
 	var rateGroups, gangGroups []key // system empty: a group of bars
 	for _, n := range c.nodes {
 		for _, wl := range c.peers.workloads {
+			if wl == wlTrace {
+				continue // a table only (reportTrace)
+			}
 			if wl == wlGang {
 				for _, m := range c.peers.gangMembers {
 					gangGroups = append(gangGroups, key{nodes: n, workload: wl, members: m})

@@ -1,0 +1,256 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"sync"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// tesseraNodeAgent stands in for what Tessera's node agent does once the
+// kubelet admits a whole-GPU pod: it records which GPUs the kubelet gave
+// the pod, as the pod's sealed assignment annotation
+// (deviceplugin/kube's syncPod). There is no kubelet here. Without the
+// record the extender counts every bound whole-GPU pod as pending on its
+// node, holds that many fully free GPUs for it, and while any is pending
+// puts no slice on a fully free GPU of the node (extender/state.go,
+// NodeState.sharedView): right for the seconds a real node agent takes,
+// wrong for good. The trace replay runs it for tessera, like the HAMi
+// stand-in for HAMi (hamiNodeAgent).
+//
+// The kubelet's pick is stood in for by the lowest-index GPUs of the node
+// that hold neither a whole-GPU pod nor a slice.
+type tesseraNodeAgent struct {
+	client  kubernetes.Interface
+	sealer  *api.Sealer
+	gpus    func(node string) int
+	factory informers.SharedInformerFactory
+	indexer cache.Indexer
+	queue   workqueue.TypedRateLimitingInterface[string] // node names
+	stopCh  chan struct{}
+	wg      sync.WaitGroup
+
+	mu       sync.Mutex
+	recorded map[types.UID][]string // GPUs recorded, before the informer sees them
+	records  int
+	failures int
+	lastErr  error
+}
+
+const (
+	byNode = "node"
+	byGPU  = "gpu"
+)
+
+// startTesseraNodeAgent starts the stand-in for the pods in ns; gpus gives
+// a node's GPU count (its GPUs are gpuUUID(node, 0..n-1)). The seal key is
+// the extender's (the Secret it creates before it serves).
+func startTesseraNodeAgent(ctx context.Context, client kubernetes.Interface, ns, sealNS string, gpus func(string) int, workers int) (*tesseraNodeAgent, error) {
+	secret, err := client.CoreV1().Secrets(sealNS).Get(ctx, api.SealKeySecretName, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("tessera node agent: seal key: %w", err)
+	}
+	sealer, err := api.NewSealer(secret.Data[api.SealKeyDataKey])
+	if err != nil {
+		return nil, fmt.Errorf("tessera node agent: %w", err)
+	}
+	a := &tesseraNodeAgent{
+		client:   client,
+		sealer:   sealer,
+		gpus:     gpus,
+		factory:  informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns)),
+		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
+		stopCh:   make(chan struct{}),
+		recorded: map[types.UID][]string{},
+	}
+	inf := a.factory.Core().V1().Pods().Informer()
+	if err := inf.AddIndexers(cache.Indexers{
+		byNode: func(obj any) ([]string, error) {
+			if p, ok := obj.(*v1.Pod); ok && p.Spec.NodeName != "" {
+				return []string{p.Spec.NodeName}, nil
+			}
+			return nil, nil
+		},
+		// The GPUs a pod's assignment names (whole or shared), whether or
+		// not the pod is bound yet: the extender writes a slice's
+		// assignment before its Binding.
+		byGPU: func(obj any) ([]string, error) {
+			p, ok := obj.(*v1.Pod)
+			if !ok {
+				return nil, nil
+			}
+			return assignedGPUs(p), nil
+		},
+	}); err != nil {
+		return nil, fmt.Errorf("tessera node agent indexers: %w", err)
+	}
+	a.indexer = inf.GetIndexer()
+	seen := func(obj any) {
+		if p, ok := obj.(*v1.Pod); ok && p.Spec.NodeName != "" && wholeGPUs(p) > 0 {
+			a.queue.Add(p.Spec.NodeName)
+		}
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: seen, UpdateFunc: func(_, o any) { seen(o) }}); err != nil {
+		return nil, fmt.Errorf("tessera node agent informer: %w", err)
+	}
+	a.factory.Start(a.stopCh)
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		a.stop()
+		return nil, fmt.Errorf("tessera node agent: pod informer did not sync: %w", ctx.Err())
+	}
+	for range workers {
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			for {
+				node, quit := a.queue.Get()
+				if quit {
+					return
+				}
+				err := a.sync(ctx, node)
+				if err != nil && a.queue.NumRequeues(node) < 10 {
+					a.queue.AddRateLimited(node)
+				} else {
+					a.queue.Forget(node)
+				}
+				if err != nil {
+					a.mu.Lock()
+					a.failures++
+					a.lastErr = err
+					a.mu.Unlock()
+				}
+				a.queue.Done(node)
+			}
+		}()
+	}
+	return a, nil
+}
+
+// wholeGPUs is the pod's tessera.dev/gpu request.
+func wholeGPUs(p *v1.Pod) int {
+	n := 0
+	for _, c := range p.Spec.Containers {
+		q := c.Resources.Limits[api.ResourceGPU]
+		n += int(q.Value())
+	}
+	return n
+}
+
+// assignedGPUs are the GPU UUIDs of p's assignment annotation (the
+// benchmark's pods get theirs only from the extender and this agent).
+func assignedGPUs(p *v1.Pod) []string {
+	a, ok, err := api.GetAssignment(p.Annotations)
+	if !ok || err != nil {
+		return nil
+	}
+	var out []string
+	for _, c := range a.Containers {
+		for _, g := range c.GPUs {
+			out = append(out, g.UUID)
+		}
+		if c.Shared != nil {
+			out = append(out, c.Shared.UUIDs()...)
+		}
+	}
+	return out
+}
+
+// sync records GPUs for the node's bound whole-GPU pods that have none
+// yet. The queue never hands one node to two workers at once.
+func (a *tesseraNodeAgent) sync(ctx context.Context, node string) error {
+	objs, err := a.indexer.ByIndex(byNode, node)
+	if err != nil {
+		return err
+	}
+	n := a.gpus(node)
+	used := make([]bool, n)
+	a.mu.Lock()
+	for i := range used {
+		uuid := gpuUUID(node, i)
+		holders, _ := a.indexer.ByIndex(byGPU, uuid)
+		used[i] = len(holders) > 0
+		for _, uuids := range a.recorded {
+			for _, u := range uuids {
+				used[i] = used[i] || u == uuid
+			}
+		}
+	}
+	a.mu.Unlock()
+	var todo []*v1.Pod
+	for _, o := range objs {
+		p := o.(*v1.Pod)
+		a.mu.Lock()
+		_, done := a.recorded[p.UID]
+		a.mu.Unlock()
+		if wholeGPUs(p) > 0 && len(assignedGPUs(p)) == 0 && !done && p.DeletionTimestamp == nil {
+			todo = append(todo, p)
+		}
+	}
+	sort.Slice(todo, func(i, j int) bool { return todo[i].Name < todo[j].Name })
+	for _, p := range todo {
+		want := wholeGPUs(p)
+		var refs []api.GPURef
+		for i := 0; i < n && len(refs) < want; i++ {
+			if !used[i] {
+				refs = append(refs, api.GPURef{UUID: gpuUUID(node, i), Index: i})
+			}
+		}
+		if len(refs) < want {
+			return fmt.Errorf("node %s: %d free GPUs for pod %s, which has %d", node, len(refs), p.Name, want)
+		}
+		asg := api.NewAssignment()
+		asg.Containers = []api.ContainerAssignment{{Name: p.Spec.Containers[0].Name, GPUs: refs}}
+		ann, err := a.sealer.AssignmentAnnotations(p.UID, asg)
+		if err != nil {
+			return fmt.Errorf("pod %s: %w", p.Name, err)
+		}
+		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": p.ResourceVersion, "annotations": ann}})
+		if err != nil {
+			return err
+		}
+		if _, err := a.client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return fmt.Errorf("record the GPUs of pod %s: %w", p.Name, err)
+		}
+		uuids := make([]string, len(refs))
+		for i, r := range refs {
+			uuids[i] = r.UUID
+			used[r.Index] = true
+		}
+		a.mu.Lock()
+		a.recorded[p.UID] = uuids
+		a.records++
+		a.mu.Unlock()
+	}
+	return nil
+}
+
+func (a *tesseraNodeAgent) stop() {
+	if a == nil {
+		return
+	}
+	a.queue.ShutDown()
+	a.wg.Wait()
+	close(a.stopCh)
+	a.factory.Shutdown()
+}
+
+func (a *tesseraNodeAgent) counts() (records, failures int, lastErr error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.records, a.failures, a.lastErr
+}
