@@ -1,7 +1,6 @@
 package extender
 
 import (
-	"cmp"
 	"math"
 	"slices"
 
@@ -41,13 +40,29 @@ func shortlist(p allocator.Policy, q *Query, states []*NodeState, passed []bool,
 		}
 		raw[j] = s
 	})
-	order := make([]int, len(idx))
-	for j := range order {
-		order[j] = j
+	// The k-th best score is the threshold: every node above it stays, and
+	// of the nodes at it the first ones in the order sent, up to k. (A
+	// stable sort of all the nodes by score took a third of the filter's
+	// time at 5000 nodes; sorting the bare scores to find the threshold
+	// is a fraction of that.)
+	sorted := slices.Clone(raw)
+	slices.Sort(sorted)
+	threshold := sorted[len(sorted)-k]
+	above := 0
+	for _, s := range raw {
+		if s > threshold {
+			above++
+		}
 	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(raw[b], raw[a]) })
-	for _, j := range order[k:] {
-		passed[idx[j]] = false
+	atThreshold := k - above
+	for j, s := range raw {
+		switch {
+		case s > threshold:
+		case s == threshold && atThreshold > 0:
+			atThreshold--
+		default:
+			passed[idx[j]] = false
+		}
 	}
 	return len(idx) - k
 }

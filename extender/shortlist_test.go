@@ -186,3 +186,40 @@ func TestShortlistKeepsTheBestNode(t *testing.T) {
 		}
 	}
 }
+
+// TestShortlistTiesKeepTheOrderSent checks that among nodes of equal score
+// the shortlist keeps the first ones kube-scheduler sent, and every node
+// that scores better than them.
+func TestShortlistTiesKeepTheOrderSent(t *testing.T) {
+	nodes := []*corev1.Node{testbuild.Node("used").GPUs(8, "A100", 40960).Obj()}
+	for i := range 5 {
+		nodes = append(nodes, testbuild.Node(fmt.Sprintf("e%d", i)).GPUs(8, "A100", 40960).Obj())
+	}
+	// The slice fills used's GPU 0 exactly: used scores best, the empty
+	// nodes all the same.
+	bound := []*corev1.Pod{testbuild.Pod("u").Shared(30, 75).Node("used").On(0, 30720, 75).Obj()}
+	pod := testbuild.Pod("p").Shared(10, 25).Obj()
+	for _, tc := range []struct {
+		sent []string
+		k    int
+		want []string
+	}{
+		{sent: []string{"e4", "e3", "e2", "e1", "e0"}, k: 2, want: []string{"e4", "e3"}},
+		{sent: []string{"e0", "e1", "e2", "e3", "e4"}, k: 3, want: []string{"e0", "e1", "e2"}},
+		{sent: []string{"e2", "e0", "e4", "used", "e1"}, k: 2, want: []string{"e2", "used"}},
+		{sent: []string{"e2", "e0", "e4", "used", "e1"}, k: 1, want: []string{"used"}},
+	} {
+		t.Run(fmt.Sprintf("%v/k=%d", tc.sent, tc.k), func(t *testing.T) {
+			s := NewServer(newTestCache(t, nodes, bound), testPolicy(t, PolicyBinpack), newFakePods(), nil, nil)
+			s.SetShortlist(tc.k)
+			names := slices.Clone(tc.sent)
+			res := s.FilterArgs(context.Background(), &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
+			if res.Error != "" {
+				t.Fatal(res.Error)
+			}
+			if diff := gocmp.Diff(tc.want, *res.NodeNames); diff != "" {
+				t.Errorf("NodeNames (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
