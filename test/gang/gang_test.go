@@ -11,9 +11,12 @@ import (
 	"testing"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/internal/nodepin"
 	"github.com/tessera-gpu/tessera/test/framework/extenderenv"
 )
 
@@ -291,4 +294,41 @@ func TestGangPlannedOnlyWhereMembersMayRun(t *testing.T) {
 		}
 	}
 	t.Logf("spread %s", extenderenv.Spread(times).Round(time.Millisecond))
+}
+
+// Planned members are pinned to their nodes as the API server allows it
+// for gated pods: a member whose creator required a node affinity keeps
+// it and gains the pin in each term; one without gets a term of its own.
+func TestGangMembersArePinnedToTheirNodes(t *testing.T) {
+	e := start(t)
+	w := e.WatchPods(t)
+	for _, n := range []string{"a0", "a1", "b0"} {
+		e.CreateNode(t, h100Node(n, map[string]string{"pool": n[:1]}))
+	}
+	poolA := v1.NodeSelectorRequirement{Key: "pool", Operator: v1.NodeSelectorOpIn, Values: []string{"a"}}
+	for i := range 2 {
+		p := extenderenv.PodSpec{Name: fmt.Sprintf("aff-%d", i), GPUs: 8, Gang: "aff", GangMinMember: 2}.Pod()
+		p.Spec.Affinity = &v1.Affinity{NodeAffinity: &v1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &v1.NodeSelector{
+			NodeSelectorTerms: []v1.NodeSelectorTerm{{MatchExpressions: []v1.NodeSelectorRequirement{poolA}}}}}}
+		if _, err := e.Client.CoreV1().Pods(ns).Create(t.Context(), p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitWhole(t, e, w, "aff", 2, 30*time.Second)
+	e.CreatePod(t, extenderenv.PodSpec{Name: "bare-0", GPUs: 8, Gang: "bare", GangMinMember: 1})
+	waitWhole(t, e, w, "bare", 1, 30*time.Second)
+	for _, name := range []string{"aff-0", "aff-1", "bare-0"} {
+		p := e.GetPod(t, ns, name)
+		if !nodepin.Pinned(p, p.Spec.NodeName) {
+			t.Errorf("pod %s bound to %s is not pinned to it: %+v", name, p.Spec.NodeName, p.Spec.Affinity)
+			continue
+		}
+		if !strings.HasPrefix(name, "aff") {
+			continue
+		}
+		terms := p.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+		if len(terms) != 1 || len(terms[0].MatchExpressions) != 1 || terms[0].MatchExpressions[0].Key != "pool" || !strings.HasPrefix(p.Spec.NodeName, "a") {
+			t.Errorf("pod %s on %s: its creator's affinity changed: %+v", name, p.Spec.NodeName, terms)
+		}
+	}
 }
