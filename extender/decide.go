@@ -3,6 +3,7 @@ package extender
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math"
 	"slices"
 	"sort"
@@ -325,8 +326,9 @@ func PreferAligned(scores []int64, fits, aligned []bool) {
 // demand, so that pods of the same shape re-evaluate only the nodes that
 // changed since.
 type Query struct {
-	D   *Demand
-	key string
+	D    *Demand
+	key  string
+	hash uint64 // FNV-1a of key
 }
 
 // NewQuery prepares d.
@@ -337,7 +339,9 @@ func NewQuery(d *Demand) *Query {
 		fmt.Fprintf(&b, "/%d:%d:%d", s.Kind, s.MemUnits, s.Cores)
 	}
 	fmt.Fprintf(&b, "/numa%v%s", d.Align, migKey(d.MIG))
-	return &Query{D: d, key: b.String()}
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(b.String()))
+	return &Query{D: d, key: b.String(), hash: h.Sum64()}
 }
 
 // Check is Check(st, q.D), memoised.
@@ -345,11 +349,11 @@ func (q *Query) Check(st *NodeState) Reason {
 	if st == nil {
 		return UnknownNode
 	}
-	if e, ok := st.recall(q.key); ok {
+	if e, ok := st.recall(q.hash, q.key); ok {
 		return e.reason
 	}
 	r := Check(st, q.D)
-	st.remember(memoEntry{demand: q.key, reason: r})
+	st.remember(memoEntry{hash: q.hash, demand: q.key, reason: r})
 	return r
 }
 
@@ -361,9 +365,9 @@ func (q *Query) Score(p allocator.Policy, st *NodeState) (float64, bool) {
 	if allocator.IsRandomized(p) {
 		return Score(p, st, q.D)
 	}
-	e, ok := st.recall(q.key)
+	e, ok := st.recall(q.hash, q.key)
 	if !ok {
-		e = memoEntry{demand: q.key, reason: Check(st, q.D)}
+		e = memoEntry{hash: q.hash, demand: q.key, reason: Check(st, q.D)}
 	}
 	if e.reason != Fits {
 		if !ok {

@@ -389,6 +389,9 @@ const maxMemo = 8
 
 // memoEntry is what is known of one demand on a node state.
 type memoEntry struct {
+	// hash is demand's hash (Query.hash): compared first, since demands
+	// are long strings that often share their length and a prefix.
+	hash   uint64
 	demand string // "": unused
 	reason Reason
 	policy allocator.Policy // nil: not scored yet
@@ -396,11 +399,11 @@ type memoEntry struct {
 }
 
 // recall returns the memo entry of demand.
-func (s *NodeState) recall(demand string) (memoEntry, bool) {
+func (s *NodeState) recall(hash uint64, demand string) (memoEntry, bool) {
 	s.memoMu.Lock()
 	defer s.memoMu.Unlock()
 	for i := range s.memo {
-		if s.memo[i].demand == demand {
+		if s.memo[i].hash == hash && s.memo[i].demand == demand {
 			return s.memo[i], true
 		}
 	}
@@ -413,7 +416,7 @@ func (s *NodeState) remember(e memoEntry) {
 	s.memoMu.Lock()
 	defer s.memoMu.Unlock()
 	for i := range s.memo {
-		if s.memo[i].demand == e.demand {
+		if s.memo[i].hash == e.hash && s.memo[i].demand == e.demand {
 			s.memo[i] = e
 			return
 		}
@@ -691,6 +694,9 @@ func without(snap map[string]*NodeState, gone map[types.UID]bool) map[string]*No
 // without returns s with the pods gone removed (s itself when it counts
 // none of them).
 func (s *NodeState) without(gone map[types.UID]bool) *NodeState {
+	if len(gone) == 0 {
+		return s // the filter's common case: no reservation on the node
+	}
 	hit := false
 	for uid := range s.Pods {
 		if gone[uid] {

@@ -15,6 +15,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strings"
@@ -85,6 +86,7 @@ type options struct {
 	kubeconfig       string
 	listen           string
 	metricsListen    string
+	profilingListen  string
 	tlsCert          string
 	tlsKey           string
 	policy           string
@@ -133,6 +135,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty: the in-cluster service account")
 	fs.StringVar(&o.listen, "listen", ":8888", "address of the extender verbs, /healthz, /readyz (and /metrics unless --metrics-listen)")
 	fs.StringVar(&o.metricsListen, "metrics-listen", "", "separate plain-HTTP address for /metrics; empty: served on --listen")
+	fs.StringVar(&o.profilingListen, "profiling-listen", "", "plain-HTTP address for Go's /debug/pprof (CPU and heap profiles, e.g. 127.0.0.1:6060); empty: off. Profiles show the process's internals: keep it on loopback")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "serve HTTPS with this certificate (needs --tls-key)")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "private key of --tls-cert")
 	fs.StringVar(&o.policy, "policy", extender.PolicyBinpack, "placement policy: "+strings.Join(extender.PolicyNames(), ", "))
@@ -398,6 +401,15 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		mm := http.NewServeMux()
 		mm.Handle("GET /metrics", metricsHandler)
 		servers = append(servers, &http.Server{Addr: o.metricsListen, Handler: mm, ReadHeaderTimeout: 10 * time.Second})
+	}
+	if o.profilingListen != "" {
+		pm := http.NewServeMux()
+		pm.HandleFunc("GET /debug/pprof/", pprof.Index)
+		pm.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		pm.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		pm.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		pm.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+		servers = append(servers, &http.Server{Addr: o.profilingListen, Handler: pm, ReadHeaderTimeout: 10 * time.Second})
 	}
 	apiSrv := &http.Server{Addr: o.listen, Handler: mux, ReadHeaderTimeout: 10 * time.Second,
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}

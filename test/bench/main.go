@@ -377,7 +377,7 @@ func report(w io.Writer, c *config, phases []*phase, load0, load1 string, took t
 
 // schedulerMetricsArg lets the benchmark read kube-scheduler's /metrics
 // without credentials (the default list has only the health paths).
-const schedulerMetricsArg = "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics"
+const schedulerMetricsArg = "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics,/debug/pprof/*"
 
 // schedStats are kube-scheduler's per-pod histograms after one run.
 type schedStats struct {
