@@ -1004,8 +1004,13 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 	// of the two steps writes up to apiWriters members at once: one after
 	// the other, a gang of 128 took 256 round trips (5 s on a loaded
 	// machine) before its last member could be scheduled.
+	// A member whose write never ran (ctx ended) counts as failed.
 	errs := make([]error, len(members))
+	for i, m := range members {
+		errs[i] = fmt.Errorf("gang %s: the plan of %s was not written (stopping)", g.Key(), m.Name)
+	}
 	workqueue.ParallelizeUntil(ctx, apiWriters, len(members), func(i int) {
+		errs[i] = nil
 		if err := p.client.SetPlan(ctx, members[i], values[i]); err != nil {
 			errs[i] = fmt.Errorf("gang %s: writing the plan of %s: %w", g.Key(), members[i].Name, err)
 		}
@@ -1020,7 +1025,11 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		}
 		return false, errors.Join(err, p.clearPlans(ctx, written))
 	}
+	for i, m := range members {
+		errs[i] = fmt.Errorf("gang %s: the gate of %s was not lifted (stopping)", g.Key(), m.Name)
+	}
 	workqueue.ParallelizeUntil(ctx, apiWriters, len(members), func(i int) {
+		errs[i] = nil
 		// With its plan, so that the gate's removal pins it to its node.
 		if err := p.client.RemoveGate(ctx, withAnnotation(members[i], api.AnnotationGangPlan, values[i])); err != nil {
 			errs[i] = fmt.Errorf("gang %s: removing the gate of %s: %w", g.Key(), members[i].Name, err)

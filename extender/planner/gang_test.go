@@ -427,6 +427,31 @@ func TestPlanWriteFailureLiftsNoGate(t *testing.T) {
 	}
 }
 
+// A planner stopping in the middle of a plan's writes (its context ended)
+// lifts no gate of a member whose plan it did not write: the writes it did
+// not make count as failed.
+func TestPlanWritesStoppedByTheContextLiftNoGate(t *testing.T) {
+	f := newGangFixture(t, testbuild.EightGPUNodes(2)...)
+	for i := range 2 {
+		f.member("g", 2, i, 8, f.now)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := f.planner.Sync(ctx); err == nil {
+		t.Error("Sync with an ended context reported no error")
+	}
+	for name, s := range f.state("g-") {
+		if !s.gated {
+			t.Errorf("member %s was released by a planner that stopped", name)
+		}
+	}
+	for i := range 2 {
+		if free := mustState(t, f.cache, fmt.Sprintf("n%d", i)).FreeGPUs(); free != 8 {
+			t.Errorf("n%d has %d free GPUs, want 8 (the hold released)", i, free)
+		}
+	}
+}
+
 // The patch that lifts a planned member's gates also pins it to its
 // plan's node (internal/nodepin), so kube-scheduler evaluates that node
 // alone for it; an API server that refuses the pin as invalid still gets
