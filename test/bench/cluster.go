@@ -280,27 +280,11 @@ func measureWith(ctx context.Context, client kubernetes.Interface, ns, run strin
 			close(allDone)
 		}
 	}
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = runLabel + "=" + run }))
-	inf := factory.Core().V1().Pods().Informer()
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    seen,
-		UpdateFunc: func(_, obj any) { seen(obj) },
-	}); err != nil {
-		return runResult{}, fmt.Errorf("pod informer: %w", err)
+	stopWatch, err := watchRunPods(ctx, client, ns, run, seen)
+	if err != nil {
+		return runResult{}, err
 	}
-	stop := make(chan struct{})
-	factory.Start(stop)
-	defer func() {
-		close(stop)
-		factory.Shutdown()
-	}()
-	syncCtx, cancelSync := context.WithTimeout(ctx, time.Minute)
-	synced := cache.WaitForCacheSync(syncCtx.Done(), inf.HasSynced)
-	cancelSync()
-	if !synced {
-		return runResult{}, errors.New("pod informer did not sync within 1m")
-	}
+	defer stopWatch()
 
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -425,4 +409,32 @@ func mustJSON(v any) []byte {
 		panic(err) // only called with taints, which always marshal
 	}
 	return b
+}
+
+// watchRunPods calls seen with every pod of run (label runLabel) in ns
+// that an informer adds or updates, once the informer has synced (within a
+// minute); stop ends the watch.
+func watchRunPods(ctx context.Context, client kubernetes.Interface, ns, run string, seen func(obj any)) (stop func(), err error) {
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = runLabel + "=" + run }))
+	inf := factory.Core().V1().Pods().Informer()
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    seen,
+		UpdateFunc: func(_, obj any) { seen(obj) },
+	}); err != nil {
+		return nil, fmt.Errorf("pod informer: %w", err)
+	}
+	stopCh := make(chan struct{})
+	factory.Start(stopCh)
+	stop = func() {
+		close(stopCh)
+		factory.Shutdown()
+	}
+	syncCtx, cancelSync := context.WithTimeout(ctx, time.Minute)
+	defer cancelSync()
+	if !cache.WaitForCacheSync(syncCtx.Done(), inf.HasSynced) {
+		stop()
+		return nil, errors.New("pod informer did not sync within 1m")
+	}
+	return stop, nil
 }

@@ -16,10 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 )
 
 // What HAMi (github.com/Project-HAMi/HAMi v2.10.0) reads and writes, as its
@@ -255,67 +252,25 @@ func waitHAMiRegistered(ctx context.Context, client kubernetes.Interface, nodes 
 // --node-lock-timeout (5 min) after its first GPU pod, and HAMi's bind
 // refuses a locked node.
 type hamiNodeAgent struct {
-	client  kubernetes.Interface
-	ns      string
-	factory informers.SharedInformerFactory
-	queue   workqueue.TypedRateLimitingInterface[types.NamespacedName]
-	stopCh  chan struct{}
-	wg      sync.WaitGroup
+	*podStandIn[types.NamespacedName]
+	client kubernetes.Interface
+	ns     string
 
 	mu       sync.Mutex
 	released int
-	failures int
-	lastErr  error
 }
 
 func startHAMiNodeAgent(ctx context.Context, client kubernetes.Interface, ns string, workers int) (*hamiNodeAgent, error) {
-	a := &hamiNodeAgent{
-		client:  client,
-		ns:      ns,
-		factory: informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns)),
-		queue:   workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[types.NamespacedName]()),
-		stopCh:  make(chan struct{}),
-	}
-	seen := func(obj any) {
-		p, ok := obj.(*v1.Pod)
-		if ok && p.Spec.NodeName != "" && p.Annotations[hamiAnnotationBindPhase] == hamiBindAllocating {
-			a.queue.Add(types.NamespacedName{Namespace: p.Namespace, Name: p.Name})
-		}
-	}
-	inf := a.factory.Core().V1().Pods().Informer()
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: seen, UpdateFunc: func(_, o any) { seen(o) }}); err != nil {
-		return nil, fmt.Errorf("HAMi node agent informer: %w", err)
-	}
-	a.factory.Start(a.stopCh)
-	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
-		a.stop()
-		return nil, fmt.Errorf("HAMi node agent: pod informer did not sync: %w", ctx.Err())
+	a := &hamiNodeAgent{podStandIn: newPodStandIn[types.NamespacedName](client, ns), client: client, ns: ns}
+	allocating := func(p *v1.Pod) (types.NamespacedName, bool) {
+		return types.NamespacedName{Namespace: p.Namespace, Name: p.Name}, p.Spec.NodeName != "" && p.Annotations[hamiAnnotationBindPhase] == hamiBindAllocating
 	}
 	lister := a.factory.Core().V1().Pods().Lister()
-	for range workers {
-		a.wg.Add(1)
-		go func() {
-			defer a.wg.Done()
-			for {
-				key, quit := a.queue.Get()
-				if quit {
-					return
-				}
-				err := a.allocate(ctx, lister.Pods(key.Namespace), key)
-				if err != nil && a.queue.NumRequeues(key) < 5 {
-					a.queue.AddRateLimited(key)
-				} else {
-					a.queue.Forget(key)
-				}
-				if err != nil {
-					a.mu.Lock()
-					a.failures++
-					a.lastErr = err
-					a.mu.Unlock()
-				}
-				a.queue.Done(key)
-			}
-		}()
+	allocate := func(ctx context.Context, key types.NamespacedName) error {
+		return a.allocate(ctx, lister.Pods(key.Namespace), key)
+	}
+	if err := a.run(ctx, "HAMi node agent", allocating, allocate, workers, 5); err != nil {
+		return nil, err
 	}
 	return a, nil
 }
@@ -358,26 +313,18 @@ func (a *hamiNodeAgent) allocate(ctx context.Context, pods podGetter, key types.
 }
 
 func (a *hamiNodeAgent) stop() {
-	if a == nil {
-		return
+	if a != nil {
+		a.podStandIn.stop()
 	}
-	a.queue.ShutDown()
-	a.wg.Wait()
-	close(a.stopCh)
-	a.factory.Shutdown()
 }
 
 func (a *hamiNodeAgent) counts() (released, failures int, lastErr error) {
+	failures, lastErr = a.failed()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.released, a.failures, a.lastErr
+	return a.released, failures, lastErr
 }
 
-// hamiPod is pod i of run for HAMi: shape s in HAMi's resource names. A
-// whole GPU is nvidia.com/gpu alone (HAMi then gives the container all of
-// the GPU's memory, so no other pod shares it); a slice is one
-// nvidia.com/gpu with nvidia.com/gpumem (MiB) and nvidia.com/gpucores
-// (percent), as HAMi documents.
 func hamiPod(ns, schedulerName, run string, i int, s shape) *v1.Pod {
 	limits := v1.ResourceList{}
 	set := func(r v1.ResourceName, v int64) {

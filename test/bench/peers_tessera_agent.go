@@ -11,10 +11,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 
 	"github.com/tessera-gpu/tessera/api"
 )
@@ -33,20 +31,15 @@ import (
 // The kubelet's pick is stood in for by the lowest-index GPUs of the node
 // that hold neither a whole-GPU pod nor a slice.
 type tesseraNodeAgent struct {
-	client  kubernetes.Interface
-	sealer  *api.Sealer
-	gpus    func(node string) int
-	factory informers.SharedInformerFactory
-	indexer cache.Indexer
-	queue   workqueue.TypedRateLimitingInterface[string] // node names
-	stopCh  chan struct{}
-	wg      sync.WaitGroup
+	*podStandIn[string] // keyed by node name
+	client              kubernetes.Interface
+	sealer              *api.Sealer
+	gpus                func(node string) int
+	indexer             cache.Indexer
 
 	mu       sync.Mutex
 	recorded map[types.UID][]string // GPUs recorded, before the informer sees them
 	records  int
-	failures int
-	lastErr  error
 }
 
 const (
@@ -67,15 +60,13 @@ func startTesseraNodeAgent(ctx context.Context, client kubernetes.Interface, ns,
 		return nil, fmt.Errorf("tessera node agent: %w", err)
 	}
 	a := &tesseraNodeAgent{
-		client:   client,
-		sealer:   sealer,
-		gpus:     gpus,
-		factory:  informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns)),
-		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
-		stopCh:   make(chan struct{}),
-		recorded: map[types.UID][]string{},
+		podStandIn: newPodStandIn[string](client, ns),
+		client:     client,
+		sealer:     sealer,
+		gpus:       gpus,
+		recorded:   map[types.UID][]string{},
 	}
-	inf := a.factory.Core().V1().Pods().Informer()
+	inf := a.informer()
 	if err := inf.AddIndexers(cache.Indexers{
 		byNode: func(obj any) ([]string, error) {
 			if p, ok := obj.(*v1.Pod); ok && p.Spec.NodeName != "" {
@@ -97,43 +88,9 @@ func startTesseraNodeAgent(ctx context.Context, client kubernetes.Interface, ns,
 		return nil, fmt.Errorf("tessera node agent indexers: %w", err)
 	}
 	a.indexer = inf.GetIndexer()
-	seen := func(obj any) {
-		if p, ok := obj.(*v1.Pod); ok && p.Spec.NodeName != "" && wholeGPUs(p) > 0 {
-			a.queue.Add(p.Spec.NodeName)
-		}
-	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: seen, UpdateFunc: func(_, o any) { seen(o) }}); err != nil {
-		return nil, fmt.Errorf("tessera node agent informer: %w", err)
-	}
-	a.factory.Start(a.stopCh)
-	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
-		a.stop()
-		return nil, fmt.Errorf("tessera node agent: pod informer did not sync: %w", ctx.Err())
-	}
-	for range workers {
-		a.wg.Add(1)
-		go func() {
-			defer a.wg.Done()
-			for {
-				node, quit := a.queue.Get()
-				if quit {
-					return
-				}
-				err := a.sync(ctx, node)
-				if err != nil && a.queue.NumRequeues(node) < 10 {
-					a.queue.AddRateLimited(node)
-				} else {
-					a.queue.Forget(node)
-				}
-				if err != nil {
-					a.mu.Lock()
-					a.failures++
-					a.lastErr = err
-					a.mu.Unlock()
-				}
-				a.queue.Done(node)
-			}
-		}()
+	nodeOf := func(p *v1.Pod) (string, bool) { return p.Spec.NodeName, p.Spec.NodeName != "" && wholeGPUs(p) > 0 }
+	if err := a.run(ctx, "tessera node agent", nodeOf, a.sync, workers, 10); err != nil {
+		return nil, err
 	}
 	return a, nil
 }
@@ -240,17 +197,14 @@ func (a *tesseraNodeAgent) sync(ctx context.Context, node string) error {
 }
 
 func (a *tesseraNodeAgent) stop() {
-	if a == nil {
-		return
+	if a != nil {
+		a.podStandIn.stop()
 	}
-	a.queue.ShutDown()
-	a.wg.Wait()
-	close(a.stopCh)
-	a.factory.Shutdown()
 }
 
 func (a *tesseraNodeAgent) counts() (records, failures int, lastErr error) {
+	failures, lastErr = a.failed()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.records, a.failures, a.lastErr
+	return a.records, failures, lastErr
 }

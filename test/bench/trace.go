@@ -32,9 +32,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/api"
@@ -636,24 +634,11 @@ func (e *peerEnv) runTrace(ctx context.Context, system, schedName, run string) (
 			}
 		}
 	}
-	factory := informers.NewSharedInformerFactoryWithOptions(e.client, 0, informers.WithNamespace(e.ns),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = runLabel + "=" + run }))
-	inf := factory.Core().V1().Pods().Informer()
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: seen, UpdateFunc: func(_, obj any) { seen(obj) }}); err != nil {
-		return traceRun{}, fmt.Errorf("pod informer: %w", err)
+	stopWatch, err := watchRunPods(ctx, e.client, e.ns, run, seen)
+	if err != nil {
+		return traceRun{}, err
 	}
-	stop := make(chan struct{})
-	factory.Start(stop)
-	defer func() {
-		close(stop)
-		factory.Shutdown()
-	}()
-	syncCtx, cancelSync := context.WithTimeout(ctx, time.Minute)
-	synced := cache.WaitForCacheSync(syncCtx.Done(), inf.HasSynced)
-	cancelSync()
-	if !synced {
-		return traceRun{}, errors.New("pod informer did not sync within 1m")
-	}
+	defer stopWatch()
 
 	var r traceRun
 	mu.Lock()
