@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
 )
 
 // tesseraNodeAgent stands in for what Tessera's node agent does once the
@@ -95,14 +96,14 @@ func startTesseraNodeAgent(ctx context.Context, client kubernetes.Interface, ns,
 	return a, nil
 }
 
-// wholeGPUs is the pod's tessera.dev/gpu request.
+// wholeGPUs is the whole GPUs the pod holds at its peak, as Tessera's
+// request model reads it (0 for a pod it refuses).
 func wholeGPUs(p *v1.Pod) int {
-	n := 0
-	for _, c := range p.Spec.Containers {
-		q := c.Resources.Limits[api.ResourceGPU]
-		n += int(q.Value())
+	d, err := gpureq.ParsePod(p)
+	if err != nil {
+		return 0
 	}
-	return n
+	return int(d.Peak.Whole)
 }
 
 // assignedGPUs are the GPU UUIDs of p's assignment annotation (the

@@ -37,6 +37,7 @@ import (
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/extender"
+	"github.com/tessera-gpu/tessera/gpureq"
 	"github.com/tessera-gpu/tessera/sim"
 )
 
@@ -324,8 +325,12 @@ func tracePod(system, ns, schedulerName, run string, i int, p sim.PodSpec) *v1.P
 // Tessera slice's tessera.dev/gpu-core x 10, a HAMi slice's
 // nvidia.com/gpucores (below 100) x 10 on each of its nvidia.com/gpu.
 func allocatedMilli(pod *v1.Pod) int64 {
-	perCore := int64(allocator.MilliPerGPU / api.CoresPerGPU)
 	var total int64
+	// Tessera's resources, as its request model reads them.
+	if d, err := gpureq.ParsePod(pod); err == nil {
+		total += d.Peak.Whole*allocator.MilliPerGPU + gpureq.UsedCoresToMilli(d.Peak.Cores)
+	}
+	// HAMi's, as HAMi reads them.
 	for _, c := range pod.Spec.Containers {
 		get := func(r v1.ResourceName) int64 {
 			q, ok := c.Resources.Limits[r]
@@ -334,14 +339,9 @@ func allocatedMilli(pod *v1.Pod) int64 {
 			}
 			return q.Value()
 		}
-		if n := get(api.ResourceGPU); n > 0 {
-			total += n * allocator.MilliPerGPU
-		} else {
-			total += get(api.ResourceGPUCore) * perCore
-		}
 		if n := get(hamiResourceGPU); n > 0 {
 			if cores := get(hamiResourceCores); cores > 0 && cores < api.CoresPerGPU {
-				total += n * cores * perCore
+				total += n * gpureq.UsedCoresToMilli(cores)
 			} else {
 				total += n * allocator.MilliPerGPU
 			}
