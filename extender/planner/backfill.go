@@ -17,6 +17,9 @@ import (
 // heldRoom is a reservation as the filter and the bind see it, published
 // by the planner after each pass (they run on other goroutines).
 type heldRoom struct {
+	// closed marks room consolidation freed for a workload (freedHold):
+	// it admits no one.
+	closed bool
 	nodes  map[string]bool
 	uids   map[types.UID]bool
 	window reserve.Window
@@ -41,6 +44,13 @@ func (p *GangPlanner) publish() {
 		}
 		rooms = append(rooms, h)
 	}
+	for _, fh := range p.holds {
+		h := heldRoom{closed: true, nodes: map[string]bool{}}
+		for _, n := range fh.nodes {
+			h.nodes[n] = true
+		}
+		rooms = append(rooms, h)
+	}
 	p.views.rooms.Store(&rooms)
 }
 
@@ -50,7 +60,9 @@ func (p *GangPlanner) publish() {
 // bind see the node without them (extender.BackfillView: a pod uses a
 // reservation's room on the terms of Admit: it ends before the
 // reservation starts by its tessera.dev/expected-runtime, or it is marked
-// tessera.dev/preemptible). It is safe for concurrent use with Sync.
+// tessera.dev/preemptible). Room consolidation freed for a workload and
+// holds for it (freedHold) admits no pod: nil on its nodes. It is safe
+// for concurrent use with Sync.
 func (p *GangPlanner) Lifted(pod *corev1.Pod, node string) map[types.UID]bool {
 	cfg := p.reservation
 	rooms := p.views.rooms.Load()
@@ -58,7 +70,12 @@ func (p *GangPlanner) Lifted(pod *corev1.Pod, node string) map[types.UID]bool {
 		return nil
 	}
 	for _, r := range *rooms {
-		if !r.nodes[node] {
+		if r.closed && r.nodes[node] {
+			return nil // freed by consolidation for a workload: no backfill, preemptible or not
+		}
+	}
+	for _, r := range *rooms {
+		if r.closed || !r.nodes[node] {
 			continue
 		}
 		rt, marked := hints([]*corev1.Pod{pod})

@@ -36,10 +36,15 @@ import (
 // member's selectors exclude take moved pods, not the workload; its GPU
 // model and other rules are the judge's). Each pod is first
 // evicted with a dry run: one a PodDisruptionBudget protects is kept and
-// the choice made again without it. Then the Eviction API evicts them, each
-// with a Consolidated Event, and the workload is planned on the room they
-// free (the ledger holds it, so their replacements go elsewhere; the
-// members bind once the pods are gone), as queue reclaim does.
+// the choice made again without it. Then the room they free is held for
+// the workload in the ledger (consolidate_hold.go: before any pod leaves,
+// so that their replacements go elsewhere, and until the workload is
+// planned there, a plan made again on a stale snapshot included), the
+// Eviction API evicts them, each with a Consolidated Event, and the
+// workload is planned on that room (the members bind once the pods are
+// gone), as queue reclaim does. Nothing more is moved for a workload
+// while its room is held: consolidation never evicts twice for the same
+// room.
 //
 // At most MovesPerMinute pods are moved in any minute; a workload that
 // would need more is not consolidated for (half a consolidation frees
@@ -198,6 +203,12 @@ func (p *GangPlanner) consolidate(ctx context.Context, key string, g *api.Gang, 
 		return nil, ""
 	}
 	logger := klog.FromContext(ctx)
+	if h := p.liveHold(key); h != nil {
+		// The room its moves free is held for it, and plan() found it
+		// does not fit there (yet): it waits; nothing more is moved for
+		// it (freedHold).
+		return nil, heldWait(h)
+	}
 	gpus := 0
 	for _, d := range demands {
 		if d.Whole() == 0 || d.AsksMIG() {
@@ -284,7 +295,15 @@ func (p *GangPlanner) consolidate(ctx context.Context, key string, g *api.Gang, 
 			logger.Info("Consolidation passes over a pod it may not evict", "workload", key, "pod", klog.KObj(refused), "err", derr)
 			continue
 		}
-		res, ok := fitsOn(without(base, goneOf(plan.Moves)))
+		// The room is held for the workload before any pod leaves, so
+		// that the moved pods' replacements, and anything else, go
+		// elsewhere (freedHold); it is planned on the nodes as they are
+		// now.
+		gone := goneOf(plan.Moves)
+		for uid := range leaving {
+			gone[uid] = true
+		}
+		res, ok := p.holdFreed(ctx, key, g, members, gone, fitsOn)
 		if !ok {
 			return nil, ""
 		}
@@ -297,7 +316,8 @@ func (p *GangPlanner) consolidate(ctx context.Context, key string, g *api.Gang, 
 			if err != nil {
 				logger.Info("Consolidation could not evict a pod", "workload", key, "pod", klog.KObj(pod), "err", err)
 				// The pods evicted so far are leaving: the next pass
-				// decides again with them gone.
+				// decides again with them gone, on the room as it is.
+				p.releaseHold(key)
 				return nil, fmt.Sprintf("consolidation: evicting %s/%s: %v", pod.Namespace, pod.Name, err)
 			}
 			c.moved(pod.UID)

@@ -272,6 +272,9 @@ type GangPlanner struct {
 	// consolidator, when set, moves pods for a workload that fits nowhere
 	// (consolidate.go).
 	consolidator *Consolidator
+	// holds are the rooms consolidation freed, held for their workloads
+	// by key (consolidate.go, freedHold).
+	holds map[string]*freedHold
 	// schedulers are the schedulerNames whose pods the extender serves:
 	// only their ungated gang members are planned.
 	schedulers map[string]bool
@@ -335,7 +338,7 @@ func NewGangPlanner(cfg GangPlannerConfig) *GangPlanner {
 	p := &GangPlanner{ledger: cfg.Ledger, client: cfg.Client, pods: cfg.Pods, policy: cfg.Policy, events: cfg.Events, now: cfg.Now, waiting: map[string]*waitState{}, quota: cfg.Quota,
 		queues: cfg.Queues, queueReclaim: cfg.QueueReclaim, schedulers: map[string]bool{},
 		reservation: cfg.Reservation, reserved: map[string]*reservation{}, heldBefore: map[string]map[string]bool{}, cooldown: map[string]time.Time{}, preempt: cfg.Preempt,
-		consolidator: cfg.Consolidation}
+		consolidator: cfg.Consolidation, holds: map[string]*freedHold{}}
 	if p.now == nil {
 		p.now = time.Now
 	}
@@ -468,6 +471,13 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 		if _, live := groups[key]; !live {
 			p.releaseReservation(key)
 		}
+	}
+	for key := range p.holds {
+		if _, live := groups[key]; !live {
+			p.releaseHold(key)
+			continue
+		}
+		p.liveHold(key) // one past its time is released
 	}
 	for key := range p.cooldown {
 		if _, live := groups[key]; !live {
@@ -849,6 +859,9 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 	// A reservation of this workload's is its own room (or nobody's, if
 	// the workload is not admitted now).
 	since, _ := p.releaseReservation(key)
+	// Room consolidation freed for it stays held while it plans: its plan
+	// takes the hold's place in the ledger (consolidate_hold.go).
+	hold := p.liveHold(key)
 	q, queued := p.qsnap.QueueOf(g.Namespace)
 	want := quota.Resources{}
 	if queued {
@@ -870,7 +883,13 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 	if snap == nil {
 		snap = p.ledger.Snapshot()
 	}
-	grp, nodes := p.gangInput(snap, g, members, demands, minMember, shared)
+	view := snap
+	if hold != nil {
+		// Its room: the nodes without the pods moved for it and its own
+		// hold.
+		view = without(snap, hold.gone)
+	}
+	grp, nodes := p.gangInput(view, g, members, demands, minMember, shared)
 	res, err := gang.PlanGroup(grp, nodes, p.policy)
 	if err != nil {
 		reason := err.Error()
@@ -1023,8 +1042,12 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 				written = append(written, m)
 			}
 		}
-		return false, errors.Join(err, p.clearPlans(ctx, written))
+		cerr := p.clearPlans(ctx, written)
+		// A hold it had is counted again: its room stays its own.
+		p.rehold(key)
+		return false, errors.Join(err, cerr)
 	}
+	p.planHeld(key, uids)
 	for i, m := range members {
 		errs[i] = fmt.Errorf("gang %s: the gate of %s was not lifted (stopping)", g.Key(), m.Name)
 	}

@@ -224,8 +224,8 @@ func (p *GangPlanner) refresh(nodes []string) {
 // for a first reservation).
 func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, demands []Demand, minMember int, since time.Time) string {
 	cfg := p.reservation
-	if cfg.ReserveAfter <= 0 || len(p.reserved) > 0 {
-		return ""
+	if cfg.ReserveAfter <= 0 || len(p.reserved) > 0 || p.holds[key] != nil {
+		return "" // one at a time; a workload whose freed room is held has its room
 	}
 	now := p.now()
 	if until, cooling := p.cooldown[key]; cooling {
@@ -330,8 +330,9 @@ func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, de
 // workload held before.
 func (p *GangPlanner) soonest(snap Snapshot, g *api.Gang, members []*corev1.Pod, demands []Demand, minMember int, held map[string]bool) (*gang.Plan, bool) {
 	var candidates []Node
+	freed := p.heldNodes() // another workload's, freed by consolidation
 	for _, st := range snap {
-		if st.Usable() {
+		if st.Usable() && !freed[st.Name()] {
 			candidates = append(candidates, st)
 		}
 	}
