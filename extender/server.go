@@ -176,7 +176,7 @@ func (s *Server) FilterArgs(ctx context.Context, args *extenderv1.ExtenderArgs) 
 	for r, n := range counts {
 		s.metrics.rejected(r, n)
 	}
-	left := shortlist(s.policy, q, states, passed, s.shortlist)
+	left := shortlist(s.policy, q, args.Pod, states, passed, s.shortlist)
 	s.metrics.shortlisted(left)
 	if args.NodeNames != nil {
 		out := make([]string, 0, len(names))

@@ -64,6 +64,10 @@ type NodeInfo struct {
 	MemMiB   int64
 	// Labels are the node's labels (topology levels of gang planning).
 	Labels map[string]string
+	// PreferNoSchedule are the node's taints of that effect: the
+	// shortlist leaves the choice among its best nodes to kube-scheduler
+	// when one of them has such a taint the pod does not tolerate.
+	PreferNoSchedule []corev1.Taint
 	// NUMA is the node's NUMA report (api.AnnotationNUMATopology); nil
 	// when the node publishes none or the extender ignores it. NUMAErr is
 	// a malformed report: the node then fits no GPU pod.
@@ -109,6 +113,11 @@ func (n *NodeInfo) maxHealthyMemMiB() int64 {
 // and memory. A malformed annotation is recorded in Err, not returned.
 func NewNodeInfo(node *corev1.Node) *NodeInfo {
 	info := &NodeInfo{Name: node.Name, Labels: node.Labels}
+	for _, t := range node.Spec.Taints {
+		if t.Effect == corev1.TaintEffectPreferNoSchedule {
+			info.PreferNoSchedule = append(info.PreferNoSchedule, t)
+		}
+	}
 	if q, ok := node.Status.Allocatable[corev1.ResourceCPU]; ok {
 		info.CPUMilli = q.MilliValue()
 	}
