@@ -200,16 +200,43 @@ func mayPreempt(pod *corev1.Pod) bool {
 // preempts reports a GPU pod outside any gang with a priority and no
 // preemptionPolicy Never.
 func preempts(pod *corev1.Pod) bool {
-	if corev1helpers.PodPriority(pod) == 0 {
-		return false
-	}
-	if pod.Spec.PreemptionPolicy != nil && *pod.Spec.PreemptionPolicy == corev1.PreemptNever {
+	if !tierPreempts(pod) {
 		return false
 	}
 	if _, member, _ := api.GangOf(pod); member {
 		return false
 	}
 	return len(gpureq.QuotaCount(pod)) > 0
+}
+
+// tierPreempts reports a pod with a priority (as the API server set it
+// from its class) and no preemptionPolicy Never.
+func tierPreempts(pod *corev1.Pod) bool {
+	if corev1helpers.PodPriority(pod) == 0 {
+		return false
+	}
+	return pod.Spec.PreemptionPolicy == nil || *pod.Spec.PreemptionPolicy != corev1.PreemptNever
+}
+
+// claimant is who asks to preempt: a pod, or a gang's members.
+type claimant struct {
+	// who names it in Events and logs ("namespace/name", "gang
+	// namespace/name").
+	who string
+	ns  string
+	// prio is its priority (a gang's lowest member priority); req what it
+	// asks for in all.
+	prio int32
+	req  quota.Resources
+	// self are its pods; unit its own unit key (never a victim).
+	self map[types.UID]bool
+	unit string
+}
+
+// podClaimant is pod as a claimant.
+func podClaimant(pod *corev1.Pod) claimant {
+	return claimant{who: pod.Namespace + "/" + pod.Name, ns: pod.Namespace, prio: corev1helpers.PodPriority(pod), req: gpureq.QuotaCount(pod),
+		self: map[types.UID]bool{pod.UID: true}, unit: planner.UnitOf(pod)}
 }
 
 // expired reports a pod outside any gang, not bound, whose plan (a hold of
@@ -280,7 +307,7 @@ func (p *Preemptor) preemptFor(ctx context.Context, asker *corev1.Pod, pods []*c
 		for _, v := range c.Victims {
 			victims = append(victims, units[v.Key])
 		}
-		if blocker := p.dryRun(ctx, asker, victims); blocker != "" {
+		if blocker := p.dryRun(ctx, podClaimant(asker), []*corev1.Pod{asker}, victims); blocker != "" {
 			logger.V(2).Info("Preemption victim protected by a budget; choosing again", "pod", klog.KObj(asker), "victim", blocker)
 			continue
 		}
@@ -318,7 +345,7 @@ func (p *Preemptor) choose(asker *corev1.Pod, d *Demand, pods []*corev1.Pod, qsn
 			nodes = append(nodes, st)
 		}
 	}
-	units, unitsOf := p.units(asker, running, now, qsnap)
+	units, unitsOf := p.units(podClaimant(asker), running, now, qsnap)
 	var cands []preempt.Candidate
 	for _, st := range nodes {
 		c := preempt.Candidate{Node: st.Info.Name}
@@ -362,32 +389,35 @@ func matches(req nodeaffinity.RequiredNodeAffinity, info *NodeInfo) bool {
 	return err == nil && ok
 }
 
-// units are the workloads asker may evict, by unit key: every pod of the
-// workload of lower priority than asker, run at least MinRuntime, not
-// passed over for a budget, and let go by quota and queues. An elastic
+// units are the workloads c may evict, by unit key: every pod of the
+// workload of lower priority than c, run at least MinRuntime, not
+// passed over for a budget, and let go by quota and queues; never c's own. An elastic
 // gang running more members than its minMember is also offered member by
 // member for those beyond the minimum, newest first (its whole is still a
 // unit: taking that ends every member, so it never drops below its
 // minimum). unitsOf gives each pod's units.
-func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Time, qsnap *planner.QueueSnapshot) (map[string]*workload, map[types.UID][]string) {
-	prio := corev1helpers.PodPriority(asker)
+func (p *Preemptor) units(c claimant, running []*corev1.Pod, now time.Time, qsnap *planner.QueueSnapshot) (map[string]*workload, map[types.UID][]string) {
+	prio := c.prio
 	groups := map[string][]*corev1.Pod{}
 	for _, pod := range running {
-		if len(gpureq.QuotaCount(pod)) == 0 {
+		if len(gpureq.QuotaCount(pod)) == 0 || c.self[pod.UID] {
 			continue
 		}
 		k := planner.UnitOf(pod)
+		if k == c.unit {
+			continue
+		}
 		groups[k] = append(groups[k], pod)
 	}
 	blocked := p.blocked.Current(now)
 	var qs *quota.State
 	if p.Quota != nil {
-		if v, err := p.Quota.Ledger.View(asker.Namespace, func(pod *corev1.Pod) bool { return pod.UID == asker.UID }); err == nil {
+		if v, err := p.Quota.Ledger.View(c.ns, func(pod *corev1.Pod) bool { return c.self[pod.UID] }); err == nil {
 			qs = v.State
 		}
 	}
-	req := gpureq.QuotaCount(asker)
-	askerQueue, _ := qsnap.QueueOf(asker.Namespace)
+	req := c.req
+	askerQueue, _ := qsnap.QueueOf(c.ns)
 	out := map[string]*workload{}
 	unitsOf := map[types.UID][]string{}
 	for k, members := range groups {
@@ -410,7 +440,7 @@ func (p *Preemptor) units(asker *corev1.Pod, running []*corev1.Pod, now time.Tim
 			}
 		}
 		if ok && qs != nil {
-			ok, _ = qs.CanPreempt(asker.Namespace, req, w.w)
+			ok, _ = qs.CanPreempt(c.ns, req, w.w)
 		}
 		if vq, queued := qsnap.QueueOf(members[0].Namespace); ok && queued {
 			ok, _ = qsnap.State.CanPreempt(askerQueue, req, queue.Workload{Key: k, Queue: vq, Uses: w.w.Uses, Preemptible: true})
@@ -448,9 +478,10 @@ func extras(members []*corev1.Pod) []*corev1.Pod {
 	return byAge[:len(members)-g.MinMember]
 }
 
-// dryRun checks every victim pod may be evicted; it returns the first
-// refused workload (passed over for BlockedFor), or "".
-func (p *Preemptor) dryRun(ctx context.Context, asker *corev1.Pod, victims []*workload) string {
+// dryRun checks every victim pod may be evicted for c (askers are its
+// pods); it returns the first refused workload (passed over for
+// BlockedFor), or "".
+func (p *Preemptor) dryRun(ctx context.Context, c claimant, askers []*corev1.Pod, victims []*workload) string {
 	for _, v := range victims {
 		pod, err := planner.FirstRefused(ctx, p.Client.Evict, v.pods)
 		if pod == nil {
@@ -462,8 +493,10 @@ func (p *Preemptor) dryRun(ctx context.Context, asker *corev1.Pod, victims []*wo
 		}
 		p.blocked.Add(v.unit.Key, p.now().Add(d))
 		p.Metrics.preemptionBlocked()
-		msg := fmt.Sprintf("tessera: preemption for %s/%s passed over %s: pod %s cannot be evicted: %v", asker.Namespace, asker.Name, v.unit.Key, pod.Name, err)
-		p.event(asker, corev1.EventTypeWarning, api.EventPreemptionBlocked, "%s", msg)
+		msg := fmt.Sprintf("tessera: preemption for %s passed over %s: pod %s cannot be evicted: %v", c.who, v.unit.Key, pod.Name, err)
+		for _, a := range askers {
+			p.event(a, corev1.EventTypeWarning, api.EventPreemptionBlocked, "%s", msg)
+		}
 		p.event(pod, corev1.EventTypeWarning, api.EventPreemptionBlocked, "%s", msg)
 		return v.unit.Key
 	}
@@ -497,7 +530,7 @@ func (p *Preemptor) apply(ctx context.Context, asker *corev1.Pod, d *Demand, nod
 	}
 	var names []string
 	for _, v := range victims {
-		names = append(names, fmt.Sprintf("%s (priority %d)", strings.TrimPrefix(strings.TrimPrefix(v.unit.Key, "pod "), "gang "), v.unit.Priority))
+		names = append(names, fmt.Sprintf("%s (priority %d)", unitName(v.unit.Key), v.unit.Priority))
 	}
 	where := "node " + node
 	if plan.GPU != nil {
@@ -508,27 +541,41 @@ func (p *Preemptor) apply(ctx context.Context, asker *corev1.Pod, d *Demand, nod
 	if err := p.Client.SetPlan(ctx, asker, ann[api.AnnotationGangPlan]); err != nil {
 		return fmt.Errorf("preemption for %s/%s: writing the plan: %w", asker.Namespace, asker.Name, err)
 	}
+	err := p.evict(ctx, podClaimant(asker), victims, func(v *workload) string {
+		return fmt.Sprintf("tessera: evicted for %s/%s (priority %d), which needs %s and fits no node: %s has priority %d, the lowest whose removal makes room on %s; the room is held for %s/%s until %s",
+			asker.Namespace, asker.Name, corev1helpers.PodPriority(asker), equota.Describe(gpureq.QuotaCount(asker)), unitName(v.unit.Key), v.unit.Priority, where, asker.Namespace, asker.Name, plan.Expires.Format(time.RFC3339))
+	})
+	p.event(asker, corev1.EventTypeNormal, api.EventPreempting, "tessera: evicting %s to make room on %s; the room is held for this pod until %s",
+		strings.Join(names, ", "), where, plan.Expires.Format(time.RFC3339))
+	logger.Info("Preempting", "pod", klog.KObj(asker), "node", node, "victims", names, "expires", plan.Expires)
+	return err
+}
+
+// evict evicts the victims' pods for c, with a Preempted Event (why says
+// why the victim goes) on each and the preemption metric.
+func (p *Preemptor) evict(ctx context.Context, c claimant, victims []*workload, why func(v *workload) string) error {
 	var errs []error
 	for _, v := range victims {
+		msg := why(v)
 		for _, pod := range v.pods {
 			err := p.Client.Evict(ctx, pod, false)
 			if apierrors.IsNotFound(err) {
 				continue
 			}
 			if err != nil {
-				errs = append(errs, fmt.Errorf("evicting %s/%s for %s/%s: %w", pod.Namespace, pod.Name, asker.Namespace, asker.Name, err))
+				errs = append(errs, fmt.Errorf("evicting %s/%s for %s: %w", pod.Namespace, pod.Name, c.who, err))
 				continue
 			}
 			p.Metrics.preempted(pod.Namespace)
-			p.event(pod, corev1.EventTypeWarning, api.EventPreempted,
-				"tessera: evicted for %s/%s (priority %d), which needs %s and fits no node: %s has priority %d, the lowest whose removal makes room on %s; the room is held for %s/%s until %s",
-				asker.Namespace, asker.Name, corev1helpers.PodPriority(asker), equota.Describe(gpureq.QuotaCount(asker)), strings.TrimPrefix(strings.TrimPrefix(v.unit.Key, "pod "), "gang "), v.unit.Priority, where, asker.Namespace, asker.Name, plan.Expires.Format(time.RFC3339))
+			p.event(pod, corev1.EventTypeWarning, api.EventPreempted, "%s", msg)
 		}
 	}
-	p.event(asker, corev1.EventTypeNormal, api.EventPreempting, "tessera: evicting %s to make room on %s; the room is held for this pod until %s",
-		strings.Join(names, ", "), where, plan.Expires.Format(time.RFC3339))
-	logger.Info("Preempting", "pod", klog.KObj(asker), "node", node, "victims", names, "expires", plan.Expires)
 	return errors.Join(errs...)
+}
+
+// unitName is a unit key without its kind ("pod ", "gang ").
+func unitName(key string) string {
+	return strings.TrimPrefix(strings.TrimPrefix(key, "pod "), "gang ")
 }
 
 func (p *Preemptor) event(pod *corev1.Pod, typ, reason, format string, args ...any) {

@@ -253,7 +253,10 @@ type GangPlanner struct {
 	passPods map[types.UID]*corev1.Pod
 	// replanning is set while a workload plans again after its pass
 	// snapshot went stale (once).
-	replanning   bool
+	replanning bool
+	// growing is set while a started gang plans a member beyond its
+	// minMember (grow): such a member does not preempt.
+	growing      bool
 	queueReclaim QueueReclaim
 	// preempt, when set, preempts lower tiers for a queued pod that fits
 	// nowhere.
@@ -296,6 +299,11 @@ type TierPreempt interface {
 	// For preempts lower tiers for pod, a queued pod that fits nowhere;
 	// it reports whether it evicted (the room is then held for pod).
 	For(ctx context.Context, pod *corev1.Pod) (bool, error)
+	// ForGang preempts lower tiers for a gang's members when fits says
+	// they fit no snapshot of the ledger: it returns what it did (or why
+	// it cannot) and the pods gone once the room is free (those already
+	// leaving and its victims).
+	ForGang(ctx context.Context, members []*corev1.Pod, fits func(Snapshot) bool) (string, map[types.UID]bool, error)
 }
 
 // GangPlannerConfig configures a GangPlanner.
@@ -640,7 +648,7 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 		if len(gated) > 0 && len(errs) == 0 {
 			// Members beyond minMember join the running gang one at a
 			// time, as room appears (an elastic gang grows).
-			errs = append(errs, p.grow(ctx, gr.key, g, gated))
+			errs = append(errs, p.grow(ctx, gr.key, g, gated, len(planned)))
 		}
 		return errors.Join(errs...)
 	}
@@ -661,17 +669,22 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 	if !started || err != nil {
 		return err
 	}
-	return p.grow(ctx, gr.key, g, gated[g.MinMember:])
+	return p.grow(ctx, gr.key, g, gated[g.MinMember:], g.MinMember)
 }
 
 // grow plans the gang's waiting members one at a time, in name order,
-// until one does not fit.
-func (p *GangPlanner) grow(ctx context.Context, key string, g *api.Gang, waiting []*corev1.Pod) error {
+// until one does not fit; have members are planned already. A member
+// beyond minMember preempts no lower tier: an elastic gang grows into free
+// room only.
+func (p *GangPlanner) grow(ctx context.Context, key string, g *api.Gang, waiting []*corev1.Pod, have int) error {
+	defer func() { p.growing = false }()
 	for _, m := range waiting {
+		p.growing = have >= g.MinMember
 		planned, err := p.plan(ctx, key, g, []*corev1.Pod{m}, 1)
 		if !planned || err != nil {
 			return err
 		}
+		have++
 	}
 	return nil
 }
@@ -901,6 +914,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 			_, err := gang.PlanGroup(grp, nodes, p.policy)
 			return err == nil
 		}
+		reclaimed := false
 		switch {
 		case !errors.Is(err, gang.ErrNoRoom):
 		case queued && p.queueReclaim != nil:
@@ -909,6 +923,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 			case rerr != nil:
 				reason += "; queue reclaim: " + rerr.Error()
 			case len(gone) > 0:
+				reclaimed = true
 				// The room freed (or being freed) is the asker's: it is
 				// planned there now, so that no other workload takes it;
 				// the ledger holds it, and the members bind once the
@@ -939,6 +954,27 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 			case evicted:
 				reason += "; preempting lower tiers for it"
 				preempting = true
+			}
+		}
+		if err != nil && errors.Is(err, gang.ErrNoRoom) && p.preempt != nil && !strings.HasPrefix(key, "pod ") && !reclaimed && !p.growing {
+			// A gang of a higher tier preempts lower tiers so that the
+			// freed GPUs form the domain it is planned in; as after queue
+			// reclaim, it is planned on the room freed (or being freed)
+			// now, so that the ledger holds it for the gang.
+			msg, gone, perr := p.preempt.ForGang(ctx, members, fits)
+			if perr != nil {
+				reason += "; preemption: " + perr.Error()
+			}
+			if len(gone) > 0 {
+				preempting = true
+				grp, nodes := p.gangInput(without(snap, gone), g, members, demands, minMember, shared)
+				if r, gerr := gang.PlanGroup(grp, nodes, p.policy); gerr == nil {
+					res, err = r, nil
+				} else if msg != "" {
+					reason += "; " + msg
+				}
+			} else if msg != "" {
+				reason += "; preemption: " + msg
 			}
 		}
 		if err != nil && errors.Is(err, gang.ErrNoRoom) && !shared && !preempting {

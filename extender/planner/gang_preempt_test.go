@@ -1,0 +1,270 @@
+package planner_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender"
+	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
+	"github.com/tessera-gpu/tessera/extender/planner"
+)
+
+// training is the tier between inference and notebook (queue_test.go).
+const training = 10000
+
+// newTierFixture is a gang fixture on nodes (labelled with their
+// hostname) whose planner preempts lower tiers through a Preemptor; the
+// returned client records the evictions and refuses those of the pods
+// named in its PDB.
+func newTierFixture(t *testing.T, nodes []*corev1.Node) (*gangFixture, *testbuild.PreemptClient) {
+	t.Helper()
+	for _, n := range nodes {
+		if n.Labels == nil {
+			n.Labels = map[string]string{}
+		}
+		n.Labels["kubernetes.io/hostname"] = n.Name
+	}
+	f := newGangFixture(t, withGPUCapacity(nodes)...)
+	evicter := &testbuild.PreemptClient{PDB: map[string]bool{}}
+	pre := &extender.Preemptor{Cache: f.cache, Client: planWriter{evicter, &planner.KubeGang{Client: f.client, Sealer: testbuild.Sealer(t)}}, Pods: f.list,
+		Policy: testPolicy(t, extender.PolicyBinpack), Events: f.events, Now: func() time.Time { return f.now }}
+	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list,
+		Policy: testPolicy(t, extender.PolicyBinpack), Events: f.events, Now: func() time.Time { return f.now }, Preempt: pre})
+	return f, evicter
+}
+
+// runningTier creates a running pod of namespace "low" on node holding
+// gpus, of priority prio, started age ago (in gang gang of minMember min
+// when gang is not ""), and feeds it to the ledger.
+func (f *gangFixture) runningTier(name, node string, prio int32, age time.Duration, gang string, min int, gpus ...int) *corev1.Pod {
+	f.t.Helper()
+	p := testbuild.Pod(name).Whole(int64(len(gpus))).Priority(prio).Node(node).Holding(gpus...).Obj()
+	p.Namespace, p.UID = "low", types.UID("uid-low-"+name)
+	if gang != "" {
+		p.Annotations[api.AnnotationGang] = gang
+		p.Annotations[api.AnnotationGangMinMember] = fmt.Sprint(min)
+	}
+	started := metav1.NewTime(f.now.Add(-age))
+	p.CreationTimestamp, p.Status.StartTime, p.Status.Phase = started, &started, corev1.PodRunning
+	if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		f.t.Fatal(err)
+	}
+	f.cache.SetPod(p)
+	return p
+}
+
+// tierMember creates gated member i of gang name (minMember min) asking
+// for gpus GPUs at priority prio; edit changes it before it is created.
+func (f *gangFixture) tierMember(name string, min, i, gpus int, prio int32, edit func(*corev1.Pod)) {
+	f.t.Helper()
+	p := testbuild.Pod(fmt.Sprintf("%s-%d", name, i)).Whole(int64(gpus)).Priority(prio).Obj()
+	p.Annotations[api.AnnotationGang] = name
+	p.Annotations[api.AnnotationGangMinMember] = fmt.Sprint(min)
+	p.Annotations[api.AnnotationGangTimeout] = "60"
+	p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "other.example/gate"}, {Name: api.SchedulingGateGang}}
+	p.CreationTimestamp = metav1.NewTime(f.now)
+	if edit != nil {
+		edit(p)
+	}
+	if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// notebooksOn fills every GPU of node with a 1-GPU notebook
+// (<node>-nb-<gpu>), the one on GPU i started age(i) ago.
+func (f *gangFixture) notebooksOn(node string, gpus int, age func(i int) time.Duration) []string {
+	var out []string
+	for i := range gpus {
+		name := fmt.Sprintf("%s-nb-%d", node, i)
+		f.runningTier(name, node, notebook, age(i), "", 0, i)
+		out = append(out, name)
+	}
+	return out
+}
+
+// planned are the nodes the members of prefix are planned on, sorted; it
+// fails the test when one is not planned with its gate lifted.
+func (f *gangFixture) plannedWhole(prefix string) []string {
+	f.t.Helper()
+	var nodes []string
+	for name, s := range f.state(prefix) {
+		if !s.planned || s.gated {
+			f.t.Errorf("member %s: planned %v, gated %v; want planned with its gate lifted\nevents:\n%s", name, s.planned, s.gated, strings.Join(f.events.Events, "\n"))
+		}
+		nodes = append(nodes, s.node)
+	}
+	sort.Strings(nodes)
+	return nodes
+}
+
+func sortedCopy(s []string) []string {
+	out := append([]string{}, s...)
+	sort.Strings(out)
+	return out
+}
+
+// An inference gang of 2 x 8 GPUs on three nodes full of notebooks (and a
+// fourth running a newer training pod): the notebooks of exactly two nodes
+// are evicted, nothing else, and the gang is planned there at once.
+func TestGangPreemptsLowerTier(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		pdb       string
+		wantNodes []string
+	}{
+		// n2's notebooks are the newest, then n1's; the starts interleave.
+		{name: "the newest notebooks go", wantNodes: []string{"n1", "n2"}},
+		{name: "a budget passes n2 over", pdb: "n2-nb-3", wantNodes: []string{"n0", "n1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, evicter := newTierFixture(t, testbuild.EightGPUNodes(4))
+			onNode := map[string][]string{}
+			for k, n := range []string{"n0", "n1", "n2"} {
+				onNode[n] = f.notebooksOn(n, 8, func(i int) time.Duration { return time.Hour - time.Duration(3*i+k)*time.Minute })
+			}
+			f.runningTier("train", "n3", training, time.Minute, "", 0, 0, 1, 2, 3, 4, 5, 6, 7)
+			if tc.pdb != "" {
+				evicter.PDB[tc.pdb] = true
+			}
+			for i := range 2 {
+				f.tierMember("inf", 2, i, 8, inference, nil)
+			}
+			f.sync()
+			var want []string
+			for _, n := range tc.wantNodes {
+				want = append(want, onNode[n]...)
+			}
+			if diff := cmp.Diff(sortedCopy(want), sortedCopy(evicter.Evicted)); diff != "" {
+				t.Fatalf("evicted (-want +got):\n%s\nevents:\n%s", diff, strings.Join(f.events.Events, "\n"))
+			}
+			if diff := cmp.Diff(tc.wantNodes, f.plannedWhole("inf-")); diff != "" {
+				t.Errorf("planned nodes (-want +got):\n%s", diff)
+			}
+			f.sync()
+			if len(evicter.Evicted) != len(want) {
+				t.Errorf("the next pass evicted more: %v", evicter.Evicted)
+			}
+		})
+	}
+}
+
+// Topology-aware preemption: the victims free the domain the gang needs.
+// Without its constraint the cheapest (newest) victims are spread; with it
+// they all fall within one domain, and nothing outside it is evicted.
+func TestGangPreemptsWithinItsDomain(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		nodes []*corev1.Node
+		// members of gpus each; edit sets the constraint.
+		members, gpus int
+		edit          func(*corev1.Pod)
+		want          []string
+	}{
+		{
+			// GPU i's notebook is newer than GPU i+4's, which is newer
+			// than GPU i+1's: the four newest are two per clique.
+			name:    "one NVLink clique",
+			nodes:   []*corev1.Node{testbuild.Node("n0").GPUs(8, "H100", 81920).Cliques([]int{0, 1, 2, 3}, []int{4, 5, 6, 7}).Obj()},
+			members: 1, gpus: 4,
+			edit: func(p *corev1.Pod) { p.Annotations[api.AnnotationNVLink] = api.NVLinkRequired },
+			want: []string{"n0-nb-0", "n0-nb-1", "n0-nb-2", "n0-nb-3"},
+		},
+		{
+			name:    "one node (gang-topology kubernetes.io/hostname:required)",
+			nodes:   testbuild.EightGPUNodes(2),
+			members: 2, gpus: 4,
+			edit: func(p *corev1.Pod) { p.Annotations[api.AnnotationGangTopology] = "kubernetes.io/hostname:required" },
+			want: []string{"n0-nb-0", "n0-nb-1", "n0-nb-2", "n0-nb-3", "n0-nb-4", "n0-nb-5", "n0-nb-6", "n0-nb-7"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, evicter := newTierFixture(t, tc.nodes)
+			for k, n := range tc.nodes {
+				if len(tc.nodes) == 1 {
+					// newest first: GPU 0, 4, 1, 5, 2, 6, 3, 7.
+					f.notebooksOn(n.Name, 8, func(i int) time.Duration { return time.Hour - time.Duration(10-2*(i%4)-i/4)*time.Minute })
+					continue
+				}
+				f.notebooksOn(n.Name, 8, func(i int) time.Duration { return time.Hour - time.Duration(2*i+1-k)*time.Minute })
+			}
+			for i := range tc.members {
+				f.tierMember("inf", tc.members, i, tc.gpus, inference, tc.edit)
+			}
+			f.sync()
+			if diff := cmp.Diff(tc.want, sortedCopy(evicter.Evicted)); diff != "" {
+				t.Fatalf("evicted (-want +got):\n%s\nevents:\n%s", diff, strings.Join(f.events.Events, "\n"))
+			}
+			f.plannedWhole("inf-")
+		})
+	}
+}
+
+// A lower-tier elastic gang gives back its newest extra member before any
+// whole workload goes, even a newer one.
+func TestGangPreemptsElasticExtrasFirst(t *testing.T) {
+	f, evicter := newTierFixture(t, testbuild.EightGPUNodes(2))
+	f.runningTier("el-0", "n0", notebook, 40*time.Minute, "el", 2, 0, 1)
+	f.runningTier("el-1", "n0", notebook, 40*time.Minute, "el", 2, 2, 3)
+	f.runningTier("el-2", "n0", notebook, 20*time.Minute, "el", 2, 4, 5)
+	f.runningTier("el-3", "n0", notebook, 30*time.Minute, "el", 2, 6, 7)
+	f.runningTier("solo", "n1", notebook, 5*time.Minute, "", 0, 0, 1, 2, 3, 4, 5, 6, 7)
+	f.tierMember("inf", 1, 0, 2, inference, nil)
+	f.sync()
+	if diff := cmp.Diff([]string{"el-2"}, evicter.Evicted); diff != "" {
+		t.Fatalf("evicted (-want +got):\n%s\nevents:\n%s", diff, strings.Join(f.events.Events, "\n"))
+	}
+	if diff := cmp.Diff([]string{"n0"}, f.plannedWhole("inf-")); diff != "" {
+		t.Errorf("planned nodes (-want +got):\n%s", diff)
+	}
+}
+
+// No preemption: a member with preemptionPolicy Never, or a started
+// elastic gang growing beyond its minimum. The gang (or the member) waits.
+func TestGangDoesNotPreempt(t *testing.T) {
+	never := corev1.PreemptNever
+	t.Run("preemptionPolicy Never", func(t *testing.T) {
+		f, evicter := newTierFixture(t, testbuild.EightGPUNodes(2))
+		for _, n := range []string{"n0", "n1"} {
+			f.notebooksOn(n, 8, func(i int) time.Duration { return time.Hour })
+		}
+		f.tierMember("inf", 2, 0, 8, inference, nil)
+		f.tierMember("inf", 2, 1, 8, inference, func(p *corev1.Pod) { p.Spec.PreemptionPolicy = &never })
+		f.sync()
+		if len(evicter.Evicted) > 0 {
+			t.Errorf("evicted %v for a gang with a member that may not preempt", evicter.Evicted)
+		}
+		for name, s := range f.state("inf-") {
+			if s.planned || !s.gated {
+				t.Errorf("member %s: planned %v, gated %v; want it waiting", name, s.planned, s.gated)
+			}
+		}
+	})
+	t.Run("an elastic gang beyond its minimum", func(t *testing.T) {
+		f, evicter := newTierFixture(t, testbuild.EightGPUNodes(2))
+		f.notebooksOn("n1", 8, func(i int) time.Duration { return time.Hour })
+		// minMember 1: inf-0 starts on the empty n0; inf-1 would need a
+		// notebook node.
+		f.tierMember("inf", 1, 0, 8, inference, nil)
+		f.tierMember("inf", 1, 1, 8, inference, nil)
+		f.sync()
+		f.sync()
+		if len(evicter.Evicted) > 0 {
+			t.Errorf("evicted %v for a member beyond the gang's minimum", evicter.Evicted)
+		}
+		st := f.state("inf-")
+		if !st["inf-0"].planned || st["inf-1"].planned {
+			t.Errorf("inf-0 planned %v, inf-1 planned %v; want inf-0 only", st["inf-0"].planned, st["inf-1"].planned)
+		}
+	})
+}
