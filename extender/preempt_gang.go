@@ -75,7 +75,7 @@ func (p *Preemptor) ForGang(ctx context.Context, members []*corev1.Pod, fits fun
 			return fmt.Sprintf("tessera: evicted for %s (priority %d), which needs %s and fits nowhere: %s has priority %d, among the least important whose removal makes room for it",
 				c.who, c.prio, equota.Describe(c.req), unitName(v.unit.Key), v.unit.Priority)
 		})
-		msg := "preempting lower tiers: evicting " + strings.Join(names, ", ")
+		msg := "preempting lower tiers: evicting " + listed(names, 8)
 		for _, m := range members {
 			p.event(m, corev1.EventTypeNormal, api.EventPreempting, "tessera: %s for %s (priority %d)", msg, c.who, c.prio)
 		}
@@ -168,4 +168,14 @@ func (p *Preemptor) chooseForGang(c claimant, members, pods []*corev1.Pod, qsnap
 		victims = append(victims, units[v.Key])
 	}
 	return victims, gone, true
+}
+
+// listed joins the first n of names, and says how many more there are:
+// an Event's message stays short whatever the number of victims (the log
+// names them all).
+func listed(names []string, n int) string {
+	if len(names) <= n {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:n], ", "), len(names)-n)
 }

@@ -99,7 +99,8 @@ func TestPreemptorForGang(t *testing.T) {
 				running(testbuild.Pod("train").Whole(8).Priority(training).Node("n4").Holding(0, 1, 2, 3, 4, 5, 6, 7), 1)),
 			members: gangMembers("inf", 2, 8, inference),
 			fits:    nodesFree(2, 8, false),
-			want:    onNodes("n2", "n3"), wantGone: onNodes("n2", "n3"), wantMsg: "preempting lower tiers: evicting",
+			// The message names the first eight victims.
+			want: onNodes("n2", "n3"), wantGone: onNodes("n2", "n3"), wantMsg: "(priority 1000) and 8 more",
 		},
 		{
 			name:    "a gang that needs one node evicts only within one",

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/test/framework/nodesim"
 )
 
 // The tiers: inference always gets GPUs, training queues (it may
@@ -227,6 +229,78 @@ func TestTierPreemptionInQueuedNamespace(t *testing.T) {
 	if g := gone(t, client, nsNB, notebooks); len(g) != 1 {
 		t.Errorf("evicted %v, want exactly one notebook", g)
 	}
+	occ, pods := occupancy(t, c)
+	checkNoOvercommit(t, occ)
+	checkRunningPods(t, c, pods)
+}
+
+// Tier preemption for a gang, on a cluster of its own (three dgx-a100
+// nodes of 8 GPUs): 1-GPU notebook-tier pods fill every GPU; an
+// inference-tier gang of 2 x 8 GPUs (gated until the planner plans it, so
+// kube-scheduler never preempts for it) fits nowhere. The planner asks
+// Tessera's preemption, which evicts the notebooks of exactly two nodes
+// (the third keeps its eight) and plans the gang there at once; both
+// members run within 10 s of the gang's creation, with a Preempting Event
+// on each member and a Preempted Event on each victim.
+func TestTierPreemptionForAGang(t *testing.T) {
+	nodes := []nodesim.NodeSpec{{Name: "a100-1", Profile: "dgx-a100"}, {Name: "a100-2", Profile: "dgx-a100"}, {Name: "a100-3", Profile: "dgx-a100"}}
+	const ns = "e2e-tiers-gang"
+	c := ownCluster(t.Context(), t, ns, nodes)
+	client := c.Client()
+	priorityClasses(t, client)
+	onNode := map[string][]string{}
+	var notebooks []string
+	for _, n := range nodes {
+		for i := range 8 {
+			s := podSpec{name: fmt.Sprintf("nb-%s-%d", n.Name, i), gpus: 1, node: n.Name}
+			createTier(t, client, ns, tierNotebook, s)
+			onNode[n.Name] = append(onNode[n.Name], s.name)
+			notebooks = append(notebooks, s.name)
+		}
+	}
+	for _, n := range notebooks {
+		waitRunning(t, c, ns, n, 2*time.Minute)
+	}
+	start := time.Now()
+	for i := range 2 {
+		createTier(t, client, ns, tierInference, podSpec{name: fmt.Sprintf("inf-%d", i), gpus: 8,
+			annotations: map[string]string{api.AnnotationGang: "inf", api.AnnotationGangMinMember: "2"}})
+	}
+	var infNodes []string
+	for i := range 2 {
+		p, _ := waitRunning(t, c, ns, fmt.Sprintf("inf-%d", i), 2*time.Minute)
+		infNodes = append(infNodes, p.Spec.NodeName)
+	}
+	took := time.Since(start)
+	slices.Sort(infNodes)
+	t.Logf("the 2 x 8 GPU inference gang runs on %v %s after creation", infNodes, took.Round(time.Millisecond))
+	if took > 10*time.Second {
+		t.Errorf("the gang took %s to run, want within 10s\n%s", took.Round(time.Millisecond), describe(t, c, getPod(t, client, ns, "inf-0")))
+	}
+	if infNodes[0] == infNodes[1] {
+		t.Fatalf("both members on %s", infNodes[0])
+	}
+	var want []string
+	for _, n := range infNodes {
+		want = append(want, onNode[n]...)
+	}
+	slices.Sort(want)
+	evicted := gone(t, client, ns, notebooks)
+	slices.Sort(evicted)
+	if !slices.Equal(evicted, want) {
+		t.Errorf("evicted %v, want exactly the notebooks of the gang's nodes %v: %v", evicted, infNodes, want)
+	}
+	for i := range 2 {
+		if ev := events(t, client, ns, fmt.Sprintf("inf-%d", i)); !strings.Contains(ev, api.EventPreempting) {
+			t.Errorf("no %s Event on inf-%d: %s", api.EventPreempting, i, ev)
+		}
+	}
+	if len(evicted) > 0 {
+		if ev := events(t, client, ns, evicted[0]); !strings.Contains(ev, api.EventPreempted) {
+			t.Errorf("no %s Event on %s: %s", api.EventPreempted, evicted[0], ev)
+		}
+	}
+	t.Logf("inf-0's events:%s", events(t, client, ns, "inf-0"))
 	occ, pods := occupancy(t, c)
 	checkNoOvercommit(t, occ)
 	checkRunningPods(t, c, pods)
