@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -110,6 +111,11 @@ type Preemptor struct {
 	Now        func() time.Time
 
 	blocked planner.PassOver
+
+	mu sync.Mutex
+	// evicted are the pods this preemptor evicted, when: the informer
+	// may not show them leaving yet.
+	evicted map[types.UID]time.Time
 }
 
 func (p *Preemptor) now() time.Time {
@@ -282,6 +288,33 @@ func (p *Preemptor) For(ctx context.Context, pod *corev1.Pod) (bool, error) {
 	return p.preemptFor(ctx, pod, pods, p.queues())
 }
 
+// split sorts pods into those gone once the room is free (leaving, or
+// evicted by this preemptor in the last two minutes: the informer shows a
+// pod leaving well before) and the others bound and running, so that an
+// eviction in flight is neither repeated nor replaced by another.
+func (p *Preemptor) split(pods []*corev1.Pod, now time.Time) (gone map[types.UID]bool, running []*corev1.Pod) {
+	gone = map[types.UID]bool{}
+	p.mu.Lock()
+	for uid, at := range p.evicted {
+		if now.Sub(at) > 2*time.Minute {
+			delete(p.evicted, uid)
+			continue
+		}
+		gone[uid] = true
+	}
+	p.mu.Unlock()
+	for _, pod := range pods {
+		switch {
+		case pod.DeletionTimestamp != nil:
+			gone[pod.UID] = true
+		case gone[pod.UID]:
+		case pod.Spec.NodeName != "" && !gpureq.Ended(pod):
+			running = append(running, pod)
+		}
+	}
+	return gone, running
+}
+
 // workload is one eviction unit and its pods.
 type workload struct {
 	unit preempt.Unit
@@ -322,18 +355,7 @@ func (p *Preemptor) preemptFor(ctx context.Context, asker *corev1.Pod, pods []*c
 // state without the victims.
 func (p *Preemptor) choose(asker *corev1.Pod, d *Demand, pods []*corev1.Pod, qsnap *planner.QueueSnapshot) (*preempt.Choice, map[string]*workload, *NodeState, error) {
 	now := p.now()
-	byUID := make(map[types.UID]*corev1.Pod, len(pods))
-	gone := map[types.UID]bool{}
-	var running []*corev1.Pod
-	for _, pod := range pods {
-		byUID[pod.UID] = pod
-		switch {
-		case pod.DeletionTimestamp != nil:
-			gone[pod.UID] = true
-		case pod.Spec.NodeName != "" && !gpureq.Ended(pod):
-			running = append(running, pod)
-		}
-	}
+	gone, running := p.split(pods, now)
 	base := without(p.Cache.Snapshot(), gone)
 	allowed := nodeaffinity.GetRequiredNodeAffinity(asker)
 	var nodes []*NodeState
@@ -566,6 +588,12 @@ func (p *Preemptor) evict(ctx context.Context, c claimant, victims []*workload, 
 				errs = append(errs, fmt.Errorf("evicting %s/%s for %s: %w", pod.Namespace, pod.Name, c.who, err))
 				continue
 			}
+			p.mu.Lock()
+			if p.evicted == nil {
+				p.evicted = map[types.UID]time.Time{}
+			}
+			p.evicted[pod.UID] = p.now()
+			p.mu.Unlock()
 			p.Metrics.preempted(pod.Namespace)
 			p.event(pod, corev1.EventTypeWarning, api.EventPreempted, "%s", msg)
 		}

@@ -110,16 +110,8 @@ func gangClaimant(members []*corev1.Pod) (claimant, bool) {
 // already leaving (gone) counted as gone: none when c fits once those are
 // gone; false when no choice makes it fit.
 func (p *Preemptor) chooseForGang(c claimant, members, pods []*corev1.Pod, qsnap *planner.QueueSnapshot, fits func(planner.Snapshot) bool) ([]*workload, map[types.UID]bool, bool) {
-	gone := map[types.UID]bool{}
-	var running []*corev1.Pod
-	for _, pod := range pods {
-		switch {
-		case pod.DeletionTimestamp != nil:
-			gone[pod.UID] = true
-		case pod.Spec.NodeName != "" && !gpureq.Ended(pod):
-			running = append(running, pod)
-		}
-	}
+	now := p.now()
+	gone, running := p.split(pods, now)
 	base := without(p.Cache.Snapshot(), gone)
 	// Only units with a pod on a node some member may run on: GPUs freed
 	// elsewhere cannot serve the gang.
@@ -136,7 +128,7 @@ func (p *Preemptor) chooseForGang(c claimant, members, pods []*corev1.Pod, qsnap
 			}
 		}
 	}
-	units, unitsOf := p.units(c, running, p.now(), qsnap)
+	units, unitsOf := p.units(c, running, now, qsnap)
 	seen := map[string]bool{}
 	var cands []preempt.Unit
 	for _, pod := range running {

@@ -244,3 +244,46 @@ func TestPreemptorForGang(t *testing.T) {
 		})
 	}
 }
+
+// Evictions in flight count as gone until the informer shows them: a
+// second call that sees only some of the victims leaving (the informer
+// lags) evicts nothing more and returns every victim as gone.
+func TestPreemptorForGangRemembersItsEvictions(t *testing.T) {
+	var nodes []*corev1.Node
+	var pods []*corev1.Pod
+	for k, n := range []string{"n1", "n2", "n3"} {
+		nodes = append(nodes, testbuild.Node(n).GPUs(8, "A100", 40960).Obj())
+		pods = append(pods, notebooks(n, 8, func(i int) int { return 60 - 3*i - k })...)
+	}
+	members := gangMembers("inf", 2, 8, inference)
+	pods = append(pods, members...)
+	cache := newTestCache(t, nodes, pods)
+	client := &testbuild.PreemptClient{}
+	p := &Preemptor{Cache: cache, Client: client, Pods: func() ([]*corev1.Pod, error) { return pods, nil },
+		Policy: testPolicy(t, PolicyBinpack), Now: func() time.Time { return preemptNow }}
+	_, first, err := p.ForGang(context.Background(), members, nodesFree(2, 8, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(client.Evicted) != 16 {
+		t.Fatalf("evicted %v, want the 16 notebooks of two nodes", client.Evicted)
+	}
+	for i, pod := range pods {
+		if pod.Name == client.Evicted[0] || pod.Name == client.Evicted[1] {
+			leaving := pod.DeepCopy()
+			leaving.DeletionTimestamp = &metav1.Time{Time: preemptNow}
+			pods[i] = leaving
+			cache.SetPod(leaving)
+		}
+	}
+	msg, again, err := p.ForGang(context.Background(), members, nodesFree(2, 8, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(client.Evicted) != 16 {
+		t.Errorf("the second call evicted %v more (%s)", client.Evicted[16:], msg)
+	}
+	if diff := cmp.Diff(first, again); diff != "" {
+		t.Errorf("gone (-first +second):\n%s", diff)
+	}
+}
