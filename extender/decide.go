@@ -362,6 +362,8 @@ func (q *Query) Score(p allocator.Policy, st *NodeState) (float64, bool) {
 	if st == nil {
 		return 0, false
 	}
+	// Memoised per policy: a learned policy's rebuild is a new policy.
+	p = CurrentPolicy(p)
 	if allocator.IsRandomized(p) {
 		return Score(p, st, q.D)
 	}

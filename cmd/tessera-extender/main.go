@@ -40,6 +40,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/extender"
@@ -90,6 +91,7 @@ type options struct {
 	tlsCert          string
 	tlsKey           string
 	policy           string
+	learnWindow      int
 	seed             int64
 	qps              float64
 	burst            int
@@ -140,6 +142,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.tlsKey, "tls-key", "", "private key of --tls-cert")
 	fs.StringVar(&o.policy, "policy", extender.PolicyBinpack, "placement policy: "+strings.Join(extender.PolicyNames(), ", "))
 	fs.Int64Var(&o.seed, "seed", 1, "seed of the random policy")
+	fs.IntVar(&o.learnWindow, "learn-workload", extender.DefaultLearnWindow, "the fragmentation-aware policies (binpack, fgd) keep room for the shapes of the last this many GPU pods the cluster ran, learned as they come (rebuilt every 50 pods; the built-in default workload until 50 are seen); 0: always the built-in default workload")
 	fs.Float64Var(&o.qps, "kube-api-qps", 100, "API server queries per second (each bind of a shared pod makes two: the assignment patch and the Binding)")
 	fs.IntVar(&o.burst, "kube-api-burst", 200, "API server burst")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 10*time.Second, "how long in-flight requests may finish on SIGTERM")
@@ -202,6 +205,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if o.quotaRetry <= 0 || o.quotaHold <= 0 || o.quotaResync <= 0 {
 		return nil, fmt.Errorf("--quota-crd-retry, --quota-reclaim-hold and --quota-resync must be positive, got %s, %s and %s", o.quotaRetry, o.quotaHold, o.quotaResync)
 	}
+	if o.learnWindow < 0 {
+		return nil, fmt.Errorf("--learn-workload must be 0 (off) or positive, got %d", o.learnWindow)
+	}
 	if o.shortlist < 0 {
 		return nil, fmt.Errorf("--filter-shortlist must be 0 (off) or positive, got %d", o.shortlist)
 	}
@@ -240,7 +246,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	ctx = klog.NewContext(ctx, logger)
 	defer klog.Flush()
 
-	policy, err := extender.NewPolicy(o.policy, extender.DefaultWorkload(), o.seed)
+	var policy allocator.Policy
+	if o.learnWindow > 0 {
+		policy, err = extender.NewLearnedPolicy(o.policy, o.seed, o.learnWindow, extender.DefaultLearnEvery, extender.DefaultLearnEvery)
+	} else {
+		policy, err = extender.NewPolicy(o.policy, extender.DefaultWorkload(), o.seed)
+	}
 	if err != nil {
 		return err
 	}
@@ -278,6 +289,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if err := extender.Watch(ctx, cache, nodeInf, podInf, recorder); err != nil {
 		return err
+	}
+	if l, ok := policy.(*extender.LearnedPolicy); ok {
+		if err := l.Learn(ctx, podInf, cache); err != nil {
+			return err
+		}
 	}
 
 	reg := prometheus.NewRegistry()
