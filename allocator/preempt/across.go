@@ -26,9 +26,10 @@ type FitsAll func(victims []Unit) bool
 // Choose's cost among nodes (the least important top victim, the fewest
 // pods ended).
 //
-// The fit is asked O(n) times: once with every unit gone, a binary search
-// for the shortest prefix that fits (the fit grows as units go), the
-// reprieve, and the single units that cost less.
+// The fit is asked once with every unit gone, then O(log n) times in a
+// binary search for the shortest prefix that fits (the fit grows as units
+// go), once per unit of that prefix (the reprieve), and for at most
+// maxSingles single units that cost less.
 func ChooseAcross(units []Unit, fits FitsAll) ([]Unit, bool) {
 	if fits(nil) {
 		return nil, true
@@ -43,14 +44,29 @@ func ChooseAcross(units []Unit, fits FitsAll) ([]Unit, bool) {
 	n := sort.Search(len(us), func(n int) bool { return n > 0 && fits(us[:n]) })
 	anyNode := func(_ string, victims []Unit) bool { return fits(victims) }
 	taken := reprieve("", slices.Clone(us[:n]), anyNode)
+	// The units are in order of cost, so the first single one that fits
+	// is the cheapest; at most maxSingles are tried, which bounds the
+	// planning calls on a large cluster (every one plans the whole asker).
+	tried := 0
 	for _, u := range us {
+		if len(taken) == 1 || tried == maxSingles {
+			break
+		}
 		one := []Unit{u}
-		if acrossCheaper(costOf(one), costOf(taken)) && fits(one) {
+		if !acrossCheaper(costOf(one), costOf(taken)) {
+			continue
+		}
+		tried++
+		if fits(one) {
 			taken = one
 		}
 	}
 	return taken, true
 }
+
+// maxSingles bounds how many single units ChooseAcross tries in place of
+// the set it found.
+const maxSingles = 64
 
 // acrossLess orders units by the cost of taking them, least first.
 func acrossLess(a, b Unit) bool {
