@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -112,10 +111,9 @@ type Preemptor struct {
 
 	blocked planner.PassOver
 
-	mu sync.Mutex
-	// evicted are the pods this preemptor evicted, when: the informer
-	// may not show them leaving yet.
-	evicted map[types.UID]time.Time
+	// evicted are the pods this preemptor evicted: the informer may not
+	// show them leaving yet.
+	evicted planner.Evictions
 }
 
 func (p *Preemptor) now() time.Time {
@@ -293,16 +291,7 @@ func (p *Preemptor) For(ctx context.Context, pod *corev1.Pod) (bool, error) {
 // pod leaving well before) and the others bound and running, so that an
 // eviction in flight is neither repeated nor replaced by another.
 func (p *Preemptor) split(pods []*corev1.Pod, now time.Time) (gone map[types.UID]bool, running []*corev1.Pod) {
-	gone = map[types.UID]bool{}
-	p.mu.Lock()
-	for uid, at := range p.evicted {
-		if now.Sub(at) > 2*time.Minute {
-			delete(p.evicted, uid)
-			continue
-		}
-		gone[uid] = true
-	}
-	p.mu.Unlock()
+	gone = p.evicted.Current(now)
 	for _, pod := range pods {
 		switch {
 		case pod.DeletionTimestamp != nil:
@@ -588,12 +577,7 @@ func (p *Preemptor) evict(ctx context.Context, c claimant, victims []*workload, 
 				errs = append(errs, fmt.Errorf("evicting %s/%s for %s: %w", pod.Namespace, pod.Name, c.who, err))
 				continue
 			}
-			p.mu.Lock()
-			if p.evicted == nil {
-				p.evicted = map[types.UID]time.Time{}
-			}
-			p.evicted[pod.UID] = p.now()
-			p.mu.Unlock()
+			p.evicted.Add(pod.UID, p.now())
 			p.Metrics.preempted(pod.Namespace)
 			p.event(pod, corev1.EventTypeWarning, api.EventPreempted, "%s", msg)
 		}

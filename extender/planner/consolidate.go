@@ -82,7 +82,7 @@ type Consolidator struct {
 	// pods leaving or gone): pods evicted in the last two minutes, counted
 	// as leaving before the informer shows it, and pods a budget refused,
 	// passed over for a minute.
-	evicted map[types.UID]time.Time
+	evicted Evictions
 	blocked map[types.UID]time.Time
 }
 
@@ -96,7 +96,7 @@ func NewConsolidator(evicter Evicter, events EventRecorder, clk clock.PassiveClo
 		clk = clock.RealClock{}
 	}
 	c := &Consolidator{Evicter: evicter, Events: events, Clock: clk, MovesPerMinute: movesPerMinute, started: clk.Now(),
-		evicted: map[types.UID]time.Time{}, blocked: map[types.UID]time.Time{}}
+		blocked: map[types.UID]time.Time{}}
 	c.moves = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "tessera", Subsystem: "extender", Name: "consolidation_moves_total",
 		Help: "Pods moved by consolidation (--consolidation), by result: evicted, or blocked (a PodDisruptionBudget refused the dry run; another choice was made without it).",
@@ -134,7 +134,7 @@ func (c *Consolidator) moved(uid types.UID) {
 	defer c.mu.Unlock()
 	now := c.Clock.Now()
 	c.recent = append(c.recent, now)
-	c.evicted[uid] = now
+	c.evicted.Add(uid, now)
 }
 
 // block passes pod uid over for a minute.
@@ -150,14 +150,7 @@ func (c *Consolidator) hints() (evicted, blocked map[types.UID]bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.Clock.Now()
-	evicted, blocked = map[types.UID]bool{}, map[types.UID]bool{}
-	for uid, at := range c.evicted {
-		if now.Sub(at) >= 2*time.Minute {
-			delete(c.evicted, uid)
-			continue
-		}
-		evicted[uid] = true
-	}
+	evicted, blocked = c.evicted.Current(now), map[types.UID]bool{}
 	for uid, at := range c.blocked {
 		if now.Sub(at) >= time.Minute {
 			delete(c.blocked, uid)

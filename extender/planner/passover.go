@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/api"
 )
@@ -76,4 +77,43 @@ func StartedAt(pod *corev1.Pod) time.Time {
 		return pod.Status.StartTime.Time
 	}
 	return pod.CreationTimestamp.Time
+}
+
+// EvictionMemory is how long an eviction made counts its pod as gone:
+// the informer shows an evicted pod leaving well before.
+const EvictionMemory = 2 * time.Minute
+
+// Evictions remembers the pods evicted in the last EvictionMemory, so that
+// the next choice counts them as gone while the informer may not show
+// them leaving yet: an eviction in flight is neither repeated nor replaced
+// by another. Safe for concurrent use; the zero value is empty.
+type Evictions struct {
+	mu sync.Mutex
+	at map[types.UID]time.Time
+}
+
+// Add records the eviction of pod uid at now.
+func (e *Evictions) Add(uid types.UID, now time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.at == nil {
+		e.at = map[types.UID]time.Time{}
+	}
+	e.at[uid] = now
+}
+
+// Current returns the pods evicted less than EvictionMemory before now
+// (and forgets the others).
+func (e *Evictions) Current(now time.Time) map[types.UID]bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make(map[types.UID]bool, len(e.at))
+	for uid, at := range e.at {
+		if now.Sub(at) >= EvictionMemory {
+			delete(e.at, uid)
+			continue
+		}
+		out[uid] = true
+	}
+	return out
 }

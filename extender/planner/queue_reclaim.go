@@ -63,7 +63,7 @@ type QueueReclaimer struct {
 	blocked PassOver
 
 	mu       sync.Mutex
-	inflight map[types.UID]time.Time // evicted, not yet seen leaving
+	inflight Evictions // evicted, maybe not yet seen leaving
 	watches  []*reclaimWatch         // evictions whose result is not known yet
 	settling bool                    // a settle tick is scheduled
 }
@@ -141,7 +141,7 @@ func (r *QueueReclaimer) ReclaimFor(ctx context.Context, snap *QueueSnapshot, q 
 					errs = append(errs, fmt.Errorf("evicting %s/%s for queue %s: %w", p.Namespace, p.Name, q, err))
 					continue
 				}
-				r.evicted(p.UID)
+				r.inflight.Add(p.UID, r.now())
 				if r.Metrics != nil {
 					r.Metrics.ReclaimEvicted(p.Namespace)
 				}
@@ -169,7 +169,7 @@ func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.
 	for _, p := range askers {
 		asker[p.UID] = true
 	}
-	gone = r.evicting(now)
+	gone = r.inflight.Current(now)
 	groups := map[string][]*corev1.Pod{}
 	for _, p := range pods {
 		switch {
@@ -339,33 +339,6 @@ func (r *QueueReclaimer) settle(now time.Time) int {
 		r.settling = false
 	}
 	return len(left)
-}
-
-// evicted records an eviction made, until the informer shows the pod
-// leaving (the next choice counts it as gone meanwhile).
-func (r *QueueReclaimer) evicted(uid types.UID) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.inflight == nil {
-		r.inflight = map[types.UID]time.Time{}
-	}
-	r.inflight[uid] = r.now()
-}
-
-// evicting returns the evictions made in the last two minutes (the
-// informer shows a pod leaving well before).
-func (r *QueueReclaimer) evicting(now time.Time) map[types.UID]bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := map[types.UID]bool{}
-	for uid, at := range r.inflight {
-		if now.Sub(at) > 2*time.Minute {
-			delete(r.inflight, uid)
-			continue
-		}
-		out[uid] = true
-	}
-	return out
 }
 
 // dryRun checks every victim pod may be evicted; it returns the first
