@@ -63,9 +63,9 @@ type QueueReclaimer struct {
 	blocked PassOver
 
 	mu       sync.Mutex
-	inflight Evictions // evicted, maybe not yet seen leaving
-	watches  []*reclaimWatch         // evictions whose result is not known yet
-	settling bool                    // a settle tick is scheduled
+	inflight Evictions       // evicted, maybe not yet seen leaving
+	watches  []*reclaimWatch // evictions whose result is not known yet
+	settling bool            // a settle tick is scheduled
 }
 
 // ReclaimMetrics counts queue reclaim's evictions (extender.Metrics).
