@@ -32,6 +32,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/allocator"
@@ -516,10 +517,19 @@ func simPolicies() []simPolicy {
 		{allocator.PolicyBestFit, asSim(allocator.PolicyBestFit)},
 		{allocator.PolicyFGD, asSim(allocator.PolicyFGD)},
 		{allocator.PolicyTessera, asSim(allocator.PolicyTessera)},
-		{"tessera, extender's workload", func(*traceSample) (allocator.Policy, error) {
+		{"tessera, extender's fixed workload", func(*traceSample) (allocator.Policy, error) {
 			return extender.NewPolicy(extender.PolicyBinpack, extender.DefaultWorkload(), 1)
 		}},
+		{"tessera, extender's learned workload", func(*traceSample) (allocator.Policy, error) {
+			return extender.NewLearnedPolicy(extender.PolicyBinpack, 1, extender.DefaultLearnWindow, extender.DefaultLearnEvery, extender.DefaultLearnEvery)
+		}},
 	}
+}
+
+// learnedShape is the shape tessera-extender learns from a trace pod (its
+// CPU, whole GPUs or slice compute; extender.LearnedPolicy).
+func learnedShape(r allocator.Request) allocator.Request {
+	return allocator.Request{CPUMilli: r.CPUMilli, GPUs: r.GPUs, GPUMilli: r.GPUMilli}
 }
 
 // simulateSample replays the sample on its cluster with policy as
@@ -529,7 +539,14 @@ func simPolicies() []simPolicy {
 func simulateSample(s *traceSample, policy allocator.Policy) (traceOutcome, error) {
 	nodes := sim.NewNodes(s.nodes)
 	o := traceOutcome{pods: len(s.pods)}
+	learned, _ := policy.(*extender.LearnedPolicy)
 	for _, pod := range s.pods {
+		if learned != nil && pod.Request.Kind() != allocator.CPUOnly {
+			// The extender sees each GPU pod as it arrives.
+			if _, err := learned.Observe(types.UID(pod.Name), learnedShape(pod.Request)); err != nil {
+				return o, err
+			}
+		}
 		sel, err := allocator.Select(policy, nodes, pod.Request, nil)
 		if err != nil {
 			return o, err
