@@ -95,6 +95,40 @@ trap 'exit 0' TERM
 sleep %d & wait
 `
 
+// withOutputCopy makes pod's container also write its output to
+// dir/<pod name> on the node, a file that appears (renamed from .partial)
+// only once the script has run to its end.
+func withOutputCopy(p *v1.Pod, dir string) *v1.Pod {
+	p.Spec.Volumes = append(p.Spec.Volumes, v1.Volume{Name: "out", VolumeSource: v1.VolumeSource{
+		HostPath: &v1.HostPathVolumeSource{Path: dir, Type: ptr.To(v1.HostPathDirectoryOrCreate)},
+	}})
+	for i := range p.Spec.Containers {
+		c := &p.Spec.Containers[i]
+		c.VolumeMounts = append(c.VolumeMounts, v1.VolumeMount{Name: "out", MountPath: "/out"})
+		f := "/out/" + p.Name
+		c.Command = []string{"/bin/sh", "-c", fmt.Sprintf("( %s ) 2>&1 | tee %s.partial; mv %s.partial %s", c.Command[2], f, f, f)}
+	}
+	return p
+}
+
+// completedBeforeRestart reports whether a failed pod is the stock
+// kubelet's kubernetes/kubernetes#117955 rather than a failure: its
+// container ran its script to the end (withOutputCopy's file is there,
+// with the "done" line), yet a restarted kubelet, which had not reported
+// the completion, admitted the pod again, found its devices gone with the
+// container and rejected it (UnexpectedAdmissionError). It returns the
+// output, which the caller checks as it would the log.
+func completedBeforeRestart(p *v1.Pod, dir string) (string, bool) {
+	if p.Status.Phase != v1.PodFailed || p.Status.Reason != "UnexpectedAdmissionError" {
+		return "", false
+	}
+	b, err := os.ReadFile(filepath.Join(dir, p.Name))
+	if err != nil || !strings.Contains(string(b), "\ndone\n") {
+		return "", false
+	}
+	return string(b), true
+}
+
 // containerLog returns a container's log (kubectl logs).
 func containerLog(ctx context.Context, client kubernetes.Interface, ns, pod string) (string, error) {
 	b, err := client.CoreV1().Pods(ns).GetLogs(pod, &v1.PodLogOptions{Container: "main"}).DoRaw(ctx)
@@ -402,7 +436,10 @@ func TestRealNodeLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A stream of short pods while the node's parts restart.
+	// A stream of short pods while the node's parts restart. Each also
+	// copies its output to the node (withOutputCopy): see
+	// completedBeforeRestart.
+	outDir := filepath.Join(n.Dir(), "pod-output")
 	var names []string
 	restarts := map[int]struct {
 		what string
@@ -434,7 +471,7 @@ func TestRealNodeLifecycle(t *testing.T) {
 		}
 		s := shapes[i%len(shapes)]
 		s.name = fmt.Sprintf("s%02d", i)
-		if _, err := client.CoreV1().Pods(ns).Create(ctx, realPod(ns, s, shortScript(4)), metav1.CreateOptions{}); err != nil {
+		if _, err := client.CoreV1().Pods(ns).Create(ctx, withOutputCopy(realPod(ns, s, shortScript(4)), outDir), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		names = append(names, s.name)
@@ -451,7 +488,9 @@ func TestRealNodeLifecycle(t *testing.T) {
 			}
 			switch p.Status.Phase {
 			case v1.PodFailed:
-				failed = append(failed, fmt.Sprintf("%s: %s: %s", name, p.Status.Reason, p.Status.Message))
+				if _, ok := completedBeforeRestart(p, outDir); !ok {
+					failed = append(failed, fmt.Sprintf("%s: %s: %s", name, p.Status.Reason, p.Status.Message))
+				}
 				done++
 			case v1.PodSucceeded:
 				done++
@@ -466,14 +505,54 @@ func TestRealNodeLifecycle(t *testing.T) {
 		t.Fatalf("pods did not all finish: %v", err)
 	}
 	for _, name := range names {
+		if p, err := client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{}); err == nil {
+			if out, ok := completedBeforeRestart(p, outDir); ok {
+				t.Logf("pod %s ran to completion, then the restarted kubelet marked it Failed (%s: %s): kubernetes/kubernetes#117955, the stock kubelet's; its output is checked from the node's copy", name, p.Status.Reason, p.Status.Message)
+				wantSaw(t, client, ns, name, out)
+				continue
+			}
+		}
 		log, err := containerLog(ctx, client, ns, name)
 		if err != nil {
 			t.Errorf("pod %s: log: %v", name, err)
 			continue
 		}
 		wantSaw(t, client, ns, name, log)
+		// The node's copy, which completedBeforeRestart trusts, is the log.
+		if b, err := os.ReadFile(filepath.Join(outDir, name)); err != nil || string(b) != log {
+			t.Errorf("pod %s: the node's copy of its output (err %v) is not its log:\n%s\nlog:\n%s", name, err, b, log)
+		}
 	}
 	if !t.Failed() {
 		t.Logf("%d pods ran to completion through restarts of the kubelet, containerd and the agent", len(names))
+	}
+}
+
+// TestCompletedBeforeRestart: only a pod the restarted kubelet rejected
+// (UnexpectedAdmissionError) whose script ran to its end counts as the
+// kubelet's kubernetes/kubernetes#117955.
+func TestCompletedBeforeRestart(t *testing.T) {
+	dir := t.TempDir()
+	for name, out := range map[string]string{"full": "devices: x\ndone\n", "cut": "devices: x\n"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(out), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pod := func(name string, phase v1.PodPhase, reason string) *v1.Pod {
+		return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: v1.PodStatus{Phase: phase, Reason: reason}}
+	}
+	for _, tc := range []struct {
+		pod  *v1.Pod
+		want bool
+	}{
+		{pod("full", v1.PodFailed, "UnexpectedAdmissionError"), true},
+		{pod("cut", v1.PodFailed, "UnexpectedAdmissionError"), false},
+		{pod("none", v1.PodFailed, "UnexpectedAdmissionError"), false},
+		{pod("full", v1.PodFailed, "OutOfgpu"), false},
+		{pod("full", v1.PodSucceeded, ""), false},
+	} {
+		if _, got := completedBeforeRestart(tc.pod, dir); got != tc.want {
+			t.Errorf("%s %s %s: %v, want %v", tc.pod.Name, tc.pod.Status.Phase, tc.pod.Status.Reason, got, tc.want)
+		}
 	}
 }
