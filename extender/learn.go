@@ -1,8 +1,10 @@
 package extender
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -19,9 +21,12 @@ import (
 // whose target workload, the pod shapes it keeps room for, is learned
 // from the GPU pods the cluster actually runs instead of being fixed
 // (DefaultWorkload). Every GPU pod the extender sees, pending or bound, is
-// counted once by UID; the last Window of them make the workload (every
-// shape, weighted by its count), rebuilt after every Every new pods. Until
-// Min pods have been seen the policy scores against DefaultWorkload.
+// counted once by UID; the last Window of them make the workload (the
+// most popular shapes covering allocator.DefaultPopularity of those pods,
+// as the FGD artifact builds its target workload, at most
+// MaxLearnedShapes, weighted by their counts), rebuilt after every Every
+// new pods. Until Min pods have been seen the policy scores against
+// DefaultWorkload.
 //
 // Why: the policy's packing keeps free the room the expected pods need;
 // with the fixed default the real extender left 7.9-8.4 % of the GPUs
@@ -137,16 +142,41 @@ func (l *LearnedPolicy) Observe(uid types.UID, r allocator.Request) (bool, error
 	for i, p := range l.ring {
 		reqs[i] = p.req
 	}
-	w, err := allocator.NewWorkload(reqs, 1)
+	w, err := allocator.NewWorkload(reqs, allocator.DefaultPopularity)
 	if err != nil {
 		return false, fmt.Errorf("learned workload of %d pods: %w", len(reqs), err)
 	}
+	w = mostPopular(w, MaxLearnedShapes)
 	p, err := l.build(w)
 	if err != nil {
 		return false, fmt.Errorf("learned workload: %w", err)
 	}
 	l.cur.Store(&policyBox{p})
 	return true, nil
+}
+
+// MaxLearnedShapes bounds the shapes of a learned workload: the policy
+// evaluates every shape on every node it scores, so its cost per pod grows
+// with them.
+const MaxLearnedShapes = 64
+
+// mostPopular keeps w's n most frequent shapes, their frequencies
+// renormalised to sum to 1.
+func mostPopular(w allocator.Workload, n int) allocator.Workload {
+	if len(w.Shapes) <= n {
+		return w
+	}
+	shapes := slices.Clone(w.Shapes)
+	slices.SortStableFunc(shapes, func(a, b allocator.Shape) int { return cmp.Compare(b.Freq, a.Freq) })
+	shapes = shapes[:n]
+	var sum float64
+	for _, s := range shapes {
+		sum += s.Freq
+	}
+	for i := range shapes {
+		shapes[i].Freq /= sum
+	}
+	return allocator.Workload{Shapes: shapes}
 }
 
 // Shapes is the number of pods counted (at most Window).

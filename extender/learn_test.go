@@ -140,3 +140,22 @@ func TestLearnedRequest(t *testing.T) {
 		})
 	}
 }
+
+// TestMostPopular keeps the n most frequent shapes, renormalised.
+func TestMostPopular(t *testing.T) {
+	shape := func(cpu int64, f float64) allocator.Shape {
+		return allocator.Shape{Request: allocator.Request{CPUMilli: cpu, GPUs: 1}, Freq: f}
+	}
+	w := allocator.Workload{Shapes: []allocator.Shape{shape(1, 0.1), shape(2, 0.5), shape(3, 0.15), shape(4, 0.25)}}
+	got := mostPopular(w, 2)
+	want := allocator.Workload{Shapes: []allocator.Shape{shape(2, 0.5/0.75), shape(4, 0.25/0.75)}}
+	if diff := gocmp.Diff(want, got); diff != "" {
+		t.Errorf("mostPopular (-want +got):\n%s", diff)
+	}
+	if err := got.Validate(); err != nil {
+		t.Error(err)
+	}
+	if diff := gocmp.Diff(w, mostPopular(w, 4)); diff != "" {
+		t.Errorf("n = len: changed (-want +got):\n%s", diff)
+	}
+}
