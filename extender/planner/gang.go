@@ -902,16 +902,19 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		// hold.
 		view = without(snap, hold.gone)
 	}
-	grp, nodes := p.gangInput(view, g, members, demands, minMember, shared)
-	res, err := gang.PlanGroup(grp, nodes, p.policy)
+	// planOn plans the workload on the nodes of s.
+	planOn := func(s Snapshot) (*gang.Plan, error) {
+		grp, nodes := p.gangInput(s, g, members, demands, minMember, shared)
+		return gang.PlanGroup(grp, nodes, p.policy)
+	}
+	res, err := planOn(view)
 	if err != nil {
 		reason := err.Error()
 		// Within its queue's guarantee or fair share, or its namespace's
 		// min, the workload may get room by reclaim; the planner tries
 		// again on its next pass.
 		fits := func(s Snapshot) bool {
-			grp, nodes := p.gangInput(s, g, members, demands, minMember, shared)
-			_, err := gang.PlanGroup(grp, nodes, p.policy)
+			_, err := planOn(s)
 			return err == nil
 		}
 		reclaimed := false
@@ -928,8 +931,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 				// planned there now, so that no other workload takes it;
 				// the ledger holds it, and the members bind once the
 				// pods leaving are gone.
-				grp, nodes := p.gangInput(without(snap, gone), g, members, demands, minMember, shared)
-				if r, perr := gang.PlanGroup(grp, nodes, p.policy); perr == nil {
+				if r, perr := planOn(without(snap, gone)); perr == nil {
 					res, err = r, nil
 				} else if msg != "" {
 					reason += "; queue reclaim: " + msg
@@ -967,8 +969,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 			}
 			if len(gone) > 0 {
 				preempting = true
-				grp, nodes := p.gangInput(without(snap, gone), g, members, demands, minMember, shared)
-				if r, gerr := gang.PlanGroup(grp, nodes, p.policy); gerr == nil {
+				if r, gerr := planOn(without(snap, gone)); gerr == nil {
 					res, err = r, nil
 				} else if msg != "" {
 					reason += "; " + msg
