@@ -45,9 +45,9 @@ import (
 // policy atomically, and Query.Score memoises per current policy
 // (CurrentPolicy), so a rebuild invalidates memoised scores.
 type LearnedPolicy struct {
-	name                string
-	window, every, min_ int
-	build               func(allocator.Workload) (allocator.Policy, error)
+	name                   string
+	window, every, minPods int
+	build                  func(allocator.Workload) (allocator.Policy, error)
 
 	mu    sync.Mutex
 	ring  []learnedPod
@@ -90,7 +90,7 @@ func NewLearnedPolicy(name string, seed int64, window, every, min int) (allocato
 	if !allocator.NeedsWorkload(first.Name()) || allocator.IsRandomized(first) {
 		return first, nil
 	}
-	l := &LearnedPolicy{name: name, window: window, every: every, min_: min, seen: map[types.UID]bool{},
+	l := &LearnedPolicy{name: name, window: window, every: every, minPods: min, seen: map[types.UID]bool{},
 		build: func(w allocator.Workload) (allocator.Policy, error) { return NewPolicy(name, w, 1) }}
 	l.cur.Store(&policyBox{first})
 	return l, nil
@@ -134,7 +134,7 @@ func (l *LearnedPolicy) Observe(uid types.UID, r allocator.Request) (bool, error
 		l.next = (l.next + 1) % l.window
 	}
 	l.since++
-	if len(l.ring) < l.min_ || l.built && l.since < l.every {
+	if len(l.ring) < l.minPods || l.built && l.since < l.every {
 		return false, nil
 	}
 	l.since, l.built = 0, true
