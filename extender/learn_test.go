@@ -1,12 +1,17 @@
 package extender
 
 import (
+	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	gocmp "github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
@@ -157,5 +162,59 @@ func TestMostPopular(t *testing.T) {
 	}
 	if diff := gocmp.Diff(w, mostPopular(w, 4)); diff != "" {
 		t.Errorf("n = len: changed (-want +got):\n%s", diff)
+	}
+}
+
+// learnInformer is an informer whose events the test delivers.
+type learnInformer struct {
+	h      toolscache.ResourceEventHandler
+	synced atomic.Bool
+}
+
+func (f *learnInformer) AddEventHandler(h toolscache.ResourceEventHandler) (toolscache.ResourceEventHandlerRegistration, error) {
+	f.h = h
+	return f, nil
+}
+
+func (f *learnInformer) HasSynced() bool { return f.synced.Load() }
+
+// TestLearnBuildsOnceTheFirstListIsIn checks that the pods of the
+// informer's first list are counted without a rebuild each, the policy is
+// built once the list is in, and later pods rebuild it every Every.
+func TestLearnBuildsOnceTheFirstListIsIn(t *testing.T) {
+	c := newTestCache(t, nil, nil)
+	l := mustLearned(t, 1000, 10, 10)
+	inf := &learnInformer{}
+	if err := l.Learn(t.Context(), inf, c); err != nil {
+		t.Fatal(err)
+	}
+	first := l.Current()
+	pod := func(i int) *corev1.Pod {
+		p := testbuild.Pod(fmt.Sprint("p", i)).Whole(1).CPU("4").Obj()
+		p.UID = types.UID(p.Name)
+		return p
+	}
+	for i := range 35 {
+		inf.h.OnAdd(pod(i), true)
+	}
+	if l.Current() != first || l.Shapes() != 35 || l.Decided() {
+		t.Fatalf("during the first list: policy replaced %v, %d pods counted, decided %v; want not replaced, 35, not decided", l.Current() != first, l.Shapes(), l.Decided())
+	}
+	inf.synced.Store(true)
+	if err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return l.Current() != first && l.Decided(), nil
+	}); err != nil {
+		t.Fatal("the policy was not built once the first list was in")
+	}
+	built := l.Current()
+	for i := 35; i < 44; i++ {
+		inf.h.OnAdd(pod(i), false)
+	}
+	if l.Current() != built {
+		t.Error("rebuilt before Every new pods")
+	}
+	inf.h.OnUpdate(nil, pod(44))
+	if l.Current() == built {
+		t.Error("not rebuilt after Every new pods")
 	}
 }

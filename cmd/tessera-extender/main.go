@@ -535,6 +535,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			}
 			go queues.Run(ctx, o.queueStatusEach)
 		}
+		// Not ready before the target workload is learned from the
+		// pods that exist.
+		if l, ok := policy.(*extender.LearnedPolicy); ok && !decided(l) {
+			return
+		}
 		if preemptor != nil {
 			go preemptor.Run(ctx, o.preemptionResync)
 		}
