@@ -93,6 +93,17 @@ func (s *Server) event(pod *corev1.Pod, reason, format string, args ...any) {
 
 // FilterArgs runs the filter verb on decoded arguments.
 func (s *Server) FilterArgs(ctx context.Context, args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFilterResult {
+	return s.filter(ctx, args, s.shortlist)
+}
+
+// FilterAll is FilterArgs without the shortlist: every node that fits
+// passes. tessera-scheduler asks it for a pod whose shortlisted nodes all
+// failed kube-scheduler's other filters.
+func (s *Server) FilterAll(ctx context.Context, args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFilterResult {
+	return s.filter(ctx, args, 0)
+}
+
+func (s *Server) filter(ctx context.Context, args *extenderv1.ExtenderArgs, k int) *extenderv1.ExtenderFilterResult {
 	res := &extenderv1.ExtenderFilterResult{FailedNodes: extenderv1.FailedNodesMap{}, FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{}}
 	if args.Pod == nil {
 		res.Error = "filter: the request names no pod"
@@ -176,7 +187,7 @@ func (s *Server) FilterArgs(ctx context.Context, args *extenderv1.ExtenderArgs) 
 	for r, n := range counts {
 		s.metrics.rejected(r, n)
 	}
-	left := shortlist(s.policy, q, args.Pod, states, passed, s.shortlist)
+	left := shortlist(s.policy, q, args.Pod, states, passed, k)
 	s.metrics.shortlisted(left)
 	if args.NodeNames != nil {
 		out := make([]string, 0, len(names))
@@ -495,57 +506,31 @@ func (s *Server) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs,
 	default:
 		return fmt.Errorf("bind %s/%s to %s: %w: already bound to %s", pod.Namespace, pod.Name, args.Node, ErrPodMismatch, pod.Spec.NodeName)
 	}
-	plan, planned, err := api.GetGangPlan(pod.Annotations)
-	switch {
-	case err != nil:
-		s.event(pod, "InvalidGangPlan", "%v", err)
-		return fmt.Errorf("bind %s/%s: %w", pod.Namespace, pod.Name, err)
-	case planned && plan.Node != args.Node:
-		return fmt.Errorf("bind %s/%s to %s: %w: gang %s planned it on %s", pod.Namespace, pod.Name, args.Node, ErrNotPlannedNode, plan.Gang, plan.Node)
-	case !planned:
-		if msg, held := s.unadmitted(pod); held {
-			return fmt.Errorf("bind %s/%s to %s: %w: %s", pod.Namespace, pod.Name, args.Node, ErrNotPlannedNode, msg)
-		}
-	}
-	d, err := ParseDemand(pod)
+	pl, err := s.placing(pod, args.Node)
 	if err != nil {
-		s.event(pod, "InvalidGPURequest", "%v", err)
-		return fmt.Errorf("bind %s/%s: %w", pod.Namespace, pod.Name, err)
+		if pl.reason != "" {
+			s.event(pod, pl.reason, "%v", err)
+		}
+		return fmt.Errorf("bind %s/%s to %s: %w", pod.Namespace, pod.Name, args.Node, err)
 	}
+	d := pl.demand
 	var slice *sliceBind
 	if len(d.Shares) > 0 {
 		slice = s.order.slice(args.Node)
 		defer slice.end()
 	}
-	// The pod came through the trust filter: an assignment here is one
-	// Tessera sealed for it.
-	prev, _, perr := api.GetAssignment(pod.Annotations)
-	if perr != nil {
+	if pl.malformed != nil {
 		// A malformed assignment is overwritten below; say so.
-		s.event(pod, "MalformedAssignment", "replacing malformed assignment: %v", perr)
-		prev = nil
+		s.event(pod, "MalformedAssignment", "replacing malformed assignment: %v", pl.malformed)
 	}
-	use, err := s.state.Reserve(pod.UID, args.Node, func(st *NodeState) (*PodUse, error) {
-		st = s.ViewFor(pod, st)
-		if u, ok := ReuseShared(st, pod.UID, &d, prev); ok {
-			return u, nil
-		}
-		if planned && plan.GPU != nil {
-			// A shared member goes to its planned GPU or not at all.
-			if u, ok := ReusePlannedShared(st, pod.UID, &d, plannedAssignment(st.Info, &d, plan.GPU)); ok {
-				return u, nil
-			}
-			return nil, fmt.Errorf("%w: gang %s planned it on GPU %s, which no longer has room", ErrNoFit, plan.Gang, plan.GPU.UUID)
-		}
-		return ChoosePlacement(s.policy, st, pod.UID, &d)
-	})
+	use, err := s.reserve(pod, args.Node, &pl)
 	if err != nil {
 		s.event(pod, "FailedBinding", "%v", err)
 		return fmt.Errorf("bind %s/%s to %s: %w", pod.Namespace, pod.Name, args.Node, err)
 	}
 	use.Namespace, use.Name = pod.Namespace, pod.Name
 	if len(use.Shared) > 0 {
-		a := SharedAssignment(prev, use)
+		a := SharedAssignment(pl.prev, use)
 		value, err := api.EncodeAssignment(a)
 		if err != nil {
 			s.state.Unreserve(pod.UID)
@@ -600,6 +585,91 @@ func (s *Server) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs,
 	logger.V(2).Info("Bound", "pod", klog.KObj(pod), "node", args.Node, "shared", use.Shared, "wholeGPUs", use.WholePending)
 	return nil
 }
+
+// placement is what placing a pod on a node starts from.
+type placement struct {
+	demand Demand
+	// plan is the pod's gang plan, nil when it has none.
+	plan *api.GangPlan
+	// prev is the assignment recorded for the pod (the pod came through
+	// the trust filter: one Tessera sealed for it), nil when none.
+	prev *api.Assignment
+	// malformed is why a recorded assignment was unreadable (then prev
+	// is nil and the bind overwrites it).
+	malformed error
+	// reason is the Event reason of placing's error, "" for none.
+	reason string
+}
+
+// placing reads what placing pod on node needs, or says why the pod may
+// not go there: a malformed plan or request, another node planned, or a
+// pod only the planner may place.
+func (s *Server) placing(pod *corev1.Pod, node string) (placement, error) {
+	var pl placement
+	plan, planned, err := api.GetGangPlan(pod.Annotations)
+	switch {
+	case err != nil:
+		pl.reason = "InvalidGangPlan"
+		return pl, err
+	case planned && plan.Node != node:
+		return pl, fmt.Errorf("%w: gang %s planned it on %s", ErrNotPlannedNode, plan.Gang, plan.Node)
+	case planned:
+		pl.plan = plan
+	default:
+		if msg, held := s.unadmitted(pod); held {
+			return pl, fmt.Errorf("%w: %s", ErrNotPlannedNode, msg)
+		}
+	}
+	if pl.demand, err = ParseDemand(pod); err != nil {
+		pl.reason = "InvalidGPURequest"
+		return pl, err
+	}
+	pl.prev, _, pl.malformed = api.GetAssignment(pod.Annotations)
+	if pl.malformed != nil {
+		pl.prev = nil
+	}
+	return pl, nil
+}
+
+// reserve counts pod on node in the ledger, placed as its bind places it:
+// its recorded slices when they still fit, a gang member's planned GPU,
+// else the policy's choice.
+func (s *Server) reserve(pod *corev1.Pod, node string, pl *placement) (*PodUse, error) {
+	d, plan := &pl.demand, pl.plan
+	return s.state.Reserve(pod.UID, node, func(st *NodeState) (*PodUse, error) {
+		st = s.ViewFor(pod, st)
+		if u, ok := ReuseShared(st, pod.UID, d, pl.prev); ok {
+			return u, nil
+		}
+		if plan != nil && plan.GPU != nil {
+			// A shared member goes to its planned GPU or not at all.
+			if u, ok := ReusePlannedShared(st, pod.UID, d, plannedAssignment(st.Info, d, plan.GPU)); ok {
+				return u, nil
+			}
+			return nil, fmt.Errorf("%w: gang %s planned it on GPU %s, which no longer has room", ErrNoFit, plan.Gang, plan.GPU.UUID)
+		}
+		return ChoosePlacement(s.policy, st, pod.UID, d)
+	})
+}
+
+// Reserve counts pod on node in the ledger now, as its bind will place it,
+// for a scheduler that binds later (tessera-scheduler's Reserve point):
+// the pods it schedules meanwhile see the room taken. The bind decides
+// again in its place; Unreserve drops it. pod must have come through the
+// trust filter.
+func (s *Server) Reserve(pod *corev1.Pod, node string) error {
+	pl, err := s.placing(pod, node)
+	if err == nil {
+		_, err = s.reserve(pod, node, &pl)
+	}
+	if err != nil {
+		return fmt.Errorf("reserve %s/%s on %s: %w", pod.Namespace, pod.Name, node, err)
+	}
+	return nil
+}
+
+// Unreserve drops what Reserve (or a failed bind) counted for the pod uid.
+func (s *Server) Unreserve(uid types.UID) { s.state.Unreserve(uid) }
 
 // SharedAssignment returns the assignment recording use's shared slices,
 // keeping the whole GPUs prev records.

@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"context"
@@ -45,13 +45,13 @@ func TestRunRejectsBadFlags(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err := run(context.Background(), tc.args, io.Discard)
+			err := Run(context.Background(), tc.args, io.Discard, nil)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("run(%v) = %v, want an error containing %q", tc.args, err, tc.want)
 			}
 		})
 	}
-	if err := run(context.Background(), []string{"--help"}, io.Discard); !errors.Is(err, flag.ErrHelp) {
+	if err := Run(context.Background(), []string{"--help"}, io.Discard, nil); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("--help: %v, want flag.ErrHelp", err)
 	}
 }
@@ -175,7 +175,7 @@ current-context: x
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"--kubeconfig=" + kubeconfig, "--listen=" + addr, "--tls-cert=" + cert, "--tls-key=" + key, "--shutdown-grace=2s"}, io.Discard)
+		done <- Run(ctx, []string{"--kubeconfig=" + kubeconfig, "--listen=" + addr, "--tls-cert=" + cert, "--tls-key=" + key, "--shutdown-grace=2s"}, io.Discard, nil)
 	}()
 	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // self-signed test server
 	var resp *http.Response
