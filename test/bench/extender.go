@@ -45,6 +45,62 @@ func buildExtender(ctx context.Context, repo, dir string) (string, error) {
 	return bin, nil
 }
 
+// buildScheduler builds tessera-scheduler (the scheduler/ module:
+// kube-scheduler with Tessera's plugin) into dir.
+func buildScheduler(ctx context.Context, repo, dir string) (string, error) {
+	bin := filepath.Join(dir, "tessera-scheduler")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/tessera-scheduler")
+	cmd.Dir = filepath.Join(repo, "scheduler")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build tessera-scheduler: %w\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// pluginConfig writes deploy/scheduler/scheduler-config.yaml (the
+// configuration of tessera-scheduler) into dir with flags as the Tessera
+// plugin's args in every profile.
+func pluginConfig(repo, dir string, flags []string) (string, error) {
+	raw, err := os.ReadFile(filepath.Join(repo, "deploy", "scheduler", "scheduler-config.yaml"))
+	if err != nil {
+		return "", fmt.Errorf("read plugin scheduler config: %w", err)
+	}
+	cfg := map[string]any{}
+	if err := yaml.Unmarshal(raw, &cfg); err != nil {
+		return "", fmt.Errorf("parse plugin scheduler config: %w", err)
+	}
+	profiles, _ := cfg["profiles"].([]any)
+	set := 0
+	for _, p := range profiles {
+		prof, _ := p.(map[string]any)
+		pcs, _ := prof["pluginConfig"].([]any)
+		for _, pc := range pcs {
+			if m, _ := pc.(map[string]any); m != nil && m["name"] == "Tessera" {
+				m["args"] = map[string]any{"flags": flags}
+				set++
+			}
+		}
+	}
+	if set == 0 {
+		return "", errors.New("deploy/scheduler/scheduler-config.yaml configures no Tessera plugin")
+	}
+	out, err := yaml.Marshal(cfg)
+	if err != nil {
+		return "", fmt.Errorf("marshal plugin scheduler config: %w", err)
+	}
+	path := filepath.Join(dir, "scheduler-plugin.yaml")
+	if err := os.WriteFile(path, out, 0o600); err != nil {
+		return "", fmt.Errorf("write plugin scheduler config: %w", err)
+	}
+	return path, nil
+}
+
+// extenderArgs are the flags the benchmark runs the extender with, alone
+// or in tessera-scheduler, before the --extender-flag ones.
+func extenderArgs(kubeconfig, addr string) []string {
+	return []string{"--kubeconfig=" + kubeconfig, "--listen=" + addr, "--policy=binpack", "--v=1"}
+}
+
 // readDeploy reads the YAML document of kind from a deploy/extender file.
 func readDeploy(repo, file, kind string, into any) error {
 	raw, err := os.ReadFile(filepath.Join(repo, "deploy", "extender", file))
@@ -153,7 +209,7 @@ type extenderProc struct {
 // startExtender runs bin with deploy's flags and extra, and waits (at most
 // timeout) for its /readyz.
 func startExtender(ctx context.Context, bin, kubeconfig, addr, logPath string, extra []string, timeout time.Duration) (*extenderProc, error) {
-	args := append([]string{"--kubeconfig=" + kubeconfig, "--listen=" + addr, "--policy=binpack", "--v=1"}, extra...)
+	args := append(extenderArgs(kubeconfig, addr), extra...)
 	e, err := startProc(ctx, bin, args, nil, logPath, "http://"+addr+"/readyz", timeout)
 	if err != nil {
 		return nil, fmt.Errorf("extender: %w", err)
@@ -213,4 +269,30 @@ func tail(path string) string {
 		b = b[len(b)-8<<10:]
 	}
 	return string(b)
+}
+
+// waitReady polls url until it answers 200, for at most timeout.
+func waitReady(ctx context.Context, url string, timeout time.Duration) error {
+	hc := &http.Client{Timeout: 2 * time.Second}
+	deadline := time.Now().Add(timeout)
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return fmt.Errorf("readiness request: %w", err)
+		}
+		if resp, err := hc.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not ready after %s", url, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }

@@ -5,9 +5,12 @@
 // docs/bench.md; `make bench-scheduler` runs it.
 //
 // For each node count it creates the nodes, then runs the same pod mix
-// twice: kube-scheduler with deploy/extender/scheduler-config.yaml minus
-// its extenders, and with that file as deployed (the extender running as
-// its own process). Rate is pods / (first create -> last pod seen bound by
+// three times: kube-scheduler with deploy/extender/scheduler-config.yaml
+// minus its extenders ("without"), with that file as deployed (the
+// extender running as its own process, "with"), and tessera-scheduler
+// with deploy/scheduler/scheduler-config.yaml (the extender in the
+// scheduler's process behind the Tessera plugin, "plugin"; --plugin=false
+// leaves it out). Rate is pods / (first create -> last pod seen bound by
 // a watch). Pods are deleted between runs; each run gets a fresh
 // kube-scheduler (and extender).
 package main
@@ -50,6 +53,8 @@ type config struct {
 	settle        time.Duration
 	keepLogs      string
 	extenderFlags []string
+	// plugin: also run tessera-scheduler (the in-process plugin).
+	plugin bool
 	// peers: --peers runs the side-by-side benchmark (peers.go) instead.
 	peers peerConfig
 }
@@ -83,6 +88,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		c.extenderFlags = append(c.extenderFlags, v)
 		return nil
 	})
+	fs.BoolVar(&c.plugin, "plugin", true, "also run tessera-scheduler: kube-scheduler with Tessera's plugin and the extender in its process (deploy/scheduler/scheduler-config.yaml)")
 	addPeerFlags(fs, &c.peers)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -112,17 +118,34 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	return c, nil
 }
 
-// phase is one node count's pair of runs.
+// mode is how a run schedules.
+type mode int
+
+const (
+	// modeWithout is kube-scheduler alone.
+	modeWithout mode = iota
+	// modeWith is kube-scheduler calling tessera-extender's verbs.
+	modeWith
+	// modePlugin is tessera-scheduler: the extender in process, behind
+	// the Tessera plugin.
+	modePlugin
+)
+
+func (m mode) String() string { return [...]string{"without", "with", "plugin"}[m] }
+
+// phase is one node count's runs.
 type phase struct {
 	nodes   int
 	nodesIn time.Duration
 	without runResult
 	with    runResult
-	// kube-scheduler's own histograms, without and with the extender.
-	schedWithout, schedWith schedStats
-	latency                 map[string]*histogram
-	errors                  map[string]float64
-	placements              float64
+	plugin  runResult
+	// kube-scheduler's own histograms, without and with the extender, and
+	// tessera-scheduler's.
+	schedWithout, schedWith, schedPlugin schedStats
+	latency                              map[string]*histogram
+	errors                               map[string]float64
+	placements, pluginPlacements         float64
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -188,6 +211,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	modes := []mode{modeWithout, modeWith}
+	var schedBin, pluginCfg string
+	if c.plugin {
+		logf("building tessera-scheduler")
+		if schedBin, err = buildScheduler(ctx, c.repo, dir); err != nil {
+			return err
+		}
+		if pluginCfg, err = pluginConfig(c.repo, dir, append(extenderArgs(kubeconfig, addr), c.extenderFlags...)); err != nil {
+			return err
+		}
+		modes = append(modes, modePlugin)
+	}
 
 	var phases []*phase
 	have := 0
@@ -202,54 +237,66 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		have = n
 		logf("%d nodes (created in %s)", n, ph.nodesIn.Round(time.Millisecond))
 
-		for _, withExt := range []bool{false, true} {
+		for _, m := range modes {
 			var ext *extenderProc
-			cfg := withoutCfg
-			if withExt {
-				cfg = withCfg
+			opts := controlplane.SchedulerOptions{ConfigFile: withoutCfg, Args: []string{schedulerMetricsArg}}
+			switch m {
+			case modeWith:
+				opts.ConfigFile = withCfg
 				ext, err = startExtender(ctx, bin, kubeconfig, addr, filepath.Join(dir, fmt.Sprintf("extender-%d.log", n)), c.extenderFlags, 2*time.Minute)
 				if err != nil {
 					return err
 				}
+			case modePlugin:
+				opts.ConfigFile, opts.Binary = pluginCfg, schedBin
 			}
 			err := func() error {
 				defer ext.stop()
-				if err := cp.StartScheduler(ctx, controlplane.SchedulerOptions{ConfigFile: cfg, Args: []string{schedulerMetricsArg}}); err != nil {
-					return fmt.Errorf("start kube-scheduler: %w", err)
+				if err := cp.StartScheduler(ctx, opts); err != nil {
+					return fmt.Errorf("start %s scheduler: %w", m, err)
 				}
 				defer func() {
 					if err := cp.StopScheduler(); err != nil {
 						logf("stop kube-scheduler: %v", err)
 					}
 				}()
+				if m == modePlugin {
+					// The extender in the scheduler's process serves its
+					// /readyz on --listen once its caches are in.
+					if err := waitReady(ctx, "http://"+addr+"/readyz", 2*time.Minute); err != nil {
+						return fmt.Errorf("tessera-scheduler's extender: %w\nlog tail:\n%s", err, schedulerLogTail(cp))
+					}
+					ext = &extenderProc{addr: addr}
+				}
 				select {
 				case <-time.After(c.settle):
 				case <-ctx.Done():
 					return ctx.Err()
 				}
-				logf("%d nodes, extender=%v: creating %d pods", n, withExt, c.pods)
-				run := fmt.Sprintf("n%d-without", n)
-				if withExt {
-					run = fmt.Sprintf("n%d-with", n)
-				}
-				res, err := measure(ctx, client, ns, c.schedulerName, run, c.pods, c.podWorkers, c.runTimeout)
+				logf("%d nodes, %s: creating %d pods", n, m, c.pods)
+				res, err := measure(ctx, client, ns, c.schedulerName, fmt.Sprintf("n%d-%s", n, m), c.pods, c.podWorkers, c.runTimeout)
 				if err != nil {
-					return fmt.Errorf("%d nodes, extender=%v: %w\nkube-scheduler log tail:\n%s", n, withExt, err, schedulerLogTail(cp))
+					return fmt.Errorf("%d nodes, %s: %w\nkube-scheduler log tail:\n%s", n, m, err, schedulerLogTail(cp))
 				}
-				logf("%d nodes, extender=%v: %d pods bound in %s: %.1f pods/s", n, withExt, res.pods, res.boundIn.Round(time.Millisecond), res.podsPerSecond())
+				logf("%d nodes, %s: %d pods bound in %s: %.1f pods/s", n, m, res.pods, res.boundIn.Round(time.Millisecond), res.podsPerSecond())
 				sched, err := scrapeScheduler(ctx, cp)
 				if err != nil {
 					return err
 				}
-				if !withExt {
+				switch m {
+				case modeWithout:
 					ph.without, ph.schedWithout = res, sched
 					return nil
+				case modePlugin:
+					ph.plugin, ph.schedPlugin = res, sched
+				default:
+					ph.with, ph.schedWith = res, sched
 				}
-				ph.with, ph.schedWith = res, sched
 				// The informer can see the last Binding before the extender's
-				// bind handler has recorded its latency: wait (at most 10s)
-				// until every placement is counted.
+				// bind has counted it: wait (at most 10s) until every
+				// placement is counted.
 				var text []byte
+				var placed float64
 				for deadline := time.Now().Add(10 * time.Second); ; {
 					if text, err = ext.metrics(ctx); err != nil {
 						return err
@@ -258,12 +305,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 					if err != nil {
 						return err
 					}
-					ph.placements = placements[""]
-					if int(ph.placements) >= c.pods || time.Now().After(deadline) {
+					placed = placements[""]
+					if int(placed) >= c.pods || time.Now().After(deadline) {
 						break
 					}
 					time.Sleep(200 * time.Millisecond)
 				}
+				if m == modePlugin {
+					ph.pluginPlacements = placed
+					return nil
+				}
+				ph.placements = placed
 				if ph.latency, err = parseHistograms(bytes.NewReader(text), latencyMetric, "verb"); err != nil {
 					return err
 				}
@@ -293,25 +345,32 @@ func report(w io.Writer, c *config, phases []*phase, load0, load1 string, took t
 	}
 	fmt.Fprintf(w, "load average at start: %s; at end: %s; total run time %s\n\n", load0, load1, took.Round(time.Second))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "nodes\tnodes created in\twithout extender pods/s\twith extender pods/s\tratio\tgoal >= 0.80\t")
+	fmt.Fprintln(tw, "nodes\tnodes created in\twithout extender pods/s\twith extender pods/s\tratio\ttessera-scheduler pods/s\tratio\t")
 	for _, p := range phases {
-		ratio := p.with.podsPerSecond() / p.without.podsPerSecond()
-		ok := "met"
-		if ratio < 0.8 {
-			ok = "NOT met"
+		plugin, pratio := "-", "-"
+		if c.plugin {
+			plugin = fmt.Sprintf("%.1f", p.plugin.podsPerSecond())
+			pratio = fmt.Sprintf("%.2f", p.plugin.podsPerSecond()/p.without.podsPerSecond())
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%.1f\t%.1f\t%.2f\t%s\t\n", p.nodes, p.nodesIn.Round(100*time.Millisecond),
-			p.without.podsPerSecond(), p.with.podsPerSecond(), ratio, ok)
+		fmt.Fprintf(tw, "%d\t%s\t%.1f\t%.1f\t%.2f\t%s\t%s\t\n", p.nodes, p.nodesIn.Round(100*time.Millisecond),
+			p.without.podsPerSecond(), p.with.podsPerSecond(), p.with.podsPerSecond()/p.without.podsPerSecond(), plugin, pratio)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "nodes\textender\tpods\tcreated in\tfirst bound\tlast bound\tpods/s\t")
 	for _, p := range phases {
-		for _, r := range []struct {
+		runs := []struct {
 			name string
 			res  runResult
-		}{{"without", p.without}, {"with", p.with}} {
+		}{{"without", p.without}, {"with", p.with}}
+		if c.plugin {
+			runs = append(runs, struct {
+				name string
+				res  runResult
+			}{"plugin", p.plugin})
+		}
+		for _, r := range runs {
 			fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%.1f\t\n", p.nodes, r.name, r.res.pods, r.res.createdIn.Round(time.Millisecond),
 				r.res.firstBoundIn.Round(time.Millisecond), r.res.boundIn.Round(time.Millisecond), r.res.podsPerSecond())
 		}
@@ -334,17 +393,18 @@ func report(w io.Writer, c *config, phases []*phase, load0, load1 string, took t
 	}
 	tw.Flush()
 	for _, p := range phases {
-		fmt.Fprintf(w, "extender placements at %d nodes: %.0f\n", p.nodes, p.placements)
+		fmt.Fprintf(w, "extender placements at %d nodes: %.0f", p.nodes, p.placements)
+		if c.plugin {
+			fmt.Fprintf(w, "; in tessera-scheduler: %.0f", p.pluginPlacements)
+		}
+		fmt.Fprintln(w)
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "kube-scheduler per pod (its own histograms: algorithm = filter and score, extender calls included, one pod at a time; attempt = algorithm + binding; buckets double from 1ms)")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "nodes\textender\talgorithm n\tmean\tp50\tp99\tattempts scheduled\tmean\tp50\tp99\t")
 	for _, p := range phases {
-		for _, r := range []struct {
-			name string
-			s    schedStats
-		}{{"without", p.schedWithout}, {"with", p.schedWith}} {
+		for _, r := range schedRuns(c, p) {
 			a, t := r.s.algorithm, r.s.attempt
 			fmt.Fprintf(tw, "%d\t%s\t%.0f\t%s\t%s\t%s\t%.0f\t%s\t%s\t%s\t\n", p.nodes, r.name,
 				a.count, ms(a.mean()), ms(a.quantile(0.5)), ms(a.quantile(0.99)),
@@ -357,10 +417,7 @@ func report(w io.Writer, c *config, phases []*phase, load0, load1 string, took t
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "nodes\textender\talgorithm\t"+strings.Join(algorithmPoints, "\t")+"\trest\t")
 	for _, p := range phases {
-		for _, r := range []struct {
-			name string
-			s    schedStats
-		}{{"without", p.schedWithout}, {"with", p.schedWith}} {
+		for _, r := range schedRuns(c, p) {
 			per := func(h histogram) float64 { return h.sum / r.s.algorithm.count }
 			rest := per(r.s.algorithm)
 			fmt.Fprintf(tw, "%d\t%s\t%s\t", p.nodes, r.name, ms(rest))
@@ -373,6 +430,24 @@ func report(w io.Writer, c *config, phases []*phase, load0, load1 string, took t
 		}
 	}
 	tw.Flush()
+}
+
+// schedRuns are a phase's kube-scheduler histograms by run.
+func schedRuns(c *config, p *phase) []struct {
+	name string
+	s    schedStats
+} {
+	out := []struct {
+		name string
+		s    schedStats
+	}{{"without", p.schedWithout}, {"with", p.schedWith}}
+	if c.plugin {
+		out = append(out, struct {
+			name string
+			s    schedStats
+		}{"plugin", p.schedPlugin})
+	}
+	return out
 }
 
 // schedulerMetricsArg lets the benchmark read kube-scheduler's /metrics

@@ -68,6 +68,9 @@ type SchedulerOptions struct {
 	ConfigFile string
 	// Args are appended to the flags the harness passes.
 	Args []string
+	// Binary runs instead of Options.Binaries.Scheduler: a kube-scheduler
+	// built with plugins (tessera-scheduler). Empty: kube-scheduler.
+	Binary string
 }
 
 // ControlPlane is a running etcd + kube-apiserver (+ kube-scheduler).
@@ -325,7 +328,11 @@ func (cp *ControlPlane) StartScheduler(ctx context.Context, o SchedulerOptions) 
 	if n > 1 {
 		name += "-" + strconv.Itoa(n)
 	}
-	p, err := startProcess(name, cp.opts.Binaries.Scheduler, args, cp.dir)
+	bin := cp.opts.Binaries.Scheduler
+	if o.Binary != "" {
+		bin = o.Binary
+	}
+	p, err := startProcess(name, bin, args, cp.dir)
 	if err != nil {
 		return err
 	}
