@@ -67,9 +67,11 @@ include test/bench.mk
 include test/demo.mk
 # make plugin: the kubectl plugin (docs/kubectl-tessera.md).
 include cmd/kubectl-tessera/plugin.mk
+# make scheduler: tessera-scheduler, kube-scheduler with Tessera's plugin.
+include scheduler/scheduler.mk
 
 .PHONY: test-more
-test-more: chart-test test-vet test-integration test-repro
+test-more: chart-test test-vet scheduler-test test-integration test-repro
 
 # The FGD reproduction on the Alibaba trace (sim/repro_test.go, build tag
 # simrepro; the trace at ../shared/traces, a failure under CI=true when it is
