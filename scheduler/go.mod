@@ -3,6 +3,7 @@ module github.com/tessera-gpu/tessera/scheduler
 go 1.26.8
 
 require (
+	github.com/google/go-cmp v0.7.0
 	github.com/tessera-gpu/tessera v0.0.0
 	k8s.io/api v0.34.2
 	k8s.io/apimachinery v0.34.2
@@ -41,7 +42,6 @@ require (
 	github.com/google/btree v1.1.3 // indirect
 	github.com/google/cel-go v0.26.0 // indirect
 	github.com/google/gnostic-models v0.7.0 // indirect
-	github.com/google/go-cmp v0.7.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/grpc-ecosystem/go-grpc-prometheus v1.2.0 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.26.3 // indirect
