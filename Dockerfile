@@ -6,9 +6,16 @@ FROM golang:1.26.8-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
+# tessera-scheduler is its own module (scheduler/: kube-scheduler with
+# Tessera's plugin, k8s.io/kubernetes kept out of the root go.mod); its
+# go.mod replaces the root module with ../, whose go.mod is already here.
+COPY scheduler/go.mod scheduler/go.sum scheduler/
+RUN cd scheduler && go mod download
 COPY . .
 ARG VERSION=dev
-RUN make build VERSION=${VERSION}
+# Every cmd/ binary (make build), and tessera-scheduler (make scheduler),
+# static like every binary but tessera-node.
+RUN make build scheduler VERSION=${VERSION}
 
 # Runtime stage: Debian 12 slim for glibc, which tessera-node needs to dlopen
 # the driver's libnvidia-ml.so.1 (the NVIDIA container toolkit mounts it in).
@@ -16,7 +23,8 @@ RUN make build VERSION=${VERSION}
 FROM debian:12.12-slim
 RUN useradd --system --uid 65532 --no-create-home tessera
 COPY --from=build /src/bin/ /usr/local/bin/
-# The extender and simulator run as this user; the node agent's DaemonSet runs
-# it as root because it serves sockets in host directories.
+# The extender, tessera-scheduler and the simulator run as this user; the
+# node agent's DaemonSet runs it as root because it serves sockets in host
+# directories.
 USER 65532
 ENTRYPOINT ["/usr/local/bin/tessera-node"]

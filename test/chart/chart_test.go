@@ -5,7 +5,9 @@
 // an install, and stores nothing), after the chart's CRDs are created for
 // real; the KubeSchedulerConfiguration it renders is run by the real
 // kube-scheduler (the tessera-scheduler Deployment's as its ServiceAccount,
-// under the chart's RBAC, taking its leader election lease); and the
+// under the chart's RBAC, taking its leader election lease), mode plugin's
+// by tessera-scheduler (kube-scheduler with Tessera's plugin, the extender
+// in its process) as the extender's ServiceAccount; and the
 // README's helm install, then helm upgrade and uninstall, run against the
 // API server for real. helm is built from hack/tools (go tool helm) unless
 // $TESSERA_TEST_HELM names a binary.
@@ -74,6 +76,9 @@ type variant struct {
 	// webhooks are the names of tessera-gang's webhooks, in order (an
 	// https variant; default gang and queue).
 	webhooks []string
+	// plugin: scheduler.mode plugin, tessera-scheduler with the extender in
+	// its process.
+	plugin bool
 }
 
 var common = []string{
@@ -137,6 +142,31 @@ var variants = []variant{
 		),
 		absent: []string{"Secret/kube-system/tessera-extender-tls", "ConfigMap/kube-system/tessera-scheduler-config"},
 	},
+	{
+		// tessera-scheduler in place of the extender's Deployment and the
+		// stock kube-scheduler; the extender's Service, TLS, webhooks and
+		// RBAC stay.
+		name:   "scheduler-plugin",
+		args:   []string{"--set", "scheduler.mode=plugin"},
+		plugin: true,
+		want: append(slices.Clone(common),
+			"Deployment/tessera-system/tessera-scheduler",
+			"ConfigMap/tessera-system/tessera-scheduler-config",
+			"Service/tessera-system/tessera-extender",
+			"Secret/tessera-system/tessera-extender-tls",
+			"ServiceAccount/tessera-system/tessera-extender",
+			"ClusterRoleBinding//tessera-extender",
+			"Role/tessera-system/tessera-extender-seal-key",
+			"ClusterRoleBinding//tessera-scheduler",
+			"ClusterRoleBinding//tessera-scheduler-volume",
+			"RoleBinding/kube-system/tessera-scheduler-authentication-reader",
+			"Role/tessera-system/tessera-scheduler-lease",
+			"RoleBinding/tessera-system/tessera-scheduler-lease",
+		),
+		absent:            []string{"Deployment/tessera-system/tessera-extender", "ServiceAccount/tessera-system/tessera-scheduler"},
+		schedulerProfiles: []string{"tessera-scheduler"},
+		https:             true,
+	},
 }
 
 // TestChartObjectsAreAccepted renders each variant and dry-run applies
@@ -149,6 +179,9 @@ func TestChartObjectsAreAccepted(t *testing.T) {
 	for _, v := range variants {
 		objs := render(t, helm, repo, filepath.Join(repo, "charts", "tessera"), v.args...)
 		checkRendering(t, v, objs)
+		if v.plugin {
+			checkPluginWiring(t, repo, v, objs)
+		}
 		rendered[v.name] = objs
 	}
 	if t.Failed() {
@@ -159,7 +192,10 @@ func TestChartObjectsAreAccepted(t *testing.T) {
 	// would have it (its ServiceAccount's user name and groups).
 	schedSA := &controlplane.User{Name: "system:serviceaccount:" + releaseNS + ":tessera-scheduler",
 		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + releaseNS}}
-	cp := controlplane.StartForTest(t, controlplane.Options{Users: []*controlplane.User{schedSA}})
+	// Mode plugin's: tessera-scheduler runs as the extender's.
+	extSA := &controlplane.User{Name: "system:serviceaccount:" + releaseNS + ":tessera-extender",
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + releaseNS}}
+	cp := controlplane.StartForTest(t, controlplane.Options{Users: []*controlplane.User{schedSA, extSA}})
 	ctx := t.Context()
 	for _, ns := range []string{releaseNS, "kube-system"} {
 		if err := cp.EnsureNamespace(ctx, ns); err != nil {
@@ -227,9 +263,16 @@ func TestChartObjectsAreAccepted(t *testing.T) {
 	// as tessera-scheduler's ServiceAccount, with the chart's RBAC created
 	// for real and its own leader election: it must sync its informers
 	// (readyz) and take its lease. Mode configmap's is for the cluster's
-	// kube-scheduler: it runs as system:kube-scheduler.
+	// kube-scheduler: it runs as system:kube-scheduler. Mode plugin's is
+	// run by tessera-scheduler (runPluginScheduler).
 	for _, v := range variants {
 		if v.schedulerProfiles == nil {
+			continue
+		}
+		if v.plugin {
+			t.Run(v.name+"/tessera-scheduler", func(t *testing.T) {
+				runPluginScheduler(ctx, t, repo, cp, dyn, mapper, extSA, rendered[v.name])
+			})
 			continue
 		}
 		t.Run(v.name+"/kube-scheduler", func(t *testing.T) {
@@ -238,7 +281,7 @@ func TestChartObjectsAreAccepted(t *testing.T) {
 			if deployment {
 				for _, o := range rendered[v.name] {
 					if isSchedulerRBAC(o) {
-						if _, err := createFor(ctx, dyn, mapper, o); err != nil {
+						if err := createOrReplace(ctx, dyn, mapper, o); err != nil {
 							t.Fatalf("create %s: %v", key(o), err)
 						}
 					}

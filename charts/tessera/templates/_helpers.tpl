@@ -104,6 +104,54 @@ tls.mode secret: only the CA, from extender.tls.caBundle.
 {{- if eq .Values.extender.tls.mode "secret" }}{{ .Values.extender.tls.secretName }}{{ else }}tessera-extender-tls{{ end -}}
 {{- end -}}
 
+{{/*
+The extender's command-line flags, as YAML list items (with comments) at
+column 0: tessera-extender's args in its Deployment, and the Tessera plugin's
+args.flags in tessera-scheduler's configuration (mode plugin). Argument:
+dict "root" $ "schedulerNames" S "verbosity" B: S the --scheduler-names
+value (the profiles that call the extender); B adds --v=extender.logLevel
+(left out of the plugin's flags: klog's verbosity is one per process, and
+tessera-scheduler's own --v sets it).
+*/}}
+{{- define "tessera.extenderArgs" -}}
+{{- $root := .root -}}
+{{- $v := $root.Values.extender -}}
+- --listen=:{{ $v.port }}
+- --policy={{ $v.policy }}
+# filter passes the {{ $v.filterShortlist }} fitting nodes the policy scores best
+# (docs/extender.md); 0 passes every fitting node.
+- --filter-shortlist={{ $v.filterShortlist }}
+# The policy's target workload is learned from the last
+# {{ $v.learnWorkload }} GPU pods (docs/extender.md); 0: fixed.
+- --learn-workload={{ $v.learnWorkload }}
+# The kube-scheduler profiles that call the extender: the gang planner
+# plans their pods (a pod of another scheduler only when gated).
+- --scheduler-names={{ .schedulerNames }}
+{{- $extNS := include "tessera.extenderNamespace" $root }}
+{{- if ne $extNS "kube-system" }}
+# The seal key Secret lives in the extender's own namespace.
+- --seal-key-namespace={{ $extNS }}
+{{- end }}
+{{- with $v.metricsPort }}
+- --metrics-listen=:{{ . }}
+{{- end }}
+{{- if .verbosity }}
+- --v={{ $v.logLevel }}
+{{- end }}
+{{- if include "tessera.extenderTLS" $root }}
+# HTTPS: the API server calls webhooks over HTTPS only.
+- --tls-cert=/etc/tessera-extender/tls.crt
+- --tls-key=/etc/tessera-extender/tls.key
+{{- else }}
+# For HTTPS, mount a certificate and add:
+# - --tls-cert=/etc/tessera-extender/tls.crt
+# - --tls-key=/etc/tessera-extender/tls.key
+{{- end }}
+{{- with $v.extraArgs }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
 {{/* The URL kube-scheduler calls the extender at. */}}
 {{- define "tessera.extenderURL" -}}
 {{- if .Values.scheduler.extenderURL -}}
@@ -222,4 +270,120 @@ extenders:
   enableHTTPS: true
   tlsConfig: {caData: {{ $ca }}}
 {{- end }}
+{{- end -}}
+
+{{/*
+The KubeSchedulerConfiguration of tessera-scheduler (kube-scheduler with
+Tessera's plugin and the extender in its process, scheduler/ in the
+repository), with the extender's flags as the Tessera plugin's args.
+Argument: dict "root" $ "profiles" P "leaderElection" B, as
+tessera.schedulerConfig: P "both" (default-scheduler and tessera-scheduler,
+to replace the cluster's kube-scheduler: deploy/scheduler/scheduler-config.yaml)
+or "tessera" (tessera-scheduler only, beside the default scheduler: mode
+plugin), B its own leader election lease.
+*/}}
+{{- define "tessera.pluginSchedulerConfig" -}}
+{{- $root := .root -}}
+{{- $both := eq .profiles "both" -}}
+{{- $names := ternary "default-scheduler,tessera-scheduler" "tessera-scheduler" $both -}}
+# KubeSchedulerConfiguration for tessera-scheduler: kube-scheduler with
+# Tessera's plugin compiled in (scheduler/, docs/extender.md "In-process
+# plugin: tessera-scheduler"). Tessera's extender runs inside the scheduler
+# and the plugin calls it where kube-scheduler would call the extender's
+# HTTP verbs:
+#
+# - preFilter: the extender's filter, once per pod, over every node whose
+#   taints and required node affinity the pod passes; only the nodes it
+#   passes (its shortlist) are filtered further by the stock plugins.
+# - postFilter, before DefaultPreemption: a pod whose shortlist all failed
+#   the stock filters is tried again at once with every node that fits.
+# - preScore/score: the extender's prioritize (GPU pods) and
+#   prioritize-cpu (CPU-only pods), weighted as the extender entries are.
+# - reserve: the pod's GPUs counted in the ledger within its cycle.
+# - bind: the extender's bind (the assignment of a shared pod written
+#   first); CPU-only pods go on to DefaultBinder.
+#
+# The plugin only acts on pods that ask for a Tessera resource, but for the
+# CPU-only score. Its args are the extender's flags (tessera-extender
+# --help), the same in every profile (one extender runs per process); the
+# extender serves its webhooks, /status and /metrics on --listen as it does
+# alone, and talks to the API server as the pod's ServiceAccount
+# (tessera-extender, the one Tessera's admission policy lets write pod
+# decisions): outside a pod, add --kubeconfig for that identity.
+{{- if $both }}
+#
+# Two profiles: default-scheduler keeps the stock plugins but for Tessera's,
+# so that the file can replace the configuration of the cluster's
+# kube-scheduler; tessera-scheduler (pods opt in with spec.schedulerName)
+# also scores NodeResourcesFit MostAllocated, so that ties between the
+# extender's best nodes are broken towards packing, like the binpack policy.
+{{- else }}
+#
+# One profile, tessera-scheduler (pods opt in with spec.schedulerName), for
+# a scheduler that runs beside the cluster's default one: it also scores
+# NodeResourcesFit MostAllocated, so that ties between the extender's best
+# nodes are broken towards packing, like the binpack policy.
+{{- end }}
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+{{- if .leaderElection }}
+# Its own lease, beside the default scheduler's kube-system/kube-scheduler.
+leaderElection:
+  leaderElect: true
+  resourceName: tessera-scheduler
+  resourceNamespace: {{ include "tessera.extenderNamespace" $root }}
+{{- end }}
+# Score every feasible node: the extender's policy compares nodes, and a
+# sample (the default adapts down to 5% on large clusters) would hide the
+# node that keeps GPUs unfragmented.
+percentageOfNodesToScore: 100
+profiles:
+{{- if $both }}
+- schedulerName: default-scheduler
+  {{- include "tessera.pluginProfile" (dict "root" $root "schedulerNames" $names) | nindent 2 }}
+{{- end }}
+- schedulerName: tessera-scheduler
+  {{- include "tessera.pluginProfile" (dict "root" $root "schedulerNames" $names) | nindent 2 }}
+  - name: NodeResourcesFit
+    args:
+      scoringStrategy:
+        type: MostAllocated
+        resources:
+        - {name: cpu, weight: 1}
+        - {name: memory, weight: 1}
+{{- end -}}
+
+{{/*
+One profile's plugins and Tessera's pluginConfig entry (its last key, so
+that a profile may add entries). Argument: dict "root" $ "schedulerNames" S
+(tessera.extenderArgs).
+*/}}
+{{- define "tessera.pluginProfile" -}}
+plugins:
+  preFilter:
+    enabled: [{name: Tessera}]
+  postFilter:
+    # Tessera first: a pod whose shortlist failed is retried with every
+    # fitting node before anything is preempted for it.
+    disabled: [{name: "*"}]
+    enabled: [{name: Tessera}, {name: DefaultPreemption}]
+  preScore:
+    enabled: [{name: Tessera}]
+  score:
+    # One extender step (0..10) is 10 plugin points, times 200: 2000,
+    # more than all stock score plugins together (at most 1200).
+    enabled: [{name: Tessera, weight: 200}]
+  reserve:
+    enabled: [{name: Tessera}]
+  bind:
+    # Tessera first: it binds the pods that ask for a Tessera resource and
+    # passes every other pod on to DefaultBinder.
+    disabled: [{name: "*"}]
+    enabled: [{name: Tessera}, {name: DefaultBinder}]
+pluginConfig:
+- name: Tessera
+  args:
+    # tessera-extender's flags.
+    flags:
+    {{- include "tessera.extenderArgs" (dict "root" .root "schedulerNames" .schedulerNames "verbosity" false) | nindent 4 }}
 {{- end -}}

@@ -6,10 +6,15 @@
 //
 // Each template templates/DIR/FILE.yaml that renders something with the
 // values file becomes OUT/DIR/FILE.yaml, each CRD crds/FILE.yaml becomes
-// OUT/crds/FILE.yaml, and OUT/extender/scheduler-config.yaml is the chart's
-// named template tessera.schedulerConfig (profiles default-scheduler and
-// tessera-scheduler) rendered alone: the file a cluster's own kube-scheduler
-// is given. Every generated file starts with a line naming its source.
+// OUT/crds/FILE.yaml, and two KubeSchedulerConfigurations are named
+// templates of the chart rendered alone (profiles default-scheduler and
+// tessera-scheduler, no leader election section):
+// OUT/extender/scheduler-config.yaml (tessera.schedulerConfig), the file a
+// cluster's own kube-scheduler is given to call tessera-extender, and
+// OUT/scheduler/scheduler-config.yaml (tessera.pluginSchedulerConfig), the
+// file tessera-scheduler (kube-scheduler with Tessera's plugin, the
+// extender in its process) is given. Every generated file starts with a
+// line naming its source.
 // Other *.yaml files under OUT (but kustomization.yaml) are removed: they
 // would be hand-kept copies. charts/chart.mk runs it (make deploy) and
 // compares its output with deploy/ in make test (deploy-check).
@@ -32,12 +37,21 @@ import (
 	"helm.sh/helm/v3/pkg/engine"
 )
 
-// schedulerConfigTemplate is added to the chart in memory: it renders the
-// KubeSchedulerConfiguration alone, as a file rather than in a ConfigMap.
-const (
-	schedulerConfigName     = "templates/extender/scheduler-config.yaml"
-	schedulerConfigTemplate = `{{ include "tessera.schedulerConfig" (dict "root" $ "profiles" "both" "leaderElection" false) }}`
-)
+// standalone are templates added to the chart in memory: each renders one
+// of the chart's named templates alone, as a file rather than in a
+// ConfigMap, at its name (templates/DIR/FILE.yaml, deploy/DIR/FILE.yaml).
+var standalone = []struct{ name, define string }{
+	{"templates/extender/scheduler-config.yaml", "tessera.schedulerConfig"},
+	{"templates/scheduler/scheduler-config.yaml", "tessera.pluginSchedulerConfig"},
+}
+
+// standaloneTemplate renders define with both profiles and no leader
+// election section (kube-scheduler's default, the lease
+// kube-system/kube-scheduler, as the configuration of the cluster's
+// scheduler).
+func standaloneTemplate(define string) string {
+	return fmt.Sprintf(`{{ include %q (dict "root" $ "profiles" "both" "leaderElection" false) }}`, define)
+}
 
 func main() {
 	chartDir := flag.String("chart", "charts/tessera", "the chart's directory")
@@ -63,12 +77,16 @@ func render(chartDir, valuesFile, release, namespace string) (map[string][]byte,
 	if err != nil {
 		return nil, fmt.Errorf("load chart %s: %w", chartDir, err)
 	}
-	for _, t := range chrt.Templates {
-		if t.Name == schedulerConfigName {
-			return nil, fmt.Errorf("chart %s has its own %s, which deploygen renders from tessera.schedulerConfig", chartDir, schedulerConfigName)
+	sources := map[string]string{} // rel -> the source the header names
+	for _, sa := range standalone {
+		for _, t := range chrt.Templates {
+			if t.Name == sa.name {
+				return nil, fmt.Errorf("chart %s has its own %s, which deploygen renders from %s", chartDir, sa.name, sa.define)
+			}
 		}
+		chrt.Templates = append(chrt.Templates, &chart.File{Name: sa.name, Data: []byte(standaloneTemplate(sa.define))})
+		sources[strings.TrimPrefix(sa.name, "templates/")] = fmt.Sprintf("templates/_helpers.tpl (define %s)", sa.define)
 	}
-	chrt.Templates = append(chrt.Templates, &chart.File{Name: schedulerConfigName, Data: []byte(schedulerConfigTemplate)})
 	vals, err := chartutil.ReadValuesFile(valuesFile)
 	if err != nil {
 		return nil, fmt.Errorf("read values %s: %w", valuesFile, err)
@@ -101,8 +119,8 @@ func render(chartDir, valuesFile, release, namespace string) (map[string][]byte,
 			return nil, fmt.Errorf("template %s renders with %s but has no place in deploy/ (only templates/DIR/FILE.yaml do)", rel, valuesFile)
 		}
 		src := "templates/" + rel
-		if rel == strings.TrimPrefix(schedulerConfigName, "templates/") {
-			src = "templates/_helpers.tpl (define tessera.schedulerConfig)"
+		if s, ok := sources[rel]; ok {
+			src = s
 		}
 		files[rel] = []byte(header(src) + strings.TrimLeft(strings.TrimRight(body, " \n")+"\n", "\n"))
 	}
