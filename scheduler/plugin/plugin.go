@@ -209,8 +209,9 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 func (p *Plugin) PreFilterExtensions() framework.PreFilterExtensions { return nil }
 
 // eligible names the nodes whose taints pod tolerates (NoSchedule,
-// NoExecute) and whose labels its required node affinity and node
-// selector match: kube-scheduler's TaintToleration and NodeAffinity
+// NoExecute), that are not cordoned unless it tolerates that, and whose
+// labels its required node affinity and node selector match:
+// kube-scheduler's TaintToleration, NodeUnschedulable and NodeAffinity
 // filters, through the same helpers, so that the shortlist is taken among
 // nodes the pod may go to.
 func eligible(pod *corev1.Pod, nodes []fwk.NodeInfo) []string {
@@ -218,10 +219,11 @@ func eligible(pod *corev1.Pod, nodes []fwk.NodeInfo) []string {
 	hard := func(t *corev1.Taint) bool {
 		return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
 	}
+	cordonOK := corev1helpers.TolerationsTolerateTaint(pod.Spec.Tolerations, &corev1.Taint{Key: corev1.TaintNodeUnschedulable, Effect: corev1.TaintEffectNoSchedule})
 	out := make([]string, 0, len(nodes))
 	for _, ni := range nodes {
 		n := ni.Node()
-		if n == nil {
+		if n == nil || (n.Spec.Unschedulable && !cordonOK) {
 			continue
 		}
 		if len(n.Spec.Taints) > 0 {
@@ -259,7 +261,7 @@ func summary(all, eligible int, res *extenderv1.ExtenderFilterResult) string {
 	})
 	var b strings.Builder
 	if eligible < all {
-		fmt.Fprintf(&b, "%d node(s) had untolerated taints or did not match the pod's node affinity", all-eligible)
+		fmt.Fprintf(&b, "%d node(s) had untolerated taints, were cordoned or did not match the pod's node affinity", all-eligible)
 	}
 	for _, m := range msgs {
 		if b.Len() > 0 {

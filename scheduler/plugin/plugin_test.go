@@ -147,7 +147,8 @@ func TestPreFilter(t *testing.T) {
 		n.Spec.Taints = []corev1.Taint{{Key: "spot", Effect: corev1.TaintEffectPreferNoSchedule}}
 	}
 	label := func(n *corev1.Node) { n.Labels["pool"] = "a100" }
-	nodes := []fwk.NodeInfo{node("n0"), node("n1", taint), node("n2", label), node("n3", soft)}
+	cordoned := func(n *corev1.Node) { n.Spec.Unschedulable = true }
+	nodes := []fwk.NodeInfo{node("n0"), node("n1", taint), node("n2", label), node("n3", soft), node("n4", cordoned)}
 	tests := []struct {
 		name        string
 		pod         func() *corev1.Pod
@@ -173,6 +174,14 @@ func TestPreFilter(t *testing.T) {
 			fit: []string{"n0", "n1", "n2", "n3"}, wantSent: []string{"n0", "n1", "n2", "n3"}, wantNodes: []string{"n0", "n1", "n2", "n3"},
 		},
 		{
+			name: "cordoned node tolerated", pod: func() *corev1.Pod {
+				p := gpuPod("p", 1)
+				p.Spec.Tolerations = []corev1.Toleration{{Key: corev1.TaintNodeUnschedulable, Operator: corev1.TolerationOpExists}}
+				return p
+			},
+			fit: []string{"n4"}, wantSent: []string{"n0", "n2", "n3", "n4"}, wantNodes: []string{"n4"},
+		},
+		{
 			name: "node selector", pod: func() *corev1.Pod {
 				p := gpuPod("p", 1)
 				p.Spec.NodeSelector = map[string]string{"pool": "a100"}
@@ -183,7 +192,7 @@ func TestPreFilter(t *testing.T) {
 		{
 			name: "fits nowhere: unresolvable, with the reasons", pod: func() *corev1.Pod { return gpuPod("p", 9) },
 			wantSent: []string{"n0", "n2", "n3"}, wantCode: fwk.UnschedulableAndUnresolvable,
-			wantMessage: "1 node(s) had untolerated taints or did not match the pod's node affinity; 3 node(s): not enough GPUs",
+			wantMessage: "2 node(s) had untolerated taints, were cordoned or did not match the pod's node affinity; 3 node(s): not enough GPUs",
 		},
 		{
 			name: "the extender's error is an error", pod: func() *corev1.Pod { return gpuPod("p", 1) }, err: "bad request",

@@ -9,8 +9,8 @@
 // minus its extenders ("without"), with that file as deployed (the
 // extender running as its own process, "with"), and tessera-scheduler
 // with deploy/scheduler/scheduler-config.yaml (the extender in the
-// scheduler's process behind the Tessera plugin, "plugin"; --plugin=false
-// leaves it out). Rate is pods / (first create -> last pod seen bound by
+// scheduler's process behind the Tessera plugin, "plugin"; --modes picks
+// them). Rate is pods / (first create -> last pod seen bound by
 // a watch). Pods are deleted between runs; each run gets a fresh
 // kube-scheduler (and extender).
 package main
@@ -30,6 +30,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -53,7 +54,9 @@ type config struct {
 	settle        time.Duration
 	keepLogs      string
 	extenderFlags []string
-	// plugin: also run tessera-scheduler (the in-process plugin).
+	// modes are the runs of each node count, in order.
+	modes []mode
+	// plugin: modes has modePlugin.
 	plugin bool
 	// peers: --peers runs the side-by-side benchmark (peers.go) instead.
 	peers peerConfig
@@ -88,7 +91,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		c.extenderFlags = append(c.extenderFlags, v)
 		return nil
 	})
-	fs.BoolVar(&c.plugin, "plugin", true, "also run tessera-scheduler: kube-scheduler with Tessera's plugin and the extender in its process (deploy/scheduler/scheduler-config.yaml)")
+	modes := fs.String("modes", "without,with,plugin", "the runs at each node count, in order: without (kube-scheduler alone), with (kube-scheduler + the tessera-extender process), plugin (tessera-scheduler: kube-scheduler with Tessera's plugin and the extender in its process, deploy/scheduler/scheduler-config.yaml); the ratios need without")
 	addPeerFlags(fs, &c.peers)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -96,6 +99,14 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	for _, f := range strings.Split(*modes, ",") {
+		m := slices.IndexFunc([]mode{modeWithout, modeWith, modePlugin}, func(m mode) bool { return m.String() == strings.TrimSpace(f) })
+		if m < 0 || slices.Contains(c.modes, mode(m)) {
+			return nil, fmt.Errorf("--modes %q: want distinct modes among without, with, plugin", *modes)
+		}
+		c.modes = append(c.modes, mode(m))
+	}
+	c.plugin = slices.Contains(c.modes, modePlugin)
 	prev := 0
 	for _, f := range strings.Split(*nodes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -211,17 +222,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	modes := []mode{modeWithout, modeWith}
 	var schedBin, pluginCfg string
 	if c.plugin {
 		logf("building tessera-scheduler")
 		if schedBin, err = buildScheduler(ctx, c.repo, dir); err != nil {
 			return err
 		}
-		if pluginCfg, err = pluginConfig(c.repo, dir, append(extenderArgs(kubeconfig, addr), c.extenderFlags...)); err != nil {
+		// Not the extender's --v: its klog flags are the process's, and
+		// tessera-scheduler logs at the harness's --v=2 like kube-scheduler.
+		flags := slices.DeleteFunc(extenderArgs(kubeconfig, addr), func(f string) bool { return strings.HasPrefix(f, "--v=") })
+		if pluginCfg, err = pluginConfig(c.repo, dir, append(flags, c.extenderFlags...)); err != nil {
 			return err
 		}
-		modes = append(modes, modePlugin)
 	}
 
 	var phases []*phase
@@ -237,7 +249,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		have = n
 		logf("%d nodes (created in %s)", n, ph.nodesIn.Round(time.Millisecond))
 
-		for _, m := range modes {
+		for _, m := range c.modes {
 			var ext *extenderProc
 			opts := controlplane.SchedulerOptions{ConfigFile: withoutCfg, Args: []string{schedulerMetricsArg}}
 			switch m {
@@ -347,13 +359,20 @@ func report(w io.Writer, c *config, phases []*phase, load0, load1 string, took t
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "nodes\tnodes created in\twithout extender pods/s\twith extender pods/s\tratio\ttessera-scheduler pods/s\tratio\t")
 	for _, p := range phases {
-		plugin, pratio := "-", "-"
-		if c.plugin {
-			plugin = fmt.Sprintf("%.1f", p.plugin.podsPerSecond())
-			pratio = fmt.Sprintf("%.2f", p.plugin.podsPerSecond()/p.without.podsPerSecond())
+		rate := func(m mode, r runResult) string {
+			if !slices.Contains(c.modes, m) {
+				return "-"
+			}
+			return fmt.Sprintf("%.1f", r.podsPerSecond())
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%.1f\t%.1f\t%.2f\t%s\t%s\t\n", p.nodes, p.nodesIn.Round(100*time.Millisecond),
-			p.without.podsPerSecond(), p.with.podsPerSecond(), p.with.podsPerSecond()/p.without.podsPerSecond(), plugin, pratio)
+		ratio := func(m mode, r runResult) string {
+			if !slices.Contains(c.modes, m) || !slices.Contains(c.modes, modeWithout) {
+				return "-"
+			}
+			return fmt.Sprintf("%.2f", r.podsPerSecond()/p.without.podsPerSecond())
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", p.nodes, p.nodesIn.Round(100*time.Millisecond),
+			rate(modeWithout, p.without), rate(modeWith, p.with), ratio(modeWith, p.with), rate(modePlugin, p.plugin), ratio(modePlugin, p.plugin))
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
