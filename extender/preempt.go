@@ -108,8 +108,16 @@ type Preemptor struct {
 	// (default 1m).
 	BlockedFor time.Duration
 	Now        func() time.Time
+	// FruitlessFor is how long a gang for which nothing could be
+	// preempted is not asked about again (default 10s): a waiting gang is
+	// planned on every planner pass, and each ask lists every pod and
+	// plans the whole gang again.
+	FruitlessFor time.Duration
 
 	blocked planner.PassOver
+	// fruitless are the gangs (by unit key) ForGang found nothing to
+	// preempt for lately.
+	fruitless planner.PassOver
 
 	// evicted are the pods this preemptor evicted: the informer may not
 	// show them leaving yet.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -46,6 +47,9 @@ func (p *Preemptor) ForGang(ctx context.Context, members []*corev1.Pod, fits fun
 	if !ok {
 		return "", nil, nil
 	}
+	if p.fruitless.Current(p.now())[c.unit] {
+		return noVictims, nil, nil
+	}
 	logger := klog.FromContext(ctx)
 	pods, err := p.Pods()
 	if err != nil {
@@ -56,7 +60,12 @@ func (p *Preemptor) ForGang(ctx context.Context, members []*corev1.Pod, fits fun
 		victims, gone, ok := p.chooseForGang(c, members, pods, qsnap, fits)
 		switch {
 		case !ok:
-			return "no lower-tier workload it may preempt makes room", nil, nil
+			d := p.FruitlessFor
+			if d <= 0 {
+				d = 10 * time.Second
+			}
+			p.fruitless.Add(c.unit, p.now().Add(d))
+			return noVictims, nil, nil
 		case len(victims) == 0:
 			return "", gone, nil // the room is being freed by pods that are leaving
 		}
@@ -84,6 +93,9 @@ func (p *Preemptor) ForGang(ctx context.Context, members []*corev1.Pod, fits fun
 	}
 	return "every lower-tier workload that would make room is protected by a PodDisruptionBudget", nil, nil
 }
+
+// noVictims is ForGang's answer when no lower-tier workload makes room.
+const noVictims = "no lower-tier workload it may preempt makes room"
 
 // gangClaimant is a gang's members as a claimant: false when a member may
 // not preempt (no priority, preemptionPolicy Never) or none asks for GPUs.

@@ -287,3 +287,42 @@ func TestPreemptorForGangRemembersItsEvictions(t *testing.T) {
 		t.Errorf("gone (-first +second):\n%s", diff)
 	}
 }
+
+// A gang for which nothing could be preempted is not asked about again
+// for FruitlessFor: each ask lists every pod and plans the whole gang.
+func TestPreemptorForGangPassesOverFruitlessGangs(t *testing.T) {
+	var nodes []*corev1.Node
+	var pods []*corev1.Pod
+	for k, n := range []string{"n1", "n2"} {
+		nodes = append(nodes, testbuild.Node(n).GPUs(8, "A100", 40960).Obj())
+		pods = append(pods, notebooks(n, 8, func(i int) int { return 60 - 3*i - k })...)
+	}
+	members := gangMembers("inf", 2, 8, inference)
+	pods = append(pods, members...)
+	cache := newTestCache(t, nodes, pods)
+	client := &testbuild.PreemptClient{}
+	now := preemptNow
+	listed := 0
+	p := &Preemptor{Cache: cache, Client: client, Pods: func() ([]*corev1.Pod, error) { listed++; return pods, nil },
+		Policy: testPolicy(t, PolicyBinpack), Now: func() time.Time { return now }, FruitlessFor: 10 * time.Second}
+	roomEnough := false
+	fits := func(s planner.Snapshot) bool { return roomEnough && nodesFree(2, 8, false)(s) }
+	ctx := context.Background()
+
+	msg, gone, err := p.ForGang(ctx, members, fits)
+	if err != nil || len(gone) != 0 || msg != noVictims || listed != 1 {
+		t.Fatalf("first ask: %q, gone %v, err %v, %d listings; want %q after one listing", msg, gone, err, listed, noVictims)
+	}
+	roomEnough = true
+	now = now.Add(9 * time.Second)
+	if msg, _, _ := p.ForGang(ctx, members, fits); msg != noVictims || listed != 1 || len(client.Evicted) != 0 {
+		t.Errorf("within 10s: %q after %d listings, evicted %v; want it passed over", msg, listed, client.Evicted)
+	}
+	now = now.Add(2 * time.Second)
+	if _, _, err := p.ForGang(ctx, members, fits); err != nil {
+		t.Fatal(err)
+	}
+	if listed != 2 || len(client.Evicted) != 16 {
+		t.Errorf("after 11s: %d listings, evicted %v; want the 16 notebooks", listed, client.Evicted)
+	}
+}
