@@ -14,6 +14,10 @@ import (
 // (extender/metrics.go).
 const latencyMetric = "tessera_extender_request_duration_seconds"
 
+// placementsMetric counts the pods the extender bound, labelled kind
+// (extender/metrics.go).
+const placementsMetric = "tessera_extender_placements_total"
+
 // kube-scheduler's histograms (pkg/scheduler/metrics): the scheduling
 // algorithm (filter and score, extender calls included) and the whole
 // attempt (algorithm and binding), per pod.

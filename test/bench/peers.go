@@ -7,6 +7,9 @@ package main
 //	kube-scheduler      kube-scheduler alone (deploy/'s configuration
 //	                    without its extenders)
 //	tessera             kube-scheduler + tessera-extender (deploy/'s)
+//	tessera-plugin      tessera-scheduler: kube-scheduler with Tessera's
+//	                    plugin, the extender in its process
+//	                    (deploy/scheduler/'s configuration)
 //	hami                kube-scheduler + HAMi's scheduler extender (its
 //	                    chart's configuration)
 //	scheduler-plugins   scheduler-plugins' kube-scheduler with
@@ -14,11 +17,12 @@ package main
 //
 // and three workloads: whole GPUs (1, 1, 2, 4 GPUs), the throughput
 // benchmark's mix of whole GPUs and shared slices (systems that share a
-// GPU: tessera, hami), and gangs (M members x G GPUs, one after the other,
+// GPU: tessera, tessera-plugin, hami), and gangs (M members x G GPUs, one after the other,
 // earlier gangs staying bound); or, on a cluster of its own, the trace
 // replay (trace.go). See docs/bench.md.
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -51,6 +55,7 @@ import (
 const (
 	sysKube    = "kube-scheduler"
 	sysTessera = "tessera"
+	sysPlugin  = "tessera-plugin"
 	sysHAMi    = "hami"
 	sysSP      = "scheduler-plugins"
 
@@ -60,7 +65,7 @@ const (
 )
 
 var (
-	allSystems   = []string{sysKube, sysTessera, sysHAMi, sysSP}
+	allSystems   = []string{sysKube, sysTessera, sysPlugin, sysHAMi, sysSP}
 	allWorkloads = []string{wlWhole, wlMixed, wlGang}
 	// knownWorkloads are those --peer-workloads accepts: the defaults and
 	// the trace replay, which runs alone on its own cluster.
@@ -71,6 +76,7 @@ var (
 var systemLabel = map[string]string{
 	sysKube:    "kube-scheduler",
 	sysTessera: "kube-scheduler + tessera-extender",
+	sysPlugin:  "tessera-scheduler (in-process plugin)",
 	sysHAMi:    "kube-scheduler + HAMi extender",
 	sysSP:      "scheduler-plugins (coscheduling, capacityscheduling)",
 }
@@ -94,7 +100,7 @@ type peerConfig struct {
 }
 
 func addPeerFlags(fs *flag.FlagSet, pc *peerConfig) {
-	fs.BoolVar(&pc.enabled, "peers", false, "run the side-by-side benchmark of kube-scheduler, tessera, HAMi and scheduler-plugins (make bench-peers) instead")
+	fs.BoolVar(&pc.enabled, "peers", false, "run the side-by-side benchmark of kube-scheduler, tessera (extender and in-process plugin), HAMi and scheduler-plugins (make bench-peers) instead")
 	list := func(dst *[]string, allowed []string) func(string) error {
 		return func(v string) error {
 			*dst = nil
@@ -134,15 +140,21 @@ func addPeerFlags(fs *flag.FlagSet, pc *peerConfig) {
 	fs.IntVar(&pc.scorePercent, "peer-score-percent", -1, "with --peers: set percentageOfNodesToScore to this in every system's scheduler configuration (0: kube-scheduler's adaptive default; negative: each as its project configures it)")
 }
 
+// isTessera says whether system is Tessera's extender, as its own process
+// (tessera) or in tessera-scheduler (tessera-plugin): its pods ask for
+// Tessera's resources and carry what its webhooks would add, and it
+// places, shares and gangs as the extender does.
+func isTessera(system string) bool { return system == sysTessera || system == sysPlugin }
+
 // supports says whether system runs workload: shared slices only where
 // the system places them on a GPU (kube-scheduler and scheduler-plugins
 // count extended resources per node, with no GPU to share).
 func supports(system, workload string) bool {
-	return workload != wlMixed || system == sysTessera || system == sysHAMi
+	return workload != wlMixed || sharesGPU(system)
 }
 
 // allOrNothing says whether system binds a gang all or nothing.
-func allOrNothing(system string) bool { return system == sysTessera || system == sysSP }
+func allOrNothing(system string) bool { return isTessera(system) || system == sysSP }
 
 // peerResult is one system's run of one workload at one node count.
 type peerResult struct {
@@ -153,9 +165,12 @@ type peerResult struct {
 	gangs            []time.Duration // gang: last member created -> all bound
 	gangFirst        []time.Duration // gang: first create -> all bound
 	latency          map[string]latencySummary
-	trace            *traceRun // trace
-	note             string
-	err              error
+	// placements: tessera, tessera-plugin: pods the extender bound in
+	// the run, by kind (its /metrics).
+	placements map[string]float64
+	trace      *traceRun // trace
+	note       string
+	err        error
 }
 
 // peerEnv is what every system's run shares.
@@ -170,6 +185,8 @@ type peerEnv struct {
 	nodes              int
 	bins               map[string]string
 	withCfg            string // tessera: deploy's config pointed at the tessera proxy
+	pluginCfg          string // tessera-plugin: deploy/scheduler's config
+	pluginAddr         string // tessera-plugin: the extender's --listen
 	without            string // kube-scheduler alone
 	hamiCfg            string
 	extKube            string // kubeconfigs
@@ -259,6 +276,12 @@ func runPeers(ctx context.Context, c *config, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
+	if has(sysPlugin) {
+		logf("building tessera-scheduler")
+		if e.bins[sysPlugin], err = buildScheduler(ctx, c.repo, dir); err != nil {
+			return err
+		}
+	}
 	bins, err := controlplane.BinariesFromEnv()
 	if err != nil {
 		return err
@@ -342,12 +365,22 @@ func runPeers(ctx context.Context, c *config, stdout, stderr io.Writer) error {
 	if e.withCfg, e.without, err = schedulerConfigs(c.repo, dir, e.tessProxy.addr()); err != nil {
 		return err
 	}
+	cfgs := []string{e.withCfg, e.without}
+	if has(sysPlugin) {
+		if e.pluginAddr, err = freeAddr(); err != nil {
+			return err
+		}
+		if e.pluginCfg, err = pluginConfig(c.repo, dir, pluginFlags(e.extKube, e.pluginAddr, c.extenderFlags)); err != nil {
+			return err
+		}
+		cfgs = append(cfgs, e.pluginCfg)
+	}
 	e.hamiCfg = filepath.Join(dir, "scheduler-hami.yaml")
 	if err := os.WriteFile(e.hamiCfg, []byte(hamiSchedulerConfig("http://"+e.hamiPrx.addr(), "hami-scheduler")), 0o600); err != nil {
 		return fmt.Errorf("write HAMi scheduler config: %w", err)
 	}
 	if pc.scorePercent >= 0 {
-		for _, f := range []string{e.withCfg, e.without, e.hamiCfg} {
+		for _, f := range append(cfgs, e.hamiCfg) {
 			if err := setScorePercent(f, pc.scorePercent); err != nil {
 				return err
 			}
@@ -464,6 +497,20 @@ func setScorePercent(path string, pct int) error {
 	return nil
 }
 
+// pluginFlags are the Tessera plugin's args in tessera-scheduler: the
+// flags the tessera system's extender process runs with (extenderArgs and
+// --extender-flag), but for its --v: klog's flags are the process's, and
+// tessera-scheduler logs at the harness's verbosity like kube-scheduler.
+func pluginFlags(kubeconfig, addr string, extra []string) []string {
+	var out []string
+	for _, f := range extenderArgs(kubeconfig, addr) {
+		if !strings.HasPrefix(f, "--v=") {
+			out = append(out, f)
+		}
+	}
+	return append(out, extra...)
+}
+
 func contains(l []string, s string) bool {
 	for _, x := range l {
 		if x == s {
@@ -490,6 +537,7 @@ func (e *peerEnv) runSystem(ctx context.Context, system string) ([]peerResult, e
 	var (
 		proxy  *timingProxy
 		procs  []*extenderProc
+		ext    *extenderProc // tessera, tessera-plugin: its /metrics
 		agent  *hamiNodeAgent
 		tAgent *tesseraNodeAgent
 		note   string
@@ -509,6 +557,20 @@ func (e *peerEnv) runSystem(ctx context.Context, system string) ([]peerResult, e
 		}
 		return nil
 	}
+	// startAgent starts tessera's node-agent stand-in for the trace
+	// replay (the seal key exists once the extender is ready).
+	startAgent := func() error {
+		if e.sample == nil || !pc.trace.tesseraAgent {
+			return nil
+		}
+		gpus := map[string]int{}
+		for _, n := range e.sample.nodes {
+			gpus[n.Name] = n.GPUs
+		}
+		var err error
+		tAgent, err = startTesseraNodeAgent(ctx, e.client, e.ns, "kube-system", func(n string) int { return gpus[n] }, 4)
+		return err
+	}
 	kubeRunning := false
 	defer func() {
 		if kubeRunning {
@@ -525,25 +587,34 @@ func (e *peerEnv) runSystem(ctx context.Context, system string) ([]peerResult, e
 		}
 		kubeRunning = true
 	case sysTessera:
-		ext, err := startExtender(ctx, e.bins[sysTessera], e.extKube, e.extAddr, filepath.Join(e.dir, fmt.Sprintf("extender-%d.log", e.nodes)), c.extenderFlags, 2*time.Minute)
+		var err error
+		ext, err = startExtender(ctx, e.bins[sysTessera], e.extKube, e.extAddr, filepath.Join(e.dir, fmt.Sprintf("extender-%d.log", e.nodes)), c.extenderFlags, 2*time.Minute)
 		if err != nil {
 			return nil, err
 		}
 		procs = append(procs, ext)
 		proxy = e.tessProxy
-		if e.sample != nil && pc.trace.tesseraAgent {
-			gpus := map[string]int{}
-			for _, n := range e.sample.nodes {
-				gpus[n.Name] = n.GPUs
-			}
-			if tAgent, err = startTesseraNodeAgent(ctx, e.client, e.ns, "kube-system", func(n string) int { return gpus[n] }, 4); err != nil {
-				return nil, err
-			}
+		if err := startAgent(); err != nil {
+			return nil, err
 		}
 		if err := startKube(e.withCfg); err != nil {
 			return nil, err
 		}
 		kubeRunning = true
+	case sysPlugin:
+		if err := e.cp.StartScheduler(ctx, controlplane.SchedulerOptions{ConfigFile: e.pluginCfg, Binary: e.bins[sysPlugin], Args: []string{schedulerMetricsArg}}); err != nil {
+			return nil, fmt.Errorf("start tessera-scheduler: %w", err)
+		}
+		kubeRunning = true
+		// The extender in the scheduler's process serves its /readyz on
+		// its --listen once its caches are in.
+		if err := waitReady(ctx, "http://"+e.pluginAddr+"/readyz", 2*time.Minute); err != nil {
+			return nil, fmt.Errorf("tessera-scheduler's extender: %w\nlog tail:\n%s", err, schedulerLogTail(e.cp))
+		}
+		ext = &extenderProc{addr: e.pluginAddr} // its /metrics only
+		if err := startAgent(); err != nil {
+			return nil, err
+		}
 	case sysHAMi:
 		h, err := startHAMi(ctx, e.bins[sysHAMi], e.hamiKube, e.hamiAddr, e.dir, 2*time.Minute)
 		if err != nil {
@@ -579,6 +650,14 @@ func (e *peerEnv) runSystem(ctx context.Context, system string) ([]peerResult, e
 	}
 	if proxy != nil {
 		proxy.take() // calls before the run (none expected)
+	}
+	// placed0 is the extender's placements counter before each run.
+	var placed0 map[string]float64
+	if ext != nil {
+		var err error
+		if placed0, err = extenderPlacements(ctx, ext); err != nil {
+			return nil, err
+		}
 	}
 
 	type job struct {
@@ -638,7 +717,7 @@ func (e *peerEnv) runSystem(ctx context.Context, system string) ([]peerResult, e
 				res, err := measureWith(ctx, e.client, e.ns, name, j.members, c.podWorkers, c.runTimeout, func(i int) *v1.Pod {
 					p := peerPod(system, e.ns, schedName, name, i, s)
 					p.Labels[api.LabelPodGroup] = name
-					if system == sysTessera {
+					if isTessera(system) {
 						// What Tessera's gang webhook adds to a member.
 						p.Spec.SchedulingGates = []v1.PodSchedulingGate{{Name: api.SchedulingGateGang}}
 					}
@@ -653,11 +732,25 @@ func (e *peerEnv) runSystem(ctx context.Context, system string) ([]peerResult, e
 				e.logf("%s: gang %d (%d x %d GPUs): last member created -> all bound %s", system, g, j.members, pc.gangGPUs, (res.boundIn - res.createdIn).Round(time.Millisecond))
 			}
 		}
-		if proxy != nil {
+		if proxy != nil || ext != nil {
 			// The informer can see the last Binding before the bind call
-			// has returned to kube-scheduler through the proxy.
+			// has returned to kube-scheduler through the proxy, or before
+			// the extender has counted it.
 			time.Sleep(time.Second)
+		}
+		if proxy != nil {
 			r.latency = proxy.take()
+		}
+		if ext != nil {
+			placed, err := extenderPlacements(ctx, ext)
+			if err != nil {
+				return out, err
+			}
+			r.placements = map[string]float64{}
+			for k, v := range placed {
+				r.placements[k] = v - placed0[k]
+			}
+			placed0 = placed
 		}
 		if tAgent != nil {
 			records, failures, lastErr := tAgent.counts()
@@ -687,6 +780,8 @@ func shortName(system string) string {
 		return "kube"
 	case sysTessera:
 		return "tessera"
+	case sysPlugin:
+		return "plugin"
 	case sysHAMi:
 		return "hami"
 	default:
@@ -827,11 +922,12 @@ func reportRates(w io.Writer, c *config, results []peerResult) {
 	tw.Flush()
 }
 
-// reportLatency prints the extenders' latency per verb and the notes and
-// failures of every run.
+// reportLatency prints the extenders' latency per verb, the placements
+// Tessera's extender counted, and the notes and failures of every run.
 func reportLatency(w io.Writer, c *config, results []peerResult) {
 	pc := &c.peers
-	fmt.Fprintln(w, "\nextender latency per verb, timed at a proxy between kube-scheduler and the extender (the extender's time plus one loopback hop; exact quantiles)")
+	fmt.Fprintln(w, "\nextender latency per verb, timed at a proxy between kube-scheduler and the extender (the extender's time plus one loopback hop; exact quantiles); "+
+		sysPlugin+" calls the extender in its process, without verbs: -")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "nodes\tsystem\tworkload\tverb\tcalls\terrors\tmean\tp50\tp99\tmax\t")
 	wlName := func(r peerResult) string {
@@ -841,6 +937,10 @@ func reportLatency(w io.Writer, c *config, results []peerResult) {
 		return r.workload
 	}
 	for _, r := range results {
+		if r.system == sysPlugin && r.workload != "" {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t-\t-\t-\t-\t-\t-\t-\t\n", r.nodes, r.system, wlName(r))
+			continue
+		}
 		verbs := make([]string, 0, len(r.latency))
 		for v := range r.latency {
 			verbs = append(verbs, v)
@@ -853,6 +953,7 @@ func reportLatency(w io.Writer, c *config, results []peerResult) {
 		}
 	}
 	tw.Flush()
+	reportPlacements(w, results, wlName)
 	fmt.Fprintln(w)
 	for _, r := range results {
 		for v, l := range r.latency {
@@ -870,3 +971,52 @@ func reportLatency(w io.Writer, c *config, results []peerResult) {
 }
 
 func msD(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond)) }
+
+// reportPlacements prints the pods Tessera's extender bound in each run of
+// tessera and tessera-plugin, by kind, from its /metrics
+// (tessera_extender_placements_total; pods that ask for no Tessera
+// resource are bound by kube-scheduler, not counted).
+func reportPlacements(w io.Writer, results []peerResult, wlName func(peerResult) string) {
+	kinds := map[string]bool{}
+	have := false
+	for _, r := range results {
+		for k := range r.placements {
+			kinds[k] = true
+		}
+		have = have || r.placements != nil
+	}
+	if !have {
+		return
+	}
+	names := make([]string, 0, len(kinds))
+	for k := range kinds {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	fmt.Fprintln(w, "\npods bound by Tessera's extender, from its /metrics (tessera_extender_placements_total during the run), by kind")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "nodes\tsystem\tworkload\tplacements\t%s\t\n", strings.Join(names, "\t"))
+	for _, r := range results {
+		if r.placements == nil {
+			continue
+		}
+		var total float64
+		cols := make([]string, len(names))
+		for i, k := range names {
+			total += r.placements[k]
+			cols[i] = strconv.FormatFloat(r.placements[k], 'f', -1, 64)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t\n", r.nodes, r.system, wlName(r), strconv.FormatFloat(total, 'f', -1, 64), strings.Join(cols, "\t"))
+	}
+	tw.Flush()
+}
+
+// extenderPlacements reads the placements counter of Tessera's extender,
+// by kind, from its /metrics.
+func extenderPlacements(ctx context.Context, ext *extenderProc) (map[string]float64, error) {
+	text, err := ext.metrics(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("extender metrics: %w", err)
+	}
+	return parseCounters(bytes.NewReader(text), placementsMetric, "kind")
+}

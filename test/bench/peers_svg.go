@@ -12,6 +12,7 @@ import (
 var systemColor = map[string]string{
 	sysKube:    "#8c8c8c",
 	sysTessera: "#1f77b4",
+	sysPlugin:  "#9467bd",
 	sysHAMi:    "#ff7f0e",
 	sysSP:      "#2ca02c",
 }

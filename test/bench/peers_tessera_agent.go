@@ -26,8 +26,8 @@ import (
 // node, holds that many fully free GPUs for it, and while any is pending
 // puts no slice on a fully free GPU of the node (extender/state.go,
 // NodeState.sharedView): right for the seconds a real node agent takes,
-// wrong for good. The trace replay runs it for tessera, like the HAMi
-// stand-in for HAMi (hamiNodeAgent).
+// wrong for good. The trace replay runs it for tessera and
+// tessera-plugin, like the HAMi stand-in for HAMi (hamiNodeAgent).
 //
 // The kubelet's pick is stood in for by the lowest-index GPUs of the node
 // that hold neither a whole-GPU pod nor a slice.

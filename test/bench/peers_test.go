@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"io"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -88,6 +89,7 @@ func TestPeersSVG(t *testing.T) {
 		{nodes: 200, system: sysKube, workload: wlWhole, res: runResult{pods: 200, boundIn: 2 * time.Second}},
 		{nodes: 200, system: sysHAMi, workload: wlMixed, err: io.EOF},
 		{nodes: 200, system: sysTessera, workload: wlGang, gangMembers: 16, gangs: []time.Duration{time.Second, 3 * time.Second}},
+		{nodes: 200, system: sysPlugin, workload: wlMixed, res: runResult{pods: 200, boundIn: 4 * time.Second}},
 	}
 	svg := peersSVG(c, results)
 	dec := xml.NewDecoder(strings.NewReader(svg))
@@ -98,9 +100,91 @@ func TestPeersSVG(t *testing.T) {
 			t.Fatalf("not XML: %v\n%s", err, svg)
 		}
 	}
-	for _, want := range []string{">100<", ">failed<", ">2.00<"} {
+	for _, want := range []string{">100<", ">failed<", ">2.00<", ">50.0<", systemColor[sysPlugin], ">" + systemLabel[sysPlugin] + "<"} {
 		if !strings.Contains(svg, want) {
 			t.Errorf("plot lacks %q", want)
 		}
+	}
+}
+
+// TestPeerSystems checks what each system is given: tessera-plugin runs
+// what tessera runs (Tessera's resources, slices, gangs all or nothing,
+// the gang gate), and every system has a label, a colour and a run name
+// of its own.
+func TestPeerSystems(t *testing.T) {
+	short, colour := map[string]bool{}, map[string]bool{}
+	for _, s := range allSystems {
+		if systemLabel[s] == "" || systemColor[s] == "" {
+			t.Errorf("%s: label %q, colour %q", s, systemLabel[s], systemColor[s])
+		}
+		if short[shortName(s)] || colour[systemColor[s]] {
+			t.Errorf("%s: run name %q or colour %s taken", s, shortName(s), systemColor[s])
+		}
+		short[shortName(s)], colour[systemColor[s]] = true, true
+	}
+	for _, tc := range []struct {
+		system                             string
+		tessera, shares, mixed, gangsWhole bool
+	}{
+		{sysKube, false, false, false, false},
+		{sysTessera, true, true, true, true},
+		{sysPlugin, true, true, true, true},
+		{sysHAMi, false, true, true, false},
+		{sysSP, false, false, false, true},
+	} {
+		if isTessera(tc.system) != tc.tessera || sharesGPU(tc.system) != tc.shares || supports(tc.system, wlMixed) != tc.mixed ||
+			allOrNothing(tc.system) != tc.gangsWhole || !supports(tc.system, wlWhole) || !supports(tc.system, wlGang) {
+			t.Errorf("%s: isTessera %v, sharesGPU %v, mixed %v, all or nothing %v; want %+v", tc.system,
+				isTessera(tc.system), sharesGPU(tc.system), supports(tc.system, wlMixed), allOrNothing(tc.system), tc)
+		}
+	}
+	// The same pod for tessera and tessera-plugin but for the scheduler.
+	for i := range 8 {
+		a := peerPod(sysTessera, "ns", "s", "r", i, shapeOf(wlMixed, i))
+		b := peerPod(sysPlugin, "ns", "s", "r", i, shapeOf(wlMixed, i))
+		if !reflect.DeepEqual(a, b) {
+			t.Errorf("pod %d: tessera %+v, tessera-plugin %+v", i, a.Spec, b.Spec)
+		}
+	}
+}
+
+func TestPluginFlags(t *testing.T) {
+	got := pluginFlags("/k", "127.0.0.1:1", []string{"--filter-shortlist=0"})
+	want := []string{"--kubeconfig=/k", "--listen=127.0.0.1:1", "--policy=binpack", "--filter-shortlist=0"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("pluginFlags = %q, want %q", got, want)
+	}
+}
+
+// TestReportLatencyPlugin checks that tessera-plugin, which calls the
+// extender in process, gets "-" for the verbs (not zeros), and that the
+// placements read from the extender's /metrics are reported for both
+// Tessera systems.
+func TestReportLatencyPlugin(t *testing.T) {
+	c := &config{peers: peerConfig{gangGPUs: 8}}
+	results := []peerResult{
+		{nodes: 10, system: sysTessera, workload: wlWhole, latency: map[string]latencySummary{"filter": summarize([]time.Duration{time.Millisecond}, 0)},
+			placements: map[string]float64{"whole": 100}},
+		{nodes: 10, system: sysPlugin, workload: wlWhole, placements: map[string]float64{"whole": 98, "shared": 2}},
+		{nodes: 10, system: sysKube, workload: wlWhole},
+	}
+	var b strings.Builder
+	reportLatency(&b, c, results)
+	out := b.String()
+	var rows []string // the table rows, fields single-spaced
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) > 0 && f[0] == "10" {
+			rows = append(rows, strings.Join(f, " "))
+		}
+	}
+	want := []string{
+		"10 tessera whole filter 1 0 1.00ms 1.00ms 1.00ms 1.00ms",
+		"10 tessera-plugin whole - - - - - - -",
+		// placements: the total, then the kinds sorted (shared, whole).
+		"10 tessera whole 100 0 100",
+		"10 tessera-plugin whole 100 2 98",
+	}
+	if !reflect.DeepEqual(rows, want) {
+		t.Errorf("rows %q, want %q\n%s", rows, want, out)
 	}
 }

@@ -69,7 +69,7 @@ type traceConfig struct {
 	seed        int64
 	quiet       time.Duration
 	timeout     time.Duration
-	// tesseraAgent runs tesseraNodeAgent for tessera.
+	// tesseraAgent runs tesseraNodeAgent for tessera and tessera-plugin.
 	tesseraAgent bool
 }
 
@@ -81,7 +81,7 @@ func addTraceFlags(fs *flag.FlagSet, tc *traceConfig) {
 	fs.Int64Var(&tc.seed, "trace-seed", 42, "with --peer-workloads=trace: seed of the sample")
 	fs.DurationVar(&tc.quiet, "trace-quiet", time.Minute, "with --peer-workloads=trace: a replay ends when every pod is bound or was found unschedulable and no pod was bound for this long")
 	fs.DurationVar(&tc.timeout, "trace-timeout", 30*time.Minute, "with --peer-workloads=trace: limit of one system's replay")
-	fs.BoolVar(&tc.tesseraAgent, "trace-tessera-agent", true, "with --peer-workloads=trace: record the GPUs of tessera's whole-GPU pods as its node agent would (false: never, as the other workloads)")
+	fs.BoolVar(&tc.tesseraAgent, "trace-tessera-agent", true, "with --peer-workloads=trace: record the GPUs of tessera's and tessera-plugin's whole-GPU pods as its node agent would (false: never, as the other workloads)")
 }
 
 // tracePath is file in dir unless it is a path of its own.
@@ -261,14 +261,14 @@ func createTraceNodes(ctx context.Context, client kubernetes.Interface, nodes []
 
 // sharesGPU says whether system can place a slice of a GPU; the others
 // are given a whole GPU for every sharing pod.
-func sharesGPU(system string) bool { return system == sysTessera || system == sysHAMi }
+func sharesGPU(system string) bool { return isTessera(system) || system == sysHAMi }
 
 // traceGPULimits is the GPU request of r in system's resource names, and a
 // short name of its shape:
 //
-//   - tessera: tessera.dev/gpu N for N whole GPUs; a share of g milli is a
-//     core-only slice, tessera.dev/gpu-core g/10 (its memory is then the
-//     same percentage of the GPU's);
+//   - tessera, tessera-plugin: tessera.dev/gpu N for N whole GPUs; a
+//     share of g milli is a core-only slice, tessera.dev/gpu-core g/10 (its
+//     memory is then the same percentage of the GPU's);
 //   - hami: nvidia.com/gpu N; a share is nvidia.com/gpu 1 with
 //     nvidia.com/gpucores and nvidia.com/gpumem-percentage g/10;
 //   - kube-scheduler, scheduler-plugins: tessera.dev/gpu N, counted per
@@ -287,10 +287,10 @@ func traceGPULimits(system string, r allocator.Request) (v1.ResourceList, string
 	case allocator.Shared:
 		pct := (r.GPUMilli*api.CoresPerGPU + allocator.MilliPerGPU - 1) / allocator.MilliPerGPU
 		name := fmt.Sprintf("share%d", r.GPUMilli)
-		switch system {
-		case sysTessera:
+		switch {
+		case isTessera(system):
 			limits[api.ResourceGPUCore] = q(pct)
-		case sysHAMi:
+		case system == sysHAMi:
 			limits[hamiResourceGPU] = q(1)
 			limits[hamiResourceCores] = q(pct)
 			limits[hamiResourceMemPercent] = q(pct)
@@ -365,7 +365,7 @@ type traceOutcome struct {
 	// sample's trace GPU request, allocated = allocMilli.
 	point sim.Point
 	// assignments checks Tessera's assignment annotations of the bound
-	// pods (tessera only).
+	// pods (tessera and tessera-plugin only).
 	assignments *assignmentCheck
 }
 
@@ -710,7 +710,7 @@ func (e *peerEnv) runTrace(ctx context.Context, system, schedName, run string) (
 	if r.outcome, err = traceOutcomeOf(s, list.Items); err != nil {
 		return r, err
 	}
-	if system == sysTessera {
+	if isTessera(system) {
 		if r.outcome.assignments, err = checkAssignments(list.Items); err != nil {
 			return r, err
 		}

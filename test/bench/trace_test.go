@@ -193,10 +193,12 @@ func TestTraceGPULimits(t *testing.T) {
 		wantMilli int64 // allocatedMilli
 	}{
 		{sysTessera, share, map[v1.ResourceName]int64{api.ResourceGPUCore: 47}, "share465", 470},
+		{sysPlugin, share, map[v1.ResourceName]int64{api.ResourceGPUCore: 47}, "share465", 470},
 		{sysHAMi, share, map[v1.ResourceName]int64{hamiResourceGPU: 1, hamiResourceCores: 47, hamiResourceMemPercent: 47}, "share465", 470},
 		{sysKube, share, map[v1.ResourceName]int64{api.ResourceGPU: 1}, "share465-as-1gpu", 1000},
 		{sysSP, share, map[v1.ResourceName]int64{api.ResourceGPU: 1}, "share465-as-1gpu", 1000},
 		{sysTessera, two, map[v1.ResourceName]int64{api.ResourceGPU: 2}, "2gpu", 2000},
+		{sysPlugin, two, map[v1.ResourceName]int64{api.ResourceGPU: 2}, "2gpu", 2000},
 		{sysHAMi, two, map[v1.ResourceName]int64{hamiResourceGPU: 2}, "2gpu", 2000},
 		{sysSP, two, map[v1.ResourceName]int64{api.ResourceGPU: 2}, "2gpu", 2000},
 		{sysHAMi, cpu, map[v1.ResourceName]int64{}, "cpu", 0},
@@ -264,6 +266,7 @@ func TestTraceOutcome(t *testing.T) {
 	}{
 		// tessera places all: 3750 of 4000 allocated.
 		{"tessera all", podsOf(sysTessera, 0, 1, 2, 3, 4), 5, [3]int{}, 3750, 3750, 6.25},
+		{"tessera-plugin all", podsOf(sysPlugin, 0, 1, 2, 3, 4), 5, [3]int{}, 3750, 3750, 6.25},
 		// HAMi without the 2-GPU pod: 1750 of 4000.
 		{"hami", podsOf(sysHAMi, 0, 1, 2, 3), 4, [3]int{allocator.Whole: 1}, 1750, 1750, 56.25},
 		// kube-scheduler: the shares took a whole GPU each, the 2-GPU pod
