@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/test/framework/controlplane"
+	"github.com/tessera-gpu/tessera/test/framework/install"
 )
 
 const (
@@ -59,38 +60,11 @@ func buildScheduler(ctx context.Context, repo, dir string) (string, error) {
 
 // pluginConfig writes deploy/scheduler/scheduler-config.yaml (the
 // configuration of tessera-scheduler) into dir with flags as the Tessera
-// plugin's args in every profile.
+// plugin's args in every profile (install.PluginSchedulerConfig).
 func pluginConfig(repo, dir string, flags []string) (string, error) {
-	raw, err := os.ReadFile(filepath.Join(repo, "deploy", "scheduler", "scheduler-config.yaml"))
-	if err != nil {
-		return "", fmt.Errorf("read plugin scheduler config: %w", err)
-	}
-	cfg := map[string]any{}
-	if err := yaml.Unmarshal(raw, &cfg); err != nil {
-		return "", fmt.Errorf("parse plugin scheduler config: %w", err)
-	}
-	profiles, _ := cfg["profiles"].([]any)
-	set := 0
-	for _, p := range profiles {
-		prof, _ := p.(map[string]any)
-		pcs, _ := prof["pluginConfig"].([]any)
-		for _, pc := range pcs {
-			if m, _ := pc.(map[string]any); m != nil && m["name"] == "Tessera" {
-				m["args"] = map[string]any{"flags": flags}
-				set++
-			}
-		}
-	}
-	if set == 0 {
-		return "", errors.New("deploy/scheduler/scheduler-config.yaml configures no Tessera plugin")
-	}
-	out, err := yaml.Marshal(cfg)
-	if err != nil {
-		return "", fmt.Errorf("marshal plugin scheduler config: %w", err)
-	}
 	path := filepath.Join(dir, "scheduler-plugin.yaml")
-	if err := os.WriteFile(path, out, 0o600); err != nil {
-		return "", fmt.Errorf("write plugin scheduler config: %w", err)
+	if err := install.PluginSchedulerConfig(repo, path, flags); err != nil {
+		return "", err
 	}
 	return path, nil
 }

@@ -21,6 +21,12 @@
 //	e.CreatePod(t, extenderenv.PodSpec{Name: "p", GPUs: 8, Gang: "g", GangMinMember: 1})
 //	e.WaitBound(t, "default", "p", time.Minute)
 //
+// With Options.InProcess the extender and kube-scheduler are one process
+// instead: tessera-scheduler (scheduler/, kube-scheduler with Tessera's
+// plugin) configured by deploy/scheduler/scheduler-config.yaml, the
+// plugin's flags those the extender would get, the extender in it still
+// as its ServiceAccount and serving Ext.Addr.
+//
 // Every helper fails the test (t.Fatal) on an API error. Missing binaries
 // (kube-apiserver, kube-scheduler, etcd, or a tessera-extender that does
 // not build) fail the test; nothing is skipped.
@@ -35,6 +41,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -74,6 +82,16 @@ type Options struct {
 	// Users are further identities of the control plane (see
 	// controlplane.Options.Users).
 	Users []*controlplane.User
+	// InProcess runs tessera-scheduler (kube-scheduler with Tessera's
+	// plugin, built from scheduler/) instead of the extender process and
+	// the stock kube-scheduler, as a user of the plugin would: configured
+	// by deploy/scheduler/scheduler-config.yaml with the plugin's flags
+	// (the extender in its process) set to --kubeconfig (the extender's
+	// ServiceAccount), --listen, --policy=binpack, --v=2 and ExtenderArgs.
+	// Ext then stands for the extender inside the scheduler: Addr serves
+	// /readyz, /status, /metrics and the webhooks; the log is the
+	// scheduler's; Start, Stop and Kill start and stop the scheduler.
+	InProcess bool
 }
 
 // Env is a running control plane, extender and kube-scheduler.
@@ -116,6 +134,9 @@ func Start(t testing.TB, opts Options) *Env {
 	if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
 		t.Fatal(err)
 	}
+	if opts.InProcess {
+		return startInProcess(t, opts, cp, kubeconfig, dir)
+	}
 	ext := &Extender{t: t, bin: ExtenderBinary(t), kubeconfig: kubeconfig, addr: FreeAddr(t),
 		logPath: filepath.Join(dir, "extender.log"), args: opts.ExtenderArgs}
 	ext.Start(ctx)
@@ -148,16 +169,48 @@ func Start(t testing.TB, opts Options) *Env {
 		t.Fatal(err)
 	}
 	e := &Env{CP: cp, Client: client, Ext: ext, Sealer: sealer}
-	if opts.Agent {
-		e.Agent = &FakeAgent{Client: client, Sealer: sealer}
-		actx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); e.Agent.Run(actx) }()
-		t.Cleanup(func() {
-			cancel()
-			<-done
-		})
+	e.startAgent(t, opts)
+	return e
+}
+
+// startAgent starts FakeAgent when opts ask for it.
+func (e *Env) startAgent(t testing.TB, opts Options) {
+	if !opts.Agent {
+		return
 	}
+	e.Agent = &FakeAgent{Client: e.Client, Sealer: e.Sealer}
+	actx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); e.Agent.Run(actx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+}
+
+// startInProcess is Start with Options.InProcess: tessera-scheduler,
+// whose plugin runs the extender as kubeconfig (the extender's identity).
+func startInProcess(t testing.TB, opts Options, cp *controlplane.ControlPlane, kubeconfig, dir string) *Env {
+	t.Helper()
+	ctx := t.Context()
+	addr := FreeAddr(t)
+	flags := append([]string{"--kubeconfig=" + kubeconfig, "--listen=" + addr, "--policy=binpack", "--v=2"}, opts.ExtenderArgs...)
+	cfg := filepath.Join(dir, "tessera-scheduler-config.yaml")
+	if err := install.PluginSchedulerConfig(RepoRoot(t), cfg, flags); err != nil {
+		t.Fatal(err)
+	}
+	ext := &Extender{t: t, kubeconfig: kubeconfig, addr: addr, args: opts.ExtenderArgs,
+		cp: cp, sched: &controlplane.SchedulerOptions{ConfigFile: cfg, Binary: SchedulerBinary(t)}}
+	// The control plane's cleanup (registered before) prints and copies
+	// the scheduler's log, which holds the extender's, when t failed.
+	t.Cleanup(ext.Stop)
+	ext.Start(ctx)
+	sealer, err := sealkey.Wait(ctx, sealkey.In(cp.Client(), "kube-system"), 100*time.Millisecond)
+	if err != nil {
+		t.Fatalf("the extender's seal key: %v", err)
+	}
+	e := &Env{CP: cp, Client: cp.Client(), Ext: ext, Sealer: sealer}
+	e.startAgent(t, opts)
 	return e
 }
 
@@ -220,6 +273,37 @@ func ExtenderBinary(t testing.TB) string {
 	return buildBin
 }
 
+var (
+	schedOnce sync.Once
+	schedBin  string
+	schedErr  error
+)
+
+// SchedulerBinary builds tessera-scheduler (cmd/tessera-scheduler of the
+// scheduler/ module: kube-scheduler with Tessera's plugin) once per test
+// binary and returns its path.
+func SchedulerBinary(t testing.TB) string {
+	t.Helper()
+	root := RepoRoot(t)
+	schedOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "tessera-scheduler-bin-")
+		if err != nil {
+			schedErr = err
+			return
+		}
+		schedBin = filepath.Join(dir, "tessera-scheduler")
+		cmd := exec.Command("go", "build", "-o", schedBin, "./cmd/tessera-scheduler")
+		cmd.Dir = filepath.Join(root, "scheduler")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			schedErr = fmt.Errorf("go build tessera-scheduler: %w\n%s", err, out)
+		}
+	})
+	if schedErr != nil {
+		t.Fatal(schedErr)
+	}
+	return schedBin
+}
+
 // FreeAddr returns a loopback address with a port free at the time.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
@@ -233,6 +317,11 @@ func FreeAddr(t testing.TB) string {
 
 // Extender is tessera-extender running as its own process. Its log (all
 // starts appended) is LogPath.
+//
+// With Options.InProcess it is the extender inside tessera-scheduler:
+// Start, Stop and Kill start and stop the scheduler through the control
+// plane, and the log is the scheduler's (one file per start; LogPath is
+// the latest, Log and LogTail read them all).
 type Extender struct {
 	t          testing.TB
 	bin        string
@@ -244,18 +333,36 @@ type Extender struct {
 	cmd        *exec.Cmd
 	done       chan struct{}
 	starts     int
+
+	// In process: the control plane runs the scheduler with sched.
+	cp       *controlplane.ControlPlane
+	sched    *controlplane.SchedulerOptions
+	logPaths []string
+	running  bool
 }
+
+// InProcess reports whether the extender runs inside tessera-scheduler.
+func (x *Extender) InProcess() bool { return x.sched != nil }
 
 // Addr is the extender's host:port.
 func (x *Extender) Addr() string { return x.addr }
 
-// LogPath is the extender's log file.
-func (x *Extender) LogPath() string { return x.logPath }
+// LogPath is the extender's log file: in process, the log of the
+// scheduler's latest start.
+func (x *Extender) LogPath() string {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.logPath
+}
 
 // Start starts the process and waits until /readyz answers 200 (its
 // caches synced). Start after Stop or Kill restarts it on the same address.
 func (x *Extender) Start(ctx context.Context) {
 	x.t.Helper()
+	if x.InProcess() {
+		x.startScheduler(ctx)
+		return
+	}
 	x.mu.Lock()
 	x.starts++
 	logf, err := os.OpenFile(x.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
@@ -296,8 +403,64 @@ func (x *Extender) Start(ctx context.Context) {
 	}
 }
 
-// Kill sends SIGKILL: no graceful shutdown, what is in memory is lost.
+// startScheduler starts tessera-scheduler and waits until the extender in
+// it answers /readyz with 200 (its caches synced).
+func (x *Extender) startScheduler(ctx context.Context) {
+	x.t.Helper()
+	if err := x.cp.StartScheduler(ctx, *x.sched); err != nil {
+		x.t.Fatalf("start tessera-scheduler: %v", err)
+	}
+	x.mu.Lock()
+	x.starts++
+	x.running = true
+	for name, path := range x.cp.LogFiles() {
+		if strings.HasPrefix(name, "kube-scheduler") {
+			x.logPath = path
+			x.logPaths = append(x.logPaths, path)
+		}
+	}
+	x.mu.Unlock()
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		return readyz(ctx, x.addr), nil
+	})
+	if err != nil {
+		x.t.Fatalf("the extender in tessera-scheduler is not ready: %v\n%s", err, x.LogTail())
+	}
+}
+
+func readyz(ctx context.Context, addr string) bool {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/readyz", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// stopScheduler stops tessera-scheduler (SIGTERM to its process group,
+// SIGKILL after the control plane's grace period).
+func (x *Extender) stopScheduler() {
+	x.mu.Lock()
+	running := x.running
+	x.running = false
+	x.mu.Unlock()
+	if !running {
+		return
+	}
+	if err := x.cp.StopScheduler(); err != nil {
+		x.t.Logf("stop tessera-scheduler: %v", err)
+	}
+}
+
+// Kill sends SIGKILL: no graceful shutdown, what is in memory is lost. In
+// process it stops the scheduler as Stop does (the control plane sends
+// SIGTERM first); its in-memory state is lost either way.
 func (x *Extender) Kill() {
+	if x.InProcess() {
+		x.stopScheduler()
+		return
+	}
 	x.mu.Lock()
 	cmd, done := x.cmd, x.done
 	x.cmd = nil
@@ -311,6 +474,10 @@ func (x *Extender) Kill() {
 
 // Stop sends SIGTERM and waits (SIGKILL after 15s).
 func (x *Extender) Stop() {
+	if x.InProcess() {
+		x.stopScheduler()
+		return
+	}
 	x.mu.Lock()
 	cmd, done := x.cmd, x.done
 	x.cmd = nil
@@ -329,7 +496,7 @@ func (x *Extender) Stop() {
 
 // LogTail is the last 32 KiB of the extender's log.
 func (x *Extender) LogTail() string {
-	b, _ := os.ReadFile(x.logPath)
+	b := x.read()
 	if len(b) > 32<<10 {
 		b = b[len(b)-32<<10:]
 	}
@@ -337,7 +504,21 @@ func (x *Extender) LogTail() string {
 }
 
 // Log is the extender's whole log.
-func (x *Extender) Log() string {
-	b, _ := os.ReadFile(x.logPath)
-	return string(b)
+func (x *Extender) Log() string { return string(x.read()) }
+
+// read returns the log: in process, the scheduler's logs of every start
+// in order.
+func (x *Extender) read() []byte {
+	x.mu.Lock()
+	paths := []string{x.logPath}
+	if x.InProcess() {
+		paths = slices.Clone(x.logPaths)
+	}
+	x.mu.Unlock()
+	var out []byte
+	for _, p := range paths {
+		b, _ := os.ReadFile(p)
+		out = append(out, b...)
+	}
+	return out
 }
