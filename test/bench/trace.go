@@ -375,11 +375,21 @@ type traceOutcome struct {
 type assignmentCheck struct {
 	gpus, overcommitted            int
 	wholeUnrecorded, sliceUnplaced int
+	// overcommit names the pods of the first over-committed GPUs (by
+	// UUID) and what each was given of it.
+	overcommit string
 }
 
+// overcommitShown is how many over-committed GPUs the check names.
+const overcommitShown = 5
+
 func (a *assignmentCheck) String() string {
-	return fmt.Sprintf("%d GPUs assigned, %d of them over-committed; %d bound whole-GPU pods and %d slices without an assignment",
+	s := fmt.Sprintf("%d GPUs assigned, %d of them over-committed; %d bound whole-GPU pods and %d slices without an assignment",
 		a.gpus, a.overcommitted, a.wholeUnrecorded, a.sliceUnplaced)
+	if a.overcommit != "" {
+		s += "; over-committed: " + a.overcommit
+	}
+	return s
 }
 
 // checkAssignments reads the assignment annotations of the bound pods.
@@ -387,6 +397,8 @@ func checkAssignments(pods []v1.Pod) (*assignmentCheck, error) {
 	c := &assignmentCheck{}
 	whole := map[string]int{}
 	cores := map[string]int64{}
+	holders := map[string][]string{} // GPU -> "pod (whole|N cores)"
+
 	for i := range pods {
 		p := &pods[i]
 		if p.Spec.NodeName == "" {
@@ -401,11 +413,13 @@ func checkAssignments(pods []v1.Pod) (*assignmentCheck, error) {
 			for _, ct := range a.Containers {
 				for _, g := range ct.GPUs {
 					whole[g.UUID]++
+					holders[g.UUID] = append(holders[g.UUID], p.Name+" (whole)")
 					hasWhole = true
 				}
 				if ct.Shared != nil {
 					for _, u := range ct.Shared.UUIDs() {
 						cores[u] += ct.Shared.Cores
+						holders[u] = append(holders[u], fmt.Sprintf("%s (%d cores)", p.Name, ct.Shared.Cores))
 					}
 					hasShared = true
 				}
@@ -419,19 +433,26 @@ func checkAssignments(pods []v1.Pod) (*assignmentCheck, error) {
 		}
 	}
 	seen := map[string]bool{}
+	var over []string
 	for u, n := range whole {
 		seen[u] = true
 		if n > 1 || cores[u] > 0 {
-			c.overcommitted++
+			over = append(over, u)
 		}
 	}
 	for u, n := range cores {
 		if !seen[u] && n > api.CoresPerGPU {
-			c.overcommitted++
+			over = append(over, u)
 		}
 		seen[u] = true
 	}
-	c.gpus = len(seen)
+	c.gpus, c.overcommitted = len(seen), len(over)
+	sort.Strings(over)
+	var shown []string
+	for _, u := range over[:min(len(over), overcommitShown)] {
+		shown = append(shown, fmt.Sprintf("%s: %s", u, strings.Join(holders[u], ", ")))
+	}
+	c.overcommit = strings.Join(shown, "; ")
 	return c, nil
 }
 

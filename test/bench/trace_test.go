@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -439,6 +440,13 @@ func TestCheckAssignments(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
+		if (got.overcommit != "") != (tc.want.overcommitted > 0) {
+			t.Errorf("%s: over-committed GPUs named %q", tc.name, got.overcommit)
+		}
+		if tc.name == "whole and a slice" && !strings.HasSuffix(got.overcommit, "-0000: run-00000-1gpu (whole), run-00000-share600 (60 cores)") {
+			t.Errorf("%s: over-committed GPUs named %q", tc.name, got.overcommit)
+		}
+		got.overcommit = ""
 		if *got != tc.want {
 			t.Errorf("%s: %+v, want %+v", tc.name, *got, tc.want)
 		}
