@@ -13,18 +13,22 @@
 #               one dgx-1v, one pcie-2numa)
 #   DEMO_FLAGS  further flags of tessera-localcluster (e.g. --workload=false,
 #               --once, --dir=DIR)
+#   DEMO_SCHEDULER  extender (default: kube-scheduler + the tessera-extender
+#               process) or plugin (tessera-scheduler: kube-scheduler with
+#               Tessera's plugin, the extender in its process)
 
 DEMO_NODES ?= a100-1=dgx-a100,a100-2=dgx-a100,v100-1=dgx-1v,l40s-1=pcie-2numa
 DEMO_FLAGS ?=
+DEMO_SCHEDULER ?= extender
 
 .PHONY: demo demo-bins
 
 # go build reuses its cache: a second run only links.
-demo-bins: $(BIN)/tessera-node $(BIN)/tessera-extender
+demo-bins: $(BIN)/tessera-node $(BIN)/tessera-extender $(if $(filter plugin,$(DEMO_SCHEDULER)),scheduler)
 	@echo "go build tessera-nodesim tessera-localcluster (test/ module)"
 	@cd $(TEST_DIR) && $(TEST_GO) build -o $(BIN)/tessera-nodesim ./cmd/tessera-nodesim && \
 		$(TEST_GO) build -o $(BIN)/tessera-localcluster ./cmd/tessera-localcluster
 
 demo: k8s-bins test-etcd demo-bins ## local GPU cluster without GPUs: control plane, extender, 4 simulated nodes, sample workload, live occupancy (Ctrl-C stops; needs root)
 	TESSERA_TEST_K8S_BIN_DIR=$(TEST_K8S_BIN_DIR) TESSERA_TEST_ETCD=$(TEST_ETCD) \
-		$(BIN)/tessera-localcluster --repo=$(CURDIR) --bin-dir=$(BIN) --nodes=$(DEMO_NODES) $(DEMO_FLAGS)
+		$(BIN)/tessera-localcluster --repo=$(CURDIR) --bin-dir=$(BIN) --nodes=$(DEMO_NODES) --scheduler=$(DEMO_SCHEDULER) $(DEMO_FLAGS)

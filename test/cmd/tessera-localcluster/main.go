@@ -39,6 +39,7 @@ func main() {
 
 type options struct {
 	repo, binDir, nodes, dir string
+	scheduler                string
 	workload, once           bool
 	refresh, timeout         time.Duration
 }
@@ -50,6 +51,7 @@ func run() int {
 	fs.StringVar(&o.binDir, "bin-dir", "", "directory of tessera-node, tessera-extender and tessera-nodesim (default <repo>/bin)")
 	fs.StringVar(&o.nodes, "nodes", "a100-1=dgx-a100,a100-2=dgx-a100,v100-1=dgx-1v,l40s-1=pcie-2numa", "simulated nodes: name=profile,... (profiles: dgx-a100, dgx-1v, pcie-2numa)")
 	fs.StringVar(&o.dir, "dir", "", "directory for everything the cluster writes (default: a temporary one, removed at exit)")
+	fs.StringVar(&o.scheduler, "scheduler", "extender", "extender: kube-scheduler calling the tessera-extender process (deploy/extender); plugin: tessera-scheduler, kube-scheduler with Tessera's plugin and the extender in its process (deploy/scheduler; needs bin/tessera-scheduler, make scheduler)")
 	fs.BoolVar(&o.workload, "workload", true, "submit the sample workload")
 	fs.DurationVar(&o.refresh, "refresh", 2*time.Second, "refresh period of the occupancy table")
 	fs.BoolVar(&o.once, "once", false, "wait until the sample workload runs, print the table once and exit (non-zero when it does not run in --timeout)")
@@ -81,6 +83,14 @@ func localCluster(o options) error {
 	if o.binDir == "" {
 		o.binDir = filepath.Join(o.repo, "bin")
 	}
+	var schedBin string
+	switch o.scheduler {
+	case "extender":
+	case "plugin":
+		schedBin = filepath.Join(o.binDir, "tessera-scheduler")
+	default:
+		return fmt.Errorf("--scheduler %q: want extender or plugin", o.scheduler)
+	}
 	nodes, err := nodesim.ParseNodes(o.nodes)
 	if err != nil {
 		return fmt.Errorf("--nodes: %w", err)
@@ -93,10 +103,11 @@ func localCluster(o options) error {
 	}
 	c, err := nodesim.StartCluster(ctx, nodesim.ClusterOptions{
 		Dir: o.dir, Nodes: nodes, RepoRoot: o.repo,
-		NodeSim:  filepath.Join(o.binDir, "tessera-nodesim"),
-		Agent:    filepath.Join(o.binDir, "tessera-node"),
-		Extender: filepath.Join(o.binDir, "tessera-extender"),
-		Logf:     say,
+		NodeSim:   filepath.Join(o.binDir, "tessera-nodesim"),
+		Agent:     filepath.Join(o.binDir, "tessera-node"),
+		Extender:  filepath.Join(o.binDir, "tessera-extender"),
+		Scheduler: schedBin,
+		Logf:      say,
 	})
 	if err != nil {
 		return err

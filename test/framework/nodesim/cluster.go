@@ -82,6 +82,12 @@ type ClusterOptions struct {
 	Nodes []NodeSpec
 	// Binaries: the node simulator, tessera-node and tessera-extender.
 	NodeSim, Agent, Extender string
+	// Scheduler, when set, is tessera-scheduler (scheduler/): it runs with
+	// deploy/scheduler/scheduler-config.yaml, the extender in its process,
+	// in place of kube-scheduler and the tessera-extender process (then
+	// Extender is not needed, and the extender's restarts are the
+	// scheduler's).
+	Scheduler string
 	// RepoRoot is the repository (deploy/ is read from it).
 	RepoRoot string
 	// ExtenderArgs are added to the extender's command line.
@@ -134,7 +140,12 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 	if opts.Logf == nil {
 		opts.Logf = func(string, ...any) {}
 	}
-	for what, p := range map[string]string{"tessera-nodesim": opts.NodeSim, "tessera-node": opts.Agent, "tessera-extender": opts.Extender} {
+	bins := map[string]string{"tessera-nodesim": opts.NodeSim, "tessera-node": opts.Agent, "tessera-extender": opts.Extender}
+	if opts.Scheduler != "" {
+		delete(bins, "tessera-extender")
+		bins["tessera-scheduler"] = opts.Scheduler
+	}
+	for what, p := range bins {
 		if p == "" {
 			return nil, fmt.Errorf("no %s binary given", what)
 		}
@@ -200,21 +211,30 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 	if c.tls, err = install.ServingCert(c.Dir); err != nil {
 		return nil, err
 	}
-	opts.Logf("starting tessera-extender (HTTPS, as %s)", ExtenderUser)
-	if err := c.StartExtender(ctx); err != nil {
-		return nil, err
+	if opts.Scheduler != "" {
+		opts.Logf("starting tessera-scheduler with deploy/scheduler/scheduler-config.yaml (its extender serving HTTPS, as %s)", ExtenderUser)
+		if err := c.StartExtender(ctx); err != nil {
+			return nil, err
+		}
+	} else {
+		opts.Logf("starting tessera-extender (HTTPS, as %s)", ExtenderUser)
+		if err := c.StartExtender(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if err := install.GangWebhook(ctx, admin, opts.RepoRoot, "https://"+c.extAddr, c.tls.CAPEM); err != nil {
 		return nil, err
 	}
 	opts.Logf("installed the gang webhook of deploy/extender/webhook.yaml at https://%s", c.extAddr)
-	schedCfg := filepath.Join(c.Dir, "scheduler-config.yaml")
-	if err := install.SchedulerConfig(opts.RepoRoot, schedCfg, "https://"+c.extAddr, c.tls.CAPEM); err != nil {
-		return nil, err
-	}
-	opts.Logf("starting kube-scheduler with deploy/extender/scheduler-config.yaml")
-	if err := c.CP.StartScheduler(ctx, controlplane.SchedulerOptions{ConfigFile: schedCfg}); err != nil {
-		return nil, err
+	if opts.Scheduler == "" {
+		schedCfg := filepath.Join(c.Dir, "scheduler-config.yaml")
+		if err := install.SchedulerConfig(opts.RepoRoot, schedCfg, "https://"+c.extAddr, c.tls.CAPEM); err != nil {
+			return nil, err
+		}
+		opts.Logf("starting kube-scheduler with deploy/extender/scheduler-config.yaml")
+		if err := c.CP.StartScheduler(ctx, controlplane.SchedulerOptions{ConfigFile: schedCfg}); err != nil {
+			return nil, err
+		}
 	}
 	for _, n := range c.specs {
 		opts.Logf("starting node %s (%s)", n.Name, n.Profile)
@@ -247,7 +267,9 @@ func (c *Cluster) NodeStateDir(name string) string { return filepath.Join(c.Dir,
 // LogFiles lists every process's log.
 func (c *Cluster) LogFiles() map[string]string {
 	out := c.CP.LogFiles()
-	out["tessera-extender"] = filepath.Join(c.Dir, "logs", "tessera-extender.log")
+	if c.opts.Scheduler == "" {
+		out["tessera-extender"] = filepath.Join(c.Dir, "logs", "tessera-extender.log")
+	}
 	for _, n := range c.specs {
 		out["nodesim-"+n.Name] = filepath.Join(c.Dir, "logs", "nodesim-"+n.Name+".log")
 		out["tessera-node-"+n.Name] = filepath.Join(c.NodeStateDir(n.Name), "agent.log")
@@ -279,7 +301,8 @@ func (c *Cluster) writeKubeconfigs() error {
 	return nil
 }
 
-// StartExtender starts tessera-extender (again) and waits for /readyz.
+// StartExtender starts tessera-extender (again), or tessera-scheduler with
+// ClusterOptions.Scheduler, and waits for the extender's /readyz.
 func (c *Cluster) StartExtender(ctx context.Context) error {
 	if c.extAddr == "" {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -298,16 +321,30 @@ func (c *Cluster) StartExtender(ctx context.Context) error {
 	extra := slices.Clone(c.opts.ExtenderArgs)
 	c.mu.Unlock()
 	args := append([]string{"--kubeconfig=" + c.extKC, "--listen=" + c.extAddr, "--tls-cert=" + c.tls.CertFile, "--tls-key=" + c.tls.KeyFile, "--v=2"}, extra...)
-	p, err := proc.Start("tessera-extender", c.opts.Extender, args, filepath.Join(c.Dir, "logs", "tessera-extender.log"), nil)
-	if err != nil {
-		return err
+	exited := func() (bool, string) { return false, "" }
+	if c.opts.Scheduler != "" {
+		// The extender's flags are the plugin's; klog's --v is the
+		// process's, the harness's.
+		cfg := filepath.Join(c.Dir, "scheduler-config.yaml")
+		if err := install.PluginSchedulerConfig(c.opts.RepoRoot, cfg, slices.DeleteFunc(args, func(a string) bool { return a == "--v=2" })); err != nil {
+			return err
+		}
+		if err := c.CP.StartScheduler(ctx, controlplane.SchedulerOptions{ConfigFile: cfg, Binary: c.opts.Scheduler}); err != nil {
+			return fmt.Errorf("tessera-scheduler: %w", err)
+		}
+	} else {
+		p, err := proc.Start("tessera-extender", c.opts.Extender, args, filepath.Join(c.Dir, "logs", "tessera-extender.log"), nil)
+		if err != nil {
+			return err
+		}
+		c.mu.Lock()
+		c.extender = p
+		c.mu.Unlock()
+		exited = func() (bool, string) { return p.Exited(), p.Log }
 	}
-	c.mu.Lock()
-	c.extender = p
-	c.mu.Unlock()
 	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
-		if p.Exited() {
-			return false, fmt.Errorf("tessera-extender exited; see %s", p.Log)
+		if gone, log := exited(); gone {
+			return false, fmt.Errorf("tessera-extender exited; see %s", log)
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+c.extAddr+"/readyz", nil)
 		resp, err := hc.Do(req)
@@ -320,8 +357,12 @@ func (c *Cluster) StartExtender(ctx context.Context) error {
 }
 
 // KillExtender kills tessera-extender (SIGKILL: what it had in memory is
-// lost).
+// lost); with ClusterOptions.Scheduler it stops tessera-scheduler.
 func (c *Cluster) KillExtender() {
+	if c.opts.Scheduler != "" {
+		_ = c.CP.StopScheduler()
+		return
+	}
 	c.mu.Lock()
 	p := c.extender
 	c.extender = nil
