@@ -17,9 +17,10 @@ package main
 //
 // and three workloads: whole GPUs (1, 1, 2, 4 GPUs), the throughput
 // benchmark's mix of whole GPUs and shared slices (systems that share a
-// GPU: tessera, tessera-plugin, hami), and gangs (M members x G GPUs, one after the other,
-// earlier gangs staying bound); or, on a cluster of its own, the trace
-// replay (trace.go). See docs/bench.md.
+// GPU: tessera, tessera-plugin, hami), and gangs (M members x G GPUs, one
+// after the other, earlier gangs staying bound); or, on a cluster of its
+// own, the trace replay (trace.go). tessera-plugin runs what tessera runs
+// (isTessera). See docs/bench.md.
 
 import (
 	"bytes"
