@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -28,6 +29,7 @@ type StateSource interface {
 	Nodes(names []string) []*NodeState
 	Node(name string) (*NodeState, bool)
 	Reserve(uid types.UID, node string, decide func(*NodeState) (*PodUse, error)) (*PodUse, error)
+	Reservation(uid types.UID) (*PodUse, bool)
 	Unreserve(uid types.UID)
 }
 
@@ -66,6 +68,9 @@ type Server struct {
 	// order makes whole-GPU binds wait for the slice binds in flight on
 	// their node.
 	order bindOrder
+	// reserved are the pods placed by Reserve whose bind has not begun.
+	reservedMu sync.Mutex
+	reserved   map[types.UID]*reservedPod
 	// backfill, when set, shows a pod a reservation's room it may use
 	// (backfill.go).
 	backfill atomic.Pointer[BackfillView]
@@ -514,17 +519,24 @@ func (s *Server) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs,
 		return fmt.Errorf("bind %s/%s to %s: %w", pod.Namespace, pod.Name, args.Node, err)
 	}
 	d := pl.demand
+	held := s.takeReserved(pod.UID, args.Node)
 	var slice *sliceBind
 	if len(d.Shares) > 0 {
-		slice = s.order.slice(args.Node)
+		if slice = held.sliceBind(); slice == nil {
+			slice = s.order.slice(args.Node)
+		}
 		defer slice.end()
 	}
 	if pl.malformed != nil {
 		// A malformed assignment is overwritten below; say so.
 		s.event(pod, "MalformedAssignment", "replacing malformed assignment: %v", pl.malformed)
 	}
-	use, err := s.reserve(pod, args.Node, &pl)
-	if err != nil {
+	var use *PodUse
+	if u, ok := s.state.Reservation(pod.UID); held != nil && ok && u.Node == args.Node {
+		// Placed by Reserve, within the scheduler's cycle: the pods
+		// reserved since saw it there, so it stays.
+		use = u
+	} else if use, err = s.reserve(pod, args.Node, &pl); err != nil {
 		s.event(pod, "FailedBinding", "%v", err)
 		return fmt.Errorf("bind %s/%s to %s: %w", pod.Namespace, pod.Name, args.Node, err)
 	}
@@ -657,19 +669,95 @@ func (s *Server) reserve(pod *corev1.Pod, node string, pl *placement) (*PodUse, 
 // the pods it schedules meanwhile see the room taken. The bind decides
 // again in its place; Unreserve drops it. pod must have come through the
 // trust filter.
+//
+// The bind keeps this placement: the pods reserved after it were placed
+// around it (a slice put on a free GPU, say, before whole GPUs reserved
+// next to it, which would leave the slice no GPU when it decided again). A
+// slice's bind counts as in flight from here (bindOrder): a whole-GPU pod
+// reserved on the node after it is bound only after its Binding, even
+// when its own bind runs first.
 func (s *Server) Reserve(pod *corev1.Pod, node string) error {
 	pl, err := s.placing(pod, node)
+	var slice *sliceBind
+	if err == nil && len(pl.demand.Shares) > 0 {
+		slice = s.order.slice(node)
+	}
 	if err == nil {
 		_, err = s.reserve(pod, node, &pl)
 	}
 	if err != nil {
+		if slice != nil {
+			slice.end()
+		}
 		return fmt.Errorf("reserve %s/%s on %s: %w", pod.Namespace, pod.Name, node, err)
 	}
+	s.holdReserved(pod.UID, &reservedPod{node: node, slice: slice})
 	return nil
 }
 
+// reservedPod is a pod placed by Reserve, until its bind begins.
+type reservedPod struct {
+	node string
+	// slice is its slice bind in flight, nil for a pod without slices.
+	slice *sliceBind
+}
+
+// sliceBind is r's slice bind (nil for none or a nil r).
+func (r *reservedPod) sliceBind() *sliceBind {
+	if r == nil {
+		return nil
+	}
+	return r.slice
+}
+
+// end ends r's slice bind, if any.
+func (r *reservedPod) end() {
+	if r != nil && r.slice != nil {
+		r.slice.end()
+	}
+}
+
+// reservedFor bounds how long a slice reserved by Reserve counts as in
+// flight without its bind or Unreserve (a scheduler that never came back).
+const reservedFor = 2 * time.Minute
+
+func (s *Server) holdReserved(uid types.UID, r *reservedPod) {
+	s.reservedMu.Lock()
+	if s.reserved == nil {
+		s.reserved = map[types.UID]*reservedPod{}
+	}
+	prev := s.reserved[uid]
+	s.reserved[uid] = r
+	s.reservedMu.Unlock()
+	prev.end()
+	if r.slice != nil {
+		time.AfterFunc(reservedFor, r.slice.end)
+	}
+}
+
+// takeReserved returns what Reserve placed for uid on node (nil: nothing);
+// its slice bind is now the bind's to end.
+func (s *Server) takeReserved(uid types.UID, node string) *reservedPod {
+	s.reservedMu.Lock()
+	r := s.reserved[uid]
+	delete(s.reserved, uid)
+	s.reservedMu.Unlock()
+	if r != nil && r.node != node {
+		r.end()
+		return nil
+	}
+	return r
+}
+
 // Unreserve drops what Reserve (or a failed bind) counted for the pod uid.
-func (s *Server) Unreserve(uid types.UID) { s.state.Unreserve(uid) }
+func (s *Server) Unreserve(uid types.UID) {
+	s.state.Unreserve(uid)
+	s.reservedMu.Lock()
+	r := s.reserved[uid]
+	delete(s.reserved, uid)
+	s.reservedMu.Unlock()
+	r.end()
+}
 
 // SharedAssignment returns the assignment recording use's shared slices,
 // keeping the whole GPUs prev records.

@@ -399,6 +399,83 @@ func TestBindOrdersWholeAfterEarlierSlices(t *testing.T) {
 	}
 }
 
+// With Reserve (tessera-scheduler reserves in its scheduling cycle and
+// binds later, binds running concurrently), a slice counts as in flight
+// from its reservation: a whole-GPU pod reserved after it on its node is
+// bound after it even when its bind starts first. Unreserve ends it.
+func TestReservedSliceOrdersLaterWholeBinds(t *testing.T) {
+	node := testbuild.Node("n").GPUs(4, "A100", 40960).Obj()
+	slice := testbuild.Pod("s").Shared(10, 25).Obj()
+	whole := testbuild.Pod("w").Whole(2).Obj()
+	dropped := testbuild.Pod("d").Shared(10, 25).Obj()
+	whole2 := testbuild.Pod("w2").Whole(1).Obj()
+	f := newFixture(t, []*corev1.Node{node}, nil, slice, whole, dropped, whole2)
+	ctx := context.Background()
+	sGate := make(chan struct{})
+	var sOpen sync.Once
+	openS := func() { sOpen.Do(func() { close(sGate) }) }
+	t.Cleanup(openS)
+	f.pods.patchGate = map[string]chan struct{}{"s": sGate}
+	for _, p := range []*corev1.Pod{slice, whole} {
+		if err := f.server.Reserve(p, "n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bind := func(p *corev1.Pod) <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			done <- f.server.Bind(ctx, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: p.Name, PodUID: p.UID, Node: "n"})
+		}()
+		return done
+	}
+	wDone := bind(whole) // before the slice's bind has even started
+	select {
+	case err := <-wDone:
+		t.Fatalf("whole-GPU pod bound (error %v) before the slice reserved before it", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	sDone := bind(slice)
+	select {
+	case err := <-sDone:
+		t.Fatalf("the slice's bind ended (error %v) while held", err)
+	case err := <-wDone:
+		f.pods.mu.Lock()
+		c := append([]string(nil), f.pods.calls...)
+		f.pods.mu.Unlock()
+		t.Fatalf("whole-GPU pod bound (error %v) while the slice's bind is held: %v", err, c)
+	case <-time.After(100 * time.Millisecond):
+	}
+	openS()
+	for _, done := range []<-chan error{sDone, wDone} {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.pods.mu.Lock()
+	got := append([]string(nil), f.pods.calls...)
+	f.pods.mu.Unlock()
+	if i, j := slices.Index(got, "bind s n"), slices.Index(got, "bind w n"); i < 0 || j < i {
+		t.Errorf("API calls %v: want the slice's Binding before the whole-GPU pod's", got)
+	}
+
+	// A reserved slice that is unreserved holds nothing back.
+	if err := f.server.Reserve(dropped, "n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.server.Reserve(whole2, "n"); err != nil {
+		t.Fatal(err)
+	}
+	f.server.Unreserve(dropped.UID)
+	select {
+	case err := <-bind(whole2):
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a whole-GPU bind waited for an unreserved slice")
+	}
+}
+
 func TestBindRollsBackAndRetriesSameGPU(t *testing.T) {
 	node := testbuild.Node("n").GPUs(2, "A100", 40960).Obj()
 	bound := []*corev1.Pod{testbuild.Pod("a").Shared(10, 50).Node("n").On(1, 10240, 50).Obj()}
