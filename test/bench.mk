@@ -4,16 +4,17 @@
 # docs/bench.md.
 #
 # Targets:
-#   bench-scheduler  GPU pods/s of kube-scheduler with and without
-#                    tessera-extender at BENCH_NODES fake nodes, and the
+#   bench-scheduler  GPU pods/s of kube-scheduler alone, with
+#                    tessera-extender and as tessera-scheduler (Tessera's
+#                    plugin in process) at BENCH_NODES fake nodes, and the
 #                    extender's per-verb latency; prints tables
 #   peer-bins        build the peers of bench-peers into bin/peers
 #                    (test/hack/build-peer-bins.sh): scheduler-plugins'
 #                    kube-scheduler and, with HAMI_GIT (a git copy of HAMi),
 #                    HAMi's scheduler extender
 #   bench-peers      the same GPU pods through kube-scheduler alone,
-#                    kube-scheduler + tessera-extender, kube-scheduler +
-#                    HAMi's extender and scheduler-plugins (coscheduling,
+#                    kube-scheduler + tessera-extender, tessera-scheduler,
+#                    kube-scheduler + HAMi's extender and scheduler-plugins (coscheduling,
 #                    capacityscheduling): pods/s, gang bind latency,
 #                    extender verb latency, a plot (docs/bench.md)
 #
@@ -31,7 +32,7 @@ BENCH_FLAGS ?=
 # bench-peers (BENCH_LOGS and BENCH_FLAGS apply too):
 #   BENCH_PEERS_NODES      node counts, ascending (default 1000)
 #   BENCH_PEERS_PODS       pods per throughput run (default 1000)
-#   BENCH_PEERS_SYSTEMS    kube-scheduler,tessera,hami,scheduler-plugins
+#   BENCH_PEERS_SYSTEMS    kube-scheduler,tessera,tessera-plugin,hami,scheduler-plugins
 #   BENCH_PEERS_WORKLOADS  whole,mixed,gang; or trace alone: the trace
 #                          replay (Alibaba GPU trace, on a cluster shaped
 #                          like its nodes; BENCH_PEERS_NODES not used)
@@ -48,7 +49,7 @@ BENCH_FLAGS ?=
 #   BENCH_PEERS_TRACE_SEED with trace: seed of the sample (default 42)
 BENCH_PEERS_NODES     ?= 1000
 BENCH_PEERS_PODS      ?= 1000
-BENCH_PEERS_SYSTEMS   ?= kube-scheduler,tessera,hami,scheduler-plugins
+BENCH_PEERS_SYSTEMS   ?= kube-scheduler,tessera,tessera-plugin,hami,scheduler-plugins
 BENCH_PEERS_WORKLOADS ?= whole,mixed,gang
 BENCH_PEERS_GANGS     ?= 3
 BENCH_PEERS_GANG      ?= 16x8
@@ -61,7 +62,7 @@ BENCH_PEERS_TRACE_SEED ?= 42
 
 .PHONY: bench-scheduler peer-bins bench-peers
 
-bench-scheduler: k8s-bins test-etcd ## kube-scheduler GPU pods/s with and without tessera-extender (1000 and 5000 fake nodes), extender verb latency
+bench-scheduler: k8s-bins test-etcd ## kube-scheduler GPU pods/s alone, with tessera-extender and as tessera-scheduler (1000 and 5000 fake nodes), extender verb latency
 	cd $(TEST_DIR) && \
 		TESSERA_TEST_K8S_BIN_DIR=$(TEST_K8S_BIN_DIR) \
 		TESSERA_TEST_ETCD=$(TEST_ETCD) \
