@@ -379,17 +379,11 @@ func report(w io.Writer, c *config, phases []*phase, load0, load1 string, took t
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "nodes\textender\tpods\tcreated in\tfirst bound\tlast bound\tpods/s\t")
 	for _, p := range phases {
-		runs := []struct {
-			name string
-			res  runResult
-		}{{"without", p.without}, {"with", p.with}}
-		if c.plugin {
-			runs = append(runs, struct {
+		for _, m := range c.modes {
+			r := struct {
 				name string
 				res  runResult
-			}{"plugin", p.plugin})
-		}
-		for _, r := range runs {
+			}{m.String(), map[mode]runResult{modeWithout: p.without, modeWith: p.with, modePlugin: p.plugin}[m]}
 			fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%.1f\t\n", p.nodes, r.name, r.res.pods, r.res.createdIn.Round(time.Millisecond),
 				r.res.firstBoundIn.Round(time.Millisecond), r.res.boundIn.Round(time.Millisecond), r.res.podsPerSecond())
 		}
@@ -456,15 +450,16 @@ func schedRuns(c *config, p *phase) []struct {
 	name string
 	s    schedStats
 } {
-	out := []struct {
+	var out []struct {
 		name string
 		s    schedStats
-	}{{"without", p.schedWithout}, {"with", p.schedWith}}
-	if c.plugin {
+	}
+	for _, m := range c.modes {
+		s := map[mode]schedStats{modeWithout: p.schedWithout, modeWith: p.schedWith, modePlugin: p.schedPlugin}[m]
 		out = append(out, struct {
 			name string
 			s    schedStats
-		}{"plugin", p.schedPlugin})
+		}{m.String(), s})
 	}
 	return out
 }
