@@ -666,9 +666,8 @@ func (s *Server) reserve(pod *corev1.Pod, node string, pl *placement) (*PodUse, 
 
 // Reserve counts pod on node in the ledger now, as its bind will place it,
 // for a scheduler that binds later (tessera-scheduler's Reserve point):
-// the pods it schedules meanwhile see the room taken. The bind decides
-// again in its place; Unreserve drops it. pod must have come through the
-// trust filter.
+// the pods it schedules meanwhile see the room taken. Unreserve drops it.
+// pod must have come through the trust filter.
 //
 // The bind keeps this placement: the pods reserved after it were placed
 // around it (a slice put on a free GPU, say, before whole GPUs reserved
