@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path"
 	"path/filepath"
 	"reflect"
@@ -28,6 +27,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/test/framework/controlplane"
+	"github.com/tessera-gpu/tessera/test/framework/extenderenv"
 )
 
 // envScheduler names a tessera-scheduler binary (make scheduler's
@@ -236,7 +236,7 @@ func eachTesseraArgs(cfg map[string]any, f func(args map[string]any) error) erro
 // its lease, and the extender in its process must become ready (/readyz
 // over HTTPS, verified with the chart's CA) and create the seal key Secret.
 func runPluginScheduler(ctx context.Context, t *testing.T, repo string, cp *controlplane.ControlPlane, dyn dynamic.Interface, mapper meta.RESTMapper, extSA *controlplane.User, objs []*unstructured.Unstructured) {
-	bin := schedulerBinary(ctx, t, repo)
+	bin := schedulerBinary(t)
 	for _, o := range objs {
 		name := o.GetLabels()["app.kubernetes.io/name"]
 		if name != "tessera-scheduler" && name != "tessera-extender" {
@@ -395,20 +395,15 @@ func createOrReplace(ctx context.Context, dyn dynamic.Interface, mapper meta.RES
 }
 
 // schedulerBinary returns $TESSERA_TEST_TESSERA_SCHEDULER, or
-// tessera-scheduler built from the scheduler/ module.
-func schedulerBinary(ctx context.Context, t *testing.T, repo string) string {
+// tessera-scheduler built from the scheduler/ module
+// (extenderenv.SchedulerBinary, as the other suites build it).
+func schedulerBinary(t *testing.T) string {
 	t.Helper()
 	if bin := os.Getenv(envScheduler); bin != "" {
 		return bin
 	}
-	bin := filepath.Join(t.TempDir(), "tessera-scheduler")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/tessera-scheduler")
-	cmd.Dir = filepath.Join(repo, "scheduler")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	start := time.Now()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build tessera-scheduler (or set $%s): %v\n%s", envScheduler, err, out)
-	}
+	bin := extenderenv.SchedulerBinary(t)
 	t.Logf("built tessera-scheduler in %s", time.Since(start).Round(time.Second))
 	return bin
 }

@@ -243,65 +243,52 @@ func RepoRoot(t testing.TB) string {
 	}
 }
 
-var (
-	buildOnce sync.Once
-	buildBin  string
-	buildErr  error
-)
+// builtOnce is a command built once per test binary.
+type builtOnce struct {
+	once sync.Once
+	bin  string
+	err  error
+}
+
+// get builds the command pkg of the Go module in dir (relative to the
+// repository) as name, the first time, and returns its path.
+func (b *builtOnce) get(t testing.TB, dir, pkg, name string) string {
+	t.Helper()
+	root := RepoRoot(t)
+	b.once.Do(func() {
+		tmp, err := os.MkdirTemp("", name+"-bin-")
+		if err != nil {
+			b.err = err
+			return
+		}
+		b.bin = filepath.Join(tmp, name)
+		cmd := exec.Command("go", "build", "-o", b.bin, pkg)
+		cmd.Dir = filepath.Join(root, dir)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.err = fmt.Errorf("go build %s: %w\n%s", name, err, out)
+		}
+	})
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	return b.bin
+}
+
+var extenderBin, schedulerBin builtOnce
 
 // ExtenderBinary builds cmd/tessera-extender once per test binary and
 // returns its path.
 func ExtenderBinary(t testing.TB) string {
 	t.Helper()
-	root := RepoRoot(t)
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "tessera-extender-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		buildBin = filepath.Join(dir, "tessera-extender")
-		cmd := exec.Command("go", "build", "-o", buildBin, "./cmd/tessera-extender")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build tessera-extender: %w\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return buildBin
+	return extenderBin.get(t, ".", "./cmd/tessera-extender", "tessera-extender")
 }
-
-var (
-	schedOnce sync.Once
-	schedBin  string
-	schedErr  error
-)
 
 // SchedulerBinary builds tessera-scheduler (cmd/tessera-scheduler of the
 // scheduler/ module: kube-scheduler with Tessera's plugin) once per test
 // binary and returns its path.
 func SchedulerBinary(t testing.TB) string {
 	t.Helper()
-	root := RepoRoot(t)
-	schedOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "tessera-scheduler-bin-")
-		if err != nil {
-			schedErr = err
-			return
-		}
-		schedBin = filepath.Join(dir, "tessera-scheduler")
-		cmd := exec.Command("go", "build", "-o", schedBin, "./cmd/tessera-scheduler")
-		cmd.Dir = filepath.Join(root, "scheduler")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			schedErr = fmt.Errorf("go build tessera-scheduler: %w\n%s", err, out)
-		}
-	})
-	if schedErr != nil {
-		t.Fatal(schedErr)
-	}
-	return schedBin
+	return schedulerBin.get(t, "scheduler", "./cmd/tessera-scheduler", "tessera-scheduler")
 }
 
 // FreeAddr returns a loopback address with a port free at the time.
