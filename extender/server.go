@@ -734,13 +734,20 @@ func (s *Server) holdReserved(uid types.UID, r *reservedPod) {
 	}
 }
 
+// popReserved forgets and returns what Reserve placed for uid (nil:
+// nothing).
+func (s *Server) popReserved(uid types.UID) *reservedPod {
+	s.reservedMu.Lock()
+	defer s.reservedMu.Unlock()
+	r := s.reserved[uid]
+	delete(s.reserved, uid)
+	return r
+}
+
 // takeReserved returns what Reserve placed for uid on node (nil: nothing);
 // its slice bind is now the bind's to end.
 func (s *Server) takeReserved(uid types.UID, node string) *reservedPod {
-	s.reservedMu.Lock()
-	r := s.reserved[uid]
-	delete(s.reserved, uid)
-	s.reservedMu.Unlock()
+	r := s.popReserved(uid)
 	if r != nil && r.node != node {
 		r.end()
 		return nil
@@ -751,11 +758,7 @@ func (s *Server) takeReserved(uid types.UID, node string) *reservedPod {
 // Unreserve drops what Reserve (or a failed bind) counted for the pod uid.
 func (s *Server) Unreserve(uid types.UID) {
 	s.state.Unreserve(uid)
-	s.reservedMu.Lock()
-	r := s.reserved[uid]
-	delete(s.reserved, uid)
-	s.reservedMu.Unlock()
-	r.end()
+	s.popReserved(uid).end()
 }
 
 // SharedAssignment returns the assignment recording use's shared slices,

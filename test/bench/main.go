@@ -144,6 +144,17 @@ const (
 
 func (m mode) String() string { return [...]string{"without", "with", "plugin"}[m] }
 
+// of is the phase's run in mode m and kube-scheduler's histograms of it.
+func (p *phase) of(m mode) (runResult, schedStats) {
+	switch m {
+	case modeWith:
+		return p.with, p.schedWith
+	case modePlugin:
+		return p.plugin, p.schedPlugin
+	}
+	return p.without, p.schedWithout
+}
+
 // phase is one node count's runs.
 type phase struct {
 	nodes   int
@@ -359,20 +370,22 @@ func report(w io.Writer, c *config, phases []*phase, load0, load1 string, took t
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "nodes\tnodes created in\twithout extender pods/s\twith extender pods/s\tratio\ttessera-scheduler pods/s\tratio\t")
 	for _, p := range phases {
-		rate := func(m mode, r runResult) string {
+		rate := func(m mode) string {
 			if !slices.Contains(c.modes, m) {
 				return "-"
 			}
+			r, _ := p.of(m)
 			return fmt.Sprintf("%.1f", r.podsPerSecond())
 		}
-		ratio := func(m mode, r runResult) string {
+		ratio := func(m mode) string {
 			if !slices.Contains(c.modes, m) || !slices.Contains(c.modes, modeWithout) {
 				return "-"
 			}
+			r, _ := p.of(m)
 			return fmt.Sprintf("%.2f", r.podsPerSecond()/p.without.podsPerSecond())
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", p.nodes, p.nodesIn.Round(100*time.Millisecond),
-			rate(modeWithout, p.without), rate(modeWith, p.with), ratio(modeWith, p.with), rate(modePlugin, p.plugin), ratio(modePlugin, p.plugin))
+			rate(modeWithout), rate(modeWith), ratio(modeWith), rate(modePlugin), ratio(modePlugin))
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
@@ -380,10 +393,11 @@ func report(w io.Writer, c *config, phases []*phase, load0, load1 string, took t
 	fmt.Fprintln(tw, "nodes\textender\tpods\tcreated in\tfirst bound\tlast bound\tpods/s\t")
 	for _, p := range phases {
 		for _, m := range c.modes {
+			res, _ := p.of(m)
 			r := struct {
 				name string
 				res  runResult
-			}{m.String(), map[mode]runResult{modeWithout: p.without, modeWith: p.with, modePlugin: p.plugin}[m]}
+			}{m.String(), res}
 			fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%.1f\t\n", p.nodes, r.name, r.res.pods, r.res.createdIn.Round(time.Millisecond),
 				r.res.firstBoundIn.Round(time.Millisecond), r.res.boundIn.Round(time.Millisecond), r.res.podsPerSecond())
 		}
@@ -455,7 +469,7 @@ func schedRuns(c *config, p *phase) []struct {
 		s    schedStats
 	}
 	for _, m := range c.modes {
-		s := map[mode]schedStats{modeWithout: p.schedWithout, modeWith: p.schedWith, modePlugin: p.schedPlugin}[m]
+		_, s := p.of(m)
 		out = append(out, struct {
 			name string
 			s    schedStats

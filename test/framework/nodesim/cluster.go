@@ -213,14 +213,11 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 	}
 	if opts.Scheduler != "" {
 		opts.Logf("starting tessera-scheduler with deploy/scheduler/scheduler-config.yaml (its extender serving HTTPS, as %s)", ExtenderUser)
-		if err := c.StartExtender(ctx); err != nil {
-			return nil, err
-		}
 	} else {
 		opts.Logf("starting tessera-extender (HTTPS, as %s)", ExtenderUser)
-		if err := c.StartExtender(ctx); err != nil {
-			return nil, err
-		}
+	}
+	if err := c.StartExtender(ctx); err != nil {
+		return nil, err
 	}
 	if err := install.GangWebhook(ctx, admin, opts.RepoRoot, "https://"+c.extAddr, c.tls.CAPEM); err != nil {
 		return nil, err
