@@ -4,6 +4,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/allocator/gang"
@@ -117,6 +118,22 @@ func (s *NodeState) Name() string { return s.Info.Name }
 
 // Labels are the node's labels.
 func (s *NodeState) Labels() map[string]string { return s.Info.Labels }
+
+// Accepts reports whether a new pod like pod may be scheduled on the node,
+// as kube-scheduler's filters would judge it (not cordoned; its required
+// node affinity, node selector and tolerations, mayRunOn) and by the GPU
+// models the pod accepts.
+func (s *NodeState) Accepts(pod *corev1.Pod) bool {
+	if s.Info.Unschedulable {
+		return false
+	}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: s.Info.Name, Labels: s.Info.Labels}, Spec: corev1.NodeSpec{Taints: s.Info.Taints}}
+	if !mayRunOn(pod, node) {
+		return false
+	}
+	d, err := ParseDemand(pod)
+	return err == nil && (allocator.Request{Models: d.Models}).AllowsModel(s.Info.Model)
+}
 
 // Usable reports whether the node's inventory was read and is well formed.
 func (s *NodeState) Usable() bool { return s.Info.HasInventory && s.Info.Err == nil }

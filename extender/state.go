@@ -68,6 +68,10 @@ type NodeInfo struct {
 	// shortlist leaves the choice among its best nodes to kube-scheduler
 	// when one of them has such a taint the pod does not tolerate.
 	PreferNoSchedule []corev1.Taint
+	// Taints are the node's NoSchedule and NoExecute taints, and
+	// Unschedulable its cordon: what keeps a new pod off it (Accepts).
+	Taints        []corev1.Taint
+	Unschedulable bool
 	// NUMA is the node's NUMA report (api.AnnotationNUMATopology); nil
 	// when the node publishes none or the extender ignores it. NUMAErr is
 	// a malformed report: the node then fits no GPU pod.
@@ -113,9 +117,13 @@ func (n *NodeInfo) maxHealthyMemMiB() int64 {
 // and memory. A malformed annotation is recorded in Err, not returned.
 func NewNodeInfo(node *corev1.Node) *NodeInfo {
 	info := &NodeInfo{Name: node.Name, Labels: node.Labels}
+	info.Unschedulable = node.Spec.Unschedulable
 	for _, t := range node.Spec.Taints {
-		if t.Effect == corev1.TaintEffectPreferNoSchedule {
+		switch t.Effect {
+		case corev1.TaintEffectPreferNoSchedule:
 			info.PreferNoSchedule = append(info.PreferNoSchedule, t)
+		case corev1.TaintEffectNoSchedule, corev1.TaintEffectNoExecute:
+			info.Taints = append(info.Taints, t)
 		}
 	}
 	if q, ok := node.Status.Allocatable[corev1.ResourceCPU]; ok {

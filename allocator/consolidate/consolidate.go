@@ -13,7 +13,7 @@
 //     that: a pod without which it still fits is not moved, so no eviction
 //     frees GPUs the workload cannot use;
 //   - the moved pods fit again elsewhere, on GPUs the workload does not
-//     take (each on one node);
+//     take (each on one node it may run on, Pod.MayRunOn);
 //   - it needs no more moves than the budget allows (Budget: at most so
 //     many per minute). A plan that needs more is not started: half a
 //     consolidation frees room the workload cannot use.
@@ -39,6 +39,9 @@ type Pod struct {
 	// Movable: the pod may be moved (evicted, and recreated by its
 	// controller elsewhere).
 	Movable bool
+	// MayRunOn reports whether the pod, recreated, may run on the named
+	// node (its node selector and affinity, say); nil: on any node.
+	MayRunOn func(node string) bool
 }
 
 // Node is a node as the decision sees it.
@@ -173,6 +176,18 @@ func Decide(nodes []Node, w Workload, budget int, fits Fits) (Plan, error) {
 	var best *Plan
 	var why error = fmt.Errorf("%w: no eligible node", ErrNoPlan)
 	groups := st.groups(w)
+	// tryWithout queues group again without each node moves free room on:
+	// the plan failed for a reason the model does not see there. Bounded:
+	// only the first len(st.nodes) groups add tries, so tries stay in
+	// proportion.
+	tryWithout := func(g int, moves []Move) {
+		if g >= len(st.nodes) {
+			return
+		}
+		for _, n := range st.targets(moves, groups[g]) {
+			groups = append(groups, slices.DeleteFunc(slices.Clone(groups[g]), func(x int) bool { return x == n }))
+		}
+	}
 	for g := 0; g < len(groups); g++ {
 		group := groups[g]
 		moves, ok := st.greedy(w, group)
@@ -185,11 +200,7 @@ func Decide(nodes []Node, w Workload, budget int, fits Fits) (Plan, error) {
 			why = fmt.Errorf("%w: the placement does not fit it on the room %d moves free", ErrNoPlan, len(moves))
 			// The judge knows what the model does not (a required
 			// label, say): try again without each node the model chose.
-			if g < len(st.nodes) { // bounded: tries stay in proportion
-				for _, n := range st.targets(moves, group) {
-					groups = append(groups, slices.DeleteFunc(slices.Clone(group), func(x int) bool { return x == n }))
-				}
-			}
+			tryWithout(g, moves)
 			continue
 		}
 		after := st.without(moves)
@@ -202,6 +213,9 @@ func Decide(nodes []Node, w Workload, budget int, fits Fits) (Plan, error) {
 		}
 		if !after.rehome(moves) {
 			why = fmt.Errorf("%w: the %d pods it would move find no room elsewhere", ErrNoPlan, len(moves))
+			// Pods that may run only where the workload goes: try
+			// again without each node the model chose.
+			tryWithout(g, moves)
 			continue
 		}
 		if best == nil || len(moves) < len(best.Moves) {
@@ -541,9 +555,10 @@ func (s *state) toFree(n int, set []int, g int) ([]int, bool) {
 	return chosen, true
 }
 
-// rehome reports whether every moved pod finds room on one node, on GPUs
-// left free once the workload is placed (s has its placement taken), the
-// largest first, each on the node with the fewest free GPUs that holds it.
+// rehome reports whether every moved pod finds room on one node it may run
+// on, on GPUs left free once the workload is placed (s has its placement
+// taken), the largest first (of equal size, the ones that may run on fewer
+// nodes first), each on the node with the fewest free GPUs that holds it.
 func (s *state) rehome(moves []Move) bool {
 	free := make([]int, len(s.nodes))
 	for n := range s.nodes {
@@ -553,22 +568,53 @@ func (s *state) rehome(moves []Move) bool {
 		}
 		free[n] = s.freeIn(n, all)
 	}
-	sizes := make([]int, len(moves))
-	for i, m := range moves {
-		sizes[i] = max(m.GPUs, 1)
+	type mover struct {
+		gpus  int
+		may   func(string) bool
+		hosts int
 	}
-	slices.SortFunc(sizes, func(a, b int) int { return cmp.Compare(b, a) })
-	for _, g := range sizes {
+	movers := make([]mover, len(moves))
+	for i, m := range moves {
+		mv := mover{gpus: max(m.GPUs, 1), may: s.pod(m).MayRunOn, hosts: len(s.nodes)}
+		if mv.may != nil {
+			mv.hosts = 0
+			for n := range s.nodes {
+				if mv.may(s.nodes[n].Name) {
+					mv.hosts++
+				}
+			}
+		}
+		movers[i] = mv
+	}
+	slices.SortStableFunc(movers, func(a, b mover) int {
+		return cmp.Or(cmp.Compare(b.gpus, a.gpus), cmp.Compare(a.hosts, b.hosts))
+	})
+	for _, mv := range movers {
 		best := -1
 		for n, f := range free {
-			if f >= g && (best < 0 || f < free[best]) {
+			if f >= mv.gpus && (best < 0 || f < free[best]) && (mv.may == nil || mv.may(s.nodes[n].Name)) {
 				best = n
 			}
 		}
 		if best < 0 {
 			return false
 		}
-		free[best] -= g
+		free[best] -= mv.gpus
 	}
 	return true
+}
+
+// pod is the pod m moves.
+func (s *state) pod(m Move) Pod {
+	for _, node := range s.nodes {
+		if node.Name != m.Node {
+			continue
+		}
+		for _, p := range node.Pods {
+			if p.Name == m.Pod {
+				return p
+			}
+		}
+	}
+	return Pod{}
 }

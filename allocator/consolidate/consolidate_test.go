@@ -17,6 +17,14 @@ func pods(prefix string, movable bool, positions ...int) []Pod {
 	return out
 }
 
+// pinned makes ps may run only on the nodes named.
+func pinned(ps []Pod, nodes ...string) []Pod {
+	for i := range ps {
+		ps[i].MayRunOn = func(n string) bool { return slices.Contains(nodes, n) }
+	}
+	return ps
+}
+
 func node8(name string, ps ...[]Pod) Node {
 	n := Node{Name: name, GPUs: 8, Eligible: true}
 	for _, p := range ps {
@@ -105,6 +113,24 @@ func TestDecide(t *testing.T) {
 				full("f"),
 			},
 			w: Workload{Members: []int{4}}, budget: 10, err: ErrFits,
+		},
+		{
+			name: "the pod that would move may run only on its own node: the other node is freed",
+			nodes: []Node{
+				node8("a", pinned(pods("a", true, 3), "a")),
+				node8("b", pods("b", true, 5)),
+			},
+			w: Workload{Members: []int{8}}, budget: 10,
+			want: []string{"b/b-5"}, place: []string{"b"},
+		},
+		{
+			name: "the moved pod may run only on a full node: no plan",
+			nodes: []Node{
+				node8("a", pinned(pods("a", true, 0), "a", "b")),
+				full("b"),
+				node8("c", pods("c", false, 0, 1, 2, 3)),
+			},
+			w: Workload{Members: []int{8}}, budget: 10, err: ErrNoPlan,
 		},
 		{
 			name: "the moved pod has nowhere to go",

@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/allocator/consolidate"
 	"github.com/tessera-gpu/tessera/allocator/gang"
 	"github.com/tessera-gpu/tessera/api"
@@ -363,6 +364,22 @@ func requiredLevel(cluster []gang.Level, g *api.Gang) string {
 	return ""
 }
 
+// mayRunOn is where pod, evicted and recreated, may run (Node.Accepts:
+// its node affinity, tolerations and GPU models, the node's cordon), each
+// node judged once: the decision asks again for every plan it tries.
+func mayRunOn(snap Snapshot, pod *corev1.Pod) func(string) bool {
+	judged := map[string]bool{}
+	return func(name string) bool {
+		ok, done := judged[name]
+		if !done {
+			st, in := snap[name]
+			ok = in && st.Accepts(pod)
+			judged[name] = ok
+		}
+		return ok
+	}
+}
+
 // consolidationView is the ledger of snap as allocator/consolidate sees
 // it: a pod is named by its UID; podOf maps movable pods back. Pods of
 // blocked are not movable.
@@ -380,7 +397,7 @@ func (p *GangPlanner) consolidationView(snap Snapshot, g *api.Gang, members []*c
 	for _, n := range names {
 		st := snap[n]
 		node := consolidate.Node{Name: n, GPUs: st.GPUCount(), Cliques: st.Cliques(), Unknown: st.PendingWholeGPUs(), Eligible: true}
-		gn := gang.Node{Labels: st.Labels()}
+		gn := gang.Node{Node: &allocator.Node{Name: n}, Labels: st.Labels()}
 		for _, m := range members {
 			if allow := podAllows(m); allow != nil && !allow(gn) {
 				node.Eligible = false
@@ -411,10 +428,12 @@ func (p *GangPlanner) consolidationView(snap Snapshot, g *api.Gang, members []*c
 		for _, uid := range uids {
 			pod := p.passPods[uid]
 			movable := !blocked[uid] && Movable(pod)
+			cp := consolidate.Pod{Name: string(uid), GPUs: on[uid], Movable: movable}
 			if movable {
 				podOf[uid] = pod
+				cp.MayRunOn = mayRunOn(snap, pod)
 			}
-			node.Pods = append(node.Pods, consolidate.Pod{Name: string(uid), GPUs: on[uid], Movable: movable})
+			node.Pods = append(node.Pods, cp)
 		}
 		out = append(out, node)
 	}

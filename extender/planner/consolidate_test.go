@@ -34,25 +34,31 @@ func TestConsolidation(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		// off: no consolidator; perMinute: its budget; fresh: it has just
-		// started; orphan: n1's pod has no controller; pdb: the pods whose
+		// started; orphan: n1's pod has no controller; pinned: n1's pod
+		// may run only on n1 (required node affinity); memberAffinity:
+		// the members require the four nodes by name; pdb: the pods whose
 		// eviction a PodDisruptionBudget refuses; due: reservations on,
 		// with a wait the gang has not reached
-		off       bool
-		perMinute int
-		fresh     bool
-		orphan    bool
-		pdb       []string
-		notDue    bool
-		evicted   []string
-		blocked   float64
-		planned   []string // the gang's nodes
-		reason    string   // in the members' waiting reason
+		off            bool
+		perMinute      int
+		fresh          bool
+		orphan         bool
+		pinned         bool
+		memberAffinity bool
+		pdb            []string
+		notDue         bool
+		evicted        []string
+		blocked        float64
+		planned        []string // the gang's nodes
+		reason         string   // in the members' waiting reason
 	}{
 		{name: "on", perMinute: 4, evicted: []string{"n0-a", "n0-b", "n1-a"}, planned: []string{"n0", "n1"}},
 		{name: "off", off: true},
 		{name: "more moves than the budget", perMinute: 2, reason: "consolidation: more moves than the budget: it needs 3 moves, 2 are left this minute"},
 		{name: "the first minute after a start", perMinute: 4, fresh: true},
 		{name: "a pod without a controller does not move", perMinute: 6, orphan: true, evicted: []string{"n0-a", "n0-b", "n2-a", "n2-b", "n2-c"}, planned: []string{"n0", "n2"}},
+		{name: "a pod that may run only on its own node does not move", perMinute: 6, pinned: true, evicted: []string{"n0-a", "n0-b", "n2-a", "n2-b", "n2-c"}, planned: []string{"n0", "n2"}},
+		{name: "members with a required node affinity", perMinute: 4, memberAffinity: true, evicted: []string{"n0-a", "n0-b", "n1-a"}, planned: []string{"n0", "n1"}},
 		{name: "a PodDisruptionBudget keeps a pod", perMinute: 6, pdb: []string{"n1-a"}, blocked: 1, evicted: []string{"n0-a", "n0-b", "n2-a", "n2-b", "n2-c"}, planned: []string{"n0", "n2"}},
 		{name: "not due a reservation yet", perMinute: 4, notDue: true},
 	} {
@@ -96,8 +102,14 @@ func TestConsolidation(t *testing.T) {
 					f.placed(fmt.Sprintf("%s-%c", n, 'a'+k), n, k, movable[n])
 				}
 			}
+			if tc.pinned {
+				f.edit("n1-a", func(p *corev1.Pod) { p.Spec.Affinity = requireNodes("n1") })
+			}
 			for i := range 2 {
-				f.member("big", 2, i, 8, f.now.Add(-2*time.Minute))
+				m := f.member("big", 2, i, 8, f.now.Add(-2*time.Minute))
+				if tc.memberAffinity {
+					f.edit(m.Name, func(p *corev1.Pod) { p.Spec.Affinity = requireNodes("n0", "n1", "n2", "n3") })
+				}
 			}
 			f.sync()
 			f.mu.Lock()
@@ -163,6 +175,28 @@ func (f *gangFixture) placed(name, node string, gpu int, movable bool) {
 		f.t.Fatal(err)
 	}
 	f.cache.SetPod(p)
+}
+
+// edit changes pod name in the API server and the ledger.
+func (f *gangFixture) edit(name string, change func(*corev1.Pod)) {
+	f.t.Helper()
+	pods := f.client.CoreV1().Pods(metav1.NamespaceDefault)
+	p, err := pods.Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	change(p)
+	if p, err = pods.Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+		f.t.Fatal(err)
+	}
+	f.cache.SetPod(p)
+}
+
+// requireNodes is a required node affinity for the nodes named.
+func requireNodes(names ...string) *corev1.Affinity {
+	return &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+		NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{
+			{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: names}}}}}}}
 }
 
 func TestMovable(t *testing.T) {

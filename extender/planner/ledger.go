@@ -67,6 +67,9 @@ type Node interface {
 	// Usable reports whether the node's GPU inventory was read (and is
 	// well formed).
 	Usable() bool
+	// Accepts reports whether a new pod like pod may be scheduled on the
+	// node (its cordon, taints, the pod's node affinity and GPU models).
+	Accepts(pod *corev1.Pod) bool
 	// GPUCount is the number of GPUs of the inventory; FreeGPUs those
 	// fully free for a whole-GPU pod.
 	GPUCount() int
