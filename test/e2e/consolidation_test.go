@@ -14,6 +14,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -42,12 +43,13 @@ import (
 //
 // The local cluster has no kube-controller-manager: the test plays the
 // ReplicaSet controller (it keeps each ReplicaSet's replicas, creating a
-// missing pod from the template, without the initial pods' node
-// selectors), and no disruption controller processes the budget (the API
-// server refuses every eviction it covers, as it does for a budget with
-// no disruption allowed). Reservations are off (--reservation-wait=0) in
-// both clusters: a reservation evicts preemptible pods on its own nodes,
-// which would blur the comparison.
+// missing pod from the template; the initial pods are the template's too,
+// placed while the other nodes were cordoned), and no disruption
+// controller processes the budget (the API server refuses every eviction
+// it covers, as it does for a budget with no disruption allowed).
+// Reservations are off (--reservation-wait=0) in both clusters: a
+// reservation evicts preemptible pods on its own nodes, which would blur
+// the comparison.
 func TestConsolidationMovesPreemptiblePodsForAGang(t *testing.T) {
 	nodes := []nodesim.NodeSpec{
 		{Name: "a100-1", Profile: "dgx-a100"}, {Name: "a100-2", Profile: "dgx-a100"},
@@ -204,16 +206,48 @@ func replicaSet(t *testing.T, client kubernetes.Interface, ns, name string, on m
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Where churn left them: each node's pods are created while every
+	// other node is cordoned, so that they are the template's pods (a
+	// node selector of their own would follow them: consolidation moves
+	// a pod only where it may run again).
 	for node, ps := range on {
+		cordonAllBut(t, client, node)
 		for _, p := range strings.Split(ps, ",") {
-			pod := rsPod(rs, p)
-			pod.Spec.NodeSelector = map[string]string{v1.LabelHostname: node} // where churn left it
-			if _, err := client.CoreV1().Pods(ns).Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
+			if _, err := client.CoreV1().Pods(ns).Create(t.Context(), rsPod(rs, p), metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
 		}
+		for _, p := range strings.Split(ps, ",") {
+			if err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+				got, err := client.CoreV1().Pods(ns).Get(ctx, p, metav1.GetOptions{})
+				return err == nil && got.Spec.NodeName == node, nil
+			}); err != nil {
+				t.Fatalf("pod %s was not bound to %s: %v", p, node, err)
+			}
+		}
 	}
+	cordonAllBut(t, client, "")
 	return rs
+}
+
+// cordonAllBut cordons every node but keep and uncordons keep ("": none
+// cordoned).
+func cordonAllBut(t *testing.T, client kubernetes.Interface, keep string) {
+	t.Helper()
+	nodes, err := client.CoreV1().Nodes().List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes.Items {
+		cordon := keep != "" && n.Name != keep
+		if n.Spec.Unschedulable == cordon {
+			continue
+		}
+		patch := fmt.Sprintf(`{"spec":{"unschedulable":%t}}`, cordon)
+		if _, err := client.CoreV1().Nodes().Patch(t.Context(), n.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // rsPod is a pod of rs's template, owned by it.
