@@ -56,8 +56,6 @@ type config struct {
 	extenderFlags []string
 	// modes are the runs of each node count, in order.
 	modes []mode
-	// plugin: modes has modePlugin.
-	plugin bool
 	// peers: --peers runs the side-by-side benchmark (peers.go) instead.
 	peers peerConfig
 }
@@ -106,7 +104,6 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		}
 		c.modes = append(c.modes, mode(m))
 	}
-	c.plugin = slices.Contains(c.modes, modePlugin)
 	prev := 0
 	for _, f := range strings.Split(*nodes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -143,6 +140,9 @@ const (
 )
 
 func (m mode) String() string { return [...]string{"without", "with", "plugin"}[m] }
+
+// runs reports whether the benchmark runs mode m.
+func (c *config) runs(m mode) bool { return slices.Contains(c.modes, m) }
 
 // of is the phase's run in mode m and kube-scheduler's histograms of it.
 func (p *phase) of(m mode) (runResult, schedStats) {
@@ -234,7 +234,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	var schedBin, pluginCfg string
-	if c.plugin {
+	if c.runs(modePlugin) {
 		logf("building tessera-scheduler")
 		if schedBin, err = buildScheduler(ctx, c.repo, dir); err != nil {
 			return err
@@ -371,14 +371,14 @@ func report(w io.Writer, c *config, phases []*phase, load0, load1 string, took t
 	fmt.Fprintln(tw, "nodes\tnodes created in\twithout extender pods/s\twith extender pods/s\tratio\ttessera-scheduler pods/s\tratio\t")
 	for _, p := range phases {
 		rate := func(m mode) string {
-			if !slices.Contains(c.modes, m) {
+			if !c.runs(m) {
 				return "-"
 			}
 			r, _ := p.of(m)
 			return fmt.Sprintf("%.1f", r.podsPerSecond())
 		}
 		ratio := func(m mode) string {
-			if !slices.Contains(c.modes, m) || !slices.Contains(c.modes, modeWithout) {
+			if !c.runs(m) || !c.runs(modeWithout) {
 				return "-"
 			}
 			r, _ := p.of(m)
@@ -394,12 +394,8 @@ func report(w io.Writer, c *config, phases []*phase, load0, load1 string, took t
 	for _, p := range phases {
 		for _, m := range c.modes {
 			res, _ := p.of(m)
-			r := struct {
-				name string
-				res  runResult
-			}{m.String(), res}
-			fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%.1f\t\n", p.nodes, r.name, r.res.pods, r.res.createdIn.Round(time.Millisecond),
-				r.res.firstBoundIn.Round(time.Millisecond), r.res.boundIn.Round(time.Millisecond), r.res.podsPerSecond())
+			fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%.1f\t\n", p.nodes, m, res.pods, res.createdIn.Round(time.Millisecond),
+				res.firstBoundIn.Round(time.Millisecond), res.boundIn.Round(time.Millisecond), res.podsPerSecond())
 		}
 	}
 	tw.Flush()
@@ -421,7 +417,7 @@ func report(w io.Writer, c *config, phases []*phase, load0, load1 string, took t
 	tw.Flush()
 	for _, p := range phases {
 		fmt.Fprintf(w, "extender placements at %d nodes: %.0f", p.nodes, p.placements)
-		if c.plugin {
+		if c.runs(modePlugin) {
 			fmt.Fprintf(w, "; in tessera-scheduler: %.0f", p.pluginPlacements)
 		}
 		fmt.Fprintln(w)
@@ -431,9 +427,10 @@ func report(w io.Writer, c *config, phases []*phase, load0, load1 string, took t
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "nodes\textender\talgorithm n\tmean\tp50\tp99\tattempts scheduled\tmean\tp50\tp99\t")
 	for _, p := range phases {
-		for _, r := range schedRuns(c, p) {
-			a, t := r.s.algorithm, r.s.attempt
-			fmt.Fprintf(tw, "%d\t%s\t%.0f\t%s\t%s\t%s\t%.0f\t%s\t%s\t%s\t\n", p.nodes, r.name,
+		for _, m := range c.modes {
+			_, st := p.of(m)
+			a, t := st.algorithm, st.attempt
+			fmt.Fprintf(tw, "%d\t%s\t%.0f\t%s\t%s\t%s\t%.0f\t%s\t%s\t%s\t\n", p.nodes, m,
 				a.count, ms(a.mean()), ms(a.quantile(0.5)), ms(a.quantile(0.99)),
 				t.count, ms(t.mean()), ms(t.quantile(0.5)), ms(t.quantile(0.99)))
 		}
@@ -444,12 +441,13 @@ func report(w io.Writer, c *config, phases []*phase, load0, load1 string, took t
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "nodes\textender\talgorithm\t"+strings.Join(algorithmPoints, "\t")+"\trest\t")
 	for _, p := range phases {
-		for _, r := range schedRuns(c, p) {
-			per := func(h histogram) float64 { return h.sum / r.s.algorithm.count }
-			rest := per(r.s.algorithm)
-			fmt.Fprintf(tw, "%d\t%s\t%s\t", p.nodes, r.name, ms(rest))
+		for _, m := range c.modes {
+			_, st := p.of(m)
+			per := func(h histogram) float64 { return h.sum / st.algorithm.count }
+			rest := per(st.algorithm)
+			fmt.Fprintf(tw, "%d\t%s\t%s\t", p.nodes, m, ms(rest))
 			for _, pt := range algorithmPoints {
-				v := per(r.s.points[pt])
+				v := per(st.points[pt])
 				rest -= v
 				fmt.Fprintf(tw, "%s\t", ms(v))
 			}
@@ -457,25 +455,6 @@ func report(w io.Writer, c *config, phases []*phase, load0, load1 string, took t
 		}
 	}
 	tw.Flush()
-}
-
-// schedRuns are a phase's kube-scheduler histograms by run.
-func schedRuns(c *config, p *phase) []struct {
-	name string
-	s    schedStats
-} {
-	var out []struct {
-		name string
-		s    schedStats
-	}
-	for _, m := range c.modes {
-		_, s := p.of(m)
-		out = append(out, struct {
-			name string
-			s    schedStats
-		}{m.String(), s})
-	}
-	return out
 }
 
 // schedulerMetricsArg lets the benchmark read kube-scheduler's /metrics

@@ -592,18 +592,28 @@ type simOutcome struct {
 	traceOutcome
 }
 
+// simulate builds sp's policy for s and replays s with it
+// (simulateSample).
+func (sp simPolicy) simulate(s *traceSample) (traceOutcome, error) {
+	p, err := sp.make(s)
+	if err != nil {
+		return traceOutcome{}, fmt.Errorf("policy %s: %w", sp.name, err)
+	}
+	o, err := simulateSample(s, p)
+	if err != nil {
+		return o, fmt.Errorf("simulate the sample with %s: %w", sp.name, err)
+	}
+	return o, nil
+}
+
 // simulateAll simulates every policy of simPolicies on s.
 func simulateAll(s *traceSample, logf func(string, ...any)) ([]simOutcome, error) {
 	var out []simOutcome
 	for _, sp := range simPolicies() {
 		t0 := time.Now()
-		p, err := sp.make(s)
+		o, err := sp.simulate(s)
 		if err != nil {
-			return nil, fmt.Errorf("policy %s: %w", sp.name, err)
-		}
-		o, err := simulateSample(s, p)
-		if err != nil {
-			return nil, fmt.Errorf("simulate the sample with %s: %w", sp.name, err)
+			return nil, err
 		}
 		out = append(out, simOutcome{sp.name, o})
 		logf("trace replay: sim %s: %d placed, unallocated GPU %.2f%% (simulated in %s)", sp.name, o.placed, o.point.UnallocatedPct, time.Since(t0).Round(time.Millisecond))

@@ -299,11 +299,7 @@ func TestTraceOutcome(t *testing.T) {
 	first := append([]sim.PodSpec{s.pods[4]}, s.pods[:4]...)
 	ss := &traceSample{trace: &sim.Trace{Workload: "synth", Pods: first}, nodes: s.nodes, pods: first, demandMilli: s.demandMilli}
 	for _, sp := range simPolicies() {
-		p, err := sp.make(ss)
-		if err != nil {
-			t.Fatal(err)
-		}
-		o, err := simulateSample(ss, p)
+		o, err := sp.simulate(ss)
 		if err != nil {
 			t.Fatal(err)
 		}
