@@ -2,13 +2,11 @@ package extender
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	corev1listers "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
@@ -29,9 +27,10 @@ type KubePods struct {
 	Client kubernetes.Interface
 	// Lister, when set, serves GetPod from the informer's cache, sparing
 	// an API request per bind; a pod it does not have is read from the API
-	// server. A stale copy is harmless: the assignment patch is
-	// conditional on the UID, and a Binding for a pod already bound fails
-	// and is then checked against a fresh read (see Server.Bind).
+	// server. A stale copy is harmless: the Binding is conditional
+	// on the UID (and the resourceVersion when it carries an assignment),
+	// and one that fails is checked against a fresh read (see
+	// Server.Bind).
 	Lister corev1listers.PodLister
 	// Trust sanitizes the pods read from the API server, and its Sealer
 	// seals the assignments written.
@@ -61,33 +60,25 @@ func (k *KubePods) GetFreshPod(ctx context.Context, namespace, name string) (*co
 	return p, nil
 }
 
-// PatchAssignment sets the assignment annotation and its seal with a
-// merge patch that is conditional on the pod's UID and resourceVersion: a
-// pod that changed since it was read (bound meanwhile, say) is a Conflict.
-func (k *KubePods) PatchAssignment(ctx context.Context, pod *corev1.Pod, value string) error {
-	annotations, err := k.Trust.Sealed(pod.UID, api.AnnotationAssignment, value)
-	if err != nil {
-		return fmt.Errorf("assignment of pod %s/%s: %w", pod.Namespace, pod.Name, err)
-	}
-	patch, err := json.Marshal(map[string]any{
-		"metadata": map[string]any{
-			"uid":             pod.UID,
-			"resourceVersion": pod.ResourceVersion,
-			"annotations":     annotations,
-		},
-	})
-	if err != nil {
-		return fmt.Errorf("patch for pod %s/%s: %w", pod.Namespace, pod.Name, err)
-	}
-	_, err = k.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: FieldManager})
-	return err
-}
-
-// Bind creates the pod's Binding.
-func (k *KubePods) Bind(ctx context.Context, pod *corev1.Pod, node string) error {
+// Bind creates the pod's Binding to node, conditional on the pod's UID.
+// A non-empty assignment goes in the Binding's annotations with its seal:
+// the API server copies them onto the pod in the same update that binds
+// it, so the node never sees the pod bound without its assignment, nor an
+// unbound pod keep one. The Binding is then conditional on the pod's
+// resourceVersion too: a pod that changed since it was read (bound
+// meanwhile, say) is a Conflict.
+func (k *KubePods) Bind(ctx context.Context, pod *corev1.Pod, node, assignment string) error {
 	b := &corev1.Binding{
 		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID},
 		Target:     corev1.ObjectReference{Kind: "Node", Name: node},
+	}
+	if assignment != "" {
+		annotations, err := k.Trust.Sealed(pod.UID, api.AnnotationAssignment, assignment)
+		if err != nil {
+			return fmt.Errorf("assignment of pod %s/%s: %w", pod.Namespace, pod.Name, err)
+		}
+		b.Annotations = annotations
+		b.ResourceVersion = pod.ResourceVersion
 	}
 	return k.Client.CoreV1().Pods(pod.Namespace).Bind(ctx, b, metav1.CreateOptions{FieldManager: FieldManager})
 }

@@ -41,11 +41,12 @@ type PodClient interface {
 	GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
 	// GetFreshPod reads a pod from the API server.
 	GetFreshPod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
-	// PatchAssignment sets the pod's assignment annotation to value,
-	// provided the pod is still at pod's resourceVersion (else a Conflict).
-	PatchAssignment(ctx context.Context, pod *corev1.Pod, value string) error
-	// Bind creates the pod's Binding to node.
-	Bind(ctx context.Context, pod *corev1.Pod, node string) error
+	// Bind creates the pod's Binding to node, conditional on its UID. A
+	// non-empty assignment is written in the same request (the Binding's
+	// annotations, which the API server copies onto the pod), and the
+	// Binding is then conditional on pod's resourceVersion too: a pod
+	// changed since it was read is a Conflict.
+	Bind(ctx context.Context, pod *corev1.Pod, node, assignment string) error
 }
 
 // EventRecorder records Kubernetes Events (record.EventRecorder fits).
@@ -338,10 +339,10 @@ func (s *Server) PrioritizeArgs(ctx context.Context, args *extenderv1.ExtenderAr
 var ErrPodMismatch = errors.New("pod changed since it was scheduled")
 
 // Bind places the pod named by args on its node: for a shared request it
-// chooses the GPU, records it in the pod's assignment annotation and
-// creates the Binding; a retry after a failure reuses the recorded choice
-// when it still fits. The placement is counted in the ledger before any
-// API write and rolled back when the Binding fails.
+// chooses the GPU and creates the Binding with the pod's assignment
+// annotation, one write that binds and records the choice together. The
+// placement is counted in the ledger before the write and rolled back when
+// the Binding fails.
 func (s *Server) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs) error {
 	if args.PodName == "" || args.Node == "" {
 		return errors.New("bind: pod name and node are required")
@@ -541,21 +542,11 @@ func (s *Server) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs,
 		return fmt.Errorf("bind %s/%s to %s: %w", pod.Namespace, pod.Name, args.Node, err)
 	}
 	use.Namespace, use.Name = pod.Namespace, pod.Name
+	var assignment string
 	if len(use.Shared) > 0 {
-		a := SharedAssignment(pl.prev, use)
-		value, err := api.EncodeAssignment(a)
-		if err != nil {
+		if assignment, err = api.EncodeAssignment(SharedAssignment(pl.prev, use)); err != nil {
 			s.state.Unreserve(pod.UID)
 			return fmt.Errorf("bind %s/%s: %w", pod.Namespace, pod.Name, err)
-		}
-		if pod.Annotations[api.AnnotationAssignment] != value {
-			if err := s.pods.PatchAssignment(ctx, pod, value); err != nil {
-				s.state.Unreserve(pod.UID)
-				if apierrors.IsConflict(err) {
-					return fmt.Errorf("bind %s/%s: %w: %w", pod.Namespace, pod.Name, errStalePod, err)
-				}
-				return fmt.Errorf("bind %s/%s: write assignment: %w", pod.Namespace, pod.Name, err)
-			}
 		}
 	}
 	if d.WholeGPUs > 0 {
@@ -581,12 +572,19 @@ func (s *Server) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs,
 		s.event(pod, "FailedBinding", "%v", err)
 		return fmt.Errorf("bind %s/%s to %s: %w", pod.Namespace, pod.Name, args.Node, err)
 	}
-	if err := s.pods.Bind(ctx, pod, args.Node); err != nil {
+	if err := s.pods.Bind(ctx, pod, args.Node, assignment); err != nil {
 		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
 			// A retry whose first Binding went through?
-			if cur, gerr := s.pods.GetFreshPod(ctx, pod.Namespace, pod.Name); gerr == nil && cur.UID == pod.UID && cur.Spec.NodeName == args.Node {
+			cur, gerr := s.pods.GetFreshPod(ctx, pod.Namespace, pod.Name)
+			if gerr == nil && cur.UID == pod.UID && cur.Spec.NodeName == args.Node {
 				logger.V(2).Info("Binding already exists", "pod", klog.KObj(pod), "node", args.Node)
 				return nil
+			}
+			if gerr == nil && cur.ResourceVersion != pod.ResourceVersion {
+				// Read before a change (bound elsewhere, recreated):
+				// the caller decides again from a fresh read.
+				s.state.Unreserve(pod.UID)
+				return fmt.Errorf("bind %s/%s: %w: %w", pod.Namespace, pod.Name, errStalePod, err)
 			}
 		}
 		s.state.Unreserve(pod.UID)

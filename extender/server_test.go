@@ -28,16 +28,15 @@ import (
 
 // fakePods is an in-memory PodClient.
 type fakePods struct {
-	mu       sync.Mutex
-	pods     map[string]*corev1.Pod
-	bindErr  error
-	patchErr error
-	calls    []string
+	mu      sync.Mutex
+	pods    map[string]*corev1.Pod
+	bindErr error
+	calls   []string
 	// stale, when set, is what GetPod (the cached read) returns.
 	stale map[string]*corev1.Pod
-	// patchGate, when it has a pod's name, holds PatchAssignment of that
-	// pod (after recording the call) until the channel is closed.
-	patchGate map[string]chan struct{}
+	// bindGate, when it has a pod's name, holds Bind of that pod (after
+	// recording the call) until the channel is closed.
+	bindGate map[string]chan struct{}
 }
 
 var _ PodClient = (*fakePods)(nil)
@@ -72,39 +71,34 @@ func (f *fakePods) GetFreshPod(ctx context.Context, ns, name string) (*corev1.Po
 	return f.GetPod(ctx, ns, name)
 }
 
-func (f *fakePods) PatchAssignment(_ context.Context, pod *corev1.Pod, value string) error {
+// Bind binds as the API server does: an assignment goes onto the pod in
+// the same write, which is then conditional on the resourceVersion.
+func (f *fakePods) Bind(_ context.Context, pod *corev1.Pod, node, assignment string) error {
 	f.mu.Lock()
-	f.calls = append(f.calls, "patch "+pod.Name)
-	if gate := f.patchGate[pod.Name]; gate != nil {
+	f.calls = append(f.calls, "bind "+pod.Name+" "+node)
+	if gate := f.bindGate[pod.Name]; gate != nil {
 		f.mu.Unlock()
 		<-gate
 		f.mu.Lock()
 	}
 	defer f.mu.Unlock()
-	if f.patchErr != nil {
-		return f.patchErr
-	}
-	cur := f.pods[pod.Namespace+"/"+pod.Name]
-	if cur.ResourceVersion != pod.ResourceVersion {
-		return apierrors.NewConflict(schema.GroupResource{Resource: "pods"}, pod.Name, errors.New("resourceVersion changed"))
-	}
-	cur.Annotations[api.AnnotationAssignment] = value
-	cur.ResourceVersion += "+"
-	return nil
-}
-
-func (f *fakePods) Bind(_ context.Context, pod *corev1.Pod, node string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls = append(f.calls, "bind "+pod.Name+" "+node)
 	if f.bindErr != nil {
 		return f.bindErr
 	}
 	p := f.pods[pod.Namespace+"/"+pod.Name]
+	if assignment != "" && p.ResourceVersion != pod.ResourceVersion {
+		return apierrors.NewConflict(schema.GroupResource{Resource: "pods"}, pod.Name, errors.New("resourceVersion changed"))
+	}
 	if p.Spec.NodeName != "" {
 		return apierrors.NewConflict(schema.GroupResource{Resource: "pods"}, pod.Name, errors.New("already bound"))
 	}
 	p.Spec.NodeName = node
+	if assignment != "" {
+		if p.Annotations == nil {
+			p.Annotations = map[string]string{}
+		}
+		p.Annotations[api.AnnotationAssignment] = assignment
+	}
 	p.ResourceVersion += "+"
 	return nil
 }
@@ -315,7 +309,8 @@ func TestBindVerb(t *testing.T) {
 	if got.Spec.NodeName != "n" {
 		t.Errorf("pod bound to %q", got.Spec.NodeName)
 	}
-	if diff := cmp.Diff([]string{"patch p", "bind p n"}, f.pods.calls); diff != "" {
+	// One write: the Binding carries the assignment.
+	if diff := cmp.Diff([]string{"bind p n"}, f.pods.calls); diff != "" {
 		t.Errorf("API calls (-want +got):\n%s", diff)
 	}
 	// Counted before the informer shows it.
@@ -325,7 +320,7 @@ func TestBindVerb(t *testing.T) {
 	// A retry is a no-op.
 	res = extenderv1.ExtenderBindingResult{}
 	f.post(t, verbs.PathBind, args, &res)
-	if res.Error != "" || len(f.pods.calls) != 2 {
+	if res.Error != "" || len(f.pods.calls) != 1 {
 		t.Errorf("retry: error %q, calls %v", res.Error, f.pods.calls)
 	}
 }
@@ -345,7 +340,7 @@ func TestBindOrdersWholeAfterEarlierSlices(t *testing.T) {
 	// Registered after the fixture's, so it runs first: a failed test
 	// leaves no handler blocked.
 	t.Cleanup(func() { openS(); openO() })
-	f.pods.patchGate = map[string]chan struct{}{"s": sGate, "o": oGate}
+	f.pods.bindGate = map[string]chan struct{}{"s": sGate, "o": oGate}
 	bind := func(p *corev1.Pod, node string) <-chan string {
 		done := make(chan string, 1)
 		go func() {
@@ -369,9 +364,9 @@ func TestBindOrdersWholeAfterEarlierSlices(t *testing.T) {
 		}
 	}
 	sDone := bind(slice, "n")
-	waitCall("patch s") // reserved, its assignment being written
+	waitCall("bind s n") // reserved, its Binding being written
 	oDone := bind(other, "m")
-	waitCall("patch o")
+	waitCall("bind o m")
 	wDone := bind(whole, "n")
 	// The whole-GPU pod waits for the slice of its node, not for the
 	// slice of another node.
@@ -415,7 +410,7 @@ func TestReservedSliceOrdersLaterWholeBinds(t *testing.T) {
 	var sOpen sync.Once
 	openS := func() { sOpen.Do(func() { close(sGate) }) }
 	t.Cleanup(openS)
-	f.pods.patchGate = map[string]chan struct{}{"s": sGate}
+	f.pods.bindGate = map[string]chan struct{}{"s": sGate}
 	for _, p := range []*corev1.Pod{slice, whole} {
 		if err := f.server.Reserve(p, "n"); err != nil {
 			t.Fatal(err)
@@ -476,7 +471,7 @@ func TestReservedSliceOrdersLaterWholeBinds(t *testing.T) {
 	}
 }
 
-func TestBindRollsBackAndRetriesSameGPU(t *testing.T) {
+func TestBindRollsBackAndRetries(t *testing.T) {
 	node := testbuild.Node("n").GPUs(2, "A100", 40960).Obj()
 	bound := []*corev1.Pod{testbuild.Pod("a").Shared(10, 50).Node("n").On(1, 10240, 50).Obj()}
 	pod := testbuild.Pod("p").Shared(10, 25).Obj()
@@ -494,15 +489,24 @@ func TestBindRollsBackAndRetriesSameGPU(t *testing.T) {
 	if f.cache.Reservations() != 0 {
 		t.Error("reservation left after failed binding")
 	}
+	// The failed Binding carried the assignment: nothing was written.
+	if p, _ := f.pods.GetFreshPod(context.Background(), "default", "p"); p.Annotations[api.AnnotationAssignment] != "" || p.Spec.NodeName != "" {
+		t.Errorf("failed bind left the pod with node %q, assignment %q", p.Spec.NodeName, p.Annotations[api.AnnotationAssignment])
+	}
 	f.pods.bindErr = nil
 	res = extenderv1.ExtenderBindingResult{}
 	f.post(t, verbs.PathBind, args, &res)
 	if res.Error != "" {
 		t.Fatalf("retry: %q", res.Error)
 	}
-	// The recorded assignment was reused: no second patch.
-	if diff := cmp.Diff([]string{"patch p", "bind p n", "bind p n"}, f.pods.calls); diff != "" {
+	if diff := cmp.Diff([]string{"bind p n", "bind p n"}, f.pods.calls); diff != "" {
 		t.Errorf("API calls (-want +got):\n%s", diff)
+	}
+	// The retry placed it where the first try would have: the GPU the
+	// other slice shares.
+	got, _ := f.pods.GetFreshPod(context.Background(), "default", "p")
+	if a, ok, err := api.GetAssignment(got.Annotations); err != nil || !ok || a.Containers[0].Shared.GPU.Index != 1 {
+		t.Errorf("assignment after the retry: %v (ok %v, err %v), want GPU 1", a, ok, err)
 	}
 }
 
@@ -583,7 +587,37 @@ func TestBindStaleCacheNeverOverwrites(t *testing.T) {
 	if f.cache.Reservations() != 0 {
 		t.Error("reservation left behind")
 	}
-	if diff := cmp.Diff([]string{"patch p"}, f.pods.calls); diff != "" {
+	if diff := cmp.Diff([]string{"bind p n"}, f.pods.calls); diff != "" {
 		t.Errorf("API calls (-want +got):\n%s", diff)
+	}
+}
+
+// TestBindStaleCacheRetriesFresh: a cached pod older than the API server's
+// (a label changed since, say) makes the Binding, conditional on the
+// resourceVersion read, a Conflict; the bind then decides again from a
+// fresh read and binds.
+func TestBindStaleCacheRetriesFresh(t *testing.T) {
+	node := testbuild.Node("n").GPUs(1, "A100", 40960).Obj()
+	pod := testbuild.Pod("p").Shared(10, 25).Obj()
+	pod.ResourceVersion = "1"
+	relabelled := pod.DeepCopy()
+	relabelled.ResourceVersion = "2"
+	relabelled.Labels = map[string]string{"team": "a"}
+	f := newFixture(t, []*corev1.Node{node}, nil, relabelled)
+	f.pods.stale = map[string]*corev1.Pod{"default/p": pod}
+	var res extenderv1.ExtenderBindingResult
+	f.post(t, verbs.PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "p", PodUID: pod.UID, Node: "n"}, &res)
+	if res.Error != "" {
+		t.Fatalf("bind error %q", res.Error)
+	}
+	got, _ := f.pods.GetFreshPod(context.Background(), "default", "p")
+	if _, ok, err := api.GetAssignment(got.Annotations); err != nil || !ok || got.Spec.NodeName != "n" {
+		t.Errorf("pod bound to %q, assignment ok %v err %v", got.Spec.NodeName, ok, err)
+	}
+	if diff := cmp.Diff([]string{"bind p n", "bind p n"}, f.pods.calls); diff != "" {
+		t.Errorf("API calls (-want +got):\n%s", diff)
+	}
+	if f.cache.Reservations() != 1 {
+		t.Errorf("reservations = %d, want 1 (the second bind's)", f.cache.Reservations())
 	}
 }
