@@ -13,12 +13,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
-	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/allocator/mig"
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/gpureq"
+	"github.com/tessera-gpu/tessera/internal/eligible"
 )
 
 // MIGNodeView is what dynamic MIG knows of a node: its GPUs from the
@@ -365,14 +365,15 @@ func (d *MIGDynamic) decide(askers []*corev1.Pod, demands map[types.UID]map[stri
 			continue // kube-scheduler will place it as the nodes are
 		}
 		// Only nodes the pod may run on: its required node affinity and
-		// node selector, and taints it tolerates.
-		eligible := make([]MIGNodeView, 0, len(views))
+		// node selector, taints it tolerates, not cordoned.
+		allowed := eligible.For(p)
+		may := make([]MIGNodeView, 0, len(views))
 		for _, v := range views {
-			if mayRunOn(p, byName[v.Name]) {
-				eligible = append(eligible, v)
+			if allowed.Allows(byName[v.Name]) {
+				may = append(may, v)
 			}
 		}
-		dec, ok := DecideMIGRepartition(demands[p.UID], eligible)
+		dec, ok := DecideMIGRepartition(demands[p.UID], may)
 		if !ok {
 			continue
 		}
@@ -396,22 +397,6 @@ func (d *MIGDynamic) decide(askers []*corev1.Pod, demands map[types.UID]map[stri
 		}
 	}
 	return out
-}
-
-// mayRunOn reports whether pod may be scheduled on node by its required
-// node affinity, node selector and tolerations (NoSchedule and NoExecute
-// taints), as kube-scheduler's filters would.
-func mayRunOn(pod *corev1.Pod, node *corev1.Node) bool {
-	if node == nil {
-		return false
-	}
-	if ok, err := nodeaffinity.GetRequiredNodeAffinity(pod).Match(node); err != nil || !ok {
-		return false
-	}
-	_, untolerated := corev1helpers.FindMatchingUntoleratedTaint(node.Spec.Taints, pod.Spec.Tolerations, func(t *corev1.Taint) bool {
-		return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
-	})
-	return !untolerated
 }
 
 // migFitsSomewhere reports whether a node has demand's instances free now.

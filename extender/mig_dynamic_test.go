@@ -4,9 +4,6 @@ import (
 	"fmt"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"github.com/tessera-gpu/tessera/api"
 )
 
@@ -118,27 +115,4 @@ func TestDecideMIGRepartition(t *testing.T) {
 			t.Fatalf("decision %+v %v", r, ok)
 		}
 	})
-}
-
-func TestMayRunOn(t *testing.T) {
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: map[string]string{"pool": "mig"}},
-		Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: "gpu", Value: "mig", Effect: corev1.TaintEffectNoSchedule}}}}
-	tolerates := []corev1.Toleration{{Key: "gpu", Operator: corev1.TolerationOpEqual, Value: "mig", Effect: corev1.TaintEffectNoSchedule}}
-	for _, tc := range []struct {
-		name string
-		spec corev1.PodSpec
-		want bool
-	}{
-		{"tolerates, no selector", corev1.PodSpec{Tolerations: tolerates}, true},
-		{"does not tolerate the taint", corev1.PodSpec{}, false},
-		{"selector matches", corev1.PodSpec{Tolerations: tolerates, NodeSelector: map[string]string{"pool": "mig"}}, true},
-		{"selector does not match", corev1.PodSpec{Tolerations: tolerates, NodeSelector: map[string]string{"pool": "other"}}, false},
-	} {
-		if got := mayRunOn(&corev1.Pod{Spec: tc.spec}, node); got != tc.want {
-			t.Errorf("%s: mayRunOn = %v, want %v", tc.name, got, tc.want)
-		}
-	}
-	if mayRunOn(&corev1.Pod{}, nil) {
-		t.Error("an unknown node is eligible")
-	}
 }

@@ -4,12 +4,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/allocator/gang"
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/extender/planner"
+	"github.com/tessera-gpu/tessera/internal/eligible"
 )
 
 // The planner (package extender/planner) reaches the ledger only through
@@ -120,20 +120,20 @@ func (s *NodeState) Name() string { return s.Info.Name }
 func (s *NodeState) Labels() map[string]string { return s.Info.Labels }
 
 // Accepts reports whether a new pod like pod may be scheduled on the node,
-// as kube-scheduler's filters would judge it (not cordoned; its required
-// node affinity, node selector and tolerations, mayRunOn) and by the GPU
+// as kube-scheduler's filters would judge it (its cordon and taints, the
+// pod's node selector and required node affinity: Admits) and by the GPU
 // models the pod accepts.
 func (s *NodeState) Accepts(pod *corev1.Pod) bool {
-	if s.Info.Unschedulable {
-		return false
-	}
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: s.Info.Name, Labels: s.Info.Labels}, Spec: corev1.NodeSpec{Taints: s.Info.Taints}}
-	if !mayRunOn(pod, node) {
+	if !s.Admits(eligible.For(pod)) {
 		return false
 	}
 	d, err := ParseDemand(pod)
 	return err == nil && (allocator.Request{Models: d.Models}).AllowsModel(s.Info.Model)
 }
+
+// Admits reports whether a pod with constraints p may be scheduled on the
+// node by its cordon, taints and labels (package eligible).
+func (s *NodeState) Admits(p eligible.Pod) bool { return s.Info.Admits(p) }
 
 // Usable reports whether the node's inventory was read and is well formed.
 func (s *NodeState) Usable() bool { return s.Info.HasInventory && s.Info.Err == nil }

@@ -10,10 +10,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
-	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/allocator"
@@ -24,6 +22,7 @@ import (
 	"github.com/tessera-gpu/tessera/extender/planner"
 	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/gpureq"
+	"github.com/tessera-gpu/tessera/internal/eligible"
 )
 
 // PreemptClient is what the preemptor writes to the API server.
@@ -354,10 +353,12 @@ func (p *Preemptor) choose(asker *corev1.Pod, d *Demand, pods []*corev1.Pod, qsn
 	now := p.now()
 	gone, running := p.split(pods, now)
 	base := without(p.Cache.Snapshot(), gone)
-	allowed := nodeaffinity.GetRequiredNodeAffinity(asker)
+	// Only nodes asker may go to (package eligible): room freed elsewhere
+	// cannot serve it, and room there it can use is no reason to wait.
+	allowed := eligible.For(asker)
 	var nodes []*NodeState
 	for _, st := range base {
-		if matches(allowed, st.Info) {
+		if st.Admits(allowed) {
 			if Check(st, d) == Fits {
 				return nil, nil, nil, nil // kube-scheduler will place it (or the room is being freed)
 			}
@@ -398,14 +399,6 @@ func (p *Preemptor) choose(asker *corev1.Pod, d *Demand, pods []*corev1.Pod, qsn
 		return nil, nil, nil, nil
 	}
 	return &choice, units, stateWithout(choice.Node, choice.Victims), nil
-}
-
-// matches reports whether a node described by info passes the pod's
-// required node affinity and nodeSelector.
-func matches(req nodeaffinity.RequiredNodeAffinity, info *NodeInfo) bool {
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: info.Name, Labels: info.Labels}}
-	ok, err := req.Match(node)
-	return err == nil && ok
 }
 
 // units are the workloads c may evict, by unit key: every pod of the

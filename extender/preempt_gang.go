@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
-	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/allocator/preempt"
@@ -19,6 +18,7 @@ import (
 	"github.com/tessera-gpu/tessera/extender/planner"
 	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/gpureq"
+	"github.com/tessera-gpu/tessera/internal/eligible"
 )
 
 // ForGang implements planner.TierPreempt for a gang that fits nowhere: the
@@ -127,14 +127,14 @@ func (p *Preemptor) chooseForGang(c claimant, members, pods []*corev1.Pod, qsnap
 	base := without(p.Cache.Snapshot(), gone)
 	// Only units with a pod on a node some member may run on: GPUs freed
 	// elsewhere cannot serve the gang.
-	var allowed []nodeaffinity.RequiredNodeAffinity
+	var allowed []eligible.Pod
 	for _, m := range members {
-		allowed = append(allowed, nodeaffinity.GetRequiredNodeAffinity(m))
+		allowed = append(allowed, eligible.For(m))
 	}
 	useful := map[string]bool{}
 	for name, st := range base {
 		for _, a := range allowed {
-			if matches(a, st.Info) {
+			if st.Admits(a) {
 				useful[name] = true
 				break
 			}

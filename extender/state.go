@@ -13,6 +13,7 @@ import (
 	"github.com/tessera-gpu/tessera/allocator/numa"
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/gpureq"
+	"github.com/tessera-gpu/tessera/internal/eligible"
 )
 
 // GPUInfo is one GPU of a node as its inventory describes it.
@@ -68,10 +69,9 @@ type NodeInfo struct {
 	// shortlist leaves the choice among its best nodes to kube-scheduler
 	// when one of them has such a taint the pod does not tolerate.
 	PreferNoSchedule []corev1.Taint
-	// Taints are the node's NoSchedule and NoExecute taints, and
-	// Unschedulable its cordon: what keeps a new pod off it (Accepts).
-	Taints        []corev1.Taint
-	Unschedulable bool
+	// eligibility is the node as package eligible reads it (name,
+	// labels, NoSchedule and NoExecute taints, cordon): Admits.
+	eligibility *corev1.Node
 	// NUMA is the node's NUMA report (api.AnnotationNUMATopology); nil
 	// when the node publishes none or the extender ignores it. NUMAErr is
 	// a malformed report: the node then fits no GPU pod.
@@ -117,13 +117,10 @@ func (n *NodeInfo) maxHealthyMemMiB() int64 {
 // and memory. A malformed annotation is recorded in Err, not returned.
 func NewNodeInfo(node *corev1.Node) *NodeInfo {
 	info := &NodeInfo{Name: node.Name, Labels: node.Labels}
-	info.Unschedulable = node.Spec.Unschedulable
+	info.eligibility = eligible.Node(node.Name, node.Labels, node.Spec.Taints, node.Spec.Unschedulable)
 	for _, t := range node.Spec.Taints {
-		switch t.Effect {
-		case corev1.TaintEffectPreferNoSchedule:
+		if t.Effect == corev1.TaintEffectPreferNoSchedule {
 			info.PreferNoSchedule = append(info.PreferNoSchedule, t)
-		case corev1.TaintEffectNoSchedule, corev1.TaintEffectNoExecute:
-			info.Taints = append(info.Taints, t)
 		}
 	}
 	if q, ok := node.Status.Allocatable[corev1.ResourceCPU]; ok {
@@ -731,4 +728,13 @@ func (s *NodeState) without(gone map[types.UID]bool) *NodeState {
 		}
 	}
 	return BuildNodeState(s.Info, uses)
+}
+
+// Admits reports whether a pod with constraints p may be scheduled on the
+// node by its cordon, taints and labels (package eligible).
+func (n *NodeInfo) Admits(p eligible.Pod) bool {
+	if n.eligibility == nil { // not from NewNodeInfo: its name and labels
+		return p.Allows(eligible.Node(n.Name, n.Labels, nil, false))
+	}
+	return p.Allows(n.eligibility)
 }

@@ -17,11 +17,11 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
-	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/allocator/consolidate"
 	"github.com/tessera-gpu/tessera/allocator/gang"
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/gpureq"
+	"github.com/tessera-gpu/tessera/internal/eligible"
 )
 
 // Consolidation (--consolidation, off by default): a whole-GPU workload of
@@ -394,12 +394,15 @@ func (p *GangPlanner) consolidationView(snap Snapshot, g *api.Gang, members []*c
 	level := requiredLevel(p.levels, g)
 	podOf := map[types.UID]*corev1.Pod{}
 	out := make([]consolidate.Node, 0, len(names))
+	allowed := make([]eligible.Pod, len(members))
+	for i, m := range members {
+		allowed[i] = eligible.For(m)
+	}
 	for _, n := range names {
 		st := snap[n]
 		node := consolidate.Node{Name: n, GPUs: st.GPUCount(), Cliques: st.Cliques(), Unknown: st.PendingWholeGPUs(), Eligible: true}
-		gn := gang.Node{Node: &allocator.Node{Name: n}, Labels: st.Labels()}
-		for _, m := range members {
-			if allow := podAllows(m); allow != nil && !allow(gn) {
+		for _, a := range allowed {
+			if !st.Admits(a) {
 				node.Eligible = false
 			}
 		}

@@ -192,11 +192,15 @@ func (f *gangFixture) edit(name string, change func(*corev1.Pod)) {
 	f.cache.SetPod(p)
 }
 
-// requireNodes is a required node affinity for the nodes named.
+// requireNodes is a required node affinity for the nodes named, one term
+// each (the API server allows a single value for a field selector's In).
 func requireNodes(names ...string) *corev1.Affinity {
-	return &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
-		NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{
-			{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: names}}}}}}}
+	sel := &corev1.NodeSelector{}
+	for _, n := range names {
+		sel.NodeSelectorTerms = append(sel.NodeSelectorTerms, corev1.NodeSelectorTerm{MatchFields: []corev1.NodeSelectorRequirement{
+			{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{n}}}})
+	}
+	return &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: sel}}
 }
 
 func TestMovable(t *testing.T) {

@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -32,6 +30,7 @@ import (
 	"github.com/tessera-gpu/tessera/api"
 	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/gpureq"
+	"github.com/tessera-gpu/tessera/internal/eligible"
 	"github.com/tessera-gpu/tessera/internal/nodepin"
 	"github.com/tessera-gpu/tessera/internal/podtrust"
 )
@@ -1165,7 +1164,7 @@ func (p *GangPlanner) gangInput(snap Snapshot, g *api.Gang, members []*corev1.Po
 		// first GPU node: nodes with another unit may be misjudged.
 		r := demands[i].Request(unitMiB, sliceBaseMiB)
 		r.Models = demands[i].GPUModels()
-		grp.Members = append(grp.Members, gang.Member{Name: m.Name, Request: r, NVLink: demands[i].NeedsNVLink(), Allowed: podAllows(m)})
+		grp.Members = append(grp.Members, gang.Member{Name: m.Name, Request: r, NVLink: demands[i].NeedsNVLink(), Allowed: podAllows(snap, m)})
 	}
 	return grp, nodes
 }
@@ -1247,85 +1246,18 @@ func GangTrigger(trigger chan<- struct{}) toolscache.ResourceEventHandler {
 	}
 }
 
-// podAllows says whether pod's nodeSelector and required node affinity
-// (what kube-scheduler's NodeAffinity filter checks) admit a node, from the
-// node's name and labels; nil when the pod has neither. Without it the
-// planner would plan a member on a node kube-scheduler never binds it to,
-// and the gang would wait for its plan to expire, again and again.
-func podAllows(pod *corev1.Pod) func(gang.Node) bool {
-	sel := pod.Spec.NodeSelector
-	var terms []corev1.NodeSelectorTerm
-	if a := pod.Spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
-		terms = a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
-		if terms == nil {
-			terms = []corev1.NodeSelectorTerm{} // required, but no term: nothing matches
-		}
-	}
-	if len(sel) == 0 && terms == nil {
-		return nil
-	}
+// podAllows says whether pod may be scheduled on a gang node of snap:
+// the node's cordon and taints, the pod's node selector and required node
+// affinity (package eligible, what kube-scheduler's filters check). Without
+// it the planner would plan a member on a node kube-scheduler never binds
+// it to, and the gang would wait for its plan to expire, again and again.
+func podAllows(snap Snapshot, pod *corev1.Pod) func(gang.Node) bool {
+	allowed := eligible.For(pod)
 	return func(n gang.Node) bool {
-		for k, v := range sel {
-			if got, ok := n.Labels[k]; !ok || got != v {
-				return false
-			}
-		}
-		if terms == nil {
-			return true
-		}
-		fields := map[string]string{"metadata.name": n.Node.Name}
-		for _, term := range terms {
-			if termMatches(term, n.Labels, fields) {
-				return true
-			}
-		}
-		return false
-	}
-}
-
-// termMatches: every requirement of the term holds; an empty term matches
-// no node (as in kube-scheduler).
-func termMatches(term corev1.NodeSelectorTerm, labels, fields map[string]string) bool {
-	if len(term.MatchExpressions) == 0 && len(term.MatchFields) == 0 {
-		return false
-	}
-	for _, r := range term.MatchExpressions {
-		if !requirementMatches(r, labels) {
+		if n.Node == nil {
 			return false
 		}
+		st, ok := snap[n.Node.Name]
+		return ok && st.Admits(allowed)
 	}
-	for _, r := range term.MatchFields {
-		if !requirementMatches(r, fields) {
-			return false
-		}
-	}
-	return true
-}
-
-func requirementMatches(r corev1.NodeSelectorRequirement, values map[string]string) bool {
-	v, ok := values[r.Key]
-	switch r.Operator {
-	case corev1.NodeSelectorOpIn:
-		return ok && slices.Contains(r.Values, v)
-	case corev1.NodeSelectorOpNotIn:
-		return !ok || !slices.Contains(r.Values, v)
-	case corev1.NodeSelectorOpExists:
-		return ok
-	case corev1.NodeSelectorOpDoesNotExist:
-		return !ok
-	case corev1.NodeSelectorOpGt, corev1.NodeSelectorOpLt:
-		if !ok || len(r.Values) != 1 {
-			return false
-		}
-		have, err1 := strconv.ParseInt(v, 10, 64)
-		want, err2 := strconv.ParseInt(r.Values[0], 10, 64)
-		if err1 != nil || err2 != nil {
-			return false
-		}
-		if r.Operator == corev1.NodeSelectorOpGt {
-			return have > want
-		}
-		return have < want
-	}
-	return false
 }

@@ -192,6 +192,42 @@ func TestGangWaitsWholeUntilItFits(t *testing.T) {
 	}
 }
 
+// TestGangAvoidsNodesKubeSchedulerRefuses: a gang is planned only on
+// nodes kube-scheduler would bind its members to: not on a cordoned node,
+// nor on one with a NoSchedule taint they do not tolerate (package
+// eligible); a member that tolerates the taint may go there.
+func TestGangAvoidsNodesKubeSchedulerRefuses(t *testing.T) {
+	nodes := testbuild.EightGPUNodes(4)
+	nodes[0].Spec.Unschedulable = true
+	nodes[1].Spec.Taints = []corev1.Taint{{Key: "dedicated", Value: "infer", Effect: corev1.TaintEffectNoSchedule}}
+	f := newGangFixture(t, nodes...)
+	for i := range 2 {
+		f.member("g", 2, i, 8, f.now)
+	}
+	f.sync()
+	got := map[string]bool{}
+	for name, s := range f.state("g-") {
+		if !s.planned {
+			t.Fatalf("member %s not planned (events %q)", name, f.events.Events)
+		}
+		got[s.node] = true
+	}
+	if !got["n2"] || !got["n3"] {
+		t.Errorf("members planned on %v, want n2 and n3 (n0 cordoned, n1 tainted)", got)
+	}
+	// Only the cordoned and the tainted node are free: a second gang
+	// waits.
+	for i := range 2 {
+		f.member("h", 2, i, 8, f.now)
+	}
+	f.sync()
+	for name, s := range f.state("h-") {
+		if s.planned {
+			t.Errorf("member %s planned on %s: only the cordoned and the tainted node are free", name, s.node)
+		}
+	}
+}
+
 func TestTwoGangsThatFitOnlyAloneDoNotDeadlock(t *testing.T) {
 	f := newGangFixture(t, testbuild.EightGPUNodes(4)...)
 	t0 := f.now

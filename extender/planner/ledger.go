@@ -23,6 +23,7 @@ import (
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/allocator/gang"
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/internal/eligible"
 )
 
 // FieldManager is the field manager of the extender's writes to the API
@@ -67,8 +68,10 @@ type Node interface {
 	// Usable reports whether the node's GPU inventory was read (and is
 	// well formed).
 	Usable() bool
-	// Accepts reports whether a new pod like pod may be scheduled on the
-	// node (its cordon, taints, the pod's node affinity and GPU models).
+	// Admits reports whether a pod with constraints p may be scheduled
+	// on the node by its cordon, taints and labels (package eligible);
+	// Accepts also checks the GPU models a pod like pod accepts.
+	Admits(p eligible.Pod) bool
 	Accepts(pod *corev1.Pod) bool
 	// GPUCount is the number of GPUs of the inventory; FreeGPUs those
 	// fully free for a whole-GPU pod.

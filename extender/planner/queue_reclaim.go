@@ -11,10 +11,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
-	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/allocator/queue"
@@ -22,6 +20,7 @@ import (
 	"github.com/tessera-gpu/tessera/api"
 	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/gpureq"
+	"github.com/tessera-gpu/tessera/internal/eligible"
 )
 
 // QueueReclaim is what the gang planner asks of queue reclaim.
@@ -189,10 +188,14 @@ func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.
 	// Only workloads with a pod on a node some asker may run on are
 	// candidates: GPUs freed elsewhere cannot serve the askers, and would
 	// spend the victims' queues' surplus for nothing.
+	allowed := make([]eligible.Pod, len(askers))
+	for i, a := range askers {
+		allowed[i] = eligible.For(a)
+	}
 	useful := map[string]bool{}
 	for name, st := range base {
-		for _, a := range askers {
-			if matches(nodeaffinity.GetRequiredNodeAffinity(a), st) {
+		for _, a := range allowed {
+			if st.Admits(a) {
 				useful[name] = true
 				break
 			}
@@ -367,12 +370,4 @@ func (r *QueueReclaimer) event(pod *corev1.Pod, typ, reason, format string, args
 	if r.Events != nil && pod != nil {
 		r.Events.Eventf(pod, typ, reason, format, args...)
 	}
-}
-
-// matches reports whether node st passes the pod's required node affinity
-// and nodeSelector.
-func matches(req nodeaffinity.RequiredNodeAffinity, st Node) bool {
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: st.Name(), Labels: st.Labels()}}
-	ok, err := req.Match(node)
-	return err == nil && ok
 }

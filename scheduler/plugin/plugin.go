@@ -31,8 +31,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
-	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
-	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -41,6 +39,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/extender"
+	podelig "github.com/tessera-gpu/tessera/internal/eligible"
 )
 
 // Name is the plugin's name in a KubeSchedulerConfiguration.
@@ -208,33 +207,17 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 // PreFilterExtensions implements framework.PreFilterPlugin.
 func (p *Plugin) PreFilterExtensions() framework.PreFilterExtensions { return nil }
 
-// eligible names the nodes whose taints pod tolerates (NoSchedule,
-// NoExecute), that are not cordoned unless it tolerates that, and whose
-// labels its required node affinity and node selector match:
-// kube-scheduler's TaintToleration, NodeUnschedulable and NodeAffinity
-// filters, through the same helpers, so that the shortlist is taken among
-// nodes the pod may go to.
+// eligible names the nodes pod may be scheduled on by their cordon,
+// taints and labels (package eligible: kube-scheduler's NodeUnschedulable,
+// TaintToleration and NodeAffinity filters, through the same helpers), so
+// that the shortlist is taken among nodes the pod may go to.
 func eligible(pod *corev1.Pod, nodes []fwk.NodeInfo) []string {
-	affinity := nodeaffinity.GetRequiredNodeAffinity(pod)
-	hard := func(t *corev1.Taint) bool {
-		return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
-	}
-	cordonOK := corev1helpers.TolerationsTolerateTaint(pod.Spec.Tolerations, &corev1.Taint{Key: corev1.TaintNodeUnschedulable, Effect: corev1.TaintEffectNoSchedule})
+	allowed := podelig.For(pod)
 	out := make([]string, 0, len(nodes))
 	for _, ni := range nodes {
-		n := ni.Node()
-		if n == nil || (n.Spec.Unschedulable && !cordonOK) {
-			continue
+		if n := ni.Node(); allowed.Allows(n) {
+			out = append(out, n.Name)
 		}
-		if len(n.Spec.Taints) > 0 {
-			if _, bad := corev1helpers.FindMatchingUntoleratedTaint(n.Spec.Taints, pod.Spec.Tolerations, hard); bad {
-				continue
-			}
-		}
-		if ok, err := affinity.Match(n); err != nil || !ok {
-			continue
-		}
-		out = append(out, n.Name)
 	}
 	return out
 }
