@@ -221,6 +221,24 @@ func TestPreemptorAcrossShapes(t *testing.T) {
 			},
 			want: []string{"nb-2"}, wantPlan: "n2", wantGPU: -1,
 		},
+		{
+			name: "a node the pod may not go to (a taint it does not tolerate, a cordon) is no reason to wait, and frees nothing",
+			nodes: []*corev1.Node{
+				twoGPUs("n1"),
+				func() *corev1.Node {
+					n := twoGPUs("n2")
+					n.Spec.Taints = []corev1.Taint{{Key: "dedicated", Value: "train", Effect: corev1.TaintEffectNoSchedule}}
+					return n
+				}(),
+				func() *corev1.Node { n := twoGPUs("n3"); n.Spec.Unschedulable = true; return n }(),
+			},
+			pods: []*corev1.Pod{
+				running(testbuild.Pod("nb-1").Whole(2).Priority(notebook).Node("n1").Holding(0, 1), 10),
+				running(testbuild.Pod("nb-2").Whole(1).Priority(notebook).Node("n2").Holding(0), 30),
+				asking(testbuild.Pod("inf").Whole(2).Priority(inference)),
+			},
+			want: []string{"nb-1"}, wantPlan: "n1", wantGPU: -1,
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
