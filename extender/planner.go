@@ -135,6 +135,12 @@ func (s *NodeState) Accepts(pod *corev1.Pod) bool {
 // node by its cordon, taints and labels (package eligible).
 func (s *NodeState) Admits(p eligible.Pod) bool { return s.Info.Admits(p) }
 
+// FreeCPUMem is the allocatable CPU and memory the pods counted on the node
+// do not request.
+func (s *NodeState) FreeCPUMem() (cpuMilli, memMiB int64) {
+	return max(0, s.Info.CPUMilli-s.CPUUsed), max(0, s.Info.MemMiB-s.MemUsed)
+}
+
 // Usable reports whether the node's inventory was read and is well formed.
 func (s *NodeState) Usable() bool { return s.Info.HasInventory && s.Info.Err == nil }
 

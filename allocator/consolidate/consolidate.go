@@ -42,6 +42,9 @@ type Pod struct {
 	// MayRunOn reports whether the pod, recreated, may run on the named
 	// node (its node selector and affinity, say); nil: on any node.
 	MayRunOn func(node string) bool
+	// CPUMilli and MemMiB are its CPU and memory requests: a moved pod
+	// needs them free where it comes back.
+	CPUMilli, MemMiB int64
 }
 
 // Node is a node as the decision sees it.
@@ -63,6 +66,11 @@ type Node struct {
 	// Domain is the node's domain at the level where the workload must
 	// fit in one (Workload.OneDomain): a rack, say.
 	Domain string
+	// CPUMilli and MemMiB are the CPU and memory its pods leave free
+	// (allocatable minus their requests): moved pods come back only where
+	// theirs fit, counting what the pods moved off a node give back and
+	// what the workload's members placed there take.
+	CPUMilli, MemMiB int64
 }
 
 // Workload is what waits.
@@ -73,6 +81,9 @@ type Workload struct {
 	NVLink bool
 	// OneDomain: every member on nodes of one Node.Domain.
 	OneDomain bool
+	// CPUMilli and MemMiB are each member's CPU and memory requests, in
+	// Members order (nil: none).
+	CPUMilli, MemMiB []int64
 }
 
 // Move is one pod to move.
@@ -127,14 +138,24 @@ func Validate(nodes []Node, w Workload) error {
 			return fmt.Errorf("consolidate: member %d asks for %d GPUs: want 1 or more", i, g)
 		}
 	}
+	for _, r := range [][]int64{w.CPUMilli, w.MemMiB} {
+		if r != nil && len(r) != len(w.Members) {
+			return fmt.Errorf("consolidate: %d members, %d CPU or memory requests", len(w.Members), len(r))
+		}
+		for i, v := range r {
+			if v < 0 {
+				return fmt.Errorf("consolidate: member %d asks for %d CPU or memory: want 0 or more", i, v)
+			}
+		}
+	}
 	seen := map[string]bool{}
 	for _, n := range nodes {
 		if seen[n.Name] {
 			return fmt.Errorf("consolidate: node %q given twice", n.Name)
 		}
 		seen[n.Name] = true
-		if n.GPUs < 0 || n.Unknown < 0 {
-			return fmt.Errorf("consolidate: node %s: %d GPUs, %d unknown: want 0 or more", n.Name, n.GPUs, n.Unknown)
+		if n.GPUs < 0 || n.Unknown < 0 || n.CPUMilli < 0 || n.MemMiB < 0 {
+			return fmt.Errorf("consolidate: node %s: %d GPUs, %d unknown, %dm CPU and %d MiB free: want 0 or more", n.Name, n.GPUs, n.Unknown, n.CPUMilli, n.MemMiB)
 		}
 		in := func(pos int) bool { return pos >= 0 && pos < n.GPUs }
 		for _, c := range n.Cliques {
@@ -145,6 +166,9 @@ func Validate(nodes []Node, w Workload) error {
 			}
 		}
 		for _, p := range n.Pods {
+			if p.CPUMilli < 0 || p.MemMiB < 0 {
+				return fmt.Errorf("consolidate: node %s: pod %s asks for %dm CPU and %d MiB: want 0 or more", n.Name, p.Name, p.CPUMilli, p.MemMiB)
+			}
 			for _, pos := range p.GPUs {
 				if !in(pos) {
 					return fmt.Errorf("consolidate: node %s: pod %s on position %d of %d GPUs", n.Name, p.Name, pos, n.GPUs)
@@ -211,7 +235,7 @@ func Decide(nodes []Node, w Workload, budget int, fits Fits) (Plan, error) {
 			why = fmt.Errorf("%w: the model cannot place it on the freed room", ErrNoPlan)
 			continue
 		}
-		if !after.rehome(moves) {
+		if !after.rehome(moves, w, place) {
 			why = fmt.Errorf("%w: the %d pods it would move find no room elsewhere", ErrNoPlan, len(moves))
 			// Pods that may run only where the workload goes: try
 			// again without each node the model chose.
@@ -557,25 +581,43 @@ func (s *state) toFree(n int, set []int, g int) ([]int, bool) {
 
 // rehome reports whether every moved pod finds room on one node it may run
 // on, on GPUs left free once the workload is placed (s has its placement
-// taken), the largest first (of equal size, the ones that may run on fewer
-// nodes first), each on the node with the fewest free GPUs that holds it.
-func (s *state) rehome(moves []Move) bool {
+// taken, place its nodes) and with its CPU and memory free there, the
+// largest first (of equal size, the ones that may run on fewer nodes
+// first), each on the node with the fewest free GPUs that holds it.
+func (s *state) rehome(moves []Move, w Workload, place *placement) bool {
 	free := make([]int, len(s.nodes))
-	for n := range s.nodes {
-		all := make([]int, s.nodes[n].GPUs)
+	cpu := make([]int64, len(s.nodes))
+	mem := make([]int64, len(s.nodes))
+	for n, node := range s.nodes {
+		all := make([]int, node.GPUs)
 		for i := range all {
 			all[i] = i
 		}
 		free[n] = s.freeIn(n, all)
+		cpu[n], mem[n] = node.CPUMilli, node.MemMiB
+	}
+	for i, n := range place.nodes {
+		if w.CPUMilli != nil {
+			cpu[n] -= w.CPUMilli[i]
+		}
+		if w.MemMiB != nil {
+			mem[n] -= w.MemMiB[i]
+		}
 	}
 	type mover struct {
-		gpus  int
-		may   func(string) bool
-		hosts int
+		gpus     int
+		cpu, mem int64
+		may      func(string) bool
+		hosts    int
 	}
 	movers := make([]mover, len(moves))
 	for i, m := range moves {
-		mv := mover{gpus: max(m.GPUs, 1), may: s.pod(m).MayRunOn, hosts: len(s.nodes)}
+		p, from := s.pod(m)
+		if from >= 0 {
+			cpu[from] += p.CPUMilli
+			mem[from] += p.MemMiB
+		}
+		mv := mover{gpus: max(m.GPUs, 1), cpu: p.CPUMilli, mem: p.MemMiB, may: p.MayRunOn, hosts: len(s.nodes)}
 		if mv.may != nil {
 			mv.hosts = 0
 			for n := range s.nodes {
@@ -592,7 +634,7 @@ func (s *state) rehome(moves []Move) bool {
 	for _, mv := range movers {
 		best := -1
 		for n, f := range free {
-			if f >= mv.gpus && (best < 0 || f < free[best]) && (mv.may == nil || mv.may(s.nodes[n].Name)) {
+			if f >= mv.gpus && cpu[n] >= mv.cpu && mem[n] >= mv.mem && (best < 0 || f < free[best]) && (mv.may == nil || mv.may(s.nodes[n].Name)) {
 				best = n
 			}
 		}
@@ -600,21 +642,23 @@ func (s *state) rehome(moves []Move) bool {
 			return false
 		}
 		free[best] -= mv.gpus
+		cpu[best] -= mv.cpu
+		mem[best] -= mv.mem
 	}
 	return true
 }
 
-// pod is the pod m moves.
-func (s *state) pod(m Move) Pod {
-	for _, node := range s.nodes {
+// pod is the pod m moves and the index of its node (-1: none).
+func (s *state) pod(m Move) (Pod, int) {
+	for n, node := range s.nodes {
 		if node.Name != m.Node {
 			continue
 		}
 		for _, p := range node.Pods {
 			if p.Name == m.Pod {
-				return p
+				return p, n
 			}
 		}
 	}
-	return Pod{}
+	return Pod{}, -1
 }

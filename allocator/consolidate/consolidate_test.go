@@ -25,6 +25,20 @@ func pinned(ps []Pod, nodes ...string) []Pod {
 	return ps
 }
 
+// cpu gives ps a CPU request of milli each.
+func cpu(ps []Pod, milli int64) []Pod {
+	for i := range ps {
+		ps[i].CPUMilli = milli
+	}
+	return ps
+}
+
+// room gives n milli CPU free.
+func room(n Node, milli int64) Node {
+	n.CPUMilli = milli
+	return n
+}
+
 func node8(name string, ps ...[]Pod) Node {
 	n := Node{Name: name, GPUs: 8, Eligible: true}
 	for _, p := range ps {
@@ -131,6 +145,38 @@ func TestDecide(t *testing.T) {
 				node8("c", pods("c", false, 0, 1, 2, 3)),
 			},
 			w: Workload{Members: []int{8}}, budget: 10, err: ErrNoPlan,
+		},
+		{
+			name: "the moved pod's CPU is free nowhere else: no plan",
+			nodes: []Node{
+				node8("a", cpu(pods("a", true, 0), 8000)),
+				room(node8("b", pods("b-x", false, 0, 1, 2, 3)), 4000),
+			},
+			w: Workload{Members: []int{8}}, budget: 10, err: ErrNoPlan,
+		},
+		{
+			name: "the moved pod's CPU is free on the other node",
+			nodes: []Node{
+				node8("a", cpu(pods("a", true, 0), 8000)),
+				room(node8("b", pods("b-x", false, 0, 1, 2, 3)), 16000),
+			},
+			w: Workload{Members: []int{8}}, budget: 10,
+			want: []string{"a/a-0"}, place: []string{"a"},
+		},
+		{
+			name: "the moved pod comes back beside the member, whose CPU leaves it enough",
+			nodes: []Node{
+				room(dgx1("a", pods("a-x", false, 0), cpu(pods("a", true, 4), 2000)), 3000),
+			},
+			w: Workload{Members: []int{4}, NVLink: true, CPUMilli: []int64{1000}}, budget: 10,
+			want: []string{"a/a-4"}, place: []string{"a"},
+		},
+		{
+			name: "the moved pod could come back beside the member, whose CPU leaves it too little",
+			nodes: []Node{
+				room(dgx1("a", pods("a-x", false, 0), cpu(pods("a", true, 4), 2000)), 3000),
+			},
+			w: Workload{Members: []int{4}, NVLink: true, CPUMilli: []int64{4000}}, budget: 10, err: ErrNoPlan,
 		},
 		{
 			name: "the moved pod has nowhere to go",
@@ -296,6 +342,9 @@ func TestValidate(t *testing.T) {
 		{"no members", []Node{node8("a")}, Workload{}},
 		{"a member of 0 GPUs", []Node{node8("a")}, Workload{Members: []int{0}}},
 		{"a node twice", []Node{node8("a"), node8("a")}, Workload{Members: []int{1}}},
+		{"CPU requests for fewer members", []Node{node8("a")}, Workload{Members: []int{1, 1}, CPUMilli: []int64{1}}},
+		{"a negative memory request", []Node{node8("a")}, Workload{Members: []int{1}, MemMiB: []int64{-1}}},
+		{"a node with negative CPU free", []Node{room(node8("a"), -1)}, Workload{Members: []int{1}}},
 		{"a pod off the node", []Node{node8("a", pods("p", true, 8))}, Workload{Members: []int{1}}},
 		{"a clique off the node", []Node{{Name: "a", GPUs: 2, Cliques: [][]int{{0, 2}}}}, Workload{Members: []int{1}}},
 		{"negative unknown", []Node{{Name: "a", GPUs: 2, Unknown: -1}}, Workload{Members: []int{1}}},

@@ -259,7 +259,10 @@ func (p *GangPlanner) consolidate(ctx context.Context, key string, g *api.Gang, 
 		}
 		var w consolidate.Workload
 		for _, d := range demands {
+			r := d.Request(0, 0)
 			w.Members = append(w.Members, d.Whole())
+			w.CPUMilli = append(w.CPUMilli, r.CPUMilli)
+			w.MemMiB = append(w.MemMiB, r.MemMiB)
 			w.NVLink = w.NVLink || d.NeedsNVLink()
 		}
 		w.OneDomain = requiredLevel(p.levels, g) != ""
@@ -401,6 +404,7 @@ func (p *GangPlanner) consolidationView(snap Snapshot, g *api.Gang, members []*c
 	for _, n := range names {
 		st := snap[n]
 		node := consolidate.Node{Name: n, GPUs: st.GPUCount(), Cliques: st.Cliques(), Unknown: st.PendingWholeGPUs(), Eligible: true}
+		node.CPUMilli, node.MemMiB = st.FreeCPUMem()
 		for _, a := range allowed {
 			if !st.Admits(a) {
 				node.Eligible = false
@@ -433,8 +437,15 @@ func (p *GangPlanner) consolidationView(snap Snapshot, g *api.Gang, members []*c
 			movable := !blocked[uid] && Movable(pod)
 			cp := consolidate.Pod{Name: string(uid), GPUs: on[uid], Movable: movable}
 			if movable {
-				podOf[uid] = pod
-				cp.MayRunOn = mayRunOn(snap, pod)
+				d, err := p.ledger.ParseDemand(pod)
+				if err != nil {
+					cp.Movable = false // (it would not be placed again)
+				} else {
+					r := d.Request(0, 0)
+					cp.CPUMilli, cp.MemMiB = r.CPUMilli, r.MemMiB
+					podOf[uid] = pod
+					cp.MayRunOn = mayRunOn(snap, pod)
+				}
 			}
 			node.Pods = append(node.Pods, cp)
 		}

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -35,7 +36,9 @@ func TestConsolidation(t *testing.T) {
 		name string
 		// off: no consolidator; perMinute: its budget; fresh: it has just
 		// started; orphan: n1's pod has no controller; pinned: n1's pod
-		// may run only on n1 (required node affinity); memberAffinity:
+		// may run only on n1 (required node affinity); cpuBound: n1's pod
+		// asks for 100 CPUs, n2's and n3's pods for 20 each, so that only
+		// n0 has enough free for it; memberAffinity:
 		// the members require the four nodes by name; pdb: the pods whose
 		// eviction a PodDisruptionBudget refuses; due: reservations on,
 		// with a wait the gang has not reached
@@ -45,6 +48,7 @@ func TestConsolidation(t *testing.T) {
 		orphan         bool
 		pinned         bool
 		memberAffinity bool
+		cpuBound       bool
 		pdb            []string
 		notDue         bool
 		evicted        []string
@@ -58,6 +62,9 @@ func TestConsolidation(t *testing.T) {
 		{name: "the first minute after a start", perMinute: 4, fresh: true},
 		{name: "a pod without a controller does not move", perMinute: 6, orphan: true, evicted: []string{"n0-a", "n0-b", "n2-a", "n2-b", "n2-c"}, planned: []string{"n0", "n2"}},
 		{name: "a pod that may run only on its own node does not move", perMinute: 6, pinned: true, evicted: []string{"n0-a", "n0-b", "n2-a", "n2-b", "n2-c"}, planned: []string{"n0", "n2"}},
+		// (on, n1's pod would go to n2 or n3: it goes to n0, so n2 is
+		// freed in place of n0)
+		{name: "a pod moves only where its CPU is free", perMinute: 6, cpuBound: true, evicted: []string{"n1-a", "n2-a", "n2-b", "n2-c"}, planned: []string{"n1", "n2"}},
 		{name: "members with a required node affinity", perMinute: 4, memberAffinity: true, evicted: []string{"n0-a", "n0-b", "n1-a"}, planned: []string{"n0", "n1"}},
 		{name: "a PodDisruptionBudget keeps a pod", perMinute: 6, pdb: []string{"n1-a"}, blocked: 1, evicted: []string{"n0-a", "n0-b", "n2-a", "n2-b", "n2-c"}, planned: []string{"n0", "n2"}},
 		{name: "not due a reservation yet", perMinute: 4, notDue: true},
@@ -104,6 +111,17 @@ func TestConsolidation(t *testing.T) {
 			}
 			if tc.pinned {
 				f.edit("n1-a", func(p *corev1.Pod) { p.Spec.Affinity = requireNodes("n1") })
+			}
+			if tc.cpuBound {
+				cpu := func(q string) func(*corev1.Pod) {
+					return func(p *corev1.Pod) {
+						p.Spec.Containers[0].Resources.Requests[corev1.ResourceCPU] = resource.MustParse(q)
+					}
+				}
+				f.edit("n1-a", cpu("100"))
+				for _, name := range []string{"n2-a", "n2-b", "n2-c", "n3-a", "n3-b", "n3-c", "n3-d"} {
+					f.edit(name, cpu("20"))
+				}
 			}
 			for i := range 2 {
 				m := f.member("big", 2, i, 8, f.now.Add(-2*time.Minute))

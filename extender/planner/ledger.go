@@ -73,6 +73,9 @@ type Node interface {
 	// Accepts also checks the GPU models a pod like pod accepts.
 	Admits(p eligible.Pod) bool
 	Accepts(pod *corev1.Pod) bool
+	// FreeCPUMem is the CPU (millicores) and memory (MiB) of the node's
+	// allocatable not requested by the pods counted on it.
+	FreeCPUMem() (cpuMilli, memMiB int64)
 	// GPUCount is the number of GPUs of the inventory; FreeGPUs those
 	// fully free for a whole-GPU pod.
 	GPUCount() int
