@@ -45,6 +45,8 @@ type Pod struct {
 	// CPUMilli and MemMiB are its CPU and memory requests: a moved pod
 	// needs them free where it comes back.
 	CPUMilli, MemMiB int64
+	// NVLink: where it comes back, its GPUs must be in one NVLink clique.
+	NVLink bool
 }
 
 // Node is a node as the decision sees it.
@@ -581,19 +583,15 @@ func (s *state) toFree(n int, set []int, g int) ([]int, bool) {
 
 // rehome reports whether every moved pod finds room on one node it may run
 // on, on GPUs left free once the workload is placed (s has its placement
-// taken, place its nodes) and with its CPU and memory free there, the
-// largest first (of equal size, the ones that may run on fewer nodes
-// first), each on the node with the fewest free GPUs that holds it.
+// taken, place its nodes), in one NVLink clique when it needs one, and with
+// its CPU and memory free there; the largest first (of equal size, the
+// ones that may run on fewer nodes first), each where it leaves the
+// fewest free GPUs in its domain. A slice counts as needing a whole GPU.
 func (s *state) rehome(moves []Move, w Workload, place *placement) bool {
-	free := make([]int, len(s.nodes))
+	c := s.clone()
 	cpu := make([]int64, len(s.nodes))
 	mem := make([]int64, len(s.nodes))
 	for n, node := range s.nodes {
-		all := make([]int, node.GPUs)
-		for i := range all {
-			all[i] = i
-		}
-		free[n] = s.freeIn(n, all)
 		cpu[n], mem[n] = node.CPUMilli, node.MemMiB
 	}
 	for i, n := range place.nodes {
@@ -607,6 +605,7 @@ func (s *state) rehome(moves []Move, w Workload, place *placement) bool {
 	type mover struct {
 		gpus     int
 		cpu, mem int64
+		nvlink   bool
 		may      func(string) bool
 		hosts    int
 	}
@@ -617,7 +616,7 @@ func (s *state) rehome(moves []Move, w Workload, place *placement) bool {
 			cpu[from] += p.CPUMilli
 			mem[from] += p.MemMiB
 		}
-		mv := mover{gpus: max(m.GPUs, 1), cpu: p.CPUMilli, mem: p.MemMiB, may: p.MayRunOn, hosts: len(s.nodes)}
+		mv := mover{gpus: max(m.GPUs, 1), cpu: p.CPUMilli, mem: p.MemMiB, nvlink: p.NVLink, may: p.MayRunOn, hosts: len(s.nodes)}
 		if mv.may != nil {
 			mv.hosts = 0
 			for n := range s.nodes {
@@ -632,18 +631,23 @@ func (s *state) rehome(moves []Move, w Workload, place *placement) bool {
 		return cmp.Or(cmp.Compare(b.gpus, a.gpus), cmp.Compare(a.hosts, b.hosts))
 	})
 	for _, mv := range movers {
-		best := -1
-		for n, f := range free {
-			if f >= mv.gpus && cpu[n] >= mv.cpu && mem[n] >= mv.mem && (best < 0 || f < free[best]) && (mv.may == nil || mv.may(s.nodes[n].Name)) {
-				best = n
+		bn, bset, bfree := -1, []int(nil), 0
+		for n := range s.nodes {
+			if cpu[n] < mv.cpu || mem[n] < mv.mem || (mv.may != nil && !mv.may(s.nodes[n].Name)) {
+				continue
+			}
+			for _, set := range c.domains(n, mv.nvlink) {
+				if f := c.freeIn(n, set); f >= mv.gpus && (bn < 0 || f < bfree) {
+					bn, bset, bfree = n, set, f
+				}
 			}
 		}
-		if best < 0 {
+		if bn < 0 {
 			return false
 		}
-		free[best] -= mv.gpus
-		cpu[best] -= mv.cpu
-		mem[best] -= mv.mem
+		c.take(bn, bset, mv.gpus)
+		cpu[bn] -= mv.cpu
+		mem[bn] -= mv.mem
 	}
 	return true
 }

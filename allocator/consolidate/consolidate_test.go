@@ -179,6 +179,23 @@ func TestDecide(t *testing.T) {
 			w: Workload{Members: []int{4}, NVLink: true, CPUMilli: []int64{4000}}, budget: 10, err: ErrNoPlan,
 		},
 		{
+			name: "a moved 2-GPU pod fits on the two GPUs left free in two cliques",
+			nodes: []Node{
+				dgx1("a", []Pod{{Name: "a-x", GPUs: []int{0, 1}, Movable: true}}),
+				dgx1("b", pods("b-x", false, 0, 1, 2, 4, 5, 6)),
+			},
+			w: Workload{Members: []int{8}}, budget: 10,
+			want: []string{"a/a-x"}, place: []string{"a"},
+		},
+		{
+			name: "a moved 2-GPU pod that needs NVLink finds no clique with two GPUs free: no plan",
+			nodes: []Node{
+				dgx1("a", []Pod{{Name: "a-x", GPUs: []int{0, 1}, Movable: true, NVLink: true}}),
+				dgx1("b", pods("b-x", false, 0, 1, 2, 4, 5, 6)),
+			},
+			w: Workload{Members: []int{8}}, budget: 10, err: ErrNoPlan,
+		},
+		{
 			name: "the moved pod has nowhere to go",
 			nodes: []Node{
 				node8("a", pods("a", true, 0)),

@@ -442,7 +442,7 @@ func (p *GangPlanner) consolidationView(snap Snapshot, g *api.Gang, members []*c
 					cp.Movable = false // (it would not be placed again)
 				} else {
 					r := d.Request(0, 0)
-					cp.CPUMilli, cp.MemMiB = r.CPUMilli, r.MemMiB
+					cp.CPUMilli, cp.MemMiB, cp.NVLink = r.CPUMilli, r.MemMiB, d.NeedsNVLink()
 					podOf[uid] = pod
 					cp.MayRunOn = mayRunOn(snap, pod)
 				}
