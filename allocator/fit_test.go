@@ -22,6 +22,8 @@ func TestFit(t *testing.T) {
 		{"gpu request on gpu-less node", makeNode().Obj(), sliceReq(1000, 500), NoGPUs},
 		{"model not allowed", makeNode().GPUs(2).Obj(), withModels(wholeReq(1000, 1), "T4", "V100"), ModelNotAllowed},
 		{"model allowed", makeNode().Model("V100").GPUs(2).Obj(), withModels(wholeReq(1000, 1), "T4", "V100"), Fits},
+		{"a word of the model's name allowed", makeNode().Model("NVIDIA A100-SXM4-40GB").GPUs(2).Obj(), withModels(wholeReq(1000, 1), "A100"), Fits},
+		{"part of a word of the model's name not allowed", makeNode().Model("NVIDIA A100-SXM4-40GB").GPUs(2).Obj(), withModels(wholeReq(1000, 1), "A10"), ModelNotAllowed},
 		{"model checked before cpu", makeNode().CPU(64000, 0).GPUs(2).Obj(), withModels(wholeReq(1000, 1), "T4"), ModelNotAllowed},
 		{"cpu checked before gpu", makeNode().CPU(64000, 0).Free(0, 0).Obj(), wholeReq(1000, 1), InsufficientCPU},
 		{"whole gpus fit", makeNode().Free(1000, 300, 1000).Obj(), wholeReq(1000, 2), Fits},

@@ -6,6 +6,8 @@ import (
 	"math/bits"
 	"strconv"
 	"strings"
+
+	"github.com/tessera-gpu/tessera/api"
 )
 
 // MilliPerGPU is the compute capacity of one whole GPU in milli units.
@@ -234,18 +236,10 @@ func (r Request) podClass() int {
 	return -1
 }
 
-// AllowsModel reports whether r may run on a GPU of the given model.
-func (r Request) AllowsModel(model string) bool {
-	if len(r.Models) == 0 {
-		return true
-	}
-	for _, m := range r.Models {
-		if m == model {
-			return true
-		}
-	}
-	return false
-}
+// AllowsModel reports whether r may run on a GPU of the given model: one
+// of r.Models matches it as api.ModelAllowed says (a name or a word of it:
+// "A100" matches "NVIDIA A100-SXM4-40GB"); no Models, any model.
+func (r Request) AllowsModel(model string) bool { return api.ModelAllowed(model, r.Models) }
 
 // Validate checks that r is well formed.
 func (r Request) Validate() error {

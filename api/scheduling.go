@@ -77,6 +77,23 @@ func ModelMatches(model, want string) bool {
 	return false
 }
 
+// ModelAllowed reports whether GPU model name model matches one of want
+// (ModelMatches); an empty want allows every model. It is the one test of
+// a pod's AnnotationGPUModel list against a GPU: the extender's filter,
+// the allocator's fit (gang planning, the simulator) and consolidation
+// all ask it.
+func ModelAllowed(model string, want []string) bool {
+	if len(want) == 0 {
+		return true
+	}
+	for _, w := range want {
+		if ModelMatches(model, w) {
+			return true
+		}
+	}
+	return false
+}
+
 func isAlnum(b byte) bool { return b < 0x80 && (unicode.IsLetter(rune(b)) || unicode.IsDigit(rune(b))) }
 
 // GetNVLinkRequired reports whether a pod's annotations require NVLink

@@ -49,6 +49,22 @@ func TestGetNVLinkRequired(t *testing.T) {
 	}
 }
 
+func TestModelAllowed(t *testing.T) {
+	const a100 = "NVIDIA A100-SXM4-40GB"
+	for _, tc := range []struct {
+		want []string
+		ok   bool
+	}{
+		{nil, true},
+		{[]string{"H100", "A100"}, true},
+		{[]string{"H100", "A10"}, false},
+	} {
+		if got := ModelAllowed(a100, tc.want); got != tc.ok {
+			t.Errorf("ModelAllowed(%q, %q) = %v, want %v", a100, tc.want, got, tc.ok)
+		}
+	}
+}
+
 func TestModelMatches(t *testing.T) {
 	tests := []struct {
 		model, want string

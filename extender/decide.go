@@ -96,7 +96,7 @@ func Check(st *NodeState, d *Demand) Reason {
 		return BadInventory
 	case !info.HasInventory || len(info.GPUs) == 0:
 		return NoGPUs
-	case len(d.Models) > 0 && !modelAllowed(info.Model, d.Models):
+	case !api.ModelAllowed(info.Model, d.Models):
 		return ModelNotAllowed
 	case len(d.MIG) > 0:
 		r, _ := st.checkMIG(d)
@@ -245,16 +245,6 @@ func Explain(r Reason, st *NodeState, d *Demand) string {
 		m = "does not fit"
 	}
 	return "tessera: " + m
-}
-
-// modelAllowed reports whether model matches one of want.
-func modelAllowed(model string, want []string) bool {
-	for _, w := range want {
-		if api.ModelMatches(model, w) {
-			return true
-		}
-	}
-	return false
 }
 
 // largestClique returns the largest number of GPUs satisfying ok in one

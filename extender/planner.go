@@ -128,7 +128,7 @@ func (s *NodeState) Accepts(pod *corev1.Pod) bool {
 		return false
 	}
 	d, err := ParseDemand(pod)
-	return err == nil && (allocator.Request{Models: d.Models}).AllowsModel(s.Info.Model)
+	return err == nil && api.ModelAllowed(s.Info.Model, d.Models)
 }
 
 // Admits reports whether a pod with constraints p may be scheduled on the

@@ -226,6 +226,43 @@ func TestGangAvoidsNodesKubeSchedulerRefuses(t *testing.T) {
 			t.Errorf("member %s planned on %s: only the cordoned and the tainted node are free", name, s.node)
 		}
 	}
+	// Uncordoned and untainted: it is planned there.
+	nodes[0].Spec.Unschedulable = false
+	nodes[1].Spec.Taints = nil
+	f.cache.SetNode(nodes[0])
+	f.cache.SetNode(nodes[1])
+	f.sync()
+	for name, s := range f.state("h-") {
+		if !s.planned || (s.node != "n0" && s.node != "n1") {
+			t.Errorf("member %s: planned %v on %q, want n0 or n1 once they take pods again", name, s.planned, s.node)
+		}
+	}
+}
+
+// TestGangGPUModelByWord: a gang whose members ask for "A100" is planned
+// on GPUs NVML names "NVIDIA A100-SXM4-40GB", as the filter places a
+// single pod with that annotation (api.ModelAllowed; the planner matched
+// names exactly before, and such a gang waited for ever), and not on H100s.
+func TestGangGPUModelByWord(t *testing.T) {
+	f := newGangFixture(t,
+		testbuild.Node("h0").GPUs(8, "NVIDIA H100 80GB HBM3", 81920).Obj(),
+		testbuild.Node("a0").GPUs(8, "NVIDIA A100-SXM4-40GB", 40960).Obj(),
+		testbuild.Node("a1").GPUs(8, "NVIDIA A100-SXM4-40GB", 40960).Obj())
+	for i := range 2 {
+		m := f.member("g", 2, i, 8, f.now)
+		f.edit(m.Name, func(p *corev1.Pod) { p.Annotations[api.AnnotationGPUModel] = "A100" })
+	}
+	f.sync()
+	got := map[string]bool{}
+	for name, s := range f.state("g-") {
+		if !s.planned {
+			t.Fatalf("member %s not planned (events %q)", name, f.events.Events)
+		}
+		got[s.node] = true
+	}
+	if !got["a0"] || !got["a1"] {
+		t.Errorf("members planned on %v, want a0 and a1", got)
+	}
 }
 
 func TestTwoGangsThatFitOnlyAloneDoNotDeadlock(t *testing.T) {
