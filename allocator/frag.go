@@ -1,6 +1,10 @@
 package allocator
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/tessera-gpu/tessera/api"
+)
 
 // FragCategory classifies a node against one workload shape, following the
 // FGD paper's quadrants (Fig. 5) and its artifact.
@@ -70,6 +74,8 @@ type compiledShape struct {
 	models []string
 }
 
+// allows reports whether the shape may run on a GPU of model
+// (api.ModelAllowed; an exact name first, the common case on a hot path).
 func (s *compiledShape) allows(model string) bool {
 	if len(s.models) == 0 {
 		return true
@@ -79,7 +85,7 @@ func (s *compiledShape) allows(model string) bool {
 			return true
 		}
 	}
-	return false
+	return api.ModelAllowed(model, s.models)
 }
 
 // canHost reports whether one GPU can take one unit of the shape.

@@ -1,6 +1,10 @@
 package allocator
 
-import "math"
+import (
+	"math"
+
+	"github.com/tessera-gpu/tessera/api"
+)
 
 // TesseraConfig tunes the tessera policy. The zero value is not useful;
 // start from DefaultTesseraConfig.
@@ -264,14 +268,23 @@ func modelPressure(m fragModel, capacity map[string]int) map[string]float64 {
 		}
 		g := s.freq * float64(s.milli) * float64(s.count)
 		demandTotal += g
+		if len(s.models) == 0 {
+			continue // it may run anywhere: no model's pressure
+		}
+		// The models of the cluster the shape may run on (api.ModelAllowed:
+		// a name it asks for, or a word of one).
+		var set []string
 		var setCap float64
-		for _, mod := range s.models {
-			setCap += float64(capacity[mod])
+		for mod, c := range capacity {
+			if api.ModelAllowed(mod, s.models) {
+				set = append(set, mod)
+				setCap += float64(c)
+			}
 		}
 		if setCap == 0 {
 			continue
 		}
-		for _, mod := range s.models {
+		for _, mod := range set {
 			demand[mod] += g * float64(capacity[mod]) / setCap
 		}
 	}

@@ -83,6 +83,20 @@ func TestTesseraModelPressure(t *testing.T) {
 	}
 }
 
+// TestTesseraModelPressureByWord: a shape asking for "T4" puts pressure
+// on the GPUs NVML names "Tesla T4" (api.ModelAllowed), as it does on
+// exact names.
+func TestTesseraModelPressureByWord(t *testing.T) {
+	w := Workload{Shapes: []Shape{{Request: withModels(wholeReq(1000, 1), "T4"), Freq: 0.5}, {Request: wholeReq(1000, 1), Freq: 0.5}}}
+	with := tessera(t, w, WithModelCapacity(map[string]int{"Tesla T4": 2, "NVIDIA A100-SXM4-40GB": 8}))
+	without := tessera(t, w)
+	t4 := makeNode().Model("Tesla T4").GPUs(2).Obj()
+	r := wholeReq(1000, 1)
+	if d, want := with.Evaluate(t4, r).Score-without.Evaluate(t4, r).Score, -DefaultTesseraConfig().ModelWeight*2.5*1000; math.Abs(d-want) > 1e-9 {
+		t.Errorf("T4 pressure changes the score by %v, want %v", d, want)
+	}
+}
+
 func TestTesseraGapRouting(t *testing.T) {
 	// Slices of 300m and 100m, equally frequent. A 400m gap filled by a
 	// uniformly random fitting slice leaves 100m or 300m; routed, the
@@ -317,5 +331,17 @@ func TestTesseraFragmentedMatchesAmount(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestShapeAllowsModelByWord: a shape's models match GPU names as
+// api.ModelAllowed says, in FGD's measure as in the fit.
+func TestShapeAllowsModelByWord(t *testing.T) {
+	m := compileWorkload(Workload{Shapes: []Shape{{Request: withModels(wholeReq(1000, 1), "A100"), Freq: 1}}})
+	s := &m.shapes[0]
+	for model, want := range map[string]bool{"A100": true, "NVIDIA A100-SXM4-40GB": true, "NVIDIA A10": false, "NVIDIA H100 80GB HBM3": false} {
+		if got := s.allows(model); got != want {
+			t.Errorf("allows(%q) = %v, want %v", model, got, want)
+		}
 	}
 }
