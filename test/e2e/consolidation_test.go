@@ -14,7 +14,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -239,13 +238,8 @@ func cordonAllBut(t *testing.T, client kubernetes.Interface, keep string) {
 		t.Fatal(err)
 	}
 	for _, n := range nodes.Items {
-		cordon := keep != "" && n.Name != keep
-		if n.Spec.Unschedulable == cordon {
-			continue
-		}
-		patch := fmt.Sprintf(`{"spec":{"unschedulable":%t}}`, cordon)
-		if _, err := client.CoreV1().Nodes().Patch(t.Context(), n.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-			t.Fatal(err)
+		if cordon := keep != "" && n.Name != keep; n.Spec.Unschedulable != cordon {
+			setUnschedulable(t, client, n.Name, cordon)
 		}
 	}
 }

@@ -1,0 +1,73 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// A gang is planned only on nodes kube-scheduler would bind its members
+// to (internal/eligible): with one of the two A100 nodes cordoned, a gang
+// of 2 × 8 A100 GPUs is not planned at all (before, the planner put a
+// member on the cordoned node, where kube-scheduler never bound it, and
+// the plan expired and came back); once the node is uncordoned the gang
+// runs on both.
+func TestGangWaitsForACordonedNode(t *testing.T) {
+	c := getCluster(t)
+	client := c.Client()
+	ns := namespace(t, c, "e2e-cordon")
+	waitReleased(t, c)
+	const cordoned = "a100-1"
+	setUnschedulable(t, client, cordoned, true)
+	t.Cleanup(func() {
+		if err := patchUnschedulable(context.Background(), client, cordoned, false); err != nil {
+			t.Errorf("uncordon %s: %v", cordoned, err)
+		}
+	})
+	members := []string{"cg-0", "cg-1"}
+	for _, m := range members {
+		create(t, client, ns, podSpec{name: m, gpus: 8, annotations: map[string]string{
+			api.AnnotationGang: "cg", api.AnnotationGangMinMember: "2", api.AnnotationGPUModel: "A100"}})
+	}
+	for deadline := time.Now().Add(8 * time.Second); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
+		for _, m := range members {
+			p := getPod(t, client, ns, m)
+			if plan, ok, _ := api.GetGangPlan(p.Annotations); ok || p.Spec.NodeName != "" {
+				t.Fatalf("member %s planned (%+v) or bound (%q) while only one A100 node may take a member", m, plan, p.Spec.NodeName)
+			}
+		}
+	}
+	setUnschedulable(t, client, cordoned, false)
+	on := map[string]bool{}
+	for _, m := range members {
+		p, _ := waitRunning(t, c, ns, m, 90*time.Second)
+		on[p.Spec.NodeName] = true
+	}
+	if !on["a100-1"] || !on["a100-2"] {
+		t.Errorf("members run on %v, want a100-1 and a100-2", on)
+	}
+	occ, pods := occupancy(t, c)
+	checkNoOvercommit(t, occ)
+	checkRunningPods(t, c, pods)
+}
+
+// setUnschedulable cordons (or uncordons) node.
+func setUnschedulable(t *testing.T, client kubernetes.Interface, node string, on bool) {
+	t.Helper()
+	if err := patchUnschedulable(t.Context(), client, node, on); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func patchUnschedulable(ctx context.Context, client kubernetes.Interface, node string, on bool) error {
+	patch := fmt.Sprintf(`{"spec":{"unschedulable":%t}}`, on)
+	_, err := client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	return err
+}
