@@ -8,6 +8,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/extender/planner"
 	equota "github.com/tessera-gpu/tessera/extender/quota"
+	"github.com/tessera-gpu/tessera/internal/eligible"
 )
 
 // QuotaHooks is what the verbs ask of quota.
@@ -45,16 +46,18 @@ func (n QuotaNodes) Tracks(uid types.UID) bool {
 	return ok
 }
 
-// PodFits tests whether pod fits a node whose labels its nodeSelector
-// matches.
+// PodFits tests whether pod fits a node it may go to (package eligible:
+// its node selector and affinity, the node's taints and cordon), so that
+// reclaim never frees room on nodes the pod can never use.
 func (n QuotaNodes) PodFits(pod *corev1.Pod) (equota.Fits, error) {
 	d, err := ParseDemand(pod)
 	if err != nil {
 		return nil, err
 	}
+	allowed := eligible.For(pod)
 	fits := func(snap map[string]*NodeState) bool {
 		for _, st := range snap {
-			if selects(pod.Spec.NodeSelector, st.Info.Labels) && Check(st, &d) == Fits {
+			if st.Admits(allowed) && Check(st, &d) == Fits {
 				return true
 			}
 		}
@@ -71,18 +74,6 @@ func (n QuotaNodes) Fits(fits func(map[string]*NodeState) bool) equota.Fits {
 		base := without(n.Cache.Snapshot(), gone)
 		return func(victims map[types.UID]bool) bool { return fits(without(base, victims)) }
 	}
-}
-
-// selects reports whether a node with labels matches a nodeSelector (the
-// rest of a pod's scheduling constraints are kube-scheduler's; reclaim
-// only uses this to not free room on nodes the pod can never use).
-func selects(selector, labels map[string]string) bool {
-	for k, v := range selector {
-		if labels[k] != v {
-			return false
-		}
-	}
-	return true
 }
 
 // Quota binds quota's Enforcer to the GPU ledger: it is the verbs'

@@ -718,3 +718,35 @@ func TestPreemptVerbFreesQuota(t *testing.T) {
 		t.Errorf("victims (-want +got):\n%s", diff)
 	}
 }
+
+// TestReclaimOnlyForNodesThePodMayUse: room on a cordoned node, or on no
+// node the pod's required affinity allows, is no reason for reclaim to
+// hold back, nor a place it frees room on (package eligible).
+func TestReclaimOnlyForNodesThePodMayUse(t *testing.T) {
+	f, b := reclaimScene(t)
+	affine := f.pod("b", "affine", 8, f.now, func(p *corev1.Pod) {
+		p.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{
+				{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{"ghost"}}}}}}}}
+	})
+	for _, p := range []*corev1.Pod{b, affine} {
+		p.Status.Phase = corev1.PodPending
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable}}
+		if _, err := f.client.CoreV1().Pods("b").UpdateStatus(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.enf.ReclaimForPod(context.Background(), types.NamespacedName{Namespace: "b", Name: "affine"}); err == nil {
+		t.Error("reclaim for a pod whose affinity allows no node: no error")
+	}
+	if got := f.evictions(); len(got) != 0 {
+		t.Fatalf("evictions for a pod that may use no node: %v", got)
+	}
+	// b-0 may use every node: reclaim evicts for it.
+	if err := f.enf.ReclaimForPod(context.Background(), types.NamespacedName{Namespace: "b", Name: b.Name}); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"a/ay"}, f.evictions()); diff != "" {
+		t.Errorf("evictions (-want +got):\n%s", diff)
+	}
+}
