@@ -135,6 +135,10 @@ func (s *NodeState) Accepts(pod *corev1.Pod) bool {
 // node by its cordon, taints and labels (package eligible).
 func (s *NodeState) Admits(p eligible.Pod) bool { return s.Info.Admits(p) }
 
+// Refusal says why a pod with constraints p may not be scheduled on the
+// node ("" when it may).
+func (s *NodeState) Refusal(p eligible.Pod) string { return s.Info.Refusal(p) }
+
 // FreeCPUMem is the allocatable CPU and memory the pods counted on the node
 // do not request.
 func (s *NodeState) FreeCPUMem() (cpuMilli, memMiB int64) {

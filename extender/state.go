@@ -731,10 +731,16 @@ func (s *NodeState) without(gone map[types.UID]bool) *NodeState {
 }
 
 // Admits reports whether a pod with constraints p may be scheduled on the
-// node by its cordon, taints and labels (package eligible).
-func (n *NodeInfo) Admits(p eligible.Pod) bool {
+// node by its cordon, taints and labels (package eligible); Refusal says
+// why not ("" when it may).
+func (n *NodeInfo) Admits(p eligible.Pod) bool { return p.Allows(n.eligible()) }
+
+func (n *NodeInfo) Refusal(p eligible.Pod) string { return p.Why(n.eligible()) }
+
+// eligible is the node as package eligible reads it.
+func (n *NodeInfo) eligible() *corev1.Node {
 	if n.eligibility == nil { // not from NewNodeInfo: its name and labels
-		return p.Allows(eligible.Node(n.Name, n.Labels, nil, false))
+		return eligible.Node(n.Name, n.Labels, nil, false)
 	}
-	return p.Allows(n.eligibility)
+	return n.eligibility
 }

@@ -909,6 +909,9 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 	res, err := planOn(view)
 	if err != nil {
 		reason := err.Error()
+		if errors.Is(err, gang.ErrNoRoom) {
+			reason += ruledOut(snap, members)
+		}
 		// Within its queue's guarantee or fair share, or its namespace's
 		// min, the workload may get room by reclaim; the planner tries
 		// again on its next pass.
@@ -1244,6 +1247,50 @@ func GangTrigger(trigger chan<- struct{}) toolscache.ResourceEventHandler {
 		UpdateFunc: func(_, obj any) { signal(obj) },
 		DeleteFunc: signal,
 	}
+}
+
+// ruledOut names the nodes with GPUs that refuse every member (package
+// eligible: cordoned, an untolerated taint, outside their node selector
+// and affinity) and why, for a waiting reason: "; 1 of 4 GPU nodes refuse
+// every member: a100-1 (node is cordoned (unschedulable))"; "" for none.
+func ruledOut(snap Snapshot, members []*corev1.Pod) string {
+	allowed := make([]eligible.Pod, len(members))
+	for i, m := range members {
+		allowed[i] = eligible.For(m)
+	}
+	names := make([]string, 0, len(snap))
+	for n, st := range snap {
+		if st.Usable() && st.GPUCount() > 0 {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	var out []string
+	for _, n := range names {
+		why := ""
+		for _, a := range allowed {
+			w := snap[n].Refusal(a)
+			if w == "" {
+				why = ""
+				break
+			}
+			if why == "" {
+				why = w
+			}
+		}
+		if why != "" {
+			out = append(out, fmt.Sprintf("%s (%s)", n, why))
+		}
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	const shown = 3
+	msg := fmt.Sprintf("; %d of %d GPU nodes refuse every member: %s", len(out), len(names), strings.Join(out[:min(len(out), shown)], ", "))
+	if len(out) > shown {
+		msg += fmt.Sprintf(" and %d more", len(out)-shown)
+	}
+	return msg
 }
 
 // podAllows says whether pod may be scheduled on a gang node of snap:

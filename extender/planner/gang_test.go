@@ -220,6 +220,11 @@ func TestGangAvoidsNodesKubeSchedulerRefuses(t *testing.T) {
 			t.Errorf("member %s planned on %s: only the cordoned and the tainted node are free", name, s.node)
 		}
 	}
+	// Its waiting reason says which nodes refuse it and why.
+	const why = "2 of 4 GPU nodes refuse every member: n0 (node is cordoned (unschedulable)), n1 (untolerated taint {dedicated: infer})"
+	if ev := strings.Join(f.events.Events, "\n"); !strings.Contains(ev, why) {
+		t.Errorf("events %q: want %q", ev, why)
+	}
 	// Uncordoned and untainted: it is planned there.
 	nodes[0].Spec.Unschedulable = false
 	nodes[1].Spec.Taints = nil

@@ -69,9 +69,11 @@ type Node interface {
 	// well formed).
 	Usable() bool
 	// Admits reports whether a pod with constraints p may be scheduled
-	// on the node by its cordon, taints and labels (package eligible);
-	// Accepts also checks the GPU models a pod like pod accepts.
+	// on the node by its cordon, taints and labels (package eligible),
+	// and Refusal why not ("" when it may); Accepts also checks the GPU
+	// models a pod like pod accepts.
 	Admits(p eligible.Pod) bool
+	Refusal(p eligible.Pod) string
 	Accepts(pod *corev1.Pod) bool
 	// FreeCPUMem is the CPU (millicores) and memory (MiB) of the node's
 	// allocatable not requested by the pods counted on it.

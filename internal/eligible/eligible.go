@@ -12,6 +12,8 @@
 package eligible
 
 import (
+	"fmt"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
@@ -47,6 +49,24 @@ func (p Pod) Allows(node *corev1.Node) bool {
 	}
 	ok, err := p.affinity.Match(node)
 	return err == nil && ok
+}
+
+// Why says why the pod may not be scheduled on node, in kube-scheduler's
+// words; "" when it may (Allows).
+func (p Pod) Why(node *corev1.Node) string {
+	switch {
+	case node == nil:
+		return "node not known"
+	case node.Spec.Unschedulable && !p.cordonOK:
+		return "node is cordoned (unschedulable)"
+	}
+	if t, bad := corev1helpers.FindMatchingUntoleratedTaint(node.Spec.Taints, p.tolerations, hard); bad {
+		return fmt.Sprintf("untolerated taint {%s: %s}", t.Key, t.Value)
+	}
+	if ok, err := p.affinity.Match(node); err != nil || !ok {
+		return "node selector or required node affinity not matched"
+	}
+	return ""
 }
 
 // hard: the taints that keep a new pod off a node (PreferNoSchedule only

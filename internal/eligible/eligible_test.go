@@ -124,3 +124,35 @@ func TestAffinity(t *testing.T) {
 		}
 	}
 }
+
+// TestWhy: the reason agrees with Allows and names what refuses the pod.
+func TestWhy(t *testing.T) {
+	node := func(f func(*corev1.Node)) *corev1.Node {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: map[string]string{"pool": "a"}}}
+		if f != nil {
+			f(n)
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		node *corev1.Node
+		spec corev1.PodSpec
+		want string
+	}{
+		{node(nil), corev1.PodSpec{}, ""},
+		{nil, corev1.PodSpec{}, "node not known"},
+		{node(func(n *corev1.Node) { n.Spec.Unschedulable = true }), corev1.PodSpec{}, "node is cordoned (unschedulable)"},
+		{node(func(n *corev1.Node) {
+			n.Spec.Taints = []corev1.Taint{{Key: "gpu", Value: "mig", Effect: corev1.TaintEffectNoSchedule}}
+		}), corev1.PodSpec{}, "untolerated taint {gpu: mig}"},
+		{node(nil), corev1.PodSpec{NodeSelector: map[string]string{"pool": "b"}}, "node selector or required node affinity not matched"},
+	} {
+		p := For(&corev1.Pod{Spec: tc.spec})
+		if got := p.Why(tc.node); got != tc.want {
+			t.Errorf("Why = %q, want %q", got, tc.want)
+		}
+		if p.Allows(tc.node) != (tc.want == "") {
+			t.Errorf("Allows = %v, Why %q", p.Allows(tc.node), tc.want)
+		}
+	}
+}
