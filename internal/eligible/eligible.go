@@ -38,18 +38,7 @@ func For(pod *corev1.Pod) Pod {
 }
 
 // Allows reports whether the pod may be scheduled on node (nil: no).
-func (p Pod) Allows(node *corev1.Node) bool {
-	if node == nil || (node.Spec.Unschedulable && !p.cordonOK) {
-		return false
-	}
-	if len(node.Spec.Taints) > 0 {
-		if _, bad := corev1helpers.FindMatchingUntoleratedTaint(node.Spec.Taints, p.tolerations, hard); bad {
-			return false
-		}
-	}
-	ok, err := p.affinity.Match(node)
-	return err == nil && ok
-}
+func (p Pod) Allows(node *corev1.Node) bool { return p.Why(node) == "" }
 
 // Why says why the pod may not be scheduled on node, in kube-scheduler's
 // words; "" when it may (Allows).
