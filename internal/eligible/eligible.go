@@ -37,25 +37,60 @@ func For(pod *corev1.Pod) Pod {
 	}
 }
 
-// Allows reports whether the pod may be scheduled on node (nil: no).
-func (p Pod) Allows(node *corev1.Node) bool { return p.Why(node) == "" }
+// Allows reports whether the pod may be scheduled on node (nil: no). It
+// allocates nothing: planning asks it of every node for every member.
+func (p Pod) Allows(node *corev1.Node) bool {
+	r, _ := p.refusal(node)
+	return r == admitted
+}
 
 // Why says why the pod may not be scheduled on node, in kube-scheduler's
 // words; "" when it may (Allows).
 func (p Pod) Why(node *corev1.Node) string {
-	switch {
-	case node == nil:
+	switch r, taint := p.refusal(node); r {
+	case unknown:
 		return "node not known"
-	case node.Spec.Unschedulable && !p.cordonOK:
+	case cordoned:
 		return "node is cordoned (unschedulable)"
-	}
-	if t, bad := corev1helpers.FindMatchingUntoleratedTaint(node.Spec.Taints, p.tolerations, hard); bad {
-		return fmt.Sprintf("untolerated taint {%s: %s}", t.Key, t.Value)
-	}
-	if ok, err := p.affinity.Match(node); err != nil || !ok {
+	case tainted:
+		return fmt.Sprintf("untolerated taint {%s: %s}", taint.Key, taint.Value)
+	case unmatched:
 		return "node selector or required node affinity not matched"
 	}
 	return ""
+}
+
+// refusal is what keeps a pod off a node, with the taint when it is an
+// untolerated one: the checks of Allows and Why, in kube-scheduler's
+// order of filters.
+type refusal int
+
+const (
+	admitted refusal = iota
+	unknown
+	cordoned
+	tainted
+	unmatched
+)
+
+func (p Pod) refusal(node *corev1.Node) (refusal, corev1.Taint) {
+	switch {
+	case node == nil:
+		return unknown, corev1.Taint{}
+	case node.Spec.Unschedulable && !p.cordonOK:
+		return cordoned, corev1.Taint{}
+	}
+	// FindMatchingUntoleratedTaint's test without its filtered copy of
+	// the taints.
+	for i := range node.Spec.Taints {
+		if t := &node.Spec.Taints[i]; hard(t) && !corev1helpers.TolerationsTolerateTaint(p.tolerations, t) {
+			return tainted, *t
+		}
+	}
+	if ok, err := p.affinity.Match(node); err != nil || !ok {
+		return unmatched, corev1.Taint{}
+	}
+	return admitted, corev1.Taint{}
 }
 
 // hard: the taints that keep a new pod off a node (PreferNoSchedule only

@@ -156,3 +156,30 @@ func TestWhy(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkAllowsTainted: Allows on a node whose taint the pod does not
+// tolerate allocates nothing (planning asks it of every node for every
+// member).
+func BenchmarkAllowsTainted(b *testing.B) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}, Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: "gpu", Value: "mig", Effect: corev1.TaintEffectNoSchedule}}}}
+	p := For(&corev1.Pod{})
+	b.ReportAllocs()
+	for b.Loop() {
+		if p.Allows(node) {
+			b.Fatal("allowed")
+		}
+	}
+}
+
+// BenchmarkAllowsSelector: a pod with a node selector on a node it
+// matches.
+func BenchmarkAllowsSelector(b *testing.B) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: map[string]string{"pool": "a", "kubernetes.io/hostname": "n"}}}
+	p := For(&corev1.Pod{Spec: corev1.PodSpec{NodeSelector: map[string]string{"pool": "a"}}})
+	b.ReportAllocs()
+	for b.Loop() {
+		if !p.Allows(node) {
+			b.Fatal("refused")
+		}
+	}
+}
