@@ -353,8 +353,8 @@ func (p *Preemptor) choose(asker *corev1.Pod, d *Demand, pods []*corev1.Pod, qsn
 	now := p.now()
 	gone, running := p.split(pods, now)
 	base := without(p.Cache.Snapshot(), gone)
-	// Only nodes asker may go to (package eligible): room freed elsewhere
-	// cannot serve it, and room there it can use is no reason to wait.
+	// Only nodes asker may go to (package eligible): room freed on the
+	// others cannot serve it, and room free on them is no reason to wait.
 	allowed := eligible.For(asker)
 	var nodes []*NodeState
 	for _, st := range base {
