@@ -20,6 +20,7 @@ import (
 	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/extender/verbs"
 	"github.com/tessera-gpu/tessera/gpureq"
+	"github.com/tessera-gpu/tessera/internal/eligible"
 	"github.com/tessera-gpu/tessera/internal/gpustatus"
 )
 
@@ -266,9 +267,11 @@ type PendingPod struct {
 	// Scheduler is kube-scheduler's last word (the PodScheduled
 	// condition).
 	Scheduler string `json:"scheduler,omitempty"`
-	// Fitting counts the nodes where the pod fits now (GPUs, CPU, memory;
-	// queue and quota admission are Admission and Quota); Reasons counts
-	// the others by reason.
+	// Fitting counts the nodes where the pod fits now (GPUs, CPU, memory,
+	// on a node it may go to: not cordoned, its taints tolerated, its node
+	// selector and affinity, package eligible; queue and quota admission
+	// are Admission and Quota); Reasons counts the others by reason
+	// (ReasonNodeRefusesPod for a node it may not go to).
 	Fitting int            `json:"fitting"`
 	Reasons map[string]int `json:"reasons,omitempty"`
 	// Nodes is the per-node fit (PodView only).
@@ -276,6 +279,11 @@ type PendingPod struct {
 	// Error is a malformed GPU request.
 	Error string `json:"error,omitempty"`
 }
+
+// ReasonNodeRefusesPod is the Reasons key of a node the pod may not go to
+// (cordoned, a taint it does not tolerate, outside its node selector or
+// affinity), whatever is free there.
+const ReasonNodeRefusesPod = "node-refuses-pod"
 
 // NodeFit is whether a pod fits one node now, and why not.
 type NodeFit struct {
@@ -406,18 +414,26 @@ func pendingOf(snap *Snapshot, p *corev1.Pod, perNode bool) PendingPod {
 	}
 	sort.Strings(names)
 	q := NewQuery(&d)
+	allowed := eligible.For(p)
 	for _, n := range names {
 		st := snap.Nodes[n]
 		r := q.Check(st)
 		fit := NodeFit{Node: n, Fits: r == Fits}
-		if r == Fits {
+		key := string(r)
+		if why := st.Refusal(allowed); why != "" {
+			// kube-scheduler would not put it there, whatever is free.
+			fit.Fits, fit.Reason, key = false, "tessera: "+why, ReasonNodeRefusesPod
+		}
+		if fit.Fits {
 			pp.Fitting++
 		} else {
-			fit.Reason = Explain(r, st, &d)
+			if fit.Reason == "" {
+				fit.Reason = Explain(r, st, &d)
+			}
 			if pp.Reasons == nil {
 				pp.Reasons = map[string]int{}
 			}
-			pp.Reasons[string(r)]++
+			pp.Reasons[key]++
 		}
 		if perNode {
 			pp.Nodes = append(pp.Nodes, fit)

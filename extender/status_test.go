@@ -368,3 +368,27 @@ func labelString(m *dto.Metric) string {
 	}
 	return "{" + strings.Join(parts, ",") + "}"
 }
+
+// TestPendingNodeRefusesPod: a node the pod may not go to (cordoned, a
+// taint it does not tolerate) does not count as fitting, whatever is
+// free there, and says why in kube-scheduler's words.
+func TestPendingNodeRefusesPod(t *testing.T) {
+	cordoned := testbuild.Node("c").GPUs(4, "A100", 40960).Obj()
+	cordoned.Spec.Unschedulable = true
+	tainted := testbuild.Node("t").GPUs(4, "A100", 40960).Obj()
+	tainted.Spec.Taints = []corev1.Taint{{Key: "dedicated", Value: "infer", Effect: corev1.TaintEffectNoSchedule}}
+	free := testbuild.Node("f").GPUs(4, "A100", 40960).Obj()
+	snap := &Snapshot{Nodes: newTestCache(t, []*corev1.Node{cordoned, tainted, free}, nil).Snapshot()}
+	pp := pendingOf(snap, testbuild.Pod("p").Whole(1).Obj(), true)
+	if pp.Fitting != 1 || pp.Reasons[ReasonNodeRefusesPod] != 2 {
+		t.Errorf("fitting %d, reasons %v: want 1 fitting (f), 2 nodes refusing the pod", pp.Fitting, pp.Reasons)
+	}
+	want := []NodeFit{
+		{Node: "f", Fits: true},
+		{Node: "c", Reason: "tessera: node is cordoned (unschedulable)"},
+		{Node: "t", Reason: "tessera: untolerated taint {dedicated: infer}"},
+	}
+	if diff := cmp.Diff(want, pp.Nodes); diff != "" {
+		t.Errorf("nodes (-want +got):\n%s", diff)
+	}
+}
