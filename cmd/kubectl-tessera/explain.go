@@ -354,7 +354,7 @@ func (e *env) explainExtender(ctx context.Context, x *explanation, pod *corev1.P
 	if p.Error != "" {
 		x.more("request: %s", p.Error)
 	}
-	x.more("its GPUs, CPU and memory fit %d of %d nodes now:", p.Fitting, len(p.Nodes))
+	x.more("it fits %d of %d nodes now (GPUs, CPU, memory; cordons, taints, its node selector and affinity):", p.Fitting, len(p.Nodes))
 	tw := tabwriter.NewWriter(x.w, 0, 4, 2, ' ', 0)
 	pad := strings.Repeat(" ", x.label+1)
 	fmt.Fprintf(tw, "%sNODE\tFITS\tWHY NOT\n", pad)
