@@ -119,16 +119,12 @@ func (s *NodeState) Name() string { return s.Info.Name }
 // Labels are the node's labels.
 func (s *NodeState) Labels() map[string]string { return s.Info.Labels }
 
-// Accepts reports whether a new pod like pod may be scheduled on the node,
-// as kube-scheduler's filters would judge it (its cordon and taints, the
-// pod's node selector and required node affinity: Admits) and by the GPU
-// models the pod accepts.
-func (s *NodeState) Accepts(pod *corev1.Pod) bool {
-	if !s.Admits(eligible.For(pod)) {
-		return false
-	}
-	d, err := ParseDemand(pod)
-	return err == nil && api.ModelAllowed(s.Info.Model, d.Models)
+// Accepts reports whether a new pod with constraints p, asking for GPUs of
+// models (none: any), may be scheduled on the node: as kube-scheduler's
+// filters would judge it (its cordon and taints, the pod's node selector
+// and required node affinity: Admits) and by api.ModelAllowed.
+func (s *NodeState) Accepts(p eligible.Pod, models []string) bool {
+	return s.Admits(p) && api.ModelAllowed(s.Info.Model, models)
 }
 
 // Admits reports whether a pod with constraints p may be scheduled on the

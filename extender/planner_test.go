@@ -6,6 +6,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/internal/eligible"
 
 	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 )
@@ -49,7 +50,11 @@ func TestNodeStateAccepts(t *testing.T) {
 				tc.pod(pod)
 			}
 			st := mustState(t, newTestCache(t, []*corev1.Node{node}, nil), "n")
-			if got := st.Accepts(pod); got != tc.want {
+			d, err := ParseDemand(pod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := st.Accepts(eligible.For(pod), d.Models); got != tc.want {
 				t.Errorf("Accepts = %v, want %v", got, tc.want)
 			}
 		})

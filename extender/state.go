@@ -665,10 +665,9 @@ func (s *NodeState) buildView(hold int, slicesOffered bool) allocator.Node {
 		Name:             info.Name,
 		Model:            info.Model,
 		CPUMilliCapacity: info.CPUMilli,
-		CPUMilliFree:     max(0, info.CPUMilli-s.CPUUsed),
 		MemMiBCapacity:   info.MemMiB,
-		MemMiBFree:       max(0, info.MemMiB-s.MemUsed),
 	}
+	v.CPUMilliFree, v.MemMiBFree = s.FreeCPUMem()
 	if info.Err != nil {
 		return v
 	}
@@ -733,14 +732,6 @@ func (s *NodeState) without(gone map[types.UID]bool) *NodeState {
 // Admits reports whether a pod with constraints p may be scheduled on the
 // node by its cordon, taints and labels (package eligible); Refusal says
 // why not ("" when it may).
-func (n *NodeInfo) Admits(p eligible.Pod) bool { return p.Allows(n.eligible()) }
+func (n *NodeInfo) Admits(p eligible.Pod) bool { return p.Allows(n.eligibility) }
 
-func (n *NodeInfo) Refusal(p eligible.Pod) string { return p.Why(n.eligible()) }
-
-// eligible is the node as package eligible reads it.
-func (n *NodeInfo) eligible() *corev1.Node {
-	if n.eligibility == nil { // not from NewNodeInfo: its name and labels
-		return eligible.Node(n.Name, n.Labels, nil, false)
-	}
-	return n.eligibility
-}
+func (n *NodeInfo) Refusal(p eligible.Pod) string { return p.Why(n.eligibility) }

@@ -368,15 +368,17 @@ func requiredLevel(cluster []gang.Level, g *api.Gang) string {
 }
 
 // mayRunOn is where pod, evicted and recreated, may run (Node.Accepts:
-// its node affinity, tolerations and GPU models, the node's cordon), each
-// node judged once: the decision asks again for every plan it tries.
-func mayRunOn(snap Snapshot, pod *corev1.Pod) func(string) bool {
+// its node affinity, tolerations and the GPU models of d, the node's
+// cordon), each node judged once: the decision asks again for every plan
+// it tries.
+func mayRunOn(snap Snapshot, pod *corev1.Pod, d Demand) func(string) bool {
+	allowed, models := eligible.For(pod), d.GPUModels()
 	judged := map[string]bool{}
 	return func(name string) bool {
 		ok, done := judged[name]
 		if !done {
 			st, in := snap[name]
-			ok = in && st.Accepts(pod)
+			ok = in && st.Accepts(allowed, models)
 			judged[name] = ok
 		}
 		return ok
@@ -444,7 +446,7 @@ func (p *GangPlanner) consolidationView(snap Snapshot, g *api.Gang, members []*c
 					r := d.Request(0, 0)
 					cp.CPUMilli, cp.MemMiB, cp.NVLink = r.CPUMilli, r.MemMiB, d.NeedsNVLink()
 					podOf[uid] = pod
-					cp.MayRunOn = mayRunOn(snap, pod)
+					cp.MayRunOn = mayRunOn(snap, pod, d)
 				}
 			}
 			node.Pods = append(node.Pods, cp)

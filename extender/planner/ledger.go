@@ -71,10 +71,10 @@ type Node interface {
 	// Admits reports whether a pod with constraints p may be scheduled
 	// on the node by its cordon, taints and labels (package eligible),
 	// and Refusal why not ("" when it may); Accepts also checks the GPU
-	// models a pod like pod accepts.
+	// models (none: any) a pod asks for.
 	Admits(p eligible.Pod) bool
 	Refusal(p eligible.Pod) string
-	Accepts(pod *corev1.Pod) bool
+	Accepts(p eligible.Pod, models []string) bool
 	// FreeCPUMem is the CPU (millicores) and memory (MiB) of the node's
 	// allocatable not requested by the pods counted on it.
 	FreeCPUMem() (cpuMilli, memMiB int64)
