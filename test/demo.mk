@@ -13,12 +13,16 @@
 #               one dgx-1v, one pcie-2numa)
 #   DEMO_FLAGS  further flags of tessera-localcluster (e.g. --workload=false,
 #               --once, --dir=DIR)
+#   DEMO_EXTENDER_FLAGS  flags of the extender, space-separated, after the
+#               demo's own (--reservation-wait=10s), e.g.
+#               "--consolidation --reservation-wait=1m"
 #   DEMO_SCHEDULER  extender (default: kube-scheduler + the tessera-extender
 #               process) or plugin (tessera-scheduler: kube-scheduler with
 #               Tessera's plugin, the extender in its process)
 
 DEMO_NODES ?= a100-1=dgx-a100,a100-2=dgx-a100,v100-1=dgx-1v,l40s-1=pcie-2numa
 DEMO_FLAGS ?=
+DEMO_EXTENDER_FLAGS ?=
 DEMO_SCHEDULER ?= extender
 
 .PHONY: demo demo-bins
@@ -31,4 +35,5 @@ demo-bins: $(BIN)/tessera-node $(BIN)/tessera-extender $(if $(filter plugin,$(DE
 
 demo: k8s-bins test-etcd demo-bins ## local GPU cluster without GPUs: control plane, extender, 4 simulated nodes, sample workload, live occupancy (Ctrl-C stops; needs root)
 	TESSERA_TEST_K8S_BIN_DIR=$(TEST_K8S_BIN_DIR) TESSERA_TEST_ETCD=$(TEST_ETCD) \
-		$(BIN)/tessera-localcluster --repo=$(CURDIR) --bin-dir=$(BIN) --nodes=$(DEMO_NODES) --scheduler=$(DEMO_SCHEDULER) $(DEMO_FLAGS)
+		$(BIN)/tessera-localcluster --repo=$(CURDIR) --bin-dir=$(BIN) --nodes=$(DEMO_NODES) --scheduler=$(DEMO_SCHEDULER) \
+		$(foreach f,$(DEMO_EXTENDER_FLAGS),--extender-flag=$(f)) $(DEMO_FLAGS)

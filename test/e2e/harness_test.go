@@ -131,8 +131,8 @@ func getCluster(t *testing.T) *nodesim.Cluster {
 		defer cancel()
 		cluster, clusterErr = nodesim.StartCluster(ctx, nodesim.ClusterOptions{
 			NodeSim: ns, Agent: ag, Extender: ext, RepoRoot: repoRoot(),
-			// Reservations after 10 s, not 10 min (TestReservation...).
-			ExtenderArgs: []string{"--reservation-wait=10s"},
+			// The demo's flags: reservations after 10 s (TestReservation...).
+			ExtenderArgs: nodesim.LocalExtenderArgs(),
 			Logf:         func(f string, a ...any) { t.Logf(f, a...) },
 		})
 		if clusterErr == nil {

@@ -40,6 +40,7 @@ func main() {
 type options struct {
 	repo, binDir, nodes, dir string
 	scheduler                string
+	extenderFlags            []string
 	workload, once           bool
 	refresh, timeout         time.Duration
 }
@@ -52,6 +53,13 @@ func run() int {
 	fs.StringVar(&o.nodes, "nodes", "a100-1=dgx-a100,a100-2=dgx-a100,v100-1=dgx-1v,l40s-1=pcie-2numa", "simulated nodes: name=profile,... (profiles: dgx-a100, dgx-1v, pcie-2numa)")
 	fs.StringVar(&o.dir, "dir", "", "directory for everything the cluster writes (default: a temporary one, removed at exit)")
 	fs.StringVar(&o.scheduler, "scheduler", "extender", "extender: kube-scheduler calling the tessera-extender process (deploy/extender); plugin: tessera-scheduler, kube-scheduler with Tessera's plugin and the extender in its process (deploy/scheduler; needs bin/tessera-scheduler, make scheduler)")
+	fs.Func("extender-flag", "a flag of the extender (tessera-extender, or the plugin's with --scheduler=plugin), e.g. --extender-flag=--consolidation; repeat for more. They come after the demo's own, "+strings.Join(nodesim.LocalExtenderArgs(), " ")+", and override them", func(f string) error {
+		if !strings.HasPrefix(f, "-") {
+			return fmt.Errorf("%q is not a flag: want --name or --name=value, e.g. --reservation-wait=1m", f)
+		}
+		o.extenderFlags = append(o.extenderFlags, f)
+		return nil
+	})
 	fs.BoolVar(&o.workload, "workload", true, "submit the sample workload")
 	fs.DurationVar(&o.refresh, "refresh", 2*time.Second, "refresh period of the occupancy table")
 	fs.BoolVar(&o.once, "once", false, "wait until the sample workload runs, print the table once and exit (non-zero when it does not run in --timeout)")
@@ -101,13 +109,15 @@ func localCluster(o options) error {
 	say := func(f string, a ...any) {
 		fmt.Printf("[%5.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 	}
+	extArgs := append(nodesim.LocalExtenderArgs(), o.extenderFlags...)
 	c, err := nodesim.StartCluster(ctx, nodesim.ClusterOptions{
 		Dir: o.dir, Nodes: nodes, RepoRoot: o.repo,
-		NodeSim:   filepath.Join(o.binDir, "tessera-nodesim"),
-		Agent:     filepath.Join(o.binDir, "tessera-node"),
-		Extender:  filepath.Join(o.binDir, "tessera-extender"),
-		Scheduler: schedBin,
-		Logf:      say,
+		NodeSim:      filepath.Join(o.binDir, "tessera-nodesim"),
+		Agent:        filepath.Join(o.binDir, "tessera-node"),
+		Extender:     filepath.Join(o.binDir, "tessera-extender"),
+		Scheduler:    schedBin,
+		ExtenderArgs: extArgs,
+		Logf:         say,
 	})
 	if err != nil {
 		return err
@@ -118,6 +128,7 @@ func localCluster(o options) error {
 		fmt.Println("stopped")
 	}()
 	say("cluster up: %d nodes with %s", len(nodes), describeNodes(nodes))
+	say("extender flags: %s (the demo's; the product's defaults otherwise)", strings.Join(extArgs, " "))
 	fmt.Printf(`
   kubeconfig: %s
   logs:       %s

@@ -90,12 +90,22 @@ type ClusterOptions struct {
 	Scheduler string
 	// RepoRoot is the repository (deploy/ is read from it).
 	RepoRoot string
-	// ExtenderArgs are added to the extender's command line.
+	// ExtenderArgs are added to the extender's command line (see
+	// LocalExtenderArgs).
 	ExtenderArgs []string
 	// ControlPlane binaries (default controlplane.BinariesFromEnv()).
 	ControlPlaneBinaries *controlplane.Binaries
 	// Logf reports progress (optional).
 	Logf func(format string, args ...any)
+}
+
+// LocalExtenderArgs are the extender flags of the local clusters that
+// `make demo` and the end-to-end suite's shared cluster start, before any
+// of their own: workloads that have waited 10 s (not the product's
+// 10 min) and fit nowhere get a reservation, so that reservations show
+// within a demo or a test. Flags given after them override them.
+func LocalExtenderArgs() []string {
+	return []string{"--reservation-wait=10s"}
 }
 
 // Cluster is a control plane, tessera-extender and simulated nodes, each
@@ -341,7 +351,7 @@ func (c *Cluster) StartExtender(ctx context.Context) error {
 	}
 	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
 		if gone, log := exited(); gone {
-			return false, fmt.Errorf("tessera-extender exited; see %s", log)
+			return false, fmt.Errorf("tessera-extender exited; see %s, which ends:\n%s", log, lastLines(proc.Tail(log, 4096), 5))
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+c.extAddr+"/readyz", nil)
 		resp, err := hc.Do(req)
@@ -518,4 +528,13 @@ func (c *Cluster) Record(p *v1.Pod) (*PodRecord, error) {
 		return nil, nil
 	}
 	return ReadRecord(c.NodeStateDir(p.Spec.NodeName), string(p.UID))
+}
+
+// lastLines is the last n lines of s.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }
