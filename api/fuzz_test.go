@@ -169,9 +169,12 @@ func encodeLevels(levels []api.TopologyLevel) string {
 
 func FuzzGangOf(f *testing.F) {
 	for _, s := range []struct {
-		label, gang, min, timeout, topology, volcano, volcano2                      string
-		hasLabel, hasGang, hasMin, hasTimeout, hasTopology, hasVolcano, hasVolcano2 bool
+		label, gang, min, max, timeout, topology, volcano, volcano2                         string
+		hasLabel, hasGang, hasMin, hasMax, hasTimeout, hasTopology, hasVolcano, hasVolcano2 bool
 	}{
+		{gang: "t", min: "2", max: "4", hasGang: true, hasMin: true, hasMax: true},
+		{gang: "t", min: "3", max: "2", hasGang: true, hasMin: true, hasMax: true},
+		{label: "t", max: "0", hasLabel: true, hasMax: true},
 		{gang: "train", min: "4", timeout: "30", hasGang: true, hasMin: true, hasTimeout: true},
 		{label: "train", hasLabel: true},
 		{gang: "t", min: "2", topology: "nvidia.com/gpu.clique, rack:required", hasGang: true, hasMin: true, hasTopology: true},
@@ -196,9 +199,9 @@ func FuzzGangOf(f *testing.F) {
 		{volcano: "a", gang: "b", min: "1", hasVolcano: true, hasGang: true, hasMin: true},
 		{volcano: "t", min: "0", topology: "rack:required", hasVolcano: true, hasMin: true, hasTopology: true},
 	} {
-		f.Add(s.label, s.gang, s.min, s.timeout, s.topology, s.volcano, s.volcano2, s.hasLabel, s.hasGang, s.hasMin, s.hasTimeout, s.hasTopology, s.hasVolcano, s.hasVolcano2)
+		f.Add(s.label, s.gang, s.min, s.max, s.timeout, s.topology, s.volcano, s.volcano2, s.hasLabel, s.hasGang, s.hasMin, s.hasMax, s.hasTimeout, s.hasTopology, s.hasVolcano, s.hasVolcano2)
 	}
-	f.Fuzz(func(t *testing.T, label, gang, min, timeout, topology, volcano, volcano2 string, hasLabel, hasGang, hasMin, hasTimeout, hasTopology, hasVolcano, hasVolcano2 bool) {
+	f.Fuzz(func(t *testing.T, label, gang, min, max, timeout, topology, volcano, volcano2 string, hasLabel, hasGang, hasMin, hasMax, hasTimeout, hasTopology, hasVolcano, hasVolcano2 bool) {
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "worker-0", Labels: map[string]string{}, Annotations: map[string]string{}}}
 		set := func(m map[string]string, on bool, k, v string) {
 			if on {
@@ -208,6 +211,7 @@ func FuzzGangOf(f *testing.F) {
 		set(pod.Labels, hasLabel, api.LabelPodGroup, label)
 		set(pod.Annotations, hasGang, api.AnnotationGang, gang)
 		set(pod.Annotations, hasMin, api.AnnotationGangMinMember, min)
+		set(pod.Annotations, hasMax, api.AnnotationGangMaxMember, max)
 		set(pod.Annotations, hasTimeout, api.AnnotationGangTimeout, timeout)
 		set(pod.Annotations, hasTopology, api.AnnotationGangTopology, topology)
 		set(pod.Annotations, hasVolcano, api.AnnotationVolcanoGroupName, volcano)
@@ -230,7 +234,7 @@ func FuzzGangOf(f *testing.F) {
 		if !ok {
 			return
 		}
-		if strings.TrimSpace(g.Name) == "" || g.Timeout <= 0 || g.MinMember < 0 || (g.Source == api.GangFromAnnotations && g.MinMember < 1) {
+		if strings.TrimSpace(g.Name) == "" || g.Timeout <= 0 || g.MinMember < 0 || (g.Source == api.GangFromAnnotations && g.MinMember < 1) || g.MaxMember < 0 || g.CheckSize() != nil {
 			t.Fatalf("parsed an invalid gang: %+v", g)
 		}
 		seen := map[string]bool{}
@@ -252,6 +256,9 @@ func FuzzGangOf(f *testing.F) {
 		}
 		if g.MinMember > 0 {
 			re.Annotations[api.AnnotationGangMinMember] = fmt.Sprint(g.MinMember)
+		}
+		if g.MaxMember > 0 {
+			re.Annotations[api.AnnotationGangMaxMember] = fmt.Sprint(g.MaxMember)
 		}
 		if g.Timeout != api.DefaultGangTimeout || hasTimeout {
 			re.Annotations[api.AnnotationGangTimeout] = fmt.Sprint(int64(g.Timeout / time.Second))

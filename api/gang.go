@@ -46,6 +46,10 @@ const (
 	AnnotationGang = Domain + "/gang"
 	// AnnotationGangMinMember is the gang's minimum size, an integer >= 1.
 	AnnotationGangMinMember = Domain + "/gang-min-member"
+	// AnnotationGangMaxMember caps an elastic gang: at most this many of
+	// its members (an integer >= its minimum) run at once; the others
+	// stay gated until a running member ends. Unset: every member may run.
+	AnnotationGangMaxMember = Domain + "/gang-max-member"
 	// AnnotationGangTimeout is how long, in seconds, a planned gang waits
 	// for all members to bind before its plan is released.
 	AnnotationGangTimeout = Domain + "/gang-timeout-seconds"
@@ -118,6 +122,9 @@ type Gang struct {
 	// MinMember is 0 for a PodGroup-declared gang until the PodGroup
 	// object has been read (ApplyPodGroup).
 	MinMember int
+	// MaxMember is how many members may run at once (AnnotationGangMaxMember);
+	// 0: no cap.
+	MaxMember int
 	Timeout   time.Duration
 	// Levels come from AnnotationGangTopology; nil means the extender's
 	// configured levels.
@@ -195,6 +202,16 @@ func GangOf(pod *corev1.Pod) (g *Gang, ok bool, err error) {
 	} else if g.Source == GangFromAnnotations {
 		return fail("%s is required with %s", AnnotationGangMinMember, AnnotationGang)
 	}
+	if v, set := pod.Annotations[AnnotationGangMaxMember]; set {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < 1 {
+			return fail("%s=%q: want an integer of at least 1", AnnotationGangMaxMember, v)
+		}
+		g.MaxMember = n
+		if err := g.CheckSize(); err != nil {
+			return fail("%v", err)
+		}
+	}
 	if v, set := pod.Annotations[AnnotationGangTimeout]; set {
 		s, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 		if err != nil || s < 1 || s > MaxGangTimeoutSeconds {
@@ -210,6 +227,15 @@ func GangOf(pod *corev1.Pod) (g *Gang, ok bool, err error) {
 		g.Levels = levels
 	}
 	return g, true, nil
+}
+
+// CheckSize reports a cap below the minimum: a gang whose MaxMember is set
+// below its MinMember could never start.
+func (g *Gang) CheckSize() error {
+	if g.MaxMember > 0 && g.MaxMember < g.MinMember {
+		return fmt.Errorf("%s=%d is below the gang's minimum of %d members", AnnotationGangMaxMember, g.MaxMember, g.MinMember)
+	}
+	return nil
 }
 
 // ParseTopologyLevels parses "key[:required],key[:preferred],...".

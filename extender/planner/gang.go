@@ -235,6 +235,10 @@ type GangPlanner struct {
 	// waiting is the last reason reported per waiting gang, so that an
 	// Event is emitted when the reason changes, not on every pass.
 	waiting map[string]*waitState
+	// capTold: gang members told they wait for their gang's cap
+	// (tessera.dev/gang-max-member), apart from waiting, whose one reason
+	// per gang the members that try to fit change every pass.
+	capTold map[types.UID]bool
 	// quota, when set, admits each gang whole and reclaims room for a
 	// gang within its namespace's min.
 	quota GangQuota
@@ -442,6 +446,9 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 		if g.MinMember > gr.gang.MinMember {
 			gr.gang.MinMember = g.MinMember
 		}
+		if g.MaxMember > 0 && (gr.gang.MaxMember == 0 || g.MaxMember < gr.gang.MaxMember) {
+			gr.gang.MaxMember = g.MaxMember // members that disagree: the smallest cap
+		}
 	}
 	order := make([]*group, 0, len(groups))
 	for _, gr := range groups {
@@ -472,6 +479,11 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 	for key := range p.waiting {
 		if _, live := groups[key]; !live && !malformed[key] {
 			delete(p.waiting, key)
+		}
+	}
+	for uid := range p.capTold {
+		if pod, live := p.passPods[uid]; !live || !api.HasGangGate(pod) {
+			delete(p.capTold, uid)
 		}
 	}
 	for key := range p.reserved {
@@ -588,6 +600,10 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 			return nil
 		}
 	}
+	if err := g.CheckSize(); err != nil {
+		p.wait(g.Key(), gatedOf(gr.members), fmt.Sprintf("gang %s: %v", g.Key(), err))
+		return nil
+	}
 	var planned, gated []*corev1.Pod
 	var expires time.Time
 	allBound := true
@@ -646,8 +662,8 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 		}
 		if len(gated) > 0 && len(errs) == 0 {
 			// Members beyond minMember join the running gang one at a
-			// time, as room appears (an elastic gang grows).
-			errs = append(errs, p.grow(ctx, gr.key, g, gated, len(planned)))
+			// time, as room appears (an elastic gang grows), up to its cap.
+			errs = append(errs, p.grow(ctx, gr.key, g, p.underCap(g, gated, len(planned)), len(planned)))
 		}
 		return errors.Join(errs...)
 	}
@@ -668,7 +684,29 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 	if !started || err != nil {
 		return err
 	}
-	return p.grow(ctx, gr.key, g, gated[g.MinMember:], g.MinMember)
+	return p.grow(ctx, gr.key, g, p.underCap(g, gated[g.MinMember:], g.MinMember), g.MinMember)
+}
+
+// underCap is the part of waiting (in name order) that may join a gang of
+// which have members hold a plan (running, or about to): all of it
+// without a cap (tessera.dev/gang-max-member), else up to the cap; the
+// members left out are told why and wait for a running member to end.
+func (p *GangPlanner) underCap(g *api.Gang, waiting []*corev1.Pod, have int) []*corev1.Pod {
+	if g.MaxMember == 0 || have+len(waiting) <= g.MaxMember {
+		return waiting
+	}
+	room := max(g.MaxMember-have, 0)
+	if p.capTold == nil {
+		p.capTold = map[types.UID]bool{}
+	}
+	for _, m := range waiting[room:] {
+		if !p.capTold[m.UID] && p.events != nil {
+			p.events.Eventf(m, corev1.EventTypeNormal, "GangWaiting", "tessera: gang %s: at most %d members run at once (%s); this one waits for a running member to end",
+				g.Key(), g.MaxMember, api.AnnotationGangMaxMember)
+		}
+		p.capTold[m.UID] = true
+	}
+	return waiting[:room]
 }
 
 // grow plans the gang's waiting members one at a time, in name order,

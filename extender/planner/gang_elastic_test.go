@@ -3,8 +3,12 @@ package planner_test
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sort"
+	"strings"
 	"testing"
 
+	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -54,5 +58,81 @@ func TestElasticGangStartsAtMinAndGrows(t *testing.T) {
 		if n := planned(); n != want {
 			t.Fatalf("after room for one more: planned %d, want %d: %v", n, want, f.state("el-"))
 		}
+	}
+}
+
+// A gang capped by tessera.dev/gang-max-member (4 members, min 2, max 3)
+// on a cluster with room for all four runs three; the fourth is told why
+// once, however many passes it waits, and joins when a running member
+// ends. A cap below the minimum keeps the gang from starting, with the
+// reason.
+func TestElasticGangCappedByMaxMember(t *testing.T) {
+	f := newGangFixture(t, testbuild.EightGPUNodes(2)...)
+	var members []*corev1.Pod
+	for i := range 4 {
+		m := f.member("cap", 2, i, 4, f.now)
+		m.Annotations[api.AnnotationGangMaxMember] = "3"
+		if _, err := f.client.CoreV1().Pods(m.Namespace).Update(context.Background(), m, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		members = append(members, m)
+	}
+	planned := func() []string {
+		var out []string
+		for name, s := range f.state("cap-") {
+			if s.planned && !s.gated {
+				out = append(out, name)
+			}
+		}
+		sort.Strings(out)
+		return out
+	}
+	for range 4 {
+		f.sync()
+	}
+	if got, want := planned(), []string{"cap-0", "cap-1", "cap-2"}; !slices.Equal(got, want) {
+		t.Fatalf("planned %v with room for all four and a cap of 3, want %v: %v", got, want, f.state("cap-"))
+	}
+	capEvents := func() int {
+		f.events.Mu.Lock()
+		defer f.events.Mu.Unlock()
+		n := 0
+		for _, e := range f.events.Events {
+			if strings.Contains(e, "at most 3 members run at once ("+api.AnnotationGangMaxMember+")") {
+				n++
+			}
+		}
+		return n
+	}
+	if n := capEvents(); n != 1 {
+		t.Errorf("%d Events on the capped member over 4 passes, want 1: %v", n, f.events.Events)
+	}
+	// cap-1 ends: cap-3 joins.
+	if err := f.client.CoreV1().Pods(members[1].Namespace).Delete(context.Background(), members[1].Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.cache.DeletePod(members[1].UID)
+	f.sync()
+	f.sync()
+	if got, want := planned(), []string{"cap-0", "cap-2", "cap-3"}; !slices.Equal(got, want) {
+		t.Fatalf("after cap-1 ended: planned %v, want %v", got, want)
+	}
+
+	// A cap below the minimum: nothing starts, and the members say why.
+	for i := range 2 {
+		m := f.member("low", 2, i, 1, f.now)
+		m.Annotations[api.AnnotationGangMaxMember] = "1"
+		if _, err := f.client.CoreV1().Pods(m.Namespace).Update(context.Background(), m, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.sync()
+	for name, s := range f.state("low-") {
+		if s.planned {
+			t.Errorf("%s planned with a cap below the gang's minimum", name)
+		}
+	}
+	if !f.hasEvent("gang-max-member") {
+		t.Errorf("no GangWaiting Event naming the cap: %v", f.events.Events)
 	}
 }
