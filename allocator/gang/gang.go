@@ -158,7 +158,11 @@ func demand(members []Member) groupDemand {
 
 func noRoomDetail(g Group, need groupDemand, tried []string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d members need %d whole GPUs and %.1f GPUs in all", len(g.Members), need.wholeGPUs, float64(need.milli)/allocator.MilliPerGPU)
+	if len(g.Members) == 1 {
+		fmt.Fprintf(&b, "1 member needs %d whole GPUs and %.1f GPUs in all", need.wholeGPUs, float64(need.milli)/allocator.MilliPerGPU)
+	} else {
+		fmt.Fprintf(&b, "%d members need %d whole GPUs and %.1f GPUs in all", len(g.Members), need.wholeGPUs, float64(need.milli)/allocator.MilliPerGPU)
+	}
 	for _, l := range g.Levels {
 		if l.Required {
 			fmt.Fprintf(&b, " within one %s", l.Key)

@@ -960,6 +960,11 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		reclaimed := false
 		switch {
 		case !errors.Is(err, gang.ErrNoRoom):
+		case p.growing:
+			// An elastic gang's extra member takes free room only:
+			// nothing is reclaimed, preempted, moved or reserved for it
+			// (it would be the first taken back under pressure).
+			reason = fmt.Sprintf("member %s, beyond the gang's minimum of %d, joins when room for it is free (nothing is reclaimed, preempted, moved or reserved for it): %s", members[0].Name, g.MinMember, reason)
 		case queued && p.queueReclaim != nil:
 			msg, gone, rerr := p.queueReclaim.ReclaimFor(ctx, p.qsnap, q, members, want, fits)
 			switch {
@@ -1018,7 +1023,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 				reason += "; preemption: " + msg
 			}
 		}
-		if err != nil && errors.Is(err, gang.ErrNoRoom) && !shared && !preempting {
+		if err != nil && errors.Is(err, gang.ErrNoRoom) && !shared && !preempting && !p.growing {
 			// Move pods that consent to it, when its GPUs are scattered
 			// (consolidate.go).
 			if r, msg := p.consolidate(ctx, key, g, members, demands, minMember, snap); r != nil {
@@ -1037,7 +1042,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 			}
 		}
 		if err != nil {
-			if errors.Is(err, gang.ErrNoRoom) && !shared && !preempting {
+			if errors.Is(err, gang.ErrNoRoom) && !shared && !preempting && !p.growing {
 				if msg := p.reserve(key, g, members, demands, minMember, since); msg != "" {
 					reason += "; " + msg
 				}

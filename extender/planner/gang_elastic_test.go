@@ -7,9 +7,12 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender"
 	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
+	"github.com/tessera-gpu/tessera/extender/planner"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -134,5 +137,46 @@ func TestElasticGangCappedByMaxMember(t *testing.T) {
 	}
 	if !f.hasEvent("gang-max-member") {
 		t.Errorf("no GangWaiting Event naming the cap: %v", f.events.Events)
+	}
+}
+
+// An elastic gang's extra member takes free room only: on a cluster where
+// it fits nowhere, long past the reservation wait, no nodes are reserved
+// for it and its Event says why it waits.
+func TestElasticExtraMemberReservesNothing(t *testing.T) {
+	f := newGangFixture(t, testbuild.EightGPUNodes(2)...)
+	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
+		Events: f.events, Now: func() time.Time { return f.now }, Reservation: planner.ReservationConfig{ReserveAfter: time.Minute}})
+	// n1 runs a 1-GPU pod: the second 8-GPU member fits nowhere.
+	p := testbuild.Pod("small").Whole(1).Node("n1").Holding(0).Obj()
+	p.UID = "uid-small"
+	if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.cache.SetPod(p)
+	for i := range 2 {
+		f.member("el", 1, i, 8, f.now.Add(-time.Hour))
+	}
+	for range 3 {
+		f.sync()
+		f.now = f.now.Add(10 * time.Second) // within the plan's 60 s timeout
+	}
+	st := f.state("el-")
+	if !st["el-0"].planned || st["el-1"].planned {
+		t.Fatalf("want el-0 planned (the minimum) and el-1 waiting: %v", st)
+	}
+	if got := f.planner.Reservations(); got != 0 {
+		t.Errorf("%d reservations for an extra member, want 0:\n%s", got, strings.Join(f.events.Events, "\n"))
+	}
+	newcomer := testbuild.Pod("newcomer").Whole(1).Obj()
+	d, err := extender.ParseDemand(newcomer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if extender.Check(mustState(t, f.cache, "n1"), &d) != extender.Fits {
+		t.Errorf("a new 1-GPU pod does not fit n1: held for the extra member")
+	}
+	if !f.hasEvent("member el-1, beyond the gang's minimum of 1, joins when room for it is free") {
+		t.Errorf("no GangWaiting Event saying why the extra member waits:\n%s", strings.Join(f.events.Events, "\n"))
 	}
 }
