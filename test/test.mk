@@ -5,7 +5,7 @@
 # It can also be used on its own: make -C <repo> -f test/test.mk test-integration
 #
 # Targets:
-#   k8s-bins          build kube-apiserver + kube-scheduler into $(TEST_K8S_BIN_DIR)
+#   k8s-bins          build kube-apiserver, kube-scheduler, kube-controller-manager into $(TEST_K8S_BIN_DIR)
 #                     (skipped when the stamp there names the same versions)
 #   node-bins         build the real node's kubelet, containerd, ctr and runc shim
 #                     into $(TEST_NODE_BIN_DIR) (skipped when up to date)
@@ -38,7 +38,7 @@ TEST_APT_GET     ?= apt-get
 
 .PHONY: k8s-bins node-bins test-deps test-etcd test-node-deps test-integration test-vet
 
-k8s-bins: ## build kube-apiserver and kube-scheduler (test/go.mod's version) into bin/k8s
+k8s-bins: ## build kube-apiserver, kube-scheduler and kube-controller-manager (test/go.mod's version) into bin/k8s
 	@$(TEST_DIR)/hack/build-k8s-bins.sh $(TEST_K8S_BIN_DIR)
 
 # Installs Debian's etcd-server (etcd 3.4) when no etcd is on PATH. Needs root.

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -40,12 +39,12 @@ import (
 // recreates them; they run elsewhere and the gang runs on a100-2 and
 // a100-3. Without consolidation nothing is evicted and the gang waits.
 //
-// The local cluster has no kube-controller-manager: the test plays the
-// ReplicaSet controller (it keeps each ReplicaSet's replicas, creating a
-// missing pod from the template; the initial pods are the template's too,
-// placed while the other nodes were cordoned), and no disruption
-// controller processes the budget (the API server refuses every eviction
-// it covers, as it does for a budget with no disruption allowed).
+// The local cluster runs kube-controller-manager (as make demo's does):
+// its ReplicaSet controller adopts the initial pods (the template's,
+// placed while the other nodes were cordoned) and recreates the moved
+// ones; its disruption controller keeps the budget's status (with one pod
+// and minAvailable 1 no disruption is allowed, so the API server refuses
+// the eviction).
 // Reservations are off (--reservation-wait=0) in both clusters: a
 // reservation evicts preemptible pods on its own nodes, which would blur
 // the comparison.
@@ -72,15 +71,8 @@ func TestConsolidationMovesPreemptiblePodsForAGang(t *testing.T) {
 			if _, err := client.PolicyV1().PodDisruptionBudgets(ns).Create(t.Context(), pdb, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
-			ctx, stop := context.WithCancel(t.Context())
-			var wg sync.WaitGroup
-			defer func() { stop(); wg.Wait() }()
-			web := replicaSet(t, client, ns, "web", map[string]string{"a100-2": "web-0", "a100-3": "web-1,web-2"})
-			guarded := replicaSet(t, client, ns, "guarded", map[string]string{"a100-1": "guarded-0"})
-			for _, rs := range []*appsv1.ReplicaSet{web, guarded} {
-				wg.Add(1)
-				go func() { defer wg.Done(); playReplicaSet(ctx, t, client, rs) }()
-			}
+			replicaSet(t, client, ns, "web", map[string]string{"a100-2": "web-0", "a100-3": "web-1,web-2"})
+			replicaSet(t, client, ns, "guarded", map[string]string{"a100-1": "guarded-0"})
 			for i := range 4 {
 				create(t, client, ns, podSpec{name: fmt.Sprintf("plain-%d", i), gpus: 1, node: "a100-4"})
 			}
@@ -176,8 +168,6 @@ func TestConsolidationMovesPreemptiblePodsForAGang(t *testing.T) {
 			if again := movedOff(t, client, ns, initial); len(again) != 3 {
 				t.Errorf("after the gang runs, pods moved: %v", again)
 			}
-			stop()
-			wg.Wait()
 			occ, all := occupancy(t, c)
 			checkNoOvercommit(t, occ)
 			checkRunningPods(t, c, all)
@@ -185,10 +175,10 @@ func TestConsolidationMovesPreemptiblePodsForAGang(t *testing.T) {
 	}
 }
 
-// replicaSet creates ReplicaSet name (its controller is the test's
-// playReplicaSet) and its first pods, named by node ("web-1,web-2"),
-// each on its node.
-func replicaSet(t *testing.T, client kubernetes.Interface, ns, name string, on map[string]string) *appsv1.ReplicaSet {
+// replicaSet creates ReplicaSet name's first pods, named by node
+// ("web-1,web-2"), each on its node, then the ReplicaSet, and waits until
+// its controller has adopted them.
+func replicaSet(t *testing.T, client kubernetes.Interface, ns, name string, on map[string]string) {
 	t.Helper()
 	var names []string
 	for _, ps := range on {
@@ -196,15 +186,6 @@ func replicaSet(t *testing.T, client kubernetes.Interface, ns, name string, on m
 	}
 	labels := map[string]string{"app": name}
 	tmpl := podSpec{gpus: 1, labels: labels, annotations: map[string]string{api.AnnotationPreemptible: "true"}}.pod(ns)
-	rs := &appsv1.ReplicaSet{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: appsv1.ReplicaSetSpec{Replicas: new(int32(len(names))), Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: v1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: tmpl.Annotations}, Spec: tmpl.Spec}},
-	}
-	rs, err := client.AppsV1().ReplicaSets(ns).Create(t.Context(), rs, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Where churn left them: each node's pods are created while every
 	// other node is cordoned, so that they are the template's pods (a
 	// node selector of their own would follow them: consolidation moves
@@ -212,7 +193,9 @@ func replicaSet(t *testing.T, client kubernetes.Interface, ns, name string, on m
 	for node, ps := range on {
 		cordonAllBut(t, client, node)
 		for _, p := range strings.Split(ps, ",") {
-			if _, err := client.CoreV1().Pods(ns).Create(t.Context(), rsPod(rs, p), metav1.CreateOptions{}); err != nil {
+			pod := &v1.Pod{ObjectMeta: *tmpl.ObjectMeta.DeepCopy(), Spec: *tmpl.Spec.DeepCopy()}
+			pod.Name = p
+			if _, err := client.CoreV1().Pods(ns).Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -226,7 +209,27 @@ func replicaSet(t *testing.T, client kubernetes.Interface, ns, name string, on m
 		}
 	}
 	cordonAllBut(t, client, "")
-	return rs
+	rs := &appsv1.ReplicaSet{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: appsv1.ReplicaSetSpec{Replicas: new(int32(len(names))), Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: v1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: tmpl.Annotations}, Spec: tmpl.Spec}},
+	}
+	rs, err := client.AppsV1().ReplicaSets(ns).Create(t.Context(), rs, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range names {
+		if err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+			got, err := client.CoreV1().Pods(ns).Get(ctx, p, metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			ref := metav1.GetControllerOf(got)
+			return ref != nil && ref.UID == rs.UID, nil
+		}); err != nil {
+			t.Fatalf("ReplicaSet %s did not adopt pod %s: %v", name, p, err)
+		}
+	}
 }
 
 // cordonAllBut cordons every node but keep and uncordons keep ("": none
@@ -240,46 +243,6 @@ func cordonAllBut(t *testing.T, client kubernetes.Interface, keep string) {
 	for _, n := range nodes.Items {
 		if cordon := keep != "" && n.Name != keep; n.Spec.Unschedulable != cordon {
 			setUnschedulable(t, client, n.Name, cordon)
-		}
-	}
-}
-
-// rsPod is a pod of rs's template, owned by it.
-func rsPod(rs *appsv1.ReplicaSet, name string) *v1.Pod {
-	yes := true
-	p := &v1.Pod{ObjectMeta: *rs.Spec.Template.ObjectMeta.DeepCopy(), Spec: *rs.Spec.Template.Spec.DeepCopy()}
-	p.Namespace = rs.Namespace
-	if name == "" {
-		p.GenerateName = rs.Name + "-"
-	} else {
-		p.Name = name
-	}
-	p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: rs.Name, UID: rs.UID, Controller: &yes, BlockOwnerDeletion: &yes}}
-	return p
-}
-
-// playReplicaSet does what the ReplicaSet controller would: while ctx
-// lasts, it keeps rs's replicas, creating a pod from the template for each
-// one missing (pods leaving do not count).
-func playReplicaSet(ctx context.Context, t *testing.T, client kubernetes.Interface, rs *appsv1.ReplicaSet) {
-	for ctx.Err() == nil {
-		l, err := client.CoreV1().Pods(rs.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + rs.Spec.Selector.MatchLabels["app"]})
-		if err == nil {
-			live := 0
-			for _, p := range l.Items {
-				if p.DeletionTimestamp == nil && p.Status.Phase != v1.PodFailed && p.Status.Phase != v1.PodSucceeded {
-					live++
-				}
-			}
-			for range int(*rs.Spec.Replicas) - live {
-				if _, err := client.CoreV1().Pods(rs.Namespace).Create(ctx, rsPod(rs, ""), metav1.CreateOptions{}); err != nil && ctx.Err() == nil {
-					t.Logf("replica of %s: %v", rs.Name, err)
-				}
-			}
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(200 * time.Millisecond):
 		}
 	}
 }

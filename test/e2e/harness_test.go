@@ -133,7 +133,9 @@ func getCluster(t *testing.T) *nodesim.Cluster {
 			NodeSim: ns, Agent: ag, Extender: ext, RepoRoot: repoRoot(),
 			// The demo's flags: reservations after 10 s (TestReservation...).
 			ExtenderArgs: nodesim.LocalExtenderArgs(),
-			Logf:         func(f string, a ...any) { t.Logf(f, a...) },
+			// As make demo's cluster: Deployments, Jobs, ServiceAccounts.
+			ControllerManager: true,
+			Logf:              func(f string, a ...any) { t.Logf(f, a...) },
 		})
 		if clusterErr == nil {
 			t.Logf("cluster up in %s (dir %s)", time.Since(start).Round(time.Millisecond), cluster.Dir)
@@ -157,7 +159,7 @@ func ownCluster(ctx context.Context, t *testing.T, ns string, nodes []nodesim.No
 	}
 	c, err := nodesim.StartCluster(ctx, nodesim.ClusterOptions{
 		NodeSim: nsBin, Agent: agent, Extender: ext, RepoRoot: repoRoot(),
-		Nodes: nodes, ExtenderArgs: extenderArgs,
+		Nodes: nodes, ExtenderArgs: extenderArgs, ControllerManager: true,
 		Logf: func(f string, a ...any) { t.Logf(f, a...) },
 	})
 	if err != nil {

@@ -117,7 +117,10 @@ func localCluster(o options) error {
 		Extender:     filepath.Join(o.binDir, "tessera-extender"),
 		Scheduler:    schedBin,
 		ExtenderArgs: extArgs,
-		Logf:         say,
+		// Users' manifests need their controllers: Deployments, Jobs,
+		// a new namespace's default ServiceAccount.
+		ControllerManager: true,
+		Logf:              say,
 	})
 	if err != nil {
 		return err

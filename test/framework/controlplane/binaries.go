@@ -21,6 +21,8 @@ type Binaries struct {
 	Etcd      string
 	APIServer string
 	Scheduler string
+	// ControllerManager is needed only by StartControllerManager.
+	ControllerManager string
 }
 
 // BinariesFromEnv resolves the binaries from $TESSERA_TEST_K8S_BIN_DIR
@@ -51,6 +53,8 @@ func BinariesFromEnv() (Binaries, error) {
 		Etcd:      etcd,
 		APIServer: filepath.Join(binDir, "kube-apiserver"),
 		Scheduler: filepath.Join(binDir, "kube-scheduler"),
+		// Checked when started: most tests run without it.
+		ControllerManager: filepath.Join(binDir, "kube-controller-manager"),
 	}
 	var err error
 	if b.Etcd, err = exec.LookPath(b.Etcd); err != nil {
@@ -60,24 +64,26 @@ func BinariesFromEnv() (Binaries, error) {
 }
 
 func (b Binaries) validate(withScheduler bool) error {
-	check := func(what, path string) error {
-		if path == "" {
-			return fmt.Errorf("no %s binary configured", what)
-		}
-		st, err := os.Stat(path)
-		if err != nil {
-			return fmt.Errorf("%s binary (run `make k8s-bins`, or set %s): %w", what, EnvK8sBinDir, err)
-		}
-		if st.IsDir() || st.Mode()&0o111 == 0 {
-			return fmt.Errorf("%s binary %s is not an executable file", what, path)
-		}
-		return nil
-	}
-	errs := []error{check("etcd", b.Etcd), check("kube-apiserver", b.APIServer)}
+	errs := []error{checkBinary("etcd", b.Etcd), checkBinary("kube-apiserver", b.APIServer)}
 	if withScheduler {
-		errs = append(errs, check("kube-scheduler", b.Scheduler))
+		errs = append(errs, checkBinary("kube-scheduler", b.Scheduler))
 	}
 	return errors.Join(errs...)
+}
+
+// checkBinary reports a binary that is not configured or not executable.
+func checkBinary(what, path string) error {
+	if path == "" {
+		return fmt.Errorf("no %s binary configured", what)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("%s binary (run `make k8s-bins`, or set %s): %w", what, EnvK8sBinDir, err)
+	}
+	if st.IsDir() || st.Mode()&0o111 == 0 {
+		return fmt.Errorf("%s binary %s is not an executable file", what, path)
+	}
+	return nil
 }
 
 // RepoRoot walks up from the working directory to the repository root: the

@@ -4,8 +4,9 @@
 //
 // Nothing here is faked: the binaries are the ones built from
 // k8s.io/kubernetes by `make k8s-bins` (see test/test.mk) and etcd is
-// Debian's etcd-server. There is no kube-controller-manager and no kubelet;
-// see CreateReadyNode for what that means for Nodes.
+// Debian's etcd-server. kube-controller-manager runs only when started
+// (StartControllerManager; the local clusters do); there is no kubelet: see
+// CreateReadyNode for what that means for Nodes.
 package controlplane
 
 import (
@@ -34,6 +35,11 @@ const (
 	// SchedulerUser is the identity kube-scheduler runs as; the API server's
 	// bootstrap RBAC policy grants it the usual scheduler permissions.
 	SchedulerUser = "system:kube-scheduler"
+	// ControllerManagerUser is the identity kube-controller-manager runs
+	// as; with --use-service-account-credentials each controller then acts
+	// as its own ServiceAccount in kube-system (the API server's bootstrap
+	// RBAC policy), as in a kubeadm cluster.
+	ControllerManagerUser = "system:kube-controller-manager"
 
 	defaultStartTimeout = 90 * time.Second
 	stopGracePeriod     = 10 * time.Second
@@ -81,6 +87,7 @@ type ControlPlane struct {
 	timeout    time.Duration
 	admin      *User
 	schedUser  *User
+	kcmUser    *User
 	caFile     string
 	kubeconfig string
 
@@ -96,8 +103,10 @@ type ControlPlane struct {
 	etcd      *process
 	apiserver *process
 	scheduler *process
-	schedDir  int // counts scheduler starts, for distinct log files
-	stopped   bool
+	// controllerManager: StartControllerManager's.
+	controllerManager *process
+	schedDir          int // counts scheduler starts, for distinct log files
+	stopped           bool
 }
 
 // Start runs etcd and kube-apiserver (and kube-scheduler when
@@ -207,7 +216,8 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context) error {
 	}
 	cp.admin = &User{Name: AdminUser, Groups: []string{"system:masters"}}
 	cp.schedUser = &User{Name: SchedulerUser}
-	users := append([]*User{cp.admin, cp.schedUser}, cp.opts.Users...)
+	cp.kcmUser = &User{Name: ControllerManagerUser}
+	users := append([]*User{cp.admin, cp.schedUser, cp.kcmUser}, cp.opts.Users...)
 	for _, u := range users {
 		if u.Token, err = randomToken(); err != nil {
 			return err
@@ -459,7 +469,7 @@ func (cp *ControlPlane) LogFiles() map[string]string {
 	cp.mu.Lock()
 	defer cp.mu.Unlock()
 	out := map[string]string{}
-	for _, p := range []*process{cp.etcd, cp.apiserver, cp.scheduler} {
+	for _, p := range []*process{cp.etcd, cp.apiserver, cp.scheduler, cp.controllerManager} {
 		if p != nil {
 			out[p.name] = p.logPath
 		}
@@ -477,7 +487,8 @@ func (cp *ControlPlane) logTails(maxBytes int64) string {
 	return out
 }
 
-// Stop stops kube-scheduler, kube-apiserver and etcd (in that order),
+// Stop stops kube-controller-manager, kube-scheduler, kube-apiserver and
+// etcd (in that order),
 // waiting for each to exit, and removes the working directory. It is safe
 // to call more than once.
 func (cp *ControlPlane) Stop() error {
@@ -487,7 +498,7 @@ func (cp *ControlPlane) Stop() error {
 		return nil
 	}
 	cp.stopped = true
-	procs := []*process{cp.scheduler, cp.apiserver, cp.etcd}
+	procs := []*process{cp.controllerManager, cp.scheduler, cp.apiserver, cp.etcd}
 	cp.mu.Unlock()
 
 	var errs []error

@@ -93,6 +93,10 @@ type ClusterOptions struct {
 	// ExtenderArgs are added to the extender's command line (see
 	// LocalExtenderArgs).
 	ExtenderArgs []string
+	// ControllerManager runs kube-controller-manager with
+	// controlplane.LocalControllers (Deployments, Jobs, ServiceAccounts,
+	// garbage collection, ...), as make demo does.
+	ControllerManager bool
 	// ControlPlane binaries (default controlplane.BinariesFromEnv()).
 	ControlPlaneBinaries *controlplane.Binaries
 	// Logf reports progress (optional).
@@ -218,6 +222,12 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 		return nil, err
 	}
 	opts.Logf("installed deploy/admission: Tessera's pod annotations are written only by its service accounts")
+	if opts.ControllerManager {
+		opts.Logf("starting kube-controller-manager (%d controllers: Deployments, Jobs, ServiceAccounts, garbage collection, ...)", len(controlplane.LocalControllers()))
+		if err := c.CP.StartControllerManager(ctx, controlplane.ControllerManagerOptions{}); err != nil {
+			return nil, err
+		}
+	}
 	if c.tls, err = install.ServingCert(c.Dir); err != nil {
 		return nil, err
 	}
