@@ -138,6 +138,8 @@ type Node struct {
 	pods map[types.UID]*simPod
 	// active are the admitted pods, for the PodResources API.
 	active *activePods
+	// wake syncs pod key again after a while (the work queue's AddAfter).
+	wake func(key string, after time.Duration)
 	// lastStatus is the resources last written to the Node.
 	lastStatus v1.ResourceList
 	lastBeat   time.Time
@@ -146,9 +148,14 @@ type Node struct {
 type simPod struct {
 	pod        *v1.Pod
 	key        string
+	rec        *PodRecord
 	sandbox    *adaptation.PodSandbox
 	containers []*adaptation.Container // created and not removed
 	failed     bool
+	// endsAt is when its containers' sleeps end (PodRunsFor); zero: it
+	// runs until deleted. ended: it has gone Succeeded.
+	endsAt time.Time
+	ended  bool
 }
 
 // RunNode runs a node simulator until ctx ends. The process must be in a
@@ -683,6 +690,7 @@ func (n *Node) runPods(ctx context.Context) error {
 	if !toolscache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		return ctx.Err()
 	}
+	n.wake = func(key string, after time.Duration) { queue.AddAfter(key, after) }
 	logger.Info("Node simulator ready", "profile", n.cfg.Profile, "cpus", n.cpus.Size(), "numa", n.mems)
 	go func() {
 		<-ctx.Done()
@@ -746,6 +754,9 @@ func (n *Node) syncPod(ctx context.Context, store toolscache.Store, key string) 
 	}
 	if known != nil {
 		known.pod = pod
+		if !known.ended && !known.endsAt.IsZero() && !time.Now().Before(known.endsAt) {
+			return n.endPod(ctx, known)
+		}
 		return nil
 	}
 	if pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
@@ -767,9 +778,9 @@ func (n *Node) containerCPUs(pod *v1.Pod, container string) string {
 // startPod admits and runs a pod, or fails it as the kubelet would.
 func (n *Node) startPod(ctx context.Context, pod *v1.Pod) error {
 	logger := klog.FromContext(ctx).WithValues("pod", klog.KObj(pod))
-	sp := &simPod{pod: pod, key: pod.Namespace + "/" + pod.Name}
-	n.pods[pod.UID] = sp
 	rec := &PodRecord{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID), Node: n.cfg.Name}
+	sp := &simPod{pod: pod, key: pod.Namespace + "/" + pod.Name, rec: rec}
+	n.pods[pod.UID] = sp
 
 	runOpts, err := n.dm.AdmitPod(pod)
 	if err != nil {
@@ -824,7 +835,57 @@ func (n *Node) startPod(ctx context.Context, pod *v1.Pod) error {
 		return err
 	}
 	logger.V(2).Info("Pod running")
-	return n.setRunning(ctx, pod)
+	if err := n.setRunning(ctx, pod); err != nil {
+		return err
+	}
+	if d, ok := PodRunsFor(pod); ok {
+		sp.endsAt = time.Now().Add(d)
+		n.wake(sp.key, d)
+	}
+	return nil
+}
+
+// endPod ends a pod whose containers' sleeps are over, as the kubelet
+// would once they exit 0: the runtime stops the containers and the
+// sandbox, the pod's devices are freed (a terminated pod is not active),
+// and it goes Succeeded. It stays known until deleted.
+func (n *Node) endPod(ctx context.Context, sp *simPod) error {
+	n.stopSandbox(ctx, sp)
+	sp.ended = true
+	n.dm.RemovePod(sp.pod.UID)
+	n.active.remove(sp.pod.UID)
+	n.dm.Manager().UpdateAllocatedDevices()
+	sp.rec.Phase = string(v1.PodSucceeded)
+	if err := writeRecord(n.cfg.StateDir, sp.rec); err != nil {
+		return err
+	}
+	klog.FromContext(ctx).V(2).Info("Pod succeeded", "pod", sp.key)
+	cur, err := n.client.CoreV1().Pods(sp.pod.Namespace).Get(ctx, sp.pod.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	now := metav1.Now()
+	status := *cur.Status.DeepCopy()
+	status.Phase = v1.PodSucceeded
+	status.Conditions = nil
+	for _, t := range []v1.PodConditionType{v1.PodReadyToStartContainers, v1.ContainersReady, v1.PodReady} {
+		status.Conditions = append(status.Conditions, v1.PodCondition{Type: t, Status: v1.ConditionFalse, Reason: "PodCompleted", LastTransitionTime: now})
+	}
+	status.Conditions = append(status.Conditions, v1.PodCondition{Type: v1.PodInitialized, Status: v1.ConditionTrue, Reason: "PodCompleted", LastTransitionTime: now})
+	for i := range status.ContainerStatuses {
+		cs := &status.ContainerStatuses[i]
+		started := now
+		if cs.State.Running != nil {
+			started = cs.State.Running.StartedAt
+		}
+		cs.Ready, cs.Started = false, ptr.To(false)
+		cs.State = v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", StartedAt: started, FinishedAt: now,
+			ContainerID: cs.ContainerID}}
+	}
+	return n.patchStatus(ctx, sp.pod, status)
 }
 
 // runContainer creates and starts one container through NRI (an init
@@ -1000,7 +1061,7 @@ func (n *Node) stopSandbox(ctx context.Context, sp *simPod) {
 
 // teardown stops a pod and frees its devices.
 func (n *Node) teardown(ctx context.Context, sp *simPod) {
-	if !sp.failed {
+	if !sp.failed && !sp.ended {
 		n.stopSandbox(ctx, sp)
 	}
 	n.dm.RemovePod(sp.pod.UID)

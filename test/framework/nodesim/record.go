@@ -20,7 +20,7 @@ type PodRecord struct {
 	Name      string `json:"name"`
 	UID       string `json:"uid"`
 	Node      string `json:"node"`
-	// Phase is Running or Failed.
+	// Phase is Running, Failed or Succeeded (a pod whose sleeps ended: PodRunsFor).
 	Phase   string `json:"phase"`
 	Reason  string `json:"reason,omitempty"`
 	Message string `json:"message,omitempty"`
