@@ -488,9 +488,8 @@ func (cp *ControlPlane) logTails(maxBytes int64) string {
 }
 
 // Stop stops kube-controller-manager, kube-scheduler, kube-apiserver and
-// etcd (in that order),
-// waiting for each to exit, and removes the working directory. It is safe
-// to call more than once.
+// etcd (in that order), waiting for each to exit, and removes the working
+// directory. It is safe to call more than once.
 func (cp *ControlPlane) Stop() error {
 	cp.mu.Lock()
 	if cp.stopped {
