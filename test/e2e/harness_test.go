@@ -29,7 +29,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/api"
-	"github.com/tessera-gpu/tessera/test/framework/install"
 	"github.com/tessera-gpu/tessera/test/framework/nodesim"
 )
 
@@ -135,11 +134,11 @@ func getCluster(t *testing.T) *nodesim.Cluster {
 			ExtenderArgs: nodesim.LocalExtenderArgs(),
 			// As make demo's cluster: Deployments, Jobs, ServiceAccounts.
 			ControllerManager: true,
+			VolcanoCRD:        true,
 			Logf:              func(f string, a ...any) { t.Logf(f, a...) },
 		})
 		if clusterErr == nil {
 			t.Logf("cluster up in %s (dir %s)", time.Since(start).Round(time.Millisecond), cluster.Dir)
-			clusterErr = installTestCRDs(ctx, cluster)
 		}
 	})
 	if clusterErr != nil {
@@ -198,31 +197,6 @@ func keepFailedLogs(t *testing.T, logs map[string]string, tail int) {
 		}
 		t.Logf("log %s (whole: %s), its end:\n%s", name, kept, b)
 	}
-}
-
-// testCRDs are CRDs of other projects that the e2e tests use and deploy/
-// does not hold (test/framework/crds): Volcano's PodGroup.
-var testCRDs = []string{"test/framework/crds/volcano-podgroups.yaml"}
-
-// installTestCRDs creates testCRDs as the admin and waits until Volcano
-// PodGroups can be listed.
-func installTestCRDs(ctx context.Context, c *nodesim.Cluster) error {
-	a, err := install.NewApplier(c.CP.RESTConfig())
-	if err != nil {
-		return err
-	}
-	if _, err := a.ApplyFiles(ctx, repoRoot(), testCRDs...); err != nil {
-		return err
-	}
-	var last error
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		_, last = a.Dynamic().Resource(api.VolcanoPodGroupGVR).List(ctx, metav1.ListOptions{Limit: 1})
-		return last == nil, nil
-	})
-	if err != nil {
-		return fmt.Errorf("the CRDs %v are not served: %w (last list: %v)", testCRDs, err, last)
-	}
-	return nil
 }
 
 func namespace(t *testing.T, c *nodesim.Cluster, name string) string {

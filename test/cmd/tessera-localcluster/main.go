@@ -120,6 +120,7 @@ func localCluster(o options) error {
 		// Users' manifests need their controllers: Deployments, Jobs,
 		// a new namespace's default ServiceAccount.
 		ControllerManager: true,
+		VolcanoCRD:        true, // Volcano manifests run under Tessera
 		Logf:              say,
 	})
 	if err != nil {

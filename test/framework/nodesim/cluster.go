@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
@@ -97,6 +98,10 @@ type ClusterOptions struct {
 	// controlplane.LocalControllers (Deployments, Jobs, ServiceAccounts,
 	// garbage collection, ...), as make demo does.
 	ControllerManager bool
+	// VolcanoCRD installs Volcano's PodGroup CRD (a minimal copy,
+	// test/framework/crds), as on a cluster that runs Volcano, so that
+	// Volcano manifests are accepted (Tessera reads their PodGroups).
+	VolcanoCRD bool
 	// ControlPlane binaries (default controlplane.BinariesFromEnv()).
 	ControlPlaneBinaries *controlplane.Binaries
 	// Logf reports progress (optional).
@@ -218,6 +223,12 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 		return nil, err
 	}
 	opts.Logf("installed RBAC (%s) and the CRDs of deploy/crds: %s", strings.Join(install.RBACFiles(), ", "), strings.Join(crds, ", "))
+	if opts.VolcanoCRD {
+		if err := installVolcanoCRD(ctx, admin, opts.RepoRoot); err != nil {
+			return nil, err
+		}
+		opts.Logf("installed Volcano's PodGroup CRD (%s)", volcanoCRD)
+	}
 	if err := install.AdmissionPolicy(ctx, admin, opts.RepoRoot); err != nil {
 		return nil, err
 	}
@@ -547,4 +558,28 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// volcanoCRD is a minimal copy of Volcano's PodGroup CRD.
+const volcanoCRD = "test/framework/crds/volcano-podgroups.yaml"
+
+// installVolcanoCRD creates volcanoCRD as the admin and waits until
+// Volcano PodGroups are served.
+func installVolcanoCRD(ctx context.Context, admin *rest.Config, repo string) error {
+	a, err := install.NewApplier(admin)
+	if err != nil {
+		return err
+	}
+	if _, err := a.ApplyFiles(ctx, repo, volcanoCRD); err != nil {
+		return err
+	}
+	var last error
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, last = a.Dynamic().Resource(api.VolcanoPodGroupGVR).List(ctx, metav1.ListOptions{Limit: 1})
+		return last == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s is not served: %w (last list: %v)", volcanoCRD, err, last)
+	}
+	return nil
 }
