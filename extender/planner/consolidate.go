@@ -164,10 +164,14 @@ func (c *Consolidator) hints() (evicted, blocked map[types.UID]bool) {
 
 // Movable reports whether pod may be moved by consolidation: bound, not
 // ended (gpureq.Ended: terminal or being deleted), marked
-// api.AnnotationPreemptible "true", outside any gang, and owned by a
-// controller that recreates it elsewhere.
+// api.AnnotationPreemptible "true", outside any gang, owned by a
+// controller that recreates it elsewhere, and placed by no rule about
+// other pods (required pod affinity or anti-affinity, a topology spread
+// constraint that is not ScheduleAnyway): where kube-scheduler may put
+// such a pod's replacement depends on pods the consolidation model does
+// not weigh, so it is not moved.
 func Movable(pod *corev1.Pod) bool {
-	if pod == nil || pod.Spec.NodeName == "" || gpureq.Ended(pod) {
+	if pod == nil || pod.Spec.NodeName == "" || gpureq.Ended(pod) || placedByOtherPods(pod) {
 		return false
 	}
 	if pre, err := api.GetPreemptible(pod.Annotations); err != nil || !pre {
@@ -183,6 +187,25 @@ func Movable(pod *corev1.Pod) bool {
 	switch ref.Kind {
 	case "ReplicaSet", "Job", "StatefulSet", "ReplicationController":
 		return true
+	}
+	return false
+}
+
+// placedByOtherPods reports a required pod affinity or anti-affinity term,
+// or a topology spread constraint kube-scheduler enforces.
+func placedByOtherPods(pod *corev1.Pod) bool {
+	if a := pod.Spec.Affinity; a != nil {
+		if a.PodAffinity != nil && len(a.PodAffinity.RequiredDuringSchedulingIgnoredDuringExecution) > 0 {
+			return true
+		}
+		if a.PodAntiAffinity != nil && len(a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution) > 0 {
+			return true
+		}
+	}
+	for _, c := range pod.Spec.TopologySpreadConstraints {
+		if c.WhenUnsatisfiable != corev1.ScheduleAnyway {
+			return true
+		}
 	}
 	return false
 }

@@ -250,6 +250,21 @@ func TestMovable(t *testing.T) {
 		{"not bound", func(p *corev1.Pod) { p.Spec.NodeName = "" }, false},
 		{"leaving", func(p *corev1.Pod) { p.DeletionTimestamp = &metav1.Time{} }, false},
 		{"ended", func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }, false},
+		{"required anti-affinity", func(p *corev1.Pod) {
+			p.Spec.Affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{TopologyKey: corev1.LabelHostname}}}}
+		}, false},
+		{"required affinity", func(p *corev1.Pod) {
+			p.Spec.Affinity = &corev1.Affinity{PodAffinity: &corev1.PodAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{TopologyKey: corev1.LabelHostname}}}}
+		}, false},
+		{"preferred anti-affinity only", func(p *corev1.Pod) {
+			p.Spec.Affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{{Weight: 1, PodAffinityTerm: corev1.PodAffinityTerm{TopologyKey: corev1.LabelHostname}}}}}
+		}, true},
+		{"a spread it must keep", func(p *corev1.Pod) {
+			p.Spec.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: corev1.LabelHostname, WhenUnsatisfiable: corev1.DoNotSchedule}}
+		}, false},
+		{"a spread it may break", func(p *corev1.Pod) {
+			p.Spec.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: corev1.LabelHostname, WhenUnsatisfiable: corev1.ScheduleAnyway}}
+		}, true},
 	} {
 		p := base()
 		tc.edit(p)
