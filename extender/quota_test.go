@@ -2,6 +2,7 @@ package extender
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -748,5 +749,20 @@ func TestReclaimOnlyForNodesThePodMayUse(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"a/ay"}, f.evictions()); diff != "" {
 		t.Errorf("evictions (-want +got):\n%s", diff)
+	}
+}
+
+// A pending pod of a namespace without a quota: reclaim is not due (nothing
+// is guaranteed to it), which callers take quietly (the planner leaves it
+// out of the pod's waiting reason), and nothing is evicted.
+func TestReclaimNotDueWithoutQuota(t *testing.T) {
+	f, _ := reclaimScene(t)
+	p := f.pod("free", "asker", 8, f.now)
+	err := f.enf.ReclaimForPod(context.Background(), types.NamespacedName{Namespace: "free", Name: p.Name})
+	if !errors.Is(err, equota.ErrNothingGuaranteed) || !strings.Contains(err.Error(), "free: the namespace has no quota") {
+		t.Errorf("reclaim for a namespace without quota: %v, want ErrNothingGuaranteed naming it", err)
+	}
+	if got := f.evictions(); len(got) != 0 {
+		t.Errorf("evicted %v", got)
 	}
 }

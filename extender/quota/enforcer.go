@@ -314,6 +314,9 @@ func (e *Enforcer) decide(ns string, askers []*corev1.Pod, fits Fits) (*choice, 
 			delete(e.blocked, k)
 		}
 	}
+	if _, governed := v.State.Quotas[ns]; !governed {
+		return nil, fmt.Errorf("%w for %s: the namespace has no quota", ErrNothingGuaranteed, ns)
+	}
 	if d := v.State.Admit(ns, req); !d.Allowed || d.Borrowing {
 		return nil, fmt.Errorf("%w for %s: %s", ErrNothingGuaranteed, ns, d.Reason)
 	}
