@@ -56,3 +56,11 @@ func IsTesseraResource(name corev1.ResourceName) bool {
 	}
 	return IsMIGResource(name)
 }
+
+// Environment of kubectl-tessera: defaults of its --extender and
+// --extender-ca flags, for clusters whose extender the API server's
+// service proxy does not reach (make demo prints them).
+const (
+	EnvKubectlExtender   = "TESSERA_EXTENDER"
+	EnvKubectlExtenderCA = "TESSERA_EXTENDER_CA"
+)

@@ -25,6 +25,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/api"
 )
 
 const usage = `kubectl tessera: Tessera's view of GPUs, queues and pending pods (read-only).
@@ -71,8 +73,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	overrides := &clientcmd.ConfigOverrides{}
 	clientcmd.BindOverrideFlags(overrides, fs, clientcmd.RecommendedConfigOverrideFlags(""))
 	o := &options{}
-	fs.StringVar(&o.extender, "extender", "", "tessera-extender's base URL (e.g. https://10.0.0.5:8888) for its /status endpoints; empty: through the API server's service proxy to --extender-service; \"none\": do not ask it")
-	fs.StringVar(&o.extenderCA, "extender-ca", "", "CA certificate file that signed --extender's certificate")
+	fs.StringVar(&o.extender, "extender", os.Getenv(api.EnvKubectlExtender), "tessera-extender's base URL (e.g. https://10.0.0.5:8888) for its /status endpoints (default $"+api.EnvKubectlExtender+"); empty: through the API server's service proxy to --extender-service; \"none\": do not ask it")
+	fs.StringVar(&o.extenderCA, "extender-ca", os.Getenv(api.EnvKubectlExtenderCA), "CA certificate file that signed --extender's certificate (default $"+api.EnvKubectlExtenderCA+")")
 	fs.BoolVar(&o.extenderInsecure, "extender-insecure-skip-tls-verify", false, "do not check --extender's certificate")
 	fs.StringVar(&o.extenderService, "extender-service", "kube-system/tessera-extender:8888", "the extender's Service (namespace/name:port, optionally https:namespace/name:port) reached through the API server's proxy when --extender is empty")
 	fs.StringVar(&o.sealKeyNamespace, "seal-key-namespace", "kube-system", "namespace of the Secret tessera-seal-key, with which the plugin checks that an assignment is Tessera's")

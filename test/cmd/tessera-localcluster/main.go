@@ -137,11 +137,14 @@ func localCluster(o options) error {
   kubeconfig: %s
   logs:       %s
 
-  kubectl --kubeconfig %s get nodes,pods -A -o wide
-  kubectl --kubeconfig %s get pod -n inference llm-7b-0 -o jsonpath='{.metadata.annotations.tessera\.dev/assignment}'
+  export KUBECONFIG=%s %s=%s %s=%s
+  kubectl get nodes,pods -A -o wide
+  kubectl get pod -n inference llm-7b-0 -o jsonpath='{.metadata.annotations.tessera\.dev/assignment}'
+  kubectl tessera status; kubectl tessera explain -n notebooks notebook-4   (make plugin; PATH=$PWD/bin:$PATH)
   what a node's runtime gave each container (NRI adjustments): %s/<pod-uid>.json
 
-`, c.Kubeconfig(), filepath.Join(c.Dir, "logs"), c.Kubeconfig(), c.Kubeconfig(), nodesim.RecordDir(c.NodeStateDir(nodes[0].Name)))
+`, c.Kubeconfig(), filepath.Join(c.Dir, "logs"), c.Kubeconfig(), api.EnvKubectlExtender, c.ExtenderURL(), api.EnvKubectlExtenderCA, c.ExtenderCAFile(),
+		nodesim.RecordDir(c.NodeStateDir(nodes[0].Name)))
 	want := 0
 	if o.workload {
 		if want, err = submitWorkload(ctx, c, say); err != nil {

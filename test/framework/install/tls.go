@@ -24,6 +24,9 @@ type TLS struct {
 	// CertFile and KeyFile are the serving certificate and its key (PEM),
 	// for --tls-cert and --tls-key.
 	CertFile, KeyFile string
+	// CAFile holds CAPEM, for clients given a file (kubectl tessera
+	// --extender-ca).
+	CAFile string
 }
 
 // ServingCert makes a fresh CA and a serving certificate it signs for
@@ -78,6 +81,10 @@ func ServingCert(dir string) (*TLS, error) {
 		CAPEM:    pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
 		CertFile: filepath.Join(dir, "extender-tls.crt"),
 		KeyFile:  filepath.Join(dir, "extender-tls.key"),
+		CAFile:   filepath.Join(dir, "extender-ca.crt"),
+	}
+	if err := os.WriteFile(out.CAFile, out.CAPEM, 0o644); err != nil {
+		return nil, fmt.Errorf("write CA certificate: %w", err)
 	}
 	if err := os.WriteFile(out.CertFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
 		return nil, fmt.Errorf("write serving certificate: %w", err)

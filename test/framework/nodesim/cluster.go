@@ -283,6 +283,13 @@ func (c *Cluster) Kubeconfig() string { return c.CP.KubeconfigPath() }
 // ServiceAccount's identity), for nodes started beside the simulated ones.
 func (c *Cluster) AgentKubeconfig() string { return c.agentKC }
 
+// ExtenderURL is the extender's base URL (HTTPS on loopback), and
+// ExtenderCAFile the CA that signed its certificate: what kubectl tessera
+// needs, as --extender and --extender-ca, on a cluster whose Service
+// proxy does not reach the extender.
+func (c *Cluster) ExtenderURL() string    { return "https://" + c.extAddr }
+func (c *Cluster) ExtenderCAFile() string { return c.tls.CAFile }
+
 // Client is an admin client.
 func (c *Cluster) Client() kubernetes.Interface { return c.CP.Client() }
 
