@@ -709,6 +709,18 @@ func (p *GangPlanner) underCap(g *api.Gang, waiting []*corev1.Pod, have int) []*
 	return waiting[:room]
 }
 
+// leavingAtPassStart is the part of gone that was already leaving (being
+// deleted) in the pass's view of the pods.
+func (p *GangPlanner) leavingAtPassStart(gone map[types.UID]bool) map[types.UID]bool {
+	out := map[types.UID]bool{}
+	for uid := range gone {
+		if pod := p.passPods[uid]; pod != nil && pod.DeletionTimestamp != nil {
+			out[uid] = true
+		}
+	}
+	return out
+}
+
 // grow plans the gang's waiting members one at a time, in name order,
 // until one does not fit; have members are planned already. A member
 // beyond minMember preempts no lower tier: an elastic gang grows into free
@@ -967,16 +979,29 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 			reason = fmt.Sprintf("member %s, beyond the gang's minimum of %d, joins when room for it is free (nothing is reclaimed, preempted, moved or reserved for it): %s", members[0].Name, g.MinMember, reason)
 		case queued && p.queueReclaim != nil:
 			msg, gone, rerr := p.queueReclaim.ReclaimFor(ctx, p.qsnap, q, members, want, fits)
+			usable := gone
+			if rerr == nil && msg == "" {
+				// No eviction: the room is freed by pods that are leaving.
+				// Only those already leaving when the pass began count, so
+				// that room appearing during a pass goes by the next
+				// pass's order, not to whichever workload the pass had
+				// reached (nor is anything preempted for it meanwhile).
+				usable = p.leavingAtPassStart(gone)
+			}
 			switch {
 			case rerr != nil:
 				reason += "; queue reclaim: " + rerr.Error()
 			case len(gone) > 0:
 				reclaimed = true
+				if len(usable) == 0 {
+					reason += "; room is being freed by pods that began leaving during this planning pass: the next pass gives it out in order"
+					break
+				}
 				// The room freed (or being freed) is the asker's: it is
 				// planned there now, so that no other workload takes it;
 				// the ledger holds it, and the members bind once the
 				// pods leaving are gone.
-				if r, perr := planOn(without(snap, gone)); perr == nil {
+				if r, perr := planOn(without(snap, usable)); perr == nil {
 					res, err = r, nil
 				} else if msg != "" {
 					reason += "; queue reclaim: " + msg

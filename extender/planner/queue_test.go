@@ -533,3 +533,51 @@ func TestQueueReclaimFreesOneTopologyDomain(t *testing.T) {
 		})
 	}
 }
+
+// Room that starts being freed while a planning pass runs (a pod there
+// begins leaving after the pass read the pods) goes by the next pass's
+// order, not to the workload the pass had reached: in the pass that sees
+// the pod leaving only through queue reclaim's fresh view, nothing is
+// admitted; in the next, the oldest queued pod is.
+func TestRoomFreedDuringAPassGoesByOrder(t *testing.T) {
+	nodes := withGPUCapacity([]*corev1.Node{testbuild.Node("n0").GPUs(8, "H100", 81920).Obj()})
+	f := newGangFixture(t, nodes...)
+	book := &planner.QueueBook{
+		Queues: testbuild.Objects{testbuild.QueueObj(t, "team-a", "", []string{"ns-a"}, 8, 0, f.now)},
+		Pods:   f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }, HalfLife: time.Hour, Now: func() time.Time { return f.now },
+	}
+	reclaim := &planner.QueueReclaimer{Ledger: extender.PlannerLedger{Cache: f.cache}, Evicter: &testbuild.PreemptClient{}, Pods: f.list, Events: f.events, Now: func() time.Time { return f.now }}
+	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.plannerView, Policy: testPolicy(t, extender.PolicyBinpack),
+		Events: f.events, Now: func() time.Time { return f.now }, Queues: book, QueueReclaim: reclaim})
+	full := testbuild.Pod("full").Whole(8).Node("n0").Holding(0, 1, 2, 3, 4, 5, 6, 7).Obj()
+	full.Namespace, full.UID = "other", "uid-full"
+	if _, err := f.client.CoreV1().Pods("other").Create(context.Background(), full, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.cache.SetPod(full)
+	f.queued("ns-a", "a-0", f.now.Add(-time.Minute))
+	f.queued("ns-a", "a-1", f.now)
+	f.sync() // the cluster is full: both wait
+	if a, _ := f.admitted("ns-a"); a != 0 {
+		t.Fatalf("admitted %d on a full cluster", a)
+	}
+	// The pass reads the pods before full begins leaving; reclaim reads
+	// them after.
+	before, _ := f.list()
+	f.view = before
+	full, _ = f.client.CoreV1().Pods("other").Get(context.Background(), "full", metav1.GetOptions{})
+	full.DeletionTimestamp = &metav1.Time{Time: f.now}
+	if _, err := f.client.CoreV1().Pods("other").Update(context.Background(), full, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.cache.SetPod(full)
+	f.sync()
+	if a, _ := f.admitted("ns-a"); a != 0 {
+		t.Errorf("admitted %d in the pass during which the room began to be freed, want 0 (the next pass decides)", a)
+	}
+	f.view = nil
+	f.sync()
+	if a, _ := f.admitted("ns-a"); a != 2 {
+		t.Errorf("admitted %d in the next pass, want both\nevents:\n%s", a, strings.Join(f.events.Events, "\n"))
+	}
+}

@@ -106,19 +106,42 @@ func TestQueuesFairShareByHistory(t *testing.T) {
 	if d := rb - ra; d < 4 || d > 8 {
 		t.Errorf("team-b runs %d more than team-a, want about 6 (team-a's recent history)", d)
 	}
-	// Every pod of either team still waiting waits behind the queue gate.
-	// (Which ones wait is the queue's order: creation time, then name, and
-	// the pods were created within a second or two, so a-27 may run
-	// before a-3.)
+	// Every pod of either team still waiting waits behind the queue gate,
+	// and each team's pods started in its queue's order: creation time,
+	// then name (the pods were created within a second or two, so a-27
+	// may run before a-3), no waiting pod before a running one.
 	for _, ns := range []string{nsA, nsB} {
 		l, err := client.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, p := range l.Items {
-			if p.Spec.NodeName == "" && p.DeletionTimestamp == nil && !api.HasQueueGate(&p) {
-				t.Errorf("waiting pod %s/%s is not held by the queue gate: %v", ns, p.Name, p.Spec.SchedulingGates)
+		before := func(a, b *v1.Pod) bool {
+			if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+				return a.CreationTimestamp.Before(&b.CreationTimestamp)
 			}
+			return a.Name < b.Name
+		}
+		var lastRunning, firstWaiting *v1.Pod
+		for i := range l.Items {
+			p := &l.Items[i]
+			switch {
+			case p.DeletionTimestamp != nil:
+			case p.Spec.NodeName == "":
+				if !api.HasQueueGate(p) {
+					t.Errorf("waiting pod %s/%s is not held by the queue gate: %v", ns, p.Name, p.Spec.SchedulingGates)
+				}
+				if firstWaiting == nil || before(p, firstWaiting) {
+					firstWaiting = p
+				}
+			default:
+				if lastRunning == nil || before(lastRunning, p) {
+					lastRunning = p
+				}
+			}
+		}
+		if lastRunning != nil && firstWaiting != nil && before(firstWaiting, lastRunning) {
+			t.Errorf("queue order broken in %s: %s (created %s) waits while %s (created %s) runs", ns,
+				firstWaiting.Name, firstWaiting.CreationTimestamp.UTC().Format(time.RFC3339), lastRunning.Name, lastRunning.CreationTimestamp.UTC().Format(time.RFC3339))
 		}
 	}
 	// The extender writes the queues' status: used, and the history kept.
