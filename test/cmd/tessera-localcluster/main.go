@@ -132,7 +132,7 @@ func localCluster(o options) error {
 		fmt.Println("stopped")
 	}()
 	say("cluster up: %d nodes with %s", len(nodes), describeNodes(nodes))
-	say("extender flags: %s (the demo's; the product's defaults otherwise)", strings.Join(extArgs, " "))
+	say("extender flags beyond the product's defaults: %s", strings.Join(extArgs, " "))
 	fmt.Printf(`
   kubeconfig: %s
   logs:       %s
