@@ -254,9 +254,10 @@ type GangPlanner struct {
 	// passPods are the pods the current pass listed, by UID (reserve.go
 	// reads their run-time hints).
 	passPods map[types.UID]*corev1.Pod
-	// replanning is set while a workload plans again after its pass
-	// snapshot went stale (once).
-	replanning bool
+	// replans counts how many times the workload being planned has
+	// planned again because a node changed under its plan (binds land
+	// while a pass runs); at most maxReplans.
+	replans int
 	// growing is set while a started gang plans a member beyond its
 	// minMember (grow): such a member does not preempt.
 	growing      bool
@@ -709,6 +710,13 @@ func (p *GangPlanner) underCap(g *api.Gang, waiting []*corev1.Pod, have int) []*
 	return waiting[:room]
 }
 
+// maxReplans bounds how often one workload plans again in a pass because
+// a node changed under its plan. Giving up passes its turn to the
+// workloads after it in the pass, which breaks its queue's order until the
+// next pass, so a few tries are worth it: binds of the pass's earlier
+// workloads land every few tens of milliseconds.
+const maxReplans = 5
+
 // leavingAtPassStart is the part of gone that was already leaving (being
 // deleted) in the pass's view of the pods.
 func (p *GangPlanner) leavingAtPassStart(gone map[types.UID]bool) map[types.UID]bool {
@@ -1097,7 +1105,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		uses[i] = p.ledger.Planned(members[i], &plan)
 	}
 	if err := p.ledger.ReserveGang(snap, uses); err != nil {
-		if errors.Is(err, ErrStaleSnapshot) && p.passSnap != nil && !p.replanning {
+		if errors.Is(err, ErrStaleSnapshot) && p.passSnap != nil && p.replans < maxReplans {
 			// A node changed since the pass began (a pod bound or left):
 			// this workload, which comes first, plans again at once on
 			// the node as it is now.
@@ -1106,8 +1114,8 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 					p.passSnap[u.Node] = st
 				}
 			}
-			p.replanning = true
-			defer func() { p.replanning = false }()
+			p.replans++
+			defer func() { p.replans-- }()
 			return p.plan(ctx, key, g, members, minMember)
 		}
 		return false, fmt.Errorf("gang %s: %w (planned again on the next pass)", g.Key(), err)

@@ -581,3 +581,25 @@ func mustState(t testing.TB, c *extender.Cache, name string) *extender.NodeState
 	}
 	return st
 }
+
+// Binds of a pass's earlier workloads land while the pass goes on, so a
+// workload's reservation may find its nodes changed more than once. It
+// plans again each time (up to a bound) rather than give its turn to the
+// workloads after it: the older gang is planned in the same pass though
+// its first three reservations find the snapshot stale.
+func TestStaleSnapshotKeepsTheOrder(t *testing.T) {
+	f := newGangFixture(t, testbuild.EightGPUNodes(1)...)
+	stale := &staleLedger{Ledger: extender.PlannerLedger{Cache: f.cache}, stale: 3}
+	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: stale, Client: f.gangClient, Pods: f.list,
+		Policy: testPolicy(t, extender.PolicyBinpack), Events: f.events, Now: func() time.Time { return f.now }})
+	f.member("old", 1, 0, 4, f.now.Add(-time.Minute))
+	f.member("new", 1, 0, 4, f.now)
+	f.sync()
+	st := f.state("")
+	if !st["old-0"].planned || !st["new-0"].planned {
+		t.Errorf("after one pass with 3 stale reservations: %v; want both planned, the older first", st)
+	}
+	if stale.staled != 3 {
+		t.Errorf("%d stale reservations, want 3", stale.staled)
+	}
+}
