@@ -754,8 +754,8 @@ func (n *Node) syncPod(ctx context.Context, store toolscache.Store, key string) 
 	}
 	if known != nil {
 		known.pod = pod
-		if !known.ended && !known.endsAt.IsZero() && !time.Now().Before(known.endsAt) {
-			return n.endPod(ctx, known)
+		if !known.endsAt.IsZero() && !time.Now().Before(known.endsAt) && pod.Status.Phase != v1.PodSucceeded {
+			return n.endPod(ctx, known) // again after a failed status write
 		}
 		return nil
 	}
@@ -848,24 +848,30 @@ func (n *Node) startPod(ctx context.Context, pod *v1.Pod) error {
 // endPod ends a pod whose containers' sleeps are over, as the kubelet
 // would once they exit 0: the runtime stops the containers and the
 // sandbox, the pod's devices are freed (a terminated pod is not active),
-// and it goes Succeeded. It stays known until deleted.
+// and it goes Succeeded. It stays known until deleted. Called again when
+// the status write failed, it only writes the status.
 func (n *Node) endPod(ctx context.Context, sp *simPod) error {
-	n.stopSandbox(ctx, sp)
-	sp.ended = true
-	n.dm.RemovePod(sp.pod.UID)
-	n.active.remove(sp.pod.UID)
-	n.dm.Manager().UpdateAllocatedDevices()
-	sp.rec.Phase = string(v1.PodSucceeded)
-	if err := writeRecord(n.cfg.StateDir, sp.rec); err != nil {
-		return err
+	if !sp.ended {
+		n.stopSandbox(ctx, sp)
+		sp.ended = true
+		n.dm.RemovePod(sp.pod.UID)
+		n.active.remove(sp.pod.UID)
+		n.dm.Manager().UpdateAllocatedDevices()
+		sp.rec.Phase = string(v1.PodSucceeded)
+		if err := writeRecord(n.cfg.StateDir, sp.rec); err != nil {
+			return err
+		}
+		klog.FromContext(ctx).V(2).Info("Pod succeeded", "pod", sp.key)
 	}
-	klog.FromContext(ctx).V(2).Info("Pod succeeded", "pod", sp.key)
 	cur, err := n.client.CoreV1().Pods(sp.pod.Namespace).Get(ctx, sp.pod.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
 	if err != nil {
 		return err
+	}
+	if cur.Status.Phase == v1.PodSucceeded {
+		return nil // written already; the informer was behind
 	}
 	now := metav1.Now()
 	status := *cur.Status.DeepCopy()
