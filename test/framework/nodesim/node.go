@@ -854,9 +854,7 @@ func (n *Node) endPod(ctx context.Context, sp *simPod) error {
 	if !sp.ended {
 		n.stopSandbox(ctx, sp)
 		sp.ended = true
-		n.dm.RemovePod(sp.pod.UID)
-		n.active.remove(sp.pod.UID)
-		n.dm.Manager().UpdateAllocatedDevices()
+		n.freeDevices(sp)
 		sp.rec.Phase = string(v1.PodSucceeded)
 		if err := writeRecord(n.cfg.StateDir, sp.rec); err != nil {
 			return err
@@ -1065,14 +1063,20 @@ func (n *Node) stopSandbox(ctx context.Context, sp *simPod) {
 	sp.sandbox = nil
 }
 
+// freeDevices frees a stopped pod's devices as the kubelet does: it leaves
+// the device and topology managers and the active pods.
+func (n *Node) freeDevices(sp *simPod) {
+	n.dm.RemovePod(sp.pod.UID)
+	n.active.remove(sp.pod.UID)
+	n.dm.Manager().UpdateAllocatedDevices()
+}
+
 // teardown stops a pod and frees its devices.
 func (n *Node) teardown(ctx context.Context, sp *simPod) {
 	if !sp.failed && !sp.ended {
 		n.stopSandbox(ctx, sp)
 	}
-	n.dm.RemovePod(sp.pod.UID)
-	n.active.remove(sp.pod.UID)
-	n.dm.Manager().UpdateAllocatedDevices()
+	n.freeDevices(sp)
 	delete(n.pods, sp.pod.UID)
 	if err := removeRecord(n.cfg.StateDir, string(sp.pod.UID)); err != nil {
 		klog.FromContext(ctx).Error(err, "Removing pod record", "pod", sp.key)
