@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
@@ -237,12 +238,23 @@ func unixDialer(ctx context.Context, addr string) (net.Conn, error) {
 }
 
 // register registers the plugin with the kubelet listening on kubeletSocket.
+//
+// A refused connection is tried again within tens of milliseconds, not
+// after gRPC's default second: the agent registers when kubelet.sock
+// appears, a moment before the kubelet accepts on it, and a restarted
+// kubelet admits the pods bound to its node about a second later. A plugin
+// not registered by then has those pods refused ("no healthy devices
+// present", UnexpectedAdmissionError).
 func (p *plugin) register(ctx context.Context, kubeletSocket string, dial Dialer) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	conn, err := grpc.NewClient("passthrough:///"+kubeletSocket,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(dial))
+		grpc.WithContextDialer(dial),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: time.Second,
+		}))
 	if err != nil {
 		return fmt.Errorf("connecting to the kubelet at %s: %w", kubeletSocket, err)
 	}
