@@ -229,6 +229,16 @@ func GangOf(pod *corev1.Pod) (g *Gang, ok bool, err error) {
 	return g, true, nil
 }
 
+// Room is how many more members may start while running of them run (or
+// hold a plan): the cap's remainder, never below 0; -1 without a cap.
+// Members beyond it wait for a running member to end.
+func (g *Gang) Room(running int) int {
+	if g.MaxMember == 0 {
+		return -1
+	}
+	return max(g.MaxMember-running, 0)
+}
+
 // CheckSize reports a cap below the minimum: a gang whose MaxMember is set
 // below its MinMember could never start.
 func (g *Gang) CheckSize() error {

@@ -390,3 +390,14 @@ func TestGangPlanRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+func TestGangRoom(t *testing.T) {
+	for _, tc := range []struct{ max, running, want int }{
+		{0, 5, -1}, {4, 1, 3}, {4, 4, 0}, {4, 6, 0},
+	} {
+		g := &Gang{MinMember: 1, MaxMember: tc.max}
+		if got := g.Room(tc.running); got != tc.want {
+			t.Errorf("max %d, running %d: room %d, want %d", tc.max, tc.running, got, tc.want)
+		}
+	}
+}

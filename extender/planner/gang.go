@@ -693,10 +693,10 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 // without a cap (tessera.dev/gang-max-member), else up to the cap; the
 // members left out are told why and wait for a running member to end.
 func (p *GangPlanner) underCap(g *api.Gang, waiting []*corev1.Pod, have int) []*corev1.Pod {
-	if g.MaxMember == 0 || have+len(waiting) <= g.MaxMember {
+	room := g.Room(have)
+	if room < 0 || len(waiting) <= room {
 		return waiting
 	}
-	room := max(g.MaxMember-have, 0)
 	if p.capTold == nil {
 		p.capTold = map[types.UID]bool{}
 	}

@@ -193,6 +193,8 @@ func (b *QueueBook) Snapshot() (*QueueSnapshot, error) {
 	}
 	waiting := map[string]quota.Resources{} // workload key -> what it asks for
 	leafOf := map[string]string{}
+	capped := newCapCount()
+	var pend []*corev1.Pod
 	for _, p := range pods {
 		q, ok := tree.QueueOf(p.Namespace)
 		if !ok || gpureq.Ended(p) {
@@ -205,11 +207,17 @@ func (b *QueueBook) Snapshot() (*QueueSnapshot, error) {
 		_, planned := p.Annotations[api.AnnotationGangPlan]
 		if p.Spec.NodeName != "" || planned {
 			snap.State.Used[q] = snap.State.Used[q].Add(uses)
+			capped.running(p)
 		} else {
-			snap.State.Pending[q] = snap.State.Pending[q].Add(uses)
-			k := UnitOf(p)
-			waiting[k], leafOf[k] = waiting[k].Add(uses), q
+			pend = append(pend, p)
 		}
+	}
+	for _, p := range capped.waitingUnderCap(pend) {
+		q, _ := tree.QueueOf(p.Namespace)
+		uses := gpureq.QuotaCount(p)
+		snap.State.Pending[q] = snap.State.Pending[q].Add(uses)
+		k := UnitOf(p)
+		waiting[k], leafOf[k] = waiting[k].Add(uses), q
 	}
 	// Lending protects only waiting work that could start within its
 	// queue's guarantee (queue.State.Waiting).
@@ -231,6 +239,54 @@ func (b *QueueBook) Snapshot() (*QueueSnapshot, error) {
 		snap.State.Usage[leaf] = queue.Accrue(queue.Usage(st.Usage), snap.State.Used[leaf], elapsedSince(st.UsageUpdated, now), b.HalfLife)
 	}
 	return snap, nil
+}
+
+// capCount counts the running members of elastic gangs with a cap
+// (api.AnnotationGangMaxMember), so that the members the cap holds back are
+// not counted as waiting demand: they start only when a running member
+// ends, and lending protection must not keep a guarantee for them.
+type capCount map[string]int // gang key -> members bound or planned
+
+func newCapCount() capCount { return capCount{} }
+
+func cappedGang(p *corev1.Pod) (*api.Gang, bool) {
+	g, ok, err := api.GangOf(p)
+	return g, ok && err == nil && g.Room(0) >= 0
+}
+
+func (c capCount) running(p *corev1.Pod) {
+	if g, ok := cappedGang(p); ok {
+		c[g.Key()]++
+	}
+}
+
+// waitingUnderCap is pending without the members of capped gangs beyond
+// their cap, taken in name order as the gang planner admits them
+// (GangPlanner.underCap).
+func (c capCount) waitingUnderCap(pending []*corev1.Pod) []*corev1.Pod {
+	byGang := map[string][]*corev1.Pod{}
+	gangs := map[string]*api.Gang{}
+	var out []*corev1.Pod
+	for _, p := range pending {
+		g, ok := cappedGang(p)
+		if !ok {
+			out = append(out, p)
+			continue
+		}
+		byGang[g.Key()] = append(byGang[g.Key()], p)
+		gangs[g.Key()] = g
+	}
+	keys := make([]string, 0, len(byGang))
+	for k := range byGang {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		members := byGang[k]
+		sort.Slice(members, func(i, j int) bool { return members[i].Name < members[j].Name })
+		out = append(out, members[:min(gangs[k].Room(c[k]), len(members))]...)
+	}
+	return out
 }
 
 // elapsedSince is now − t, 0 when t is in the future (a skewed clock).

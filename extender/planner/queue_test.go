@@ -581,3 +581,57 @@ func TestRoomFreedDuringAPassGoesByOrder(t *testing.T) {
 		t.Errorf("admitted %d in the next pass, want both\nevents:\n%s", a, strings.Join(f.events.Events, "\n"))
 	}
 }
+
+// An elastic gang's members held back by its cap (gang-max-member) are not
+// waiting demand: the queue's snapshot counts as pending only those the cap
+// lets start, in name order, besides every other waiting pod.
+func TestQueueSnapshotLeavesOutMembersBeyondTheCap(t *testing.T) {
+	q := &api.Queue{Name: "team-a", Namespaces: []string{"ns-a"}, Resources: map[corev1.ResourceName]api.QueueResource{
+		api.ResourceGPU: {Guaranteed: 8, Weight: 1},
+	}}
+	member := func(name, maxMember string, bound bool) *corev1.Pod {
+		p := testbuild.Pod(name).Whole(2).Obj()
+		p.Namespace, p.UID = "ns-a", types.UID("uid-"+name)
+		p.Annotations = map[string]string{api.AnnotationGang: "g", api.AnnotationGangMinMember: "1"}
+		if maxMember != "" {
+			p.Annotations[api.AnnotationGangMaxMember] = maxMember
+		}
+		if bound {
+			p.Spec.NodeName = "n0"
+		}
+		return p
+	}
+	lone := testbuild.Pod("lone").Whole(1).Obj()
+	lone.Namespace = "ns-a"
+	nodes := withGPUCapacity([]*corev1.Node{testbuild.Node("n0").GPUs(8, "H100", 81920).Obj()})
+	for _, tc := range []struct {
+		name        string
+		maxMember   string
+		bound       int
+		wantPending int64 // GPUs
+	}{
+		{"cap 3, one running: two of four waiting count", "3", 1, 1 + 2*2},
+		{"cap reached: none count", "2", 2, 1},
+		{"no cap: all count", "", 1, 1 + 4*2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pods := []*corev1.Pod{lone}
+			for i := range 5 {
+				pods = append(pods, member(fmt.Sprintf("m-%d", i), tc.maxMember, i < tc.bound))
+			}
+			book := &planner.QueueBook{Queues: testbuild.Objects{q.Unstructured()},
+				Pods:  func() ([]*corev1.Pod, error) { return pods, nil },
+				Nodes: func() ([]*corev1.Node, error) { return nodes, nil }}
+			snap, err := book.Snapshot()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := snap.State.Pending["team-a"][api.ResourceGPU]; got != tc.wantPending {
+				t.Errorf("pending GPUs %d, want %d", got, tc.wantPending)
+			}
+			if got, want := snap.State.Used["team-a"][api.ResourceGPU], int64(2*tc.bound); got != want {
+				t.Errorf("used GPUs %d, want %d", got, want)
+			}
+		})
+	}
+}
