@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -237,6 +238,20 @@ func (g *Gang) Room(running int) int {
 		return -1
 	}
 	return max(g.MaxMember-running, 0)
+}
+
+// Extras are the members of running (the gang's members that run or hold
+// a plan) beyond its MinMember, newest first by started: the members an
+// elastic gang gives back first under pressure, before any whole workload
+// goes, and the only ones it can give back without ending. None when the
+// minimum is not known (0) or not exceeded.
+func (g *Gang) Extras(running []*corev1.Pod, started func(*corev1.Pod) time.Time) []*corev1.Pod {
+	if g.MinMember < 1 || len(running) <= g.MinMember {
+		return nil
+	}
+	byAge := append([]*corev1.Pod(nil), running...)
+	sort.SliceStable(byAge, func(i, j int) bool { return started(byAge[i]).After(started(byAge[j])) })
+	return byAge[:len(running)-g.MinMember]
 }
 
 // CheckSize reports a cap below the minimum: a gang whose MaxMember is set

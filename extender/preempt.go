@@ -443,7 +443,7 @@ func (p *Preemptor) units(c claimant, running []*corev1.Pod, now time.Time, qsna
 		w := &workload{w: ws[0], pods: members, unit: preempt.Unit{Key: k, Priority: ws[0].Priority, Pods: len(members)}}
 		ok := true
 		for _, m := range members {
-			started := planner.StartedAt(m)
+			started := gpureq.StartedAt(m)
 			if started.After(w.unit.Started) {
 				w.unit.Started = started
 			}
@@ -470,7 +470,7 @@ func (p *Preemptor) units(c claimant, running []*corev1.Pod, now time.Time, qsna
 				continue
 			}
 			ew := equota.Workloads([]*corev1.Pod{e})[0]
-			out[ek] = &workload{w: ew, pods: []*corev1.Pod{e}, unit: preempt.Unit{Key: ek, Priority: w.unit.Priority, Started: planner.StartedAt(e), Pods: 1, Extra: true}}
+			out[ek] = &workload{w: ew, pods: []*corev1.Pod{e}, unit: preempt.Unit{Key: ek, Priority: w.unit.Priority, Started: gpureq.StartedAt(e), Pods: 1, Extra: true}}
 			unitsOf[e.UID] = append(unitsOf[e.UID], ek)
 		}
 	}
@@ -478,16 +478,14 @@ func (p *Preemptor) units(c claimant, running []*corev1.Pod, now time.Time, qsna
 }
 
 // extras are the running members of an elastic gang beyond its
-// minMember, newest first; none for a pod outside a gang or a gang
-// without a known minimum.
+// minMember, newest first (api.Gang.Extras); none for a pod outside a gang
+// or a gang without a known minimum.
 func extras(members []*corev1.Pod) []*corev1.Pod {
 	g, ok, err := api.GangOf(members[0])
-	if !ok || err != nil || g.MinMember < 1 || len(members) <= g.MinMember {
+	if !ok || err != nil {
 		return nil
 	}
-	byAge := append([]*corev1.Pod(nil), members...)
-	sort.SliceStable(byAge, func(i, j int) bool { return planner.StartedAt(byAge[i]).After(planner.StartedAt(byAge[j])) })
-	return byAge[:len(members)-g.MinMember]
+	return g.Extras(members, gpureq.StartedAt)
 }
 
 // dryRun checks every victim pod may be evicted for c (askers are its

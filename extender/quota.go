@@ -20,9 +20,10 @@ type QuotaHooks interface {
 	// node: reclaim may make room (asynchronously).
 	NoRoom(pod *corev1.Pod)
 	// PreemptVictims keeps, of kube-scheduler's victims on a node, those
-	// quota and gangs allow; ok is false when the node is no candidate
-	// (a victim the scheduler needs for CPU or memory may not go).
-	PreemptVictims(ctx context.Context, pod *corev1.Pod, st *NodeState, victims []types.UID) (kept []types.UID, ok bool)
+	// quota and gangs allow, and says which of them are extra members of
+	// elastic gangs; ok is false when the node is no candidate (a victim
+	// the scheduler needs for CPU or memory may not go).
+	PreemptVictims(ctx context.Context, pod *corev1.Pod, st *NodeState, victims []types.UID) (kept []types.UID, extra map[types.UID]bool, ok bool)
 	// AdmitsWithout reports whether quota admits the pod once the victims
 	// (pods of node state st) are gone.
 	AdmitsWithout(ctx context.Context, pod *corev1.Pod, st *NodeState, victims []types.UID) bool
@@ -95,9 +96,9 @@ func (q *Quota) NoRoom(pod *corev1.Pod) { q.Enforcer.NoRoom(pod) }
 
 // PreemptVictims is Enforcer.PreemptVictims on the victims as node state
 // st counts them; on a node the ledger does not know, every victim stays.
-func (q *Quota) PreemptVictims(ctx context.Context, pod *corev1.Pod, st *NodeState, victims []types.UID) ([]types.UID, bool) {
+func (q *Quota) PreemptVictims(ctx context.Context, pod *corev1.Pod, st *NodeState, victims []types.UID) ([]types.UID, map[types.UID]bool, bool) {
 	if st == nil {
-		return victims, true
+		return victims, nil, true
 	}
 	vs := make([]equota.Victim, len(victims))
 	for i, uid := range victims {

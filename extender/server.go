@@ -841,12 +841,13 @@ func (s *Server) PreemptArgs(ctx context.Context, args *extenderv1.ExtenderPreem
 			pdb[node] = v.NumPDBViolations
 		}
 	}
-	res := &extenderv1.ExtenderPreemptionResult{NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{}}
+	cands := map[string]preemptCandidate{}
 	for node, vs := range victims {
 		st, _ := s.state.Node(node)
+		var extra map[types.UID]bool
 		if s.quota != nil {
 			var ok bool
-			if vs, ok = s.quota.PreemptVictims(ctx, args.Pod, st, vs); !ok {
+			if vs, extra, ok = s.quota.PreemptVictims(ctx, args.Pod, st, vs); !ok {
 				continue
 			}
 		}
@@ -862,8 +863,13 @@ func (s *Server) PreemptArgs(ctx context.Context, args *extenderv1.ExtenderPreem
 			}
 			kept = vs
 		}
-		mv := &extenderv1.MetaVictims{Pods: make([]*extenderv1.MetaPod, 0, len(kept)), NumPDBViolations: pdb[node]}
-		for _, uid := range kept {
+		cands[node] = preemptCandidate{victims: kept, extra: extra, pdb: pdb[node]}
+	}
+	extrasFirst(cands, s.state.Node)
+	res := &extenderv1.ExtenderPreemptionResult{NodeNameToMetaVictims: make(map[string]*extenderv1.MetaVictims, len(cands))}
+	for node, c := range cands {
+		mv := &extenderv1.MetaVictims{Pods: make([]*extenderv1.MetaPod, 0, len(c.victims)), NumPDBViolations: c.pdb}
+		for _, uid := range c.victims {
 			mv.Pods = append(mv.Pods, &extenderv1.MetaPod{UID: string(uid)})
 		}
 		res.NodeNameToMetaVictims[node] = mv

@@ -1,6 +1,8 @@
 package gpureq
 
 import (
+	"time"
+
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/tessera-gpu/tessera/api"
@@ -23,6 +25,15 @@ func Ended(pod *corev1.Pod) bool {
 // node has ended here too.
 func EndedOn(pod *corev1.Pod, node string) bool {
 	return Ended(pod) || pod.Spec.NodeName != node
+}
+
+// StartedAt is when a pod started: its status's start time, else its
+// creation.
+func StartedAt(pod *corev1.Pod) time.Time {
+	if pod.Status.StartTime != nil {
+		return pod.Status.StartTime.Time
+	}
+	return pod.CreationTimestamp.Time
 }
 
 // PendingUnschedulable reports a pod kube-scheduler tried and could not

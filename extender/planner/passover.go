@@ -70,15 +70,6 @@ func UnitOf(pod *corev1.Pod) string {
 	return "pod " + pod.Namespace + "/" + pod.Name
 }
 
-// StartedAt is when a pod started: its status's start time, else its
-// creation.
-func StartedAt(pod *corev1.Pod) time.Time {
-	if pod.Status.StartTime != nil {
-		return pod.Status.StartTime.Time
-	}
-	return pod.CreationTimestamp.Time
-}
-
 // EvictionMemory is how long an eviction made counts its pod as gone:
 // the informer shows an evicted pod leaving well before.
 const EvictionMemory = 2 * time.Minute

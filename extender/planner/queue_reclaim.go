@@ -224,7 +224,7 @@ func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.
 		for _, m := range members {
 			w.Priority = max(w.Priority, corev1helpers.PodPriority(m))
 			w.Uses = w.Uses.Add(gpureq.QuotaCount(m))
-			started := StartedAt(m)
+			started := gpureq.StartedAt(m)
 			if started.After(w.Created) {
 				w.Created = started
 			}

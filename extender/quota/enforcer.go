@@ -512,10 +512,11 @@ type Victim struct {
 }
 
 // PreemptVictims applies PreemptVictims (the function) to the victims on
-// one node and returns the UIDs kept. A dropped victim that uses no GPU
-// was needed by kube-scheduler for CPU or memory, so the node is then no
-// candidate (false).
-func (e *Enforcer) PreemptVictims(ctx context.Context, pod *corev1.Pod, victims []Victim) ([]types.UID, bool) {
+// one node and returns the UIDs kept, and which of them are extra members
+// of elastic gangs. A dropped victim that uses no GPU was needed by
+// kube-scheduler for CPU or memory, so the node is then no candidate
+// (false).
+func (e *Enforcer) PreemptVictims(ctx context.Context, pod *corev1.Pod, victims []Victim) (kept []types.UID, extra map[types.UID]bool, ok bool) {
 	v, err := e.Ledger.View(pod.Namespace, func(p *corev1.Pod) bool { return p.UID == pod.UID })
 	if err != nil {
 		klog.FromContext(ctx).Info("Quota state unavailable; keeping no gang or quota victim", "pod", klog.KObj(pod), "err", err)
@@ -547,19 +548,18 @@ func (e *Enforcer) PreemptVictims(ctx context.Context, pod *corev1.Pod, victims 
 		}
 		return out
 	}
-	allowed, dropped := PreemptVictims(v, members, pod, Use(pod), vp)
-	ok := map[types.UID]bool{}
+	allowed, extra, dropped := PreemptVictims(v, members, pod, Use(pod), vp)
+	may := map[types.UID]bool{}
 	for _, p := range allowed {
-		ok[p.UID] = true
+		may[p.UID] = true
 	}
-	var kept []types.UID
 	for _, vi := range victims {
 		switch {
-		case ok[vi.UID]:
+		case may[vi.UID]:
 			kept = append(kept, vi.UID)
 		case byUID[vi.UID]:
 			if !vi.GPUs {
-				return nil, false
+				return nil, nil, false
 			}
 		default:
 			kept = append(kept, vi.UID) // not a pod the extender knows: the scheduler's business
@@ -573,7 +573,7 @@ func (e *Enforcer) PreemptVictims(ctx context.Context, pod *corev1.Pod, victims 
 		sort.Strings(names)
 		klog.FromContext(ctx).V(2).Info("Preemption victims kept by quota or gang rules", "pod", klog.KObj(pod), "kept", names, "why", dropped[names[0]])
 	}
-	return kept, true
+	return kept, extra, true
 }
 
 // AdmitsWithout reports whether quota admits pod once victims are gone:

@@ -140,19 +140,24 @@ func sortedResourceNames(r core.Resources) []corev1.ResourceName {
 // on one node for preemptor (asking req): a victim that is a gang member
 // stays unless every live member of its gang is among the victims (the
 // verb can only name pods of this node, so a gang spread over nodes is
-// never broken), and a workload of another namespace goes only where
-// core.CanPreempt allows (the preemptor within its min, the victim's
-// namespace staying at or above its own). It returns the victims allowed
-// and the reasons of those dropped, by pod name.
-func PreemptVictims(v *View, members func(gang *api.Gang) []*corev1.Pod, preemptor *corev1.Pod, req core.Resources, victims []*corev1.Pod) (allowed []*corev1.Pod, dropped map[string]string) {
+// never broken) or it is one of the gang's extra members (beyond its
+// minMember, newest first: api.Gang.Extras), which go one by one and
+// leave the gang at its minimum at least; and a workload of another
+// namespace goes only where core.CanPreempt allows (the preemptor within
+// its min, the victim's namespace staying at or above its own). It
+// returns the victims allowed, which of them are extra members, and the
+// reasons of those dropped, by pod name.
+func PreemptVictims(v *View, members func(gang *api.Gang) []*corev1.Pod, preemptor *corev1.Pod, req core.Resources, victims []*corev1.Pod) (allowed []*corev1.Pod, extra map[types.UID]bool, dropped map[string]string) {
 	dropped = map[string]string{}
+	extra = map[types.UID]bool{}
 	onNode := map[types.UID]bool{}
 	for _, p := range victims {
 		onNode[p.UID] = true
 	}
 	type unit struct {
-		w    core.Workload
-		pods []*corev1.Pod
+		w     core.Workload
+		pods  []*corev1.Pod
+		extra bool
 	}
 	units := map[string]*unit{}
 	var keys []string
@@ -180,10 +185,21 @@ func PreemptVictims(v *View, members func(gang *api.Gang) []*corev1.Pod, preempt
 				pods = append(pods, m)
 			}
 			if !whole {
+				extras := map[types.UID]bool{}
+				for _, e := range g.Extras(pods, gpureq.StartedAt) {
+					extras[e.UID] = true
+				}
 				for _, m := range victims {
-					if mg, ok, err := api.GangOf(m); ok && err == nil && mg.Key() == g.Key() {
-						dropped[m.Name] = fmt.Sprintf("member of gang %s, which has members on other nodes: preempting it would break the gang", g.Key())
+					if mg, ok, err := api.GangOf(m); !ok || err != nil || mg.Key() != g.Key() {
+						continue
 					}
+					if extras[m.UID] {
+						mk := key + "/member/" + m.Name
+						units[mk] = &unit{w: Workloads([]*corev1.Pod{m})[0], pods: []*corev1.Pod{m}, extra: true}
+						keys = append(keys, mk)
+						continue
+					}
+					dropped[m.Name] = fmt.Sprintf("member of gang %s, which has members on other nodes: preempting it would break the gang (only its %d newest members beyond minMember %d may go alone)", g.Key(), len(extras), g.MinMember)
 				}
 				units[key] = &unit{}
 				continue
@@ -211,8 +227,13 @@ func PreemptVictims(v *View, members func(gang *api.Gang) []*corev1.Pod, preempt
 			st.Used[u.w.Namespace] = st.Used[u.w.Namespace].Sub(u.w.Uses)
 		}
 		allowed = append(allowed, u.pods...)
+		if u.extra {
+			for _, p := range u.pods {
+				extra[p.UID] = true
+			}
+		}
 	}
-	return allowed, dropped
+	return allowed, extra, dropped
 }
 
 // Describe renders resources for messages, e.g. "16 tessera.dev/gpu".

@@ -33,7 +33,15 @@ func TestPreemptVictimsKeepGangsWholeAndMins(t *testing.T) {
 	g2b := mk("a", "g2-1", "n1", 4, inGang("g2", 2))
 	p1 := mk("a", "p1", "n1", 8)
 	p2 := mk("a", "p2", "n1", 8)
-	all := []*corev1.Pod{g1a, g1b, g2a, g2b, p1, p2}
+	// Elastic gang e (minMember 1) of three members that started one
+	// minute apart: e-0 (oldest) and e-2 (newest) on n0, e-1 on n1.
+	started := func(m int) podOpt {
+		return func(p *corev1.Pod) { p.Status.StartTime = &metav1.Time{Time: t0.Add(time.Duration(m) * time.Minute)} }
+	}
+	e0 := mk("a", "e-0", "n0", 1, inGang("e", 1), started(0))
+	e1 := mk("a", "e-1", "n1", 1, inGang("e", 1), started(1))
+	e2 := mk("a", "e-2", "n0", 1, inGang("e", 1), started(2))
+	all := []*corev1.Pod{g1a, g1b, g2a, g2b, p1, p2, e0, e1, e2}
 	quotas := staticQuotas{
 		"a": {Namespace: "a", Min: gpus(16), Max: gpus(32)},
 		"b": {Namespace: "b", Min: gpus(16), Max: gpus(32)},
@@ -62,6 +70,7 @@ func TestPreemptVictimsKeepGangsWholeAndMins(t *testing.T) {
 		preemptor *corev1.Pod
 		victims   []*corev1.Pod
 		want      []string
+		extra     []string
 		dropped   []string
 	}{{
 		name:      "a whole gang on the node may go for b within its min",
@@ -80,15 +89,32 @@ func TestPreemptVictimsKeepGangsWholeAndMins(t *testing.T) {
 		preemptor: mk("b", "x", "", 24), victims: []*corev1.Pod{p1},
 		dropped: []string{"p1"},
 	}, {
+		name:      "an elastic gang's extra members go alone, newest first; the rest is never broken",
+		preemptor: mk("a", "x", "", 1), victims: []*corev1.Pod{e0, e2},
+		want: []string{"e-2"}, extra: []string{"e-2"}, dropped: []string{"e-0"},
+	}, {
+		name:      "both extras, on their own nodes",
+		preemptor: mk("a", "x", "", 1), victims: []*corev1.Pod{e1},
+		want: []string{"e-1"}, extra: []string{"e-1"},
+	}, {
 		name:      "same namespace: priority alone decides",
 		preemptor: mk("a", "x", "", 8), victims: []*corev1.Pod{p1, p2, g1a, g1b},
 		want: []string{"g1-0", "g1-1", "p1", "p2"},
 	}}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			allowed, dropped := quota.PreemptVictims(view, members, tc.preemptor, quota.Use(tc.preemptor), tc.victims)
+			allowed, extra, dropped := quota.PreemptVictims(view, members, tc.preemptor, quota.Use(tc.preemptor), tc.victims)
 			if diff := cmp.Diff(tc.want, names(allowed)); diff != "" {
 				t.Errorf("allowed (-want +got):\n%s", diff)
+			}
+			var extras []*corev1.Pod
+			for _, p := range allowed {
+				if extra[p.UID] {
+					extras = append(extras, p)
+				}
+			}
+			if diff := cmp.Diff(tc.extra, names(extras)); diff != "" {
+				t.Errorf("extra members (-want +got):\n%s", diff)
 			}
 			var d []string
 			for n := range dropped {

@@ -89,3 +89,66 @@ func TestElasticGangStartsGrowsShrinks(t *testing.T) {
 	checkNoOvercommit(t, occ)
 	checkRunningPods(t, c, pods)
 }
+
+// Under pressure an elastic gang spread over nodes gives back its extra
+// member before any whole workload goes, wherever that workload runs:
+// kube-scheduler's preemption (the extender's preempt verb) takes the
+// gang's newest member on one node rather than a notebook on another,
+// though the notebooks there started later (kube-scheduler alone prefers
+// the latest-started victims).
+func TestElasticGangGivesBackBeforeWholePodsElsewhere(t *testing.T) {
+	c := getCluster(t)
+	client := c.Client()
+	priorityClasses(t, client)
+	ns := namespace(t, c, "e2e-elastic-spread")
+	waitReleased(t, c)
+	const nodeA, nodeB, nodeV = "a100-1", "a100-2", "v100-1"
+	fill := func(node string, names ...string) {
+		for _, n := range names {
+			createTier(t, client, ns, tierNotebook, podSpec{name: n, gpus: 2, node: node})
+		}
+		for _, n := range names {
+			waitRunning(t, c, ns, n, 90*time.Second)
+		}
+	}
+	fill(nodeA, "fill-a0", "fill-a1", "fill-a2", "fill-a3")
+	fill(nodeB, "fill-b0", "fill-b1")
+	gang := map[string]string{api.AnnotationGang: "el", api.AnnotationGangMinMember: "2"}
+	createTier(t, client, ns, tierNotebook, podSpec{name: "el-0", gpus: 2, node: nodeB, annotations: gang})
+	createTier(t, client, ns, tierNotebook, podSpec{name: "el-1", gpus: 2, node: nodeB, annotations: gang})
+	createTier(t, client, ns, tierNotebook, podSpec{name: "el-2", gpus: 2, node: nodeA, annotations: gang})
+	waitRunning(t, c, ns, "el-0", 60*time.Second)
+	waitRunning(t, c, ns, "el-1", 60*time.Second)
+	// StartTime has second granularity: el-2, the extra member, starts
+	// strictly later than the two members of the minimum.
+	time.Sleep(1100 * time.Millisecond)
+	deleteNow(t, ns, "fill-a3", client)
+	waitRunning(t, c, ns, "el-2", 60*time.Second)
+	time.Sleep(1100 * time.Millisecond)
+	fill(nodeV, "fill-v0", "fill-v1", "fill-v2", "fill-v3")
+
+	// A 2-GPU inference pod that may run on nodeA or nodeV, both full.
+	inf := podSpec{name: "inf", gpus: 2}.pod(ns)
+	inf.Spec.PriorityClassName = tierInference
+	inf.Spec.Affinity = &v1.Affinity{NodeAffinity: &v1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &v1.NodeSelector{
+		NodeSelectorTerms: []v1.NodeSelectorTerm{{MatchExpressions: []v1.NodeSelectorRequirement{{
+			Key: "kubernetes.io/hostname", Operator: v1.NodeSelectorOpIn, Values: []string{nodeA, nodeV},
+		}}}},
+	}}}
+	if _, err := client.CoreV1().Pods(ns).Create(t.Context(), inf, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p, _ := waitRunning(t, c, ns, "inf", 90*time.Second)
+	if p.Spec.NodeName != nodeA {
+		t.Errorf("the inference pod runs on %s, want %s (where the gang's extra member was)", p.Spec.NodeName, nodeA)
+	}
+	if g := gone(t, client, ns, []string{"el-2"}); len(g) != 1 {
+		t.Errorf("the gang's extra member el-2 still runs")
+	}
+	if g := gone(t, client, ns, []string{"el-0", "el-1", "fill-a0", "fill-a1", "fill-a2", "fill-v0", "fill-v1", "fill-v2", "fill-v3", "fill-b0", "fill-b1"}); len(g) > 0 {
+		t.Errorf("preempted %v: only the gang's extra member should go", g)
+	}
+	occ, pods := occupancy(t, c)
+	checkNoOvercommit(t, occ)
+	checkRunningPods(t, c, pods)
+}
