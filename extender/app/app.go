@@ -301,7 +301,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "tessera", Subsystem: "extender", Name: "reservations",
-		Help: "Placements decided at bind that the informers do not show yet.",
+		Help: "Placements the extender counts ahead of the informers: binds in flight, and gang members (or queued pods) planned, or holding nodes a workload reserved, until they are seen bound.",
 	}, func() float64 { return float64(cache.Reservations()) }))
 	metrics := extender.NewMetrics(reg)
 	podLister := factory.Core().V1().Pods().Lister()
