@@ -321,6 +321,11 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 	var enforcer *equota.Enforcer
 	var quotaHooks *extender.Quota
 	trigger := make(chan struct{}, 1)
+	// Without --quota the ledger reads no ElasticQuota, as with the CRD
+	// not installed: nothing is enforced, but the gang rules of
+	// kube-scheduler's preemption (the preempt verb keeps a gang whole
+	// but for its extra members) still read the pods through it.
+	var quotas equota.Source = equota.NoQuotas{}
 	if o.quota {
 		quotaWatcher = &extender.CRDWatcher{Dynamic: dyn, Discovery: client.Discovery(), Retry: o.quotaRetry, Resource: api.ElasticQuotaGVR, Kind: "ElasticQuota", OnChange: func() {
 			select { // quotas changed: a waiting gang may now be admitted
@@ -328,37 +333,38 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 			default:
 			}
 		}}
-		nodeLister := factory.Core().V1().Nodes().Lister()
-		index := &equota.Index{}
-		if _, err := podInf.AddEventHandler(index.Handler()); err != nil {
-			return fmt.Errorf("pod informer: %w", err)
-		}
-		ledger := &equota.Ledger{
-			Quotas: &equota.Watcher{Store: quotaWatcher},
-			Index:  index,
-			Pods:   func(ns string) ([]*corev1.Pod, error) { return podLister.Pods(ns).List(labels.Everything()) },
-			Nodes:  func() ([]*corev1.Node, error) { return nodeLister.List(labels.Everything()) },
-			Reserved: func(uid types.UID) bool {
-				_, ok := cache.Reservation(uid)
-				return ok
-			},
-		}
-		nodes := extender.QuotaNodes{Cache: cache}
-		enforcer = &equota.Enforcer{
-			Ledger: ledger, Nodes: nodes, Evicter: &extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()},
-			Pod:    func(ns, name string) (*corev1.Pod, error) { return podLister.Pods(ns).Get(name) },
-			Events: recorder, Metrics: metrics, HoldFor: o.quotaHold,
-		}
-		quotaHooks = &extender.Quota{Enforcer: enforcer, Nodes: nodes}
-		srv.SetQuota(quotaHooks)
-		reg.MustRegister(&extender.QuotaCollector{State: func() (*quota.State, error) {
-			v, err := ledger.View("", nil)
-			if err != nil {
-				return nil, err
-			}
-			return v.State, nil
-		}})
+		quotas = &equota.Watcher{Store: quotaWatcher}
 	}
+	nodeLister := factory.Core().V1().Nodes().Lister()
+	index := &equota.Index{}
+	if _, err := podInf.AddEventHandler(index.Handler()); err != nil {
+		return fmt.Errorf("pod informer: %w", err)
+	}
+	ledger := &equota.Ledger{
+		Quotas: quotas,
+		Index:  index,
+		Pods:   func(ns string) ([]*corev1.Pod, error) { return podLister.Pods(ns).List(labels.Everything()) },
+		Nodes:  func() ([]*corev1.Node, error) { return nodeLister.List(labels.Everything()) },
+		Reserved: func(uid types.UID) bool {
+			_, ok := cache.Reservation(uid)
+			return ok
+		},
+	}
+	nodes := extender.QuotaNodes{Cache: cache}
+	enforcer = &equota.Enforcer{
+		Ledger: ledger, Nodes: nodes, Evicter: &extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()},
+		Pod:    func(ns, name string) (*corev1.Pod, error) { return podLister.Pods(ns).Get(name) },
+		Events: recorder, Metrics: metrics, HoldFor: o.quotaHold,
+	}
+	quotaHooks = &extender.Quota{Enforcer: enforcer, Nodes: nodes}
+	srv.SetQuota(quotaHooks)
+	reg.MustRegister(&extender.QuotaCollector{State: func() (*quota.State, error) {
+		v, err := ledger.View("", nil)
+		if err != nil {
+			return nil, err
+		}
+		return v.State, nil
+	}})
 
 	var queues *planner.QueueBook
 	var queueWatcher *extender.CRDWatcher

@@ -27,6 +27,15 @@ type Source interface {
 	Quotas() map[string]core.Quota
 }
 
+// NoQuotas is the Source of an extender that enforces no ElasticQuota
+// (--quota=false).
+type NoQuotas struct{}
+
+var _ Source = NoQuotas{}
+
+// Quotas returns none.
+func (NoQuotas) Quotas() map[string]core.Quota { return nil }
+
 // Store holds ElasticQuota objects (scheduling.x-k8s.io/v1alpha1): an
 // extender.CRDWatcher of api.ElasticQuotaGVR, which watches them.
 type Store interface {
