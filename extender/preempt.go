@@ -112,6 +112,10 @@ type Preemptor struct {
 	// planned on every planner pass, and each ask lists every pod and
 	// plans the whole gang again.
 	FruitlessFor time.Duration
+	// NominationGrace is how long a pod kube-scheduler's preemption
+	// nominated a node for is left to it (default
+	// DefaultNominationGrace).
+	NominationGrace time.Duration
 
 	blocked planner.PassOver
 	// fruitless are the gangs (by unit key) ForGang found nothing to
@@ -121,6 +125,9 @@ type Preemptor struct {
 	// evicted are the pods this preemptor evicted: the informer may not
 	// show them leaving yet.
 	evicted planner.Evictions
+	// nominations are the nodes kube-scheduler nominated for pending
+	// pods, as first seen (leftToScheduler).
+	nominations map[types.UID]nomination
 }
 
 func (p *Preemptor) now() time.Time {
@@ -156,6 +163,8 @@ func (p *Preemptor) Sync(ctx context.Context) error {
 	}
 	var errs []error
 	var askers []*corev1.Pod
+	now := p.now()
+	pending := map[types.UID]bool{}
 	for _, pod := range pods {
 		switch {
 		case p.expired(pod):
@@ -163,7 +172,15 @@ func (p *Preemptor) Sync(ctx context.Context) error {
 		case mayPreempt(pod) && (p.Queues == nil || !p.Queues.Queued(pod.Namespace)):
 			// A pod of a queued namespace is the planner's: it asks For
 			// in queue order.
-			askers = append(askers, pod)
+			pending[pod.UID] = true
+			if !p.leftToScheduler(pod, now) {
+				askers = append(askers, pod)
+			}
+		}
+	}
+	for uid := range p.nominations {
+		if !pending[uid] {
+			delete(p.nominations, uid)
 		}
 	}
 	if len(askers) == 0 {
@@ -206,6 +223,47 @@ func (p *Preemptor) queues() *planner.QueueSnapshot {
 // without a plan, with a priority and no preemptionPolicy Never.
 func mayPreempt(pod *corev1.Pod) bool {
 	return gpureq.PendingUnschedulable(pod) && preempts(pod)
+}
+
+// DefaultNominationGrace is how long the preemptor leaves a pod to
+// kube-scheduler's own preemption once it nominated a node for it.
+const DefaultNominationGrace = 10 * time.Second
+
+// nomination is a node kube-scheduler nominated for a pod, and when the
+// preemptor first saw it.
+type nomination struct {
+	node string
+	seen time.Time
+}
+
+// leftToScheduler reports a pod kube-scheduler's own preemption nominated
+// a node for within NominationGrace: it is evicting the victims there
+// (asynchronously: the informer may not show them leaving yet), and
+// preempting for the pod meanwhile would evict a second set of victims
+// for it (make demo showed it: an elastic gang lost two members to one
+// 4-GPU pod). A nomination kept longer (kube-scheduler keeps a stale one
+// when its next preemption finds no candidate) no longer holds the
+// preemptor back. It records the nominations it sees in nominations and
+// forgets the others.
+func (p *Preemptor) leftToScheduler(pod *corev1.Pod, now time.Time) bool {
+	node := pod.Status.NominatedNodeName
+	if node == "" {
+		delete(p.nominations, pod.UID)
+		return false
+	}
+	if p.nominations == nil {
+		p.nominations = map[types.UID]nomination{}
+	}
+	n, ok := p.nominations[pod.UID]
+	if !ok || n.node != node {
+		n = nomination{node: node, seen: now}
+		p.nominations[pod.UID] = n
+	}
+	grace := p.NominationGrace
+	if grace == 0 {
+		grace = DefaultNominationGrace
+	}
+	return now.Sub(n.seen) < grace
 }
 
 // preempts reports a GPU pod outside any gang with a priority and no

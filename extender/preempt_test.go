@@ -349,6 +349,61 @@ func TestPreemptorHoldsTheRoom(t *testing.T) {
 	}
 }
 
+// A pod kube-scheduler's preemption nominated a node for is its for a
+// while: the preemptor evicts nothing for it, though the informer does not
+// show the victims there leaving yet; once the nomination is cleared, or
+// has been kept past the grace (a stale one), it does.
+func TestPreemptorLeavesNominatedPodsToKubeScheduler(t *testing.T) {
+	node := testbuild.Node("n1").GPUs(1, "A100", 40960).Obj()
+	nb := running(testbuild.Pod("nb").Whole(1).Priority(notebook).Node("n1").Holding(0), 10)
+	inf := asking(testbuild.Pod("inf").Whole(1).Priority(inference))
+	inf.Status.NominatedNodeName = "n2"
+	pods := []*corev1.Pod{nb, inf}
+	cache := newTestCache(t, []*corev1.Node{node}, pods)
+	client := &testbuild.PreemptClient{}
+	p := &Preemptor{Cache: cache, Client: client, Pods: func() ([]*corev1.Pod, error) { return pods, nil },
+		Policy: testPolicy(t, PolicyBinpack), Now: func() time.Time { return preemptNow }}
+	if err := p.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(client.Evicted) != 0 {
+		t.Fatalf("evicted %v for a pod kube-scheduler nominated a node for", client.Evicted)
+	}
+	now := preemptNow.Add(DefaultNominationGrace - time.Second)
+	p.Now = func() time.Time { return now }
+	if err := p.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(client.Evicted) != 0 {
+		t.Fatalf("evicted %v within the nomination's grace", client.Evicted)
+	}
+	for _, tc := range []struct {
+		name string
+		set  func()
+	}{
+		{"the nomination cleared", func() { inf.Status.NominatedNodeName = "" }},
+		{"a stale nomination", func() { now = preemptNow.Add(DefaultNominationGrace) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inf.Status.NominatedNodeName = "n2"
+			now = preemptNow
+			client := &testbuild.PreemptClient{}
+			p := &Preemptor{Cache: cache, Client: client, Pods: func() ([]*corev1.Pod, error) { return pods, nil },
+				Policy: testPolicy(t, PolicyBinpack), Now: func() time.Time { return now }}
+			if err := p.Sync(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			tc.set()
+			if err := p.Sync(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff([]string{"nb"}, client.Evicted); diff != "" {
+				t.Fatalf("evicted (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
 // A higher tier never takes a queue below its guarantee: the notebook of
 // a queue at its guarantee is spared, the one of a queue above it goes.
 func TestPreemptorKeepsQueueGuarantees(t *testing.T) {
