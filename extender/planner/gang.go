@@ -746,6 +746,30 @@ func (p *GangPlanner) grow(ctx context.Context, key string, g *api.Gang, waiting
 	return nil
 }
 
+// withoutNominated is s without the nodes kube-scheduler's preemption
+// nominated for a pending pod: the room freed there is that pod's, so an
+// elastic gang's extra member, which takes free room only, does not take
+// it (it would be taken back at once: the victims kube-scheduler evicts are
+// often such members).
+func withoutNominated(s Snapshot, pods map[types.UID]*corev1.Pod) Snapshot {
+	nominated := map[string]bool{}
+	for _, pod := range pods {
+		if n := pod.Status.NominatedNodeName; n != "" && pod.Spec.NodeName == "" && !gpureq.Ended(pod) {
+			nominated[n] = true
+		}
+	}
+	if len(nominated) == 0 {
+		return s
+	}
+	out := make(Snapshot, len(s))
+	for name, n := range s {
+		if !nominated[name] {
+			out[name] = n
+		}
+	}
+	return out
+}
+
 // equalUses reports whether a and b ask for the same amounts.
 func equalUses(a, b quota.Resources) bool {
 	for r, v := range a {
@@ -958,6 +982,9 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		// Its room: the nodes without the pods moved for it and its own
 		// hold.
 		view = without(snap, hold.gone)
+	}
+	if p.growing {
+		view = withoutNominated(view, p.passPods)
 	}
 	// planOn plans the workload on the nodes of s.
 	planOn := func(s Snapshot) (*gang.Plan, error) {

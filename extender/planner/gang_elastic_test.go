@@ -64,6 +64,81 @@ func TestElasticGangStartsAtMinAndGrows(t *testing.T) {
 	}
 }
 
+// An elastic gang's extra member takes free room only, and room on a node
+// kube-scheduler's preemption nominated for a pending pod is that pod's:
+// the extra waits there, and joins once the nomination is gone.
+func TestElasticExtraLeavesNominatedRoom(t *testing.T) {
+	f := newGangFixture(t, testbuild.EightGPUNodes(2)...)
+	// n1 is full; n0 has room for two 4-GPU members, then for one more
+	// when its filler leaves, the room kube-scheduler nominated for "hi".
+	for i, node := range []string{"n1", "n1", "n0"} {
+		p := testbuild.Pod(fmt.Sprintf("fill-%d", i)).Whole(4).Node(node).Holding(4*(i%2), 4*(i%2)+1, 4*(i%2)+2, 4*(i%2)+3).Obj()
+		p.UID = types.UID(fmt.Sprintf("uid-fill-%d", i))
+		if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		f.cache.SetPod(p)
+	}
+	for i := range 3 {
+		f.member("el", 2, i, 4, f.now)
+	}
+	planned := func() int {
+		n := 0
+		for _, s := range f.state("el-") {
+			if s.planned && !s.gated {
+				n++
+			}
+		}
+		return n
+	}
+	f.sync()
+	f.sync()
+	if n := planned(); n != 0 {
+		t.Fatalf("planned %d members with room for 1", n)
+	}
+	hi := testbuild.Pod("hi").Whole(4).Obj()
+	hi.UID = "uid-hi"
+	hi.Status.NominatedNodeName = "n0"
+	if _, err := f.client.CoreV1().Pods(hi.Namespace).Create(context.Background(), hi, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Room for the minimum of 2 on n0 (the filler there left): the gang
+	// starts (a gang's minimum is not held back by a nomination: the
+	// filter and kube-scheduler decide that).
+	if err := f.client.CoreV1().Pods("default").Delete(context.Background(), "fill-2", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.cache.DeletePod("uid-fill-2")
+	f.sync()
+	f.sync()
+	if n := planned(); n != 2 {
+		t.Fatalf("planned %d members with room for 2, want 2: %v", n, f.state("el-"))
+	}
+	// Room for the extra appears on n1, which is nominated too.
+	hi.Status.NominatedNodeName = "n1"
+	if _, err := f.client.CoreV1().Pods(hi.Namespace).UpdateStatus(context.Background(), hi, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.client.CoreV1().Pods("default").Delete(context.Background(), "fill-0", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.cache.DeletePod("uid-fill-0")
+	f.sync()
+	f.sync()
+	if n := planned(); n != 2 {
+		t.Fatalf("the extra member took room kube-scheduler nominated for another pod: planned %d, want 2: %v", n, f.state("el-"))
+	}
+	hi.Status.NominatedNodeName = ""
+	if _, err := f.client.CoreV1().Pods(hi.Namespace).UpdateStatus(context.Background(), hi, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.sync()
+	f.sync()
+	if n := planned(); n != 3 {
+		t.Fatalf("planned %d once the nomination is gone, want 3: %v", n, f.state("el-"))
+	}
+}
+
 // A gang capped by tessera.dev/gang-max-member (4 members, min 2, max 3)
 // on a cluster with room for all four runs three; the fourth is told why
 // once, however many passes it waits, and joins when a running member
