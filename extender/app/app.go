@@ -318,8 +318,6 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 	}
 	gangClient.Dynamic = dyn
 	var quotaWatcher *extender.CRDWatcher
-	var enforcer *equota.Enforcer
-	var quotaHooks *extender.Quota
 	trigger := make(chan struct{}, 1)
 	// Without --quota the ledger reads no ElasticQuota, as with the CRD
 	// not installed: nothing is enforced, but the gang rules of
@@ -351,12 +349,12 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 		},
 	}
 	nodes := extender.QuotaNodes{Cache: cache}
-	enforcer = &equota.Enforcer{
+	enforcer := &equota.Enforcer{
 		Ledger: ledger, Nodes: nodes, Evicter: &extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()},
 		Pod:    func(ns, name string) (*corev1.Pod, error) { return podLister.Pods(ns).Get(name) },
 		Events: recorder, Metrics: metrics, HoldFor: o.quotaHold,
 	}
-	quotaHooks = &extender.Quota{Enforcer: enforcer, Nodes: nodes}
+	quotaHooks := &extender.Quota{Enforcer: enforcer, Nodes: nodes}
 	srv.SetQuota(quotaHooks)
 	reg.MustRegister(&extender.QuotaCollector{State: func() (*quota.State, error) {
 		v, err := ledger.View("", nil)
@@ -459,9 +457,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 			Policy: policy, Levels: o.gangLevels, Events: recorder,
 			SchedulerNames: o.schedulers,
 		}
-		if quotaHooks != nil {
-			pcfg.Quota = quotaHooks
-		}
+		pcfg.Quota = quotaHooks
 		pcfg.Queues = queues
 		if preemptor != nil {
 			pcfg.Preempt = preemptor
