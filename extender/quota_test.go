@@ -766,3 +766,53 @@ func TestReclaimNotDueWithoutQuota(t *testing.T) {
 		t.Errorf("evicted %v", got)
 	}
 }
+
+// TestPreemptVerbOncePerPod: kube-scheduler evicts the victims the verb
+// offered asynchronously and may ask again for the same pod before the
+// informers show them leaving; the verb then offers nothing more: not on
+// the nominated node's remembered victims, nor once the informer shows
+// them leaving; after the memory it answers again.
+func TestPreemptVerbOncePerPod(t *testing.T) {
+	f := newQuotaFixture(t, staticQuotas{}, testbuild.EightGPUNodes(2)...)
+	t0 := f.now
+	v0 := f.pod("a", "v0", 8, t0, on("n0"))
+	v1 := f.pod("a", "v1", 8, t0, on("n1"))
+	pre := testbuild.Pod("x").Whole(4).Priority(100).Obj()
+	pre.Namespace, pre.UID = "b", "uid-x"
+	now := t0
+	f.srv.now = func() time.Time { return now }
+	ask := func(v ...*corev1.Pod) map[string]*extenderv1.MetaVictims {
+		t.Helper()
+		args := &extenderv1.ExtenderPreemptionArgs{Pod: pre, NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{}}
+		for _, p := range v {
+			args.NodeNameToMetaVictims[p.Spec.NodeName] = &extenderv1.MetaVictims{Pods: []*extenderv1.MetaPod{{UID: string(p.UID)}}}
+		}
+		res, err := f.srv.PreemptArgs(context.Background(), args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.NodeNameToMetaVictims
+	}
+	if got := ask(v0); len(got) != 1 {
+		t.Fatalf("first ask: %v, want n0's victim", got)
+	}
+	// kube-scheduler nominated n0 and asks again (v0 not seen leaving).
+	pre.Status.NominatedNodeName = "n0"
+	if got := ask(v1); len(got) != 0 {
+		t.Errorf("second ask while n0's victim leaves: %v, want nothing", got)
+	}
+	// The informer shows v0 leaving, the memory is over: still nothing.
+	now = t0.Add(answerMemory + time.Second)
+	leaving := v0.DeepCopy()
+	leaving.DeletionTimestamp = &metav1.Time{Time: now}
+	f.cache.SetPod(leaving)
+	if got := ask(v1); len(got) != 0 {
+		t.Errorf("ask while v0 is seen leaving: %v, want nothing", got)
+	}
+	// v0 stays (its deletion undone in this test's ledger): after the
+	// memory the verb answers again.
+	f.cache.SetPod(v0)
+	if got := ask(v1); len(got) != 1 {
+		t.Errorf("ask after the memory: %v, want n1's victim", got)
+	}
+}

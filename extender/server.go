@@ -75,6 +75,10 @@ type Server struct {
 	// backfill, when set, shows a pod a reservation's room it may use
 	// (backfill.go).
 	backfill atomic.Pointer[BackfillView]
+	// answers are the preempt verb's recent answers (roomBeingFreed).
+	answers preemptAnswers
+	// now is the clock of the preempt verb's memory (time.Now when nil).
+	now func() time.Time
 }
 
 // NewServer returns a Server. events and metrics may be nil.
@@ -841,6 +845,19 @@ func (s *Server) PreemptArgs(ctx context.Context, args *extenderv1.ExtenderPreem
 			pdb[node] = v.NumPDBViolations
 		}
 	}
+	now := time.Now()
+	if s.now != nil {
+		now = s.now()
+	}
+	nodes := make([]string, 0, len(victims))
+	for node := range victims {
+		nodes = append(nodes, node)
+	}
+	sort.Strings(nodes)
+	if s.roomBeingFreed(args.Pod, &d, nodes, now) {
+		klog.FromContext(ctx).V(2).Info("Preemption: room is being freed for the pod already; nothing more preempted", "pod", klog.KObj(args.Pod), "nominated", args.Pod.Status.NominatedNodeName)
+		return &extenderv1.ExtenderPreemptionResult{NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{}}, nil
+	}
 	cands := map[string]preemptCandidate{}
 	for node, vs := range victims {
 		st, _ := s.state.Node(node)
@@ -866,6 +883,7 @@ func (s *Server) PreemptArgs(ctx context.Context, args *extenderv1.ExtenderPreem
 		cands[node] = preemptCandidate{victims: kept, extra: extra, pdb: pdb[node]}
 	}
 	extrasFirst(cands, s.state.Node)
+	s.answers.remember(args.Pod.UID, cands, now)
 	res := &extenderv1.ExtenderPreemptionResult{NodeNameToMetaVictims: make(map[string]*extenderv1.MetaVictims, len(cands))}
 	for node, c := range cands {
 		mv := &extenderv1.MetaVictims{Pods: make([]*extenderv1.MetaPod, 0, len(c.victims)), NumPDBViolations: c.pdb}

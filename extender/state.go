@@ -231,6 +231,9 @@ type PodUse struct {
 	// (the kubelet picks them).
 	MIG        []string
 	MIGPending map[string]int
+	// Leaving marks a pod being deleted (its deletion timestamp is set):
+	// it still holds what it uses until its node has stopped it.
+	Leaving bool
 }
 
 // Key is namespace/name.
@@ -240,7 +243,7 @@ func (u *PodUse) Key() string { return u.Namespace + "/" + u.Name }
 // its assignment annotation. Pods that use nothing of interest still
 // count their CPU and memory.
 func NewPodUse(pod *corev1.Pod) *PodUse {
-	u := &PodUse{UID: pod.UID, Namespace: pod.Namespace, Name: pod.Name, Node: pod.Spec.NodeName}
+	u := &PodUse{UID: pod.UID, Namespace: pod.Namespace, Name: pod.Name, Node: pod.Spec.NodeName, Leaving: pod.DeletionTimestamp != nil}
 	if pod.Spec.Priority != nil {
 		u.Priority = *pod.Spec.Priority
 	}
