@@ -126,6 +126,10 @@ type Workload struct {
 	// (PodDisruptionBudget, minimum runtime, ...): Reclaim never picks it
 	// and CanPreempt refuses it.
 	Preemptible bool
+	// Extra marks a member of an elastic gang beyond its minimum, offered
+	// alone beside its whole gang: among equal priorities Reclaim takes
+	// extras before any whole workload.
+	Extra bool
 }
 
 // Order sorts workloads into the order they go: higher priority first,

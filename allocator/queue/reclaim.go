@@ -165,6 +165,8 @@ func (v *view) candidates(queue string, res []corev1.ResourceName, running []Wor
 		switch {
 		case a.Priority != b.Priority:
 			return a.Priority < b.Priority
+		case a.Extra != b.Extra:
+			return a.Extra
 		case above[a.Queue] != above[b.Queue]:
 			return above[a.Queue] > above[b.Queue]
 		case !a.Created.Equal(b.Created):

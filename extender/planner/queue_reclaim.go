@@ -124,6 +124,7 @@ func (r *QueueReclaimer) ReclaimFor(ctx context.Context, snap *QueueSnapshot, q 
 		for _, p := range askers {
 			askerUIDs = append(askerUIDs, p.UID)
 		}
+		evicted := map[types.UID]bool{} // a gang and one of its extras may both be victims
 		for _, w := range victims {
 			for _, p := range podsOf[w.Key] {
 				gone[p.UID] = true
@@ -132,6 +133,10 @@ func (r *QueueReclaimer) ReclaimFor(ctx context.Context, snap *QueueSnapshot, q 
 			names = append(names, fmt.Sprintf("%s of queue %s", strings.TrimPrefix(strings.TrimPrefix(w.Key, "pod "), "gang "), w.Queue))
 			why := fmt.Sprintf("queue %s asks for %s within its guarantee or fair share; queue %s borrows beyond its own", q, equota.Describe(want), w.Queue)
 			for _, p := range podsOf[w.Key] {
+				if evicted[p.UID] {
+					continue
+				}
+				evicted[p.UID] = true
 				err := r.Evicter.Evict(ctx, p, false)
 				if apierrors.IsNotFound(err) {
 					continue
@@ -233,6 +238,20 @@ func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.
 			}
 		}
 		running = append(running, w)
+		// An elastic gang's members beyond its minimum go alone, before
+		// any whole workload (api.Gang.Extras, newest first); taking the
+		// gang whole still ends every member.
+		g, ok, gerr := api.GangOf(members[0])
+		if !ok || gerr != nil {
+			continue
+		}
+		for _, e := range g.Extras(members, gpureq.StartedAt) {
+			ek := k + " member " + e.Name
+			started := gpureq.StartedAt(e)
+			groups[ek] = []*corev1.Pod{e}
+			running = append(running, queue.Workload{Key: ek, Queue: wq, Priority: corev1helpers.PodPriority(e), Created: started,
+				Uses: gpureq.QuotaCount(e), Preemptible: !blocked[ek] && now.Sub(started) >= r.MinRuntime, Extra: true})
+		}
 	}
 	victims, err = snap.State.Reclaim(q, want, running, func(ws []queue.Workload) bool {
 		g := map[types.UID]bool{}

@@ -635,3 +635,68 @@ func TestQueueSnapshotLeavesOutMembersBeyondTheCap(t *testing.T) {
 		})
 	}
 }
+
+// A queue borrowing through an elastic gang (4 members of 4 GPUs, minMember
+// 2, started one minute apart) gives back its extra members, newest first,
+// when another queue asks within its guarantee: the gang is not taken whole
+// (that would take the queue below its own guarantee, and reclaim used to
+// refuse then, "other queues borrow too little").
+func TestQueueReclaimTakesElasticExtras(t *testing.T) {
+	var nodes []*corev1.Node
+	for i := range 2 {
+		nodes = append(nodes, testbuild.Node(fmt.Sprintf("n%d", i)).GPUs(8, "H100", 81920).Obj())
+	}
+	nodes = withGPUCapacity(nodes)
+	f := newGangFixture(t, nodes...)
+	book := &planner.QueueBook{
+		Queues: testbuild.Objects{testbuild.QueueObj(t, "team-a", "", []string{"ns-a"}, 4, 0, f.now), testbuild.QueueObj(t, "team-b", "", []string{"ns-b"}, 8, 0, f.now)},
+		Pods:   f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }, HalfLife: time.Hour, Now: func() time.Time { return f.now },
+	}
+	evicter := &testbuild.PreemptClient{}
+	reclaim := &planner.QueueReclaimer{Ledger: extender.PlannerLedger{Cache: f.cache}, Evicter: evicter, Pods: f.list, Events: f.events, Now: func() time.Time { return f.now }}
+	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
+		Events: f.events, Now: func() time.Time { return f.now }, Queues: book, QueueReclaim: reclaim})
+	for i := range 4 {
+		p := testbuild.Pod(fmt.Sprintf("el-%d", i)).Whole(4).Node(fmt.Sprintf("n%d", i/2)).Holding(4*(i%2), 4*(i%2)+1, 4*(i%2)+2, 4*(i%2)+3).Obj()
+		p.Namespace, p.UID = "ns-a", types.UID(fmt.Sprintf("uid-el-%d", i))
+		p.Annotations = map[string]string{api.AnnotationGang: "el", api.AnnotationGangMinMember: "2"}
+		start := metav1.NewTime(f.now.Add(-time.Hour + time.Duration(i)*time.Minute))
+		p.CreationTimestamp, p.Status.StartTime = start, &start
+		if _, err := f.client.CoreV1().Pods("ns-a").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 2 {
+		p := testbuild.Pod(fmt.Sprintf("b-%d", i)).Whole(4).Obj()
+		p.Namespace, p.UID = "ns-b", types.UID(fmt.Sprintf("uid-b-%d", i))
+		p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: api.SchedulingGateQueue}}
+		p.CreationTimestamp = metav1.NewTime(f.now)
+		if _, err := f.client.CoreV1().Pods("ns-b").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pods, _ := f.list()
+	for _, p := range pods {
+		f.cache.SetPod(p)
+	}
+	seen := 0
+	for pass := 0; pass < 6; pass++ {
+		f.sync()
+		for _, name := range evicter.Evicted[seen:] {
+			if err := f.client.CoreV1().Pods("ns-a").Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			f.cache.DeletePod(types.UID("uid-" + name))
+		}
+		seen = len(evicter.Evicted)
+		f.now = f.now.Add(2 * time.Second)
+	}
+	got := append([]string(nil), evicter.Evicted...)
+	sort.Strings(got)
+	if diff := cmp.Diff([]string{"el-2", "el-3"}, got); diff != "" {
+		t.Errorf("evicted (-want +got): the two newest extra members only\n%s\nevents:\n%s", diff, strings.Join(f.events.Events, "\n"))
+	}
+	if a, _ := f.admitted("ns-b"); a != 2 {
+		t.Errorf("team-b admitted %d, want 2\nevents:\n%s", a, strings.Join(f.events.Events, "\n"))
+	}
+}
