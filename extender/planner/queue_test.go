@@ -53,6 +53,25 @@ func (f *gangFixture) admitted(ns string) (admitted, gated int) {
 	return admitted, gated
 }
 
+// passesEvicting runs n planner passes, 2 s apart; between them the pods
+// evicter evicted (of namespace ns, UIDs "uid-<name>") leave, as their
+// kubelets would end them.
+func (f *gangFixture) passesEvicting(evicter *testbuild.PreemptClient, ns string, n int) {
+	f.t.Helper()
+	seen := 0
+	for range n {
+		f.sync()
+		for _, name := range evicter.Evicted[seen:] {
+			if err := f.client.CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+				f.t.Fatal(err)
+			}
+			f.cache.DeletePod(types.UID("uid-" + name))
+		}
+		seen = len(evicter.Evicted)
+		f.now = f.now.Add(2 * time.Second)
+	}
+}
+
 func withGPUCapacity(nodes []*corev1.Node) []*corev1.Node {
 	for _, n := range nodes {
 		n.Status.Capacity = corev1.ResourceList{api.ResourceGPU: resource.MustParse("8")}
@@ -192,20 +211,7 @@ func TestQueueReclaimAcrossDepartments(t *testing.T) {
 			for _, p := range pods {
 				f.cache.SetPod(p)
 			}
-			// Passes: the victims leave between them, as their kubelets
-			// would end them.
-			seen := 0
-			for pass := 0; pass < 6; pass++ {
-				f.sync()
-				for _, name := range evicter.Evicted[seen:] {
-					if err := f.client.CoreV1().Pods("ns-b").Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
-						t.Fatal(err)
-					}
-					f.cache.DeletePod(types.UID("uid-" + name))
-				}
-				seen = len(evicter.Evicted)
-				f.now = f.now.Add(2 * time.Second)
-			}
+			f.passesEvicting(evicter, "ns-b", 6)
 			if len(evicter.Evicted) != tc.want {
 				t.Errorf("evicted %d of team-b's pods %v, want %d\nevents:\n%s", len(evicter.Evicted), evicter.Evicted, tc.want, strings.Join(f.events.Events, "\n"))
 			}
@@ -679,18 +685,7 @@ func TestQueueReclaimTakesElasticExtras(t *testing.T) {
 	for _, p := range pods {
 		f.cache.SetPod(p)
 	}
-	seen := 0
-	for pass := 0; pass < 6; pass++ {
-		f.sync()
-		for _, name := range evicter.Evicted[seen:] {
-			if err := f.client.CoreV1().Pods("ns-a").Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			f.cache.DeletePod(types.UID("uid-" + name))
-		}
-		seen = len(evicter.Evicted)
-		f.now = f.now.Add(2 * time.Second)
-	}
+	f.passesEvicting(evicter, "ns-a", 6)
 	got := append([]string(nil), evicter.Evicted...)
 	sort.Strings(got)
 	if diff := cmp.Diff([]string{"el-2", "el-3"}, got); diff != "" {
