@@ -254,6 +254,9 @@ type GangPlanner struct {
 	// passPods are the pods the current pass listed, by UID (reserve.go
 	// reads their run-time hints).
 	passPods map[types.UID]*corev1.Pod
+	// passNominated are the nodes kube-scheduler's preemption nominated
+	// for the pass's pending pods (nominatedNodes).
+	passNominated map[string]bool
 	// replans counts how many times the workload being planned has
 	// planned again because a node changed under its plan (binds land
 	// while a pass runs); at most maxReplans.
@@ -467,8 +470,9 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 	for _, pod := range pods {
 		p.passPods[pod.UID] = pod
 	}
+	p.passNominated = nominatedNodes(pods)
 	defer func() {
-		p.passSnap, p.passPods = nil, nil
+		p.passSnap, p.passPods, p.passNominated = nil, nil, nil
 		p.publish()
 	}()
 	var errs []error
@@ -746,24 +750,37 @@ func (p *GangPlanner) grow(ctx context.Context, key string, g *api.Gang, waiting
 	return nil
 }
 
-// withoutNominated is s without the nodes kube-scheduler's preemption
-// nominated for a pending pod: the room freed there is that pod's, so an
-// elastic gang's extra member, which takes free room only, does not take
-// it (it would be taken back at once: the victims kube-scheduler evicts are
-// often such members).
-func withoutNominated(s Snapshot, pods map[types.UID]*corev1.Pod) Snapshot {
-	nominated := map[string]bool{}
+// nominatedNodes are the nodes kube-scheduler's preemption nominated for a
+// pending pod of pods: the room freed there is that pod's, so an elastic
+// gang's extra member, which takes free room only, does not take it (it
+// would be taken back at once: the victims kube-scheduler evicts are often
+// such members).
+func nominatedNodes(pods []*corev1.Pod) map[string]bool {
+	out := map[string]bool{}
 	for _, pod := range pods {
 		if n := pod.Status.NominatedNodeName; n != "" && pod.Spec.NodeName == "" && !gpureq.Ended(pod) {
-			nominated[n] = true
+			out[n] = true
 		}
 	}
-	if len(nominated) == 0 {
+	return out
+}
+
+// withoutNodes is s without the named nodes (s itself when it has none of
+// them).
+func withoutNodes(s Snapshot, names map[string]bool) Snapshot {
+	hit := false
+	for name := range names {
+		if _, ok := s[name]; ok {
+			hit = true
+			break
+		}
+	}
+	if !hit {
 		return s
 	}
 	out := make(Snapshot, len(s))
 	for name, n := range s {
-		if !nominated[name] {
+		if !names[name] {
 			out[name] = n
 		}
 	}
@@ -984,7 +1001,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		view = without(snap, hold.gone)
 	}
 	if p.growing {
-		view = withoutNominated(view, p.passPods)
+		view = withoutNodes(view, p.passNominated)
 	}
 	// planOn plans the workload on the nodes of s.
 	planOn := func(s Snapshot) (*gang.Plan, error) {

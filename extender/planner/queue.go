@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/klog/v2"
 
@@ -194,7 +195,12 @@ func (b *QueueBook) Snapshot() (*QueueSnapshot, error) {
 	waiting := map[string]quota.Resources{} // workload key -> what it asks for
 	leafOf := map[string]string{}
 	capped := newCapCount()
+	type pendingPod struct {
+		q    string
+		uses quota.Resources
+	}
 	var pend []*corev1.Pod
+	pendOf := map[types.UID]pendingPod{}
 	for _, p := range pods {
 		q, ok := tree.QueueOf(p.Namespace)
 		if !ok || gpureq.Ended(p) {
@@ -210,14 +216,14 @@ func (b *QueueBook) Snapshot() (*QueueSnapshot, error) {
 			capped.running(p)
 		} else {
 			pend = append(pend, p)
+			pendOf[p.UID] = pendingPod{q: q, uses: uses}
 		}
 	}
 	for _, p := range capped.waitingUnderCap(pend) {
-		q, _ := tree.QueueOf(p.Namespace)
-		uses := gpureq.QuotaCount(p)
-		snap.State.Pending[q] = snap.State.Pending[q].Add(uses)
+		pp := pendOf[p.UID]
+		snap.State.Pending[pp.q] = snap.State.Pending[pp.q].Add(pp.uses)
 		k := UnitOf(p)
-		waiting[k], leafOf[k] = waiting[k].Add(uses), q
+		waiting[k], leafOf[k] = waiting[k].Add(pp.uses), pp.q
 	}
 	// Lending protects only waiting work that could start within its
 	// queue's guarantee (queue.State.Waiting).
@@ -251,7 +257,7 @@ func newCapCount() capCount { return capCount{} }
 
 func cappedGang(p *corev1.Pod) (*api.Gang, bool) {
 	g, ok, err := api.GangOf(p)
-	return g, ok && err == nil && g.Room(0) >= 0
+	return g, ok && err == nil && g.MaxMember > 0
 }
 
 func (c capCount) running(p *corev1.Pod) {
