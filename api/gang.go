@@ -244,14 +244,29 @@ func (g *Gang) Room(running int) int {
 // a plan) beyond its MinMember, newest first by started: the members an
 // elastic gang gives back first under pressure, before any whole workload
 // goes, and the only ones it can give back without ending. None when the
-// minimum is not known (0) or not exceeded.
+// minimum is not known (0) or not exceeded. Start times have a resolution
+// of one second, so members that started together are told apart by
+// creation (the later first), then by name (the greater first: train-3
+// before train-2), whatever order they are listed in.
 func (g *Gang) Extras(running []*corev1.Pod, started func(*corev1.Pod) time.Time) []*corev1.Pod {
 	if g.MinMember < 1 || len(running) <= g.MinMember {
 		return nil
 	}
 	byAge := append([]*corev1.Pod(nil), running...)
-	sort.SliceStable(byAge, func(i, j int) bool { return started(byAge[i]).After(started(byAge[j])) })
+	sort.Slice(byAge, func(i, j int) bool { return newer(byAge[i], byAge[j], started) })
 	return byAge[:len(running)-g.MinMember]
+}
+
+// newer orders Extras: a before b when a started later, then was created
+// later, then has the greater name.
+func newer(a, b *corev1.Pod, started func(*corev1.Pod) time.Time) bool {
+	if sa, sb := started(a), started(b); !sa.Equal(sb) {
+		return sa.After(sb)
+	}
+	if ca, cb := a.CreationTimestamp.Time, b.CreationTimestamp.Time; !ca.Equal(cb) {
+		return ca.After(cb)
+	}
+	return a.Name > b.Name
 }
 
 // CheckSize reports a cap below the minimum: a gang whose MaxMember is set

@@ -401,3 +401,58 @@ func TestGangRoom(t *testing.T) {
 		}
 	}
 }
+
+// Extras gives back the newest members beyond the minimum; members that
+// started in the same second (start times are stored to the second) go by
+// creation, then by name, whatever order they are listed in.
+func TestGangExtras(t *testing.T) {
+	t0 := time.Date(2026, 11, 28, 9, 0, 0, 0, time.UTC)
+	member := func(name string, started, created time.Time) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: name, CreationTimestamp: metav1.NewTime(created)}}
+		p.Status.StartTime = &metav1.Time{Time: started}
+		return p
+	}
+	started := func(p *corev1.Pod) time.Time { return p.Status.StartTime.Time }
+	names := func(pods []*corev1.Pod) []string {
+		var out []string
+		for _, p := range pods {
+			out = append(out, p.Name)
+		}
+		return out
+	}
+	tests := []struct {
+		name    string
+		min     int
+		running []*corev1.Pod
+		want    []string
+	}{
+		{"minimum unknown", 0, []*corev1.Pod{member("w-0", t0, t0), member("w-1", t0, t0)}, nil},
+		{"at the minimum", 2, []*corev1.Pod{member("w-0", t0, t0), member("w-1", t0, t0)}, nil},
+		{"newest start first", 1, []*corev1.Pod{
+			member("w-2", t0.Add(time.Minute), t0), member("w-0", t0, t0), member("w-1", t0.Add(2*time.Minute), t0),
+		}, []string{"w-1", "w-2"}},
+		{"same start: later creation first", 1, []*corev1.Pod{
+			member("w-1", t0, t0), member("w-0", t0, t0.Add(time.Second)), member("w-2", t0, t0),
+		}, []string{"w-0", "w-2"}},
+		{"same start and creation: greater name first", 2, []*corev1.Pod{
+			member("w-3", t0, t0), member("w-1", t0, t0), member("w-2", t0, t0), member("w-0", t0, t0),
+		}, []string{"w-3", "w-2"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			g := &Gang{Name: "g", MinMember: tc.min}
+			got := names(g.Extras(tc.running, started))
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("Extras (-want +got):\n%s", diff)
+			}
+			// The same members listed the other way round.
+			rev := append([]*corev1.Pod(nil), tc.running...)
+			for i, j := 0, len(rev)-1; i < j; i, j = i+1, j-1 {
+				rev[i], rev[j] = rev[j], rev[i]
+			}
+			if diff := cmp.Diff(tc.want, names(g.Extras(rev, started))); diff != "" {
+				t.Errorf("Extras of the members in reverse order (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
