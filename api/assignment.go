@@ -258,7 +258,7 @@ func decodeStrict(value string, v any) error {
 	dec := json.NewDecoder(bytes.NewReader([]byte(value)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("not valid JSON for this annotation: %w", err)
+		return fmt.Errorf("not valid JSON for this value: %w", err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return fmt.Errorf("trailing data after the JSON value")

@@ -743,3 +743,50 @@ func FuzzParseGPUCount(f *testing.F) {
 		}
 	})
 }
+
+func FuzzParseReservations(f *testing.F) {
+	since := time.Date(2026, 11, 25, 9, 0, 0, 0, time.UTC)
+	good, err := api.EncodeReservations([]api.ReservationRecord{
+		{Workload: "gang team-a/train", UIDs: []types.UID{"u1", "u2"}, Since: &since, Nodes: []string{"n1", "n2"}},
+		{Workload: "pod team-b/solo", UIDs: []types.UID{"u3"}, NotBefore: &since},
+	})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(good)
+	for _, v := range []string{
+		"{", "", "null", "[]",
+		`{"apiVersion":"tessera.dev/v1alpha1","kind":"GangPlan","reservations":[]}`,
+		`{"apiVersion":"tessera.dev/v1alpha1","kind":"Reservations","reservations":[{"workload":"","uids":["u"]}]}`,
+		`{"apiVersion":"tessera.dev/v1alpha1","kind":"Reservations","reservations":[{"workload":"w","uids":[]}]}`,
+		`{"apiVersion":"tessera.dev/v1alpha1","kind":"Reservations","reservations":[{"workload":"w","uids":["u"]},{"workload":"w","uids":["v"]}]}`,
+		`{"apiVersion":"tessera.dev/v1alpha1","kind":"Reservations","reservations":[{"workload":"w","uids":["u"],"nodes":[""]}]}`,
+		`{"apiVersion":"tessera.dev/v1alpha1","kind":"Reservations","reservations":[{"workload":"w","uids":["u"],"since":"yesterday"}]}`,
+		`{"apiVersion":"tessera.dev/v1alpha1","kind":"Reservations","reservations":[],"extra":1}`,
+	} {
+		f.Add(v)
+	}
+	f.Fuzz(func(t *testing.T, value string) {
+		recs, err := api.ParseReservations(value)
+		if err != nil {
+			wantNamed(t, err, api.ReservationsDataKey)
+			return
+		}
+		for _, r := range recs {
+			if r.Workload == "" || len(r.UIDs) == 0 {
+				t.Fatalf("parsed an incomplete record: %+v", r)
+			}
+		}
+		enc, err := api.EncodeReservations(recs)
+		if err != nil {
+			t.Fatalf("EncodeReservations of parsed records: %v", err)
+		}
+		again, err := api.ParseReservations(enc)
+		if err != nil {
+			t.Fatalf("re-parsing %s: %v", enc, err)
+		}
+		if diff := cmp.Diff(recs, again, cmpopts.EquateEmpty()); diff != "" {
+			t.Fatalf("round trip changed the records (-parsed +again):\n%s", diff)
+		}
+	})
+}

@@ -176,7 +176,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.preemptionHold, "preemption-hold", 2*time.Minute, "how long the room preemption frees is held for the pod it was freed for")
 	fs.DurationVar(&o.preemptionResync, "preemption-resync", time.Second, "how often pending pods kube-scheduler found unschedulable are checked for a preemption")
 	fs.BoolVar(&o.dynamicMIG, "dynamic-mig", false, "dynamic MIG: when a pending pod's MIG instances are free on no node, ask a node (annotation "+api.AnnotationMIGLayoutRequest+") to repartition a GPU in MIG mode without a tenant; its node agent needs --dynamic-mig too (docs/mig.md)")
-	fs.StringVar(&o.sealKeyNamespace, "seal-key-namespace", "kube-system", "namespace of the Secret "+api.SealKeySecretName+" holding the key that seals Tessera's decision annotations (created when missing); the extender's own namespace")
+	fs.StringVar(&o.sealKeyNamespace, "seal-key-namespace", "kube-system", "namespace of the Secret "+api.SealKeySecretName+" holding the key that seals Tessera's decision annotations (created when missing); the extender's own namespace, which also holds its reservation records (ConfigMap "+api.ReservationsConfigMapName+")")
 	fs.IntVar(&o.shortlist, "filter-shortlist", 100, "filter passes at most this many fitting nodes, those the policy scores best, so that kube-scheduler scores and prioritizes only nodes that can win (the extender's weight outweighs every other score); 0: every fitting node")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
@@ -464,6 +464,11 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 		}
 		pcfg.Reservation = planner.ReservationConfig{ReserveAfter: o.reserveAfter, ReserveFor: o.reserveFor, Backfill: o.reserveBackfill, Preemptible: o.reservePreemptible,
 			MinGPUs: o.reserveMinGPUs, WaitPerGPU: o.reservePerGPU, Relative: o.reserveRelative}
+		if o.reserveAfter > 0 {
+			// In the extender's own namespace (the seal key's), which
+			// tenants cannot write.
+			pcfg.Reservations = &planner.KubeReservations{Client: client, Namespace: o.sealKeyNamespace}
+		}
 		if queues != nil {
 			pcfg.QueueReclaim = &planner.QueueReclaimer{
 				Ledger: extender.PlannerLedger{Cache: cache}, Evicter: &extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()},

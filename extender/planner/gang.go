@@ -276,6 +276,9 @@ type GangPlanner struct {
 	heldBefore   map[string]map[string]bool // workload key -> nodes it last held
 	cooldown     map[string]time.Time
 	reservations atomic.Int64
+	// store keeps the reservation records across restarts
+	// (reserve_store.go).
+	store storeState
 	// views publishes the reservations to the filter and the bind
 	// (backfill.go).
 	views views
@@ -339,6 +342,10 @@ type GangPlannerConfig struct {
 	// Reservation configures reservations for workloads that wait too
 	// long; the zero value makes none.
 	Reservation ReservationConfig
+	// Reservations may be nil: what the planner knows of reservations
+	// (when each began, the nodes held, cooldowns) lives in memory only,
+	// and a restart starts it anew.
+	Reservations ReservationStore
 	// Consolidation may be nil: no consolidation.
 	Consolidation *Consolidator
 	// SchedulerNames are the schedulerNames whose pods go through the
@@ -353,7 +360,7 @@ func NewGangPlanner(cfg GangPlannerConfig) *GangPlanner {
 	p := &GangPlanner{ledger: cfg.Ledger, client: cfg.Client, pods: cfg.Pods, policy: cfg.Policy, events: cfg.Events, now: cfg.Now, waiting: map[string]*waitState{}, quota: cfg.Quota,
 		queues: cfg.Queues, queueReclaim: cfg.QueueReclaim, schedulers: map[string]bool{},
 		reservation: cfg.Reservation, reserved: map[string]*reservation{}, heldBefore: map[string]map[string]bool{}, cooldown: map[string]time.Time{}, preempt: cfg.Preempt,
-		consolidator: cfg.Consolidation, holds: map[string]*freedHold{}}
+		consolidator: cfg.Consolidation, holds: map[string]*freedHold{}, store: storeState{store: cfg.Reservations}}
 	if p.now == nil {
 		p.now = time.Now
 	}
@@ -415,6 +422,7 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listing pods: %w", err)
 	}
+	p.loadStore(ctx)
 	groups := map[string]*group{}
 	malformed := map[string]bool{}
 	for _, pod := range pods {
@@ -459,6 +467,7 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 		sort.Slice(gr.members, func(i, j int) bool { return gr.members[i].Name < gr.members[j].Name })
 		order = append(order, gr)
 	}
+	p.restore(groups)
 	p.qsnap = nil
 	if p.queues != nil {
 		if p.qsnap, err = p.queues.Snapshot(); err != nil {
@@ -513,6 +522,12 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 			delete(p.heldBefore, key)
 		}
 	}
+	for key := range p.store.restoredSince {
+		if _, live := groups[key]; !live {
+			delete(p.store.restoredSince, key)
+		}
+	}
+	p.saveStore(ctx, groups)
 	return errors.Join(errs...)
 }
 
@@ -969,7 +984,10 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 	}
 	// A reservation of this workload's is its own room (or nobody's, if
 	// the workload is not admitted now).
-	since, _ := p.releaseReservation(key)
+	since, held := p.releaseReservation(key)
+	if !held {
+		since = p.store.restoredSince[key] // its reservation before a restart
+	}
 	// Room consolidation freed for it stays held while it plans: its plan
 	// takes the hold's place in the ledger (consolidate_hold.go).
 	hold := p.liveHold(key)
@@ -1207,6 +1225,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		return false, errors.Join(err, cerr)
 	}
 	p.planHeld(key, uids)
+	delete(p.store.restoredSince, key) // planned: a later reservation begins anew
 	for i, m := range members {
 		errs[i] = fmt.Errorf("gang %s: the gate of %s was not lifted (stopping)", g.Key(), m.Name)
 	}

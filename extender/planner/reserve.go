@@ -31,8 +31,11 @@ import (
 // each pass (so it follows the cluster) until the workload fits and is
 // planned, goes away, or the reservation has lasted ReserveFor: then it is
 // released and that workload does not reserve again for as long, so a
-// workload that cannot be served does not hold nodes forever. It lives in
-// the ledger only: after a restart the next pass makes it again.
+// workload that cannot be served does not hold nodes forever. The room
+// lives in the ledger only: after a restart the next pass makes it again,
+// on the nodes held before, counting ReserveFor (and a cooldown) from
+// before the restart, as the planner's ReservationStore recorded them
+// (reserve_store.go).
 
 //
 // Backfill inside a reservation (allocator/reserve's Admit, the same rule
@@ -259,6 +262,7 @@ func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, de
 		since = now
 	}
 	if now.Sub(since) >= hold {
+		delete(p.store.restoredSince, key)
 		p.cooldown[key] = now.Add(hold)
 		return fmt.Sprintf("its reservation lasted %s and was released; it does not reserve again before %s", hold, now.Add(hold).UTC().Format(time.RFC3339))
 	}
@@ -297,6 +301,7 @@ func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, de
 	evicting := evict()
 	r.uses = uses
 	p.reserved[key] = r
+	delete(p.store.restoredSince, key) // r carries it now
 	p.heldBefore[key] = map[string]bool{}
 	for _, n := range r.nodes {
 		p.heldBefore[key][n] = true

@@ -258,3 +258,111 @@ func TestReservationEvictsPreemptibleBackfill(t *testing.T) {
 	checkNoOvercommit(t, occ)
 	checkRunningPods(t, c, pods)
 }
+
+// A reservation outlives an extender restart: a one-member gang of 8 GPUs
+// waits behind a 1-GPU pod on each 8-GPU node, reserves a node after the
+// reservation wait (Reserved Event "... at most until T"), and the
+// extender is restarted. The restarted extender reserves the same room
+// again until the same T (--reservation-max counted from the first
+// reservation, read back from its ConfigMap through the RBAC deploy/
+// grants), not for a fresh hour from the restart.
+func TestReservationSurvivesExtenderRestart(t *testing.T) {
+	c := getCluster(t)
+	client := c.Client()
+	ns := namespace(t, c, "e2e-reserve-restart")
+	waitReleased(t, c)
+	for _, node := range []string{"a100-1", "a100-2", "v100-1"} {
+		create(t, client, ns, podSpec{name: "fill-" + node, gpus: 1, node: node})
+	}
+	for _, node := range []string{"a100-1", "a100-2", "v100-1"} {
+		waitRunning(t, c, ns, "fill-"+node, time.Minute)
+	}
+	create(t, client, ns, podSpec{name: "big-0", gpus: 8,
+		annotations: map[string]string{api.AnnotationGang: "big", api.AnnotationGangMinMember: "1"}})
+
+	until := func(after time.Time) (string, bool) {
+		l, err := client.CoreV1().Events(ns).List(t.Context(), metav1.ListOptions{FieldSelector: "involvedObject.name=big-0"})
+		if err != nil {
+			return "", false
+		}
+		for _, e := range l.Items {
+			if e.Reason != api.EventReserved || eventTime(e).Before(after) {
+				continue
+			}
+			_, u, ok := strings.Cut(e.Message, "at most until ")
+			if ok {
+				u, _, _ = strings.Cut(u, ";")
+				return u, true
+			}
+		}
+		return "", false
+	}
+	var first string
+	err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		var ok bool
+		first, ok = until(time.Time{})
+		return ok, nil
+	})
+	if err != nil {
+		t.Fatalf("big-0 reserved nothing: %v\nevents of big-0: %s", err, events(t, client, ns, "big-0"))
+	}
+	cm, err := client.CoreV1().ConfigMaps("kube-system").Get(t.Context(), api.ReservationsConfigMapName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the reservation records: %v", err)
+	}
+	recs, err := api.ParseReservations(cm.Data[api.ReservationsDataKey])
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded := false
+	for _, r := range recs {
+		recorded = recorded || (r.Workload == ns+"/big" && r.Since != nil && len(r.Nodes) == 1)
+	}
+	if !recorded {
+		t.Fatalf("no record of big's reservation in ConfigMap kube-system/%s: %s", api.ReservationsConfigMapName, cm.Data[api.ReservationsDataKey])
+	}
+
+	// Event times have a resolution of one second.
+	time.Sleep(1100 * time.Millisecond)
+	restarted := time.Now().Truncate(time.Second)
+	if err := c.RestartExtender(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	var again string
+	err = wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		var ok bool
+		again, ok = until(restarted)
+		return ok, nil
+	})
+	if err != nil {
+		t.Fatalf("no reservation for big-0 after the restart: %v\nevents of big-0: %s", err, events(t, client, ns, "big-0"))
+	}
+	if again != first {
+		t.Errorf("after the restart the reservation lasts until %s, before it until %s: the restart gave it a fresh --reservation-max", again, first)
+	}
+
+	// The fill pods end: the gang runs on its reserved node.
+	for _, node := range []string{"a100-1", "a100-2", "v100-1"} {
+		if err := client.CoreV1().Pods(ns).Delete(t.Context(), "fill-"+node, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitRunning(t, c, ns, "big-0", time.Minute)
+	occ, pods := occupancy(t, c)
+	checkNoOvercommit(t, occ)
+	checkRunningPods(t, c, pods)
+}
+
+// eventTime is when an Event was last seen.
+func eventTime(e v1.Event) time.Time {
+	out := e.LastTimestamp.Time
+	for _, t := range []time.Time{e.FirstTimestamp.Time, e.EventTime.Time} {
+		if t.After(out) {
+			out = t
+		}
+	}
+	if e.Series != nil && e.Series.LastObservedTime.After(out) {
+		out = e.Series.LastObservedTime.Time
+	}
+	return out
+}
