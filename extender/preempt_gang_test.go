@@ -207,7 +207,7 @@ func TestPreemptorForGang(t *testing.T) {
 			events := &testbuild.Recorder{}
 			p := &Preemptor{Cache: cache, Client: client, Pods: func() ([]*corev1.Pod, error) { return pods, nil },
 				Policy: testPolicy(t, PolicyBinpack), Events: events, Now: func() time.Time { return preemptNow }}
-			msg, gone, err := p.ForGang(context.Background(), tc.members, tc.fits)
+			msg, gone, err := forGang(p, context.Background(), tc.members, tc.fits)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -261,7 +261,7 @@ func TestPreemptorForGangRemembersItsEvictions(t *testing.T) {
 	client := &testbuild.PreemptClient{}
 	p := &Preemptor{Cache: cache, Client: client, Pods: func() ([]*corev1.Pod, error) { return pods, nil },
 		Policy: testPolicy(t, PolicyBinpack), Now: func() time.Time { return preemptNow }}
-	_, first, err := p.ForGang(context.Background(), members, nodesFree(2, 8, false))
+	_, first, err := forGang(p, context.Background(), members, nodesFree(2, 8, false))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +276,7 @@ func TestPreemptorForGangRemembersItsEvictions(t *testing.T) {
 			cache.SetPod(leaving)
 		}
 	}
-	msg, again, err := p.ForGang(context.Background(), members, nodesFree(2, 8, false))
+	msg, again, err := forGang(p, context.Background(), members, nodesFree(2, 8, false))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -309,20 +309,64 @@ func TestPreemptorForGangPassesOverFruitlessGangs(t *testing.T) {
 	fits := func(s planner.Snapshot) bool { return roomEnough && nodesFree(2, 8, false)(s) }
 	ctx := context.Background()
 
-	msg, gone, err := p.ForGang(ctx, members, fits)
+	msg, gone, err := forGang(p, ctx, members, fits)
 	if err != nil || len(gone) != 0 || msg != noVictims || listed != 1 {
 		t.Fatalf("first ask: %q, gone %v, err %v, %d listings; want %q after one listing", msg, gone, err, listed, noVictims)
 	}
 	roomEnough = true
 	now = now.Add(9 * time.Second)
-	if msg, _, _ := p.ForGang(ctx, members, fits); msg != noVictims || listed != 1 || len(client.Evicted) != 0 {
+	if msg, _, _ := forGang(p, ctx, members, fits); msg != noVictims || listed != 1 || len(client.Evicted) != 0 {
 		t.Errorf("within 10s: %q after %d listings, evicted %v; want it passed over", msg, listed, client.Evicted)
 	}
 	now = now.Add(2 * time.Second)
-	if _, _, err := p.ForGang(ctx, members, fits); err != nil {
+	if _, _, err := forGang(p, ctx, members, fits); err != nil {
 		t.Fatal(err)
 	}
 	if listed != 2 || len(client.Evicted) != 16 {
 		t.Errorf("after 11s: %d listings, evicted %v; want the 16 notebooks", listed, client.Evicted)
+	}
+}
+
+// forGang calls ForGang and, as the planner does once the gang's plan
+// holds the room, the eviction it returns.
+func forGang(p *Preemptor, ctx context.Context, members []*corev1.Pod, fits func(planner.Snapshot) bool) (string, map[types.UID]bool, error) {
+	msg, gone, evict, err := p.ForGang(ctx, members, fits)
+	if err != nil || evict == nil {
+		return msg, gone, err
+	}
+	return msg, gone, evict(ctx)
+}
+
+// ForGang evicts nothing itself: the victims go when the planner calls
+// the eviction it returns, after the gang's plan holds the room.
+func TestPreemptorForGangEvictsOnlyWhenAsked(t *testing.T) {
+	var nodes []*corev1.Node
+	var pods []*corev1.Pod
+	for k, n := range []string{"n1", "n2"} {
+		nodes = append(nodes, testbuild.Node(n).GPUs(8, "A100", 40960).Obj())
+		pods = append(pods, notebooks(n, 8, func(i int) int { return 60 - 3*i - k })...)
+	}
+	members := gangMembers("inf", 2, 4, inference)
+	pods = append(pods, members...)
+	cache := newTestCache(t, nodes, pods)
+	client := &testbuild.PreemptClient{}
+	events := &testbuild.Recorder{}
+	p := &Preemptor{Cache: cache, Client: client, Pods: func() ([]*corev1.Pod, error) { return pods, nil },
+		Policy: testPolicy(t, PolicyBinpack), Events: events, Now: func() time.Time { return preemptNow }}
+	msg, gone, evict, err := p.ForGang(context.Background(), members, nodesFree(2, 4, true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if evict == nil || len(gone) != 8 {
+		t.Fatalf("ForGang: %q, %d pods gone, eviction %v; want the 8 notebooks of one node", msg, len(gone), evict != nil)
+	}
+	if len(client.Evicted) != 0 || len(events.Events) != 0 {
+		t.Fatalf("ForGang evicted %v (Events %v) before it was asked to", client.Evicted, events.Events)
+	}
+	if err := evict(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(client.Evicted) != 8 {
+		t.Errorf("evicted %v, want 8", client.Evicted)
 	}
 }

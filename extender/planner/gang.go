@@ -309,11 +309,15 @@ type TierPreempt interface {
 	// For preempts lower tiers for pod, a queued pod that fits nowhere;
 	// it reports whether it evicted (the room is then held for pod).
 	For(ctx context.Context, pod *corev1.Pod) (bool, error)
-	// ForGang preempts lower tiers for a gang's members when fits says
-	// they fit no snapshot of the ledger: it returns what it did (or why
-	// it cannot) and the pods gone once the room is free (those already
-	// leaving and its victims).
-	ForGang(ctx context.Context, members []*corev1.Pod, fits func(Snapshot) bool) (string, map[types.UID]bool, error)
+	// ForGang chooses lower-tier victims for a gang's members when fits
+	// says they fit no snapshot of the ledger. It evicts nothing itself:
+	// it returns what it will do (or why it cannot), the pods gone once
+	// the room is free (those already leaving and its victims), and evict,
+	// which evicts the victims (nil when there are none). The planner
+	// holds the room in the ledger first and evicts after, so that no
+	// other pod (a victim's own replacement, made by its controller at
+	// once) is bound into the room before the gang's plan holds it.
+	ForGang(ctx context.Context, members []*corev1.Pod, fits func(Snapshot) bool) (msg string, gone map[types.UID]bool, evict func(context.Context) error, err error)
 }
 
 // GangPlannerConfig configures a GangPlanner.
@@ -1027,6 +1031,9 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		return gang.PlanGroup(grp, nodes, p.policy)
 	}
 	res, err := planOn(view)
+	// evictVictims evicts what tier preemption chose for the workload,
+	// once its plan holds the room (nil: nothing to evict).
+	var evictVictims func(context.Context) error
 	if err != nil {
 		reason := err.Error()
 		if errors.Is(err, gang.ErrNoRoom) {
@@ -1103,7 +1110,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 			// freed GPUs form the domain it is planned in; as after queue
 			// reclaim, it is planned on the room freed (or being freed)
 			// now, so that the ledger holds it for the gang.
-			msg, gone, perr := p.preempt.ForGang(ctx, members, fits)
+			msg, gone, evict, perr := p.preempt.ForGang(ctx, members, fits)
 			if perr != nil {
 				reason += "; preemption: " + perr.Error()
 			}
@@ -1111,6 +1118,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 				preempting = true
 				if r, gerr := planOn(without(snap, gone)); gerr == nil {
 					res, err = r, nil
+					evictVictims = evict
 				} else if msg != "" {
 					reason += "; " + msg
 				}
@@ -1194,6 +1202,21 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 	uids := make([]types.UID, len(members))
 	for i, m := range members {
 		uids[i] = m.UID
+	}
+	if evictVictims != nil {
+		// The ledger holds the room now: the victims go.
+		if err := evictVictims(ctx); err != nil {
+			p.ledger.ReleaseGang(uids)
+			nodes := make([]string, len(uses))
+			for i, u := range uses {
+				nodes[i] = u.Node
+			}
+			p.refresh(nodes)
+			p.rehold(key)
+			// Victims that did go count as gone on the next pass.
+			p.wait(key, members, fmt.Sprintf("preemption: %v (it is planned again on the next pass)", err))
+			return false, nil
+		}
 	}
 	// API writes, outside any lock: every plan first, then the gates, so
 	// that no member is released before the whole gang is recorded. Each

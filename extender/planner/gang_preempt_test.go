@@ -29,6 +29,13 @@ const training = 10000
 // reservations of a plan find the snapshot stale (staleLedger).
 func newTierFixture(t *testing.T, nodes []*corev1.Node, stale ...int) (*gangFixture, *testbuild.PreemptClient) {
 	t.Helper()
+	return newTierFixtureWith(t, nodes, nil, stale...)
+}
+
+// newTierFixtureWith is newTierFixture whose preemptor writes through
+// wrap(client) when wrap is not nil.
+func newTierFixtureWith(t *testing.T, nodes []*corev1.Node, wrap func(*gangFixture, extender.PreemptClient) extender.PreemptClient, stale ...int) (*gangFixture, *testbuild.PreemptClient) {
+	t.Helper()
 	for _, n := range nodes {
 		if n.Labels == nil {
 			n.Labels = map[string]string{}
@@ -37,7 +44,11 @@ func newTierFixture(t *testing.T, nodes []*corev1.Node, stale ...int) (*gangFixt
 	}
 	f := newGangFixture(t, withGPUCapacity(nodes)...)
 	evicter := &testbuild.PreemptClient{PDB: map[string]bool{}}
-	pre := &extender.Preemptor{Cache: f.cache, Client: planWriter{evicter, &planner.KubeGang{Client: f.client, Sealer: testbuild.Sealer(t)}}, Pods: f.list,
+	var client extender.PreemptClient = planWriter{evicter, &planner.KubeGang{Client: f.client, Sealer: testbuild.Sealer(t)}}
+	if wrap != nil {
+		client = wrap(f, client)
+	}
+	pre := &extender.Preemptor{Cache: f.cache, Client: client, Pods: f.list,
 		Policy: testPolicy(t, extender.PolicyBinpack), Events: f.events, Now: func() time.Time { return f.now }}
 	var ledger planner.Ledger = extender.PlannerLedger{Cache: f.cache}
 	if len(stale) > 0 {
@@ -299,5 +310,84 @@ func TestGangPreemptionNotRepeatedOnAStaleSnapshot(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"n1", "n2"}, f.plannedWhole("inf-")); diff != "" {
 		t.Errorf("planned nodes (-want +got):\n%s", diff)
+	}
+}
+
+// replacingEvicter evicts as its PreemptClient does, and then plays what a
+// cluster does at once when a Deployment's pod is evicted: the pod goes,
+// its controller makes a replacement, and kube-scheduler binds it (through
+// the extender's filter: the ledger's Check) to the first node where it
+// fits, before the planner's pass has ended.
+type replacingEvicter struct {
+	extender.PreemptClient
+	f            *gangFixture
+	replacements []string // name@node
+}
+
+func (r *replacingEvicter) Evict(ctx context.Context, pod *corev1.Pod, dryRun bool) error {
+	if err := r.PreemptClient.Evict(ctx, pod, dryRun); err != nil || dryRun {
+		return err
+	}
+	f := r.f
+	if err := f.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
+		return err
+	}
+	f.cache.DeletePod(pod.UID)
+	repl := testbuild.Pod(pod.Name + "-r").Whole(1).Priority(notebook).Obj()
+	repl.Namespace, repl.UID = pod.Namespace, types.UID("uid-repl-"+pod.Name)
+	d, err := extender.ParseDemand(repl)
+	if err != nil {
+		return err
+	}
+	for _, name := range []string{"n0", "n1", "n2", "n3"} {
+		st, ok := f.cache.Node(name)
+		if !ok || extender.Check(st, &d) != extender.Fits {
+			continue
+		}
+		repl.Spec.NodeName = name
+		repl.Status.Phase = corev1.PodRunning
+		if _, err := f.client.CoreV1().Pods(repl.Namespace).Create(ctx, repl, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+		f.cache.SetPod(repl)
+		r.replacements = append(r.replacements, repl.Name+"@"+name)
+		break
+	}
+	return nil
+}
+
+// A gang's tier preemption holds the freed room before it evicts: the
+// victims' replacements, made and bound at once by their Deployment and
+// kube-scheduler, find no room there, and the victims are evicted once.
+// When the victims went first (seen on make demo's cluster: a gang of
+// 2 x 4 GPUs evicted 41 one-GPU pods of a Deployment in nine rounds), the
+// replacements took the freed GPUs, the plan found its node changed, and
+// each replan preempted again.
+func TestGangPreemptionHoldsTheRoomBeforeEvicting(t *testing.T) {
+	var rep *replacingEvicter
+	f, evicter := newTierFixtureWith(t, testbuild.EightGPUNodes(2), func(f *gangFixture, c extender.PreemptClient) extender.PreemptClient {
+		rep = &replacingEvicter{PreemptClient: c, f: f}
+		return rep
+	})
+	for k, n := range []string{"n0", "n1"} {
+		f.notebooksOn(n, 8, func(i int) time.Duration { return time.Hour - time.Duration(2*i+1-k)*time.Minute })
+	}
+	for i := range 2 {
+		f.tierMember("inf", 2, i, 4, inference, func(p *corev1.Pod) {
+			p.Annotations[api.AnnotationGangTopology] = "kubernetes.io/hostname:required"
+		})
+	}
+	f.sync()
+	f.sync()
+	if len(evicter.Evicted) != 8 {
+		t.Errorf("evicted %d pods, want the 8 notebooks of one node: %v\nreplacements bound: %v\nevents:\n%s",
+			len(evicter.Evicted), sortedCopy(evicter.Evicted), rep.replacements, strings.Join(f.events.Events, "\n"))
+	}
+	if len(rep.replacements) != 0 {
+		t.Errorf("replacements bound into the room freed for the gang: %v", rep.replacements)
+	}
+	nodes := f.plannedWhole("inf-")
+	if len(nodes) != 2 || nodes[0] != nodes[1] {
+		t.Errorf("members planned on %v, want both on one node", nodes)
 	}
 }
