@@ -220,6 +220,9 @@ func (s *NodeState) GangNode(kind allocator.Kind, demands []planner.Demand) (gan
 	return gang.Node{Node: s.View(kind), Labels: info.Labels, Cliques: cliques, Admit: allOf(s.numaAdmit(ds), s.migAdmit(ds))}, true
 }
 
+// AlignsAnywhere is alignsAnywhere (numa.go).
+func (s *NodeState) AlignsAnywhere(d planner.Demand) bool { return s.alignsAnywhere(d.(*Demand)) }
+
 // Whole is WholeGPUs.
 func (d *Demand) Whole() int { return d.WholeGPUs }
 

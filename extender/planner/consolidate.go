@@ -401,7 +401,10 @@ func mayRunOn(snap Snapshot, pod *corev1.Pod, d Demand) func(string) bool {
 		ok, done := judged[name]
 		if !done {
 			st, in := snap[name]
-			ok = in && st.Accepts(allowed, models)
+			// The consolidation model places GPUs by position, not by
+			// NUMA node: a pod whose GPUs and CPUs must meet on one NUMA
+			// node comes back only where that holds of any placement.
+			ok = in && st.Accepts(allowed, models) && st.AlignsAnywhere(d)
 			judged[name] = ok
 		}
 		return ok

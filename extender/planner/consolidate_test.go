@@ -331,3 +331,88 @@ func TestConsolidationPlansOnTheRoomItsMovesFree(t *testing.T) {
 		t.Errorf("hints %v two minutes after", ev)
 	}
 }
+
+// numaNode is an 8-GPU node whose topology manager policy is policy
+// ("" for a node without a NUMA report): GPUs 0-3 on NUMA node 0, 4-7 on
+// NUMA node 1, 32 exclusive CPUs free on each.
+func numaNode(t *testing.T, name, policy string) *corev1.Node {
+	t.Helper()
+	b := testbuild.Node(name).GPUs(8, "A100", 40960).CPU("64")
+	for i := range b.Inv.GPUs {
+		b.Inv.GPUs[i].NUMANode = i / 4
+	}
+	node := b.Obj()
+	if policy == "" {
+		return node
+	}
+	v, err := api.EncodeNUMATopology(&api.NUMATopology{APIVersion: api.Version, Kind: api.KindNUMATopology, TopologyManagerPolicy: policy,
+		TopologyManagerScope: api.TopologyScopeContainer, CPUManagerPolicy: api.CPUManagerPolicyStatic, Source: api.NUMASourcePodResources,
+		Zones: []api.NUMAZone{{ID: 0, CPUs: 32, FreeCPUs: 32}, {ID: 1, CPUs: 32, FreeCPUs: 32}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.Annotations[api.AnnotationNUMATopology] = v
+	return node
+}
+
+// Consolidation moves a pod only where it comes back: a Guaranteed pod
+// with exclusive CPUs beside its GPU must have both on one NUMA node, which
+// the consolidation model (GPUs by position, CPUs by node) does not check,
+// so it is not moved onto a node whose topology manager requires
+// alignment, even where it would fit (here n1's free GPU 7 has 32 free
+// CPUs beside it): a move is made only where the model can tell. An 8-GPU
+// gang waits; n0 runs one movable pod, n1 runs seven pods that may not
+// move. Moving n0's pod to n1's free GPU frees n0 for the gang: done for a
+// 1-GPU BestEffort pod and for a Guaranteed one when n1 does not require
+// alignment, not for a Guaranteed pod with exclusive CPUs when it does.
+func TestConsolidationHonoursNUMAAlignment(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		policy     string // n1's topology manager policy
+		guaranteed bool   // n0's movable pod asks for 4 exclusive CPUs
+		moved      bool
+	}{
+		{name: "no NUMA report", policy: "", guaranteed: true, moved: true},
+		{name: "best-effort policy", policy: "best-effort", guaranteed: true, moved: true},
+		{name: "single-numa-node, one GPU alone", policy: "single-numa-node", moved: true},
+		{name: "single-numa-node, a GPU and exclusive CPUs", policy: "single-numa-node", guaranteed: true, moved: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newGangFixture(t, numaNode(t, "n0", ""), numaNode(t, "n1", tc.policy))
+			// Started two minutes ago (no moves in its first minute).
+			clk := clocktesting.NewFakePassiveClock(f.now.Add(-2 * time.Minute))
+			c, err := planner.NewConsolidator(&extender.KubeEvicter{Client: f.client}, f.events, clk, 4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			clk.SetTime(f.now)
+			f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list,
+				Policy: testPolicy(t, extender.PolicyBinpack), Events: f.events, Now: func() time.Time { return f.now }, Consolidation: c})
+			f.placed("n0-a", "n0", 0, true)
+			if tc.guaranteed {
+				f.edit("n0-a", func(p *corev1.Pod) {
+					rl := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourceMemory: resource.MustParse("1Gi")}
+					for r, q := range rl {
+						p.Spec.Containers[0].Resources.Requests[r] = q
+						if p.Spec.Containers[0].Resources.Limits == nil {
+							p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{}
+						}
+						p.Spec.Containers[0].Resources.Limits[r] = q
+					}
+					p.Status.QOSClass = corev1.PodQOSGuaranteed
+				})
+			}
+			for k := range 7 {
+				f.placed(fmt.Sprintf("n1-%c", 'a'+k), "n1", k, false)
+			}
+			f.member("big", 1, 0, 8, f.now.Add(-2*time.Minute))
+			f.sync()
+			f.mu.Lock()
+			evicted := slices.Compact(slices.Clone(f.evicted)) // (the dry run is counted too)
+			f.mu.Unlock()
+			if moved := slices.Equal(evicted, []string{"n0-a"}); moved != tc.moved {
+				t.Errorf("evicted %v, want n0-a moved: %v\nevents:\n%s", evicted, tc.moved, strings.Join(f.events.Events, "\n"))
+			}
+		})
+	}
+}

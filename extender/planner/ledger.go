@@ -75,6 +75,10 @@ type Node interface {
 	Admits(p eligible.Pod) bool
 	Refusal(p eligible.Pod) string
 	Accepts(p eligible.Pod, models []string) bool
+	// AlignsAnywhere reports whether a pod asking d may be placed on the
+	// node without a NUMA check: the node does not require alignment, or
+	// what d must align is a single GPU or slice.
+	AlignsAnywhere(d Demand) bool
 	// FreeCPUMem is the CPU (millicores) and memory (MiB) of the node's
 	// allocatable not requested by the pods counted on it.
 	FreeCPUMem() (cpuMilli, memMiB int64)
