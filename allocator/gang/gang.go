@@ -166,6 +166,11 @@ func noRoomDetail(g Group, need groupDemand, tried []string) string {
 	for _, l := range g.Levels {
 		if l.Required {
 			fmt.Fprintf(&b, " within one %s", l.Key)
+			if len(tried) == 0 {
+				// No domain at all: however free the nodes are, none can
+				// hold the group until one carries the label.
+				fmt.Fprintf(&b, ", and no node it may use has the label %s", l.Key)
+			}
 			break
 		}
 	}

@@ -215,6 +215,15 @@ func TestTopologyLevels(t *testing.T) {
 			wantErr: "within one rack; tried rack=r1, rack=r2",
 		},
 		{
+			// Free nodes, but none labelled with the required level (an
+			// NVLink domain label the nodes do not carry, say): the reason
+			// names the missing label, not a lack of room alone.
+			name:    "required level no node carries",
+			nodes:   []Node{rack("a1", "r1"), rack("a2", "r1")},
+			levels:  []Level{{Key: "nvidia.com/gpu.clique", Required: true}},
+			wantErr: "within one nvidia.com/gpu.clique, and no node it may use has the label nvidia.com/gpu.clique",
+		},
+		{
 			name: "lowest level first",
 			nodes: []Node{
 				makeNode("a1").GPUs(8).NVSwitch().Label("rack", "r1").Label("block", "x").Obj(),
