@@ -20,11 +20,19 @@ import (
 // score. Equal ranks keep the order kube-scheduler sent.
 //
 //   - A pod without a soft scheduling preference of its own
-//     (softPreferences) keeps only the nodes of the best rank, at most k.
-//     With one best node kube-scheduler takes it at once: it runs its
-//     Score plugins, and calls prioritize, only when more than one node
-//     is feasible. Exact ties still go to its plugins, which break them as
-//     before.
+//     (softPreferences) keeps one node of the best rank: kube-scheduler
+//     takes it at once (it runs its Score plugins, and calls prioritize,
+//     only when more than one node is feasible). Exact ties (identical
+//     empty nodes, say) go to the node whose name sorts first. They were
+//     left to kube-scheduler's plugins, which spread them (the default
+//     profile's LeastAllocated and default topology spreading): a burst of
+//     pods is filtered faster than its binds reach the extender, so each
+//     pod of the burst saw the same ties, and a Deployment of 20 one-GPU
+//     pods on make demo's cluster went 5, 6, 5 and 4 to its four nodes,
+//     leaving no 8-GPU node whole. By name, a burst fills one node (until
+//     kube-scheduler's own count of its resources, assumed pods included,
+//     filters it out) before the next, as binpacking would with every
+//     bind known.
 //   - A pod with soft preferences keeps the k best, so that kube-scheduler
 //     weighs its preferences among nodes the extender scores alike. So
 //     does any pod when one of its best-ranked nodes has a PreferNoSchedule
@@ -67,18 +75,30 @@ func shortlist(p allocator.Policy, q *Query, pod *corev1.Pod, states []*NodeStat
 			best = r
 		}
 	}
-	threshold := best
-	if softPreferences(pod) || avoidedAt(pod, states, idx, ranks, best) {
-		if len(idx) <= k {
-			return 0
+	if !softPreferences(pod) && !avoidedAt(pod, states, idx, ranks, best) {
+		// One node: of the best, the first by name.
+		keep := -1
+		for j, r := range ranks {
+			if r.compare(best) == 0 && (keep < 0 || states[idx[j]].Info.Name < states[idx[keep]].Info.Name) {
+				keep = j
+			}
 		}
-		// The k-th best rank is the threshold. (A stable sort of all the
-		// nodes took a third of the filter's time at 5000 nodes; sorting
-		// the bare ranks to find the threshold is a fraction of that.)
-		sorted := slices.Clone(ranks)
-		slices.SortFunc(sorted, rank.compare)
-		threshold = sorted[len(sorted)-k]
+		for j := range ranks {
+			if j != keep {
+				passed[idx[j]] = false
+			}
+		}
+		return len(ranks) - 1
 	}
+	if len(idx) <= k {
+		return 0
+	}
+	// The k-th best rank is the threshold. (A stable sort of all the nodes
+	// took a third of the filter's time at 5000 nodes; sorting the bare
+	// ranks to find the threshold is a fraction of that.)
+	sorted := slices.Clone(ranks)
+	slices.SortFunc(sorted, rank.compare)
+	threshold := sorted[len(sorted)-k]
 	// Every node above the threshold stays, and of the nodes at it the
 	// first ones in the order sent, up to k in all.
 	atThreshold := k

@@ -209,10 +209,13 @@ func TestShortlistKeepsTheBestNode(t *testing.T) {
 	}
 }
 
-// TestShortlistTiesKeepTheOrderSent checks that among nodes of equal score
-// the shortlist keeps the first ones kube-scheduler sent, and every node
-// that scores better than them.
-func TestShortlistTiesKeepTheOrderSent(t *testing.T) {
+// TestShortlistTies checks how the shortlist breaks ties: for a pod
+// without soft preferences it keeps one node, of the best the first by
+// name whatever the order sent (so that a burst of pods, filtered before
+// their binds reach the extender, fills one node before the next); for a
+// pod with soft preferences, among nodes of equal score the first ones
+// kube-scheduler sent, and every node that scores better than them.
+func TestShortlistTies(t *testing.T) {
 	nodes := []*corev1.Node{testbuild.Node("used").GPUs(8, "A100", 40960).Obj()}
 	for i := range 5 {
 		nodes = append(nodes, testbuild.Node(fmt.Sprintf("e%d", i)).GPUs(8, "A100", 40960).Obj())
@@ -228,8 +231,9 @@ func TestShortlistTiesKeepTheOrderSent(t *testing.T) {
 		k    int
 		want []string
 	}{
-		{sent: []string{"e4", "e3", "e2", "e1", "e0"}, k: 2, want: []string{"e4", "e3"}},
-		{sent: []string{"e0", "e1", "e2", "e3", "e4"}, k: 3, want: []string{"e0", "e1", "e2"}},
+		{sent: []string{"e4", "e3", "e2", "e1", "e0"}, k: 2, want: []string{"e0"}},
+		{sent: []string{"e0", "e1", "e2", "e3", "e4"}, k: 3, want: []string{"e0"}},
+		{sent: []string{"e3", "e1", "e4", "e2"}, k: 100, want: []string{"e1"}},
 		{sent: []string{"e2", "e0", "e4", "used", "e1"}, k: 2, want: []string{"used"}},
 		{sent: []string{"e2", "e0", "e4", "used", "e1"}, k: 1, want: []string{"used"}},
 		{soft: true, sent: []string{"e4", "e3", "e2", "e1", "e0"}, k: 2, want: []string{"e4", "e3"}},

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -204,4 +205,77 @@ func TestSliceAndWholeGPUPodTogether(t *testing.T) {
 		}
 		deleteAll(t, c, ns)
 	}
+}
+
+// A burst of small pods keeps 8-GPU nodes whole: a Deployment of 20 one-GPU
+// pods is scheduled faster than its binds reach the extender, so every pod
+// of the burst sees the same empty nodes. They fill nodes one by one (the
+// extender breaks exact ties by node name) and leave an 8-GPU node free, on
+// which an 8-GPU pod then runs at once. Before, kube-scheduler's plugins
+// broke the ties and spread the burst 5, 6, 5 and 4 over make demo's four
+// nodes: the 8-GPU pod waited.
+func TestBurstOfSmallPodsKeepsNodesWhole(t *testing.T) {
+	c := getCluster(t)
+	client := c.Client()
+	waitReleased(t, c)
+	ns := namespace(t, c, "e2e-burst")
+	t.Cleanup(func() {
+		fg := metav1.DeletePropagationForeground
+		_ = client.AppsV1().Deployments(ns).Delete(context.Background(), "small", metav1.DeleteOptions{PropagationPolicy: &fg})
+	})
+	nodes, err := client.CoreV1().Nodes().List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpus := map[string]int64{}
+	total := int64(0)
+	for _, n := range nodes.Items {
+		q := n.Status.Allocatable[api.ResourceGPU]
+		gpus[n.Name] = q.Value()
+		total += q.Value()
+	}
+	replicas := int32(total - 8)
+	labels := map[string]string{"app": "small"}
+	tmpl := podSpec{gpus: 1, labels: labels}.pod(ns)
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "small", Namespace: ns},
+		Spec: appsv1.DeploymentSpec{Replicas: &replicas, Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: v1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: tmpl.Spec}}}
+	if _, err := client.AppsV1().Deployments(ns).Create(t.Context(), dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	byNode := map[string]int{}
+	if err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		l, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=small"})
+		if err != nil {
+			return false, nil
+		}
+		byNode = map[string]int{}
+		running := 0
+		for _, p := range l.Items {
+			if p.Status.Phase == v1.PodRunning {
+				byNode[p.Spec.NodeName]++
+				running++
+			}
+		}
+		return running == int(replicas), nil
+	}); err != nil {
+		t.Fatalf("%d small pods do not all run: %v (by node %v)", replicas, err, byNode)
+	}
+	var whole []string
+	for name, n := range gpus {
+		if n >= 8 && byNode[name] == 0 {
+			whole = append(whole, name)
+		}
+	}
+	t.Logf("%d one-GPU pods by node: %v; 8-GPU nodes left whole: %v", replicas, byNode, whole)
+	if len(whole) == 0 {
+		t.Fatalf("the burst of %d one-GPU pods left no 8-GPU node whole: %v", replicas, byNode)
+	}
+	start := time.Now()
+	create(t, client, ns, podSpec{name: "eight", gpus: 8})
+	p, _ := waitRunning(t, c, ns, "eight", 30*time.Second)
+	t.Logf("the 8-GPU pod runs on %s %s after creation", p.Spec.NodeName, time.Since(start).Round(time.Millisecond))
+	occ, pods := occupancy(t, c)
+	checkNoOvercommit(t, occ)
+	checkRunningPods(t, c, pods)
 }
