@@ -1248,7 +1248,12 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		return false, errors.Join(err, cerr)
 	}
 	p.planHeld(key, uids)
-	delete(p.store.restoredSince, key) // planned: a later reservation begins anew
+	// Planned: what it knew of its reservations is of no more use (a later
+	// reservation, should its plan expire, begins anew), and its record
+	// leaves the ReservationStore at the end of the pass.
+	delete(p.store.restoredSince, key)
+	delete(p.heldBefore, key)
+	delete(p.cooldown, key)
 	for i, m := range members {
 		errs[i] = fmt.Errorf("gang %s: the gate of %s was not lifted (stopping)", g.Key(), m.Name)
 	}

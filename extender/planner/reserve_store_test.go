@@ -163,3 +163,30 @@ func TestReservationRecordsMalformed(t *testing.T) {
 		t.Errorf("records: %+v, want the planner's own", got)
 	}
 }
+
+// A workload's record leaves the store once it is planned: the ConfigMap
+// holds only workloads that reserve, or wait after a reservation, not
+// every gang that ever reserved while it runs.
+func TestReservationRecordGoesWhenPlanned(t *testing.T) {
+	cfg := planner.ReservationConfig{ReserveAfter: time.Minute, ReserveFor: 10 * time.Minute}
+	f := newGangFixture(t, testbuild.EightGPUNodes(1)...)
+	f.restart(cfg)
+	small := f.running("small", "n0", 1, f.now.Add(-time.Hour), nil)
+	f.member("big", 1, 0, 8, f.now.Add(-2*time.Minute))
+	f.sync()
+	if got := f.stored(); len(got) != 1 {
+		t.Fatalf("records while big holds its reservation: %+v, want one", got)
+	}
+	if err := f.client.CoreV1().Pods(small.Namespace).Delete(context.Background(), small.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.cache.DeletePod(small.UID)
+	f.now = f.now.Add(time.Minute)
+	f.sync()
+	if s := f.state("big-"); !s["big-0"].planned {
+		t.Fatalf("big not planned once n0 is free: %+v\nevents:\n%s", s, strings.Join(f.events.Events, "\n"))
+	}
+	if got := f.stored(); len(got) != 0 {
+		t.Errorf("records after big was planned: %+v, want none", got)
+	}
+}
