@@ -237,12 +237,12 @@ func (s *NodeState) checkNUMA(d *Demand) error {
 }
 
 // alignsAnywhere reports whether a pod asking d may be placed on the node
-// without a NUMA check (planner.Node's AlignsAnywhere): the node's topology manager does
-// not require alignment, or each of d's units that must meet on one NUMA
-// node is a single GPU or slice and nothing else (a GPU lies on one NUMA
-// node, so any free one will do). A unit of several GPUs, exclusive CPUs
-// or pinned memory needs the zones' free GPUs and CPUs, which only the
-// node's own check (checkNUMA) weighs.
+// without a NUMA check (planner.Node's AlignsAnywhere): the node's
+// topology manager does not require alignment, or each of d's units that
+// must meet on one NUMA node is a single GPU or slice and nothing else (a
+// GPU lies on one NUMA node, so any free one will do). A unit of several
+// GPUs, exclusive CPUs or pinned memory needs the zones' free GPUs and
+// CPUs, which only the node's own check (checkNUMA) weighs.
 func (s *NodeState) alignsAnywhere(d *Demand) bool {
 	n := s.Info.NUMA
 	if n == nil || s.numa == nil || !n.Policy.Requires() {

@@ -17,7 +17,7 @@ import (
 //
 // The rank is prioritize's: a node where the pod's NUMA alignment is
 // possible before one where it is not (PreferAligned), then the policy's
-// score. Equal ranks keep the order kube-scheduler sent.
+// score.
 //
 //   - A pod without a soft scheduling preference of its own
 //     (softPreferences) keeps one node of the best rank: kube-scheduler
@@ -33,7 +33,8 @@ import (
 //     kube-scheduler's own count of its resources, assumed pods included,
 //     filters it out) before the next, as binpacking would with every
 //     bind known.
-//   - A pod with soft preferences keeps the k best, so that kube-scheduler
+//   - A pod with soft preferences keeps the k best (of equal ranks, the
+//     first in the order kube-scheduler sent), so that kube-scheduler
 //     weighs its preferences among nodes the extender scores alike. So
 //     does any pod when one of its best-ranked nodes has a PreferNoSchedule
 //     taint the pod does not tolerate: kube-scheduler's TaintToleration
