@@ -3,12 +3,12 @@ package queue
 import (
 	"fmt"
 	"math"
-	"slices"
 	"sort"
 
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/tessera-gpu/tessera/allocator/quota"
+	"github.com/tessera-gpu/tessera/allocator/victims"
 )
 
 // ReclaimError says why reclaim cannot give a queue its request.
@@ -69,73 +69,27 @@ func (s *State) Reclaim(queue string, req quota.Resources, running []Workload, e
 	if q, r, over := a.overGuarantee(); over && a.path[len(a.path)-1] == q && fair != "" {
 		return fail("queue %s would use %d %s, above its guarantee %d, and %s: only guarantees and fair shares are reclaimed", queue, v.used[q][r]+req[r], r, v.spec(q).Guaranteed[r], fair)
 	}
-	if enough(nil) {
-		return nil, nil
-	}
 	cands := v.candidates(queue, a.res, running)
-	for {
+	// A candidate is taken while mayTake admits it, counting what was
+	// taken before it in the same attempt (allocator/victims: the shortest
+	// enough prefix, made minimal; victims of useless room passed over).
+	newTaker := func() func(Workload) bool {
 		taken := map[string]quota.Resources{} // evicted so far, per queue's subtree
-		var victims, refused []Workload
-		for _, w := range cands {
+		return func(w Workload) bool {
 			if ok, _ := v.mayTake(a, fair == "", taken, w); !ok {
-				refused = append(refused, w)
-				continue
+				return false
 			}
 			for _, q := range v.t.nodes[w.Queue].path {
 				taken[q] = taken[q].Add(w.Uses)
 			}
-			victims = append(victims, w)
-			if enough(victims) {
-				return minimal(victims, enough), nil
-			}
-		}
-		// Not enough. The surplus of a victim's queue may have been spent
-		// on victims whose freed room cannot serve the asker (a GPU in the
-		// other NVLink clique, on another node or rack than the one that
-		// could hold it) and so refused the victims that would make it
-		// fit: those are passed over and the choice made again.
-		useless := uselessVictims(cands, victims, len(refused) > 0, enough)
-		if len(useless) == 0 {
-			return fail("other queues borrow too little to free %s without falling below their own guarantees", req)
-		}
-		cands = slices.DeleteFunc(cands, func(w Workload) bool { return useless[w.Key] })
-	}
-}
-
-// uselessVictims returns the victims taken (all the candidates having been
-// tried, some refused) that the fewest enough set of all the candidates
-// (the shortest enough prefix in candidate order, then minimal) does not
-// need: their freed room does not serve the asker. None when no candidate
-// was refused, or when even all of them are not enough.
-func uselessVictims(cands, victims []Workload, refused bool, enough func([]Workload) bool) map[string]bool {
-	if !refused || !enough(cands) {
-		return nil
-	}
-	n := sort.Search(len(cands), func(k int) bool { return enough(cands[:k+1]) }) + 1
-	needed := map[string]bool{}
-	for _, w := range minimal(cands[:n], enough) {
-		needed[w.Key] = true
-	}
-	out := map[string]bool{}
-	for _, w := range victims {
-		if !needed[w.Key] {
-			out[w.Key] = true
+			return true
 		}
 	}
-	return out
-}
-
-// minimal drops, from the last victim back, each victim without which the
-// others are still enough.
-func minimal(victims []Workload, enough func([]Workload) bool) []Workload {
-	keep := append([]Workload(nil), victims...)
-	for i := len(keep) - 2; i >= 0; i-- { // the last one was needed
-		without := append(append([]Workload(nil), keep[:i]...), keep[i+1:]...)
-		if enough(without) {
-			keep = without
-		}
+	chosen, ok := victims.Choose(cands, func(w Workload) string { return w.Key }, newTaker, enough)
+	if !ok {
+		return fail("other queues borrow too little to free %s without falling below their own guarantees", req)
 	}
-	return keep
+	return chosen, nil
 }
 
 // candidates are the workloads Reclaim may take, in the order it tries

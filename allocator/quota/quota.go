@@ -12,6 +12,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/tessera-gpu/tessera/allocator/victims"
 )
 
 // Resources are amounts by resource name: whole GPUs, memory units and core
@@ -234,9 +236,13 @@ func (e *ReclaimError) Error() string {
 // workloads, lowest priority first, then newest first. A workload is taken
 // only while its namespace stays at or above its own min after every
 // eviction chosen so far, so reclaim never flaps. enough reports whether the
-// chosen victims free enough room (the caller checks real placement, e.g. on
-// GPU level); Reclaim stops at the first prefix of candidates that is
-// enough and returns it, or a *ReclaimError.
+// chosen victims free enough room (the caller checks real placement, on GPU
+// level and with the asker's topology); it must be monotone. The choice is
+// allocator/victims' (as for queues): the shortest enough prefix of the
+// candidates, less every victim without which it is still enough, and when
+// a namespace's min refused victims, the choice again without the victims
+// whose freed room cannot serve the asker (another clique, node or rack
+// than the one it needs). It returns the victims or a *ReclaimError.
 func (s *State) Reclaim(ns string, req Resources, running []Workload, enough func(victims []Workload) bool) ([]Workload, error) {
 	q, ok := s.Quotas[ns]
 	if !ok {
@@ -266,27 +272,27 @@ func (s *State) Reclaim(ns string, req Resources, running []Workload, enough fun
 		}
 		return a.Name < b.Name
 	})
-	left := map[string]Resources{}
-	var victims []Workload
-	if enough(victims) {
-		return victims, nil
-	}
-	for _, w := range cands {
-		used, seen := left[w.Namespace]
-		if !seen {
-			used = s.Used[w.Namespace].Add(nil)
-		}
-		rest := used.Sub(w.Uses)
-		if underMin(rest, s.Quotas[w.Namespace].Min, w.Uses) {
-			continue
-		}
-		left[w.Namespace] = rest
-		victims = append(victims, w)
-		if enough(victims) {
-			return victims, nil
+	newTaker := func() func(Workload) bool {
+		left := map[string]Resources{} // what each namespace keeps so far
+		return func(w Workload) bool {
+			used, seen := left[w.Namespace]
+			if !seen {
+				used = s.Used[w.Namespace].Add(nil)
+			}
+			rest := used.Sub(w.Uses)
+			if underMin(rest, s.Quotas[w.Namespace].Min, w.Uses) {
+				return false
+			}
+			left[w.Namespace] = rest
+			return true
 		}
 	}
-	return nil, &ReclaimError{Namespace: ns, Reason: fmt.Sprintf("other namespaces borrow too little to free %s without falling under their own min", req)}
+	key := func(w Workload) string { return w.Namespace + "/" + w.Name }
+	chosen, ok := victims.Choose(cands, key, newTaker, enough)
+	if !ok {
+		return nil, &ReclaimError{Namespace: ns, Reason: fmt.Sprintf("other namespaces borrow too little to free %s without falling under their own min", req)}
+	}
+	return chosen, nil
 }
 
 // underMin reports whether rest is below min in any resource the workload

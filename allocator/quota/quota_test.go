@@ -2,6 +2,7 @@ package quota
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -224,5 +225,55 @@ func TestCloneIsDeep(t *testing.T) {
 	c.Quotas["a"].Min[api.ResourceGPU] = 0
 	if s.Used["a"][api.ResourceGPU] != 8 || s.Quotas["a"].Min[api.ResourceGPU] != 16 {
 		t.Errorf("Clone shares maps with the original: %+v", s)
+	}
+}
+
+// Reclaim is topology-aware: the asker's enough says where its freed room
+// must be (here, as on make demo's cluster, a gang that must share one
+// node: 8 GPUs of one node). Namespace a (min 8) runs 28 one-GPU pods over
+// four nodes (8, 8, 4 and 8 GPUs), the newest interleaved across them; b
+// (min 16) asks for 8. Taking the newest until a node is free would spend
+// a's 20 GPUs of surplus on all four nodes and free none ("borrow too
+// little"); the victims are the 8 pods of one node, nothing else.
+func TestReclaimFreesTheDomainTheAskerNeeds(t *testing.T) {
+	s := twoTeams(28, 0)
+	s.Quotas["a"] = Quota{Namespace: "a", Min: gpus(8), Max: gpus(28)}
+	sizes := map[string]int{"n0": 8, "n1": 8, "n2": 4, "n3": 8}
+	nodeOf := map[string]string{}
+	var running []Workload
+	age := time.Duration(0)
+	for i := 0; i < 8; i++ {
+		for _, n := range []string{"n0", "n1", "n2", "n3"} {
+			if i >= sizes[n] {
+				continue
+			}
+			age += time.Second // the first listed is the newest
+			name := fmt.Sprintf("%s-%d", n, i)
+			nodeOf[name] = n
+			running = append(running, workload("a", name, 0, age, 1))
+		}
+	}
+	oneNodeFree := func(v []Workload) bool {
+		gone := map[string]int{}
+		for _, w := range v {
+			gone[nodeOf[w.Name]]++
+		}
+		for n, c := range gone {
+			if c == sizes[n] && sizes[n] >= 8 {
+				return true
+			}
+		}
+		return false
+	}
+	victims, err := s.Reclaim("b", gpus(8), running, oneNodeFree)
+	if err != nil {
+		t.Fatal(err)
+	}
+	on := map[string]bool{}
+	for _, w := range victims {
+		on[nodeOf[w.Name]] = true
+	}
+	if len(victims) != 8 || len(on) != 1 {
+		t.Errorf("victims %v, want the 8 pods of one 8-GPU node", names(victims))
 	}
 }
