@@ -222,11 +222,22 @@ func (s *NodeState) numaZones(d *Demand) []numa.Zone {
 	return zones
 }
 
+// requiredNUMA is the node's NUMA report when its topology manager requires
+// alignment (and the node's NUMA state is built); nil otherwise: the
+// checks below then have nothing to enforce.
+func (s *NodeState) requiredNUMA() *NodeNUMA {
+	n := s.Info.NUMA
+	if n == nil || s.numa == nil || !n.Policy.Requires() {
+		return nil
+	}
+	return n
+}
+
 // checkNUMA applies the NUMA rule for demand d on the node: nil when the
 // node's policy does not require alignment or d's units fit.
 func (s *NodeState) checkNUMA(d *Demand) error {
-	n := s.Info.NUMA
-	if n == nil || s.numa == nil || !n.Policy.Requires() {
+	n := s.requiredNUMA()
+	if n == nil {
 		return nil
 	}
 	needs := n.needs(d.Align)
@@ -244,8 +255,8 @@ func (s *NodeState) checkNUMA(d *Demand) error {
 // GPUs, exclusive CPUs or pinned memory needs the zones' free GPUs and
 // CPUs, which only the node's own check (checkNUMA) weighs.
 func (s *NodeState) alignsAnywhere(d *Demand) bool {
-	n := s.Info.NUMA
-	if n == nil || s.numa == nil || !n.Policy.Requires() {
+	n := s.requiredNUMA()
+	if n == nil {
 		return true
 	}
 	for _, u := range n.needs(d.Align) {
@@ -279,8 +290,8 @@ func (s *NodeState) numaAligned(d *Demand) bool {
 // numaSliceZone is the zone the pod's slice must go to on a node that
 // requires alignment (-1: any GPU).
 func (s *NodeState) numaSliceZone(d *Demand) int {
-	n := s.Info.NUMA
-	if n == nil || s.numa == nil || !n.Policy.Requires() || d.Kind() != allocator.Shared {
+	n := s.requiredNUMA()
+	if n == nil || d.Kind() != allocator.Shared {
 		return -1
 	}
 	needs := n.needs(d.Align)
@@ -339,11 +350,11 @@ func inZone(view *allocator.Node, info *NodeInfo, zone int) *allocator.Node {
 // room together as the kubelet aligns them. nil where the node's policy
 // does not require alignment.
 func (s *NodeState) numaAdmit(demands []Demand) func(members []int) bool {
-	n := s.Info.NUMA
 	if s.Info.NUMAErr != nil {
 		return func([]int) bool { return false }
 	}
-	if n == nil || s.numa == nil || !n.Policy.Requires() {
+	n := s.requiredNUMA()
+	if n == nil {
 		return nil
 	}
 	return func(members []int) bool {

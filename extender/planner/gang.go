@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -516,21 +517,11 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 		}
 		p.liveHold(key) // one past its time is released
 	}
-	for key := range p.cooldown {
-		if _, live := groups[key]; !live {
-			delete(p.cooldown, key)
-		}
-	}
-	for key := range p.heldBefore {
-		if _, live := groups[key]; !live {
-			delete(p.heldBefore, key)
-		}
-	}
-	for key := range p.store.restoredSince {
-		if _, live := groups[key]; !live {
-			delete(p.store.restoredSince, key)
-		}
-	}
+	// What is kept of workloads that are gone is forgotten.
+	gone := func(key string) bool { _, live := groups[key]; return !live }
+	maps.DeleteFunc(p.cooldown, func(key string, _ time.Time) bool { return gone(key) })
+	maps.DeleteFunc(p.heldBefore, func(key string, _ map[string]bool) bool { return gone(key) })
+	maps.DeleteFunc(p.store.restoredSince, func(key string, _ time.Time) bool { return gone(key) })
 	p.saveStore(ctx, groups)
 	return errors.Join(errs...)
 }
@@ -1179,26 +1170,16 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 			// A node changed since the pass began (a pod bound or left):
 			// this workload, which comes first, plans again at once on
 			// the node as it is now.
-			for _, u := range uses {
-				if st, ok := p.ledger.Node(u.Node); ok {
-					p.passSnap[u.Node] = st
-				}
-			}
+			p.refreshUses(uses)
 			p.replans++
 			defer func() { p.replans-- }()
 			return p.plan(ctx, key, g, members, minMember)
 		}
 		return false, fmt.Errorf("gang %s: %w (planned again on the next pass)", g.Key(), err)
 	}
-	if p.passSnap != nil {
-		// The workloads after this one in the pass see its reservation
-		// (and nothing else that changed on the cluster meanwhile).
-		for _, u := range uses {
-			if st, ok := p.ledger.Node(u.Node); ok {
-				p.passSnap[u.Node] = st
-			}
-		}
-	}
+	// The workloads after this one in the pass see its reservation (and
+	// nothing else that changed on the cluster meanwhile).
+	p.refreshUses(uses)
 	uids := make([]types.UID, len(members))
 	for i, m := range members {
 		uids[i] = m.UID
@@ -1207,11 +1188,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		// The ledger holds the room now: the victims go.
 		if err := evictVictims(ctx); err != nil {
 			p.ledger.ReleaseGang(uids)
-			nodes := make([]string, len(uses))
-			for i, u := range uses {
-				nodes[i] = u.Node
-			}
-			p.refresh(nodes)
+			p.refreshUses(uses)
 			p.rehold(key)
 			// Victims that did go count as gone on the next pass.
 			p.wait(key, members, fmt.Sprintf("preemption: %v (it is planned again on the next pass)", err))

@@ -209,6 +209,15 @@ func (p *GangPlanner) releaseReservation(key string) (time.Time, bool) {
 	return r.since, true
 }
 
+// refreshUses is refresh of the nodes uses are on.
+func (p *GangPlanner) refreshUses(uses []*Use) {
+	nodes := make([]string, len(uses))
+	for i, u := range uses {
+		nodes[i] = u.Node
+	}
+	p.refresh(nodes)
+}
+
 // refresh puts the ledger's current state of nodes into the pass snapshot.
 func (p *GangPlanner) refresh(nodes []string) {
 	if p.passSnap == nil {
