@@ -121,8 +121,16 @@ func (q *Quota) AdmitGang(ctx context.Context, ns string, members []*corev1.Pod)
 	return q.Enforcer.AdmitGang(ctx, ns, members)
 }
 
-// ReclaimFor is Enforcer.ReclaimFor with the planner's test on node
-// states.
-func (q *Quota) ReclaimFor(ctx context.Context, ns string, askers []*corev1.Pod, fits func(planner.Snapshot) bool) (string, error) {
-	return q.Enforcer.ReclaimFor(ctx, ns, askers, q.Nodes.Fits(func(s map[string]*NodeState) bool { return fits(plannerSnapshot(s)) }))
+// ReclaimFor is Enforcer.Choose with the planner's test on node states:
+// it evicts nothing itself, and returns the reclaim's message, the pods
+// gone once the room is free, and its eviction (nil without victims).
+func (q *Quota) ReclaimFor(ctx context.Context, ns string, askers []*corev1.Pod, fits func(planner.Snapshot) bool) (string, map[types.UID]bool, func(context.Context) error, error) {
+	r, err := q.Enforcer.Choose(ctx, ns, askers, q.Nodes.Fits(func(s map[string]*NodeState) bool { return fits(plannerSnapshot(s)) }))
+	if err != nil {
+		return "", nil, nil, err
+	}
+	if !r.Victims() {
+		return r.Msg, r.Gone, nil, nil
+	}
+	return r.Msg, r.Gone, r.Evict, nil
 }

@@ -298,10 +298,14 @@ type GangPlanner struct {
 type GangQuota interface {
 	// AdmitGang decides whether namespace ns may start the whole gang.
 	AdmitGang(ctx context.Context, ns string, members []*corev1.Pod) equota.Verdict
-	// ReclaimFor frees room for askers (within their namespace's min)
-	// when fits says they fit no snapshot of the ledger: it returns what
-	// it did, or why it cannot.
-	ReclaimFor(ctx context.Context, ns string, askers []*corev1.Pod, fits func(Snapshot) bool) (string, error)
+	// ReclaimFor chooses how to free room for askers (within their
+	// namespace's min) when fits says they fit no snapshot of the ledger.
+	// As TierPreempt.ForGang, it evicts nothing itself: it returns what it
+	// will do (or why it cannot), the pods gone once the room is free
+	// (those already leaving and its victims), and evict (nil when there
+	// are no victims), which the planner calls once the askers' plan holds
+	// the room.
+	ReclaimFor(ctx context.Context, ns string, askers []*corev1.Pod, fits func(Snapshot) bool) (msg string, gone map[types.UID]bool, evict func(context.Context) error, err error)
 }
 
 // TierPreempt is what the planner asks of tier preemption
@@ -1022,8 +1026,8 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		return gang.PlanGroup(grp, nodes, p.policy)
 	}
 	res, err := planOn(view)
-	// evictVictims evicts what tier preemption chose for the workload,
-	// once its plan holds the room (nil: nothing to evict).
+	// evictVictims evicts what quota reclaim or tier preemption chose for
+	// the workload, once its plan holds the room (nil: nothing to evict).
 	var evictVictims func(context.Context) error
 	if err != nil {
 		reason := err.Error()
@@ -1076,12 +1080,25 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 				}
 			}
 		case p.quota != nil:
-			msg, rerr := p.quota.ReclaimFor(ctx, g.Namespace, members, fits)
+			msg, gone, evict, rerr := p.quota.ReclaimFor(ctx, g.Namespace, members, fits)
 			switch {
-			case rerr == nil && msg != "":
+			case rerr != nil:
+				if !errors.Is(rerr, equota.ErrNothingGuaranteed) {
+					reason += "; quota reclaim: " + rerr.Error()
+				}
+			case evict == nil:
 				reason += "; quota reclaim: " + msg
-			case rerr != nil && !errors.Is(rerr, equota.ErrNothingGuaranteed):
-				reason += "; quota reclaim: " + rerr.Error()
+			default:
+				// As after tier preemption: the workload is planned on
+				// the room its victims free, the ledger holds it, and
+				// they are evicted after (below), so that their
+				// replacements, not gated, are not bound into it first.
+				if r, perr := planOn(without(snap, gone)); perr == nil {
+					res, err = r, nil
+					evictVictims = evict
+				} else {
+					reason += "; quota reclaim: " + msg + ", but the workload does not fit the room freed: nothing evicted"
+				}
 			}
 		}
 		preempting := false
@@ -1191,7 +1208,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 			p.refreshUses(uses)
 			p.rehold(key)
 			// Victims that did go count as gone on the next pass.
-			p.wait(key, members, fmt.Sprintf("preemption: %v (it is planned again on the next pass)", err))
+			p.wait(key, members, fmt.Sprintf("evicting for it: %v (it is planned again on the next pass)", err))
 			return false, nil
 		}
 	}

@@ -280,11 +280,15 @@ var ErrNothingGuaranteed = errors.New("reclaim not due")
 type choice struct {
 	victims []core.Workload
 	pods    map[string][]*corev1.Pod // workload key -> pods
-	state   *core.State
-	req     core.Resources
+	// gone are the pods counted gone before the choice: those leaving and
+	// those whose eviction is in flight.
+	gone  map[types.UID]bool
+	state *core.State
+	req   core.Resources
 }
 
-// decide chooses the victims under e.mu and marks their pods in flight.
+// decide chooses the victims under e.mu; Reclaim.Evict marks their pods
+// in flight.
 func (e *Enforcer) decide(ns string, askers []*corev1.Pod, fits Fits) (*choice, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -361,42 +365,78 @@ func (e *Enforcer) decide(ns string, askers []*corev1.Pod, fits Fits) (*choice, 
 	if err != nil {
 		return nil, err
 	}
-	c := &choice{victims: victims, pods: map[string][]*corev1.Pod{}, state: v.State, req: req}
+	c := &choice{victims: victims, pods: map[string][]*corev1.Pod{}, gone: gone, state: v.State, req: req}
 	for _, w := range victims {
 		c.pods[workloadKey(w)] = podsOf(w)
-		for _, p := range podsOf(w) {
-			e.inflight[p.UID] = now
-		}
 	}
 	return c, nil
 }
 
-// release forgets in-flight evictions of pods (a budget refused them).
-func (e *Enforcer) release(pods []*corev1.Pod, block string) {
+// release forgets in-flight evictions of pods (their eviction failed).
+func (e *Enforcer) release(pods []*corev1.Pod) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, p := range pods {
 		delete(e.inflight, p.UID)
 	}
-	if block != "" {
-		d := e.BlockedFor
-		if d <= 0 {
-			d = time.Minute
-		}
-		e.blocked[block] = e.now().Add(d)
+}
+
+// block passes over workload key (its budget refused an eviction) for
+// BlockedFor.
+func (e *Enforcer) block(key string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	d := e.BlockedFor
+	if d <= 0 {
+		d = time.Minute
 	}
+	e.blocked[key] = e.now().Add(d)
 }
 
 // ReclaimFor frees room for askers of namespace ns within its min, when
-// fits says they fit nowhere once the pods already leaving are gone. It
-// evicts whole workloads of namespaces above their min (allocator/quota
-// Reclaim: lowest priority first, newest first, never taking a namespace
-// under its own min) through the Eviction API. A workload a
-// PodDisruptionBudget protects (429, checked for every member with a dry
-// run first, so that a gang is never half evicted) is passed over and
-// reported, and the choice is made again without it. The room freed is
-// held for ns (Ledger.Hold) until its work starts.
+// fits says they fit nowhere once the pods already leaving are gone: it
+// chooses the victims (Choose) and evicts them at once (Reclaim.Evict). It
+// returns what it did, or why it cannot.
 func (e *Enforcer) ReclaimFor(ctx context.Context, ns string, askers []*corev1.Pod, fits Fits) (string, error) {
+	r, err := e.Choose(ctx, ns, askers, fits)
+	if err != nil {
+		return "", err
+	}
+	return r.Msg, r.Evict(ctx)
+}
+
+// Reclaim is a reclaim chosen for the askers of a namespace, not yet
+// carried out.
+type Reclaim struct {
+	// Msg says what the reclaim does, for the askers' wait reason.
+	Msg string
+	// Gone are the pods gone once the room is free: those already leaving
+	// (or evicted by an earlier reclaim) and the victims' pods.
+	Gone map[types.UID]bool
+
+	e      *Enforcer
+	ns     string
+	askers []*corev1.Pod
+	c      *choice
+}
+
+// Victims reports whether the reclaim evicts anything: without victims the
+// room is being freed by pods that are leaving.
+func (r *Reclaim) Victims() bool { return r != nil && len(r.c.victims) > 0 }
+
+// Choose decides how to free room for askers of namespace ns within its
+// min, when fits says they fit nowhere once the pods already leaving are
+// gone, and evicts nothing. The victims are whole workloads of namespaces
+// above their min (allocator/quota Reclaim: lowest priority first, newest
+// first, never taking a namespace under its own min, and only those whose
+// freed room serves the askers). A workload a PodDisruptionBudget protects
+// (429, checked for every member with a dry run, so that a gang is never
+// half evicted) is passed over and reported, and the choice is made again
+// without it. The caller plans the askers on the room without Gone, holds
+// it, and then calls Evict: evicting first let a victim's replacement (a
+// Deployment's, made at once and not gated) be bound into the freed room
+// before the askers' plan held it.
+func (e *Enforcer) Choose(ctx context.Context, ns string, askers []*corev1.Pod, fits Fits) (*Reclaim, error) {
 	e.init()
 	logger := klog.FromContext(ctx)
 	var blockedMsgs []string
@@ -406,19 +446,21 @@ func (e *Enforcer) ReclaimFor(ctx context.Context, ns string, askers []*corev1.P
 			if len(blockedMsgs) > 0 {
 				err = fmt.Errorf("%w; passed over as their PodDisruptionBudgets refuse eviction: %s", err, strings.Join(blockedMsgs, "; "))
 			}
-			return "", err
+			return nil, err
 		}
+		r := &Reclaim{Gone: c.gone, e: e, ns: ns, askers: askers, c: c}
 		if len(c.victims) == 0 {
-			return "room is being freed by pods that are leaving", nil
+			r.Msg = "room is being freed by pods that are leaving"
+			return r, nil
 		}
-		// API writes, outside the lock: a dry run for every pod of every
-		// victim, then the evictions.
+		// API calls, outside the lock: a dry run for every pod of every
+		// victim.
 		retry := false
-		var evicted []core.Workload
+		var names []string
 		for _, w := range c.victims {
 			pods := c.pods[workloadKey(w)]
 			if blocker, err := e.dryRun(ctx, pods); err != nil {
-				e.release(pods, workloadKey(w))
+				e.block(workloadKey(w))
 				msg := fmt.Sprintf("%s of namespace %s cannot be evicted: pod %s: %v", w.Name, w.Namespace, blocker, err)
 				blockedMsgs = append(blockedMsgs, msg)
 				logger.Info("Reclaim victim refused", "namespace", ns, "victim", workloadKey(w), "pod", blocker, "err", err)
@@ -431,48 +473,68 @@ func (e *Enforcer) ReclaimFor(ctx context.Context, ns string, askers []*corev1.P
 				retry = true
 				continue
 			}
-			evicted = append(evicted, w)
+			names = append(names, fmt.Sprintf("%s of namespace %s (%d pods)", w.Name, w.Namespace, len(w.Pods)))
+			for _, p := range pods {
+				r.Gone[p.UID] = true
+			}
 		}
 		if retry {
-			for _, w := range evicted {
-				e.release(c.pods[workloadKey(w)], "")
-			}
 			continue // choose again without the refused workloads
 		}
-		var errs []error
-		var names []string
-		for _, w := range c.victims {
-			why := e.why(c, ns, w)
-			for _, p := range c.pods[workloadKey(w)] {
-				err := e.Evicter.Evict(ctx, p, false)
-				if apierrors.IsNotFound(err) {
-					continue
-				}
-				if err != nil {
-					e.release([]*corev1.Pod{p}, "")
-					errs = append(errs, fmt.Errorf("evicting %s/%s for namespace %s: %w", p.Namespace, p.Name, ns, err))
-					continue
-				}
-				if e.Metrics != nil {
-					e.Metrics.ReclaimEvicted(w.Namespace)
-				}
-				e.event(p, corev1.EventTypeWarning, api.EventReclaimed, "tessera: evicted to reclaim quota for namespace %s: %s", ns, why)
-			}
-			names = append(names, fmt.Sprintf("%s of namespace %s (%d pods)", w.Name, w.Namespace, len(w.Pods)))
-			logger.Info("Reclaimed", "for", ns, "victim", workloadKey(w), "pods", w.Pods, "why", why)
-		}
-		hold := e.HoldFor
-		if hold <= 0 {
-			hold = 2 * time.Minute
-		}
-		e.Ledger.Hold(ns, string(askers[0].UID), c.state.Used[ns], c.req, hold)
-		msg := fmt.Sprintf("namespace %s is under its min and needs %s: evicting %s", ns, Describe(c.req), strings.Join(names, ", "))
-		for _, p := range askers {
-			e.event(p, corev1.EventTypeNormal, api.EventQuotaReclaiming, "tessera: quota: %s", msg)
-		}
-		return msg, errors.Join(errs...)
+		r.Msg = fmt.Sprintf("namespace %s is under its min and needs %s: evicting %s", ns, Describe(c.req), strings.Join(names, ", "))
+		return r, nil
 	}
-	return strings.Join(blockedMsgs, "; "), &core.ReclaimError{Namespace: ns, Reason: "every workload that could be reclaimed is protected by a PodDisruptionBudget: " + strings.Join(blockedMsgs, "; ")}
+	return nil, &core.ReclaimError{Namespace: ns, Reason: "every workload that could be reclaimed is protected by a PodDisruptionBudget: " + strings.Join(blockedMsgs, "; ")}
+}
+
+// Evict carries the reclaim out: it evicts the victims' pods through the
+// Eviction API, with a Reclaimed Event on each and a QuotaReclaiming Event
+// on each asker, and holds the room for the namespace (Ledger.Hold) until
+// its work starts. Pods already gone are skipped; the errors of the others
+// are joined. Without victims it does nothing.
+func (r *Reclaim) Evict(ctx context.Context) error {
+	if !r.Victims() {
+		return nil
+	}
+	e, c, ns := r.e, r.c, r.ns
+	logger := klog.FromContext(ctx)
+	e.mu.Lock()
+	now := e.now()
+	for _, w := range c.victims {
+		for _, p := range c.pods[workloadKey(w)] {
+			e.inflight[p.UID] = now
+		}
+	}
+	e.mu.Unlock()
+	var errs []error
+	for _, w := range c.victims {
+		why := e.why(c, ns, w)
+		for _, p := range c.pods[workloadKey(w)] {
+			err := e.Evicter.Evict(ctx, p, false)
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			if err != nil {
+				e.release([]*corev1.Pod{p})
+				errs = append(errs, fmt.Errorf("evicting %s/%s for namespace %s: %w", p.Namespace, p.Name, ns, err))
+				continue
+			}
+			if e.Metrics != nil {
+				e.Metrics.ReclaimEvicted(w.Namespace)
+			}
+			e.event(p, corev1.EventTypeWarning, api.EventReclaimed, "tessera: evicted to reclaim quota for namespace %s: %s", ns, why)
+		}
+		logger.Info("Reclaimed", "for", ns, "victim", workloadKey(w), "pods", w.Pods, "why", why)
+	}
+	hold := e.HoldFor
+	if hold <= 0 {
+		hold = 2 * time.Minute
+	}
+	e.Ledger.Hold(ns, string(r.askers[0].UID), c.state.Used[ns], c.req, hold)
+	for _, p := range r.askers {
+		e.event(p, corev1.EventTypeNormal, api.EventQuotaReclaiming, "tessera: quota: %s", r.Msg)
+	}
+	return errors.Join(errs...)
 }
 
 // dryRun checks every pod may be evicted; it returns the first refused.

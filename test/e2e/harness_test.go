@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -331,6 +332,77 @@ func (s podSpec) pod(ns string) *v1.Pod {
 		p.Spec.SchedulingGates = []v1.PodSchedulingGate{{Name: api.SchedulingGateGang}}
 	}
 	return p
+}
+
+// onA100s restricts a pod to the cluster's two 8-GPU A100 nodes.
+func onA100s(p *v1.Pod) {
+	p.Spec.Affinity = &v1.Affinity{NodeAffinity: &v1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &v1.NodeSelector{
+		NodeSelectorTerms: []v1.NodeSelectorTerm{{MatchExpressions: []v1.NodeSelectorRequirement{
+			{Key: v1.LabelHostname, Operator: v1.NodeSelectorOpIn, Values: []string{"a100-1", "a100-2"}},
+		}}},
+	}}}
+}
+
+// a100Deployment creates a Deployment of replicas one-GPU pods (label
+// app=name, PriorityClass prio when not "") on the A100 nodes, deleted
+// with its pods when the test ends.
+func a100Deployment(t *testing.T, client kubernetes.Interface, ns, name string, replicas int32, prio string) {
+	t.Helper()
+	t.Cleanup(func() {
+		fg := metav1.DeletePropagationForeground
+		_ = client.AppsV1().Deployments(ns).Delete(context.Background(), name, metav1.DeleteOptions{PropagationPolicy: &fg})
+	})
+	labels := map[string]string{"app": name}
+	tmpl := podSpec{gpus: 1, labels: labels}.pod(ns)
+	onA100s(tmpl)
+	tmpl.Spec.PriorityClassName = prio
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: appsv1.DeploymentSpec{Replicas: &replicas, Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: v1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: tmpl.Spec}}}
+	if _, err := client.AppsV1().Deployments(ns).Create(t.Context(), dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// nodeGangOnA100s creates gang name of 2 members of 4 GPUs that must
+// share a node (PriorityClass prio when not "") on the A100 nodes, waits
+// for both to run, and returns their node.
+func nodeGangOnA100s(t *testing.T, c *nodesim.Cluster, ns, name, prio string) string {
+	t.Helper()
+	for i := range 2 {
+		p := podSpec{name: fmt.Sprintf("%s-%d", name, i), gpus: 4, annotations: map[string]string{api.AnnotationGang: name,
+			api.AnnotationGangMinMember: "2", api.AnnotationGangTopology: v1.LabelHostname + ":required"}}.pod(ns)
+		onA100s(p)
+		p.Spec.PriorityClassName = prio
+		if _, err := c.Client().CoreV1().Pods(ns).Create(t.Context(), p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var nodes []string
+	for i := range 2 {
+		p, _ := waitRunning(t, c, ns, fmt.Sprintf("%s-%d", name, i), time.Minute)
+		nodes = append(nodes, p.Spec.NodeName)
+	}
+	if nodes[0] != nodes[1] {
+		t.Fatalf("the gang's members run on %v, want one node", nodes)
+	}
+	return nodes[0]
+}
+
+// eventedPods lists, sorted, the pods of namespace ns with an Event of
+// reason.
+func eventedPods(t *testing.T, client kubernetes.Interface, ns, reason string) []string {
+	t.Helper()
+	l, err := client.CoreV1().Events(ns).List(t.Context(), metav1.ListOptions{FieldSelector: "reason=" + reason})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range l.Items {
+		names = append(names, e.InvolvedObject.Name)
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
 }
 
 func create(t *testing.T, client kubernetes.Interface, ns string, s podSpec) *v1.Pod {

@@ -128,3 +128,42 @@ func TestQuotaMaxBorrowReclaim(t *testing.T) {
 	checkNoOvercommit(t, occ)
 	checkRunningPods(t, c, pods)
 }
+
+// ElasticQuota reclaim for a gang that must share a node, from a
+// Deployment whose controller replaces each evicted pod at once (the
+// replacements are not gated: they are no gang members): the gang's plan
+// holds the freed node before the victims are evicted, so exactly one
+// node's 8 pods are reclaimed. Before, the replacements were bound into
+// the freed room and reclaimed again (make demo: 11 evictions for 8 GPUs).
+func TestQuotaReclaimForAGangOfDeploymentVictims(t *testing.T) {
+	c := getCluster(t)
+	client := c.Client()
+	waitReleased(t, c)
+	nsA := namespace(t, c, "e2e-quota-dep-a")
+	nsB := namespace(t, c, "e2e-quota-dep-b")
+	elasticQuota(t, c, nsA, api.ResourceGPU, 4, 16)
+	elasticQuota(t, c, nsB, api.ResourceGPU, 8, 16)
+	time.Sleep(time.Second) // the extender's informer sees the quotas
+	a100Deployment(t, client, nsA, "borrowers", 16, "")
+	if err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		running, _, _ := countPhases(t, c, nsA)
+		return running == 16, nil
+	}); err != nil {
+		running, waiting, _ := countPhases(t, c, nsA)
+		t.Fatalf("the Deployment's 16 pods do not all run on a100-1 and a100-2: %v (%d Running, %d waiting)", err, running, waiting)
+	}
+
+	nodeGangOnA100s(t, c, nsB, "b", "")
+	// Give further rounds of reclaim, had there been any, time to show.
+	time.Sleep(5 * time.Second)
+	if reclaimed := eventedPods(t, client, nsA, api.EventReclaimed); len(reclaimed) != 8 {
+		t.Errorf("reclaimed %d pods of the Deployment, want the 8 of one node: %v", len(reclaimed), reclaimed)
+	}
+	running, waiting, _ := countPhases(t, c, nsA)
+	if running != 8 || waiting != 8 {
+		t.Errorf("after the reclaim the Deployment has %d pods Running and %d waiting; want 8 and 8 (its replacements wait)", running, waiting)
+	}
+	occ, pods := occupancy(t, c)
+	checkNoOvercommit(t, occ)
+	checkRunningPods(t, c, pods)
+}

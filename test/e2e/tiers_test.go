@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -323,25 +322,7 @@ func TestTierPreemptionForAGangOfDeploymentVictims(t *testing.T) {
 	waitReleased(t, c)
 	ns := namespace(t, c, "e2e-tiers-deployment")
 	priorityClasses(t, client)
-	t.Cleanup(func() {
-		fg := metav1.DeletePropagationForeground
-		_ = client.AppsV1().Deployments(ns).Delete(context.Background(), "notebooks", metav1.DeleteOptions{PropagationPolicy: &fg})
-	})
-	a100s := &v1.Affinity{NodeAffinity: &v1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &v1.NodeSelector{
-		NodeSelectorTerms: []v1.NodeSelectorTerm{{MatchExpressions: []v1.NodeSelectorRequirement{
-			{Key: v1.LabelHostname, Operator: v1.NodeSelectorOpIn, Values: []string{"a100-1", "a100-2"}},
-		}}},
-	}}}
-	labels := map[string]string{"app": "notebooks"}
-	tmpl := podSpec{gpus: 1, labels: labels}.pod(ns)
-	tmpl.Spec.Affinity = a100s
-	tmpl.Spec.PriorityClassName = tierNotebook
-	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "notebooks", Namespace: ns},
-		Spec: appsv1.DeploymentSpec{Replicas: new(int32(16)), Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: v1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: tmpl.Spec}}}
-	if _, err := client.AppsV1().Deployments(ns).Create(t.Context(), dep, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	a100Deployment(t, client, ns, "notebooks", 16, tierNotebook)
 	runningNotebooks := func(ctx context.Context) (map[string][]string, int, error) {
 		l, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=notebooks"})
 		if err != nil {
@@ -368,49 +349,21 @@ func TestTierPreemptionForAGangOfDeploymentVictims(t *testing.T) {
 		t.Fatalf("the Deployment's 16 notebooks do not all run on a100-1 and a100-2: %v (%v)", err, byNode)
 	}
 
-	for i := range 2 {
-		p := podSpec{name: fmt.Sprintf("inf-%d", i), gpus: 4, annotations: map[string]string{api.AnnotationGang: "inf",
-			api.AnnotationGangMinMember: "2", api.AnnotationGangTopology: v1.LabelHostname + ":required"}}.pod(ns)
-		p.Spec.Affinity = a100s
-		p.Spec.PriorityClassName = tierInference
-		if _, err := client.CoreV1().Pods(ns).Create(t.Context(), p, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var nodes []string
-	for i := range 2 {
-		p, _ := waitRunning(t, c, ns, fmt.Sprintf("inf-%d", i), time.Minute)
-		nodes = append(nodes, p.Spec.NodeName)
-	}
-	if nodes[0] != nodes[1] {
-		t.Fatalf("the gang's members run on %v, want one node", nodes)
-	}
+	node := nodeGangOnA100s(t, c, ns, "inf", tierInference)
 	// Give further rounds of preemption, had there been any, time to show.
 	time.Sleep(5 * time.Second)
-	preempted := map[string]bool{}
-	l, err := client.CoreV1().Events(ns).List(t.Context(), metav1.ListOptions{FieldSelector: "reason=" + api.EventPreempted})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range l.Items {
-		preempted[e.InvolvedObject.Name] = true
-	}
-	var names []string
-	for n := range preempted {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	want := slices.Clone(byNode[nodes[0]])
+	names := eventedPods(t, client, ns, api.EventPreempted)
+	want := slices.Clone(byNode[node])
 	slices.Sort(want)
 	if !slices.Equal(names, want) {
-		t.Errorf("preempted %d pods %v, want the 8 notebooks that ran on %s: %v", len(names), names, nodes[0], want)
+		t.Errorf("preempted %d pods %v, want the 8 notebooks that ran on %s: %v", len(names), names, node, want)
 	}
 	after, pending, err := runningNotebooks(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(after[nodes[0]]) != 0 || pending != 8 {
-		t.Errorf("after the preemption: notebooks running %v, %d pending; want none on %s and its 8 replacements pending", after, pending, nodes[0])
+	if len(after[node]) != 0 || pending != 8 {
+		t.Errorf("after the preemption: notebooks running %v, %d pending; want none on %s and its 8 replacements pending", after, pending, node)
 	}
 	occ, pods := occupancy(t, c)
 	checkNoOvercommit(t, occ)
