@@ -825,6 +825,7 @@ func TestPreemptVerbOncePerPod(t *testing.T) {
 type replacingQuotaEvicter struct {
 	equota.Evicter
 	f     *quotaFixture
+	gpus  int64    // each replacement's whole GPUs
 	bound []string // name@node
 }
 
@@ -835,7 +836,7 @@ func (r *replacingQuotaEvicter) Evict(ctx context.Context, pod *corev1.Pod, dryR
 	f := r.f
 	f.feed()
 	f.now = f.now.Add(time.Millisecond)
-	repl := f.pod(pod.Namespace, pod.Name+"-r", 1, f.now)
+	repl := f.pod(pod.Namespace, pod.Name+"-r", r.gpus, f.now)
 	res := f.filter(repl)
 	if res.NodeNames == nil || len(*res.NodeNames) == 0 {
 		return nil
@@ -865,7 +866,7 @@ func TestQuotaReclaimHoldsTheRoomBeforeEvicting(t *testing.T) {
 		"a": {Namespace: "a", Min: gpus(8), Max: gpus(24)},
 		"b": {Namespace: "b", Min: gpus(16), Max: gpus(24)},
 	}, nodes...)
-	rep := &replacingQuotaEvicter{Evicter: f.enf.Evicter, f: f}
+	rep := &replacingQuotaEvicter{Evicter: f.enf.Evicter, f: f, gpus: 1}
 	f.enf.Evicter = rep
 	// a's Deployment fills the cluster one GPU at a time, node after node,
 	// so that its newest pods are on every node.
@@ -900,5 +901,30 @@ func TestQuotaReclaimHoldsTheRoomBeforeEvicting(t *testing.T) {
 	}
 	if ev := f.eventsWith(api.EventQuotaReclaiming); len(ev) != 2 {
 		t.Errorf("QuotaReclaiming events %q, want one on each member", ev)
+	}
+}
+
+// Reclaim for a plain pod holds the room in quota before it evicts: the
+// victim's replacement, made at once by its controller while the
+// evictions are still under way, would borrow the room reclaimed and is
+// refused by quota, so it is not bound there (and reclaimed again).
+func TestQuotaReclaimForAPodHoldsBeforeEvicting(t *testing.T) {
+	f, b := reclaimScene(t)
+	rep := &replacingQuotaEvicter{Evicter: f.enf.Evicter, f: f, gpus: 8}
+	f.enf.Evicter = rep
+	if res := f.filter(b); len(*res.NodeNames) != 0 {
+		t.Fatalf("b-0 passed %v on a full cluster", *res.NodeNames)
+	}
+	if err := f.reclaimQueued(); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"a/ay"}, f.evictions()); diff != "" {
+		t.Fatalf("evictions (-want +got):\n%s", diff)
+	}
+	if len(rep.bound) != 0 {
+		t.Errorf("replacement bound into the room reclaimed for b-0: %v", rep.bound)
+	}
+	if res := f.filter(b); res.NodeNames == nil || len(*res.NodeNames) != 1 {
+		t.Errorf("b-0 after the reclaim: passed %v, unresolvable %v", res.NodeNames, res.FailedAndUnresolvableNodes)
 	}
 }

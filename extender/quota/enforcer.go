@@ -487,10 +487,10 @@ func (e *Enforcer) Choose(ctx context.Context, ns string, askers []*corev1.Pod, 
 	return nil, &core.ReclaimError{Namespace: ns, Reason: "every workload that could be reclaimed is protected by a PodDisruptionBudget: " + strings.Join(blockedMsgs, "; ")}
 }
 
-// Evict carries the reclaim out: it evicts the victims' pods through the
-// Eviction API, with a Reclaimed Event on each and a QuotaReclaiming Event
-// on each asker, and holds the room for the namespace (Ledger.Hold) until
-// its work starts. Pods already gone are skipped; the errors of the others
+// Evict carries the reclaim out: it holds the room for the namespace
+// (Ledger.Hold) until its work starts, then evicts the victims' pods
+// through the Eviction API, with a Reclaimed Event on each and a
+// QuotaReclaiming Event on each asker. Pods already gone are skipped; the errors of the others
 // are joined. Without victims it does nothing.
 func (r *Reclaim) Evict(ctx context.Context) error {
 	if !r.Victims() {
@@ -506,6 +506,14 @@ func (r *Reclaim) Evict(ctx context.Context) error {
 		}
 	}
 	e.mu.Unlock()
+	// The room is held for ns before the first eviction: a victim's
+	// replacement, made by its controller at once, would otherwise borrow
+	// it while the evictions are still under way.
+	hold := e.HoldFor
+	if hold <= 0 {
+		hold = 2 * time.Minute
+	}
+	e.Ledger.Hold(ns, string(r.askers[0].UID), c.state.Used[ns], c.req, hold)
 	var errs []error
 	for _, w := range c.victims {
 		why := e.why(c, ns, w)
@@ -526,11 +534,6 @@ func (r *Reclaim) Evict(ctx context.Context) error {
 		}
 		logger.Info("Reclaimed", "for", ns, "victim", workloadKey(w), "pods", w.Pods, "why", why)
 	}
-	hold := e.HoldFor
-	if hold <= 0 {
-		hold = 2 * time.Minute
-	}
-	e.Ledger.Hold(ns, string(r.askers[0].UID), c.state.Used[ns], c.req, hold)
 	for _, p := range r.askers {
 		e.event(p, corev1.EventTypeNormal, api.EventQuotaReclaiming, "tessera: quota: %s", r.Msg)
 	}
