@@ -102,21 +102,57 @@ func checkLimits(a *admission) *Decision {
 }
 
 // overGuarantee returns the first queue on the path, leaf first, and
-// resource the request takes above the queue's guarantee.
-func (a *admission) overGuarantee() (string, corev1.ResourceName, bool) {
+// resource in which the request takes the queue above its guarantee, with
+// what the queue would then claim (claimOnPath).
+func (a *admission) overGuarantee() (string, corev1.ResourceName, int64, bool) {
+	claim := map[corev1.ResourceName]int64{}
 	for i := len(a.path) - 1; i >= 0; i-- {
 		q := a.path[i]
 		for _, r := range a.res {
-			if a.v.used[q][r]+a.req[r] > a.v.spec(q).Guaranteed[r] {
-				return q, r, true
+			claim[r] = a.claimOnPath(i, r, claim[r])
+			if claim[r] > a.v.spec(q).Guaranteed[r] {
+				return q, r, claim[r], true
 			}
 		}
 	}
-	return "", "", false
+	return "", "", 0, false
+}
+
+// claimOnPath is what the request makes the queue at a.path[i] claim of r
+// against its guarantee, given below, the claim of the queue after it on
+// the path: for the leaf, its use with the request; above it, the claim
+// below plus what the queue's other children keep (kept). Their use
+// beyond that is borrowed, and the asker takes it back by reclaim: a
+// team within its guarantee is within its department's too while a
+// sibling team borrows the rest, even when that borrowing has the
+// department at its own guarantee.
+func (a *admission) claimOnPath(i int, r corev1.ResourceName, below int64) int64 {
+	q := a.path[i]
+	if i == len(a.path)-1 {
+		return a.v.used[q][r] + a.req[r]
+	}
+	for _, c := range a.v.t.Children(q) {
+		if c != a.path[i+1] {
+			below += a.v.kept(c, r)
+		}
+	}
+	return below
+}
+
+// kept is what of queue q's use of r reclaim by a queue outside q's
+// subtree must leave it: its use up to its guarantee, or up to what its
+// children keep when their guarantees add up to more (no queue on a
+// victim's path is taken below its guarantee).
+func (v *view) kept(q string, r corev1.ResourceName) int64 {
+	var children int64
+	for _, c := range v.t.Children(q) {
+		children += v.kept(c, r)
+	}
+	return min(v.used[q][r], max(v.spec(q).Guaranteed[r], children))
 }
 
 func checkWithinGuarantee(a *admission) *Decision {
-	if _, _, over := a.overGuarantee(); !over {
+	if _, _, _, over := a.overGuarantee(); !over {
 		return &Decision{Allowed: true, Reason: fmt.Sprintf("queue %s stays within its guarantee at every level", a.queue)}
 	}
 	return nil
@@ -200,6 +236,6 @@ func (v *view) unmetGuarantee(q string, r corev1.ResourceName) int64 {
 }
 
 func (a *admission) borrowed() string {
-	q, r, _ := a.overGuarantee()
-	return fmt.Sprintf("queue %s borrows: %s would use %d %s, above its guarantee %d", a.queue, q, a.v.used[q][r]+a.req[r], r, a.v.spec(q).Guaranteed[r])
+	q, r, claim, _ := a.overGuarantee()
+	return fmt.Sprintf("queue %s borrows: %s would use %d %s, above its guarantee %d", a.queue, q, claim, r, a.v.spec(q).Guaranteed[r])
 }

@@ -26,9 +26,35 @@ func TestAdmit(t *testing.T) {
 			want: Decision{Allowed: true},
 		},
 		{
-			name: "within its team's guarantee, the department's full: borrows",
+			// a2 borrows 2 of a1's guarantee: a1 takes it back by
+			// reclaim, so it does not borrow (seen on make demo: a team
+			// within its guarantee was refused while its sibling borrowed
+			// the whole department's, "would borrow ... 36 of 28").
+			name: "within its team's guarantee while the sibling borrows the department's: within",
 			tree: departments(), used: map[string]int64{"a2": 6}, queue: "a1", req: gpus(4),
+			want: Decision{Allowed: true},
+		},
+		{
+			name: "the sibling borrows the whole cluster: within",
+			tree: departments(), used: map[string]int64{"a2": 16}, queue: "a1", req: gpus(4),
+			want: Decision{Allowed: true},
+		},
+		{
+			name: "a team within its guarantee, the department's guarantees overcommitted: borrows",
+			tree: overcommitted(), used: map[string]int64{"a2": 4}, queue: "a1", req: gpus(6),
 			want: Decision{Allowed: true, Borrowing: true},
+		},
+		{
+			name: "a sibling above its own guarantee keeps its parent's share only",
+			tree: Build([]Spec{q("d", "", 8), q("s", "d", 6), q("s1", "s", 2), q("s2", "s", 2), q("t", "d", 2, "ns")}),
+			// s keeps max(6, 2+2) = 6 of its 10: t's 2 fit d's 8.
+			used: map[string]int64{"s1": 10}, queue: "t", req: gpus(2),
+			want: Decision{Allowed: true},
+		},
+		{
+			name: "beyond capacity, the sibling within its guarantee",
+			tree: departments(), used: map[string]int64{"a2": 4, "b1": 8, "b2": 4}, queue: "a1", req: gpus(1),
+			want: Decision{Allowed: true},
 		},
 		{
 			name: "a team borrows its idle sibling's guarantee",
@@ -134,8 +160,18 @@ func TestAdmit(t *testing.T) {
 	}
 }
 
+// overcommitted is departments() whose dept-a's teams are guaranteed 6
+// each of its 8.
+func overcommitted() *Tree {
+	return Build([]Spec{
+		q("dept-a", "", 8), q("dept-b", "", 8),
+		q("a1", "dept-a", 6, "ns-a1"), q("a2", "dept-a", 6, "ns-a2"),
+		q("b1", "dept-b", 4, "ns-b1"), q("b2", "dept-b", 4, "ns-b2"),
+	})
+}
+
 func TestAdmitBorrowingReasonNamesTheLevel(t *testing.T) {
-	got := state(departments(), map[string]int64{"a2": 6}, nil).Admit("a1", gpus(4))
+	got := state(overcommitted(), map[string]int64{"a2": 4}, nil).Admit("a1", gpus(6))
 	want := "queue a1 borrows: dept-a would use 10 tessera.dev/gpu, above its guarantee 8"
 	if got.Reason != want {
 		t.Errorf("Reason = %q, want %q", got.Reason, want)

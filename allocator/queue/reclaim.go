@@ -66,7 +66,7 @@ func (s *State) Reclaim(queue string, req quota.Resources, running []Workload, e
 		}
 	}
 	fair := v.fairShareEligible(a)
-	if q, r, over := a.overGuarantee(); over && a.path[len(a.path)-1] == q && fair != "" {
+	if q, r, _, over := a.overGuarantee(); over && a.path[len(a.path)-1] == q && fair != "" {
 		return fail("queue %s would use %d %s, above its guarantee %d, and %s: only guarantees and fair shares are reclaimed", queue, v.used[q][r]+req[r], r, v.spec(q).Guaranteed[r], fair)
 	}
 	cands := v.candidates(queue, a.res, running)

@@ -158,11 +158,17 @@ func TestQueueReclaimAcrossDepartments(t *testing.T) {
 		name     string
 		asks     int
 		selector string // team-a's pods' kubernetes.io/hostname, "" any
+		oneDept  bool   // both teams under one department guaranteed 16
 		want     int
 	}{
 		{name: "guarantee back", asks: 8, want: 8},
 		{name: "asks beyond its guarantee: only the guarantee is reclaimed", asks: 12, want: 8},
 		{name: "nodeSelector: victims only where the asker may run", asks: 4, selector: "n1", want: 4},
+		// On make demo the sibling team borrowed the whole department's
+		// guarantee (the cluster), and admission refused the asker as
+		// borrowing ("the queues would use 36 of the cluster's 28")
+		// before reclaim was tried.
+		{name: "within one department: the guarantee back from the sibling", asks: 8, oneDept: true, want: 8},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var nodes []*corev1.Node
@@ -176,8 +182,12 @@ func TestQueueReclaimAcrossDepartments(t *testing.T) {
 			guar := func(name, parent string, ns []string) *unstructured.Unstructured {
 				return testbuild.QueueObj(t, name, parent, ns, 8, 0, f.now)
 			}
+			queues := testbuild.Objects{guar("dept-1", "", nil), guar("team-a", "dept-1", []string{"ns-a"}), guar("dept-2", "", nil), guar("team-b", "dept-2", []string{"ns-b"})}
+			if tc.oneDept {
+				queues = testbuild.Objects{testbuild.QueueObj(t, "dept-1", "", nil, 16, 0, f.now), guar("team-a", "dept-1", []string{"ns-a"}), guar("team-b", "dept-1", []string{"ns-b"})}
+			}
 			book := &planner.QueueBook{
-				Queues: testbuild.Objects{guar("dept-1", "", nil), guar("team-a", "dept-1", []string{"ns-a"}), guar("dept-2", "", nil), guar("team-b", "dept-2", []string{"ns-b"})},
+				Queues: queues,
 				Pods:   f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }, HalfLife: time.Hour, Now: func() time.Time { return f.now },
 			}
 			evicter := &testbuild.PreemptClient{}
