@@ -744,7 +744,15 @@ func (n *Node) syncPod(ctx context.Context, store toolscache.Store, key string) 
 		if known != nil {
 			n.teardown(ctx, known)
 		}
-		// The kubelet confirms the deletion once the pod is stopped.
+		// The kubelet moves a pod it stopped to a terminal phase, then
+		// confirms the deletion. A pod with a finalizer (a Job's
+		// batch.kubernetes.io/job-tracking) stays until its controller
+		// sees it terminal and removes the finalizer: without the phase,
+		// an evicted Job pod stayed Terminating, holding its GPUs, for
+		// ever.
+		if err := n.terminalOnDeletion(ctx, pod); err != nil {
+			return err
+		}
 		err := n.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
 			GracePeriodSeconds: ptr.To[int64](0), Preconditions: &metav1.Preconditions{UID: &pod.UID}})
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
@@ -763,6 +771,45 @@ func (n *Node) syncPod(ctx context.Context, store toolscache.Store, key string) 
 		return nil
 	}
 	return n.startPod(ctx, pod)
+}
+
+// terminalOnDeletion writes the Failed phase of a pod being deleted that
+// is not terminal yet, its containers terminated as by SIGKILL (exit code
+// 137), keeping its other conditions (the Eviction API's DisruptionTarget
+// among them), as the kubelet does before it confirms the deletion.
+func (n *Node) terminalOnDeletion(ctx context.Context, pod *v1.Pod) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := n.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if cur.UID != pod.UID || cur.Status.Phase == v1.PodSucceeded || cur.Status.Phase == v1.PodFailed {
+			return nil
+		}
+		now := metav1.Now()
+		cur.Status.Phase = v1.PodFailed
+		for i := range cur.Status.Conditions {
+			c := &cur.Status.Conditions[i]
+			if c.Type == v1.PodReady || c.Type == v1.ContainersReady {
+				c.Status, c.Reason, c.LastTransitionTime = v1.ConditionFalse, "PodFailed", now
+			}
+		}
+		for i := range cur.Status.ContainerStatuses {
+			cs := &cur.Status.ContainerStatuses[i]
+			started := now
+			if cs.State.Running != nil {
+				started = cs.State.Running.StartedAt
+			}
+			cs.Ready, cs.Started = false, ptr.To(false)
+			cs.State = v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: 137, Reason: "Error", StartedAt: started, FinishedAt: now,
+				ContainerID: cs.ContainerID}}
+		}
+		_, err = n.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		return err
+	})
 }
 
 // containerCPUs is the cpuset the kubelet gives a container: its exclusive
