@@ -773,6 +773,21 @@ func (n *Node) syncPod(ctx context.Context, store toolscache.Store, key string) 
 	return n.startPod(ctx, pod)
 }
 
+// terminateContainers marks every container of status terminated at now
+// with exitCode and reason.
+func terminateContainers(status *v1.PodStatus, exitCode int32, reason string, now metav1.Time) {
+	for i := range status.ContainerStatuses {
+		cs := &status.ContainerStatuses[i]
+		started := now
+		if cs.State.Running != nil {
+			started = cs.State.Running.StartedAt
+		}
+		cs.Ready, cs.Started = false, ptr.To(false)
+		cs.State = v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: exitCode, Reason: reason, StartedAt: started, FinishedAt: now,
+			ContainerID: cs.ContainerID}}
+	}
+}
+
 // terminalOnDeletion writes the Failed phase of a pod being deleted that
 // is not terminal yet, its containers terminated as by SIGKILL (exit code
 // 137), keeping its other conditions (the Eviction API's DisruptionTarget
@@ -797,16 +812,7 @@ func (n *Node) terminalOnDeletion(ctx context.Context, pod *v1.Pod) error {
 				c.Status, c.Reason, c.LastTransitionTime = v1.ConditionFalse, "PodFailed", now
 			}
 		}
-		for i := range cur.Status.ContainerStatuses {
-			cs := &cur.Status.ContainerStatuses[i]
-			started := now
-			if cs.State.Running != nil {
-				started = cs.State.Running.StartedAt
-			}
-			cs.Ready, cs.Started = false, ptr.To(false)
-			cs.State = v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: 137, Reason: "Error", StartedAt: started, FinishedAt: now,
-				ContainerID: cs.ContainerID}}
-		}
+		terminateContainers(&cur.Status, 137, "Error", now)
 		_, err = n.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
 		return err
 	})
@@ -926,16 +932,7 @@ func (n *Node) endPod(ctx context.Context, sp *simPod) error {
 		status.Conditions = append(status.Conditions, v1.PodCondition{Type: t, Status: v1.ConditionFalse, Reason: "PodCompleted", LastTransitionTime: now})
 	}
 	status.Conditions = append(status.Conditions, v1.PodCondition{Type: v1.PodInitialized, Status: v1.ConditionTrue, Reason: "PodCompleted", LastTransitionTime: now})
-	for i := range status.ContainerStatuses {
-		cs := &status.ContainerStatuses[i]
-		started := now
-		if cs.State.Running != nil {
-			started = cs.State.Running.StartedAt
-		}
-		cs.Ready, cs.Started = false, ptr.To(false)
-		cs.State = v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", StartedAt: started, FinishedAt: now,
-			ContainerID: cs.ContainerID}}
-	}
+	terminateContainers(&status, 0, "Completed", now)
 	return n.patchStatus(ctx, sp.pod, status)
 }
 
