@@ -233,9 +233,10 @@ type GangPlanner struct {
 	levels []gang.Level
 	events EventRecorder
 	now    func() time.Time
-	// waiting is the last reason reported per waiting gang, so that an
-	// Event is emitted when the reason changes, not on every pass.
-	waiting map[string]*waitState
+	// waiting is the last reason reported per waiting workload and topic
+	// (topicWait, topicReserved, topicBackfill), so that an Event is
+	// emitted when the reason changes, not on every pass.
+	waiting map[string]map[string]*waitState
 	// capTold: gang members told they wait for their gang's cap
 	// (tessera.dev/gang-max-member), apart from waiting, whose one reason
 	// per gang the members that try to fit change every pass.
@@ -366,7 +367,7 @@ type GangPlannerConfig struct {
 
 // NewGangPlanner returns a planner.
 func NewGangPlanner(cfg GangPlannerConfig) *GangPlanner {
-	p := &GangPlanner{ledger: cfg.Ledger, client: cfg.Client, pods: cfg.Pods, policy: cfg.Policy, events: cfg.Events, now: cfg.Now, waiting: map[string]*waitState{}, quota: cfg.Quota,
+	p := &GangPlanner{ledger: cfg.Ledger, client: cfg.Client, pods: cfg.Pods, policy: cfg.Policy, events: cfg.Events, now: cfg.Now, waiting: map[string]map[string]*waitState{}, quota: cfg.Quota,
 		queues: cfg.Queues, queueReclaim: cfg.QueueReclaim, schedulers: map[string]bool{},
 		reservation: cfg.Reservation, reserved: map[string]*reservation{}, heldBefore: map[string]map[string]bool{}, cooldown: map[string]time.Time{}, preempt: cfg.Preempt,
 		consolidator: cfg.Consolidation, holds: map[string]*freedHold{}, store: storeState{store: cfg.Reservations}}
@@ -905,14 +906,29 @@ type waitState struct {
 	told   map[types.UID]bool
 }
 
-// untold records that workload key waits for reason and returns the pods
-// not told that reason yet (all of them when the reason changed), so
-// that each pod gets one Event per reason, members that come later too.
-func (p *GangPlanner) untold(key, reason string, pods []*corev1.Pod) []*corev1.Pod {
-	w := p.waiting[key]
+// The topics of what a waiting workload is told, each with its own last
+// reason.
+const (
+	topicWait     = "wait"     // why it waits
+	topicReserved = "reserved" // its reservation
+	topicBackfill = "backfill" // that it backfills a reservation
+)
+
+// untold records that workload key is told reason about topic and returns
+// the pods not told that reason yet (all of them when the reason
+// changed), so that each pod gets one Event per reason, members that come
+// later too. What a workload was told is forgotten once it is planned or
+// gone.
+func (p *GangPlanner) untold(key, topic, reason string, pods []*corev1.Pod) []*corev1.Pod {
+	topics := p.waiting[key]
+	if topics == nil {
+		topics = map[string]*waitState{}
+		p.waiting[key] = topics
+	}
+	w := topics[topic]
 	if w == nil || w.reason != reason {
 		w = &waitState{reason: reason, told: map[types.UID]bool{}}
-		p.waiting[key] = w
+		topics[topic] = w
 	}
 	var out []*corev1.Pod
 	for _, m := range pods {
@@ -930,14 +946,14 @@ func (p *GangPlanner) untold(key, reason string, pods []*corev1.Pod) []*corev1.P
 // wait records that gang key waits for reason, with a GangWaiting Event
 // on each of pods not told yet.
 func (p *GangPlanner) wait(key string, pods []*corev1.Pod, reason string) {
-	for _, m := range p.untold(key, reason, pods) {
+	for _, m := range p.untold(key, topicWait, reason, pods) {
 		p.events.Eventf(m, corev1.EventTypeNormal, "GangWaiting", "tessera: %s", reason)
 	}
 }
 
 // waitQuota is wait for a quota refusal, with a QuotaExceeded Event too.
 func (p *GangPlanner) waitQuota(key string, pods []*corev1.Pod, reason string) {
-	for _, m := range p.untold(key, reason, pods) {
+	for _, m := range p.untold(key, topicWait, reason, pods) {
 		p.events.Eventf(m, corev1.EventTypeWarning, api.EventQuotaExceeded, "%s", reason)
 		p.events.Eventf(m, corev1.EventTypeNormal, "GangWaiting", "tessera: %s", reason)
 	}
@@ -961,7 +977,7 @@ func (p *GangPlanner) guaranteed(q string) quota.Resources {
 // waitQueue records a queue's refusal, with a QueueWaiting Event on each
 // of pods not told yet.
 func (p *GangPlanner) waitQueue(key string, pods []*corev1.Pod, reason string) {
-	for _, m := range p.untold(key, reason, pods) {
+	for _, m := range p.untold(key, topicWait, reason, pods) {
 		p.events.Eventf(m, corev1.EventTypeNormal, api.EventQueueWaiting, "tessera: %s", reason)
 	}
 }

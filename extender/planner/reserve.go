@@ -330,7 +330,7 @@ func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, de
 	if evicting != "" {
 		msg += "; " + evicting
 	}
-	for _, m := range p.untold(key+" reserved", msg, members) {
+	for _, m := range p.untold(key, topicReserved, msg, members) {
 		p.events.Eventf(m, corev1.EventTypeNormal, api.EventReserved, "tessera: %s", msg)
 	}
 	return msg
@@ -518,7 +518,7 @@ func (p *GangPlanner) backfill(key string, g *api.Gang, members []*corev1.Pod, d
 // backfillEvent tells the members of a workload planned inside a
 // reservation why.
 func (p *GangPlanner) backfillEvent(key string, members []*corev1.Pod, msg string) {
-	for _, m := range p.untold(key+" backfill", msg, members) {
+	for _, m := range p.untold(key, topicBackfill, msg, members) {
 		p.events.Eventf(m, corev1.EventTypeNormal, api.EventBackfilled, "tessera: %s", msg)
 	}
 }
