@@ -112,6 +112,9 @@ type Preemptor struct {
 	// planned on every planner pass, and each ask lists every pod and
 	// plans the whole gang again.
 	FruitlessFor time.Duration
+	// Gangs, when set, completes the victims' gangs (a PodGroup's
+	// minMember, hence their extra members); nil reads api.GangOf.
+	Gangs *planner.GangBook
 	// NominationGrace is how long a pod kube-scheduler's preemption
 	// nominated a node for is left to it (default
 	// DefaultNominationGrace).
@@ -522,7 +525,7 @@ func (p *Preemptor) units(c claimant, running []*corev1.Pod, now time.Time, qsna
 		for _, m := range members {
 			unitsOf[m.UID] = append(unitsOf[m.UID], k)
 		}
-		for _, e := range extras(members) {
+		for _, e := range p.extras(members) {
 			ek := k + " member " + e.Name
 			if blocked[ek] {
 				continue
@@ -538,8 +541,8 @@ func (p *Preemptor) units(c claimant, running []*corev1.Pod, now time.Time, qsna
 // extras are the running members of an elastic gang beyond its
 // minMember, newest first (api.Gang.Extras); none for a pod outside a gang
 // or a gang without a known minimum.
-func extras(members []*corev1.Pod) []*corev1.Pod {
-	g, ok, err := api.GangOf(members[0])
+func (p *Preemptor) extras(members []*corev1.Pod) []*corev1.Pod {
+	g, ok, err := p.Gangs.GangOf(members[0])
 	if !ok || err != nil {
 		return nil
 	}

@@ -349,7 +349,11 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 		},
 	}
 	nodes := extender.QuotaNodes{Cache: cache}
+	// The gangs as the planner completed them (a PodGroup's minMember),
+	// for the victims' extra members in preemption and reclaim.
+	gangBook := &planner.GangBook{}
 	enforcer := &equota.Enforcer{
+		GangOf: gangBook.GangOf,
 		Ledger: ledger, Nodes: nodes, Evicter: &extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()},
 		Pod:    func(ns, name string) (*corev1.Pod, error) { return podLister.Pods(ns).Get(name) },
 		Events: recorder, Metrics: metrics, HoldFor: o.quotaHold,
@@ -446,7 +450,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 			Client: &extender.KubePreempt{Evicter: &extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()}, Gang: gangClient},
 			Pods:   func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) },
 			Policy: policy, Events: recorder, Metrics: metrics, Quota: enforcer,
-			MinRuntime: o.preemptionMinRuntime, HoldFor: o.preemptionHold, Queues: queues,
+			MinRuntime: o.preemptionMinRuntime, HoldFor: o.preemptionHold, Queues: queues, Gangs: gangBook,
 		}
 	}
 	var gangs *planner.GangPlanner
@@ -455,7 +459,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 			Ledger: extender.PlannerLedger{Cache: cache}, Client: gangClient,
 			Pods:   func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) },
 			Policy: policy, Levels: o.gangLevels, Events: recorder,
-			SchedulerNames: o.schedulers,
+			SchedulerNames: o.schedulers, Gangs: gangBook,
 		}
 		pcfg.Quota = quotaHooks
 		pcfg.Queues = queues
@@ -473,7 +477,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 			pcfg.QueueReclaim = &planner.QueueReclaimer{
 				Ledger: extender.PlannerLedger{Cache: cache}, Evicter: &extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()},
 				Pods:   func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) },
-				Events: recorder, Metrics: metrics, MinRuntime: o.preemptionMinRuntime,
+				Events: recorder, Metrics: metrics, MinRuntime: o.preemptionMinRuntime, Gangs: gangBook,
 			}
 		}
 		if o.consolidation {

@@ -293,6 +293,10 @@ type GangPlanner struct {
 	// schedulers are the schedulerNames whose pods the extender serves:
 	// only their ungated gang members are planned.
 	schedulers map[string]bool
+	// gangBook receives passGangs, the gangs the pass completed (their
+	// PodGroups read), at the end of each pass.
+	gangBook  *GangBook
+	passGangs map[string]api.Gang
 }
 
 // GangQuota is what the gang planner asks of quota (extender.Quota).
@@ -358,6 +362,9 @@ type GangPlannerConfig struct {
 	Reservations ReservationStore
 	// Consolidation may be nil: no consolidation.
 	Consolidation *Consolidator
+	// Gangs may be nil; else the planner stores there the gangs of each
+	// pass as it completed them (GangBook).
+	Gangs *GangBook
 	// SchedulerNames are the schedulerNames whose pods go through the
 	// extender (kube-scheduler's profiles that call it); default
 	// default-scheduler. A gang member of another scheduler is planned
@@ -368,7 +375,7 @@ type GangPlannerConfig struct {
 // NewGangPlanner returns a planner.
 func NewGangPlanner(cfg GangPlannerConfig) *GangPlanner {
 	p := &GangPlanner{ledger: cfg.Ledger, client: cfg.Client, pods: cfg.Pods, policy: cfg.Policy, events: cfg.Events, now: cfg.Now, waiting: map[string]map[string]*waitState{}, quota: cfg.Quota,
-		queues: cfg.Queues, queueReclaim: cfg.QueueReclaim, schedulers: map[string]bool{},
+		queues: cfg.Queues, queueReclaim: cfg.QueueReclaim, schedulers: map[string]bool{}, gangBook: cfg.Gangs,
 		reservation: cfg.Reservation, reserved: map[string]*reservation{}, heldBefore: map[string]map[string]bool{}, cooldown: map[string]time.Time{}, preempt: cfg.Preempt,
 		consolidator: cfg.Consolidation, holds: map[string]*freedHold{}, store: storeState{store: cfg.Reservations}}
 	if p.now == nil {
@@ -490,8 +497,10 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 		p.passPods[pod.UID] = pod
 	}
 	p.passNominated = nominatedNodes(pods)
+	p.passGangs = map[string]api.Gang{}
 	defer func() {
-		p.passSnap, p.passPods, p.passNominated = nil, nil, nil
+		p.gangBook.store(p.passGangs)
+		p.passSnap, p.passPods, p.passNominated, p.passGangs = nil, nil, nil, nil
 		p.publish()
 	}()
 	var errs []error
@@ -623,6 +632,9 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 	if err := g.CheckSize(); err != nil {
 		p.wait(g.Key(), gatedOf(gr.members), fmt.Sprintf("gang %s: %v", g.Key(), err))
 		return nil
+	}
+	if p.passGangs != nil {
+		p.passGangs[g.Key()] = *g
 	}
 	var planned, gated []*corev1.Pod
 	var expires time.Time

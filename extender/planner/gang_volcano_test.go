@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,6 +15,7 @@ import (
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender"
 	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 	"github.com/tessera-gpu/tessera/extender/planner"
 )
@@ -119,4 +121,42 @@ func (f *gangFixture) hasEvent(want string) bool {
 		}
 	}
 	return false
+}
+
+// The planner's GangBook completes a PodGroup-declared gang from its
+// PodGroup: its members carry no minMember (api.GangOf gives 0, so no
+// member counted as extra for preemption and reclaim); after a pass the
+// book gives the PodGroup's.
+func TestGangBookKnowsAPodGroupsMinMember(t *testing.T) {
+	f := newGangFixture(t, testbuild.EightGPUNodes(2)...)
+	book := &planner.GangBook{}
+	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list,
+		Policy: testPolicy(t, extender.PolicyBinpack), Events: f.events, Now: func() time.Time { return f.now }, Gangs: book})
+	f.withPodGroups(podGroupObject(api.PodGroupGVR, "default", "train", map[string]any{"minMember": int64(2)}))
+	var members []*corev1.Pod
+	for i := range 3 {
+		p := testbuild.Pod(fmt.Sprintf("train-%d", i)).Whole(4).Obj()
+		p.Labels = map[string]string{api.LabelPodGroup: "train"}
+		p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: api.SchedulingGateGang}}
+		if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		members = append(members, p)
+	}
+	if g, _, _ := book.GangOf(members[0]); g.MinMember != 0 {
+		t.Fatalf("before any pass: minMember %d, want api.GangOf's 0", g.MinMember)
+	}
+	f.sync()
+	g, ok, err := book.GangOf(members[2])
+	if !ok || err != nil || g.MinMember != 2 || g.Key() != "default/train" {
+		t.Fatalf("after a pass: %+v %v %v, want gang default/train of minMember 2", g, ok, err)
+	}
+	var nilBook *planner.GangBook
+	if g, _, _ := nilBook.GangOf(members[0]); g.MinMember != 0 {
+		t.Errorf("no book: minMember %d, want api.GangOf's 0", g.MinMember)
+	}
+	other := testbuild.Pod("solo").Whole(1).Obj()
+	if _, ok, _ := book.GangOf(other); ok {
+		t.Error("a pod outside any gang has a gang")
+	}
 }

@@ -58,6 +58,9 @@ type QueueReclaimer struct {
 	// (tessera_extender_reclaim_evictions_total); 0: 2 minutes.
 	Hold time.Duration
 	Now  func() time.Time
+	// Gangs, when set, completes the victims' gangs (a PodGroup's
+	// minMember, hence their extra members); nil reads api.GangOf.
+	Gangs *GangBook
 
 	blocked PassOver
 
@@ -241,7 +244,7 @@ func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.
 		// An elastic gang's members beyond its minimum go alone, before
 		// any whole workload (api.Gang.Extras, newest first); taking the
 		// gang whole still ends every member.
-		g, ok, gerr := api.GangOf(members[0])
+		g, ok, gerr := r.Gangs.GangOf(members[0])
 		if !ok || gerr != nil {
 			continue
 		}

@@ -80,6 +80,10 @@ type Enforcer struct {
 	// passed over (default 1m).
 	BlockedFor time.Duration
 	Now        func() time.Time
+	// GangOf reads a victim's gang for the preempt verb's gang rules; nil
+	// is api.GangOf (a PodGroup gang's minMember then unknown: no extra
+	// members go alone).
+	GangOf GangOf
 
 	mu       sync.Mutex
 	inflight map[types.UID]time.Time // evicted, not yet seen leaving
@@ -613,7 +617,11 @@ func (e *Enforcer) PreemptVictims(ctx context.Context, pod *corev1.Pod, victims 
 		}
 		return out
 	}
-	allowed, extra, dropped := PreemptVictims(v, members, pod, Use(pod), vp)
+	gangOf := e.GangOf
+	if gangOf == nil {
+		gangOf = api.GangOf
+	}
+	allowed, extra, dropped := PreemptVictims(v, gangOf, members, pod, Use(pod), vp)
 	may := map[types.UID]bool{}
 	for _, p := range allowed {
 		may[p.UID] = true

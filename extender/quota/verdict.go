@@ -136,6 +136,10 @@ func sortedResourceNames(r core.Resources) []corev1.ResourceName {
 	return out
 }
 
+// GangOf reads a pod's gang: api.GangOf, or one that completes it
+// (planner.GangBook.GangOf).
+type GangOf func(*corev1.Pod) (*api.Gang, bool, error)
+
 // PreemptVictims applies quota and gang rules to kube-scheduler's victims
 // on one node for preemptor (asking req): a victim that is a gang member
 // stays unless every live member of its gang is among the victims (the
@@ -146,8 +150,10 @@ func sortedResourceNames(r core.Resources) []corev1.ResourceName {
 // namespace goes only where core.CanPreempt allows (the preemptor within
 // its min, the victim's namespace staying at or above its own). It
 // returns the victims allowed, which of them are extra members, and the
-// reasons of those dropped, by pod name.
-func PreemptVictims(v *View, members func(gang *api.Gang) []*corev1.Pod, preemptor *corev1.Pod, req core.Resources, victims []*corev1.Pod) (allowed []*corev1.Pod, extra map[types.UID]bool, dropped map[string]string) {
+// reasons of those dropped, by pod name. gangOf reads a pod's gang
+// (api.GangOf, or the planner's planner.GangBook, which knows a PodGroup's
+// minMember).
+func PreemptVictims(v *View, gangOf GangOf, members func(gang *api.Gang) []*corev1.Pod, preemptor *corev1.Pod, req core.Resources, victims []*corev1.Pod) (allowed []*corev1.Pod, extra map[types.UID]bool, dropped map[string]string) {
 	dropped = map[string]string{}
 	extra = map[types.UID]bool{}
 	onNode := map[types.UID]bool{}
@@ -163,7 +169,7 @@ func PreemptVictims(v *View, members func(gang *api.Gang) []*corev1.Pod, preempt
 	var keys []string
 	for _, p := range victims {
 		key := "pod/" + p.Namespace + "/" + p.Name
-		g, isGang, err := api.GangOf(p)
+		g, isGang, err := gangOf(p)
 		if isGang && err == nil {
 			key = "gang/" + g.Key()
 		}
@@ -190,7 +196,7 @@ func PreemptVictims(v *View, members func(gang *api.Gang) []*corev1.Pod, preempt
 					extras[e.UID] = true
 				}
 				for _, m := range victims {
-					if mg, ok, err := api.GangOf(m); !ok || err != nil || mg.Key() != g.Key() {
+					if mg, ok, err := gangOf(m); !ok || err != nil || mg.Key() != g.Key() {
 						continue
 					}
 					if extras[m.UID] {

@@ -103,7 +103,7 @@ func TestPreemptVictimsKeepGangsWholeAndMins(t *testing.T) {
 	}}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			allowed, extra, dropped := quota.PreemptVictims(view, members, tc.preemptor, quota.Use(tc.preemptor), tc.victims)
+			allowed, extra, dropped := quota.PreemptVictims(view, api.GangOf, members, tc.preemptor, quota.Use(tc.preemptor), tc.victims)
 			if diff := cmp.Diff(tc.want, names(allowed)); diff != "" {
 				t.Errorf("allowed (-want +got):\n%s", diff)
 			}

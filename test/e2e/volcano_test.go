@@ -12,6 +12,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -20,25 +21,25 @@ import (
 	"github.com/tessera-gpu/tessera/test/framework/nodesim"
 )
 
-// volcanoPodGroup creates a Volcano PodGroup (the CRD of
-// test/framework/crds, installed by the harness) as a Volcano user writes
-// it.
-func volcanoPodGroup(t *testing.T, c *nodesim.Cluster, ns, name string, spec map[string]any) {
+// podGroup creates a PodGroup of the kind gvr names (scheduler-plugins'
+// api.PodGroupGVR or Volcano's api.VolcanoPodGroupGVR) with spec, deleted
+// at the end of the test.
+func podGroup(t *testing.T, c *nodesim.Cluster, gvr schema.GroupVersionResource, ns, name string, spec map[string]any) {
 	t.Helper()
 	dyn, err := c.Dynamic()
 	if err != nil {
 		t.Fatal(err)
 	}
 	pg := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+		"apiVersion": gvr.GroupVersion().String(), "kind": "PodGroup",
 		"metadata": map[string]any{"name": name, "namespace": ns},
 		"spec":     spec,
 	}}
-	if _, err := dyn.Resource(api.VolcanoPodGroupGVR).Namespace(ns).Create(t.Context(), pg, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("Volcano PodGroup %s/%s: %v", ns, name, err)
+	if _, err := dyn.Resource(gvr).Namespace(ns).Create(t.Context(), pg, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("PodGroup %s %s/%s: %v", gvr.Group, ns, name, err)
 	}
 	t.Cleanup(func() {
-		_ = dyn.Resource(api.VolcanoPodGroupGVR).Namespace(ns).Delete(context.Background(), name, metav1.DeleteOptions{})
+		_ = dyn.Resource(gvr).Namespace(ns).Delete(context.Background(), name, metav1.DeleteOptions{})
 	})
 }
 
@@ -139,7 +140,7 @@ func TestVolcanoPodGroup(t *testing.T) {
 	ns := namespace(t, c, "e2e-volcano")
 	client := c.Client()
 	binds := watchBinds(t, c, ns)
-	volcanoPodGroup(t, c, ns, "train", map[string]any{
+	podGroup(t, c, api.VolcanoPodGroupGVR, ns, "train", map[string]any{
 		"minMember": int64(3), "queue": "research", "priorityClassName": "",
 		"minResources": map[string]any{api.ResourceGPU.String(): "6"},
 	})
@@ -187,7 +188,7 @@ func TestVolcanoPodGroupMalformed(t *testing.T) {
 	c := getCluster(t)
 	ns := namespace(t, c, "e2e-volcano-bad")
 	client := c.Client()
-	volcanoPodGroup(t, c, ns, "bad", map[string]any{"minMember": int64(0)})
+	podGroup(t, c, api.VolcanoPodGroupGVR, ns, "bad", map[string]any{"minMember": int64(0)})
 	for i := range 2 {
 		volcanoMember(t, c, ns, "bad", fmt.Sprintf("bad-%d", i), 1)
 	}
