@@ -26,8 +26,10 @@ func (e *ReclaimError) Error() string {
 // its leaf either within its guarantee or within its fair share
 // (FairShare) with the request.
 //
-// Candidates are other queues' preemptible workloads that use something
-// req asks for, lowest priority first, then the queue furthest above its
+// Candidates are other queues' preemptible workloads, whatever GPU
+// resources they use (a whole GPU freed can serve a slice, and slices
+// freed a whole GPU; enough decides, and a victim it does not need is
+// dropped), lowest priority first, then the queue furthest above its
 // fair share (dominant used over fair share), then newest, then by Key. A
 // candidate is taken only if, after every eviction chosen so far and it:
 //   - no queue on its path falls below its guarantee in a resource it uses
@@ -39,8 +41,8 @@ func (e *ReclaimError) Error() string {
 //     borrowed it, even when their department as a whole is at its own
 //     guarantee), or the asker reclaims for its fair share and, like
 //     Kueue's LessThanOrEqualToFinalShare, its side with the request is
-//     not above the victim's side after the eviction, measured as used
-//     over fair share in the requested resources.
+//     not above the victim's side after the eviction, each measured as
+//     its dominant used over fair share (over every resource it uses).
 //
 // enough reports whether victims free enough room (the caller checks real
 // placement, GPU by GPU); it must be monotone (a superset of an enough set
@@ -69,7 +71,7 @@ func (s *State) Reclaim(queue string, req quota.Resources, running []Workload, e
 	if q, r, _, over := a.overGuarantee(); over && a.path[len(a.path)-1] == q && fair != "" {
 		return fail("queue %s would use %d %s, above its guarantee %d, and %s: only guarantees and fair shares are reclaimed", queue, v.used[q][r]+req[r], r, v.spec(q).Guaranteed[r], fair)
 	}
-	cands := v.candidates(queue, a.res, running)
+	cands := v.candidates(queue, running)
 	// A candidate is taken while mayTake admits it, counting what was
 	// taken before it in the same attempt (allocator/victims: the shortest
 	// enough prefix, made minimal; victims of useless room passed over).
@@ -94,7 +96,7 @@ func (s *State) Reclaim(queue string, req quota.Resources, running []Workload, e
 
 // candidates are the workloads Reclaim may take, in the order it tries
 // them.
-func (v *view) candidates(queue string, res []corev1.ResourceName, running []Workload) []Workload {
+func (v *view) candidates(queue string, running []Workload) []Workload {
 	var out []Workload
 	for _, w := range running {
 		if w.Queue == queue || !w.Preemptible {
@@ -102,9 +104,6 @@ func (v *view) candidates(queue string, res []corev1.ResourceName, running []Wor
 		}
 		if _, known := v.t.node(w.Queue); !known {
 			continue
-		}
-		if len(res) > 0 && len(positiveIn(w.Uses, res)) == 0 {
-			continue // frees nothing the asker needs
 		}
 		out = append(out, w)
 	}
@@ -153,8 +152,8 @@ func (v *view) fairShareEligible(a *admission) string {
 // the request (the asker takes back a guarantee, whatever d's own use), or
 // the asker reclaims up to its fair share (fairOK) and, like Kueue's
 // LessThanOrEqualToFinalShare, its side under d with the request is not
-// above w's side after the eviction, measured as used over fair share in
-// the requested resources, so the victim cannot take it back in turn.
+// above w's side after the eviction, each measured as its dominant used
+// over fair share, so the victim cannot take it back in turn.
 func (v *view) mayTake(a *admission, fairOK bool, taken map[string]quota.Resources, w Workload) (bool, string) {
 	if ok, why := v.victimKeepsGuarantee(a, taken, w); !ok {
 		return false, why
@@ -182,8 +181,12 @@ func (v *view) mayTake(a *admission, fairOK bool, taken map[string]quota.Resourc
 		return false, fmt.Sprintf("queue %s would be above both its guarantee and its fair share", a.queue)
 	}
 	mine, theirs := a.path[i], vpath[i]
-	ra := v.ratio(mine, v.used[mine].Sub(taken[mine]).Add(a.req), a.res)
-	rb := v.ratio(theirs, v.used[theirs].Sub(taken[theirs]).Sub(w.Uses), a.res)
+	// Each side by its dominant resource, over everything it uses: the
+	// victim may use other GPU resources than the asker asks for (whole
+	// GPUs against slices), and measured in the asker's it would always
+	// look at 0.
+	ra := v.ratio(mine, v.used[mine].Sub(taken[mine]).Add(a.req), nil)
+	rb := v.ratio(theirs, v.used[theirs].Sub(taken[theirs]).Sub(w.Uses), nil)
 	if ra > rb {
 		return false, fmt.Sprintf("after evicting %s, queue %s would be at %.3g of its fair share, below queue %s at %.3g", w.Key, theirs, rb, mine, ra)
 	}
@@ -228,17 +231,6 @@ func (v *view) ratio(q string, used quota.Resources, res []corev1.ResourceName) 
 			return math.Inf(1)
 		}
 		out = math.Max(out, float64(u)/float64(fs))
-	}
-	return out
-}
-
-// positiveIn returns the resources of res that r has above 0.
-func positiveIn(r quota.Resources, res []corev1.ResourceName) []corev1.ResourceName {
-	var out []corev1.ResourceName
-	for _, k := range res {
-		if r[k] > 0 {
-			out = append(out, k)
-		}
 	}
 	return out
 }

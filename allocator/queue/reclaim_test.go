@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/tessera-gpu/tessera/allocator/quota"
 )
@@ -289,6 +290,50 @@ func TestReclaimSpendsNoSurplusOnTheOtherClique(t *testing.T) {
 		t.Fatal(err)
 	}
 	if diff := cmp.Diff([]string{"b/gpu0", "b/gpu4", "b/gpu1", "b/gpu5"}, keys(victims)); diff != "" {
+		t.Errorf("victims (-want +got):\n%s", diff)
+	}
+}
+
+// A slice's queue, within its guarantee of GPU memory, reclaims from a
+// queue borrowing whole GPUs: a whole GPU freed serves the slice. Only
+// workloads using the asker's own resources were candidates, so on make
+// demo an inference queue's slices waited for ever ("other queues borrow
+// too little to free tessera.dev/gpu-memory=20") while a training queue
+// borrowed every GPU whole.
+func TestReclaimAcrossShapes(t *testing.T) {
+	tree := Build([]Spec{q("train", "", 4), {Name: "infer", Guaranteed: quota.Resources{gpu: 12, mem: 400}}})
+	s := state(tree, map[string]int64{"train": 16}, nil)
+	s.Capacity[mem] = 640
+	running := []Workload{wl("train", "old", 0, time.Hour, 1), wl("train", "new", 0, time.Minute, 1)}
+	// The callback plans the slice: one whole GPU freed is enough.
+	enough := func(v []Workload) bool { return len(v) >= 1 }
+	victims, err := s.Reclaim("infer", quota.Resources{mem: 20}, running, enough)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"train/new"}, keys(victims)); diff != "" {
+		t.Errorf("victims (-want +got):\n%s", diff)
+	}
+}
+
+// Beyond its guarantee (it guarantees no GPU cores) but within its fair
+// share, a slice's queue reclaims from a queue borrowing whole GPUs above
+// its fair share: the two are compared by their dominant resources, not in
+// the slice's resources alone (where the whole-GPU queue would always
+// stand at 0).
+func TestReclaimAcrossShapesForAFairShare(t *testing.T) {
+	const core corev1.ResourceName = "tessera.dev/gpu-core"
+	tree := Build([]Spec{q("train", "", 4), {Name: "infer", Guaranteed: quota.Resources{gpu: 12, mem: 400}}})
+	s := state(tree, map[string]int64{"train": 16}, nil)
+	s.Capacity[mem], s.Capacity[core] = 640, 1600
+	s.Pending["infer"] = quota.Resources{mem: 80, core: 120}
+	running := []Workload{wl("train", "old", 0, time.Hour, 1), wl("train", "new", 0, time.Minute, 1)}
+	enough := func(v []Workload) bool { return len(v) >= 1 }
+	victims, err := s.Reclaim("infer", quota.Resources{mem: 20, core: 30}, running, enough)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"train/new"}, keys(victims)); diff != "" {
 		t.Errorf("victims (-want +got):\n%s", diff)
 	}
 }
