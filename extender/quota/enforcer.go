@@ -494,8 +494,8 @@ func (e *Enforcer) Choose(ctx context.Context, ns string, askers []*corev1.Pod, 
 // Evict carries the reclaim out: it holds the room for the namespace
 // (Ledger.Hold) until its work starts, then evicts the victims' pods
 // through the Eviction API, with a Reclaimed Event on each and a
-// QuotaReclaiming Event on each asker. Pods already gone are skipped; the errors of the others
-// are joined. Without victims it does nothing.
+// QuotaReclaiming Event on each asker. Pods already gone are skipped;
+// the errors of the others are joined. Without victims it does nothing.
 func (r *Reclaim) Evict(ctx context.Context) error {
 	if !r.Victims() {
 		return nil
