@@ -928,3 +928,43 @@ func TestQuotaReclaimForAPodHoldsBeforeEvicting(t *testing.T) {
 		t.Errorf("b-0 after the reclaim: passed %v, unresolvable %v", res.NodeNames, res.FailedAndUnresolvableNodes)
 	}
 }
+
+// A plain pod gets room by reclaim once per hold: when what was freed for
+// it is taken before it binds (on make demo a victim's replacement took
+// the whole GPU freed for a slice, before the node advertised its slice
+// capacity again), reclaim does not evict again at every resync (it did,
+// a borrower every 2 s), only once the hold has ended.
+func TestReclaimForAPodOncePerHold(t *testing.T) {
+	f, b := reclaimScene(t)
+	b.Status.Phase = corev1.PodPending
+	b.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable}}
+	if _, err := f.client.CoreV1().Pods("b").UpdateStatus(context.Background(), b, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	key := types.NamespacedName{Namespace: "b", Name: b.Name}
+	if err := f.enf.ReclaimForPod(context.Background(), key); err != nil {
+		t.Fatal(err)
+	}
+	f.feed()
+	// The room goes to another pod of a (bound directly, as a pod of
+	// another scheduler would be): b-0 fits nowhere again.
+	f.pod("a", "thief", 8, f.now, on("n3"))
+	f.feed()
+	for range 3 {
+		f.now = f.now.Add(2 * time.Second)
+		if err := f.enf.ReclaimForPod(context.Background(), key); err != nil {
+			t.Fatal(err)
+		}
+		f.feed()
+	}
+	if diff := cmp.Diff([]string{"a/ay"}, f.evictions()); diff != "" {
+		t.Fatalf("evictions within the hold (-want +got):\n%s", diff)
+	}
+	f.now = f.now.Add(2 * time.Minute)
+	if err := f.enf.ReclaimForPod(context.Background(), key); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.evictions(); len(got) != 2 {
+		t.Errorf("evictions once the hold ended: %v, want a second one", got)
+	}
+}

@@ -88,8 +88,11 @@ type Enforcer struct {
 	mu       sync.Mutex
 	inflight map[types.UID]time.Time // evicted, not yet seen leaving
 	blocked  map[string]time.Time    // workload key -> passed over until
-	queue    chan types.NamespacedName
-	once     sync.Once
+	// reclaimedFor: plain pods room was reclaimed for, until when no more
+	// is reclaimed for them (their hold's end).
+	reclaimedFor map[types.UID]time.Time
+	queue        chan types.NamespacedName
+	once         sync.Once
 }
 
 func (e *Enforcer) now() time.Time {
@@ -103,6 +106,7 @@ func (e *Enforcer) init() {
 	e.once.Do(func() {
 		e.inflight = map[types.UID]time.Time{}
 		e.blocked = map[string]time.Time{}
+		e.reclaimedFor = map[types.UID]time.Time{}
 		e.queue = make(chan types.NamespacedName, 256)
 	})
 }
@@ -254,8 +258,11 @@ func (e *Enforcer) Unschedulable() []types.NamespacedName {
 }
 
 // ReclaimForPod reads the pod afresh and, while it is still pending and
-// fits no node it may use (Nodes.PodFits), gets it room by ReclaimFor.
+// fits no node it may use (Nodes.PodFits), gets it room as ReclaimFor
+// does, once per hold (HoldFor): a pod room was reclaimed for gets no more
+// until its hold ends.
 func (e *Enforcer) ReclaimForPod(ctx context.Context, key types.NamespacedName) error {
+	e.init()
 	pod, err := e.Pod(key.Namespace, key.Name)
 	if err != nil {
 		return fmt.Errorf("reading pod: %w", err)
@@ -266,12 +273,52 @@ func (e *Enforcer) ReclaimForPod(ctx context.Context, key types.NamespacedName) 
 	if _, planned := pod.Annotations[api.AnnotationGangPlan]; planned {
 		return nil
 	}
+	if until, ok := e.reclaimedRecently(pod.UID); ok {
+		// Room was reclaimed for it already: it is kube-scheduler's to
+		// take. Reclaiming again at every resync while it has not bound
+		// evicted a borrower every 2 s on make demo, where each victim's
+		// replacement (a whole GPU) took the GPU freed for a slice before
+		// the node advertised its slice capacity again.
+		klog.FromContext(ctx).V(2).Info("Room was reclaimed for the pod; not again before its hold ends", "pod", klog.KObj(pod), "until", until)
+		return nil
+	}
 	fits, err := e.Nodes.PodFits(pod)
 	if err != nil {
 		return err
 	}
-	_, err = e.ReclaimFor(ctx, pod.Namespace, []*corev1.Pod{pod}, fits)
-	return err
+	r, err := e.Choose(ctx, pod.Namespace, []*corev1.Pod{pod}, fits)
+	if err != nil {
+		return err
+	}
+	if r.Victims() {
+		e.mu.Lock()
+		e.reclaimedFor[pod.UID] = e.now().Add(e.holdFor())
+		e.mu.Unlock()
+	}
+	return r.Evict(ctx)
+}
+
+// reclaimedRecently reports whether room was reclaimed for pod less than
+// a hold ago, and until when no more is; it forgets those whose time is up.
+func (e *Enforcer) reclaimedRecently(uid types.UID) (time.Time, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.now()
+	for k, until := range e.reclaimedFor {
+		if !now.Before(until) {
+			delete(e.reclaimedFor, k)
+		}
+	}
+	until, ok := e.reclaimedFor[uid]
+	return until, ok
+}
+
+// holdFor is how long reclaimed room is held (HoldFor, default 2m).
+func (e *Enforcer) holdFor() time.Duration {
+	if e.HoldFor <= 0 {
+		return 2 * time.Minute
+	}
+	return e.HoldFor
 }
 
 func workloadKey(w core.Workload) string { return w.Namespace + "/" + w.Name }
@@ -513,11 +560,7 @@ func (r *Reclaim) Evict(ctx context.Context) error {
 	// The room is held for ns before the first eviction: a victim's
 	// replacement, made by its controller at once, would otherwise borrow
 	// it while the evictions are still under way.
-	hold := e.HoldFor
-	if hold <= 0 {
-		hold = 2 * time.Minute
-	}
-	e.Ledger.Hold(ns, string(r.askers[0].UID), c.state.Used[ns], c.req, hold)
+	e.Ledger.Hold(ns, string(r.askers[0].UID), c.state.Used[ns], c.req, e.holdFor())
 	var errs []error
 	for _, w := range c.victims {
 		why := e.why(c, ns, w)
