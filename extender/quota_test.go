@@ -968,3 +968,49 @@ func TestReclaimForAPodOncePerHold(t *testing.T) {
 		t.Errorf("evictions once the hold ended: %v, want a second one", got)
 	}
 }
+
+// Reclaim across GPU shapes holds what the victims free in their own
+// resources too: a namespace within its min of GPU memory reclaims a
+// borrower's whole GPU for a slice, and the borrower's replacement (a
+// whole GPU) is refused by quota while the hold lasts. The request alone
+// (memory and cores) held nothing a whole-GPU borrower needs: on make
+// demo each replacement took the GPU freed for the slice, and reclaim ran
+// again.
+func TestQuotaReclaimAcrossShapesHoldsTheFreedGPUs(t *testing.T) {
+	nodes := testbuild.EightGPUNodes(1)
+	f := newQuotaFixture(t, staticQuotas{
+		"a": {Namespace: "a", Min: gpus(2), Max: gpus(8)},
+		"b": {Namespace: "b", Min: quota.Resources{api.ResourceGPUMemory: 200, api.ResourceGPUCore: 400}, Max: quota.Resources{api.ResourceGPUMemory: 800, api.ResourceGPUCore: 1000}},
+	}, nodes...)
+	for i := range 8 {
+		p := testbuild.Pod(fmt.Sprintf("a-%d", i)).Whole(1).Node("n0").Holding(i).Obj()
+		p.Namespace, p.UID = "a", types.UID(fmt.Sprintf("uid-a-%d", i))
+		p.CreationTimestamp = metav1.NewTime(f.now.Add(time.Duration(i) * time.Second))
+		if _, err := f.client.CoreV1().Pods("a").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slice := testbuild.Pod("slice").Shared(20, 30).Obj()
+	slice.Namespace, slice.UID = "b", "uid-b-slice"
+	slice.CreationTimestamp = metav1.NewTime(f.now.Add(time.Minute))
+	slice.Status.Phase = corev1.PodPending
+	slice.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable}}
+	if _, err := f.client.CoreV1().Pods("b").Create(context.Background(), slice, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.feed()
+	if err := f.enf.ReclaimForPod(context.Background(), types.NamespacedName{Namespace: "b", Name: "slice"}); err != nil {
+		t.Fatal(err)
+	}
+	f.feed()
+	if diff := cmp.Diff([]string{"a/a-7"}, f.evictions()); diff != "" {
+		t.Fatalf("evictions (-want +got):\n%s\nevents:\n%s", diff, strings.Join(f.events.Events, "\n"))
+	}
+	repl := f.pod("a", "a-7-r", 1, f.now.Add(time.Second))
+	if res := f.filter(repl); len(*res.NodeNames) != 0 {
+		t.Errorf("the victim's replacement passed %v: it takes the GPU freed for the slice", *res.NodeNames)
+	}
+	if res := f.filter(slice); len(*res.NodeNames) != 1 {
+		t.Errorf("the slice passed %v, unresolvable %v: want the node of the freed GPU", *res.NodeNames, res.FailedAndUnresolvableNodes)
+	}
+}

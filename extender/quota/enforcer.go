@@ -423,6 +423,26 @@ func (e *Enforcer) decide(ns string, askers []*corev1.Pod, fits Fits) (*choice, 
 	return c, nil
 }
 
+// holdUses is what a reclaim holds for the asking namespace: its request
+// and, in the resources its request does not name, what the victims free
+// there. Across GPU shapes (whole GPUs freed for a slice, which asks
+// memory and cores) the request alone held nothing a borrower of whole
+// GPUs needs: on make demo each victim's replacement was admitted and
+// took the GPU freed for the slice.
+func (c *choice) holdUses() core.Resources {
+	uses := core.Resources{}.Add(c.req)
+	freed := core.Resources{}
+	for _, w := range c.victims {
+		freed = freed.Add(w.Uses)
+	}
+	for r, v := range freed {
+		if uses[r] == 0 && v > 0 {
+			uses[r] = v
+		}
+	}
+	return uses
+}
+
 // release forgets in-flight evictions of pods (their eviction failed).
 func (e *Enforcer) release(pods []*corev1.Pod) {
 	e.mu.Lock()
@@ -560,7 +580,7 @@ func (r *Reclaim) Evict(ctx context.Context) error {
 	// The room is held for ns before the first eviction: a victim's
 	// replacement, made by its controller at once, would otherwise borrow
 	// it while the evictions are still under way.
-	e.Ledger.Hold(ns, string(r.askers[0].UID), c.state.Used[ns], c.req, e.holdFor())
+	e.Ledger.Hold(ns, string(r.askers[0].UID), c.state.Used[ns], c.holdUses(), e.holdFor())
 	var errs []error
 	for _, w := range c.victims {
 		why := e.why(c, ns, w)
