@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/api"
 )
@@ -41,6 +42,21 @@ func createQueue(t *testing.T, dyn dynamic.Interface, name, parent string, names
 	}
 }
 
+// clusterGPUs lists the cluster's nodes and counts their whole GPUs.
+func clusterGPUs(t *testing.T, client kubernetes.Interface) ([]v1.Node, int64) {
+	t.Helper()
+	nodes, err := client.CoreV1().Nodes().List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gpus int64
+	for _, n := range nodes.Items {
+		q := n.Status.Capacity[api.ResourceGPU]
+		gpus += q.Value()
+	}
+	return nodes.Items, gpus
+}
+
 // Fair share by usage history: two teams with equal guarantees (2 GPUs)
 // each submit as many one-GPU pods as the cluster has GPUs while the
 // cluster is full; team-a has used 6 GPUs on average lately (its history
@@ -61,17 +77,12 @@ func TestQueuesFairShareByHistory(t *testing.T) {
 	nsFull := namespace(t, c, "e2e-queue-full")
 	waitReleased(t, c)
 	// The cluster is full: one pod per node holds all its GPUs.
-	nodes, err := client.CoreV1().Nodes().List(t.Context(), metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var gpus int64
-	for _, n := range nodes.Items {
+	nodes, gpus := clusterGPUs(t, client)
+	for _, n := range nodes {
 		q := n.Status.Capacity[api.ResourceGPU]
-		gpus += q.Value()
 		create(t, client, nsFull, podSpec{name: "full-" + n.Name, gpus: q.Value(), node: n.Name})
 	}
-	for _, n := range nodes.Items {
+	for _, n := range nodes {
 		waitRunning(t, c, nsFull, "full-"+n.Name, 90*time.Second)
 	}
 	// 6 GPUs on average lately: 6·h/ln 2 GPU-seconds at the extender's
@@ -228,15 +239,7 @@ func TestQueueHierarchyLendsAndReclaims(t *testing.T) {
 	nsB := namespace(t, c, "e2e-hier-b")
 	waitReleased(t, c)
 	const node = "a100-1"
-	nodes, err := client.CoreV1().Nodes().List(t.Context(), metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var gpus int64
-	for _, n := range nodes.Items {
-		q := n.Status.Capacity[api.ResourceGPU]
-		gpus += q.Value()
-	}
+	_, gpus := clusterGPUs(t, client)
 	createQueue(t, dyn, "e2e-dept-1", "", nil, 8, 0)
 	createQueue(t, dyn, "e2e-hier-team-a", "e2e-dept-1", []string{nsA}, 8, 0)
 	createQueue(t, dyn, "e2e-dept-2", "", nil, 8, 0)
@@ -316,15 +319,7 @@ func TestQueueTeamTakesItsGuaranteeBackWithinItsDepartment(t *testing.T) {
 	nsA := namespace(t, c, "e2e-dept-team-a")
 	nsB := namespace(t, c, "e2e-dept-team-b")
 	waitReleased(t, c)
-	nodes, err := client.CoreV1().Nodes().List(t.Context(), metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var gpus int64
-	for _, n := range nodes.Items {
-		q := n.Status.Capacity[api.ResourceGPU]
-		gpus += q.Value()
-	}
+	_, gpus := clusterGPUs(t, client)
 	createQueue(t, dyn, "e2e-dept", "", nil, gpus, 0)
 	createQueue(t, dyn, "e2e-dept-team-a", "e2e-dept", []string{nsA}, 8, 0)
 	createQueue(t, dyn, "e2e-dept-team-b", "e2e-dept", []string{nsB}, gpus-8, 0)

@@ -793,16 +793,9 @@ func terminateContainers(status *v1.PodStatus, exitCode int32, reason string, no
 // 137), keeping its other conditions (the Eviction API's DisruptionTarget
 // among them), as the kubelet does before it confirms the deletion.
 func (n *Node) terminalOnDeletion(ctx context.Context, pod *v1.Pod) error {
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur, err := n.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if cur.UID != pod.UID || cur.Status.Phase == v1.PodSucceeded || cur.Status.Phase == v1.PodFailed {
-			return nil
+	return n.writePodStatus(ctx, pod, func(cur *v1.Pod) bool {
+		if cur.Status.Phase == v1.PodSucceeded || cur.Status.Phase == v1.PodFailed {
+			return false
 		}
 		now := metav1.Now()
 		cur.Status.Phase = v1.PodFailed
@@ -813,8 +806,7 @@ func (n *Node) terminalOnDeletion(ctx context.Context, pod *v1.Pod) error {
 			}
 		}
 		terminateContainers(&cur.Status, 137, "Error", now)
-		_, err = n.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
-		return err
+		return true
 	})
 }
 
@@ -1161,18 +1153,12 @@ func (n *Node) setRunning(ctx context.Context, pod *v1.Pod) error {
 }
 
 // patchStatus replaces the pod's status (keeping its PodScheduled
-// condition) through the status subresource, conditional on the UID.
+// condition) through the status subresource, conditional on the UID; a
+// pod being deleted is left alone.
 func (n *Node) patchStatus(ctx context.Context, pod *v1.Pod, status v1.PodStatus) error {
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur, err := n.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if cur.UID != pod.UID || cur.DeletionTimestamp != nil {
-			return nil
+	return n.writePodStatus(ctx, pod, func(cur *v1.Pod) bool {
+		if cur.DeletionTimestamp != nil {
+			return false
 		}
 		for _, c := range cur.Status.Conditions {
 			if c.Type == v1.PodScheduled {
@@ -1181,6 +1167,25 @@ func (n *Node) patchStatus(ctx context.Context, pod *v1.Pod, status v1.PodStatus
 		}
 		status.QOSClass = cur.Status.QOSClass
 		cur.Status = status
+		return true
+	})
+}
+
+// writePodStatus writes through the status subresource what set makes of
+// the pod's current copy (read afresh, retried on conflicts), when it is
+// still the pod of pod's UID and set returns true.
+func (n *Node) writePodStatus(ctx context.Context, pod *v1.Pod, set func(cur *v1.Pod) bool) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := n.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if cur.UID != pod.UID || !set(cur) {
+			return nil
+		}
 		_, err = n.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
 		return err
 	})
