@@ -31,13 +31,13 @@ func ParseGPUCount(value string) (int, error) {
 	if value == "" {
 		return bad("empty")
 	}
-	if len(value) > 2 {
-		return bad(fmt.Sprintf("at most %d", MaxGPUCount))
-	}
 	for i := 0; i < len(value); i++ {
 		if value[i] < '0' || value[i] > '9' {
 			return bad("write a whole number of GPUs with the digits 0-9 only")
 		}
+	}
+	if len(value) > 2 {
+		return bad(fmt.Sprintf("must be 1..%d", MaxGPUCount))
 	}
 	if value[0] == '0' {
 		if value == "0" {

@@ -6,14 +6,18 @@ import (
 )
 
 func TestParseGPUCount(t *testing.T) {
+	const digits, outside, zero = "digits 0-9 only", "must be 1..16", "no leading zero"
 	for _, tc := range []struct {
 		value string
-		want  int // 0: refused
+		want  int    // 0: refused
+		why   string // what the refusal says
 	}{
-		{"1", 1}, {"2", 2}, {"4", 4}, {"16", 16},
-		{"", 0}, {"0", 0}, {"17", 0}, {"99", 0}, {"100", 0}, {"-1", 0}, {"+2", 0},
-		{"02", 0}, {" 2", 0}, {"2 ", 0}, {"2.0", 0}, {"1.5", 0}, {"2e0", 0}, {"two", 0},
-		{"0x2", 0}, {"２", 0}, {"9223372036854775808", 0},
+		{value: "1", want: 1}, {value: "2", want: 2}, {value: "4", want: 4}, {value: "16", want: 16},
+		{"", 0, "empty"}, {"0", 0, outside}, {"17", 0, outside}, {"99", 0, outside}, {"100", 0, outside},
+		{"9223372036854775808", 0, outside}, {"-1", 0, digits}, {"+2", 0, digits},
+		{"02", 0, zero}, {" 2", 0, digits}, {"2 ", 0, digits}, {"2.0", 0, digits}, {"1.5", 0, digits},
+		{"2e0", 0, digits}, {"two", 0, digits}, {"abc", 0, digits}, {"eight", 0, digits},
+		{"0x2", 0, digits}, {"２", 0, digits},
 	} {
 		got, err := ParseGPUCount(tc.value)
 		switch {
@@ -21,6 +25,8 @@ func TestParseGPUCount(t *testing.T) {
 			t.Errorf("ParseGPUCount(%q) = %d, want an error", tc.value, got)
 		case tc.want == 0 && !strings.Contains(err.Error(), AnnotationGPUCount):
 			t.Errorf("ParseGPUCount(%q): error %q does not name %s", tc.value, err, AnnotationGPUCount)
+		case tc.want == 0 && !strings.Contains(err.Error(), tc.why):
+			t.Errorf("ParseGPUCount(%q): error %q, want one saying %q", tc.value, err, tc.why)
 		case tc.want != 0 && (err != nil || got != tc.want):
 			t.Errorf("ParseGPUCount(%q) = %d, %v, want %d", tc.value, got, err, tc.want)
 		}
