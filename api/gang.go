@@ -442,6 +442,9 @@ const AnnotationGangPlan = Domain + "/gang-plan"
 // KindGangPlan is the kind of a GangPlan.
 const KindGangPlan = "GangPlan"
 
+// maxPlannedGPUs bounds GangPlan.GPUs: more GPUs than any node has.
+const maxPlannedGPUs = 64
+
 // GangPlan is the value of AnnotationGangPlan.
 type GangPlan struct {
 	APIVersion string `json:"apiVersion"`
@@ -452,9 +455,36 @@ type GangPlan struct {
 	// GPU is the planned GPU of a shared member (nil for whole GPUs, which
 	// the node's device plugin picks).
 	GPU *GPURef `json:"gpu,omitempty"`
+	// GPUs are the GPUs a whole-GPU member's plan holds until it binds:
+	// nothing else is placed on them meanwhile, though pods that are
+	// leaving (evicted for it) may still run there. The node's device
+	// plugin still picks the member's GPUs when it binds. Absent, the plan
+	// holds as many free GPUs of the node, whichever they are; a GPU that
+	// is in use when the plan is made (its pods evicted for the member)
+	// can then be taken by a new slice as soon as one of its pods has
+	// left.
+	GPUs []GPURef `json:"gpus,omitempty"`
 	// Expires is when the plan is released if the gang has not bound
 	// (RFC 3339).
 	Expires time.Time `json:"expires"`
+}
+
+// GPUsText names the plan's GPUs by index for messages: "GPU 3" (a
+// slice's), "GPUs 5, 6" (whole GPUs held), or "" when it names none.
+func (p *GangPlan) GPUsText() string {
+	switch {
+	case p.GPU != nil:
+		return fmt.Sprintf("GPU %d", p.GPU.Index)
+	case len(p.GPUs) == 1:
+		return fmt.Sprintf("GPU %d", p.GPUs[0].Index)
+	case len(p.GPUs) > 1:
+		idx := make([]string, len(p.GPUs))
+		for i, g := range p.GPUs {
+			idx[i] = strconv.Itoa(g.Index)
+		}
+		return "GPUs " + strings.Join(idx, ", ")
+	}
+	return ""
 }
 
 // GetGangPlan reads AnnotationGangPlan; ok is false when it is absent. It
@@ -487,6 +517,25 @@ func ParseGangPlan(v string) (*GangPlan, error) {
 		if err := p.GPU.validate(); err != nil {
 			return nil, fmt.Errorf("annotation %s: gpu: %w", AnnotationGangPlan, err)
 		}
+		if len(p.GPUs) > 0 {
+			return nil, fmt.Errorf("annotation %s: gpu (a slice's GPU) and gpus (whole GPUs) are both set", AnnotationGangPlan)
+		}
+	}
+	if len(p.GPUs) == 0 {
+		p.GPUs = nil // "gpus": [] is no list
+	}
+	if len(p.GPUs) > maxPlannedGPUs {
+		return nil, fmt.Errorf("annotation %s: gpus: %d GPUs, at most %d", AnnotationGangPlan, len(p.GPUs), maxPlannedGPUs)
+	}
+	seen := make(map[string]bool, len(p.GPUs))
+	for i, g := range p.GPUs {
+		if err := g.validate(); err != nil {
+			return nil, fmt.Errorf("annotation %s: gpus[%d]: %w", AnnotationGangPlan, i, err)
+		}
+		if seen[g.UUID] {
+			return nil, fmt.Errorf("annotation %s: gpus[%d].uuid: %q is listed twice", AnnotationGangPlan, i, g.UUID)
+		}
+		seen[g.UUID] = true
 	}
 	return p, nil
 }

@@ -375,8 +375,32 @@ func TestGangPlanRoundTrip(t *testing.T) {
 	if diff := cmp.Diff(&in, out); diff != "" {
 		t.Errorf("round trip (-want +got):\n%s", diff)
 	}
+	whole := GangPlan{Gang: "inf", Node: "n1", Expires: expires, GPUs: []GPURef{
+		{UUID: "GPU-11111111-2222-3333-4444-555555555555", Index: 5},
+		{UUID: "GPU-11111111-2222-3333-4444-666666666666", Index: 6},
+	}}
+	if err := SetGangPlan(ann, whole); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err = GetGangPlan(ann)
+	whole.APIVersion, whole.Kind = Version, KindGangPlan
+	if diff := cmp.Diff(&whole, out); err != nil || diff != "" {
+		t.Errorf("round trip of whole GPUs (-want +got), err %v:\n%s", err, diff)
+	}
 	if _, ok, err := GetGangPlan(map[string]string{}); ok || err != nil {
 		t.Errorf("absent plan = %v, %v", ok, err)
+	}
+	const head = `{"apiVersion":"tessera.dev/v1alpha1","kind":"GangPlan","gang":"g","node":"n","expires":"2026-11-22T01:00:00Z",`
+	const g5 = `{"uuid":"GPU-11111111-2222-3333-4444-555555555555","index":5}`
+	for name, tc := range map[string]struct{ v, why string }{
+		"gpu and gpus": {head + `"gpu":` + g5 + `,"gpus":[` + g5 + `]}`, "both set"},
+		"a GPU twice":  {head + `"gpus":[` + g5 + `,` + g5 + `]}`, "listed twice"},
+		"bad uuid":     {head + `"gpus":[{"uuid":"gpu5","index":5}]}`, "gpus[0]"},
+		"too many":     {head + `"gpus":[` + strings.TrimSuffix(strings.Repeat(g5+",", 65), ",") + `]}`, "at most 64"},
+	} {
+		if _, _, err := GetGangPlan(map[string]string{AnnotationGangPlan: tc.v}); err == nil || !strings.Contains(err.Error(), tc.why) {
+			t.Errorf("%s: GetGangPlan error %v, want one saying %q", name, err, tc.why)
+		}
 	}
 	for name, v := range map[string]string{
 		"garbage":       "{",

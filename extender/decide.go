@@ -465,6 +465,34 @@ func ChoosePlacement(p allocator.Policy, st *NodeState, uid types.UID, d *Demand
 	return u, nil
 }
 
+// ChooseWholeGPUs names the GPUs a plan holds for a whole-GPU demand d on
+// st (api.GangPlan.GPUs): d's count of the node's free GPUs, within one
+// NVLink clique when one has enough, as the node's device plugin prefers
+// (gpureq.ChooseGPUs; required when d asks for NVLink). ok is false where
+// it names none, and the plan then holds as many GPUs of the node by
+// count: d asks for no whole GPUs, too few are free, pods bound there wait
+// for the kubelet to pick their GPUs (it may pick any free one), or the
+// node's topology manager aligns d's GPUs with its CPUs (the kubelet's
+// choice then follows the CPUs).
+func ChooseWholeGPUs(st *NodeState, d *Demand) ([]api.GPURef, bool) {
+	if d.Kind() != allocator.Whole || d.WholeGPUs == 0 || st.PendingWhole > 0 || !st.alignsAnywhere(d) {
+		return nil, false
+	}
+	c := make([]gpureq.Candidate, len(st.Info.GPUs))
+	for p, g := range st.Info.GPUs {
+		c[p] = gpureq.Candidate{UUID: g.UUID, Index: g.Index, Room: st.rawFree(p)}
+	}
+	pos, ok := gpureq.ChooseGPUs(c, d.WholeGPUs, st.Info.Cliques, d.NVLink)
+	if !ok {
+		return nil, false
+	}
+	out := make([]api.GPURef, len(pos))
+	for i, p := range pos {
+		out[i] = st.GPURef(p)
+	}
+	return out, true
+}
+
 // chooseSliceGPUs picks the GPUs (positions) of d's multi-GPU slice in
 // view (gpureq.ChooseGPUs: the group rule, an existing set first, the
 // NVLink cliques preferred, or required by tessera.dev/nvlink).
@@ -576,7 +604,7 @@ func Preempt(st *NodeState, d *Demand, victims []types.UID) (kept []types.UID, o
 	}
 	var gpuVictims []*PodUse
 	for _, v := range victims {
-		if u, ok := st.Pods[v]; ok && (len(u.Shared) > 0 || len(u.Whole) > 0 || u.WholePending > 0 || len(u.MIG) > 0 || len(u.MIGPending) > 0) {
+		if u, ok := st.Pods[v]; ok && (len(u.Shared) > 0 || u.WholeGPUs() > 0 || len(u.MIG) > 0 || len(u.MIGPending) > 0) {
 			gpuVictims = append(gpuVictims, u)
 		}
 	}

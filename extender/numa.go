@@ -134,7 +134,7 @@ func (s *NodeState) buildNUMA() {
 			continue
 		}
 		for _, need := range n.needs(u.Align) {
-			if len(u.Whole) > 0 || len(u.sharedOn(info)) > 0 {
+			if len(u.Whole) > 0 || len(u.PlannedWhole) > 0 || len(u.sharedOn(info)) > 0 {
 				// Its GPUs are counted on their GPUs already.
 				need.GPUs, need.Slice = 0, false
 			} else if need.GPUs > 0 && u.WholePending > 0 {
@@ -167,7 +167,7 @@ func (s *NodeState) podZone(u *PodUse, reported []api.NUMAZoneUse) int {
 	info := s.Info
 	zones := map[int]bool{}
 	if info.NUMA.AlignGPUs {
-		for _, uuid := range u.Whole {
+		for _, uuid := range slices.Concat(u.Whole, u.PlannedWhole) {
 			if p := info.position(uuid); p >= 0 {
 				zones[info.GPUs[p].NUMANode] = true
 			}

@@ -73,6 +73,7 @@ func (l PlannerLedger) Holds(uid types.UID) (planner.Held, bool) {
 	}
 	h := planner.Held{Node: u.Node, Planned: u.Planned, Pending: u.WholePending, Malformed: u.Err != nil}
 	h.GPUs = append(h.GPUs, u.Whole...)
+	h.GPUs = append(h.GPUs, u.PlannedWhole...)
 	for _, s := range u.Shared {
 		h.GPUs = append(h.GPUs, s.UUID)
 	}
@@ -171,7 +172,7 @@ func (s *NodeState) GPUPods(pos int) []types.UID { return s.GPUs[pos].Pods }
 func (s *NodeState) Occupants() map[types.UID]int {
 	out := make(map[types.UID]int, len(s.Pods))
 	for uid, u := range s.Pods {
-		gpus := len(u.Whole) + u.WholePending
+		gpus := u.WholeGPUs()
 		if gpus == 0 && len(u.Shared)+len(u.PlannedShares) > 0 {
 			gpus = 1
 		}

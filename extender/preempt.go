@@ -594,6 +594,10 @@ func (p *Preemptor) apply(ctx context.Context, asker *corev1.Pod, d *Demand, nod
 		if d.gpus() == 1 {
 			plan.GPU = &api.GPURef{UUID: u.Shared[0].UUID, Index: u.Shared[0].Index}
 		}
+	} else if gpus, ok := ChooseWholeGPUs(after, d); ok {
+		// Named, so that no slice takes a GPU the victims are leaving
+		// while one of its slices is still there.
+		plan.GPUs = gpus
 	}
 	ann := map[string]string{}
 	if err := api.SetGangPlan(ann, plan); err != nil {
@@ -604,8 +608,8 @@ func (p *Preemptor) apply(ctx context.Context, asker *corev1.Pod, d *Demand, nod
 		names = append(names, fmt.Sprintf("%s (priority %d)", unitName(v.unit.Key), v.unit.Priority))
 	}
 	where := "node " + node
-	if plan.GPU != nil {
-		where = fmt.Sprintf("GPU %d of node %s", plan.GPU.Index, node)
+	if g := plan.GPUsText(); g != "" {
+		where = g + " of " + where
 	}
 	// The hold first: once a victim is gone its room must not be taken by
 	// another pod before the asker's plan is recorded.

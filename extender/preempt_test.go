@@ -2,6 +2,7 @@ package extender
 
 import (
 	"context"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
@@ -429,5 +431,66 @@ func TestPreemptorKeepsQueueGuarantees(t *testing.T) {
 	// Without queues the newer nb-guaranteed would go (newest first).
 	if diff := cmp.Diff([]string{"nb-borrowed"}, client.Evicted); diff != "" {
 		t.Errorf("evicted (-want +got):\n%s", diff)
+	}
+}
+
+// A whole-GPU asker's plan names the GPUs its victims leave, so that no
+// slice takes one while a victim's slice is still there: on make demo,
+// each replacement of four evicted slices (two per GPU) was bound to the
+// GPU its victim had left, beside the slice not yet gone, and the asker
+// never got its two GPUs.
+func TestPreemptorHoldsWholeGPUsFromSlices(t *testing.T) {
+	node := testbuild.Node("n1").GPUs(4, "A100", 40960).Obj()
+	var victims []*corev1.Pod
+	for i, name := range []string{"s0a", "s0b", "s1a", "s1b", "s2a", "s2b", "s3a", "s3b"} {
+		victims = append(victims, running(testbuild.Pod(name).Shared(15, 50).Priority(notebook).Node("n1").On(i/2, 15360, 50), 10+i))
+	}
+	inf := asking(testbuild.Pod("inf").Whole(2).Priority(inference))
+	pods := append(append([]*corev1.Pod(nil), victims...), inf)
+	cache := newTestCache(t, []*corev1.Node{node}, pods)
+	client := &testbuild.PreemptClient{}
+	events := &testbuild.Recorder{}
+	p := &Preemptor{Cache: cache, Client: client, Pods: func() ([]*corev1.Pod, error) { return pods, nil },
+		Policy: testPolicy(t, PolicyBinpack), Now: func() time.Time { return preemptNow }, Events: events}
+	if err := p.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(client.Evicted) != 4 {
+		t.Fatalf("evicted %v, want the four slices of two GPUs", client.Evicted)
+	}
+	plan, err := api.ParseGangPlan(client.Plans["inf"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plan.GPUsText() == "" || !strings.Contains(strings.Join(events.Events, "\n"), "to make room on "+plan.GPUsText()+" of node n1") {
+		t.Errorf("plan %+v names no GPUs, or the Preempting Event not them:\n%s", plan, strings.Join(events.Events, "\n"))
+	}
+	// The informer shows the plan, then the victims leave one by one;
+	// after each, a replacement slice fits none of the freed GPUs.
+	inf = inf.DeepCopy()
+	inf.Annotations[api.AnnotationGangPlan] = client.Plans["inf"]
+	cache.SetPod(inf)
+	repl := asking(testbuild.Pod("repl").Shared(15, 50).Priority(notebook))
+	d, err := ParseDemand(repl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range victims {
+		if !slices.Contains(client.Evicted, v.Name) {
+			continue
+		}
+		cache.DeletePod(v.UID)
+		if r := Check(mustState(t, cache, "n1"), &d); r == Fits {
+			t.Fatalf("after %s left, a replacement slice fits a GPU held for inf", v.Name)
+		}
+	}
+	// The asker itself fits, as its bind sees the node (its hold left out).
+	st := mustState(t, cache, "n1").without(map[types.UID]bool{inf.UID: true})
+	own, err := ParseDemand(inf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := Check(st, &own); r != Fits {
+		t.Errorf("inf does not fit the room held for it: %v", r)
 	}
 }

@@ -105,7 +105,7 @@ func (q *Quota) PreemptVictims(ctx context.Context, pod *corev1.Pod, st *NodeSta
 		vs[i].UID = uid
 		if u, ok := st.Pods[uid]; ok {
 			vs[i].Namespace, vs[i].Name = u.Namespace, u.Name
-			vs[i].GPUs = len(u.Shared) > 0 || len(u.Whole) > 0 || u.WholePending > 0
+			vs[i].GPUs = len(u.Shared) > 0 || u.WholeGPUs() > 0
 		}
 	}
 	return q.Enforcer.PreemptVictims(ctx, pod, vs)

@@ -223,6 +223,11 @@ type PodUse struct {
 	// state is built.
 	PlannedShares []ContainerShare
 	PlannedGPU    string
+	// PlannedWhole are the GPUs a planned whole-GPU member's plan names
+	// (api.GangPlan.GPUs): held for it alone until it binds, while pods
+	// evicted for it may still be leaving them. A plan without them holds
+	// WholePending GPUs of the node instead.
+	PlannedWhole []string
 	// Align is what the pod must find on one NUMA node where the node's
 	// topology manager requires it (Demand.Align).
 	Align numa.Demand
@@ -238,6 +243,10 @@ type PodUse struct {
 
 // Key is namespace/name.
 func (u *PodUse) Key() string { return u.Namespace + "/" + u.Name }
+
+// WholeGPUs is the number of whole GPUs u holds: recorded, named by its
+// plan, or pending.
+func (u *PodUse) WholeGPUs() int { return len(u.Whole) + len(u.PlannedWhole) + u.WholePending }
 
 // NewPodUse reads what a pod bound to a node uses from its requests and
 // its assignment annotation. Pods that use nothing of interest still
@@ -312,7 +321,14 @@ func PlannedPodUse(pod *corev1.Pod, plan *api.GangPlan) *PodUse {
 	u.MIGPending = migPending(d.MIG, nil)
 	switch d.Kind() {
 	case allocator.Whole:
-		u.WholePending, u.NVLink = d.WholeGPUs, d.NVLink
+		u.NVLink = d.NVLink
+		if len(plan.GPUs) != d.WholeGPUs {
+			u.WholePending = d.WholeGPUs
+			break
+		}
+		for _, g := range plan.GPUs {
+			u.PlannedWhole = append(u.PlannedWhole, g.UUID)
+		}
 	case allocator.Shared:
 		if plan.GPU == nil {
 			u.WholePending = d.gpus() // its slice's GPUs, wherever they go
@@ -349,6 +365,9 @@ type GPUState struct {
 	// Whole counts the pods holding the GPU whole (more than one means
 	// over-commitment reported by the node).
 	Whole int
+	// Held counts the planned whole-GPU members whose plans name the GPU
+	// (PodUse.PlannedWhole): nothing else may be placed on it.
+	Held int
 	// Pods are the UIDs of the pods using the GPU.
 	Pods []types.UID
 }
@@ -446,7 +465,7 @@ func (s *NodeState) remember(e memoEntry) {
 // pending whole-GPU pods aside.
 func (s *NodeState) rawFree(p int) bool {
 	g := s.GPUs[p]
-	return s.Info.GPUs[p].Healthy && !s.Info.GPUs[p].InMIG && g.Whole == 0 && g.MemUsedMiB == 0 && g.CoresUsed == 0
+	return s.Info.GPUs[p].Healthy && !s.Info.GPUs[p].InMIG && g.Whole == 0 && g.Held == 0 && g.MemUsedMiB == 0 && g.CoresUsed == 0
 }
 
 // offeredWhole reports whether the GPU at position p is free (rawFree) and
@@ -542,6 +561,16 @@ func BuildNodeState(info *NodeInfo, uses []*PodUse) *NodeState {
 				s.GPUs[p].Pods = append(s.GPUs[p].Pods, u.UID)
 			} else {
 				// The GPU left the inventory: keep counting the pod.
+				s.PendingWhole++
+			}
+		}
+		for _, uuid := range u.PlannedWhole {
+			if p := info.position(uuid); p >= 0 && info.GPUs[p].Healthy && !info.GPUs[p].InMIG {
+				s.GPUs[p].Held++
+				s.GPUs[p].Pods = append(s.GPUs[p].Pods, u.UID)
+			} else {
+				// The planned GPU left the inventory or failed: hold
+				// another GPU of the node.
 				s.PendingWhole++
 			}
 		}
@@ -678,7 +707,7 @@ func (s *NodeState) buildView(hold int, slicesOffered bool) allocator.Node {
 	for i, g := range info.GPUs {
 		st := s.GPUs[i]
 		ag := allocator.GPU{Index: g.Index, MemTotalMiB: g.MemMiB}
-		whole := st.Whole > 0 || (slicesOffered && g.WithheldShared)
+		whole := st.Whole > 0 || st.Held > 0 || (slicesOffered && g.WithheldShared)
 		if g.Healthy && !g.InMIG && gpureq.CheckShared(gpureq.GPUUse{Whole: whole}) == nil {
 			ag.MilliFree = max(0, allocator.MilliPerGPU-gpureq.UsedCoresToMilli(st.CoresUsed))
 			ag.MemFreeMiB = max(0, g.MemMiB-st.MemUsedMiB)

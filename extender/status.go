@@ -142,7 +142,7 @@ func OccupancyView(snap *Snapshot) *gpustatus.Cluster {
 			if u.Planned {
 				who += " (planned)"
 			}
-			for _, uuid := range u.Whole {
+			for _, uuid := range slices.Concat(u.Whole, u.PlannedWhole) {
 				if o := byUUID[uuid]; o != nil {
 					o.AddWhole(who)
 				}

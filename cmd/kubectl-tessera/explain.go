@@ -125,8 +125,8 @@ func (e *env) explain(ctx context.Context, w io.Writer, namespace, name string) 
 	}
 	if p, ok, err := api.GetGangPlan(pod.Annotations); ok && err == nil {
 		where := p.Node
-		if p.GPU != nil {
-			where += fmt.Sprintf(", GPU %d", p.GPU.Index)
+		if g := p.GPUsText(); g != "" {
+			where += ", " + g
 		}
 		x.line("Plan", "planned by Tessera on %s, released if not bound by %s (in %s)", where, p.Expires.UTC().Format(time.RFC3339), p.Expires.Sub(now).Round(time.Second))
 	}

@@ -1202,6 +1202,14 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 			}
 			ref := snap[pl.Node].GPURef(pos[0])
 			plan.GPU = &ref
+		} else if st := snap[pl.Node]; demands[i].Kind() == allocator.Whole && st.PendingWholeGPUs() == 0 && st.AlignsAnywhere(demands[i]) {
+			// The GPUs are named (api.GangPlan.GPUs) so that no slice
+			// takes one while pods evicted for the gang still leave it;
+			// as extender.ChooseWholeGPUs, not where the kubelet may give
+			// a bound pod any free GPU or aligns GPUs with CPUs.
+			for _, pos := range pl.GPUs.Positions() {
+				plan.GPUs = append(plan.GPUs, st.GPURef(pos))
+			}
 		}
 		ann := map[string]string{}
 		if err := api.SetGangPlan(ann, plan); err != nil {

@@ -3,6 +3,7 @@ package planner_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -389,5 +390,54 @@ func TestGangPreemptionHoldsTheRoomBeforeEvicting(t *testing.T) {
 	nodes := f.plannedWhole("inf-")
 	if len(nodes) != 2 || nodes[0] != nodes[1] {
 		t.Errorf("members planned on %v, want both on one node", nodes)
+	}
+}
+
+// A whole-GPU gang that preempts slices holds the GPUs its victims leave
+// by name: while one slice of a GPU is still leaving, a new slice fits
+// none of them (with a hold by count it fitted beside the one left).
+func TestGangPreemptingSlicesHoldsTheirGPUs(t *testing.T) {
+	f, evicter := newTierFixture(t, testbuild.EightGPUNodes(1))
+	var running []*corev1.Pod
+	for i := range 16 {
+		p := testbuild.Pod(fmt.Sprintf("s-%02d", i)).Shared(20, 50).Priority(notebook).Node("n0").On(i/2, 20480, 50).Obj()
+		p.Namespace, p.UID = "low", types.UID(fmt.Sprintf("uid-low-s-%02d", i))
+		started := metav1.NewTime(f.now.Add(-time.Hour + time.Duration(i)*time.Minute))
+		p.CreationTimestamp, p.Status.StartTime, p.Status.Phase = started, &started, corev1.PodRunning
+		if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		f.cache.SetPod(p)
+		running = append(running, p)
+	}
+	f.tierMember("inf", 1, 0, 2, inference, nil)
+	f.sync()
+	if len(evicter.Evicted) != 4 {
+		t.Fatalf("evicted %v, want the four slices of two GPUs\nevents:\n%s", evicter.Evicted, strings.Join(f.events.Events, "\n"))
+	}
+	pods, _ := f.list()
+	var member *corev1.Pod
+	for _, p := range pods {
+		if p.Name == "inf-0" {
+			member = p
+		}
+	}
+	plan, ok, err := api.GetGangPlan(member.Annotations)
+	if !ok || err != nil || len(plan.GPUs) != 2 {
+		t.Fatalf("plan %+v (%v, %v): want two GPUs named", plan, ok, err)
+	}
+	f.cache.SetPod(member)
+	repl, err := extender.ParseDemand(testbuild.Pod("repl").Shared(20, 50).Obj())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range running {
+		if !slices.Contains(evicter.Evicted, v.Name) {
+			continue
+		}
+		f.cache.DeletePod(v.UID)
+		if r := extender.Check(mustState(t, f.cache, "n0"), &repl); r == extender.Fits {
+			t.Fatalf("after %s left, a new slice fits a GPU held for the gang", v.Name)
+		}
 	}
 }

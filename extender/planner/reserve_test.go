@@ -259,7 +259,7 @@ func TestReservationBackfill(t *testing.T) {
 				// has (the bind waits for pending GPUs to be offered).
 				used := 0
 				for _, u := range st.Pods {
-					used += len(u.Whole) + u.WholePending
+					used += u.WholeGPUs()
 				}
 				if used > len(st.Info.GPUs) {
 					t.Errorf("node %s: %d GPUs counted, it has %d", s.node, used, len(st.Info.GPUs))
