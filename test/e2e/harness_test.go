@@ -343,17 +343,18 @@ func onA100s(p *v1.Pod) {
 	}}}
 }
 
-// a100Deployment creates a Deployment of replicas one-GPU pods (label
-// app=name, PriorityClass prio when not "") on the A100 nodes, deleted
-// with its pods when the test ends.
-func a100Deployment(t *testing.T, client kubernetes.Interface, ns, name string, replicas int32, prio string) {
+// a100Deployment creates a Deployment of replicas pods asking what req
+// asks (label app=name, PriorityClass prio when not "") on the A100 nodes,
+// deleted with its pods when the test ends.
+func a100Deployment(t *testing.T, client kubernetes.Interface, ns, name string, replicas int32, prio string, req podSpec) {
 	t.Helper()
 	t.Cleanup(func() {
 		fg := metav1.DeletePropagationForeground
 		_ = client.AppsV1().Deployments(ns).Delete(context.Background(), name, metav1.DeleteOptions{PropagationPolicy: &fg})
 	})
 	labels := map[string]string{"app": name}
-	tmpl := podSpec{gpus: 1, labels: labels}.pod(ns)
+	req.labels = labels
+	tmpl := req.pod(ns)
 	onA100s(tmpl)
 	tmpl.Spec.PriorityClassName = prio
 	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},

@@ -144,7 +144,7 @@ func TestQuotaReclaimForAGangOfDeploymentVictims(t *testing.T) {
 	elasticQuota(t, c, nsA, api.ResourceGPU, 4, 16)
 	elasticQuota(t, c, nsB, api.ResourceGPU, 8, 16)
 	time.Sleep(time.Second) // the extender's informer sees the quotas
-	a100Deployment(t, client, nsA, "borrowers", 16, "")
+	a100Deployment(t, client, nsA, "borrowers", 16, "", podSpec{gpus: 1})
 	if err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		running, _, _ := countPhases(t, c, nsA)
 		return running == 16, nil

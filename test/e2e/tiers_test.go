@@ -322,7 +322,7 @@ func TestTierPreemptionForAGangOfDeploymentVictims(t *testing.T) {
 	waitReleased(t, c)
 	ns := namespace(t, c, "e2e-tiers-deployment")
 	priorityClasses(t, client)
-	a100Deployment(t, client, ns, "notebooks", 16, tierNotebook)
+	a100Deployment(t, client, ns, "notebooks", 16, tierNotebook, podSpec{gpus: 1})
 	runningNotebooks := func(ctx context.Context) (map[string][]string, int, error) {
 		l, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=notebooks"})
 		if err != nil {
@@ -364,6 +364,62 @@ func TestTierPreemptionForAGangOfDeploymentVictims(t *testing.T) {
 	}
 	if len(after[node]) != 0 || pending != 8 {
 		t.Errorf("after the preemption: notebooks running %v, %d pending; want none on %s and its 8 replacements pending", after, pending, node)
+	}
+	occ, pods := occupancy(t, c)
+	checkNoOvercommit(t, occ)
+	checkRunningPods(t, c, pods)
+}
+
+// A whole-GPU pod of a higher tier against a Deployment of slices, two per
+// GPU: it evicts the four slices of two GPUs and runs there, while the
+// Deployment's replacements wait. Its plan names the two GPUs: with a hold
+// by count, each replacement was bound beside the victim slice still
+// leaving, on the GPU freed for it, and the pod never ran (make demo,
+// 2026-11-28).
+func TestTierPreemptionOfSlicesHoldsTheFreedGPUs(t *testing.T) {
+	c := getCluster(t)
+	client := c.Client()
+	waitReleased(t, c)
+	ns := namespace(t, c, "e2e-tiers-slices")
+	priorityClasses(t, client)
+	a100Deployment(t, client, ns, "slices", 32, tierNotebook, podSpec{memUnits: 15, cores: 50})
+	count := func(ctx context.Context) (running, pending int, err error) {
+		l, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=slices"})
+		if err != nil {
+			return 0, 0, err
+		}
+		for _, p := range l.Items {
+			switch {
+			case p.DeletionTimestamp != nil:
+			case p.Status.Phase == v1.PodRunning:
+				running++
+			default:
+				pending++
+			}
+		}
+		return running, pending, nil
+	}
+	if err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		running, _, err := count(ctx)
+		return err == nil && running == 32, nil
+	}); err != nil {
+		t.Fatalf("the Deployment's 32 slices do not all run on the A100s: %v", err)
+	}
+
+	p := podSpec{name: "inf", gpus: 2}.pod(ns)
+	onA100s(p)
+	p.Spec.PriorityClassName = tierInference
+	if _, err := client.CoreV1().Pods(ns).Create(t.Context(), p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitRunning(t, c, ns, "inf", time.Minute)
+	// Give further rounds of preemption, had there been any, time to show.
+	time.Sleep(5 * time.Second)
+	if names := eventedPods(t, client, ns, api.EventPreempted); len(names) != 4 {
+		t.Errorf("preempted %d pods %v, want the 4 slices of two GPUs", len(names), names)
+	}
+	if running, pending, err := count(t.Context()); err != nil || running != 28 || pending != 4 {
+		t.Errorf("after the preemption: %d slices running, %d pending (%v); want 28 and the 4 replacements pending", running, pending, err)
 	}
 	occ, pods := occupancy(t, c)
 	checkNoOvercommit(t, occ)
