@@ -45,6 +45,7 @@ const (
 	NoMIG                Reason = "no-mig"
 	NoMIGProfile         Reason = "mig-profile-missing"
 	InsufficientMIG      Reason = "insufficient-free-mig"
+	KeptForWholeGPUs     Reason = "kept-for-whole-gpus"
 	reasonAllocatorOther Reason = "other"
 )
 
@@ -126,6 +127,9 @@ func Check(st *NodeState, d *Demand) Reason {
 		if d.NVLink && d.gpus() > 1 && largestClique(info, func(p int) bool { return info.GPUs[p].Healthy && !info.GPUs[p].InMIG }) < d.gpus() {
 			return NoNVLinkClique
 		}
+	}
+	if kind == allocator.Shared && st.draining {
+		return KeptForWholeGPUs
 	}
 	switch allocator.Fit(st.viewForDemand(d), req) {
 	case allocator.Fits:
@@ -230,6 +234,8 @@ func Explain(r Reason, st *NodeState, d *Demand) string {
 				m += ", in one NVLink clique"
 			}
 		}
+	case KeptForWholeGPUs:
+		m = "the node is kept for whole-GPU pods planned there (a reservation, or room that preemption or reclaim frees) until enough of its GPUs are empty: no new slice starts on it meanwhile"
 	case NoFreeNVLinkClique:
 		m = fmt.Sprintf("no NVLink clique has %d free GPUs", d.WholeGPUs)
 		if st != nil && st.PendingWhole > 0 {

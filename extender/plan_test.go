@@ -284,3 +284,58 @@ func TestUnplannedGangMemberPassesNoNode(t *testing.T) {
 		}
 	}
 }
+
+// A node where members planned by count (a reservation's, or a plan naming
+// no GPUs) wait for more whole GPUs than are free is kept for them: no new
+// slice starts there, not even beside a running slice; once enough GPUs
+// are free, slices go beside others again, not onto the free GPUs. A plan
+// that names its GPUs keeps only those.
+func TestNodeKeptForPlannedWholeGPUs(t *testing.T) {
+	node := testbuild.Node("n1").GPUs(2, "A100", 40960).Obj()
+	s0 := testbuild.Pod("s0").Shared(10, 20).Node("n1").On(0, 10240, 20).Obj()
+	s1 := testbuild.Pod("s1").Shared(10, 20).Node("n1").On(1, 10240, 20).Obj()
+	member := withPlan(t, testbuild.Pod("m").Whole(1).Obj(), "n1", -1)
+	cache := newTestCache(t, []*corev1.Node{node}, []*corev1.Pod{s0, s1, member})
+	slice, err := ParseDemand(testbuild.Pod("new").Shared(10, 20).Obj())
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := Filter(mustState(t, cache, "n1"), &slice)
+	if v.Reason != KeptForWholeGPUs || !strings.Contains(v.Message, "kept for whole-GPU pods") {
+		t.Errorf("both GPUs in use, one whole GPU planned: %+v, want %s", v, KeptForWholeGPUs)
+	}
+	// The planned member's own view (its bind, a backfill the reservation
+	// admits) is not kept.
+	if r := Check(mustState(t, cache, "n1").without(map[types.UID]bool{member.UID: true}), &slice); r != Fits {
+		t.Errorf("without the planned member: %s, want it to fit", r)
+	}
+	cache.DeletePod(s1.UID)
+	st := mustState(t, cache, "n1")
+	if r := Check(st, &slice); r != Fits {
+		t.Errorf("GPU 1 free for the member: %s, want the slice to fit beside s0", r)
+	}
+	u, err := ChoosePlacement(testPolicy(t, PolicyBinpack), st, "new", &slice)
+	if err != nil || len(u.Shared) != 1 || u.Shared[0].Index != 0 {
+		t.Errorf("placement %+v, %v: want GPU 0, beside s0", u, err)
+	}
+
+	// Named: only GPU 1 is held, and a slice fits GPU 0 at once.
+	named := testbuild.Pod("m").Whole(1).Obj()
+	plan := api.GangPlan{Gang: "g", Node: "n1", Expires: time.Now().Add(time.Hour), GPUs: []api.GPURef{{UUID: testbuild.GPUUUID("n1", 1), Index: 1}}}
+	ann, err := testbuild.Sealer(t).GangPlanAnnotations(named.UID, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	maps.Copy(named.Annotations, ann)
+	cache = newTestCache(t, []*corev1.Node{node}, []*corev1.Pod{s0, s1, named})
+	st = mustState(t, cache, "n1")
+	u, err = ChoosePlacement(testPolicy(t, PolicyBinpack), st, "new", &slice)
+	if err != nil || len(u.Shared) != 1 || u.Shared[0].Index != 0 {
+		t.Errorf("plan naming GPU 1: placement %+v, %v; want GPU 0", u, err)
+	}
+	cache.DeletePod(s0.UID)
+	cache.DeletePod(s1.UID)
+	if got := freeOf(mustState(t, cache, "n1")); got != "1000/40960 0/0" {
+		t.Errorf("free view %q: want GPU 0 free and GPU 1 held", got)
+	}
+}

@@ -384,8 +384,14 @@ type NodeState struct {
 	// PendingNVLink counts the pending whole-GPU pods that need one NVLink
 	// clique.
 	PendingNVLink int
-	CPUUsed       int64
-	MemUsed       int64
+	// draining is set when planned whole-GPU pods held by count (a
+	// reservation, a plan that names no GPUs) wait for more GPUs than are
+	// free: the node is kept for them, and no new slice starts there, not
+	// even beside the slices still running (it would keep a GPU from
+	// emptying).
+	draining bool
+	CPUUsed  int64
+	MemUsed  int64
 	// Pods are the pods counted on the node, by UID.
 	Pods map[types.UID]*PodUse
 	// view is the allocator view for whole-GPU and CPU-only pods:
@@ -547,8 +553,12 @@ func (s *NodeState) FreeGPUs() int { return s.view.FullyFreeGPUs() }
 func BuildNodeState(info *NodeInfo, uses []*PodUse) *NodeState {
 	s := &NodeState{Info: info, GPUs: make([]GPUState, len(info.GPUs)), Pods: make(map[types.UID]*PodUse, len(uses))}
 	sort.Slice(uses, func(i, j int) bool { return uses[i].UID < uses[j].UID })
+	plannedPending := 0
 	for _, u := range uses {
 		s.Pods[u.UID] = u
+		if u.Planned {
+			plannedPending += u.WholePending
+		}
 		s.CPUUsed += u.CPUMilli
 		s.MemUsed += u.MemMiB
 		s.PendingWhole += u.WholePending
@@ -594,6 +604,15 @@ func BuildNodeState(info *NodeInfo, uses []*PodUse) *NodeState {
 	}
 	// Each view is built only where it differs from the one before it:
 	// the ledger is rebuilt on every change of a node's pods.
+	if plannedPending > 0 {
+		free := 0
+		for p := range info.GPUs {
+			if s.rawFree(p) {
+				free++
+			}
+		}
+		s.draining = s.PendingWhole > free
+	}
 	s.view = s.buildView(s.PendingWhole, false)
 	s.sharedView = s.view
 	hold := 0
@@ -604,6 +623,12 @@ func BuildNodeState(info *NodeInfo, uses []*PodUse) *NodeState {
 	s.offeredSharedView = s.sharedView
 	if slices.ContainsFunc(info.GPUs, func(g GPUInfo) bool { return g.WithheldShared }) {
 		s.offeredSharedView = s.buildView(hold, true)
+	}
+	if s.draining {
+		// Every reader of the slice views (the filter, the bind, the
+		// planner's gang nodes) sees no room for a slice.
+		s.sharedView = closedView(s.sharedView)
+		s.offeredSharedView = s.sharedView
 	}
 	s.buildNUMA()
 	s.buildMIG()
@@ -719,6 +744,15 @@ func (s *NodeState) buildView(hold int, slicesOffered bool) allocator.Node {
 			v.GPUs[i].MilliFree, v.GPUs[i].MemFreeMiB = 0, 0
 			hold--
 		}
+	}
+	return v
+}
+
+// closedView is v with no GPU room left (CPU and memory as they are).
+func closedView(v allocator.Node) allocator.Node {
+	v.GPUs = slices.Clone(v.GPUs)
+	for i := range v.GPUs {
+		v.GPUs[i].MilliFree, v.GPUs[i].MemFreeMiB = 0, 0
 	}
 	return v
 }
