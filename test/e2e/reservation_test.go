@@ -366,3 +366,83 @@ func eventTime(e v1.Event) time.Time {
 	}
 	return out
 }
+
+// A reservation drains nodes full of slices: a Deployment runs 32 slices
+// on the two A100 nodes (two per GPU), one of them ends every half second
+// (deleted; the Deployment replaces it), and a 2 x 8 GPU gang waits. Once
+// both nodes are reserved for it, no replacement starts there, not even
+// beside the other slice of its GPU, and the gang runs when the last
+// slice is gone. Before, each replacement went back beside a slice still
+// running and the nodes never emptied (make demo, 2026-11-28).
+func TestReservationDrainsNodesOfSlices(t *testing.T) {
+	c := getCluster(t)
+	client := c.Client()
+	waitReleased(t, c)
+	ns := namespace(t, c, "e2e-reserve-slices")
+	a100Deployment(t, client, ns, "slices", 32, "", podSpec{memUnits: 15, cores: 50})
+	running := func(ctx context.Context) ([]string, error) {
+		l, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=slices"})
+		if err != nil {
+			return nil, err
+		}
+		var out []string
+		for _, p := range l.Items {
+			if p.DeletionTimestamp == nil && p.Status.Phase == v1.PodRunning {
+				out = append(out, p.Name)
+			}
+		}
+		return out, nil
+	}
+	if err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		names, err := running(ctx)
+		return err == nil && len(names) == 32, nil
+	}); err != nil {
+		t.Fatalf("the Deployment's 32 slices do not all run on the A100s: %v", err)
+	}
+	ctx, stop := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	defer func() { stop(); <-done }()
+	go func() {
+		defer close(done)
+		for i := 0; ctx.Err() == nil; i++ {
+			if names, err := running(ctx); err == nil && len(names) > 0 {
+				_ = client.CoreV1().Pods(ns).Delete(ctx, names[i%len(names)], metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+	}()
+	start := time.Now()
+	for i := range 2 {
+		p := podSpec{name: fmt.Sprintf("big-%d", i), gpus: 8,
+			annotations: map[string]string{api.AnnotationGang: "big", api.AnnotationGangMinMember: "2"}}.pod(ns)
+		onA100s(p)
+		if _, err := client.CoreV1().Pods(ns).Create(t.Context(), p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+		for i := range 2 {
+			p, err := client.CoreV1().Pods(ns).Get(ctx, fmt.Sprintf("big-%d", i), metav1.GetOptions{})
+			if err != nil || p.Status.Phase != v1.PodRunning {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		names, _ := running(t.Context())
+		t.Fatalf("the 2 x 8 GPU gang did not run on the A100s as their slices ended: %v; %d slices still run there\nevents of big-0: %s", err, len(names), events(t, client, ns, "big-0"))
+	}
+	t.Logf("the gang ran %s after it was created (reservation wait 10 s, a slice ends every 0.5 s)", time.Since(start).Round(time.Millisecond))
+	if ev := events(t, client, ns, "big-0"); !strings.Contains(ev, api.EventReserved) {
+		t.Errorf("no %s Event on big-0: %s", api.EventReserved, ev)
+	}
+	stop()
+	<-done
+	occ, pods := occupancy(t, c)
+	checkNoOvercommit(t, occ)
+	checkRunningPods(t, c, pods)
+}
