@@ -54,6 +54,9 @@ type Group struct {
 	Members   []Member
 	// Levels are the topology levels, lowest (most local) first.
 	Levels []Level
+	// Single marks a pod outside any gang planned as a group of one (a
+	// queued pod): errors name it as a pod.
+	Single bool
 }
 
 // Node is a node as the planner sees it.
@@ -104,9 +107,16 @@ type Error struct {
 	Group  string
 	Kind   error
 	Detail string
+	// Single: the group is one pod outside any gang (Group.Single).
+	Single bool
 }
 
-func (e *Error) Error() string { return fmt.Sprintf("gang %s: %v: %s", e.Group, e.Kind, e.Detail) }
+func (e *Error) Error() string {
+	if e.Single && errors.Is(e.Kind, ErrNoRoom) {
+		return fmt.Sprintf("pod %s: no room: %s", e.Group, e.Detail)
+	}
+	return fmt.Sprintf("gang %s: %v: %s", e.Group, e.Kind, e.Detail)
+}
 
 // Unwrap returns the kind, ErrIncomplete or ErrNoRoom.
 func (e *Error) Unwrap() error { return e.Kind }
@@ -139,7 +149,7 @@ func PlanGroup(g Group, nodes []Node, p allocator.Policy) (*Plan, error) {
 		}
 		tried = append(tried, d.describe())
 	}
-	return nil, &Error{Group: name, Kind: ErrNoRoom, Detail: noRoomDetail(g, need, tried)}
+	return nil, &Error{Group: name, Kind: ErrNoRoom, Detail: noRoomDetail(g, need, tried), Single: g.Single}
 }
 
 type groupDemand struct {
@@ -158,10 +168,17 @@ func demand(members []Member) groupDemand {
 
 func noRoomDetail(g Group, need groupDemand, tried []string) string {
 	var b strings.Builder
-	if len(g.Members) == 1 {
-		fmt.Fprintf(&b, "1 member needs %d whole GPUs and %.1f GPUs in all", need.wholeGPUs, float64(need.milli)/allocator.MilliPerGPU)
-	} else {
-		fmt.Fprintf(&b, "%d members need %d whole GPUs and %.1f GPUs in all", len(g.Members), need.wholeGPUs, float64(need.milli)/allocator.MilliPerGPU)
+	gpus := fmt.Sprintf("%d whole GPUs and %.1f GPUs in all", need.wholeGPUs, float64(need.milli)/allocator.MilliPerGPU)
+	if need.wholeGPUs == 1 {
+		gpus = fmt.Sprintf("1 whole GPU and %.1f GPUs in all", float64(need.milli)/allocator.MilliPerGPU)
+	}
+	switch {
+	case g.Single:
+		fmt.Fprintf(&b, "it needs %s", gpus)
+	case len(g.Members) == 1:
+		fmt.Fprintf(&b, "1 member needs %s", gpus)
+	default:
+		fmt.Fprintf(&b, "%d members need %s", len(g.Members), gpus)
 	}
 	for _, l := range g.Levels {
 		if l.Required {

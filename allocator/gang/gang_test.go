@@ -326,3 +326,24 @@ func TestAllowedKeepsMembersOffNodes(t *testing.T) {
 		t.Errorf("three members of pool a on two pool-a nodes: %v, want ErrNoRoom", err)
 	}
 }
+
+// The no-room error speaks of a gang's members, or of a pod outside any
+// gang (a queued pod planned as a group of one), in singular where it is
+// one GPU.
+func TestNoRoomMessages(t *testing.T) {
+	full := []Node{makeNode("a").GPUs(2).Used(0, 1).Obj()}
+	for _, tc := range []struct {
+		name string
+		g    Group
+		want string
+	}{
+		{"gang", group(2, whole("w0", 1), whole("w1", 1)), "gang team/train: no room for the whole group: 2 members need 2 whole GPUs and 2.0 GPUs in all"},
+		{"gang of one member", group(1, whole("w0", 1)), "gang team/train: no room for the whole group: 1 member needs 1 whole GPU and 1.0 GPUs in all"},
+		{"a pod", func() Group { g := group(1, whole("w0", 2)); g.Single = true; return g }(), "pod team/train: no room: it needs 2 whole GPUs and 2.0 GPUs in all"},
+	} {
+		_, err := PlanGroup(tc.g, full, policy(t))
+		if !errors.Is(err, ErrNoRoom) || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error starting %q", tc.name, err, tc.want)
+		}
+	}
+}

@@ -959,7 +959,7 @@ func (p *GangPlanner) untold(key, topic, reason string, pods []*corev1.Pod) []*c
 // on each of pods not told yet.
 func (p *GangPlanner) wait(key string, pods []*corev1.Pod, reason string) {
 	for _, m := range p.untold(key, topicWait, reason, pods) {
-		p.events.Eventf(m, corev1.EventTypeNormal, "GangWaiting", "tessera: %s", reason)
+		p.events.Eventf(m, corev1.EventTypeNormal, waitingReason(m), "tessera: %s", reason)
 	}
 }
 
@@ -967,8 +967,19 @@ func (p *GangPlanner) wait(key string, pods []*corev1.Pod, reason string) {
 func (p *GangPlanner) waitQuota(key string, pods []*corev1.Pod, reason string) {
 	for _, m := range p.untold(key, topicWait, reason, pods) {
 		p.events.Eventf(m, corev1.EventTypeWarning, api.EventQuotaExceeded, "%s", reason)
-		p.events.Eventf(m, corev1.EventTypeNormal, "GangWaiting", "tessera: %s", reason)
+		p.events.Eventf(m, corev1.EventTypeNormal, waitingReason(m), "tessera: %s", reason)
 	}
+}
+
+// waitingReason is the reason of the Event that says why pod waits:
+// GangWaiting for a member of a gang (a malformed one included), and
+// QueueWaiting for a pod outside any gang, which the planner holds as its
+// queue's.
+func waitingReason(pod *corev1.Pod) string {
+	if _, inGang, _ := api.GangOf(pod); !inGang {
+		return api.EventQueueWaiting
+	}
+	return "GangWaiting"
 }
 
 // admittedWhy says on what terms queue q admitted want (before it is
@@ -1051,6 +1062,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 	// planOn plans the workload on the nodes of s.
 	planOn := func(s Snapshot) (*gang.Plan, error) {
 		grp, nodes := p.gangInput(s, g, members, demands, minMember, shared)
+		grp.Single = strings.HasPrefix(key, "pod ")
 		return gang.PlanGroup(grp, nodes, p.policy)
 	}
 	res, err := planOn(view)

@@ -125,6 +125,30 @@ func TestQueuesFairShareByHistory(t *testing.T) {
 	}
 }
 
+// A queued pod outside any gang that its queue admits but no node has room
+// for is told so as a pod (before: "GangWaiting: ... gang ns-a/a-0: no
+// room for the whole group: 1 member needs 1 whole GPUs").
+func TestQueuedPodWaitsForRoomAsAPod(t *testing.T) {
+	nodes := withGPUCapacity([]*corev1.Node{testbuild.Node("n0").GPUs(8, "H100", 81920).Obj()})
+	f := newGangFixture(t, nodes...)
+	f.running("busy", "n0", 8, f.now.Add(-time.Minute), nil)
+	book := &planner.QueueBook{
+		Queues: testbuild.Objects{testbuild.QueueObj(t, "team-a", "", []string{"ns-a"}, 8, 0, f.now)},
+		Pods:   f.list,
+		Nodes:  func() ([]*corev1.Node, error) { return nodes, nil },
+		Now:    func() time.Time { return f.now },
+	}
+	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
+		Events: f.events, Now: func() time.Time { return f.now }, Queues: book})
+	f.queued("ns-a", "a-0", f.now)
+	f.sync()
+	const want = api.EventQueueWaiting + ": tessera: pod ns-a/a-0: no room: it needs 1 whole GPU and 1.0 GPUs in all"
+	all := strings.Join(f.events.Events, "\n")
+	if !strings.Contains(all, want) || strings.Contains(all, "GangWaiting") {
+		t.Errorf("events:\n%s\nwant %q and no GangWaiting", all, want)
+	}
+}
+
 // A queue's limit holds: what would pass it waits, with the reason.
 func TestQueueLimitHolds(t *testing.T) {
 	nodes := withGPUCapacity([]*corev1.Node{testbuild.Node("n0").GPUs(8, "H100", 81920).Obj()})
