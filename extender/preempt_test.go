@@ -475,6 +475,13 @@ func TestPreemptorHoldsWholeGPUsFromSlices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	use := func() map[int]string {
+		out := map[int]string{}
+		for _, g := range OccupancyView(&Snapshot{Nodes: map[string]*NodeState{"n1": mustState(t, cache, "n1")}}).Nodes[0].GPUs {
+			out[g.Index] = g.Use() + " " + strings.Join(g.Whole, ",")
+		}
+		return out
+	}
 	for _, v := range victims {
 		if !slices.Contains(client.Evicted, v.Name) {
 			continue
@@ -482,6 +489,17 @@ func TestPreemptorHoldsWholeGPUsFromSlices(t *testing.T) {
 		cache.DeletePod(v.UID)
 		if r := Check(mustState(t, cache, "n1"), &d); r == Fits {
 			t.Fatalf("after %s left, a replacement slice fits a GPU held for inf", v.Name)
+		}
+		for i, u := range use() {
+			if strings.HasPrefix(u, "whole+shared") {
+				t.Errorf("after %s left, the status shows GPU %d over-committed: %s", v.Name, i, u)
+			}
+		}
+	}
+	// Once the victims are gone, the status shows the hold.
+	for _, g := range plan.GPUs {
+		if got := use()[g.Index]; got != "whole default/inf (planned)" {
+			t.Errorf("GPU %d: %q, want it whole for inf (planned)", g.Index, got)
 		}
 	}
 	// The asker itself fits, as its bind sees the node (its hold left out).

@@ -602,8 +602,6 @@ func BuildNodeState(info *NodeInfo, uses []*PodUse) *NodeState {
 			}
 		}
 	}
-	// Each view is built only where it differs from the one before it:
-	// the ledger is rebuilt on every change of a node's pods.
 	if plannedPending > 0 {
 		free := 0
 		for p := range info.GPUs {
@@ -613,6 +611,8 @@ func BuildNodeState(info *NodeInfo, uses []*PodUse) *NodeState {
 		}
 		s.draining = s.PendingWhole > free
 	}
+	// Each view is built only where it differs from the one before it:
+	// the ledger is rebuilt on every change of a node's pods.
 	s.view = s.buildView(s.PendingWhole, false)
 	s.sharedView = s.view
 	hold := 0

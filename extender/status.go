@@ -137,15 +137,20 @@ func OccupancyView(snap *Snapshot) *gpustatus.Cluster {
 			uses = append(uses, u)
 		}
 		sort.Slice(uses, func(i, j int) bool { return uses[i].Key() < uses[j].Key() })
+		type hold struct{ uuid, who string }
+		var holds []hold
 		for _, u := range uses {
 			who := u.Key()
 			if u.Planned {
 				who += " (planned)"
 			}
-			for _, uuid := range slices.Concat(u.Whole, u.PlannedWhole) {
+			for _, uuid := range u.Whole {
 				if o := byUUID[uuid]; o != nil {
 					o.AddWhole(who)
 				}
+			}
+			for _, uuid := range u.PlannedWhole {
+				holds = append(holds, hold{uuid, who})
 			}
 			for _, sh := range u.sharedOn(info) {
 				if o := byUUID[sh.UUID]; o != nil {
@@ -154,6 +159,14 @@ func OccupancyView(snap *Snapshot) *gpustatus.Cluster {
 			}
 			if u.WholePending > 0 {
 				n.Unrecorded = append(n.Unrecorded, fmt.Sprintf("%s: %d GPU(s)", who, u.WholePending))
+			}
+		}
+		for _, h := range holds {
+			// A GPU a plan holds shows its holder once the pods leaving
+			// it (evicted for the holder) are gone; before, it shows
+			// them, not an over-commitment.
+			if o := byUUID[h.uuid]; o != nil && len(o.Whole) == 0 && len(o.Shared) == 0 {
+				o.AddWhole(h.who)
 			}
 		}
 	}
