@@ -11,6 +11,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/api"
 )
@@ -60,15 +61,7 @@ func TestReservationStopsAStreamStarvingAGang(t *testing.T) {
 		create(t, client, ns, podSpec{name: fmt.Sprintf("big-%d", i), gpus: 8,
 			annotations: map[string]string{api.AnnotationGang: "big", api.AnnotationGangMinMember: "2"}})
 	}
-	err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
-		for i := range 2 {
-			p, err := client.CoreV1().Pods(ns).Get(ctx, fmt.Sprintf("big-%d", i), metav1.GetOptions{})
-			if err != nil || p.Status.Phase != v1.PodRunning {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
+	err := bigGangRunning(t, client, ns, 90*time.Second)
 	took := time.Since(start)
 	if err != nil {
 		t.Fatalf("the 2 x 8 GPU gang did not run behind the stream: %v\nevents of big-0: %s", err, events(t, client, ns, "big-0"))
@@ -237,15 +230,7 @@ func TestReservationEvictsPreemptibleBackfill(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	err = wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
-		for i := range 2 {
-			p, err := client.CoreV1().Pods(ns).Get(ctx, fmt.Sprintf("big-%d", i), metav1.GetOptions{})
-			if err != nil || p.Status.Phase != v1.PodRunning {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
+	err = bigGangRunning(t, client, ns, 90*time.Second)
 	if err != nil {
 		t.Fatalf("the gang did not run once its nodes held only the preemptible pod: %v\nevents of big-0: %s\nevents of pre: %s", err, events(t, client, ns, "big-0"), events(t, client, ns, "pre"))
 	}
@@ -423,15 +408,7 @@ func TestReservationDrainsNodesOfSlices(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
-		for i := range 2 {
-			p, err := client.CoreV1().Pods(ns).Get(ctx, fmt.Sprintf("big-%d", i), metav1.GetOptions{})
-			if err != nil || p.Status.Phase != v1.PodRunning {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
+	err := bigGangRunning(t, client, ns, 90*time.Second)
 	if err != nil {
 		names, _ := running(t.Context())
 		t.Fatalf("the 2 x 8 GPU gang did not run on the A100s as their slices ended: %v; %d slices still run there\nevents of big-0: %s", err, len(names), events(t, client, ns, "big-0"))
@@ -445,4 +422,19 @@ func TestReservationDrainsNodesOfSlices(t *testing.T) {
 	occ, pods := occupancy(t, c)
 	checkNoOvercommit(t, occ)
 	checkRunningPods(t, c, pods)
+}
+
+// bigGangRunning waits up to timeout for the gang's members big-0 and
+// big-1 to run; the error is the poll's.
+func bigGangRunning(t *testing.T, client kubernetes.Interface, ns string, timeout time.Duration) error {
+	t.Helper()
+	return wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		for i := range 2 {
+			p, err := client.CoreV1().Pods(ns).Get(ctx, fmt.Sprintf("big-%d", i), metav1.GetOptions{})
+			if err != nil || p.Status.Phase != v1.PodRunning {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
 }
