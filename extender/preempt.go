@@ -331,7 +331,7 @@ func (p *Preemptor) release(ctx context.Context, pod *corev1.Pod) error {
 	}
 	p.Cache.ReleaseGang([]types.UID{pod.UID})
 	p.Metrics.preemptionUseless()
-	p.event(pod, corev1.EventTypeWarning, api.EventPreemptionExpired, "tessera: the room preempted for this pod was held until its plan expired and the pod did not bind there; the hold is released and the pod is considered again")
+	p.event(pod, corev1.EventTypeWarning, api.EventPreemptionExpired, "tessera: the room freed for this pod (by preemption or quota reclaim) was held until its plan expired and the pod did not bind there; the hold is released and the pod is considered again")
 	klog.FromContext(ctx).Info("Released an expired preemption hold", "pod", klog.KObj(pod))
 	return nil
 }
@@ -582,22 +582,9 @@ func (p *Preemptor) apply(ctx context.Context, asker *corev1.Pod, d *Demand, nod
 	if hold <= 0 {
 		hold = 2 * time.Minute
 	}
-	plan := api.GangPlan{Gang: asker.Name, Node: node, Expires: p.now().Add(hold).UTC().Truncate(time.Second)}
-	if d.Kind() == allocator.Shared {
-		u, err := ChoosePlacement(p.Policy, after, asker.UID, d)
-		if err != nil || len(u.Shared) == 0 {
-			return fmt.Errorf("preemption for %s/%s on %s: placing the slice: %v", asker.Namespace, asker.Name, node, err)
-		}
-		// A plan names one GPU: a multi-GPU slice is planned without one
-		// (it holds its GPU count of the node's GPUs, and its bind places
-		// it).
-		if d.gpus() == 1 {
-			plan.GPU = &api.GPURef{UUID: u.Shared[0].UUID, Index: u.Shared[0].Index}
-		}
-	} else if gpus, ok := ChooseWholeGPUs(after, d); ok {
-		// Named, so that no slice takes a GPU the victims are leaving
-		// while one of its slices is still there.
-		plan.GPUs = gpus
+	plan, err := HoldPlan(p.Policy, after, asker, d, p.now().Add(hold))
+	if err != nil {
+		return fmt.Errorf("preemption for %s/%s: %w", asker.Namespace, asker.Name, err)
 	}
 	ann := map[string]string{}
 	if err := api.SetGangPlan(ann, plan); err != nil {
@@ -616,7 +603,7 @@ func (p *Preemptor) apply(ctx context.Context, asker *corev1.Pod, d *Demand, nod
 	if err := p.Client.SetPlan(ctx, asker, ann[api.AnnotationGangPlan]); err != nil {
 		return fmt.Errorf("preemption for %s/%s: writing the plan: %w", asker.Namespace, asker.Name, err)
 	}
-	err := p.evict(ctx, podClaimant(asker), victims, func(v *workload) string {
+	err = p.evict(ctx, podClaimant(asker), victims, func(v *workload) string {
 		return fmt.Sprintf("tessera: evicted for %s/%s (priority %d), which needs %s and fits no node: %s has priority %d, the lowest whose removal makes room on %s; the room is held for %s/%s until %s",
 			asker.Namespace, asker.Name, corev1helpers.PodPriority(asker), equota.Describe(gpureq.QuotaCount(asker)), unitName(v.unit.Key), v.unit.Priority, where, asker.Namespace, asker.Name, plan.Expires.Format(time.RFC3339))
 	})
@@ -624,6 +611,31 @@ func (p *Preemptor) apply(ctx context.Context, asker *corev1.Pod, d *Demand, nod
 		strings.Join(names, ", "), where, plan.Expires.Format(time.RFC3339))
 	logger.Info("Preempting", "pod", klog.KObj(asker), "node", node, "victims", names, "expires", plan.Expires)
 	return err
+}
+
+// HoldPlan is the plan that holds room on node after (its state once the
+// pods leaving for it are gone) for pod, a pod outside any gang asking d,
+// until expires: for a slice its GPU, as the policy places it (a
+// multi-GPU slice is planned without one: it holds its GPU count of the
+// node's GPUs, and its bind places it); for whole GPUs the GPUs
+// ChooseWholeGPUs names, so that no slice takes a GPU the pods leaving for
+// it still use. Tier preemption and quota reclaim write it before they
+// evict.
+func HoldPlan(policy allocator.Policy, after *NodeState, pod *corev1.Pod, d *Demand, expires time.Time) (api.GangPlan, error) {
+	node := after.Info.Name
+	plan := api.GangPlan{Gang: pod.Name, Node: node, Expires: expires.UTC().Truncate(time.Second)}
+	if d.Kind() == allocator.Shared {
+		u, err := ChoosePlacement(policy, after, pod.UID, d)
+		if err != nil || len(u.Shared) == 0 {
+			return plan, fmt.Errorf("placing the slice on %s: %v", node, err)
+		}
+		if d.gpus() == 1 {
+			plan.GPU = &api.GPURef{UUID: u.Shared[0].UUID, Index: u.Shared[0].Index}
+		}
+	} else if gpus, ok := ChooseWholeGPUs(after, d); ok {
+		plan.GPUs = gpus
+	}
+	return plan, nil
 }
 
 // evict evicts the victims' pods for c, with a Preempted Event (why says

@@ -2,10 +2,15 @@ package extender
 
 import (
 	"context"
+	"fmt"
+	"sort"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/tessera-gpu/tessera/allocator"
+	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/extender/planner"
 	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/internal/eligible"
@@ -75,6 +80,75 @@ func (n QuotaNodes) Fits(fits func(map[string]*NodeState) bool) equota.Fits {
 		base := without(n.Cache.Snapshot(), gone)
 		return func(victims map[types.UID]bool) bool { return fits(without(base, victims)) }
 	}
+}
+
+// QuotaRoom is QuotaNodes that also holds the room ElasticQuota reclaim
+// frees for a pending pod outside any gang (equota.RoomHolder): before the
+// victims are evicted, a sealed plan on the pod names the node where it
+// fits once they are gone, and its GPUs (HoldPlan), so that no other pod
+// takes them meanwhile, a namespace within its min included (the quota
+// hold alone keeps out only borrowers). The plan is released, as tier
+// preemption's, when it expires unused (Preemptor): use it only where a
+// Preemptor runs.
+type QuotaRoom struct {
+	QuotaNodes
+	Policy allocator.Policy
+	Plans  PlanWriter
+}
+
+var _ equota.RoomHolder = QuotaRoom{}
+
+// HoldRoom writes pod's plan on the node where it fits once the pods gone
+// have left and not before (the room they free), of those the most of
+// them leave, then by name.
+func (r QuotaRoom) HoldRoom(ctx context.Context, pod *corev1.Pod, gone map[types.UID]bool, expires time.Time) (string, error) {
+	d, err := ParseDemand(pod)
+	if err != nil {
+		return "", err
+	}
+	allowed := eligible.For(pod)
+	snap := r.Cache.Snapshot()
+	names := make([]string, 0, len(snap))
+	for n := range snap {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	best, most := "", -1
+	var after *NodeState
+	for _, n := range names {
+		st := snap[n]
+		freed := 0
+		for uid := range st.Pods {
+			if gone[uid] {
+				freed++
+			}
+		}
+		if freed == 0 || freed <= most || !st.Admits(allowed) || Check(st, &d) == Fits {
+			continue
+		}
+		if a := st.without(gone); Check(a, &d) == Fits {
+			best, most, after = n, freed, a
+		}
+	}
+	if after == nil {
+		return "", fmt.Errorf("no node has room for %s/%s once the pods reclaimed for it are gone", pod.Namespace, pod.Name)
+	}
+	plan, err := HoldPlan(r.Policy, after, pod, &d, expires)
+	if err != nil {
+		return "", err
+	}
+	ann := map[string]string{}
+	if err := api.SetGangPlan(ann, plan); err != nil {
+		return "", err
+	}
+	if err := r.Plans.SetPlan(ctx, pod, ann[api.AnnotationGangPlan]); err != nil {
+		return "", fmt.Errorf("writing the plan of %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	where := "node " + best
+	if g := plan.GPUsText(); g != "" {
+		where = g + " of " + where
+	}
+	return where, nil
 }
 
 // Quota binds quota's Enforcer to the GPU ledger: it is the verbs'

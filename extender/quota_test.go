@@ -1014,3 +1014,41 @@ func TestQuotaReclaimAcrossShapesHoldsTheFreedGPUs(t *testing.T) {
 		t.Errorf("the slice passed %v, unresolvable %v: want the node of the freed GPU", *res.NodeNames, res.FailedAndUnresolvableNodes)
 	}
 }
+
+// Reclaim for a plain pod holds the freed GPUs for it, not only quota:
+// with QuotaRoom the pod's plan names the node (and GPUs) before the
+// victim goes, so another pod its namespace's min admits (b-1 here; the
+// quota hold covers b-0's request, not which pod takes the GPUs) does not
+// take the room; before, it passed the freed node and b-0 waited for
+// another hold to end.
+func TestQuotaReclaimForAPodHoldsItsGPUs(t *testing.T) {
+	f, b := reclaimScene(t)
+	f.enf.Nodes = QuotaRoom{QuotaNodes: QuotaNodes{Cache: f.cache}, Policy: testPolicy(t, PolicyBinpack), Plans: &planner.KubeGang{Client: f.client, Sealer: testbuild.Sealer(t)}}
+	if res := f.filter(b); len(*res.NodeNames) != 0 {
+		t.Fatalf("b-0 passed %v on a full cluster", *res.NodeNames)
+	}
+	if err := f.reclaimQueued(); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"a/ay"}, f.evictions()); diff != "" {
+		t.Fatalf("evictions (-want +got):\n%s", diff)
+	}
+	fresh, err := f.client.CoreV1().Pods("b").Get(context.Background(), b.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, ok, err := api.GetGangPlan(fresh.Annotations)
+	if !ok || err != nil || plan.Node != "n3" || len(plan.GPUs) != 8 {
+		t.Fatalf("b-0's plan %+v (%v, %v): want n3 and its 8 GPUs", plan, ok, err)
+	}
+	if ev := strings.Join(f.eventsWith(api.EventQuotaReclaiming), "\n"); !strings.Contains(ev, "the room is held for it on GPUs 0, 1, 2, 3, 4, 5, 6, 7 of node n3") {
+		t.Errorf("QuotaReclaiming events do not say where the room is held: %s", ev)
+	}
+	b1 := f.pod("b", "b-1", 8, f.now.Add(time.Second))
+	if res := f.filter(b1); len(*res.NodeNames) != 0 {
+		t.Errorf("b-1 passed %v: it takes the room reclaimed for b-0", *res.NodeNames)
+	}
+	if res := f.filter(fresh); res.NodeNames == nil || len(*res.NodeNames) != 1 || (*res.NodeNames)[0] != "n3" {
+		t.Errorf("b-0 with its plan passed %v, want n3", res.NodeNames)
+	}
+}

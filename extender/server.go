@@ -253,7 +253,7 @@ func (s *Server) filterPlanned(ctx context.Context, args *extenderv1.ExtenderArg
 	passed := make([]bool, len(names))
 	other := fmt.Sprintf("tessera: gang %s planned this pod on node %s", plan.Gang, plan.Node)
 	if _, member, _ := api.GangOf(args.Pod); !member && plan.Gang == args.Pod.Name {
-		other = fmt.Sprintf("tessera: the room preempted for this pod is held on node %s", plan.Node)
+		other = fmt.Sprintf("tessera: the room freed for this pod (by preemption or quota reclaim) is held on node %s", plan.Node)
 	}
 	for i, n := range names {
 		switch {

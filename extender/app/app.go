@@ -352,9 +352,15 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 	// The gangs as the planner completed them (a PodGroup's minMember),
 	// for the victims' extra members in preemption and reclaim.
 	gangBook := &planner.GangBook{}
+	var reclaimNodes equota.Nodes = nodes
+	if o.preemption {
+		// The preemptor releases the plans that hold reclaimed room
+		// when they expire unused.
+		reclaimNodes = extender.QuotaRoom{QuotaNodes: nodes, Policy: policy, Plans: gangClient}
+	}
 	enforcer := &equota.Enforcer{
 		GangOf: gangBook.GangOf,
-		Ledger: ledger, Nodes: nodes, Evicter: &extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()},
+		Ledger: ledger, Nodes: reclaimNodes, Evicter: &extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()},
 		Pod:    func(ns, name string) (*corev1.Pod, error) { return podLister.Pods(ns).Get(name) },
 		Events: recorder, Metrics: metrics, HoldFor: o.quotaHold,
 	}

@@ -54,6 +54,17 @@ type Nodes interface {
 	PodFits(pod *corev1.Pod) (Fits, error)
 }
 
+// RoomHolder is implemented by a Nodes that can hold the room reclaim
+// frees for a pending pod outside any gang on one node of the GPU ledger
+// (extender.QuotaRoom: a sealed plan on the pod, as tier preemption
+// writes), so that no other pod takes the freed GPUs while the victims
+// leave: the quota hold alone keeps out only namespaces that would borrow.
+type RoomHolder interface {
+	// HoldRoom holds room for pod, until expires, on a node where it fits
+	// once the pods gone have left; it says where ("GPU 3 of node n1").
+	HoldRoom(ctx context.Context, pod *corev1.Pod, gone map[types.UID]bool, expires time.Time) (string, error)
+}
+
 // Fits tests whether waiting work fits the GPU ledger. Reclaim calls it
 // once per decision with the pods already leaving (gone): it reads the
 // ledger then, and returns the test of each choice of victims, whether
@@ -294,6 +305,15 @@ func (e *Enforcer) ReclaimForPod(ctx context.Context, key types.NamespacedName) 
 		e.mu.Lock()
 		e.reclaimedFor[pod.UID] = e.now().Add(e.holdFor())
 		e.mu.Unlock()
+		if h, ok := e.Nodes.(RoomHolder); ok {
+			// The room first, then the evictions.
+			node, err := h.HoldRoom(ctx, pod, r.Gone, e.now().Add(e.holdFor()))
+			if err != nil {
+				klog.FromContext(ctx).Info("The room reclaimed for the pod is held by quota only", "pod", klog.KObj(pod), "err", err)
+			} else {
+				r.Msg += "; the room is held for it on " + node
+			}
+		}
 	}
 	return r.Evict(ctx)
 }
