@@ -102,6 +102,10 @@ var _ equota.RoomHolder = QuotaRoom{}
 // have left and not before (the room they free), of those the most of
 // them leave, then by name.
 func (r QuotaRoom) HoldRoom(ctx context.Context, pod *corev1.Pod, gone map[types.UID]bool, expires time.Time) (string, error) {
+	if _, member, _ := api.GangOf(pod); member {
+		// Its gang's plan holds a member's room (the planner's).
+		return "", fmt.Errorf("%s/%s is a gang member: no room is held for it alone", pod.Namespace, pod.Name)
+	}
 	d, err := ParseDemand(pod)
 	if err != nil {
 		return "", err

@@ -307,11 +307,11 @@ func (e *Enforcer) ReclaimForPod(ctx context.Context, key types.NamespacedName) 
 		e.mu.Unlock()
 		if h, ok := e.Nodes.(RoomHolder); ok {
 			// The room first, then the evictions.
-			node, err := h.HoldRoom(ctx, pod, r.Gone, e.now().Add(e.holdFor()))
+			where, err := h.HoldRoom(ctx, pod, r.Gone, e.now().Add(e.holdFor()))
 			if err != nil {
 				klog.FromContext(ctx).Info("The room reclaimed for the pod is held by quota only", "pod", klog.KObj(pod), "err", err)
 			} else {
-				r.Msg += "; the room is held for it on " + node
+				r.Msg += "; the room is held for it on " + where
 			}
 		}
 	}
