@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -192,6 +193,20 @@ func (f fixture) env(t *testing.T) *env {
 		}
 		objs = append(objs, p)
 	}
+	// A pod preemption makes room for: its plan holds the two GPUs of
+	// a100-1 by name while their pods leave.
+	held := gpuPod("hi", "held", 2, 0, 0, time.Minute)
+	sealer, err := api.NewSealer([]byte(sealKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := sealer.GangPlanAnnotations(held.UID, api.GangPlan{Gang: "held", Node: "a100-1", Expires: now.Add(90 * time.Second),
+		GPUs: []api.GPURef{{UUID: uuid("a1", 0), Index: 0}, {UUID: uuid("a1", 1), Index: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	maps.Copy(held.Annotations, plan)
+	objs = append(objs, held)
 	if !f.noKey {
 		objs = append(objs, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: api.SealKeySecretName}, Data: map[string][]byte{api.SealKeyDataKey: []byte(sealKey)}})
 	}
@@ -273,6 +288,8 @@ func TestSubcommands(t *testing.T) {
 			run: func(e *env, b *bytes.Buffer) error { return e.explain(t.Context(), b, "train", "llm") }, golden: "explain-nokey.txt", without: []string{uuid("a1", 0)}},
 		{name: "explain a gang member", fixture: fixture{},
 			run: func(e *env, b *bytes.Buffer) error { return e.explain(t.Context(), b, "team-g", "ring-1") }, golden: "explain-gang.txt"},
+		{name: "explain a pod whose plan holds GPUs", fixture: fixture{},
+			run: func(e *env, b *bytes.Buffer) error { return e.explain(t.Context(), b, "hi", "held") }, golden: "explain-held.txt"},
 		{name: "explain an unknown pod", fixture: fixture{},
 			run:      func(e *env, b *bytes.Buffer) error { return e.explain(t.Context(), b, "team-a", "nope") },
 			errWants: []string{"reading pod team-a/nope from the API server", "not found"}},
