@@ -455,14 +455,14 @@ type GangPlan struct {
 	// GPU is the planned GPU of a shared member (nil for whole GPUs, which
 	// the node's device plugin picks).
 	GPU *GPURef `json:"gpu,omitempty"`
-	// GPUs are the GPUs a whole-GPU member's plan holds until it binds:
+	// GPUs are the GPUs the plan of a whole-GPU pod (a gang member, or a
+	// pod preemption or quota reclaim made room for) holds until it binds:
 	// nothing else is placed on them meanwhile, though pods that are
 	// leaving (evicted for it) may still run there. The node's device
-	// plugin still picks the member's GPUs when it binds. Absent, the plan
-	// holds as many free GPUs of the node, whichever they are; a GPU that
-	// is in use when the plan is made (its pods evicted for the member)
-	// can then be taken by a new slice as soon as one of its pods has
-	// left.
+	// plugin still picks the pod's GPUs when it binds. Absent, the plan
+	// holds as many GPUs of the node by count, and while such plans want
+	// more GPUs than the node has free, the node takes no new slice (the
+	// extender's kept-for-whole-gpus rule).
 	GPUs []GPURef `json:"gpus,omitempty"`
 	// Expires is when the plan is released if the gang has not bound
 	// (RFC 3339).
