@@ -471,17 +471,24 @@ func ChoosePlacement(p allocator.Policy, st *NodeState, uid types.UID, d *Demand
 	return u, nil
 }
 
+// namesWholeGPUs reports whether a plan for a whole-GPU demand d on st
+// names its GPUs (api.GangPlan.GPUs) rather than holding as many of the
+// node's by count: not where d asks for no whole GPUs, where pods bound
+// there wait for the kubelet to pick their GPUs (it may pick any free
+// one), or where the node's topology manager aligns d's GPUs with its
+// CPUs (the kubelet's choice then follows the CPUs).
+func (st *NodeState) namesWholeGPUs(d *Demand) bool {
+	return d.Kind() == allocator.Whole && d.WholeGPUs > 0 && st.PendingWhole == 0 && st.alignsAnywhere(d)
+}
+
 // ChooseWholeGPUs names the GPUs a plan holds for a whole-GPU demand d on
 // st (api.GangPlan.GPUs): d's count of the node's free GPUs, within one
 // NVLink clique when one has enough, as the node's device plugin prefers
 // (gpureq.ChooseGPUs; required when d asks for NVLink). ok is false where
 // it names none, and the plan then holds as many GPUs of the node by
-// count: d asks for no whole GPUs, too few are free, pods bound there wait
-// for the kubelet to pick their GPUs (it may pick any free one), or the
-// node's topology manager aligns d's GPUs with its CPUs (the kubelet's
-// choice then follows the CPUs).
+// count: where namesWholeGPUs says no, or too few are free.
 func ChooseWholeGPUs(st *NodeState, d *Demand) ([]api.GPURef, bool) {
-	if d.Kind() != allocator.Whole || d.WholeGPUs == 0 || st.PendingWhole > 0 || !st.alignsAnywhere(d) {
+	if !st.namesWholeGPUs(d) {
 		return nil, false
 	}
 	c := make([]gpureq.Candidate, len(st.Info.GPUs))

@@ -163,6 +163,9 @@ func (s *NodeState) Cliques() [][]int { return s.Info.Cliques }
 // PendingWholeGPUs is PendingWhole.
 func (s *NodeState) PendingWholeGPUs() int { return s.PendingWhole }
 
+// NamesWholeGPUs is namesWholeGPUs (decide.go).
+func (s *NodeState) NamesWholeGPUs(d planner.Demand) bool { return s.namesWholeGPUs(d.(*Demand)) }
+
 // GPUPods are the pods using the GPU at position pos.
 func (s *NodeState) GPUPods(pos int) []types.UID { return s.GPUs[pos].Pods }
 

@@ -1214,11 +1214,9 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 			}
 			ref := snap[pl.Node].GPURef(pos[0])
 			plan.GPU = &ref
-		} else if st := snap[pl.Node]; demands[i].Kind() == allocator.Whole && st.PendingWholeGPUs() == 0 && st.AlignsAnywhere(demands[i]) {
+		} else if st := snap[pl.Node]; st.NamesWholeGPUs(demands[i]) {
 			// The GPUs are named (api.GangPlan.GPUs) so that no slice
-			// takes one while pods evicted for the gang still leave it;
-			// as extender.ChooseWholeGPUs, not where the kubelet may give
-			// a bound pod any free GPU or aligns GPUs with CPUs.
+			// takes one while pods evicted for the gang still leave it.
 			for _, pos := range pl.GPUs.Positions() {
 				plan.GPUs = append(plan.GPUs, st.GPURef(pos))
 			}

@@ -95,6 +95,10 @@ type Node interface {
 	// PendingWholeGPUs counts the whole GPUs held by pods whose GPUs the
 	// node agent has not named yet.
 	PendingWholeGPUs() int
+	// NamesWholeGPUs reports whether a plan for the whole-GPU demand d on
+	// the node names its GPUs (api.GangPlan.GPUs) rather than holding
+	// them by count.
+	NamesWholeGPUs(d Demand) bool
 	// GPUPods are the pods using the GPU at position pos.
 	GPUPods(pos int) []types.UID
 	// Occupants are the pods counted on the node, with the GPUs each
