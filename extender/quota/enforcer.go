@@ -302,12 +302,13 @@ func (e *Enforcer) ReclaimForPod(ctx context.Context, key types.NamespacedName) 
 		return err
 	}
 	if r.Victims() {
+		until := e.now().Add(e.holdFor())
 		e.mu.Lock()
-		e.reclaimedFor[pod.UID] = e.now().Add(e.holdFor())
+		e.reclaimedFor[pod.UID] = until
 		e.mu.Unlock()
 		if h, ok := e.Nodes.(RoomHolder); ok {
 			// The room first, then the evictions.
-			where, err := h.HoldRoom(ctx, pod, r.Gone, e.now().Add(e.holdFor()))
+			where, err := h.HoldRoom(ctx, pod, r.Gone, until)
 			if err != nil {
 				klog.FromContext(ctx).Info("The room reclaimed for the pod is held by quota only", "pod", klog.KObj(pod), "err", err)
 			} else {
