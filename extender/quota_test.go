@@ -446,6 +446,22 @@ func reclaimScene(t *testing.T) (*quotaFixture, *corev1.Pod) {
 	return f, b
 }
 
+// reclaimAyFor filters b-0 of reclaimScene on its full cluster (it passes
+// no node, which queues a reclaim), runs that reclaim and checks that it
+// evicted ay alone.
+func (f *quotaFixture) reclaimAyFor(b *corev1.Pod) {
+	f.t.Helper()
+	if res := f.filter(b); len(*res.NodeNames) != 0 {
+		f.t.Fatalf("b-0 passed %v on a full cluster", *res.NodeNames)
+	}
+	if err := f.reclaimQueued(); err != nil {
+		f.t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"a/ay"}, f.evictions()); diff != "" {
+		f.t.Fatalf("evictions (-want +got):\n%s", diff)
+	}
+}
+
 // reclaimQueued runs the reclaim a filter without room queued.
 func (f *quotaFixture) reclaimQueued() error {
 	f.t.Helper()
@@ -459,21 +475,12 @@ func (f *quotaFixture) reclaimQueued() error {
 
 func TestReclaimForPlainPodAndHold(t *testing.T) {
 	f, b := reclaimScene(t)
-	res := f.filter(b)
-	if len(*res.NodeNames) != 0 {
-		t.Fatalf("b-0 passed %v on a full cluster", *res.NodeNames)
-	}
-	if err := f.reclaimQueued(); err != nil {
-		t.Fatal(err)
-	}
-	if diff := cmp.Diff([]string{"a/ay"}, f.evictions()); diff != "" {
-		t.Fatalf("evictions (-want +got):\n%s", diff)
-	}
+	f.reclaimAyFor(b)
 	// ay's controller recreates it at once: it must not borrow the room
 	// reclaimed for b (that would make reclaim run again: a flap).
 	f.now = f.now.Add(time.Second)
 	ay := f.pod("a", "ay", 8, f.now)
-	res = f.filter(ay)
+	res := f.filter(ay)
 	if len(*res.NodeNames) != 0 || !strings.Contains(res.FailedAndUnresolvableNodes["n0"], "that can be lent") {
 		t.Fatalf("recreated ay: passed %v, unresolvable %v; want it refused by quota", *res.NodeNames, res.FailedAndUnresolvableNodes)
 	}
@@ -912,15 +919,7 @@ func TestQuotaReclaimForAPodHoldsBeforeEvicting(t *testing.T) {
 	f, b := reclaimScene(t)
 	rep := &replacingQuotaEvicter{Evicter: f.enf.Evicter, f: f, gpus: 8}
 	f.enf.Evicter = rep
-	if res := f.filter(b); len(*res.NodeNames) != 0 {
-		t.Fatalf("b-0 passed %v on a full cluster", *res.NodeNames)
-	}
-	if err := f.reclaimQueued(); err != nil {
-		t.Fatal(err)
-	}
-	if diff := cmp.Diff([]string{"a/ay"}, f.evictions()); diff != "" {
-		t.Fatalf("evictions (-want +got):\n%s", diff)
-	}
+	f.reclaimAyFor(b)
 	if len(rep.bound) != 0 {
 		t.Errorf("replacement bound into the room reclaimed for b-0: %v", rep.bound)
 	}
@@ -1024,15 +1023,7 @@ func TestQuotaReclaimAcrossShapesHoldsTheFreedGPUs(t *testing.T) {
 func TestQuotaReclaimForAPodHoldsItsGPUs(t *testing.T) {
 	f, b := reclaimScene(t)
 	f.enf.Nodes = QuotaRoom{QuotaNodes: QuotaNodes{Cache: f.cache}, Policy: testPolicy(t, PolicyBinpack), Plans: &planner.KubeGang{Client: f.client, Sealer: testbuild.Sealer(t)}}
-	if res := f.filter(b); len(*res.NodeNames) != 0 {
-		t.Fatalf("b-0 passed %v on a full cluster", *res.NodeNames)
-	}
-	if err := f.reclaimQueued(); err != nil {
-		t.Fatal(err)
-	}
-	if diff := cmp.Diff([]string{"a/ay"}, f.evictions()); diff != "" {
-		t.Fatalf("evictions (-want +got):\n%s", diff)
-	}
+	f.reclaimAyFor(b)
 	fresh, err := f.client.CoreV1().Pods("b").Get(context.Background(), b.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
