@@ -1160,13 +1160,18 @@ func (n *Node) patchStatus(ctx context.Context, pod *v1.Pod, status v1.PodStatus
 		if cur.DeletionTimestamp != nil {
 			return false
 		}
+		// A copy each try: a retry after a conflict must not prepend the
+		// PodScheduled condition a second time.
+		st := status
+		st.Conditions = nil
 		for _, c := range cur.Status.Conditions {
 			if c.Type == v1.PodScheduled {
-				status.Conditions = append([]v1.PodCondition{c}, status.Conditions...)
+				st.Conditions = append(st.Conditions, c)
 			}
 		}
-		status.QOSClass = cur.Status.QOSClass
-		cur.Status = status
+		st.Conditions = append(st.Conditions, status.Conditions...)
+		st.QOSClass = cur.Status.QOSClass
+		cur.Status = st
 		return true
 	})
 }
