@@ -593,9 +593,11 @@ func reuseShared(st *NodeState, uid types.UID, d *Demand, a *api.Assignment, pla
 // demand d to fit node st at GPU level: victims that use no GPU of the
 // node are all kept (the scheduler chose them for its own resources), and
 // GPU-using victims are reprieved, highest priority first, while the pod
-// still fits without them. ok is false when the pod does not fit even with
-// every victim gone.
-func Preempt(st *NodeState, d *Demand, victims []types.UID) (kept []types.UID, ok bool) {
+// still fits without them. Among victims of one priority, those in first
+// (the extra members of elastic gangs, the newest first) are reprieved
+// last, the first of first the very last: they go before the others. ok is
+// false when the pod does not fit even with every victim gone.
+func Preempt(st *NodeState, d *Demand, victims []types.UID, first []types.UID) (kept []types.UID, ok bool) {
 	if st == nil {
 		return nil, false
 	}
@@ -621,7 +623,19 @@ func Preempt(st *NodeState, d *Demand, victims []types.UID) (kept []types.UID, o
 			gpuVictims = append(gpuVictims, u)
 		}
 	}
-	sort.SliceStable(gpuVictims, func(i, j int) bool { return gpuVictims[i].Priority > gpuVictims[j].Priority })
+	// Spared first: the highest priority, then the pods not in first, then
+	// those late in first.
+	rank := make(map[types.UID]int, len(first))
+	for i, uid := range first {
+		rank[uid] = len(first) - i
+	}
+	sort.SliceStable(gpuVictims, func(i, j int) bool {
+		a, b := gpuVictims[i], gpuVictims[j]
+		if a.Priority != b.Priority {
+			return a.Priority > b.Priority
+		}
+		return rank[a.UID] < rank[b.UID]
+	})
 	for _, u := range gpuVictims {
 		delete(gone, u.UID)
 		if !fitsWithout() {

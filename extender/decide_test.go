@@ -231,7 +231,7 @@ func TestPreempt(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, ok := Preempt(st, mustDemand(t, tc.pod), tc.victims)
+			got, ok := Preempt(st, mustDemand(t, tc.pod), tc.victims, nil)
 			if ok != tc.ok {
 				t.Fatalf("Preempt() ok = %v, want %v", ok, tc.ok)
 			}

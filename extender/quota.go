@@ -29,6 +29,11 @@ type QuotaHooks interface {
 	// elastic gangs; ok is false when the node is no candidate (a victim
 	// the scheduler needs for CPU or memory may not go).
 	PreemptVictims(ctx context.Context, pod *corev1.Pod, st *NodeState, victims []types.UID) (kept []types.UID, extra map[types.UID]bool, ok bool)
+	// NodeExtras returns the extra members of elastic gangs (beyond their
+	// minMember) on the node of state st, of a lower priority than pod,
+	// the newest first, whose gangs have no member among victims: the
+	// preempt verb offers them beside kube-scheduler's victims.
+	NodeExtras(pod *corev1.Pod, st *NodeState, victims []types.UID) []types.UID
 	// AdmitsWithout reports whether quota admits the pod once the victims
 	// (pods of node state st) are gone.
 	AdmitsWithout(ctx context.Context, pod *corev1.Pod, st *NodeState, victims []types.UID) bool
@@ -180,13 +185,34 @@ func (q *Quota) PreemptVictims(ctx context.Context, pod *corev1.Pod, st *NodeSta
 	}
 	vs := make([]equota.Victim, len(victims))
 	for i, uid := range victims {
-		vs[i].UID = uid
-		if u, ok := st.Pods[uid]; ok {
-			vs[i].Namespace, vs[i].Name = u.Namespace, u.Name
-			vs[i].GPUs = len(u.Shared) > 0 || u.WholeGPUs() > 0
-		}
+		vs[i] = victimOf(st, uid)
 	}
 	return q.Enforcer.PreemptVictims(ctx, pod, vs)
+}
+
+// victimOf is the pod uid as node state st counts it.
+func victimOf(st *NodeState, uid types.UID) equota.Victim {
+	v := equota.Victim{UID: uid}
+	if u, ok := st.Pods[uid]; ok {
+		v.Namespace, v.Name = u.Namespace, u.Name
+		v.GPUs = len(u.Shared) > 0 || u.WholeGPUs() > 0
+	}
+	return v
+}
+
+// NodeExtras is Enforcer.NodeExtras on the GPU pods node state st counts
+// (the ones that are not leaving).
+func (q *Quota) NodeExtras(pod *corev1.Pod, st *NodeState, victims []types.UID) []types.UID {
+	if st == nil {
+		return nil
+	}
+	var on []equota.Victim
+	for uid, u := range st.Pods {
+		if v := victimOf(st, uid); v.GPUs && !u.Leaving && !u.Planned {
+			on = append(on, v)
+		}
+	}
+	return q.Enforcer.NodeExtras(pod, on, victims)
 }
 
 // AdmitsWithout is Enforcer.AdmitsWithout.

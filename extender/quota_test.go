@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -578,6 +579,70 @@ func TestPreemptVerbWithQuota(t *testing.T) {
 	want := map[string]*extenderv1.MetaVictims{"n1": {Pods: []*extenderv1.MetaPod{{UID: string(solo.UID)}}}}
 	if diff := cmp.Diff(want, res.NodeNameToMetaVictims); diff != "" {
 		t.Errorf("victims (-want +got):\n%s", diff)
+	}
+}
+
+// TestPreemptVerbTakesExtraMembersFirst: kube-scheduler spares the pods
+// that started first, so on a node where an elastic gang's extra member
+// runs beside whole pods of the same priority that started after it, its
+// victims are the whole pods (seen on make demo: a 4-GPU pod of a higher
+// tier evicted four 1-GPU pods while an extra member of 4 GPUs ran). The
+// verb offers the node's extra members too and takes them first; the
+// gang's minimum is never offered, nor an extra member of a priority the
+// preemptor does not outrank.
+func TestPreemptVerbTakesExtraMembersFirst(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		gangPrio int32
+		want     func(g1 *corev1.Pod, n0, n1 []*corev1.Pod) map[string][]*corev1.Pod
+	}{{
+		name:     "the extra member goes instead of four whole pods",
+		gangPrio: 10,
+		want: func(g1 *corev1.Pod, _, _ []*corev1.Pod) map[string][]*corev1.Pod {
+			return map[string][]*corev1.Pod{"n1": {g1}}
+		},
+	}, {
+		name:     "an extra member the preemptor does not outrank stays",
+		gangPrio: 200,
+		want: func(_ *corev1.Pod, n0, n1 []*corev1.Pod) map[string][]*corev1.Pod {
+			return map[string][]*corev1.Pod{"n0": n0, "n1": n1}
+		},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newQuotaFixture(t, staticQuotas{}, testbuild.EightGPUNodes(2)...)
+			t0 := f.now
+			f.pod("tr", "g-0", 4, t0, inGang("g", 1), on("n0"), prio(tc.gangPrio))
+			g1 := f.pod("tr", "g-1", 4, t0.Add(time.Minute), inGang("g", 1), on("n1"), prio(tc.gangPrio))
+			var n0, n1 []*corev1.Pod
+			for i := 0; i < 4; i++ {
+				n0 = append(n0, f.pod("nb", fmt.Sprintf("x-%d", i), 1, t0.Add(2*time.Minute), on("n0"), prio(10)))
+				n1 = append(n1, f.pod("nb", fmt.Sprintf("w-%d", i), 1, t0.Add(2*time.Minute), on("n1"), prio(10)))
+			}
+			pre := testbuild.Pod("infer").Whole(4).Priority(100).Obj()
+			pre.Namespace = "nb"
+			meta := func(pods []*corev1.Pod) *extenderv1.MetaVictims {
+				mv := &extenderv1.MetaVictims{Pods: []*extenderv1.MetaPod{}}
+				for _, p := range pods {
+					mv.Pods = append(mv.Pods, &extenderv1.MetaPod{UID: string(p.UID)})
+				}
+				return mv
+			}
+			// kube-scheduler's victims: the whole pods that started last.
+			res, err := f.srv.PreemptArgs(context.Background(), &extenderv1.ExtenderPreemptionArgs{Pod: pre, NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{
+				"n0": meta(n0), "n1": meta(n1),
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := map[string]*extenderv1.MetaVictims{}
+			for node, pods := range tc.want(g1, n0, n1) {
+				want[node] = meta(pods)
+			}
+			sortVictims := cmpopts.SortSlices(func(a, b *extenderv1.MetaPod) bool { return a.UID < b.UID })
+			if diff := cmp.Diff(want, res.NodeNameToMetaVictims, sortVictims); diff != "" {
+				t.Errorf("victims (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
 

@@ -862,13 +862,18 @@ func (s *Server) PreemptArgs(ctx context.Context, args *extenderv1.ExtenderPreem
 	for node, vs := range victims {
 		st, _ := s.state.Node(node)
 		var extra map[types.UID]bool
+		var first []types.UID
 		if s.quota != nil {
+			// The node's extra members of elastic gangs are offered too,
+			// and go first among pods of their priority (kube-scheduler
+			// spares the pods that started first).
+			first = s.quota.NodeExtras(args.Pod, st, vs)
 			var ok bool
-			if vs, extra, ok = s.quota.PreemptVictims(ctx, args.Pod, st, vs); !ok {
+			if vs, extra, ok = s.quota.PreemptVictims(ctx, args.Pod, st, append(vs, first...)); !ok {
 				continue
 			}
 		}
-		kept, ok := Preempt(st, &d, vs)
+		kept, ok := Preempt(st, &d, vs, first)
 		if !ok {
 			continue
 		}

@@ -675,37 +675,12 @@ func (e *Enforcer) PreemptVictims(ctx context.Context, pod *corev1.Pod, victims 
 		klog.FromContext(ctx).Info("Quota state unavailable; keeping no gang or quota victim", "pod", klog.KObj(pod), "err", err)
 		v = &View{State: &core.State{Quotas: map[string]core.Quota{}, Used: map[string]core.Resources{}}}
 	}
-	var vp []*corev1.Pod
+	vp := e.podsOf(victims)
 	byUID := map[types.UID]bool{}
-	for _, vi := range victims {
-		if vi.Name == "" {
-			continue
-		}
-		p, err := e.Pod(vi.Namespace, vi.Name)
-		if err != nil || p.UID != vi.UID {
-			continue
-		}
-		vp = append(vp, p)
-		byUID[vi.UID] = true
+	for _, p := range vp {
+		byUID[p.UID] = true
 	}
-	members := func(g *api.Gang) []*corev1.Pod {
-		pods, err := e.Ledger.Pods(g.Namespace)
-		if err != nil {
-			return nil
-		}
-		var out []*corev1.Pod
-		for _, p := range pods {
-			if mg, ok, err := api.GangOf(p); ok && err == nil && mg.Key() == g.Key() {
-				out = append(out, p)
-			}
-		}
-		return out
-	}
-	gangOf := e.GangOf
-	if gangOf == nil {
-		gangOf = api.GangOf
-	}
-	allowed, extra, dropped := PreemptVictims(v, gangOf, members, pod, Use(pod), vp)
+	allowed, extra, dropped := PreemptVictims(v, e.gangOf(), e.members, pod, Use(pod), vp)
 	may := map[types.UID]bool{}
 	for _, p := range allowed {
 		may[p.UID] = true
@@ -731,6 +706,61 @@ func (e *Enforcer) PreemptVictims(ctx context.Context, pod *corev1.Pod, victims 
 		klog.FromContext(ctx).V(2).Info("Preemption victims kept by quota or gang rules", "pod", klog.KObj(pod), "kept", names, "why", dropped[names[0]])
 	}
 	return kept, extra, true
+}
+
+// NodeExtras applies NodeExtras (the function) to the pods of one node
+// (onNode) and returns the UIDs of the extra members it finds there, the
+// newest first.
+func (e *Enforcer) NodeExtras(pod *corev1.Pod, onNode []Victim, victims []types.UID) []types.UID {
+	vs := map[types.UID]bool{}
+	for _, uid := range victims {
+		vs[uid] = true
+	}
+	var out []types.UID
+	for _, p := range NodeExtras(e.gangOf(), e.members, pod, e.podsOf(onNode), vs) {
+		out = append(out, p.UID)
+	}
+	return out
+}
+
+// podsOf reads the pods the victims name from the informer cache; a pod
+// gone or replaced (another UID under the name) is left out.
+func (e *Enforcer) podsOf(victims []Victim) []*corev1.Pod {
+	var out []*corev1.Pod
+	for _, vi := range victims {
+		if vi.Name == "" {
+			continue
+		}
+		p, err := e.Pod(vi.Namespace, vi.Name)
+		if err != nil || p.UID != vi.UID {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// members lists the pods of gang g (by api.GangOf) the ledger knows.
+func (e *Enforcer) members(g *api.Gang) []*corev1.Pod {
+	pods, err := e.Ledger.Pods(g.Namespace)
+	if err != nil {
+		return nil
+	}
+	var out []*corev1.Pod
+	for _, p := range pods {
+		if mg, ok, err := api.GangOf(p); ok && err == nil && mg.Key() == g.Key() {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// gangOf is GangOf, or api.GangOf when unset.
+func (e *Enforcer) gangOf() GangOf {
+	if e.GangOf == nil {
+		return api.GangOf
+	}
+	return e.GangOf
 }
 
 // AdmitsWithout reports whether quota admits pod once victims are gone:

@@ -178,17 +178,12 @@ func PreemptVictims(v *View, gangOf GangOf, members func(gang *api.Gang) []*core
 		}
 		pods := []*corev1.Pod{p}
 		if isGang && err == nil {
-			pods = nil
+			pods = liveMembers(members(g))
 			whole := true
-			for _, m := range members(g) {
-				_, planned := m.Annotations[api.AnnotationGangPlan]
-				if gpureq.Ended(m) || (m.Spec.NodeName == "" && !planned) {
-					continue // not running: nothing to break
-				}
+			for _, m := range pods {
 				if !onNode[m.UID] {
 					whole = false
 				}
-				pods = append(pods, m)
 			}
 			if !whole {
 				extras := map[types.UID]bool{}
@@ -240,6 +235,56 @@ func PreemptVictims(v *View, gangOf GangOf, members func(gang *api.Gang) []*core
 		}
 	}
 	return allowed, extra, dropped
+}
+
+// liveMembers are the members of a gang that hold room: bound or planned,
+// not ended (the others have nothing to break or give back).
+func liveMembers(members []*corev1.Pod) []*corev1.Pod {
+	var out []*corev1.Pod
+	for _, m := range members {
+		_, planned := m.Annotations[api.AnnotationGangPlan]
+		if gpureq.Ended(m) || (m.Spec.NodeName == "" && !planned) {
+			continue
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// NodeExtras returns, of the pods on one node (onNode), the extra members
+// of elastic gangs (api.Gang.Extras: beyond minMember, newest first) of a
+// lower priority than preemptor, the newest first, leaving out the gangs
+// with a member among victims (PreemptVictims' gang rules decide those).
+// The preempt verb offers them beside kube-scheduler's victims:
+// kube-scheduler spares the pods that started first, so on a node where
+// an extra member runs beside whole workloads of the same priority that
+// started after it, kube-scheduler's victims are the workloads, where an
+// elastic gang is to give back its extra members first.
+func NodeExtras(gangOf GangOf, members func(gang *api.Gang) []*corev1.Pod, preemptor *corev1.Pod, onNode []*corev1.Pod, victims map[types.UID]bool) []*corev1.Pod {
+	prio := corev1helpers.PodPriority(preemptor)
+	here := map[types.UID]bool{}
+	decided := map[string]bool{}
+	for _, p := range onNode {
+		here[p.UID] = true
+		if g, ok, err := gangOf(p); ok && err == nil && victims[p.UID] {
+			decided[g.Key()] = true
+		}
+	}
+	var out []*corev1.Pod
+	for _, p := range onNode {
+		g, ok, err := gangOf(p)
+		if !ok || err != nil || decided[g.Key()] {
+			continue
+		}
+		decided[g.Key()] = true
+		for _, e := range g.Extras(liveMembers(members(g)), gpureq.StartedAt) {
+			if here[e.UID] && corev1helpers.PodPriority(e) < prio {
+				out = append(out, e)
+			}
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return gpureq.StartedAt(out[i]).After(gpureq.StartedAt(out[j])) })
+	return out
 }
 
 // Describe renders resources for messages, e.g. "16 tessera.dev/gpu".
