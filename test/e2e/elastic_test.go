@@ -171,3 +171,55 @@ func elasticGivesBack(t *testing.T, decl string) {
 	checkNoOvercommit(t, occ)
 	checkRunningPods(t, c, pods)
 }
+
+// TestElasticGangGivesBackBeforeWholePodsBesideIt: on the one node a
+// higher-tier pod may use, the gang's extra member started before the
+// notebooks beside it, so kube-scheduler's own victims there are a
+// notebook (it spares the pods that started first); the preempt verb
+// offers the extra member and takes it instead (make demo: a 4-GPU
+// inference pod evicted four 1-GPU pods of the gang's priority beside a
+// 4-GPU extra member).
+func TestElasticGangGivesBackBeforeWholePodsBesideIt(t *testing.T) {
+	c := getCluster(t)
+	client := c.Client()
+	priorityClasses(t, client)
+	ns := namespace(t, c, "e2e-elastic-beside")
+	waitReleased(t, c)
+	const nodeA, nodeB = "a100-1", "a100-2"
+	member := func(name, node string) podSpec {
+		return podSpec{name: name, gpus: 2, node: node, annotations: map[string]string{api.AnnotationGang: "el", api.AnnotationGangMinMember: "2"}}
+	}
+	for _, m := range []podSpec{member("el-0", nodeB), member("el-1", nodeB), member("el-2", nodeA)} {
+		createTier(t, client, ns, tierNotebook, m)
+	}
+	for _, n := range []string{"el-0", "el-1", "el-2"} {
+		waitRunning(t, c, ns, n, 60*time.Second)
+	}
+	// StartTime has second granularity: the notebooks start strictly
+	// after the gang's members.
+	time.Sleep(1100 * time.Millisecond)
+	fills := []string{"fill-a0", "fill-a1", "fill-a2", "fill-b0", "fill-b1"}
+	for _, n := range fills {
+		node := nodeA
+		if n[len("fill-")] == 'b' {
+			node = nodeB
+		}
+		createTier(t, client, ns, tierNotebook, podSpec{name: n, gpus: 2, node: node})
+	}
+	for _, n := range fills {
+		waitRunning(t, c, ns, n, 90*time.Second)
+	}
+
+	// A 2-GPU inference pod that may run on nodeA only, which is full.
+	createTier(t, client, ns, tierInference, podSpec{name: "inf", gpus: 2, node: nodeA})
+	waitRunning(t, c, ns, "inf", 90*time.Second)
+	if g := gone(t, client, ns, []string{"el-2"}); len(g) != 1 {
+		t.Errorf("the gang's extra member el-2 still runs")
+	}
+	if g := gone(t, client, ns, append([]string{"el-0", "el-1"}, fills...)); len(g) > 0 {
+		t.Errorf("preempted %v: only the gang's extra member should go", g)
+	}
+	occ, pods := occupancy(t, c)
+	checkNoOvercommit(t, occ)
+	checkRunningPods(t, c, pods)
+}
