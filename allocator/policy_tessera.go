@@ -58,12 +58,22 @@ type TesseraConfig struct {
 	// take; it is capped so that opening a free GPU for any slice never
 	// lowers the cost (the cap is the least W(1000-s) plus OpenCost).
 	FreeWaste float64
+	// Remainder (0 or 1) counts, in FGD's measure, the fully free GPUs of
+	// a node beyond the last whole instance of a whole-GPU shape of several
+	// GPUs as fragment for it (7 free GPUs: 3 for a 4-GPU shape). FGD asks
+	// only whether one instance still fits, so taking one GPU of an empty
+	// node looked free of cost for a 4-GPU shape and taking one of a node
+	// with 4 free did not, though either leaves room for the same 4-GPU
+	// pods (one on each node, or two on one): without an 8-GPU shape in the
+	// workload, the extender spread small whole-GPU pods over empty nodes
+	// rather than fill a half-used one.
+	Remainder float64
 }
 
 // DefaultTesseraConfig returns the tuning used by NewPolicy("tessera"),
 // chosen on the Alibaba trace (see docs/sim.md).
 func DefaultTesseraConfig() TesseraConfig {
-	return TesseraConfig{FragWeight: 0.25, StrandWeight: 4, GapWeight: 4, GapCompetition: 0.01, GapRouting: 5, OpenCost: 40, ModelWeight: 2, Scarcity: 1, FreeWaste: 1}
+	return TesseraConfig{FragWeight: 0.25, StrandWeight: 4, GapWeight: 4, GapCompetition: 0.01, GapRouting: 5, OpenCost: 40, ModelWeight: 2, Scarcity: 1, FreeWaste: 1, Remainder: 1}
 }
 
 // tesseraPolicy is Tessera's own policy. Like FGD it scores a node by how
@@ -328,10 +338,12 @@ const maxHostClasses = 64
 
 // fragmented is p.model.amount(model, cpuFree, gpus).Fragmented(), bit for
 // bit (the same sums in the same order), but it finds which GPUs can host
-// a shape once per GPU demand rather than once per shape.
+// a shape once per GPU demand rather than once per shape; with Remainder,
+// a whole-GPU shape of several GPUs that fits also counts the free GPUs
+// beyond its last whole instance (remainderMilli).
 func (p *tesseraPolicy) fragmented(model string, cpuFree int64, gpus []GPU) float64 {
 	if len(p.hostKeys) > maxHostClasses {
-		return p.model.amount(model, cpuFree, gpus).Fragmented()
+		return p.model.amount(model, cpuFree, gpus).Fragmented() + p.remainders(model, cpuFree, gpus)
 	}
 	var hosts [maxHostClasses]int
 	var small [maxHostClasses]int64
@@ -368,8 +380,9 @@ func (p *tesseraPolicy) fragmented(model string, cpuFree int64, gpus []GPU) floa
 			k := p.hostClass[si]
 			switch {
 			case hosts[k] >= s.count && cpuOK:
-				out[LackGPU] += s.freq * float64(small[k])
-				out[Satisfied] += s.freq * float64(idle-small[k])
+				lack := small[k] + p.remainderMilli(s, hosts[k])
+				out[LackGPU] += s.freq * float64(lack)
+				out[Satisfied] += s.freq * float64(idle-lack)
 				continue
 			case hosts[k] >= s.count:
 				cat = LackCPU
@@ -382,6 +395,40 @@ func (p *tesseraPolicy) fragmented(model string, cpuFree int64, gpus []GPU) floa
 		out[cat] += s.freq * fidle
 	}
 	return out.Fragmented()
+}
+
+// remainderMilli is, with Remainder, the compute of the hosts free GPUs
+// beyond the last whole instance of whole-GPU shape s; 0 otherwise.
+func (p *tesseraPolicy) remainderMilli(s *compiledShape, hosts int) int64 {
+	if p.cfg.Remainder == 0 || !s.whole || s.count < 2 {
+		return 0
+	}
+	return int64(hosts%s.count) * MilliPerGPU
+}
+
+// remainders is what Remainder adds to FGD's measure (amount) for the
+// shapes that fit: the fallback of fragmented for wide workloads.
+func (p *tesseraPolicy) remainders(model string, cpuFree int64, gpus []GPU) float64 {
+	if p.cfg.Remainder == 0 {
+		return 0
+	}
+	var out float64
+	for si := range p.model.shapes {
+		s := &p.model.shapes[si]
+		if !s.whole || s.count < 2 || s.cpuOK || !s.allows(model) || cpuFree < s.cpu {
+			continue
+		}
+		hosts := 0
+		for gi := range gpus {
+			if s.canHost(&gpus[gi]) {
+				hosts++
+			}
+		}
+		if hosts >= s.count {
+			out += s.freq * float64(p.remainderMilli(s, hosts))
+		}
+	}
+	return out
 }
 
 func (p *tesseraPolicy) Evaluate(n *Node, r Request) Evaluation {

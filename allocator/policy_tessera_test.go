@@ -316,6 +316,9 @@ func TestTesseraFragmentedMatchesAmount(t *testing.T) {
 		{"model-constrained", withModel},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			cfg := DefaultTesseraConfig()
+			cfg.Remainder = 0
+			fgd := tessera(t, c.w, WithTesseraConfig(cfg)).(*tesseraPolicy)
 			p := tessera(t, c.w).(*tesseraPolicy)
 			rng := rand.New(rand.NewSource(7))
 			for _, n := range benchCluster()[:400] {
@@ -324,9 +327,26 @@ func TestTesseraFragmentedMatchesAmount(t *testing.T) {
 				}
 				cpu := int64(rng.Intn(int(n.CPUMilliCapacity) + 1))
 				for _, model := range []string{n.Model, "T4"} {
-					want := p.model.amount(model, cpu, n.GPUs).Fragmented()
-					if got := p.fragmented(model, cpu, n.GPUs); got != want {
+					want := fgd.model.amount(model, cpu, n.GPUs).Fragmented()
+					if got := fgd.fragmented(model, cpu, n.GPUs); got != want {
 						t.Fatalf("node %s model %s cpu %d GPUs %+v: fragmented %v, amount %v", n.Name, model, cpu, n.GPUs, got, want)
+					}
+					// With Remainder: plus, for each whole-GPU shape of
+					// several GPUs that fits, the free GPUs beyond its last
+					// instance.
+					free := 0
+					for _, g := range n.GPUs {
+						if g.FullyFree() {
+							free++
+						}
+					}
+					for _, sh := range fgd.model.shapes {
+						if sh.whole && sh.count > 1 && free >= sh.count && cpu >= sh.cpu && sh.allows(model) {
+							want += sh.freq * float64(free%sh.count*MilliPerGPU)
+						}
+					}
+					if got := p.fragmented(model, cpu, n.GPUs); math.Abs(got-want) > 1e-6*math.Max(1, want) {
+						t.Fatalf("node %s model %s cpu %d GPUs %+v: with Remainder fragmented %v, want %v", n.Name, model, cpu, n.GPUs, got, want)
 					}
 				}
 			}
@@ -342,6 +362,37 @@ func TestShapeAllowsModelByWord(t *testing.T) {
 	for model, want := range map[string]bool{"A100": true, "NVIDIA A100-SXM4-40GB": true, "NVIDIA A10": false, "NVIDIA H100 80GB HBM3": false} {
 		if got := s.allows(model); got != want {
 			t.Errorf("allows(%q) = %v, want %v", model, got, want)
+		}
+	}
+}
+
+// TestTesseraRemainderKeepsNodesFull: a workload of 1-, 2- and 4-GPU pods
+// and no 8-GPU pod (as the extender learns it from the pods it saw). A
+// 1-GPU pod on a node with 4 free GPUs leaves room for as many 4- and
+// 2-GPU pods as on an empty node, so it goes to the used node; FGD's
+// measure alone (does one 4-GPU pod still fit?) sent it to the empty one.
+func TestTesseraRemainderKeepsNodesFull(t *testing.T) {
+	w := Workload{Shapes: []Shape{
+		{Request: wholeReq(8000, 1), Freq: 0.2},
+		{Request: wholeReq(16000, 2), Freq: 0.6},
+		{Request: wholeReq(32000, 4), Freq: 0.2},
+	}}
+	half := makeNode().Name("half").CPU(256000, 256000).Free(0, 0, 0, 0, 1000, 1000, 1000, 1000).Obj()
+	empty := makeNode().Name("empty").CPU(256000, 256000).GPUs(8).Obj()
+	for _, tc := range []struct {
+		remainder float64
+		want      string
+	}{{1, "half"}, {0, "empty"}} {
+		cfg := DefaultTesseraConfig()
+		cfg.Remainder = tc.remainder
+		p := tessera(t, w, WithTesseraConfig(cfg))
+		h, e := p.Evaluate(half, wholeReq(8000, 1)).Score, p.Evaluate(empty, wholeReq(8000, 1)).Score
+		got := "half"
+		if e > h {
+			got = "empty"
+		}
+		if got != tc.want {
+			t.Errorf("Remainder %v: a 1-GPU pod scores %v on the half-used node, %v on the empty one; want it on the %s node", tc.remainder, h, e, tc.want)
 		}
 	}
 }

@@ -13,13 +13,13 @@ func TestParseTesseraConfig(t *testing.T) {
 	if err != nil || got != def {
 		t.Fatalf(`ParseTesseraConfig("") = %+v, %v; want the default %+v`, got, err, def)
 	}
-	got, err = ParseTesseraConfig(" strand=6, GAP=0.25,model=0,gaptau=2,open=7,scarce=0.5,claim=1,free=0 ")
+	got, err = ParseTesseraConfig(" strand=6, GAP=0.25,model=0,gaptau=2,open=7,scarce=0.5,claim=1,free=0,rem=0 ")
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := def
 	want.StrandWeight, want.GapWeight, want.ModelWeight, want.GapRouting, want.OpenCost = 6, 0.25, 0, 2, 7
-	want.Scarcity, want.ClaimFillers, want.FreeWaste = 0.5, 1, 0
+	want.Scarcity, want.ClaimFillers, want.FreeWaste, want.Remainder = 0.5, 1, 0, 0
 	if got != want {
 		t.Errorf("got %+v, want %+v", got, want)
 	}
