@@ -49,6 +49,11 @@ func Review(req *admissionv1.AdmissionRequest, queued func(namespace string) boo
 	if pod.Name == "" {
 		pod.Name = req.Name
 	}
+	if pod.Name == "" && pod.GenerateName != "" {
+		// A controller's pod is named after admission: messages name it
+		// by its prefix ("pod tr/big-(generated)", not "pod tr/").
+		pod.Name = pod.GenerateName + "(generated)"
+	}
 	_, member, err := api.GangOf(pod)
 	if err != nil {
 		return deny(resp, http.StatusUnprocessableEntity, err.Error())

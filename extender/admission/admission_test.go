@@ -56,9 +56,16 @@ func (b *podBuilder) Gates(names ...string) *podBuilder {
 	return b
 }
 
+// Generated leaves the pod's name to the API server, as a controller's
+// pods are: only a prefix.
+func (b *podBuilder) Generated(prefix string) *podBuilder {
+	b.pod.Name, b.pod.GenerateName = "", prefix
+	return b
+}
+
 func (b *podBuilder) Request(op admissionv1.Operation) *admissionv1.AdmissionRequest {
 	raw, _ := json.Marshal(b.pod)
-	return &admissionv1.AdmissionRequest{UID: "uid-1", Resource: podResource, Operation: op, Namespace: "ml", Name: "w-0", Object: runtime.RawExtension{Raw: raw}}
+	return &admissionv1.AdmissionRequest{UID: "uid-1", Resource: podResource, Operation: op, Namespace: "ml", Name: b.pod.Name, Object: runtime.RawExtension{Raw: raw}}
 }
 
 func TestReview(t *testing.T) {
@@ -78,6 +85,7 @@ func TestReview(t *testing.T) {
 		{name: "already gated", req: makePod().Gang("train", "4").Gates(api.SchedulingGateGang).Request(admissionv1.Create)},
 		{name: "update passes", req: makePod().Gang("train", "4").Request(admissionv1.Update)},
 		{name: "malformed declaration", req: makePod().Gang("train", "").Request(admissionv1.Create), wantDeny: "ml/w-0: invalid gang declaration: tessera.dev/gang-min-member is required"},
+		{name: "malformed declaration of a controller's pod", req: makePod().Generated("big-").Gang("big", "").Request(admissionv1.Create), wantDeny: "pod ml/big-(generated): invalid gang declaration: tessera.dev/gang-min-member is required"},
 		{name: "garbage object", req: &admissionv1.AdmissionRequest{UID: "u", Resource: podResource, Operation: admissionv1.Create, Object: runtime.RawExtension{Raw: []byte("{")}}, wantDeny: "decoding the pod"},
 	}
 	for _, tc := range tests {
