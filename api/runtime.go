@@ -106,3 +106,14 @@ func GetPreemptible(annotations map[string]string) (bool, error) {
 	}
 	return false, fmt.Errorf("annotation %s: %q is neither \"true\" nor \"false\"", AnnotationPreemptible, v)
 }
+
+// CheckRuntimeHints reports the first malformed run-time hint among a
+// pod's annotations (AnnotationExpectedRuntime, AnnotationPreemptible);
+// nil when both are absent or well formed.
+func CheckRuntimeHints(annotations map[string]string) error {
+	if _, _, err := GetExpectedRuntime(annotations); err != nil {
+		return err
+	}
+	_, err := GetPreemptible(annotations)
+	return err
+}

@@ -58,6 +58,11 @@ func Review(req *admissionv1.AdmissionRequest, queued func(namespace string) boo
 	if err != nil {
 		return deny(resp, http.StatusUnprocessableEntity, err.Error())
 	}
+	if err := api.CheckRuntimeHints(pod.Annotations); err != nil {
+		// Read only by reservations and consolidation, which would take a
+		// malformed hint silently as none.
+		return deny(resp, http.StatusUnprocessableEntity, fmt.Sprintf("pod %s/%s: %v", pod.Namespace, pod.Name, err))
+	}
 	gate := corev1.PodSchedulingGate{Name: api.SchedulingGateGang}
 	switch {
 	case member && api.HasGangGate(pod):

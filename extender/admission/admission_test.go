@@ -56,6 +56,14 @@ func (b *podBuilder) Gates(names ...string) *podBuilder {
 	return b
 }
 
+func (b *podBuilder) Annotate(key, value string) *podBuilder {
+	if b.pod.Annotations == nil {
+		b.pod.Annotations = map[string]string{}
+	}
+	b.pod.Annotations[key] = value
+	return b
+}
+
 // Generated leaves the pod's name to the API server, as a controller's
 // pods are: only a prefix.
 func (b *podBuilder) Generated(prefix string) *podBuilder {
@@ -86,6 +94,9 @@ func TestReview(t *testing.T) {
 		{name: "update passes", req: makePod().Gang("train", "4").Request(admissionv1.Update)},
 		{name: "malformed declaration", req: makePod().Gang("train", "").Request(admissionv1.Create), wantDeny: "ml/w-0: invalid gang declaration: tessera.dev/gang-min-member is required"},
 		{name: "malformed declaration of a controller's pod", req: makePod().Generated("big-").Gang("big", "").Request(admissionv1.Create), wantDeny: "pod ml/big-(generated): invalid gang declaration: tessera.dev/gang-min-member is required"},
+		{name: "malformed expected run time", req: makePod().Annotate(api.AnnotationExpectedRuntime, "garbage").Request(admissionv1.Create), wantDeny: `pod ml/w-0: annotation tessera.dev/expected-runtime: "garbage" is not a duration of hours, minutes and seconds`},
+		{name: "malformed preemptible", req: makePod().Annotate(api.AnnotationPreemptible, "perhaps").Request(admissionv1.Create), wantDeny: `pod ml/w-0: annotation tessera.dev/preemptible: "perhaps" is neither "true" nor "false"`},
+		{name: "well-formed hints", req: makePod().Annotate(api.AnnotationExpectedRuntime, "2h30m").Annotate(api.AnnotationPreemptible, "true").Request(admissionv1.Create)},
 		{name: "garbage object", req: &admissionv1.AdmissionRequest{UID: "u", Resource: podResource, Operation: admissionv1.Create, Object: runtime.RawExtension{Raw: []byte("{")}}, wantDeny: "decoding the pod"},
 	}
 	for _, tc := range tests {
