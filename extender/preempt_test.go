@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
@@ -510,5 +511,83 @@ func TestPreemptorHoldsWholeGPUsFromSlices(t *testing.T) {
 	}
 	if r := Check(st, &own); r != Fits {
 		t.Errorf("inf does not fit the room held for it: %v", r)
+	}
+}
+
+// TestBindOfAHeldMultiGPUSliceWaitsForItsVictims: a slice over two GPUs
+// that preemption made room for is held by count (its plan names no GPU);
+// kube-scheduler binds it as soon as its hold passes the filter, while
+// the four slices evicted for it still leave the node. The bind waits for
+// them, as a whole-GPU pod's waits for its node to offer the GPUs, rather
+// than fail with "no 2 GPUs have ..." and a FailedBinding Event (seen on
+// make demo) for kube-scheduler to try again.
+func TestBindOfAHeldMultiGPUSliceWaitsForItsVictims(t *testing.T) {
+	node := testbuild.Node("n1").GPUs(4, "A100", 40960).Obj()
+	var victims []*corev1.Pod
+	for i, name := range []string{"s0a", "s0b", "s1a", "s1b", "s2a", "s2b", "s3a", "s3b"} {
+		victims = append(victims, running(testbuild.Pod(name).Shared(15, 50).Priority(notebook).Node("n1").On(i/2, 15360, 50), 10+i))
+	}
+	inf := asking(testbuild.Pod("inf").Shared(40, 120).Priority(inference))
+	inf.Annotations[api.AnnotationGPUCount] = "2"
+	pods := append(append([]*corev1.Pod(nil), victims...), inf)
+	cache := newTestCache(t, []*corev1.Node{node}, pods)
+	client := &testbuild.PreemptClient{}
+	events := &testbuild.Recorder{}
+	p := &Preemptor{Cache: cache, Client: client, Pods: func() ([]*corev1.Pod, error) { return pods, nil },
+		Policy: testPolicy(t, PolicyBinpack), Now: func() time.Time { return preemptNow }, Events: events}
+	if err := p.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(client.Evicted) != 4 {
+		t.Fatalf("evicted %v, want the four slices of two GPUs", client.Evicted)
+	}
+	inf = inf.DeepCopy()
+	inf.Annotations[api.AnnotationGangPlan] = client.Plans["inf"]
+	cache.SetPod(inf)
+	var leaving []*corev1.Pod
+	for _, v := range victims {
+		if slices.Contains(client.Evicted, v.Name) {
+			v = v.DeepCopy()
+			v.DeletionTimestamp = &metav1.Time{Time: preemptNow}
+			cache.SetPod(v)
+			leaving = append(leaving, v)
+		}
+	}
+	fp := newFakePods(inf)
+	srv := NewServer(cache, testPolicy(t, PolicyBinpack), fp, events, nil)
+	done := make(chan error, 1)
+	go func() {
+		done <- srv.Bind(context.Background(), &extenderv1.ExtenderBindingArgs{PodNamespace: inf.Namespace, PodName: inf.Name, PodUID: inf.UID, Node: "n1"})
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("the bind ended while the victims still leave: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	for _, v := range leaving {
+		cache.DeletePod(v.UID)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("bind once the victims left: %v", err)
+	}
+	bound, err := fp.GetPod(context.Background(), inf.Namespace, inf.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _, err := api.GetAssignment(bound.Annotations)
+	if err != nil || len(a.Containers) != 1 || a.Containers[0].Shared == nil {
+		t.Fatalf("assignment %+v, %v: want one container's slice", a, err)
+	}
+	var got []int
+	for _, g := range a.Containers[0].Shared.GPUs() {
+		got = append(got, g.Index)
+	}
+	if want := []int{0, 1}; !slices.Equal(got, want) {
+		t.Errorf("the slice went to GPUs %v, want %v (the victims')", got, want)
+	}
+	for _, e := range events.Events {
+		if strings.HasPrefix(e, "FailedBinding") {
+			t.Errorf("event %s", e)
+		}
 	}
 }

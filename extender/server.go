@@ -541,7 +541,7 @@ func (s *Server) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs,
 		// Placed by Reserve, within the scheduler's cycle: the pods
 		// reserved since saw it there, so it stays.
 		use = u
-	} else if use, err = s.reserve(pod, args.Node, &pl); err != nil {
+	} else if use, err = s.reserveHeld(ctx, pod, args.Node, &pl); err != nil {
 		s.event(pod, "FailedBinding", "%v", err)
 		return fmt.Errorf("bind %s/%s to %s: %w", pod.Namespace, pod.Name, args.Node, err)
 	}
@@ -664,6 +664,45 @@ func (s *Server) reserve(pod *corev1.Pod, node string, pl *placement) (*PodUse, 
 		}
 		return ChoosePlacement(s.policy, st, pod.UID, d)
 	})
+}
+
+// reserveHeld is reserve for a bind. A pod whose room is planned on node
+// (a gang member, or a pod preemption or quota reclaim made room for) that
+// does not fit there while pods are leaving the node (the victims evicted
+// for it) waits for them to go, up to offeredWait, and is placed then:
+// kube-scheduler binds it as soon as its plan passes the filter, and a
+// multi-GPU slice, held by count, is placed only at its bind (it failed,
+// with a FailedBinding Event, for kube-scheduler to try again).
+func (s *Server) reserveHeld(ctx context.Context, pod *corev1.Pod, node string, pl *placement) (*PodUse, error) {
+	use, err := s.reserve(pod, node, pl)
+	if err == nil || pl.plan == nil || !errors.Is(err, ErrNoFit) {
+		return use, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, offeredWait)
+	defer cancel()
+	waited := false
+	why, werr := s.waitNode(wctx, node, func(st *NodeState) (bool, string) {
+		var leaving []string
+		for _, u := range st.Pods {
+			if u.Leaving {
+				leaving = append(leaving, u.Key())
+			}
+		}
+		if len(leaving) == 0 {
+			return true, ""
+		}
+		waited = true
+		sort.Strings(leaving)
+		return false, strings.Join(leaving, ", ")
+	})
+	switch {
+	case !waited:
+		return nil, err // nothing was leaving: no room
+	case werr != nil:
+		return nil, fmt.Errorf("%w; pods still leaving the node (%s): %w", err, why, werr)
+	}
+	klog.FromContext(ctx).V(2).Info("Placing a held pod once the pods leaving its node are gone", "pod", klog.KObj(pod), "node", node)
+	return s.reserve(pod, node, pl)
 }
 
 // Reserve counts pod on node in the ledger now, as its bind will place it,
