@@ -440,13 +440,17 @@ func TestPreemptorKeepsQueueGuarantees(t *testing.T) {
 // each replacement of four evicted slices (two per GPU) was bound to the
 // GPU its victim had left, beside the slice not yet gone, and the asker
 // never got its two GPUs.
-func TestPreemptorHoldsWholeGPUsFromSlices(t *testing.T) {
+// preemptPairedSlices runs the preemptor for inf, an inference pod asking
+// for two GPUs' worth, on node n1 of four A100s, each running two notebook
+// slices of 15 GiB and 50 % (s0a, s0b on GPU 0, ...), and checks that it
+// evicted the four slices of two GPUs.
+func preemptPairedSlices(t *testing.T, inf *corev1.Pod) (*Cache, *testbuild.PreemptClient, *testbuild.Recorder, []*corev1.Pod) {
+	t.Helper()
 	node := testbuild.Node("n1").GPUs(4, "A100", 40960).Obj()
 	var victims []*corev1.Pod
 	for i, name := range []string{"s0a", "s0b", "s1a", "s1b", "s2a", "s2b", "s3a", "s3b"} {
 		victims = append(victims, running(testbuild.Pod(name).Shared(15, 50).Priority(notebook).Node("n1").On(i/2, 15360, 50), 10+i))
 	}
-	inf := asking(testbuild.Pod("inf").Whole(2).Priority(inference))
 	pods := append(append([]*corev1.Pod(nil), victims...), inf)
 	cache := newTestCache(t, []*corev1.Node{node}, pods)
 	client := &testbuild.PreemptClient{}
@@ -459,6 +463,12 @@ func TestPreemptorHoldsWholeGPUsFromSlices(t *testing.T) {
 	if len(client.Evicted) != 4 {
 		t.Fatalf("evicted %v, want the four slices of two GPUs", client.Evicted)
 	}
+	return cache, client, events, victims
+}
+
+func TestPreemptorHoldsWholeGPUsFromSlices(t *testing.T) {
+	inf := asking(testbuild.Pod("inf").Whole(2).Priority(inference))
+	cache, client, events, victims := preemptPairedSlices(t, inf)
 	plan, err := api.ParseGangPlan(client.Plans["inf"])
 	if err != nil {
 		t.Fatal(err)
@@ -522,25 +532,9 @@ func TestPreemptorHoldsWholeGPUsFromSlices(t *testing.T) {
 // than fail with "no 2 GPUs have ..." and a FailedBinding Event (seen on
 // make demo) for kube-scheduler to try again.
 func TestBindOfAHeldMultiGPUSliceWaitsForItsVictims(t *testing.T) {
-	node := testbuild.Node("n1").GPUs(4, "A100", 40960).Obj()
-	var victims []*corev1.Pod
-	for i, name := range []string{"s0a", "s0b", "s1a", "s1b", "s2a", "s2b", "s3a", "s3b"} {
-		victims = append(victims, running(testbuild.Pod(name).Shared(15, 50).Priority(notebook).Node("n1").On(i/2, 15360, 50), 10+i))
-	}
 	inf := asking(testbuild.Pod("inf").Shared(40, 120).Priority(inference))
 	inf.Annotations[api.AnnotationGPUCount] = "2"
-	pods := append(append([]*corev1.Pod(nil), victims...), inf)
-	cache := newTestCache(t, []*corev1.Node{node}, pods)
-	client := &testbuild.PreemptClient{}
-	events := &testbuild.Recorder{}
-	p := &Preemptor{Cache: cache, Client: client, Pods: func() ([]*corev1.Pod, error) { return pods, nil },
-		Policy: testPolicy(t, PolicyBinpack), Now: func() time.Time { return preemptNow }, Events: events}
-	if err := p.Sync(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if len(client.Evicted) != 4 {
-		t.Fatalf("evicted %v, want the four slices of two GPUs", client.Evicted)
-	}
+	cache, client, events, victims := preemptPairedSlices(t, inf)
 	inf = inf.DeepCopy()
 	inf.Annotations[api.AnnotationGangPlan] = client.Plans["inf"]
 	cache.SetPod(inf)
