@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -200,9 +201,22 @@ func FromObjects(nodes []corev1.Node, pods []corev1.Pod, machineLabel string) *C
 	return c
 }
 
-// PendingReason says in a line why an unbound pod waits: a Tessera gate,
-// else the scheduler's PodScheduled condition.
+// PendingReason says in a line why an unbound pod waits: the room its
+// plan holds, a Tessera gate, else the scheduler's PodScheduled
+// condition. p must have come through the trust filter (a plan its owner
+// wrote is not Tessera's).
 func PendingReason(p *corev1.Pod) string {
+	if plan, ok, err := api.GetGangPlan(p.Annotations); ok && err == nil {
+		where := "node " + plan.Node
+		if g := plan.GPUsText(); g != "" {
+			where = g + " of node " + plan.Node
+		}
+		until := plan.Expires.UTC().Format(time.RFC3339)
+		if _, member, _ := api.GangOf(p); member {
+			return fmt.Sprintf("planned with its gang on %s, binding (the plan holds until %s)", where, until)
+		}
+		return fmt.Sprintf("the room freed for it (by preemption or quota reclaim) is held on %s until %s", where, until)
+	}
 	if api.HasGangGate(p) {
 		return "gang member held until the whole gang fits"
 	}

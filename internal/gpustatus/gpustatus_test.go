@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -179,5 +180,52 @@ func TestBar(t *testing.T) {
 		if got := Bar(tc.used, tc.total); got != tc.want {
 			t.Errorf("Bar(%d, %d) = %q, want %q", tc.used, tc.total, got, tc.want)
 		}
+	}
+}
+
+func TestPendingReason(t *testing.T) {
+	expires := metav1.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC).Time
+	withPlan := func(p *corev1.Pod, plan api.GangPlan) *corev1.Pod {
+		plan.Expires = expires
+		if err := api.SetGangPlan(p.Annotations, plan); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	pod := func(ann map[string]string, gates ...string) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", Annotations: map[string]string{}}}
+		for k, v := range ann {
+			p.Annotations[k] = v
+		}
+		for _, g := range gates {
+			p.Spec.SchedulingGates = append(p.Spec.SchedulingGates, corev1.PodSchedulingGate{Name: g})
+		}
+		return p
+	}
+	member := map[string]string{api.AnnotationGang: "g", api.AnnotationGangMinMember: "2"}
+	unschedulable := pod(nil)
+	unschedulable.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Message: "0/4 nodes are available"}}
+	for _, tc := range []struct {
+		name string
+		pod  *corev1.Pod
+		want string
+	}{
+		{"room held by GPUs", withPlan(pod(nil), api.GangPlan{Gang: "p", Node: "n1", GPUs: []api.GPURef{{UUID: uuid("n1", 5), Index: 5}, {UUID: uuid("n1", 7), Index: 7}}}),
+			"the room freed for it (by preemption or quota reclaim) is held on GPUs 5, 7 of node n1 until 2026-11-28T12:00:00Z"},
+		{"room held by count", withPlan(pod(nil), api.GangPlan{Gang: "p", Node: "n1"}),
+			"the room freed for it (by preemption or quota reclaim) is held on node n1 until 2026-11-28T12:00:00Z"},
+		{"planned gang member", withPlan(pod(member), api.GangPlan{Gang: "g", Node: "n1", GPU: &api.GPURef{UUID: uuid("n1", 2), Index: 2}}),
+			"planned with its gang on GPU 2 of node n1, binding (the plan holds until 2026-11-28T12:00:00Z)"},
+		{"gated gang member", pod(member, api.SchedulingGateGang), "gang member held until the whole gang fits"},
+		{"queued", pod(nil, api.SchedulingGateQueue), "held by its queue until admitted"},
+		{"malformed plan: the gate's reason", pod(map[string]string{api.AnnotationGangPlan: "{"}, api.SchedulingGateQueue), "held by its queue until admitted"},
+		{"unschedulable", unschedulable, "0/4 nodes are available"},
+		{"new", pod(nil), "waiting for the scheduler"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := PendingReason(tc.pod); got != tc.want {
+				t.Errorf("PendingReason = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }
