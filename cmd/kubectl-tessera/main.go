@@ -77,7 +77,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&o.extenderCA, "extender-ca", os.Getenv(api.EnvKubectlExtenderCA), "CA certificate file that signed --extender's certificate (default $"+api.EnvKubectlExtenderCA+")")
 	fs.BoolVar(&o.extenderInsecure, "extender-insecure-skip-tls-verify", false, "do not check --extender's certificate")
 	fs.StringVar(&o.extenderService, "extender-service", "kube-system/tessera-extender:8888", "the extender's Service (namespace/name:port, optionally https:namespace/name:port) reached through the API server's proxy when --extender is empty")
-	fs.StringVar(&o.sealKeyNamespace, "seal-key-namespace", "kube-system", "namespace of the Secret tessera-seal-key, with which the plugin checks that an assignment is Tessera's")
+	fs.StringVar(&o.sealKeyNamespace, "seal-key-namespace", "kube-system", "namespace of tessera-extender's Secret tessera-seal-key, with which the plugin checks that an assignment is Tessera's, and of its ConfigMap tessera-reservations (status shows the reservations)")
 	fs.SetInterspersed(true)
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -207,6 +207,18 @@ func (f fixture) env(t *testing.T) *env {
 	}
 	maps.Copy(held.Annotations, plan)
 	objs = append(objs, held)
+	// The planner's reservation records: a gang holding a100-1, a pod
+	// cooling down, and a cool-down that has ended (not shown).
+	since, later, past := now.Add(-3*time.Minute), now.Add(10*time.Minute), now.Add(-time.Minute)
+	recs, err := api.EncodeReservations([]api.ReservationRecord{
+		{Workload: "team-g/ring", UIDs: []types.UID{"uid-team-g-ring-1"}, Since: &since, Nodes: []string{"a100-1"}},
+		{Workload: "pod team-a/older", UIDs: []types.UID{older.UID}, Nodes: []string{"a100-1"}, NotBefore: &later},
+		{Workload: "team-x/done", UIDs: []types.UID{"uid-x"}, NotBefore: &past},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs = append(objs, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: api.ReservationsConfigMapName}, Data: map[string]string{api.ReservationsDataKey: recs}})
 	if !f.noKey {
 		objs = append(objs, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: api.SealKeySecretName}, Data: map[string][]byte{api.SealKeyDataKey: []byte(sealKey)}})
 	}

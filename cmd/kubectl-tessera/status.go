@@ -4,8 +4,14 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"sort"
+	"strings"
+	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tessera-gpu/tessera/api"
 
 	"github.com/tessera-gpu/tessera/extender"
 	"github.com/tessera-gpu/tessera/internal/gpustatus"
@@ -22,6 +28,9 @@ func (e *env) status(ctx context.Context, w io.Writer) error {
 		return err
 	}
 	if err := gpustatus.Render(w, c); err != nil {
+		return err
+	}
+	if err := e.reservations(ctx, w); err != nil {
 		return err
 	}
 	_, err = fmt.Fprintf(w, "\nsource: %s\n", source)
@@ -53,4 +62,47 @@ func (e *env) occupancy(ctx context.Context) (*gpustatus.Cluster, string, error)
 	}
 	fmt.Fprintf(e.stderr, "note: %v; showing tessera-extender's ledger instead\n", keyErr)
 	return &c, "tessera-extender's ledger at " + e.ext.Where(), nil
+}
+
+// reservations prints what the extender's planner records of reservations
+// (ConfigMap tessera-reservations in the extender's namespace): the
+// workloads holding nodes and since when, and those whose reservation ran
+// out and may not reserve again yet. It prints nothing when there are
+// none, and a note on stderr when the ConfigMap cannot be read.
+func (e *env) reservations(ctx context.Context, w io.Writer) error {
+	where := e.sealKeyNamespace + "/" + api.ReservationsConfigMapName
+	cm, err := e.client.CoreV1().ConfigMaps(e.sealKeyNamespace).Get(ctx, api.ReservationsConfigMapName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		fmt.Fprintf(e.stderr, "note: reservations not shown: reading ConfigMap %s: %v\n", where, err)
+		return nil
+	}
+	recs, err := api.ParseReservations(cm.Data[api.ReservationsDataKey])
+	if err != nil {
+		fmt.Fprintf(e.stderr, "note: reservations not shown: ConfigMap %s: %v\n", where, err)
+		return nil
+	}
+	now := e.now()
+	var lines []string
+	for _, r := range recs {
+		who := r.Workload
+		if !strings.HasPrefix(who, "pod ") {
+			who = "gang " + who
+		}
+		switch {
+		case r.Since != nil:
+			lines = append(lines, fmt.Sprintf("  %s: nodes %s reserved for it since %s (%s ago)", who, strings.Join(r.Nodes, ", "),
+				r.Since.UTC().Format(time.RFC3339), now.Sub(*r.Since).Round(time.Second)))
+		case r.NotBefore != nil && r.NotBefore.After(now):
+			lines = append(lines, fmt.Sprintf("  %s: its reservation ran out; it may reserve again after %s", who, r.NotBefore.UTC().Format(time.RFC3339)))
+		}
+	}
+	if len(lines) == 0 {
+		return nil
+	}
+	sort.Strings(lines)
+	_, err = fmt.Fprintf(w, "\nreservations (ConfigMap %s):\n%s\n", where, strings.Join(lines, "\n"))
+	return err
 }
