@@ -908,7 +908,8 @@ func (s *Server) PreemptArgs(ctx context.Context, args *extenderv1.ExtenderPreem
 			// spares the pods that started first).
 			first = s.quota.NodeExtras(args.Pod, st, vs)
 			var ok bool
-			if vs, extra, ok = s.quota.PreemptVictims(ctx, args.Pod, st, append(vs, first...)); !ok {
+			offered := append(slices.Clone(vs), first...)
+			if vs, extra, ok = s.quota.PreemptVictims(ctx, args.Pod, st, offered); !ok {
 				continue
 			}
 		}

@@ -12,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-gpu/tessera/api"
-
 	"github.com/tessera-gpu/tessera/extender"
 	"github.com/tessera-gpu/tessera/internal/gpustatus"
 )
