@@ -47,7 +47,13 @@ type Status struct {
 	quota  *equota.Enforcer
 	pods   func() ([]*corev1.Pod, error)
 	now    func() time.Time
+	// reservations, when set, are the gang planner's reservation records.
+	reservations func() []api.ReservationRecord
 }
+
+// SetReservations makes the status page show the planner's reservations
+// (planner.GangPlanner.ReservationRecords). Call it before serving.
+func (s *Status) SetReservations(f func() []api.ReservationRecord) { s.reservations = f }
 
 // NewStatus returns the views of cache, queues (nil: no Queues), quota
 // (nil: no ElasticQuotas) and the pod informer's cache pods.
@@ -70,9 +76,12 @@ func (s *Status) Register(mux *http.ServeMux, ready func() bool) {
 
 // Snapshot is everything the views read, taken once per request.
 type Snapshot struct {
-	Nodes  map[string]*NodeState
-	Pods   []*corev1.Pod
-	Queues *planner.QueueSnapshot // nil without Queues
+	Nodes map[string]*NodeState
+	Pods  []*corev1.Pod
+	// Reservations are the gang planner's reservation records (none
+	// without a planner).
+	Reservations []api.ReservationRecord
+	Queues       *planner.QueueSnapshot // nil without Queues
 	// Quota is the ElasticQuota verdict on each pending GPU pod of a
 	// namespace a quota governs.
 	Quota map[types.UID]equota.Verdict
@@ -82,6 +91,9 @@ type Snapshot struct {
 // pending GPU pods now.
 func (s *Status) Take(ctx context.Context) (*Snapshot, error) {
 	snap := &Snapshot{Nodes: s.cache.Snapshot()}
+	if s.reservations != nil {
+		snap.Reservations = s.reservations()
+	}
 	var err error
 	if snap.Pods, err = s.pods(); err != nil {
 		return nil, fmt.Errorf("listing pods: %w", err)

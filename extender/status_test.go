@@ -318,6 +318,30 @@ func TestStatusPageEscapes(t *testing.T) {
 	}
 }
 
+// TestStatusPageShowsReservations: the planner's reservations, as kubectl
+// tessera status words them.
+func TestStatusPageShowsReservations(t *testing.T) {
+	now := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	since := now.Add(-90 * time.Second)
+	snap := &Snapshot{Nodes: map[string]*NodeState{}, Reservations: []api.ReservationRecord{
+		{Workload: "tr/big", UIDs: []types.UID{"u1"}, Since: &since, Nodes: []string{"a100-1", "a100-2"}},
+	}}
+	page, err := RenderPage(PageView(snap, now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "<li>gang tr/big: nodes a100-1, a100-2 reserved for it since 2026-11-28T11:58:30Z (1m30s ago)</li>"; !strings.Contains(string(page), want) {
+		t.Errorf("the page lacks %q:\n%s", want, page)
+	}
+	page, err = RenderPage(PageView(&Snapshot{Nodes: map[string]*NodeState{}}, now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(page), "No workload holds a reservation.") {
+		t.Errorf("without reservations the page does not say so:\n%s", page)
+	}
+}
+
 func TestStatusMetrics(t *testing.T) {
 	s := statusFixture(t)
 	reg := prometheus.NewPedanticRegistry()

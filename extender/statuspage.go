@@ -40,12 +40,16 @@ type PageData struct {
 	Occupancy *gpustatus.Cluster
 	Queues    []QueueView
 	Pending   []PendingPod
+	// Reservations describe the planner's reservations, a line each
+	// (gpustatus.ReservationLines, as kubectl tessera status).
+	Reservations []string
 }
 
 // PageView gathers the page's views of snap at now.
 func PageView(snap *Snapshot, now time.Time) *PageData {
 	return &PageData{Now: now.UTC(), Refresh: int(statusPageRefresh / time.Second),
-		Occupancy: OccupancyView(snap), Queues: QueuesView(snap), Pending: PendingView(snap, false)}
+		Occupancy: OccupancyView(snap), Queues: QueuesView(snap), Pending: PendingView(snap, false),
+		Reservations: gpustatus.ReservationLines(snap.Reservations, now)}
 }
 
 // RenderPage writes the status page of d.

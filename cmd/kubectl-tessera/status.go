@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"sort"
 	"strings"
-	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -83,25 +81,10 @@ func (e *env) reservations(ctx context.Context, w io.Writer) error {
 		fmt.Fprintf(e.stderr, "note: reservations not shown: ConfigMap %s: %v\n", where, err)
 		return nil
 	}
-	now := e.now()
-	var lines []string
-	for _, r := range recs {
-		who := r.Workload
-		if !strings.HasPrefix(who, "pod ") {
-			who = "gang " + who
-		}
-		switch {
-		case r.Since != nil:
-			lines = append(lines, fmt.Sprintf("  %s: nodes %s reserved for it since %s (%s ago)", who, strings.Join(r.Nodes, ", "),
-				r.Since.UTC().Format(time.RFC3339), now.Sub(*r.Since).Round(time.Second)))
-		case r.NotBefore != nil && r.NotBefore.After(now):
-			lines = append(lines, fmt.Sprintf("  %s: its reservation ran out; it may reserve again after %s", who, r.NotBefore.UTC().Format(time.RFC3339)))
-		}
-	}
+	lines := gpustatus.ReservationLines(recs, e.now())
 	if len(lines) == 0 {
 		return nil
 	}
-	sort.Strings(lines)
-	_, err = fmt.Fprintf(w, "\nreservations (ConfigMap %s):\n%s\n", where, strings.Join(lines, "\n"))
+	_, err = fmt.Fprintf(w, "\nreservations (ConfigMap %s):\n  %s\n", where, strings.Join(lines, "\n  "))
 	return err
 }

@@ -495,6 +495,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 			pcfg.Consolidation = c
 		}
 		gangs = planner.NewGangPlanner(pcfg)
+		status.SetReservations(gangs.ReservationRecords)
 		if o.reserveAfter > 0 && (o.reserveBackfill || o.reservePreemptible) {
 			// Pods kube-scheduler places see reserved room on the
 			// planner's terms.

@@ -279,8 +279,10 @@ type GangPlanner struct {
 	cooldown     map[string]time.Time
 	reservations atomic.Int64
 	// store keeps the reservation records across restarts
-	// (reserve_store.go).
-	store storeState
+	// (reserve_store.go); published are the last pass's records, for the
+	// status page.
+	store     storeState
+	published atomic.Pointer[[]api.ReservationRecord]
 	// views publishes the reservations to the filter and the bind
 	// (backfill.go).
 	views views

@@ -236,13 +236,15 @@ func (p *GangPlanner) records(groups map[string]*group) []api.ReservationRecord 
 	return out
 }
 
-// saveStore writes the records when they changed since the last write.
+// saveStore publishes the records (ReservationRecords) and writes them
+// when they changed since the last write.
 func (p *GangPlanner) saveStore(ctx context.Context, groups map[string]*group) {
+	recs := p.records(groups)
+	p.published.Store(&recs)
 	s := &p.store
 	if s.store == nil || !s.loaded {
 		return
 	}
-	recs := p.records(groups)
 	if sameRecords(recs, s.saved) {
 		return
 	}
@@ -251,6 +253,17 @@ func (p *GangPlanner) saveStore(ctx context.Context, groups map[string]*group) {
 		return
 	}
 	s.saved = recs
+}
+
+// ReservationRecords are the records of the last pass, as the store
+// keeps them (the workloads holding a reservation and since when, those
+// cooling down): what the status page shows. Safe for concurrent use with
+// Sync.
+func (p *GangPlanner) ReservationRecords() []api.ReservationRecord {
+	if r := p.published.Load(); r != nil {
+		return *r
+	}
+	return nil
 }
 
 func sameRecords(a, b []api.ReservationRecord) bool {

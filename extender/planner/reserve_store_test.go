@@ -70,6 +70,9 @@ func TestReservationSurvivesARestart(t *testing.T) {
 	if diff := cmp.Diff(want, f.stored()); diff != "" {
 		t.Fatalf("records after the first reservation (-want +got):\n%s", diff)
 	}
+	if diff := cmp.Diff(want, f.planner.ReservationRecords()); diff != "" {
+		t.Errorf("records published for the status page (-want +got):\n%s", diff)
+	}
 
 	// Restarted 8 minutes later: the node is reserved again, until t0+10m.
 	f.now = t0.Add(8 * time.Minute)
@@ -94,6 +97,9 @@ func TestReservationSurvivesARestart(t *testing.T) {
 	want = []api.ReservationRecord{{Workload: "default/big", UIDs: []types.UID{big.UID}, Nodes: []string{"n0"}, NotBefore: &notBefore}}
 	if diff := cmp.Diff(want, f.stored()); diff != "" {
 		t.Fatalf("records after the reservation ran out (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(want, f.planner.ReservationRecords()); diff != "" {
+		t.Errorf("records published for the status page after it ran out (-want +got):\n%s", diff)
 	}
 
 	// Restarted during the cooldown: no reservation until it ends.

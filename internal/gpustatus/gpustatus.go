@@ -231,6 +231,29 @@ func PendingReason(p *corev1.Pod) string {
 	return "waiting for the scheduler"
 }
 
+// ReservationLines describes the planner's reservation records at now, one
+// line each, sorted: the workloads holding nodes and since when, and those
+// whose reservation ran out and that may not reserve again yet (the
+// records of workloads free to reserve again say nothing).
+func ReservationLines(recs []api.ReservationRecord, now time.Time) []string {
+	var lines []string
+	for _, r := range recs {
+		who := r.Workload
+		if !strings.HasPrefix(who, "pod ") {
+			who = "gang " + who
+		}
+		switch {
+		case r.Since != nil:
+			lines = append(lines, fmt.Sprintf("%s: nodes %s reserved for it since %s (%s ago)", who, strings.Join(r.Nodes, ", "),
+				r.Since.UTC().Format(time.RFC3339), now.Sub(*r.Since).Round(time.Second)))
+		case r.NotBefore != nil && r.NotBefore.After(now):
+			lines = append(lines, fmt.Sprintf("%s: its reservation ran out; it may reserve again after %s", who, r.NotBefore.UTC().Format(time.RFC3339)))
+		}
+	}
+	sort.Strings(lines)
+	return lines
+}
+
 // Truncate cuts s to at most n bytes, marking the cut.
 func Truncate(s string, n int) string {
 	if len(s) <= n {
