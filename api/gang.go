@@ -487,6 +487,15 @@ func (p *GangPlan) GPUsText() string {
 	return ""
 }
 
+// Where says where the plan holds room, for messages: "GPUs 5, 7 of node
+// n1", "GPU 3 of node n1", or "node n1" when it names no GPU.
+func (p *GangPlan) Where() string {
+	if g := p.GPUsText(); g != "" {
+		return g + " of node " + p.Node
+	}
+	return "node " + p.Node
+}
+
 // GetGangPlan reads AnnotationGangPlan; ok is false when it is absent. It
 // does not check the seal: components that act on a plan read it through
 // Sealer.GangPlan.

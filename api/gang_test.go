@@ -2,6 +2,7 @@ package api
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -478,5 +479,28 @@ func TestGangExtras(t *testing.T) {
 				t.Errorf("Extras of the members in reverse order (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+func TestGangPlanWhere(t *testing.T) {
+	ref := func(i int) GPURef {
+		return GPURef{UUID: fmt.Sprintf("GPU-%08d-0000-0000-0000-000000000000", i), Index: i}
+	}
+	three := ref(3)
+	for _, tc := range []struct {
+		plan      GangPlan
+		gpus, out string
+	}{
+		{GangPlan{Node: "n1"}, "", "node n1"},
+		{GangPlan{Node: "n1", GPU: &three}, "GPU 3", "GPU 3 of node n1"},
+		{GangPlan{Node: "n1", GPUs: []GPURef{ref(5)}}, "GPU 5", "GPU 5 of node n1"},
+		{GangPlan{Node: "n1", GPUs: []GPURef{ref(5), ref(7)}}, "GPUs 5, 7", "GPUs 5, 7 of node n1"},
+	} {
+		if got := tc.plan.GPUsText(); got != tc.gpus {
+			t.Errorf("%+v: GPUsText() = %q, want %q", tc.plan, got, tc.gpus)
+		}
+		if got := tc.plan.Where(); got != tc.out {
+			t.Errorf("%+v: Where() = %q, want %q", tc.plan, got, tc.out)
+		}
 	}
 }

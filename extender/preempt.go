@@ -594,10 +594,7 @@ func (p *Preemptor) apply(ctx context.Context, asker *corev1.Pod, d *Demand, nod
 	for _, v := range victims {
 		names = append(names, fmt.Sprintf("%s (priority %d)", unitName(v.unit.Key), v.unit.Priority))
 	}
-	where := "node " + node
-	if g := plan.GPUsText(); g != "" {
-		where = g + " of " + where
-	}
+	where := plan.Where()
 	// The hold first: once a victim is gone its room must not be taken by
 	// another pod before the asker's plan is recorded.
 	if err := p.Client.SetPlan(ctx, asker, ann[api.AnnotationGangPlan]); err != nil {

@@ -122,7 +122,7 @@ func (r QuotaRoom) HoldRoom(ctx context.Context, pod *corev1.Pod, gone map[types
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	best, most := "", -1
+	most := -1
 	var after *NodeState
 	for _, n := range names {
 		st := snap[n]
@@ -136,7 +136,7 @@ func (r QuotaRoom) HoldRoom(ctx context.Context, pod *corev1.Pod, gone map[types
 			continue
 		}
 		if a := st.without(gone); Check(a, &d) == Fits {
-			best, most, after = n, freed, a
+			most, after = freed, a
 		}
 	}
 	if after == nil {
@@ -153,11 +153,7 @@ func (r QuotaRoom) HoldRoom(ctx context.Context, pod *corev1.Pod, gone map[types
 	if err := r.Plans.SetPlan(ctx, pod, ann[api.AnnotationGangPlan]); err != nil {
 		return "", fmt.Errorf("writing the plan of %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
-	where := "node " + best
-	if g := plan.GPUsText(); g != "" {
-		where = g + " of " + where
-	}
-	return where, nil
+	return plan.Where(), nil
 }
 
 // Quota binds quota's Enforcer to the GPU ledger: it is the verbs'

@@ -207,10 +207,7 @@ func FromObjects(nodes []corev1.Node, pods []corev1.Pod, machineLabel string) *C
 // wrote is not Tessera's).
 func PendingReason(p *corev1.Pod) string {
 	if plan, ok, err := api.GetGangPlan(p.Annotations); ok && err == nil {
-		where := "node " + plan.Node
-		if g := plan.GPUsText(); g != "" {
-			where = g + " of node " + plan.Node
-		}
+		where := plan.Where()
 		until := plan.Expires.UTC().Format(time.RFC3339)
 		if _, member, _ := api.GangOf(p); member {
 			return fmt.Sprintf("planned with its gang on %s, binding (the plan holds until %s)", where, until)
