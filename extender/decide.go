@@ -619,7 +619,7 @@ func Preempt(st *NodeState, d *Demand, victims []types.UID, first []types.UID) (
 	}
 	var gpuVictims []*PodUse
 	for _, v := range victims {
-		if u, ok := st.Pods[v]; ok && (len(u.Shared) > 0 || u.WholeGPUs() > 0 || len(u.MIG) > 0 || len(u.MIGPending) > 0) {
+		if u, ok := st.Pods[v]; ok && u.HoldsGPUs() {
 			gpuVictims = append(gpuVictims, u)
 		}
 	}

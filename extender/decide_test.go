@@ -305,3 +305,32 @@ func TestOffersWaitsForWithheldGPUs(t *testing.T) {
 		t.Errorf("ChoosePlacement() on a node whose only GPU is withheld = %+v, %v; want GPU 0 (the bind waits)", u, err)
 	}
 }
+
+// TestPodUseHoldsGPUs: the one rule of "uses a GPU" that tier preemption
+// (Preempt) and quota's victims (victimOf) share; MIG instances count.
+func TestPodUseHoldsGPUs(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		u    PodUse
+		want bool
+	}{
+		{"CPU and memory only", PodUse{CPUMilli: 4000, MemMiB: 1024}, false},
+		{"a recorded whole GPU", PodUse{Whole: []string{"GPU-0"}}, true},
+		{"whole GPUs not recorded yet", PodUse{WholePending: 2}, true},
+		{"whole GPUs named by a plan", PodUse{PlannedWhole: []string{"GPU-1"}}, true},
+		{"a placed slice", PodUse{Shared: []SharedUse{{}}}, true},
+		{"a planned slice", PodUse{PlannedShares: []ContainerShare{{}}}, true},
+		{"a recorded MIG instance", PodUse{MIG: []string{"MIG-0"}}, true},
+		{"a MIG instance not recorded yet", PodUse{MIGPending: map[string]int{"1g.5gb": 1}}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.u.HoldsGPUs(); got != tc.want {
+				t.Errorf("HoldsGPUs() = %v, want %v", got, tc.want)
+			}
+			st := &NodeState{Pods: map[types.UID]*PodUse{"u": &tc.u}}
+			if got := victimOf(st, "u").GPUs; got != tc.want {
+				t.Errorf("victimOf(...).GPUs = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

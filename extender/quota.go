@@ -191,7 +191,7 @@ func victimOf(st *NodeState, uid types.UID) equota.Victim {
 	v := equota.Victim{UID: uid}
 	if u, ok := st.Pods[uid]; ok {
 		v.Namespace, v.Name = u.Namespace, u.Name
-		v.GPUs = len(u.Shared) > 0 || u.WholeGPUs() > 0
+		v.GPUs = u.HoldsGPUs()
 	}
 	return v
 }

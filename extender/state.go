@@ -248,6 +248,14 @@ func (u *PodUse) Key() string { return u.Namespace + "/" + u.Name }
 // plan, or pending.
 func (u *PodUse) WholeGPUs() int { return len(u.Whole) + len(u.PlannedWhole) + u.WholePending }
 
+// HoldsGPUs reports whether u holds any GPU room of its node: whole GPUs,
+// shared slices (placed or planned) or MIG instances (recorded or
+// pending). It is the one rule of "uses a GPU" for choosing victims: a pod
+// that holds none was chosen by kube-scheduler for CPU or memory alone.
+func (u *PodUse) HoldsGPUs() bool {
+	return u.WholeGPUs() > 0 || len(u.Shared) > 0 || len(u.PlannedShares) > 0 || len(u.MIG) > 0 || len(u.MIGPending) > 0
+}
+
 // NewPodUse reads what a pod bound to a node uses from its requests and
 // its assignment annotation. Pods that use nothing of interest still
 // count their CPU and memory.
