@@ -531,7 +531,22 @@ func TestPreemptorHoldsWholeGPUsFromSlices(t *testing.T) {
 // them, as a whole-GPU pod's waits for its node to offer the GPUs, rather
 // than fail with "no 2 GPUs have ..." and a FailedBinding Event (seen on
 // make demo) for kube-scheduler to try again.
+//
+// Under tessera-scheduler the pod is reserved first, in the scheduling
+// cycle: its Reserve succeeds (the plan holds the room) and the bind waits
+// the same way, instead of an Unschedulable cycle (a FailedScheduling
+// Event) and a retry.
 func TestBindOfAHeldMultiGPUSliceWaitsForItsVictims(t *testing.T) {
+	for _, reserveFirst := range []bool{false, true} {
+		name := "bind verb"
+		if reserveFirst {
+			name = "tessera-scheduler: Reserve, then Bind"
+		}
+		t.Run(name, func(t *testing.T) { testHeldMultiGPUSliceWaits(t, reserveFirst) })
+	}
+}
+
+func testHeldMultiGPUSliceWaits(t *testing.T, reserveFirst bool) {
 	inf := asking(testbuild.Pod("inf").Shared(40, 120).Priority(inference))
 	inf.Annotations[api.AnnotationGPUCount] = "2"
 	cache, client, events, victims := preemptPairedSlices(t, inf)
@@ -549,6 +564,11 @@ func TestBindOfAHeldMultiGPUSliceWaitsForItsVictims(t *testing.T) {
 	}
 	fp := newFakePods(inf)
 	srv := NewServer(cache, testPolicy(t, PolicyBinpack), fp, events, nil)
+	if reserveFirst {
+		if err := srv.Reserve(inf, "n1"); err != nil {
+			t.Fatalf("Reserve while the victims leave: %v", err)
+		}
+	}
 	done := make(chan error, 1)
 	go func() {
 		done <- srv.Bind(context.Background(), &extenderv1.ExtenderBindingArgs{PodNamespace: inf.Namespace, PodName: inf.Name, PodUID: inf.UID, Node: "n1"})

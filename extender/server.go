@@ -682,17 +682,11 @@ func (s *Server) reserveHeld(ctx context.Context, pod *corev1.Pod, node string, 
 	defer cancel()
 	waited := false
 	why, werr := s.waitNode(wctx, node, func(st *NodeState) (bool, string) {
-		var leaving []string
-		for _, u := range st.Pods {
-			if u.Leaving {
-				leaving = append(leaving, u.Key())
-			}
-		}
+		leaving := leavingPods(st)
 		if len(leaving) == 0 {
 			return true, ""
 		}
 		waited = true
-		sort.Strings(leaving)
 		return false, strings.Join(leaving, ", ")
 	})
 	switch {
@@ -703,6 +697,19 @@ func (s *Server) reserveHeld(ctx context.Context, pod *corev1.Pod, node string, 
 	}
 	klog.FromContext(ctx).V(2).Info("Placing a held pod once the pods leaving its node are gone", "pod", klog.KObj(pod), "node", node)
 	return s.reserve(pod, node, pl)
+}
+
+// leavingPods are the pods (namespace/name, sorted) being deleted from
+// node state st.
+func leavingPods(st *NodeState) []string {
+	var leaving []string
+	for _, u := range st.Pods {
+		if u.Leaving {
+			leaving = append(leaving, u.Key())
+		}
+	}
+	sort.Strings(leaving)
+	return leaving
 }
 
 // Reserve counts pod on node in the ledger now, as its bind will place it,
@@ -724,6 +731,13 @@ func (s *Server) Reserve(pod *corev1.Pod, node string) error {
 	}
 	if err == nil {
 		_, err = s.reserve(pod, node, &pl)
+		if err != nil && s.heldWhileLeaving(node, &pl, err) {
+			// Its room is held (the plan counts it on the node) while the
+			// pods evicted for it leave: the bind places it once they are
+			// gone (reserveHeld), as it does for kube-scheduler's bind
+			// verb, instead of a failed cycle.
+			err = nil
+		}
 	}
 	if err != nil {
 		if slice != nil {
@@ -733,6 +747,16 @@ func (s *Server) Reserve(pod *corev1.Pod, node string) error {
 	}
 	s.holdReserved(pod.UID, &reservedPod{node: node, slice: slice})
 	return nil
+}
+
+// heldWhileLeaving reports that reserving a pod with a plan on node failed
+// (err) only for room that pods leaving the node still take.
+func (s *Server) heldWhileLeaving(node string, pl *placement, err error) bool {
+	if pl.plan == nil || !errors.Is(err, ErrNoFit) {
+		return false
+	}
+	st, ok := s.state.Node(node)
+	return ok && len(leavingPods(st)) > 0
 }
 
 // reservedPod is a pod placed by Reserve, until its bind begins.
