@@ -235,7 +235,7 @@ func Explain(r Reason, st *NodeState, d *Demand) string {
 			}
 		}
 	case KeptForWholeGPUs:
-		m = "the node is kept for whole-GPU pods planned there (a reservation, or room that preemption or reclaim frees) until enough of its GPUs are empty: no new slice starts on it meanwhile"
+		m = "the node is kept for pods planned there that need empty GPUs (whole-GPU pods, or a slice over several GPUs; a reservation, or room that preemption or reclaim frees) until enough of its GPUs are empty: no new slice starts on it meanwhile"
 	case NoFreeNVLinkClique:
 		m = fmt.Sprintf("no NVLink clique has %d free GPUs", d.WholeGPUs)
 		if st != nil && st.PendingWhole > 0 {

@@ -301,7 +301,7 @@ func TestNodeKeptForPlannedWholeGPUs(t *testing.T) {
 		t.Fatal(err)
 	}
 	v := Filter(mustState(t, cache, "n1"), &slice)
-	if v.Reason != KeptForWholeGPUs || !strings.Contains(v.Message, "kept for whole-GPU pods") {
+	if v.Reason != KeptForWholeGPUs || !strings.Contains(v.Message, "kept for pods planned there that need empty GPUs") {
 		t.Errorf("both GPUs in use, one whole GPU planned: %+v, want %s", v, KeptForWholeGPUs)
 	}
 	// The planned member's own view (its bind, a backfill the reservation
