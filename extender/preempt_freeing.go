@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/internal/eligible"
 )
 
@@ -57,6 +58,34 @@ func (a *preemptAnswers) offered(pod types.UID, node string, now time.Time) []ty
 		return nil
 	}
 	return ans.victims[node]
+}
+
+// RoomBeingFreed reports whether nothing more should be evicted for pod
+// (trusted) on nodes: its room is planned (a gang's, or held by Tessera's
+// preemption or reclaim), or pods leaving one of nodes free enough for it
+// (roomBeingFreed). The preempt verb answers no victims then;
+// tessera-scheduler keeps kube-scheduler's DefaultPreemption, which counts
+// GPUs per node and not which ones, from choosing victims of its own.
+func (s *Server) RoomBeingFreed(pod *corev1.Pod, nodes []string) bool {
+	if roomPlanned(pod) {
+		return true
+	}
+	d, err := ParseDemand(pod)
+	if err != nil {
+		return false
+	}
+	now := time.Now()
+	if s.now != nil {
+		now = s.now()
+	}
+	return s.roomBeingFreed(pod, &d, nodes, now)
+}
+
+// roomPlanned reports that pod's room is planned (a gang's, or held by
+// Tessera's preemption or reclaim): nothing more is evicted for it.
+func roomPlanned(pod *corev1.Pod) bool {
+	_, planned := pod.Annotations[api.AnnotationGangPlan]
+	return planned
 }
 
 // roomBeingFreed reports whether pod (asking d) fits on one of nodes once

@@ -889,6 +889,33 @@ func TestPreemptVerbOncePerPod(t *testing.T) {
 	}
 }
 
+// TestRoomBeingFreed: what tessera-scheduler's PostFilter asks before
+// DefaultPreemption, the rule of the preempt verb's empty answers.
+func TestRoomBeingFreed(t *testing.T) {
+	f := newQuotaFixture(t, staticQuotas{}, testbuild.EightGPUNodes(2)...)
+	v0 := f.pod("a", "v0", 8, f.now, on("n0"))
+	f.pod("a", "v1", 8, f.now, on("n1"))
+	pre := testbuild.Pod("x").Whole(4).Priority(100).Obj()
+	pre.Namespace, pre.UID = "b", "uid-x"
+	if f.srv.RoomBeingFreed(pre, []string{"n0", "n1"}) {
+		t.Error("nothing leaves: want false")
+	}
+	leaving := v0.DeepCopy()
+	leaving.DeletionTimestamp = &metav1.Time{Time: f.now}
+	f.cache.SetPod(leaving)
+	if !f.srv.RoomBeingFreed(pre, []string{"n0"}) {
+		t.Error("v0 leaves n0, where the pod fits once it is gone: want true")
+	}
+	if f.srv.RoomBeingFreed(pre, []string{"n1"}) {
+		t.Error("nothing leaves n1: want false")
+	}
+	planned := pre.DeepCopy()
+	planned.Annotations = map[string]string{api.AnnotationGangPlan: "{}"}
+	if !f.srv.RoomBeingFreed(planned, []string{"n1"}) {
+		t.Error("a pod with a plan: want true")
+	}
+}
+
 // replacingQuotaEvicter evicts as the fixture's client does, and then
 // plays what a cluster does at once when a Deployment's pod is evicted:
 // its controller makes a replacement (not gated: it is no gang member),

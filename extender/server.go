@@ -864,7 +864,7 @@ func (s *Server) PreemptArgs(ctx context.Context, args *extenderv1.ExtenderPreem
 	if args.Pod == nil {
 		return nil, errors.New("preempt: the request names no pod")
 	}
-	if _, planned := args.Pod.Annotations[api.AnnotationGangPlan]; planned {
+	if roomPlanned(args.Pod) {
 		// Its room is planned (a gang's, or held by Tessera's preemption):
 		// nothing more is evicted for it.
 		return &extenderv1.ExtenderPreemptionResult{NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{}}, nil

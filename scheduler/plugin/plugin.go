@@ -53,6 +53,7 @@ type Core interface {
 	Reserve(pod *corev1.Pod, node string) error
 	Unreserve(uid types.UID)
 	Bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs) error
+	RoomBeingFreed(pod *corev1.Pod, nodes []string) bool
 }
 
 var _ Core = (*extender.Server)(nil)
@@ -140,6 +141,8 @@ type cycle struct {
 	narrowed bool
 	// scores are PreScore's, by node.
 	scores map[string]int64
+	// passed are the nodes PreFilter passed.
+	passed []string
 }
 
 func (c *cycle) Clone() fwk.StateData { return c }
@@ -200,7 +203,7 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, summary(len(nodes), len(names), res))
 	}
 	fitting := len(names) - len(res.FailedNodes) - len(res.FailedAndUnresolvableNodes)
-	state.Write(stateKey, &cycle{pod: own, narrowed: len(passed) < fitting})
+	state.Write(stateKey, &cycle{pod: own, narrowed: len(passed) < fitting, passed: passed})
 	return &framework.PreFilterResult{NodeNames: sets.New(passed...)}, nil
 }
 
@@ -258,11 +261,20 @@ func summary(all, eligible int, res *extenderv1.ExtenderFilterResult) string {
 	return b.String()
 }
 
-// PostFilter implements framework.PostFilterPlugin: a pod whose shortlist
+// PostFilter implements framework.PostFilterPlugin, before
+// DefaultPreemption. A pod whose room is being freed (planned for it, or
+// pods leaving a node it fits once they are gone) is not preempted for
+// again: DefaultPreemption would choose victims by GPU count, blind to
+// which GPUs (seen on make demo: a 4-GPU NVLink pod that Tessera had made
+// room for in one clique, while its victims still held their devices, had
+// two more pods of the other clique evicted). A pod whose shortlist
 // kube-scheduler's other filters all refused goes back to the active queue
 // to be filtered with every node that fits, before any preemption.
 func (p *Plugin) PostFilter(ctx context.Context, state fwk.CycleState, pod *corev1.Pod, _ framework.NodeToStatusReader) (*framework.PostFilterResult, *fwk.Status) {
 	c := readCycle(state)
+	if c != nil && p.core.RoomBeingFreed(c.pod, c.passed) {
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, "tessera: room for the pod is being freed (pods evicted for it are leaving); nothing more is preempted for it")
+	}
 	if c == nil || !c.narrowed {
 		return nil, fwk.NewStatus(fwk.Unschedulable)
 	}

@@ -34,6 +34,15 @@ type fakeCore struct {
 	reserved   map[types.UID]string
 	reserveErr error
 	bound      []string
+	// freeing: RoomBeingFreed's answer; freeingAsked the nodes it was
+	// asked about.
+	freeing      bool
+	freeingAsked [][]string
+}
+
+func (f *fakeCore) RoomBeingFreed(_ *corev1.Pod, nodes []string) bool {
+	f.freeingAsked = append(f.freeingAsked, nodes)
+	return f.freeing
 }
 
 func (f *fakeCore) filter(args *extenderv1.ExtenderArgs, all bool) *extenderv1.ExtenderFilterResult {
@@ -307,6 +316,35 @@ func TestPostFilterWidens(t *testing.T) {
 	}
 	if p.isWide(pod.UID) {
 		t.Error("still wide after Reserve")
+	}
+}
+
+// A pod whose room is being freed (its victims still hold their devices,
+// so NodeResourcesFit refuses the node Tessera passed) is not handed to
+// DefaultPreemption, narrowed or not.
+func TestPostFilterLeavesRoomBeingFreedAlone(t *testing.T) {
+	for _, best := range []sets.Set[string]{nil, sets.New("n0")} {
+		core := &fakeCore{fit: sets.New("n0", "n1"), best: best, freeing: true}
+		p, act, _ := newPlugin(core)
+		state := framework.NewCycleState()
+		pod := gpuPod("p", 4)
+		if _, st := p.PreFilter(context.Background(), state, pod, []fwk.NodeInfo{node("n0"), node("n1")}); !st.IsSuccess() {
+			t.Fatal(st)
+		}
+		_, st := p.PostFilter(context.Background(), state, pod, nil)
+		if st.Code() != fwk.UnschedulableAndUnresolvable || !strings.Contains(st.Message(), "being freed") {
+			t.Errorf("shortlist %v: PostFilter %v, want UnschedulableAndUnresolvable (no DefaultPreemption after it)", best, st)
+		}
+		want := []string{"n0", "n1"}
+		if best != nil {
+			want = []string{"n0"}
+		}
+		if diff := cmp.Diff([][]string{want}, core.freeingAsked); diff != "" {
+			t.Errorf("RoomBeingFreed asked about (-want +got):\n%s", diff)
+		}
+		if len(act.keys) != 0 {
+			t.Errorf("activated %v", act.keys)
+		}
 	}
 }
 

@@ -274,6 +274,54 @@ func TestPlugin(t *testing.T) {
 		}
 	})
 
+	t.Run("a clique pod's victims leaving: no more evicted by kube-scheduler's preemption", func(t *testing.T) {
+		// Two NVLink cliques of four; low-priority pods on GPUs 0, 1, 4, 5
+		// and mid-priority ones on 2, 3, 6, 7. A high-priority 4-GPU NVLink
+		// pod needs one clique emptied: two low and two mid pods go
+		// (Tessera's preemption). While they are leaving (no kubelet here
+		// finishes them) they still hold their devices, so the node
+		// Tessera passes fails NodeResourcesFit, and DefaultPreemption,
+		// counting GPUs, would evict the other clique's low-priority pods
+		// too: seen on make demo.
+		node := "clq-0"
+		e.CreateNode(t, extenderenv.NodeSpec{Name: node, GPUs: 8, Model: a100, Cliques: [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}, Labels: sel("clq")})
+		var held []string
+		for gpu := range 8 {
+			pc := "plugin-low"
+			if gpu%4 >= 2 {
+				pc = "plugin-mid"
+			}
+			name := "clq-held-" + itoa(gpu)
+			held = append(held, name)
+			e.CreatePod(t, extenderenv.PodSpec{Name: name, GPUs: 1, PriorityClass: pc, Node: node, Assign: extenderenv.WholeAssignment(node, gpu)})
+		}
+		e.CreatePod(t, extenderenv.PodSpec{Name: "clq-four", GPUs: 4, NVLink: true, PriorityClass: "plugin-high", Selector: sel("clq")})
+		leaving := func() []int {
+			var out []int
+			for gpu, n := range held {
+				if p := e.GetPod(t, ns, n); p.DeletionTimestamp != nil {
+					out = append(out, gpu)
+				}
+			}
+			return out
+		}
+		if err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+			return len(leaving()) > 0, nil
+		}); err != nil {
+			t.Fatalf("no pod evicted for clq-four: %v", err)
+		}
+		time.Sleep(5 * time.Second) // more cycles while the victims leave
+		gone := leaving()
+		if !slices.Equal(gone, []int{0, 1, 2, 3}) && !slices.Equal(gone, []int{4, 5, 6, 7}) {
+			t.Errorf("pods of GPUs %v evicted, want one clique's four (0-3 or 4-7)", gone)
+		}
+		for _, gpu := range gone {
+			e.DeletePod(t, ns, held[gpu]) // as the kubelet finishes them
+		}
+		p := e.WaitBound(t, ns, "clq-four", time.Minute)
+		t.Logf("clq-four bound to %s; evicted the pods of GPUs %v", p.Spec.NodeName, gone)
+	})
+
 	t.Run("a CPU-only pod binds", func(t *testing.T) {
 		e.CreateNode(t, extenderenv.NodeSpec{Name: "cpu-0", GPUs: 2, Labels: sel("cpu")})
 		e.CreatePod(t, extenderenv.PodSpec{Name: "cpu-only", Selector: sel("cpu")})

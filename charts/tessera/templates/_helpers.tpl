@@ -296,7 +296,8 @@ plugin), B its own leader election lease.
 #   taints and required node affinity the pod passes; only the nodes it
 #   passes (its shortlist) are filtered further by the stock plugins.
 # - postFilter, before DefaultPreemption: a pod whose shortlist all failed
-#   the stock filters is tried again at once with every node that fits.
+#   the stock filters is tried again at once with every node that fits; a
+#   pod whose room is being freed is not preempted for again.
 # - preScore/score: the extender's prioritize (GPU pods) and
 #   prioritize-cpu (CPU-only pods), weighted as the extender entries are.
 # - reserve: the pod's GPUs counted in the ledger within its cycle.
