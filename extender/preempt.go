@@ -601,7 +601,7 @@ func (p *Preemptor) apply(ctx context.Context, asker *corev1.Pod, d *Demand, nod
 		return fmt.Errorf("preemption for %s/%s: writing the plan: %w", asker.Namespace, asker.Name, err)
 	}
 	err = p.evict(ctx, podClaimant(asker), victims, func(v *workload) string {
-		return fmt.Sprintf("tessera: evicted for %s/%s (priority %d), which needs %s and fits no node: %s has priority %d, the lowest whose removal makes room on %s; the room is held for %s/%s until %s",
+		return fmt.Sprintf("tessera: evicted for %s/%s (priority %d), which needs %s and fits no node: %s (priority %d) is among the pods of the lowest priorities whose removal makes room on %s; the room is held for %s/%s until %s",
 			asker.Namespace, asker.Name, corev1helpers.PodPriority(asker), equota.Describe(gpureq.QuotaCount(asker)), unitName(v.unit.Key), v.unit.Priority, where, asker.Namespace, asker.Name, plan.Expires.Format(time.RFC3339))
 	})
 	p.event(asker, corev1.EventTypeNormal, api.EventPreempting, "tessera: evicting %s to make room on %s; the room is held for this pod until %s",
