@@ -592,7 +592,7 @@ func (p *Preemptor) apply(ctx context.Context, asker *corev1.Pod, d *Demand, nod
 	}
 	var names []string
 	for _, v := range victims {
-		names = append(names, fmt.Sprintf("%s (priority %d)", unitName(v.unit.Key), v.unit.Priority))
+		names = append(names, fmt.Sprintf("%s (priority %d)", api.KeyName(v.unit.Key), v.unit.Priority))
 	}
 	where := plan.Where()
 	// The hold first: once a victim is gone its room must not be taken by
@@ -602,7 +602,7 @@ func (p *Preemptor) apply(ctx context.Context, asker *corev1.Pod, d *Demand, nod
 	}
 	err = p.evict(ctx, podClaimant(asker), victims, func(v *workload) string {
 		return fmt.Sprintf("tessera: evicted for %s/%s (priority %d), which needs %s and fits no node: %s (priority %d) is among the pods of the lowest priorities whose removal makes room on %s; the room is held for %s/%s until %s",
-			asker.Namespace, asker.Name, corev1helpers.PodPriority(asker), equota.Describe(gpureq.QuotaCount(asker)), unitName(v.unit.Key), v.unit.Priority, where, asker.Namespace, asker.Name, plan.Expires.Format(time.RFC3339))
+			asker.Namespace, asker.Name, corev1helpers.PodPriority(asker), equota.Describe(gpureq.QuotaCount(asker)), api.KeyName(v.unit.Key), v.unit.Priority, where, asker.Namespace, asker.Name, plan.Expires.Format(time.RFC3339))
 	})
 	p.event(asker, corev1.EventTypeNormal, api.EventPreempting, "tessera: evicting %s to make room on %s; the room is held for this pod until %s",
 		strings.Join(names, ", "), where, plan.Expires.Format(time.RFC3339))
@@ -656,11 +656,6 @@ func (p *Preemptor) evict(ctx context.Context, c claimant, victims []*workload, 
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// unitName is a unit key without its kind ("pod ", "gang ").
-func unitName(key string) string {
-	return strings.TrimPrefix(strings.TrimPrefix(key, "pod "), "gang ")
 }
 
 func (p *Preemptor) event(pod *corev1.Pod, typ, reason, format string, args ...any) {

@@ -78,7 +78,7 @@ func (p *Preemptor) ForGang(ctx context.Context, members []*corev1.Pod, fits fun
 		}
 		var names []string
 		for _, v := range victims {
-			names = append(names, fmt.Sprintf("%s (priority %d)", unitName(v.unit.Key), v.unit.Priority))
+			names = append(names, fmt.Sprintf("%s (priority %d)", api.KeyName(v.unit.Key), v.unit.Priority))
 			for _, pod := range v.pods {
 				gone[pod.UID] = true
 			}
@@ -87,7 +87,7 @@ func (p *Preemptor) ForGang(ctx context.Context, members []*corev1.Pod, fits fun
 		evict := func(ctx context.Context) error {
 			err := p.evict(ctx, c, victims, func(v *workload) string {
 				return fmt.Sprintf("tessera: evicted for %s (priority %d), which needs %s and fits nowhere: %s has priority %d, among the least important whose removal makes room for it",
-					c.who, c.prio, equota.Describe(c.req), unitName(v.unit.Key), v.unit.Priority)
+					c.who, c.prio, equota.Describe(c.req), api.KeyName(v.unit.Key), v.unit.Priority)
 			})
 			for _, m := range members {
 				p.event(m, corev1.EventTypeNormal, api.EventPreempting, "tessera: %s for %s (priority %d)", msg, c.who, c.prio)

@@ -451,7 +451,7 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 		g, ok, err := api.GangOf(pod)
 		if !ok {
 			if pod.Spec.NodeName == "" && p.queuedSingle(pod) {
-				key := "pod " + pod.Namespace + "/" + pod.Name
+				key := api.PodKey(pod.Namespace, pod.Name)
 				single := &api.Gang{Namespace: pod.Namespace, Name: pod.Name, MinMember: 1, Timeout: api.DefaultGangTimeout}
 				groups[key] = &group{gang: single, members: []*corev1.Pod{pod}, oldest: pod.CreationTimestamp.Time, key: key, single: true}
 			}
@@ -459,7 +459,7 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 		}
 		if err != nil {
 			if api.HasGangGate(pod) {
-				key := "pod " + pod.Namespace + "/" + pod.Name
+				key := api.PodKey(pod.Namespace, pod.Name)
 				malformed[key] = true
 				p.wait(key, []*corev1.Pod{pod}, err.Error())
 			}
@@ -1064,7 +1064,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 	// planOn plans the workload on the nodes of s.
 	planOn := func(s Snapshot) (*gang.Plan, error) {
 		grp, nodes := p.gangInput(s, g, members, demands, minMember, shared)
-		grp.Single = strings.HasPrefix(key, "pod ")
+		grp.Single = api.IsPodKey(key)
 		return gang.PlanGroup(grp, nodes, p.policy)
 	}
 	res, err := planOn(view)
@@ -1144,7 +1144,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 			}
 		}
 		preempting := false
-		if err != nil && errors.Is(err, gang.ErrNoRoom) && p.preempt != nil && strings.HasPrefix(key, "pod ") {
+		if err != nil && errors.Is(err, gang.ErrNoRoom) && p.preempt != nil && api.IsPodKey(key) {
 			// A queued pod of a higher tier preempts as any pod would.
 			evicted, perr := p.preempt.For(ctx, members[0])
 			switch {
@@ -1155,7 +1155,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 				preempting = true
 			}
 		}
-		if err != nil && errors.Is(err, gang.ErrNoRoom) && p.preempt != nil && !strings.HasPrefix(key, "pod ") && !reclaimed && !p.growing {
+		if err != nil && errors.Is(err, gang.ErrNoRoom) && p.preempt != nil && !api.IsPodKey(key) && !reclaimed && !p.growing {
 			// A gang of a higher tier preempts lower tiers so that the
 			// freed GPUs form the domain it is planned in; as after queue
 			// reclaim, it is planned on the room freed (or being freed)
@@ -1330,7 +1330,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 	logger.Info("Planned gang", "gang", g.Key(), "members", len(members), "domain", where, "expires", expires)
 	if p.events != nil {
 		for i, m := range members {
-			if strings.HasPrefix(key, "pod ") {
+			if api.IsPodKey(key) {
 				p.events.Eventf(m, corev1.EventTypeNormal, api.EventQueueAdmitted, "tessera: admitted by queue %s (%s); planned on node %s", q, p.admittedWhy(q, want), res.Placements[i].Node)
 				continue
 			}

@@ -65,9 +65,9 @@ func UnitOf(pod *corev1.Pod) string {
 		return ""
 	}
 	if g, ok, err := api.GangOf(pod); ok && err == nil {
-		return "gang " + g.Key()
+		return api.GangUnitKey(g.Key())
 	}
-	return "pod " + pod.Namespace + "/" + pod.Name
+	return api.PodKey(pod.Namespace, pod.Name)
 }
 
 // EvictionMemory is how long an eviction made counts its pod as gone:

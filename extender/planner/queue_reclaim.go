@@ -133,7 +133,7 @@ func (r *QueueReclaimer) ReclaimFor(ctx context.Context, snap *QueueSnapshot, q 
 				gone[p.UID] = true
 			}
 			watch := &reclaimWatch{askers: askerUIDs, freed: map[string]bool{}, nodes: map[string]bool{}, until: r.now().Add(r.hold())}
-			names = append(names, fmt.Sprintf("%s of queue %s", strings.TrimPrefix(strings.TrimPrefix(w.Key, "pod "), "gang "), w.Queue))
+			names = append(names, fmt.Sprintf("%s of queue %s", api.KeyName(w.Key), w.Queue))
 			why := fmt.Sprintf("queue %s asks for %s within its guarantee or fair share; queue %s borrows beyond its own", q, equota.Describe(want), w.Queue)
 			for _, p := range podsOf[w.Key] {
 				if evicted[p.UID] {

@@ -235,10 +235,7 @@ func PendingReason(p *corev1.Pod) string {
 func ReservationLines(recs []api.ReservationRecord, now time.Time) []string {
 	var lines []string
 	for _, r := range recs {
-		who := r.Workload
-		if !strings.HasPrefix(who, "pod ") {
-			who = "gang " + who
-		}
+		who := api.WorkloadName(r.Workload)
 		switch {
 		case r.Since != nil:
 			lines = append(lines, fmt.Sprintf("%s: nodes %s reserved for it since %s (%s ago)", who, strings.Join(r.Nodes, ", "),
