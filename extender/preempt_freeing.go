@@ -74,11 +74,15 @@ func (s *Server) RoomBeingFreed(pod *corev1.Pod, nodes []string) bool {
 	if err != nil {
 		return false
 	}
-	now := time.Now()
+	return s.roomBeingFreed(pod, &d, nodes, s.preemptNow())
+}
+
+// preemptNow is the preempt verb's clock: s.now, or the wall clock.
+func (s *Server) preemptNow() time.Time {
 	if s.now != nil {
-		now = s.now()
+		return s.now()
 	}
-	return s.roomBeingFreed(pod, &d, nodes, now)
+	return time.Now()
 }
 
 // roomPlanned reports that pod's room is planned (a gang's, or held by

@@ -908,10 +908,7 @@ func (s *Server) PreemptArgs(ctx context.Context, args *extenderv1.ExtenderPreem
 			pdb[node] = v.NumPDBViolations
 		}
 	}
-	now := time.Now()
-	if s.now != nil {
-		now = s.now()
-	}
+	now := s.preemptNow()
 	nodes := make([]string, 0, len(victims))
 	for node := range victims {
 		nodes = append(nodes, node)
