@@ -295,6 +295,21 @@ func TestPlugin(t *testing.T) {
 			held = append(held, name)
 			e.CreatePod(t, extenderenv.PodSpec{Name: name, GPUs: 1, PriorityClass: pc, Node: node, Assign: extenderenv.WholeAssignment(node, gpu)})
 		}
+		// The layout holds (the node agent stand-in records GPUs only for
+		// pods without an assignment, and never over one written since
+		// it read the pod).
+		if err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+			for gpu, n := range held {
+				p := e.GetPod(t, ns, n)
+				a, found, err := e.Sealer.Assignment(p.UID, p.Annotations)
+				if !found || err != nil || a.Container("main") == nil || len(a.Container("main").GPUs) != 1 || a.Container("main").GPUs[0].Index != gpu {
+					return false, nil
+				}
+			}
+			return true, nil
+		}); err != nil {
+			t.Fatalf("the held pods' assignments are not GPUs 0..7 in order: %v", err)
+		}
 		e.CreatePod(t, extenderenv.PodSpec{Name: "clq-four", GPUs: 4, NVLink: true, PriorityClass: "plugin-high", Selector: sel("clq")})
 		leaving := func() []int {
 			var out []int

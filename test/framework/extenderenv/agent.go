@@ -151,7 +151,10 @@ func (a *FakeAgent) Pass(ctx context.Context) {
 		if err != nil {
 			continue
 		}
-		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
+		// Conditional on the pod read: an assignment written since (a
+		// test pre-binding a pod writes its own right after the create)
+		// is not overwritten; the next pass reads it.
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations, "resourceVersion": p.ResourceVersion}})
 		if _, err := a.Client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err == nil {
 			a.mu.Lock()
 			a.recorded++
