@@ -93,6 +93,9 @@ type Preemptor struct {
 	Events EventRecorder
 	// Metrics may be nil.
 	Metrics *Metrics
+	// HoldsOnly: it releases expired holds (of room quota reclaim freed)
+	// and preempts for no pod (--preemption=false).
+	HoldsOnly bool
 	// Quota may be nil: no quota rule applies.
 	Quota *equota.Enforcer
 	// Queues may be nil: no queue rule applies. With queues, no victim is
@@ -172,7 +175,7 @@ func (p *Preemptor) Sync(ctx context.Context) error {
 		switch {
 		case p.expired(pod):
 			errs = append(errs, p.release(ctx, pod))
-		case mayPreempt(pod) && (p.Queues == nil || !p.Queues.Queued(pod.Namespace)):
+		case !p.HoldsOnly && mayPreempt(pod) && (p.Queues == nil || !p.Queues.Queued(pod.Namespace)):
 			// A pod of a queued namespace is the planner's: it asks For
 			// in queue order.
 			pending[pod.UID] = true

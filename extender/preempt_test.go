@@ -352,6 +352,43 @@ func TestPreemptorHoldsTheRoom(t *testing.T) {
 	}
 }
 
+// With --preemption=false the preemptor only releases expired holds (the
+// plans quota reclaim writes): it evicts nothing for a pod that would
+// preempt, and a hold past its time is released.
+func TestPreemptorHoldsOnly(t *testing.T) {
+	node := testbuild.Node("n1").GPUs(1, "A100", 40960).Obj()
+	nb := running(testbuild.Pod("nb").Whole(1).Priority(notebook).Node("n1").Holding(0), 10)
+	inf := asking(testbuild.Pod("inf").Shared(10, 20).Priority(inference))
+	pods := []*corev1.Pod{nb, inf}
+	cache := newTestCache(t, []*corev1.Node{node}, pods)
+	client := &testbuild.PreemptClient{}
+	p := &Preemptor{Cache: cache, Client: client, Pods: func() ([]*corev1.Pod, error) { return pods, nil },
+		Policy: testPolicy(t, PolicyBinpack), Now: func() time.Time { return preemptNow }, HoldsOnly: true}
+	// TestPreemptorHoldsTheRoom's first pass evicts nb for inf.
+	if err := p.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(client.Evicted) != 0 || len(client.Plans) != 0 {
+		t.Errorf("evicted %v, plans %v: want nothing (no preemption)", client.Evicted, client.Plans)
+	}
+	// A hold quota reclaim wrote, past its time.
+	held := inf.DeepCopy()
+	if err := api.SetGangPlan(held.Annotations, api.GangPlan{Gang: held.Name, Node: "n1", Expires: preemptNow.Add(-time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	cache.SetPod(held)
+	pods = []*corev1.Pod{nb, held}
+	if err := p.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := client.Plans[held.Name]; !ok || v != "" {
+		t.Errorf("plan of %s after expiry %q (set %v), want removed", held.Name, v, ok)
+	}
+	if len(client.Evicted) != 0 {
+		t.Errorf("evicted %v, want nothing", client.Evicted)
+	}
+}
+
 // A pod kube-scheduler's preemption nominated a node for is its for a
 // while: the preemptor evicts nothing for it, though the informer does not
 // show the victims there leaving yet; once the nomination is cleared, or

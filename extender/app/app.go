@@ -352,12 +352,10 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 	// The gangs as the planner completed them (a PodGroup's minMember),
 	// for the victims' extra members in preemption and reclaim.
 	gangBook := &planner.GangBook{}
-	var reclaimNodes equota.Nodes = nodes
-	if o.preemption {
-		// The preemptor releases the plans that hold reclaimed room
-		// when they expire unused.
-		reclaimNodes = extender.QuotaRoom{QuotaNodes: nodes, Policy: policy, Plans: gangClient}
-	}
+	// Reclaimed room is held by a plan for the pod it was freed for; the
+	// preemptor (with --preemption=false, one that only does this)
+	// releases the plans that expire unused.
+	reclaimNodes := extender.QuotaRoom{QuotaNodes: nodes, Policy: policy, Plans: gangClient}
 	enforcer := &equota.Enforcer{
 		GangOf: gangBook.GangOf,
 		Ledger: ledger, Nodes: reclaimNodes, Evicter: &extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()},
@@ -449,15 +447,12 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
 	servers = append([]*http.Server{apiSrv}, servers...)
 
-	var preemptor *extender.Preemptor
-	if o.preemption {
-		preemptor = &extender.Preemptor{
-			Cache:  cache,
-			Client: &extender.KubePreempt{Evicter: &extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()}, Gang: gangClient},
-			Pods:   func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) },
-			Policy: policy, Events: recorder, Metrics: metrics, Quota: enforcer,
-			MinRuntime: o.preemptionMinRuntime, HoldFor: o.preemptionHold, Queues: queues, Gangs: gangBook,
-		}
+	preemptor := &extender.Preemptor{
+		Cache:  cache,
+		Client: &extender.KubePreempt{Evicter: &extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()}, Gang: gangClient},
+		Pods:   func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) },
+		Policy: policy, Events: recorder, Metrics: metrics, Quota: enforcer, HoldsOnly: !o.preemption,
+		MinRuntime: o.preemptionMinRuntime, HoldFor: o.preemptionHold, Queues: queues, Gangs: gangBook,
 	}
 	var gangs *planner.GangPlanner
 	if o.gangPlanner {
@@ -469,7 +464,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 		}
 		pcfg.Quota = quotaHooks
 		pcfg.Queues = queues
-		if preemptor != nil {
+		if o.preemption {
 			pcfg.Preempt = preemptor
 		}
 		pcfg.Reservation = planner.ReservationConfig{ReserveAfter: o.reserveAfter, ReserveFor: o.reserveFor, Backfill: o.reserveBackfill, Preemptible: o.reservePreemptible,
@@ -562,9 +557,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 		if l, ok := policy.(*extender.LearnedPolicy); ok && !decided(l) {
 			return
 		}
-		if preemptor != nil {
-			go preemptor.Run(ctx, o.preemptionResync)
-		}
+		go preemptor.Run(ctx, o.preemptionResync)
 		if o.dynamicMIG {
 			nodes, pods := factory.Core().V1().Nodes().Lister(), podLister
 			go (&extender.MIGDynamic{Cache: cache, Client: client, Events: recorder,
