@@ -946,6 +946,17 @@ func (s *Server) PreemptArgs(ctx context.Context, args *extenderv1.ExtenderPreem
 			}
 			kept = vs
 		}
+		if len(kept) == 0 {
+			// The pod fits this node's GPUs as they are: kube-scheduler's
+			// count disagrees only for a while (pods leaving still hold
+			// their devices, a GPU is not offered again yet). Nothing is
+			// preempted on any node: a node without victims would fail
+			// kube-scheduler's whole preemption ("expected at least one
+			// victim pod"), and one with victims elsewhere would evict
+			// for room this node is about to give.
+			klog.FromContext(ctx).V(2).Info("Preemption: the pod fits a node's GPUs without victims; nothing preempted", "pod", klog.KObj(args.Pod), "node", node)
+			return &extenderv1.ExtenderPreemptionResult{NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{}}, nil
+		}
 		cands[node] = preemptCandidate{victims: kept, extra: extra, pdb: pdb[node]}
 	}
 	extrasFirst(cands, s.state.Node)

@@ -564,6 +564,35 @@ func TestPreemptVerb(t *testing.T) {
 	}
 }
 
+// A pod that fits a node's GPUs as they are (kube-scheduler's count says
+// otherwise while a GPU is not offered again yet, or pods leave): no node
+// is a candidate, neither that one with no victims (kube-scheduler fails
+// its whole preemption on "expected at least one victim pod", seen on
+// make demo) nor another, which would evict for nothing.
+func TestPreemptVerbNothingWhereThePodFits(t *testing.T) {
+	free := testbuild.Node("free").GPUs(2, "A100", 40960).Obj()
+	full := testbuild.Node("full").GPUs(1, "A100", 40960).Obj()
+	bound := []*corev1.Pod{
+		testbuild.Pod("a").Whole(1).Node("free").Holding(0).Obj(),
+		testbuild.Pod("b").Whole(1).Node("full").Holding(0).Obj(),
+	}
+	f := newFixture(t, []*corev1.Node{free, full}, bound)
+	args := &extenderv1.ExtenderPreemptionArgs{
+		Pod: testbuild.Pod("p").Whole(1).Priority(100).Obj(),
+		NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{
+			"free": {Pods: []*extenderv1.MetaPod{{UID: "uid-a"}}},
+			"full": {Pods: []*extenderv1.MetaPod{{UID: "uid-b"}}},
+		},
+	}
+	var res extenderv1.ExtenderPreemptionResult
+	if code := f.post(t, verbs.PathPreempt, args, &res); code != http.StatusOK {
+		t.Fatalf("status %d", code)
+	}
+	if len(res.NodeNameToMetaVictims) != 0 {
+		t.Errorf("candidates %v, want none", res.NodeNameToMetaVictims)
+	}
+}
+
 // TestBindStaleCacheNeverOverwrites checks that a bind working from a
 // stale cached pod (it was bound elsewhere meanwhile) does not touch the
 // pod's assignment and fails.
