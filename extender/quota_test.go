@@ -763,6 +763,32 @@ func TestReclaimForUnschedulablePod(t *testing.T) {
 	}
 }
 
+// TestReclaimTakesExtraMembersFirst: quota reclaim takes an elastic
+// gang's extra member (the newest) before any whole workload of its
+// priority, though the whole pods beside it are newer (seen on make demo:
+// eight whole pods of a borrowing namespace were reclaimed while its
+// gang's two extras ran on).
+func TestReclaimTakesExtraMembersFirst(t *testing.T) {
+	f := newQuotaFixture(t, minMax16x32(), testbuild.EightGPUNodes(4)...)
+	t0 := f.now
+	f.pod("a", "g-0", 4, t0, inGang("g", 2), on("n0"))
+	f.pod("a", "g-1", 4, t0, inGang("g", 2), on("n0"))
+	f.pod("a", "g-2", 4, t0.Add(time.Minute), inGang("g", 2), on("n1"))
+	f.pod("a", "g-3", 4, t0.Add(90*time.Second), inGang("g", 2), on("n1"))
+	f.pod("a", "w-0", 8, t0.Add(2*time.Minute), on("n2"))
+	f.pod("a", "w-1", 8, t0.Add(2*time.Minute), on("n3"))
+	b := f.pod("b", "b-0", 4, t0.Add(3*time.Minute))
+	if err := f.enf.ReclaimForPod(context.Background(), types.NamespacedName{Namespace: b.Namespace, Name: b.Name}); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"a/g-3"}, f.evictions()); diff != "" {
+		t.Errorf("evictions (-want +got):\n%s", diff)
+	}
+	if ev := f.eventsWith(api.EventQuotaReclaiming); len(ev) != 1 || !strings.Contains(ev[0], "gang g member g-3 of namespace a (1 pods)") {
+		t.Errorf("QuotaReclaiming events: %q", ev)
+	}
+}
+
 // TestPreemptVerbFreesQuota: a pod above its namespace's max that a
 // lower-priority pod of its own namespace would make room for: the GPUs
 // fit without preempting anything, but the victim is kept, since quota

@@ -210,7 +210,8 @@ func (s *State) Reports() []Report {
 	return out
 }
 
-// Workload is a unit of eviction: a whole gang, or a pod outside any gang.
+// Workload is a unit of eviction: a whole gang, a pod outside any gang, or
+// one extra member of an elastic gang (a member beyond its minimum).
 type Workload struct {
 	Namespace string
 	Name      string
@@ -219,6 +220,9 @@ type Workload struct {
 	Uses      Resources
 	// Pods are the pods to evict, by name.
 	Pods []string
+	// Extra marks an elastic gang's extra member: among workloads of one
+	// priority, extras are taken before any whole workload.
+	Extra bool
 }
 
 // ReclaimError says why reclaim cannot give a namespace its request.
@@ -233,7 +237,8 @@ func (e *ReclaimError) Error() string {
 
 // Reclaim chooses whole workloads to evict so that namespace ns, which asks
 // for req within its min, gets room. Candidates are other namespaces'
-// workloads, lowest priority first, then newest first. A workload is taken
+// workloads, lowest priority first, then elastic gangs' extra members
+// before whole workloads, then newest first. A workload is taken
 // only while its namespace stays at or above its own min after every
 // eviction chosen so far, so reclaim never flaps. enough reports whether the
 // chosen victims free enough room (the caller checks real placement, on GPU
@@ -265,6 +270,8 @@ func (s *State) Reclaim(ns string, req Resources, running []Workload, enough fun
 		switch {
 		case a.Priority != b.Priority:
 			return a.Priority < b.Priority
+		case a.Extra != b.Extra:
+			return a.Extra
 		case !a.Created.Equal(b.Created):
 			return a.Created.After(b.Created)
 		case a.Namespace != b.Namespace:

@@ -116,6 +116,22 @@ func TestReclaim(t *testing.T) {
 			want:    []string{"a/old-low"},
 		},
 		{
+			name:    "an elastic gang's extra member before a newer whole workload",
+			state:   twoTeams(32, 0),
+			ns:      "b",
+			req:     gpus(8),
+			running: []Workload{workload("a", "gang", 0, time.Hour, 16), extra(workload("a", "gang member 2", 0, 30*time.Minute, 8)), workload("a", "new", 0, time.Minute, 8)},
+			want:    []string{"a/gang member 2"},
+		},
+		{
+			name:    "a lower priority before an extra member",
+			state:   twoTeams(32, 0),
+			ns:      "b",
+			req:     gpus(8),
+			running: []Workload{extra(workload("a", "gang member 2", 0, 30*time.Minute, 8)), workload("a", "low", -1, time.Hour, 8)},
+			want:    []string{"a/low"},
+		},
+		{
 			name:    "several small workloads",
 			state:   twoTeams(32, 0),
 			ns:      "b",
@@ -173,6 +189,11 @@ func TestReclaim(t *testing.T) {
 			}
 		})
 	}
+}
+
+func extra(w Workload) Workload {
+	w.Extra = true
+	return w
 }
 
 func TestReclaimNeedsNothingWhenRoomExists(t *testing.T) {

@@ -344,6 +344,26 @@ func (e *Enforcer) holdFor() time.Duration {
 
 func workloadKey(w core.Workload) string { return w.Namespace + "/" + w.Name }
 
+// extraWorkloads are the extra members of the elastic gang whose running
+// members are pods (none for a pod outside a gang, or a gang without a
+// known minimum), each a workload of its own ("gang NAME member POD"),
+// newest first.
+func (e *Enforcer) extraWorkloads(pods []*corev1.Pod) []core.Workload {
+	if len(pods) == 0 {
+		return nil
+	}
+	g, ok, err := e.gangOf()(pods[0])
+	if !ok || err != nil {
+		return nil
+	}
+	var out []core.Workload
+	for _, x := range g.Extras(pods, gpureq.StartedAt) {
+		out = append(out, core.Workload{Namespace: x.Namespace, Name: "gang " + g.Name + " member " + x.Name, Priority: corev1helpers.PodPriority(x),
+			Created: gpureq.StartedAt(x), Uses: Use(x), Pods: []string{x.Name}, Extra: true})
+	}
+	return out
+}
+
 // ErrNothingGuaranteed is wrapped when reclaim is not due: the asking
 // namespace has no quota or would be above its min.
 var ErrNothingGuaranteed = errors.New("reclaim not due")
@@ -412,18 +432,24 @@ func (e *Enforcer) decide(ns string, askers []*corev1.Pod, fits Fits) (*choice, 
 			byName[p.Namespace+"/"+p.Name] = p
 		}
 	}
-	var running []core.Workload
-	for _, w := range Workloads(cand) {
-		if _, blocked := e.blocked[workloadKey(w)]; !blocked {
-			running = append(running, w)
-		}
-	}
 	podsOf := func(w core.Workload) []*corev1.Pod {
 		out := make([]*corev1.Pod, 0, len(w.Pods))
 		for _, n := range w.Pods {
 			out = append(out, byName[w.Namespace+"/"+n])
 		}
 		return out
+	}
+	var running []core.Workload
+	for _, w := range Workloads(cand) {
+		// An elastic gang's members beyond its minimum go alone, before
+		// any whole workload of their priority (api.Gang.Extras, newest
+		// first), as in tier preemption and queue reclaim; taking the gang
+		// whole still ends every member.
+		for _, x := range append([]core.Workload{w}, e.extraWorkloads(podsOf(w))...) {
+			if _, blocked := e.blocked[workloadKey(x)]; !blocked {
+				running = append(running, x)
+			}
+		}
 	}
 	victims, err := v.State.Reclaim(ns, req, running, func(ws []core.Workload) bool {
 		g := map[types.UID]bool{}
