@@ -352,8 +352,12 @@ func (s *Server) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs)
 		return errors.New("bind: pod name and node are required")
 	}
 	err := s.bind(ctx, args, s.pods.GetPod)
-	if errors.Is(err, errStalePod) {
-		// The cached copy was stale: once more with a fresh one.
+	if errors.Is(err, errStalePod) || errors.Is(err, ErrNotPlannedNode) {
+		// The cached copy was stale (the Binding conflicted), or showed no
+		// plan, or another, where kube-scheduler, which read a newer copy,
+		// bound a pod the planner had just planned and released: once more
+		// with a fresh one (seen in an e2e run: a queued pod's bind refused
+		// as not admitted yet, and the pod then waited for minutes).
 		err = s.bind(ctx, args, s.pods.GetFreshPod)
 	}
 	return err

@@ -625,6 +625,31 @@ func TestBindStaleCacheNeverOverwrites(t *testing.T) {
 // (a label changed since, say) makes the Binding, conditional on the
 // resourceVersion read, a Conflict; the bind then decides again from a
 // fresh read and binds.
+// A gang member the planner just planned and released, bound by
+// kube-scheduler from a newer copy than the extender's cache (which shows
+// no plan yet): the bind reads the pod afresh and binds it.
+func TestBindStaleCacheWithoutThePlanRetriesFresh(t *testing.T) {
+	node := testbuild.Node("n").GPUs(1, "A100", 40960).Obj()
+	pod := testbuild.Pod("p").Whole(1).Obj()
+	pod.ResourceVersion = "1"
+	pod.Annotations = map[string]string{api.AnnotationGang: "g", api.AnnotationGangMinMember: "1"}
+	planned := pod.DeepCopy()
+	planned.ResourceVersion = "2"
+	if err := api.SetGangPlan(planned.Annotations, api.GangPlan{Gang: "g", Node: "n", Expires: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, []*corev1.Node{node}, nil, planned)
+	f.pods.stale = map[string]*corev1.Pod{"default/p": pod}
+	var res extenderv1.ExtenderBindingResult
+	f.post(t, verbs.PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "p", PodUID: pod.UID, Node: "n"}, &res)
+	if res.Error != "" {
+		t.Fatalf("bind error %q", res.Error)
+	}
+	if got, _ := f.pods.GetFreshPod(context.Background(), "default", "p"); got.Spec.NodeName != "n" {
+		t.Errorf("pod bound to %q, want n", got.Spec.NodeName)
+	}
+}
+
 func TestBindStaleCacheRetriesFresh(t *testing.T) {
 	node := testbuild.Node("n").GPUs(1, "A100", 40960).Obj()
 	pod := testbuild.Pod("p").Shared(10, 25).Obj()
