@@ -298,17 +298,36 @@ func TestPreemptorAcrossShapes(t *testing.T) {
 	}
 }
 
+// holdScene is one A100 GPU held whole by a notebook pod and an inference
+// slice asking for room, with a Preemptor that lists pods (set them to
+// change what its next pass sees).
+type holdScene struct {
+	nb, inf *corev1.Pod
+	pods    []*corev1.Pod
+	cache   *Cache
+	client  *testbuild.PreemptClient
+	p       *Preemptor
+}
+
+func newHoldScene(t *testing.T) *holdScene {
+	node := testbuild.Node("n1").GPUs(1, "A100", 40960).Obj()
+	sc := &holdScene{
+		nb:     running(testbuild.Pod("nb").Whole(1).Priority(notebook).Node("n1").Holding(0), 10),
+		inf:    asking(testbuild.Pod("inf").Shared(10, 20).Priority(inference)),
+		client: &testbuild.PreemptClient{},
+	}
+	sc.pods = []*corev1.Pod{sc.nb, sc.inf}
+	sc.cache = newTestCache(t, []*corev1.Node{node}, sc.pods)
+	sc.p = &Preemptor{Cache: sc.cache, Client: sc.client, Pods: func() ([]*corev1.Pod, error) { return sc.pods, nil },
+		Policy: testPolicy(t, PolicyBinpack), Now: func() time.Time { return preemptNow }}
+	return sc
+}
+
 // The ledger counts the hold: once the plan is seen, nothing more is
 // evicted, and another pod does not fit the held room.
 func TestPreemptorHoldsTheRoom(t *testing.T) {
-	node := testbuild.Node("n1").GPUs(1, "A100", 40960).Obj()
-	nb := running(testbuild.Pod("nb").Whole(1).Priority(notebook).Node("n1").Holding(0), 10)
-	inf := asking(testbuild.Pod("inf").Shared(10, 20).Priority(inference))
-	pods := []*corev1.Pod{nb, inf}
-	cache := newTestCache(t, []*corev1.Node{node}, pods)
-	client := &testbuild.PreemptClient{}
-	p := &Preemptor{Cache: cache, Client: client, Pods: func() ([]*corev1.Pod, error) { return pods, nil },
-		Policy: testPolicy(t, PolicyBinpack), Now: func() time.Time { return preemptNow }}
+	sc := newHoldScene(t)
+	nb, inf, cache, client, p := sc.nb, sc.inf, sc.cache, sc.client, sc.p
 	if err := p.Sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -323,7 +342,7 @@ func TestPreemptorHoldsTheRoom(t *testing.T) {
 	cache.SetPod(inf)
 	cache.SetPod(nb)
 	other := asking(testbuild.Pod("other").Shared(40, 100).Priority(inference))
-	pods = []*corev1.Pod{nb, inf, other}
+	sc.pods = []*corev1.Pod{nb, inf, other}
 	if err := p.Sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -343,7 +362,7 @@ func TestPreemptorHoldsTheRoom(t *testing.T) {
 
 	// The hold expires: released, counted useless.
 	p.Now = func() time.Time { return preemptNow.Add(3 * time.Minute) }
-	pods = []*corev1.Pod{inf}
+	sc.pods = []*corev1.Pod{inf}
 	if err := p.Sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -356,14 +375,9 @@ func TestPreemptorHoldsTheRoom(t *testing.T) {
 // plans quota reclaim writes): it evicts nothing for a pod that would
 // preempt, and a hold past its time is released.
 func TestPreemptorHoldsOnly(t *testing.T) {
-	node := testbuild.Node("n1").GPUs(1, "A100", 40960).Obj()
-	nb := running(testbuild.Pod("nb").Whole(1).Priority(notebook).Node("n1").Holding(0), 10)
-	inf := asking(testbuild.Pod("inf").Shared(10, 20).Priority(inference))
-	pods := []*corev1.Pod{nb, inf}
-	cache := newTestCache(t, []*corev1.Node{node}, pods)
-	client := &testbuild.PreemptClient{}
-	p := &Preemptor{Cache: cache, Client: client, Pods: func() ([]*corev1.Pod, error) { return pods, nil },
-		Policy: testPolicy(t, PolicyBinpack), Now: func() time.Time { return preemptNow }, HoldsOnly: true}
+	sc := newHoldScene(t)
+	nb, inf, cache, client, p := sc.nb, sc.inf, sc.cache, sc.client, sc.p
+	p.HoldsOnly = true
 	// TestPreemptorHoldsTheRoom's first pass evicts nb for inf.
 	if err := p.Sync(context.Background()); err != nil {
 		t.Fatal(err)
@@ -377,7 +391,7 @@ func TestPreemptorHoldsOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	cache.SetPod(held)
-	pods = []*corev1.Pod{nb, held}
+	sc.pods = []*corev1.Pod{nb, held}
 	if err := p.Sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -679,24 +679,16 @@ func (s *Server) reserve(pod *corev1.Pod, node string, pl *placement) (*PodUse, 
 // with a FailedBinding Event, for kube-scheduler to try again).
 func (s *Server) reserveHeld(ctx context.Context, pod *corev1.Pod, node string, pl *placement) (*PodUse, error) {
 	use, err := s.reserve(pod, node, pl)
-	if err == nil || pl.plan == nil || !errors.Is(err, ErrNoFit) {
-		return use, err
+	if err == nil || !s.heldWhileLeaving(node, pl, err) {
+		return use, err // placed, or no room that leaving pods will free
 	}
 	wctx, cancel := context.WithTimeout(ctx, offeredWait)
 	defer cancel()
-	waited := false
 	why, werr := s.waitNode(wctx, node, func(st *NodeState) (bool, string) {
 		leaving := leavingPods(st)
-		if len(leaving) == 0 {
-			return true, ""
-		}
-		waited = true
-		return false, strings.Join(leaving, ", ")
+		return len(leaving) == 0, strings.Join(leaving, ", ")
 	})
-	switch {
-	case !waited:
-		return nil, err // nothing was leaving: no room
-	case werr != nil:
+	if werr != nil {
 		return nil, fmt.Errorf("%w; pods still leaving the node (%s): %w", err, why, werr)
 	}
 	klog.FromContext(ctx).V(2).Info("Placing a held pod once the pods leaving its node are gone", "pod", klog.KObj(pod), "node", node)
