@@ -1327,7 +1327,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 	if res.Level != "" {
 		where = res.Level + "=" + res.Domain
 	}
-	logger.Info("Planned gang", "gang", g.Key(), "members", len(members), "domain", where, "expires", expires)
+	logger.Info("Planned gang", "gang", g.Key(), "members", len(members), "domain", where, "nodes", placedOn(res), "expires", expires)
 	if p.events != nil {
 		for i, m := range members {
 			if api.IsPodKey(key) {

@@ -110,7 +110,7 @@ func TestQueuesFairShareByHistory(t *testing.T) {
 	})
 	t.Logf("cluster %d GPUs; team-a (history of 6 GPUs): %d Running, %d waiting; team-b (none): %d Running, %d waiting", gpus, ra, wa, rb, wb)
 	if err != nil {
-		t.Fatalf("the teams do not fill the cluster: %v", err)
+		t.Fatalf("the teams do not fill the cluster: %v\nwaiting in %s:\n%s\nwaiting in %s:\n%s", err, nsA, waitingPods(t, c, nsA), nsB, waitingPods(t, c, nsB))
 	}
 	if ra < 2 {
 		t.Errorf("team-a runs %d, below its guarantee 2", ra)
@@ -254,7 +254,7 @@ func TestQueueHierarchyLendsAndReclaims(t *testing.T) {
 		return int64(rb) == gpus, nil
 	})
 	if err != nil {
-		t.Fatalf("team-b borrows the cluster: %d Running of %d, %d waiting: %v", rb, gpus, wb, err)
+		t.Fatalf("team-b borrows the cluster: %d Running of %d, %d waiting: %v\nwaiting:\n%s", rb, gpus, wb, err, waitingPods(t, c, nsB))
 	}
 	onNode := map[string]bool{}
 	pods, _ := client.CoreV1().Pods(nsB).List(t.Context(), metav1.ListOptions{})
@@ -342,7 +342,7 @@ func TestQueueTeamTakesItsGuaranteeBackWithinItsDepartment(t *testing.T) {
 		rb, wb, _ = countPhases(t, c, nsB)
 		return int64(rb) == gpus, nil
 	}); err != nil {
-		t.Fatalf("team-b's Job borrows the cluster: %d Running of %d, %d waiting: %v", rb, gpus, wb, err)
+		t.Fatalf("team-b's Job borrows the cluster: %d Running of %d, %d waiting: %v\nwaiting:\n%s", rb, gpus, wb, err, waitingPods(t, c, nsB))
 	}
 	nodeGangOnA100s(t, c, nsA, "a", "")
 	time.Sleep(3 * time.Second) // a further round of reclaim would show by now

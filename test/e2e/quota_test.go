@@ -59,6 +59,48 @@ func countPhases(t *testing.T, c *nodesim.Cluster, ns string) (running, waiting,
 	return
 }
 
+// waitingPods describes a namespace's unbound pods, for a failure message:
+// each pod's gates, plan, pinned node, PodScheduled condition and last
+// Events, so that a pod left waiting can be told from the logs.
+func waitingPods(t *testing.T, c *nodesim.Cluster, ns string) string {
+	t.Helper()
+	ctx := context.Background()
+	l, err := c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Sprintf("listing pods: %v", err)
+	}
+	var out []string
+	for _, p := range l.Items {
+		if p.Spec.NodeName != "" || p.DeletionTimestamp != nil {
+			continue
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "%s (uid %s): gates %v, plan %q", p.Name, p.UID, p.Spec.SchedulingGates, p.Annotations[api.AnnotationGangPlan])
+		if a := p.Spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+			for _, term := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+				fmt.Fprintf(&b, ", pinned %v", term.MatchFields)
+			}
+		}
+		for _, cond := range p.Status.Conditions {
+			if cond.Type == v1.PodScheduled {
+				fmt.Fprintf(&b, ", PodScheduled %s %s: %s", cond.Status, cond.Reason, cond.Message)
+			}
+		}
+		evs, err := c.Client().CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + p.Name})
+		if err == nil {
+			items := evs.Items
+			for _, e := range items[max(0, len(items)-4):] {
+				fmt.Fprintf(&b, "; event %s: %s", e.Reason, e.Message)
+			}
+		}
+		out = append(out, b.String())
+	}
+	if len(out) == 0 {
+		return "no pod waits"
+	}
+	return strings.Join(out, "\n")
+}
+
 // Quota: a namespace never goes above its max; a namespace borrows idle
 // GPUs beyond its min; a namespace asking for room within its min gets it
 // back by eviction of the borrower's pods beyond the borrower's own min.
