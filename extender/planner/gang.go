@@ -879,6 +879,45 @@ func (p *GangPlanner) freshPlanned(ctx context.Context, g *api.Gang, members []*
 	return out, nil
 }
 
+// cacheLagsPlan reports whether members the cache shows without a plan of
+// gang g hold one the planner wrote a moment ago: the ledger counts them
+// planned (outside the workload's own reservation or hold), and the API
+// server's copy carries the plan. Planned again on the cache's view, a
+// member's hold moved to another node while the pod stayed pinned to the
+// first (its gate gone, nothing re-pinned it) and could bind nowhere until
+// its plan expired. Only such members are read afresh.
+func (p *GangPlanner) cacheLagsPlan(ctx context.Context, key string, g *api.Gang, members []*corev1.Pod) (bool, error) {
+	own := map[types.UID]bool{}
+	if r := p.reserved[key]; r != nil {
+		for _, uid := range r.uids {
+			own[uid] = true
+		}
+	}
+	if h := p.holds[key]; h != nil {
+		for _, uid := range h.uids {
+			own[uid] = true
+		}
+	}
+	var suspects []*corev1.Pod
+	for _, m := range members {
+		if plan, ok, err := api.GetGangPlan(m.Annotations); own[m.UID] || ok && err == nil && plan.Gang == g.Name {
+			continue
+		}
+		if h, ok := p.ledger.Holds(m.UID); ok && h.Planned {
+			suspects = append(suspects, m)
+		}
+	}
+	if len(suspects) == 0 {
+		return false, nil
+	}
+	fresh, err := p.freshPlanned(ctx, g, suspects)
+	if err != nil || len(fresh) == 0 {
+		return false, err
+	}
+	klog.FromContext(ctx).V(2).Info("The cache does not show the plan of a workload planned a moment ago yet; not planning it again", "workload", key, "member", klog.KObj(fresh[0]))
+	return true, nil
+}
+
 // unionByName is a's pods, then those of b that a does not name: for the
 // same member, a's copy (the API server's) wins over b's (the cache's).
 func unionByName(a, b []*corev1.Pod) []*corev1.Pod {
@@ -1021,6 +1060,9 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		}
 		demands[i] = d
 		shared = shared || d.Kind() == allocator.Shared
+	}
+	if lag, err := p.cacheLagsPlan(ctx, key, g, members); lag || err != nil {
+		return false, err
 	}
 	// A reservation of this workload's is its own room (or nobody's, if
 	// the workload is not admitted now).

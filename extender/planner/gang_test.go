@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -370,6 +371,36 @@ func TestPlanSeenHalfWrittenInALaggingCacheIsKept(t *testing.T) {
 	for name, s := range f.state("g-") {
 		if !s.planned {
 			t.Errorf("member %s lost its plan on a lagging view of it", name)
+		}
+	}
+}
+
+// A gang the planner has just planned, shown by a lagging cache with every
+// member still gated and unplanned, is not planned a second time (its
+// members' holds would move while the members bound, or were pinned, on
+// the first plan's nodes).
+func TestGangPlannedOnceOnALaggingCache(t *testing.T) {
+	f := newGangFixture(t, testbuild.EightGPUNodes(2)...)
+	f.running("busy", "n0", 6, f.now.Add(-time.Minute), nil)
+	for i := range 2 {
+		f.member("g", 2, i, 1, f.now)
+	}
+	before, _ := f.list()
+	if err := f.planner.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	first := f.state("g-")
+	f.view = before
+	if err := f.planner.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	f.view = nil
+	if diff := cmp.Diff(first, f.state("g-"), cmp.AllowUnexported(memberState{})); diff != "" {
+		t.Errorf("the gang's plan changed on a pass over a lagging cache (-first +after):\n%s", diff)
+	}
+	for name, s := range first {
+		if s.node != "n0" {
+			t.Errorf("member %s first planned on %q, want n0 (binpack, room for two)", name, s.node)
 		}
 	}
 }

@@ -729,3 +729,54 @@ func TestQueueReclaimTakesElasticExtras(t *testing.T) {
 		t.Errorf("team-b admitted %d, want 2\nevents:\n%s", a, strings.Join(f.events.Events, "\n"))
 	}
 }
+
+// A queued pod the planner has just planned, shown by a lagging cache as
+// still gated and unplanned, is not planned a second time: a second plan
+// moved its hold in the ledger to another node while the pod stayed pinned
+// to the first (the gate was gone, so nothing re-pinned it), and the first
+// node's GPU went to other pods: the pod could bind nowhere until its plan
+// expired (seen in an e2e run: 27 of a Job's 28 pods Running, one waiting
+// on a node eight others filled).
+func TestQueuedPodPlannedOnceOnALaggingCache(t *testing.T) {
+	nodes := withGPUCapacity([]*corev1.Node{testbuild.Node("n0").GPUs(8, "H100", 81920).Obj(), testbuild.Node("n1").GPUs(8, "H100", 81920).Obj()})
+	f := newGangFixture(t, nodes...)
+	f.running("busy", "n0", 7, f.now.Add(-time.Minute), nil)
+	book := &planner.QueueBook{Queues: testbuild.Objects{testbuild.QueueObj(t, "team-a", "", []string{"ns-a"}, 16, 0, f.now)}, Pods: f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }}
+	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.plannerView, Policy: testPolicy(t, extender.PolicyBinpack),
+		Events: f.events, Now: func() time.Time { return f.now }, Queues: book})
+	f.queued("ns-a", "a-0", f.now)
+	before, _ := f.list()
+	if err := f.planner.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	planOf := func() (*api.GangPlan, *corev1.Pod) {
+		t.Helper()
+		p, err := f.client.CoreV1().Pods("ns-a").Get(context.Background(), "a-0", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		plan, _, _ := api.GetGangPlan(p.Annotations)
+		return plan, p
+	}
+	first, p := planOf()
+	if first == nil || api.HasQueueGate(p) {
+		t.Fatalf("a-0 after the first pass: plan %v, gates %v; want planned and its gate lifted", first, p.Spec.SchedulingGates)
+	}
+	// The informer has not delivered the plan or the gate's removal yet:
+	// the planner's pod list and the ledger's pods are as before.
+	f.view = before
+	if err := f.planner.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	f.view = nil
+	plan, p := planOf()
+	held, _ := extender.PlannerLedger{Cache: f.cache}.Holds(p.UID)
+	if plan == nil || plan.Node != first.Node || held.Node != first.Node {
+		t.Errorf("a-0 planned on %s, pinned there; after a pass on a lagging cache its plan says %v and the ledger holds it on %q", first.Node, plan, held.Node)
+	}
+	// Once the cache shows the plan, the pod stays as planned.
+	f.sync()
+	if plan, _ := planOf(); plan == nil || plan.Node != first.Node {
+		t.Errorf("a-0 planned on %s; after the cache caught up its plan says %v", first.Node, plan)
+	}
+}
