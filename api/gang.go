@@ -60,6 +60,11 @@ const (
 	// overrides the extender's configured levels for the gang.
 	AnnotationGangTopology = Domain + "/gang-topology"
 
+	// EventGangTopologyUnmatched warns the members of a gang planned
+	// without some of its AnnotationGangTopology levels: no node it may
+	// use carries their label (a mistyped label key, say).
+	EventGangTopologyUnmatched = "GangTopologyUnmatched"
+
 	// SchedulingGateGang holds gang members until the whole gang is
 	// planned. The extender's admission webhook adds it; users may too.
 	SchedulingGateGang = Domain + "/gang"

@@ -93,6 +93,10 @@ type Plan struct {
 	// Level and Domain name where the group landed: a label key and its
 	// value; both empty when the group spans the cluster.
 	Level, Domain string
+	// Unlabelled are the group's preferred levels that none of the nodes
+	// carries (a mistyped label key, say): the group was planned as if
+	// they were not given.
+	Unlabelled []string
 }
 
 // ErrIncomplete: fewer members exist than the group's minimum.
@@ -145,11 +149,22 @@ func PlanGroup(g Group, nodes []Node, p allocator.Policy) (*Plan, error) {
 			continue
 		}
 		if placements, ok := planIn(g.Members, order, nodes, d.nodes, p); ok {
-			return &Plan{Placements: placements, Level: d.level, Domain: d.value}, nil
+			return &Plan{Placements: placements, Level: d.level, Domain: d.value, Unlabelled: unlabelled(g.Levels, nodes)}, nil
 		}
 		tried = append(tried, d.describe())
 	}
 	return nil, &Error{Group: name, Kind: ErrNoRoom, Detail: noRoomDetail(g, need, tried), Single: g.Single}
+}
+
+// unlabelled are the keys of levels that no node carries.
+func unlabelled(levels []Level, nodes []Node) []string {
+	var out []string
+	for _, l := range levels {
+		if !slices.ContainsFunc(nodes, func(n Node) bool { _, ok := n.Labels[l.Key]; return ok }) {
+			out = append(out, l.Key)
+		}
+	}
+	return out
 }
 
 type groupDemand struct {

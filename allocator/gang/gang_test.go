@@ -187,6 +187,8 @@ func TestTopologyLevels(t *testing.T) {
 		wantDomain string
 		wantNodes  map[string]string
 		wantErr    string
+		// wantUnlabelled are the preferred levels no node carries.
+		wantUnlabelled []string
 	}{
 		{
 			name:       "lands in the one rack with room",
@@ -201,6 +203,16 @@ func TestTopologyLevels(t *testing.T) {
 			levels:     []Level{{Key: "rack"}},
 			wantDomain: "r2",
 			wantNodes:  map[string]string{"w0": "b1", "w1": "b2"},
+		},
+		{
+			// A mistyped level key matches no node: planned as without
+			// it, and the plan says which level matched nothing.
+			name:           "preferred level no node carries",
+			nodes:          []Node{rack("a1", "r1"), rack("a2", "r1"), rack("b1", "r2"), rack("b2", "r2", 0)},
+			levels:         []Level{{Key: "rakc"}, {Key: "rack"}},
+			wantDomain:     "r1",
+			wantNodes:      map[string]string{"w0": "a1", "w1": "a2"},
+			wantUnlabelled: []string{"rakc"},
 		},
 		{
 			name:      "preferred level falls back to the cluster",
@@ -254,6 +266,9 @@ func TestTopologyLevels(t *testing.T) {
 			}
 			if diff := cmp.Diff(tc.wantNodes, placed(plan)); diff != "" {
 				t.Errorf("placements (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.wantUnlabelled, plan.Unlabelled); diff != "" {
+				t.Errorf("unlabelled levels (-want +got):\n%s", diff)
 			}
 		})
 	}

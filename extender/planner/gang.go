@@ -1377,6 +1377,11 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 				continue
 			}
 			p.events.Eventf(m, corev1.EventTypeNormal, "GangPlanned", "tessera: gang %s planned in %s: this member on node %s", g.Key(), where, res.Placements[i].Node)
+			if g.Levels != nil && len(res.Unlabelled) > 0 {
+				// The gang's own levels (the cluster's are the operator's).
+				p.events.Eventf(m, corev1.EventTypeWarning, api.EventGangTopologyUnmatched, "tessera: gang %s: no node it may use has the label %s of its %s levels; it was planned without them (a mistyped label key?)",
+					g.Key(), strings.Join(res.Unlabelled, ", "), api.AnnotationGangTopology)
+			}
 		}
 	}
 	return true, errors.Join(errs...)

@@ -405,6 +405,44 @@ func TestGangPlannedOnceOnALaggingCache(t *testing.T) {
 	}
 }
 
+// A gang whose own preferred topology level no node carries is planned
+// without it and told so; levels that match say nothing.
+func TestGangTopologyLevelNoNodeCarries(t *testing.T) {
+	for _, tc := range []struct {
+		levels string
+		warn   bool
+	}{
+		{levels: "topology.example/rakc,kubernetes.io/hostname", warn: true},
+		{levels: "kubernetes.io/hostname", warn: false},
+	} {
+		t.Run(tc.levels, func(t *testing.T) {
+			nodes := testbuild.EightGPUNodes(2)
+			for _, n := range nodes {
+				n.Labels = map[string]string{corev1.LabelHostname: n.Name}
+			}
+			f := newGangFixture(t, nodes...)
+			for i := range 2 {
+				m := f.member("g", 2, i, 1, f.now)
+				m.Annotations[api.AnnotationGangTopology] = tc.levels
+				if _, err := f.client.CoreV1().Pods(m.Namespace).Update(context.Background(), m, metav1.UpdateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f.sync()
+			for name, s := range f.state("g-") {
+				if !s.planned {
+					t.Errorf("member %s not planned", name)
+				}
+			}
+			all := strings.Join(f.events.Events, "\n")
+			const want = api.EventGangTopologyUnmatched + ": tessera: gang default/g: no node it may use has the label topology.example/rakc of its " + api.AnnotationGangTopology + " levels"
+			if got := strings.Contains(all, want); got != tc.warn {
+				t.Errorf("warned %v, want %v; events:\n%s", got, tc.warn, all)
+			}
+		})
+	}
+}
+
 // The API server's copies decide only through their seals: plans a
 // tenant wrote on its members do not keep an incomplete plan alive.
 func TestForgedPlansDoNotKeepAnIncompletePlan(t *testing.T) {
