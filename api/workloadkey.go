@@ -23,6 +23,11 @@ func IsPodKey(key string) bool { return strings.HasPrefix(key, podKeyPrefix) }
 // gangKey.
 func GangUnitKey(gangKey string) string { return gangKeyPrefix + gangKey }
 
+// ExtraMemberKey is the eviction unit key of pod, an elastic gang's
+// member beyond its minimum, which goes alone (api.Gang.Extras): the key of
+// its gang's unit, unitKey, and the pod's name.
+func ExtraMemberKey(unitKey, pod string) string { return unitKey + " member " + pod }
+
 // KeyName is key without its kind: "<namespace>/<name>".
 func KeyName(key string) string {
 	return strings.TrimPrefix(strings.TrimPrefix(key, podKeyPrefix), gangKeyPrefix)

@@ -10,6 +10,7 @@ func TestWorkloadKeys(t *testing.T) {
 		{PodKey("ns", "p"), "ns/p", "pod ns/p", true},
 		{GangUnitKey("ns/g"), "ns/g", "gang ns/g", false},
 		{"ns/g", "ns/g", "gang ns/g", false},
+		{ExtraMemberKey(GangUnitKey("ns/g"), "g-3"), "ns/g member g-3", "gang ns/g member g-3", false},
 	} {
 		if got := KeyName(tc.key); got != tc.name {
 			t.Errorf("KeyName(%q) = %q, want %q", tc.key, got, tc.name)

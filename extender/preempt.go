@@ -529,7 +529,7 @@ func (p *Preemptor) units(c claimant, running []*corev1.Pod, now time.Time, qsna
 			unitsOf[m.UID] = append(unitsOf[m.UID], k)
 		}
 		for _, e := range p.extras(members) {
-			ek := k + " member " + e.Name
+			ek := api.ExtraMemberKey(k, e.Name)
 			if blocked[ek] {
 				continue
 			}

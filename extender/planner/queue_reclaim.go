@@ -249,7 +249,7 @@ func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.
 			continue
 		}
 		for _, e := range g.Extras(members, gpureq.StartedAt) {
-			ek := k + " member " + e.Name
+			ek := api.ExtraMemberKey(k, e.Name)
 			started := gpureq.StartedAt(e)
 			groups[ek] = []*corev1.Pod{e}
 			running = append(running, queue.Workload{Key: ek, Queue: wq, Priority: corev1helpers.PodPriority(e), Created: started,

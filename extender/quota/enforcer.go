@@ -358,7 +358,7 @@ func (e *Enforcer) extraWorkloads(pods []*corev1.Pod) []core.Workload {
 	}
 	var out []core.Workload
 	for _, x := range g.Extras(pods, gpureq.StartedAt) {
-		out = append(out, core.Workload{Namespace: x.Namespace, Name: "gang " + g.Name + " member " + x.Name, Priority: corev1helpers.PodPriority(x),
+		out = append(out, core.Workload{Namespace: x.Namespace, Name: api.ExtraMemberKey(api.GangUnitKey(g.Name), x.Name), Priority: corev1helpers.PodPriority(x),
 			Created: gpureq.StartedAt(x), Uses: Use(x), Pods: []string{x.Name}, Extra: true})
 	}
 	return out
