@@ -525,17 +525,17 @@ func (p *GangPlanner) backfillEvent(key string, members []*corev1.Pod, msg strin
 
 // held is what a reservation's uses (its members' whole demands) hold in
 // the ledger of snap. On a node where pods were let in (backfilled by their
-// expected run time, or preemptible) and stay, only the whole GPUs free
-// there, so that those pods can bind where they were planned (the bind
-// waits for the node to offer the GPUs pending there); elsewhere, and once
-// those pods are leaving (evicted), all of them, even beyond what is free,
-// so that a GPU freed between two passes goes to no one else. (On a node
-// with backfill, a GPU freed between passes by another pod may be taken
-// until the next pass holds it.)
+// expected run time, or preemptible) and stay, or where pods are planned
+// but not bound yet, only the whole GPUs free there, so that those pods can
+// bind where they were planned (the bind waits for the node to offer the
+// GPUs pending there; a hold beyond what is free left the node short of
+// the planned pods' own GPUs, and their binds failed until the reservation
+// moved); elsewhere, and once those pods are leaving (evicted), all of
+// them, even beyond what is free, so that a GPU freed between two passes
+// goes to no one else. (On a node so capped, a GPU freed between passes by
+// another pod may be taken until the next pass holds it.)
 func (p *GangPlanner) held(snap Snapshot, uses []*Use, since time.Time, leaving map[types.UID]bool) []*Use {
-	if !p.reservation.Backfill && !p.reservation.Preemptible {
-		return uses
-	}
+	letIn := p.reservation.Backfill || p.reservation.Preemptible
 	holder := map[types.UID]bool{}
 	for _, u := range uses {
 		holder[u.UID] = true
@@ -553,10 +553,14 @@ func (p *GangPlanner) held(snap Snapshot, uses []*Use, since time.Time, leaving 
 		free[u.Node] = st.FreeGPUs()
 		occ, pods := p.occupants(st, holder, since)
 		for k, o := range occ {
-			if pod := pods[k]; pod != nil && (leaving[pod.UID] || pod.DeletionTimestamp != nil) {
+			pod := pods[k]
+			if pod != nil && (leaving[pod.UID] || pod.DeletionTimestamp != nil) {
 				continue
 			}
-			if o.Backfilled || o.Preemptible {
+			// A pod the pass did not list may be one planned since: it
+			// counts as not bound.
+			planned := pod == nil || pod.Spec.NodeName == ""
+			if planned || letIn && (o.Backfilled || o.Preemptible) {
 				capped[u.Node] = true
 			}
 		}

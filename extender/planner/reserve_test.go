@@ -427,3 +427,63 @@ func TestReservationBackfillView(t *testing.T) {
 		})
 	}
 }
+
+// A reservation made on a node where a pod is planned but not bound yet
+// does not hold that pod's GPU: the pod binds where it was planned. (On
+// make demo a stream of 1-GPU queued pods reserved an L40S node each in
+// turn, each reservation holding one GPU beyond what was free: the pods
+// planned there before it failed their binds for 52 s.)
+func TestReservationLeavesPlannedPodsTheirGPUs(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  planner.ReservationConfig
+	}{
+		{name: "reservations", cfg: planner.ReservationConfig{ReserveAfter: time.Minute}},
+		{name: "with backfill and preemptible pods", cfg: planner.ReservationConfig{ReserveAfter: time.Minute, Backfill: true, Preemptible: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newGangFixture(t, testbuild.Node("n0").GPUs(4, "NVIDIA L40S", 46068).Obj())
+			f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
+				Events: f.events, Now: func() time.Time { return f.now }, Reservation: tc.cfg})
+			create := func(p *corev1.Pod) {
+				t.Helper()
+				if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				f.cache.SetPod(p)
+			}
+			for i := 1; i < 4; i++ {
+				p := testbuild.Pod(fmt.Sprintf("run-%d", i)).Whole(1).Node("n0").Holding(i).Obj()
+				p.UID = types.UID(fmt.Sprintf("uid-run-%d", i))
+				p.Status.StartTime = &metav1.Time{Time: f.now.Add(-time.Minute)}
+				create(p)
+			}
+			// planned: a gang member planned on GPU 0, its gate lifted,
+			// not bound yet.
+			planned := testbuild.Pod("p-0").Whole(1).Obj()
+			planned.UID = "uid-p-0"
+			planned.Annotations[api.AnnotationGang] = "p"
+			planned.Annotations[api.AnnotationGangMinMember] = "1"
+			ref := mustState(t, f.cache, "n0").GPURef(0)
+			if err := api.SetGangPlan(planned.Annotations, api.GangPlan{Gang: "p", Node: "n0", GPUs: []api.GPURef{ref}, Expires: f.now.Add(10 * time.Minute)}); err != nil {
+				t.Fatal(err)
+			}
+			create(planned)
+			// A 1-GPU gang that has waited past ReserveAfter.
+			f.member("w", 1, 0, 1, f.now.Add(-2*time.Minute))
+			f.sync()
+			if !strings.Contains(strings.Join(f.events.Events, "\n"), api.EventReserved+": tessera: it waited longer than 1m0s: nodes n0 are reserved") {
+				t.Fatalf("no reservation for w on n0:\n%s", strings.Join(f.events.Events, "\n"))
+			}
+			d, err := extender.ParseDemand(planned)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := mustState(t, f.cache, "n0")
+			without := st.Without(map[types.UID]bool{planned.UID: true}).(*extender.NodeState)
+			if got := extender.Check(without, &d); got != extender.Fits {
+				t.Errorf("the planned pod does not fit its node once reserved for w: %v (pending whole GPUs %d)", got, st.PendingWhole)
+			}
+		})
+	}
+}
