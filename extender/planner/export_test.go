@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -23,3 +24,7 @@ func (r *QueueReclaimer) Settle(now time.Time) int { return r.settle(now) }
 
 // SetClient replaces the planner's client.
 func (p *GangPlanner) SetClient(c GangClient) { p.client = c }
+
+// Wait is the planner's wait: a GangWaiting or QueueWaiting Event on each
+// of pods not told reason yet.
+func (p *GangPlanner) Wait(key string, pods []*corev1.Pod, reason string) { p.wait(key, pods, reason) }

@@ -956,7 +956,34 @@ func gatedOf(pods []*corev1.Pod) []*corev1.Pod {
 // waitState is why a workload waits, and which of its pods were told.
 type waitState struct {
 	reason string
-	told   map[types.UID]bool
+	// shape is reason with its numbers masked (reasonShape); at is when
+	// it was first told.
+	shape string
+	at    time.Time
+	told  map[types.UID]bool
+}
+
+// RetellAfter is how long a waiting workload is not told a reason again
+// that differs from the last one told only in its numbers (a queue's use
+// moves with every pod that starts or ends: told on every pass, a gang
+// waiting for its queue got twenty Events in a second).
+const RetellAfter = 30 * time.Second
+
+// reasonShape is reason with every run of digits replaced by "#".
+func reasonShape(reason string) string {
+	var b strings.Builder
+	digits := false
+	for _, r := range reason {
+		isDigit := r >= '0' && r <= '9'
+		switch {
+		case isDigit && !digits:
+			b.WriteByte('#')
+		case !isDigit:
+			b.WriteRune(r)
+		}
+		digits = isDigit
+	}
+	return b.String()
 }
 
 // The topics of what a waiting workload is told, each with its own last
@@ -970,17 +997,19 @@ const (
 // untold records that workload key is told reason about topic and returns
 // the pods not told that reason yet (all of them when the reason
 // changed), so that each pod gets one Event per reason, members that come
-// later too. What a workload was told is forgotten once it is planned or
-// gone.
+// later too. A reason that differs from the last one only in its numbers
+// counts as changed once RetellAfter has passed since that one was told.
+// What a workload was told is forgotten once it is planned or gone.
 func (p *GangPlanner) untold(key, topic, reason string, pods []*corev1.Pod) []*corev1.Pod {
 	topics := p.waiting[key]
 	if topics == nil {
 		topics = map[string]*waitState{}
 		p.waiting[key] = topics
 	}
+	now := p.now()
 	w := topics[topic]
-	if w == nil || w.reason != reason {
-		w = &waitState{reason: reason, told: map[types.UID]bool{}}
+	if w == nil || w.reason != reason && (reasonShape(reason) != w.shape || now.Sub(w.at) >= RetellAfter) {
+		w = &waitState{reason: reason, shape: reasonShape(reason), at: now, told: map[types.UID]bool{}}
 		topics[topic] = w
 	}
 	var out []*corev1.Pod
