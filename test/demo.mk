@@ -27,8 +27,11 @@ DEMO_SCHEDULER ?= extender
 
 .PHONY: demo demo-bins
 
-# go build reuses its cache: a second run only links.
-demo-bins: $(BIN)/tessera-node $(BIN)/tessera-extender $(if $(filter plugin,$(DEMO_SCHEDULER)),scheduler)
+# go build reuses its cache: a second run only links. tessera-scheduler is
+# built for DEMO_SCHEDULER=plugin and for --scheduler=plugin in DEMO_FLAGS
+# (which tessera-localcluster takes last): a stale bin/tessera-scheduler
+# would run otherwise.
+demo-bins: $(BIN)/tessera-node $(BIN)/tessera-extender $(if $(filter plugin,$(DEMO_SCHEDULER))$(findstring --scheduler=plugin,$(DEMO_FLAGS)),scheduler)
 	@echo "go build tessera-nodesim tessera-localcluster (test/ module)"
 	@cd $(TEST_DIR) && $(TEST_GO) build -o $(BIN)/tessera-nodesim ./cmd/tessera-nodesim && \
 		$(TEST_GO) build -o $(BIN)/tessera-localcluster ./cmd/tessera-localcluster
