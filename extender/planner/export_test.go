@@ -26,5 +26,10 @@ func (r *QueueReclaimer) Settle(now time.Time) int { return r.settle(now) }
 func (p *GangPlanner) SetClient(c GangClient) { p.client = c }
 
 // Wait is the planner's wait: a GangWaiting or QueueWaiting Event on each
-// of pods not told reason yet.
+// of pods not told reason yet; WaitQueue for a queue's refusal.
 func (p *GangPlanner) Wait(key string, pods []*corev1.Pod, reason string) { p.wait(key, pods, reason) }
+
+// WaitQueue is the planner's waitQueue.
+func (p *GangPlanner) WaitQueue(key string, pods []*corev1.Pod, reason string) {
+	p.waitQueue(key, pods, reason)
+}

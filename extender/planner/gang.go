@@ -956,17 +956,21 @@ func gatedOf(pods []*corev1.Pod) []*corev1.Pod {
 // waitState is why a workload waits, and which of its pods were told.
 type waitState struct {
 	reason string
-	// shape is reason with its numbers masked (reasonShape); at is when
-	// it was first told.
-	shape string
-	at    time.Time
-	told  map[types.UID]bool
+	// moving marks a reason whose numbers move with the cluster's use (a
+	// queue's refusal); shape is reason with its numbers masked
+	// (reasonShape); at is when it was first told.
+	moving bool
+	shape  string
+	at     time.Time
+	told   map[types.UID]bool
 }
 
-// RetellAfter is how long a waiting workload is not told a reason again
-// that differs from the last one told only in its numbers (a queue's use
-// moves with every pod that starts or ends: told on every pass, a gang
-// waiting for its queue got twenty Events in a second).
+// RetellAfter is how long a waiting workload is not told a queue's refusal
+// again that differs from the last one told only in its numbers (the
+// queues' use moves with every pod that starts or ends: told on every
+// pass, a gang waiting for its queue got twenty Events in a second). Other
+// reasons are told as soon as they change ("7 of 8 members exist" after
+// "6 of 8" is news).
 const RetellAfter = 30 * time.Second
 
 // reasonShape is reason with every run of digits replaced by "#".
@@ -997,10 +1001,16 @@ const (
 // untold records that workload key is told reason about topic and returns
 // the pods not told that reason yet (all of them when the reason
 // changed), so that each pod gets one Event per reason, members that come
-// later too. A reason that differs from the last one only in its numbers
-// counts as changed once RetellAfter has passed since that one was told.
-// What a workload was told is forgotten once it is planned or gone.
+// later too. What a workload was told is forgotten once it is planned or
+// gone.
 func (p *GangPlanner) untold(key, topic, reason string, pods []*corev1.Pod) []*corev1.Pod {
+	return p.tell(key, topic, reason, false, pods)
+}
+
+// tell is untold; a moving reason (a queue's refusal, whose numbers move
+// with the cluster's use) that differs from the moving reason told last
+// only in its numbers counts as changed once RetellAfter has passed.
+func (p *GangPlanner) tell(key, topic, reason string, moving bool, pods []*corev1.Pod) []*corev1.Pod {
 	topics := p.waiting[key]
 	if topics == nil {
 		topics = map[string]*waitState{}
@@ -1008,8 +1018,9 @@ func (p *GangPlanner) untold(key, topic, reason string, pods []*corev1.Pod) []*c
 	}
 	now := p.now()
 	w := topics[topic]
-	if w == nil || w.reason != reason && (reasonShape(reason) != w.shape || now.Sub(w.at) >= RetellAfter) {
-		w = &waitState{reason: reason, shape: reasonShape(reason), at: now, told: map[types.UID]bool{}}
+	same := w != nil && (w.reason == reason || moving && w.moving && reasonShape(reason) == w.shape && now.Sub(w.at) < RetellAfter)
+	if !same {
+		w = &waitState{reason: reason, moving: moving, shape: reasonShape(reason), at: now, told: map[types.UID]bool{}}
 		topics[topic] = w
 	}
 	var out []*corev1.Pod
@@ -1070,7 +1081,7 @@ func (p *GangPlanner) guaranteed(q string) quota.Resources {
 // waitQueue records a queue's refusal, with a QueueWaiting Event on each
 // of pods not told yet.
 func (p *GangPlanner) waitQueue(key string, pods []*corev1.Pod, reason string) {
-	for _, m := range p.untold(key, topicWait, reason, pods) {
+	for _, m := range p.tell(key, topicWait, reason, true, pods) {
 		p.events.Eventf(m, corev1.EventTypeNormal, api.EventQueueWaiting, "tessera: %s", reason)
 	}
 }

@@ -781,13 +781,14 @@ func TestQueuedPodPlannedOnceOnALaggingCache(t *testing.T) {
 	}
 }
 
-// A waiting reason that differs from the last one told only in its
-// numbers (a queue's use, which moves with every pod that starts or
+// A queue's refusal that differs from the last one told only in its
+// numbers (the queues' use, which moves with every pod that starts or
 // ends) is told again after a while, not on every pass: on make demo a
-// gang waiting for its queue got twenty QueueWaiting Events in one
-// second ("the queues would use 37 of the cluster's 28", then 41, 44,
-// 36, ...). A reason of another kind is told at once.
-func TestWaitingReasonsDifferingInNumbersAreToldOnceAWhile(t *testing.T) {
+// gang waiting for its queue got twenty QueueWaiting Events in one second
+// ("the queues would use 37 of the cluster's 28", then 41, 44, 36, ...).
+// A reason of another kind is told at once, and so is every change of
+// another reason ("7 of 8 members exist" after "6 of 8").
+func TestQueueRefusalsDifferingInNumbersAreToldOnceAWhile(t *testing.T) {
 	f := newGangFixture(t, testbuild.EightGPUNodes(1)...)
 	f.queued("ns-a", "a-0", f.now)
 	pods, _ := f.list()
@@ -801,20 +802,27 @@ func TestWaitingReasonsDifferingInNumbersAreToldOnceAWhile(t *testing.T) {
 		return n
 	}
 	key := api.PodKey("ns-a", "a-0")
+	refusal := func(use int) string {
+		return fmt.Sprintf("queue qa would borrow tessera.dev/gpu, but the queues would use %d of the cluster's 28", use)
+	}
 	for i := range 20 {
-		f.planner.Wait(key, pods, fmt.Sprintf("queue qa would borrow tessera.dev/gpu, but the queues would use %d of the cluster's 28", 29+i))
+		f.planner.WaitQueue(key, pods, refusal(29+i))
 		f.now = f.now.Add(100 * time.Millisecond)
 	}
 	if got := count(); got != 1 {
-		t.Errorf("%d Events for 20 passes within 2 s whose reasons differ in a number, want 1:\n%s", got, strings.Join(f.events.Events, "\n"))
+		t.Errorf("%d Events for 20 passes within 2 s whose refusals differ in a number, want 1:\n%s", got, strings.Join(f.events.Events, "\n"))
 	}
 	f.now = f.now.Add(planner.RetellAfter)
-	f.planner.Wait(key, pods, "queue qa would borrow tessera.dev/gpu, but the queues would use 50 of the cluster's 28")
+	f.planner.WaitQueue(key, pods, refusal(50))
 	if got := count(); got != 2 {
 		t.Errorf("%d Events, want 2 once %s passed", got, planner.RetellAfter)
 	}
 	f.planner.Wait(key, pods, "pod ns-a/a-0: no room: it needs 1 whole GPU and 1.0 GPUs in all; tried the whole cluster")
 	if got := count(); got != 3 {
 		t.Errorf("%d Events, want 3: a reason of another kind is told at once", got)
+	}
+	f.planner.Wait(key, pods, "pod ns-a/a-0: no room: it needs 1 whole GPU and 2.0 GPUs in all; tried the whole cluster")
+	if got := count(); got != 4 {
+		t.Errorf("%d Events, want 4: a reason other than a queue's refusal is told whenever it changes", got)
 	}
 }
