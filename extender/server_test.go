@@ -638,16 +638,25 @@ func TestBindStaleCacheWithoutThePlanRetriesFresh(t *testing.T) {
 	if err := api.SetGangPlan(planned.Annotations, api.GangPlan{Gang: "g", Node: "n", Expires: time.Now().Add(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
-	f := newFixture(t, []*corev1.Node{node}, nil, planned)
-	f.pods.stale = map[string]*corev1.Pod{"default/p": pod}
+	if _, got := bindOverStaleCache(t, node, pod, planned); got.Spec.NodeName != "n" {
+		t.Errorf("pod bound to %q, want n", got.Spec.NodeName)
+	}
+}
+
+// bindOverStaleCache binds pod default/p to node n while the extender's
+// cache shows stale and the API server fresh; it fails the test on a bind
+// error and returns the fixture and the API server's pod after the bind.
+func bindOverStaleCache(t *testing.T, node *corev1.Node, stale, fresh *corev1.Pod) (*fixture, *corev1.Pod) {
+	t.Helper()
+	f := newFixture(t, []*corev1.Node{node}, nil, fresh)
+	f.pods.stale = map[string]*corev1.Pod{"default/p": stale}
 	var res extenderv1.ExtenderBindingResult
-	f.post(t, verbs.PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "p", PodUID: pod.UID, Node: "n"}, &res)
+	f.post(t, verbs.PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "p", PodUID: stale.UID, Node: "n"}, &res)
 	if res.Error != "" {
 		t.Fatalf("bind error %q", res.Error)
 	}
-	if got, _ := f.pods.GetFreshPod(context.Background(), "default", "p"); got.Spec.NodeName != "n" {
-		t.Errorf("pod bound to %q, want n", got.Spec.NodeName)
-	}
+	got, _ := f.pods.GetFreshPod(context.Background(), "default", "p")
+	return f, got
 }
 
 func TestBindStaleCacheRetriesFresh(t *testing.T) {
@@ -657,14 +666,7 @@ func TestBindStaleCacheRetriesFresh(t *testing.T) {
 	relabelled := pod.DeepCopy()
 	relabelled.ResourceVersion = "2"
 	relabelled.Labels = map[string]string{"team": "a"}
-	f := newFixture(t, []*corev1.Node{node}, nil, relabelled)
-	f.pods.stale = map[string]*corev1.Pod{"default/p": pod}
-	var res extenderv1.ExtenderBindingResult
-	f.post(t, verbs.PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "p", PodUID: pod.UID, Node: "n"}, &res)
-	if res.Error != "" {
-		t.Fatalf("bind error %q", res.Error)
-	}
-	got, _ := f.pods.GetFreshPod(context.Background(), "default", "p")
+	f, got := bindOverStaleCache(t, node, pod, relabelled)
 	if _, ok, err := api.GetAssignment(got.Annotations); err != nil || !ok || got.Spec.NodeName != "n" {
 		t.Errorf("pod bound to %q, assignment ok %v err %v", got.Spec.NodeName, ok, err)
 	}
