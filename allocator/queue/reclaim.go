@@ -33,8 +33,15 @@ func (e *ReclaimError) Error() string {
 // fair share (dominant used over fair share), then newest, then by Key. A
 // candidate is taken only if, after every eviction chosen so far and it:
 //   - no queue on its path falls below its guarantee in a resource it uses
-//     (the asker's ancestors among them counting the request), so reclaim
-//     never flaps;
+//     (the asker's ancestors among them counting the request), but for
+//     one case: an asker taking back its own guarantee may take a
+//     workload that straddles the victim queue's guarantee, from a queue
+//     above its guarantee before that eviction, when what the queue is
+//     then short of its guarantee is less than what the asker is short of
+//     its own (straddles). Workloads come whole, so a queue borrowing 2
+//     GPUs through a 4-GPU workload would otherwise keep them while the
+//     asker stays 4 short of its guarantee. The largest shortfall
+//     strictly falls with every such eviction, so reclaim never flaps;
 //   - and, under the deepest common ancestor of the asker and the victim,
 //     either the asker's queues stay within their guarantees with the
 //     request (a team takes back its guarantee from a sibling that
@@ -75,23 +82,27 @@ func (s *State) Reclaim(queue string, req quota.Resources, running []Workload, e
 	// A candidate is taken while mayTake admits it, counting what was
 	// taken before it in the same attempt (allocator/victims: the shortest
 	// enough prefix, made minimal; victims of useless room passed over).
-	newTaker := func() func(Workload) bool {
-		taken := map[string]quota.Resources{} // evicted so far, per queue's subtree
-		return func(w Workload) bool {
-			if ok, _ := v.mayTake(a, fair == "", taken, w); !ok {
-				return false
+	// Victims that keep every queue at its guarantee are tried first; only
+	// when they do not free the room may a workload straddle its queue's
+	// guarantee.
+	for _, straddle := range []bool{false, true} {
+		newTaker := func() func(Workload) bool {
+			taken := map[string]quota.Resources{} // evicted so far, per queue's subtree
+			return func(w Workload) bool {
+				if ok, _ := v.mayTake(a, fair == "", straddle, taken, w); !ok {
+					return false
+				}
+				for _, q := range v.t.nodes[w.Queue].path {
+					taken[q] = taken[q].Add(w.Uses)
+				}
+				return true
 			}
-			for _, q := range v.t.nodes[w.Queue].path {
-				taken[q] = taken[q].Add(w.Uses)
-			}
-			return true
+		}
+		if chosen, ok := victims.Choose(cands, func(w Workload) string { return w.Key }, newTaker, enough); ok {
+			return chosen, nil
 		}
 	}
-	chosen, ok := victims.Choose(cands, func(w Workload) string { return w.Key }, newTaker, enough)
-	if !ok {
-		return fail("other queues borrow too little to free %s without falling below their own guarantees", req)
-	}
-	return chosen, nil
+	return fail("other queues borrow too little to free %s without falling below their own guarantees", req)
 }
 
 // candidates are the workloads Reclaim may take, in the order it tries
@@ -145,7 +156,8 @@ func (v *view) fairShareEligible(a *admission) string {
 // mayTake says whether w can be evicted for the asker after taken.
 //
 // Always: no queue on w's path goes below its guarantee in a resource w
-// uses (victimKeepsGuarantee).
+// uses (victimKeepsGuarantee), but, with straddle, by less than the asker
+// taking back its guarantee is short of it, from above it.
 //
 // Then, with d the deepest common ancestor of the asker and w: either
 // every queue of the asker's path below d stays within its guarantee with
@@ -154,10 +166,7 @@ func (v *view) fairShareEligible(a *admission) string {
 // LessThanOrEqualToFinalShare, its side under d with the request is not
 // above w's side after the eviction, each measured as its dominant used
 // over fair share, so the victim cannot take it back in turn.
-func (v *view) mayTake(a *admission, fairOK bool, taken map[string]quota.Resources, w Workload) (bool, string) {
-	if ok, why := v.victimKeepsGuarantee(a, taken, w); !ok {
-		return false, why
-	}
+func (v *view) mayTake(a *admission, fairOK, straddle bool, taken map[string]quota.Resources, w Workload) (bool, string) {
 	vpath := v.t.nodes[w.Queue].path
 	i := 0
 	for i < len(a.path) && i < len(vpath) && a.path[i] == vpath[i] {
@@ -166,13 +175,27 @@ func (v *view) mayTake(a *admission, fairOK bool, taken map[string]quota.Resourc
 	if i == len(a.path) || i == len(vpath) {
 		return false, fmt.Sprintf("%s's queue %s is on queue %s's path", w.Key, w.Queue, a.queue)
 	}
+	// within: every queue of the asker's path below d stays within its
+	// guarantee with the request; short is the least any of them is short
+	// of its guarantee before it, per resource asked.
 	within := true
-	for _, q := range a.path[i:] {
+	short := quota.Resources{}
+	for n, q := range a.path[i:] {
 		for _, r := range a.res {
-			if v.used[q][r]+a.req[r] > v.spec(q).Guaranteed[r] {
+			left := v.spec(q).Guaranteed[r] - v.used[q][r]
+			if a.req[r] > left {
 				within = false
 			}
+			if n == 0 || left < short[r] {
+				short[r] = left
+			}
 		}
+	}
+	if !within || !straddle {
+		short = nil
+	}
+	if ok, why := v.victimKeepsGuarantee(a, taken, w, short); !ok {
+		return false, why
 	}
 	if within {
 		return true, fmt.Sprintf("queue %s stays at or above its guarantee", w.Queue)
@@ -196,21 +219,40 @@ func (v *view) mayTake(a *admission, fairOK bool, taken map[string]quota.Resourc
 // victimKeepsGuarantee says whether evicting w, after taken, leaves every
 // queue on w's path at or above its guarantee in the resources w uses; the
 // asker's ancestors among them count the request.
-func (v *view) victimKeepsGuarantee(a *admission, taken map[string]quota.Resources, w Workload) (bool, string) {
+//
+// short, when not nil, is what the asker, taking back its guarantee, is
+// short of it per resource (the least over its queues below the deepest
+// common ancestor): a queue off the asker's path that is above its
+// guarantee in r before this eviction may then fall below it, by less
+// than short[r] (straddles).
+func (v *view) victimKeepsGuarantee(a *admission, taken map[string]quota.Resources, w Workload, short quota.Resources) (bool, string) {
 	vpath := v.t.nodes[w.Queue].path
 	for i := len(vpath) - 1; i >= 0; i-- {
 		q := vpath[i]
-		rest := v.used[q].Sub(taken[q]).Sub(w.Uses)
-		if onPath(a.path, q) {
+		before := v.used[q].Sub(taken[q])
+		rest := before.Sub(w.Uses)
+		mine := onPath(a.path, q)
+		if mine {
 			rest = rest.Add(a.req)
 		}
 		for _, r := range positive(w.Uses) {
-			if g := v.spec(q).Guaranteed[r]; rest[r] < g {
-				return false, fmt.Sprintf("evicting %s would put queue %s at %d %s, below its guarantee %d", w.Key, q, rest[r], r, g)
+			g := v.spec(q).Guaranteed[r]
+			if rest[r] >= g || !mine && straddles(before[r], rest[r], g, short, r) {
+				continue
 			}
+			return false, fmt.Sprintf("evicting %s would put queue %s at %d %s, below its guarantee %d", w.Key, q, rest[r], r, g)
 		}
 	}
 	return true, fmt.Sprintf("queue %s stays at or above its guarantee", w.Queue)
+}
+
+// straddles reports whether a queue guaranteed g of r, using before and
+// rest without the victim, may lose the victim to an asker short of its
+// own guarantee by short[r]: the queue is above its guarantee now, and
+// what it is then short of is less than what the asker is short of.
+func straddles(before, rest, g int64, short quota.Resources, r corev1.ResourceName) bool {
+	s, ok := short[r]
+	return ok && before > g && g-rest < s
 }
 
 // ratio is a queue's dominant used over fair share, over res (every
@@ -260,5 +302,5 @@ func (s *State) CanPreempt(asker string, req quota.Resources, victim Workload) (
 	if _, known := v.t.node(victim.Queue); !known {
 		return true, fmt.Sprintf("%s's queue %s is not defined, so nothing of it is guaranteed", victim.Key, victim.Queue)
 	}
-	return v.victimKeepsGuarantee(a, nil, victim)
+	return v.victimKeepsGuarantee(a, nil, victim, nil)
 }

@@ -3,6 +3,7 @@ package queue
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -45,6 +46,45 @@ func TestReclaim(t *testing.T) {
 			// a1 borrows a2's idle guarantee; dept-a uses exactly its 8.
 			tree: departments(), used: map[string]int64{"a1": 8}, queue: "b1", req: gpus(4),
 			running: []Workload{wl("a1", "w1", 0, time.Hour, 4), wl("a1", "w2", 0, time.Minute, 4)},
+			wantErr: "borrow too little",
+		},
+		{
+			name: "a queue above its guarantee gives a whole workload that straddles it to one further below its own",
+			// a borrows 2 through two 4-GPU workloads; b is 4 short.
+			tree: Build([]Spec{q("a", "", 6), q("b", "", 8)}), capacity: 12,
+			used: map[string]int64{"a": 8, "b": 4}, queue: "b", req: gpus(4),
+			running: []Workload{wl("a", "old", 0, time.Hour, 4), wl("a", "new", 0, time.Minute, 4)},
+			want:    []string{"a/new"},
+		},
+		{
+			name: "an elastic gang's extra member straddling its queue's guarantee goes the same way",
+			tree: Build([]Spec{q("a", "", 6), q("b", "", 8)}), capacity: 12,
+			used: map[string]int64{"a": 8, "b": 4}, queue: "b", req: gpus(4),
+			running: []Workload{wl("a", "gang", 0, time.Hour, 4), func() Workload { w := wl("a", "gang member x", 0, time.Minute, 4); w.Extra = true; return w }()},
+			want:    []string{"a/gang member x"},
+		},
+		{
+			name: "a straddling workload is not taken when it leaves its queue as short as the asker",
+			// a would be 2 short, as b is now: nothing gained.
+			tree: Build([]Spec{q("a", "", 6), q("b", "", 8)}), capacity: 12,
+			used: map[string]int64{"a": 8, "b": 6}, queue: "b", req: gpus(2),
+			running: []Workload{wl("a", "old", 0, time.Hour, 4), wl("a", "new", 0, time.Minute, 4)},
+			wantErr: "borrow too little",
+		},
+		{
+			name: "victims that keep every guarantee before one that straddles",
+			// a's workloads come first (lowest priority) but would put a
+			// below its guarantee; c's keeps every guarantee.
+			tree: Build([]Spec{q("a", "", 6), q("b", "", 8), q("c", "", 0)}), capacity: 16,
+			used: map[string]int64{"a": 8, "b": 4, "c": 4}, queue: "b", req: gpus(4),
+			running: []Workload{wl("a", "old", 0, time.Hour, 4), wl("a", "new", 0, time.Minute, 4), wl("c", "w", 5, time.Minute, 4)},
+			want:    []string{"c/w"},
+		},
+		{
+			name: "a queue at its guarantee gives nothing that straddles it",
+			tree: Build([]Spec{q("a", "", 8), q("b", "", 8)}), capacity: 12,
+			used: map[string]int64{"a": 8, "b": 4}, queue: "b", req: gpus(4),
+			running: []Workload{wl("a", "old", 0, time.Hour, 4), wl("a", "new", 0, time.Minute, 4)},
 			wantErr: "borrow too little",
 		},
 		{
@@ -148,7 +188,9 @@ func TestReclaim(t *testing.T) {
 }
 
 // Reclaim never takes a queue, or any of its ancestors, below its
-// guarantee, however the work is cut.
+// guarantee, however the work is cut, but for a queue above its guarantee
+// that a whole workload takes below it, by less than the asker is short of
+// its own.
 func TestReclaimKeepsEveryGuarantee(t *testing.T) {
 	tree := departments()
 	reclaimed := 0
@@ -175,13 +217,16 @@ func TestReclaimKeepsEveryGuarantee(t *testing.T) {
 				left[p] -= v.Uses[gpu]
 			}
 		}
+		short := int64(math.MaxInt64) // what b1 is short of its guarantee, at its least
 		for _, p := range tree.Path("b1") {
+			short = min(short, s.Tree.nodes[p].spec.Guaranteed[gpu]-s.view().used[p][gpu])
 			left[p] += n
 		}
 		for _, name := range tree.Names() {
 			g := s.Tree.nodes[name].spec.Guaranteed[gpu]
-			if left[name] < g && left[name] < s.view().used[name][gpu] {
-				t.Errorf("request %d: victims %v put %s at %d, below its guarantee %d", n, keys(victims), name, left[name], g)
+			before := s.view().used[name][gpu]
+			if left[name] < g && left[name] < before && (before <= g || g-left[name] >= short) {
+				t.Errorf("request %d: victims %v put %s at %d, below its guarantee %d (b1 was %d short of its own)", n, keys(victims), name, left[name], g, short)
 			}
 		}
 	}
