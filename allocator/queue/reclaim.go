@@ -218,7 +218,9 @@ func (v *view) mayTake(a *admission, fairOK, straddle bool, taken map[string]quo
 
 // victimKeepsGuarantee says whether evicting w, after taken, leaves every
 // queue on w's path at or above its guarantee in the resources w uses; the
-// asker's ancestors among them count the request.
+// asker's ancestors among them count the request, and one already below
+// its guarantee may stay there when the request gives back at least what
+// the victims take.
 //
 // short, when not nil, is what the asker, taking back its guarantee, is
 // short of it per resource (the least over its queues below the deepest
@@ -237,7 +239,15 @@ func (v *view) victimKeepsGuarantee(a *admission, taken map[string]quota.Resourc
 		}
 		for _, r := range positive(w.Uses) {
 			g := v.spec(q).Guaranteed[r]
-			if rest[r] >= g || !mine && straddles(before[r], rest[r], g, short, r) {
+			switch {
+			case rest[r] >= g:
+				continue
+			case mine && rest[r] >= v.used[q][r]:
+				// A common ancestor already below its guarantee: the
+				// asker's request gives back at least what the victims
+				// take, so it does not fall.
+				continue
+			case !mine && straddles(before[r], rest[r], g, short, r):
 				continue
 			}
 			return false, fmt.Sprintf("evicting %s would put queue %s at %d %s, below its guarantee %d", w.Key, q, rest[r], r, g)

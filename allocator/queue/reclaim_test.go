@@ -64,6 +64,24 @@ func TestReclaim(t *testing.T) {
 			want:    []string{"a/gang member x"},
 		},
 		{
+			name: "a straddling workload under a common parent below its guarantee",
+			// dept uses 14 of its 16 (two GPUs idle); the request gives
+			// it back the 4 the victim takes.
+			tree:     Build([]Spec{q("dept", "", 16), q("a", "dept", 6), q("b", "dept", 10)}),
+			capacity: 16, used: map[string]int64{"a": 8, "b": 6}, queue: "b", req: gpus(4),
+			running: []Workload{wl("a", "old", 0, time.Hour, 4), wl("a", "new", 0, time.Minute, 4)},
+			want:    []string{"a/new"},
+		},
+		{
+			name: "a common parent below its guarantee does not fall further",
+			// The victims take 4 from dept for a request of 2.
+			tree:     Build([]Spec{q("dept", "", 16), q("a", "dept", 2), q("b", "dept", 9)}),
+			capacity: 16, used: map[string]int64{"a": 8, "b": 6}, queue: "b", req: gpus(2),
+			running: []Workload{wl("a", "old", 0, time.Hour, 4), wl("a", "new", 0, time.Minute, 4)},
+			enough:  freed(4),
+			wantErr: "borrow too little",
+		},
+		{
 			name: "a straddling workload is not taken when it leaves its queue as short as the asker",
 			// a would be 2 short, as b is now: nothing gained.
 			tree: Build([]Spec{q("a", "", 6), q("b", "", 8)}), capacity: 12,
