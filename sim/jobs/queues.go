@@ -151,8 +151,8 @@ type queueSim struct {
 	// books are updated.
 	beforeReclaim func(asker *jobState)
 	afterEvict    func(j *jobState)
-	afterFinish func(j *jobState)
-	usage       map[string]queue.Usage
+	afterFinish   func(j *jobState)
+	usage         map[string]queue.Usage
 	// fair is each waiting team's fair share since the last schedule.
 	fair     map[string]int64
 	recv     map[string]float64 // GPU-seconds while waiting
