@@ -54,6 +54,9 @@ func wl(queue, name string, prio int32, age time.Duration, n int64) Workload {
 	return Workload{Key: queue + "/" + name, Queue: queue, Priority: prio, Created: t0.Add(-age), Uses: gpus(n), Preemptible: true}
 }
 
+// extra marks w as an elastic gang's extra member.
+func extra(w Workload) Workload { w.Extra = true; return w }
+
 func keys(ws []Workload) []string {
 	var out []string
 	for _, w := range ws {

@@ -34,14 +34,19 @@ func (e *ReclaimError) Error() string {
 // candidate is taken only if, after every eviction chosen so far and it:
 //   - no queue on its path falls below its guarantee in a resource it uses
 //     (the asker's ancestors among them counting the request), but for
-//     one case: an asker taking back its own guarantee may take a
-//     workload that straddles the victim queue's guarantee, from a queue
-//     above its guarantee before that eviction, when what the queue is
-//     then short of its guarantee is less than what the asker is short of
-//     its own (straddles). Workloads come whole, so a queue borrowing 2
-//     GPUs through a 4-GPU workload would otherwise keep them while the
-//     asker stays 4 short of its guarantee. The largest shortfall
-//     strictly falls with every such eviction, so reclaim never flaps;
+//     one case: an asker taking back its own guarantee may take an
+//     elastic gang's extra member (Workload.Extra) that straddles the
+//     victim queue's guarantee, from a queue above its guarantee before
+//     that eviction, when what the queue is then short of its guarantee
+//     is less than what the asker is short of its own (straddles). A
+//     queue borrowing 2 GPUs through a 4-GPU extra member would otherwise
+//     keep them while the asker stays 4 short of its guarantee (and a
+//     common parent of both, already below its guarantee, is not counted
+//     as falling when the request gives back what the victims take). A
+//     whole workload is not taken so (docs/queues.md: tried, on the
+//     job-trace replay it swung mean completion times both ways and lost
+//     more work to restarts). The largest shortfall strictly falls with
+//     every such eviction, so reclaim never flaps;
 //   - and, under the deepest common ancestor of the asker and the victim,
 //     either the asker's queues stay within their guarantees with the
 //     request (a team takes back its guarantee from a sibling that
@@ -83,8 +88,8 @@ func (s *State) Reclaim(queue string, req quota.Resources, running []Workload, e
 	// taken before it in the same attempt (allocator/victims: the shortest
 	// enough prefix, made minimal; victims of useless room passed over).
 	// Victims that keep every queue at its guarantee are tried first; only
-	// when they do not free the room may a workload straddle its queue's
-	// guarantee.
+	// when they do not free the room may an extra member straddle its
+	// queue's guarantee.
 	for _, straddle := range []bool{false, true} {
 		newTaker := func() func(Workload) bool {
 			taken := map[string]quota.Resources{} // evicted so far, per queue's subtree
@@ -156,8 +161,9 @@ func (v *view) fairShareEligible(a *admission) string {
 // mayTake says whether w can be evicted for the asker after taken.
 //
 // Always: no queue on w's path goes below its guarantee in a resource w
-// uses (victimKeepsGuarantee), but, with straddle, by less than the asker
-// taking back its guarantee is short of it, from above it.
+// uses (victimKeepsGuarantee), but, with straddle, an extra member may take
+// it below, from above it, by less than the asker taking back its
+// guarantee is short of its own.
 //
 // Then, with d the deepest common ancestor of the asker and w: either
 // every queue of the asker's path below d stays within its guarantee with
@@ -191,10 +197,11 @@ func (v *view) mayTake(a *admission, fairOK, straddle bool, taken map[string]quo
 			}
 		}
 	}
-	if !within || !straddle {
+	relax := within && straddle && w.Extra
+	if !relax {
 		short = nil
 	}
-	if ok, why := v.victimKeepsGuarantee(a, taken, w, short); !ok {
+	if ok, why := v.victimKeepsGuarantee(a, taken, w, relax, short); !ok {
 		return false, why
 	}
 	if within {
@@ -218,16 +225,16 @@ func (v *view) mayTake(a *admission, fairOK, straddle bool, taken map[string]quo
 
 // victimKeepsGuarantee says whether evicting w, after taken, leaves every
 // queue on w's path at or above its guarantee in the resources w uses; the
-// asker's ancestors among them count the request, and one already below
-// its guarantee may stay there when the request gives back at least what
-// the victims take.
+// asker's ancestors among them count the request, and, with relax, one
+// already below its guarantee may stay there when the request gives back
+// at least what the victims take.
 //
-// short, when not nil, is what the asker, taking back its guarantee, is
-// short of it per resource (the least over its queues below the deepest
-// common ancestor): a queue off the asker's path that is above its
-// guarantee in r before this eviction may then fall below it, by less
-// than short[r] (straddles).
-func (v *view) victimKeepsGuarantee(a *admission, taken map[string]quota.Resources, w Workload, short quota.Resources) (bool, string) {
+// short, when not nil (with relax), is what the asker, taking back its
+// guarantee, is short of it per resource (the least over its queues below
+// the deepest common ancestor): a queue off the asker's path that is
+// above its guarantee in r before this eviction may then fall below it,
+// by less than short[r] (straddles).
+func (v *view) victimKeepsGuarantee(a *admission, taken map[string]quota.Resources, w Workload, relax bool, short quota.Resources) (bool, string) {
 	vpath := v.t.nodes[w.Queue].path
 	for i := len(vpath) - 1; i >= 0; i-- {
 		q := vpath[i]
@@ -242,7 +249,7 @@ func (v *view) victimKeepsGuarantee(a *admission, taken map[string]quota.Resourc
 			switch {
 			case rest[r] >= g:
 				continue
-			case mine && rest[r] >= v.used[q][r]:
+			case relax && mine && rest[r] >= v.used[q][r]:
 				// A common ancestor already below its guarantee: the
 				// asker's request gives back at least what the victims
 				// take, so it does not fall.
@@ -312,5 +319,5 @@ func (s *State) CanPreempt(asker string, req quota.Resources, victim Workload) (
 	if _, known := v.t.node(victim.Queue); !known {
 		return true, fmt.Sprintf("%s's queue %s is not defined, so nothing of it is guaranteed", victim.Key, victim.Queue)
 	}
-	return v.victimKeepsGuarantee(a, nil, victim, nil)
+	return v.victimKeepsGuarantee(a, nil, victim, false, nil)
 }

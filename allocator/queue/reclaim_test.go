@@ -3,7 +3,6 @@ package queue
 import (
 	"errors"
 	"fmt"
-	"math"
 	"strings"
 	"testing"
 	"time"
@@ -49,28 +48,54 @@ func TestReclaim(t *testing.T) {
 			wantErr: "borrow too little",
 		},
 		{
-			name: "a queue above its guarantee gives a whole workload that straddles it to one further below its own",
-			// a borrows 2 through two 4-GPU workloads; b is 4 short.
+			name: "an elastic gang's extra member straddling its queue's guarantee goes to a queue further below its own",
+			// a borrows 2 through its gang's 4-GPU extra member; b is 4
+			// short.
 			tree: Build([]Spec{q("a", "", 6), q("b", "", 8)}), capacity: 12,
 			used: map[string]int64{"a": 8, "b": 4}, queue: "b", req: gpus(4),
-			running: []Workload{wl("a", "old", 0, time.Hour, 4), wl("a", "new", 0, time.Minute, 4)},
-			want:    []string{"a/new"},
-		},
-		{
-			name: "an elastic gang's extra member straddling its queue's guarantee goes the same way",
-			tree: Build([]Spec{q("a", "", 6), q("b", "", 8)}), capacity: 12,
-			used: map[string]int64{"a": 8, "b": 4}, queue: "b", req: gpus(4),
-			running: []Workload{wl("a", "gang", 0, time.Hour, 4), func() Workload { w := wl("a", "gang member x", 0, time.Minute, 4); w.Extra = true; return w }()},
+			running: []Workload{wl("a", "gang", 0, time.Hour, 4), extra(wl("a", "gang member x", 0, time.Minute, 4))},
 			want:    []string{"a/gang member x"},
 		},
 		{
-			name: "a straddling workload under a common parent below its guarantee",
+			name: "a whole workload straddling its queue's guarantee is not taken",
+			tree: Build([]Spec{q("a", "", 6), q("b", "", 8)}), capacity: 12,
+			used: map[string]int64{"a": 8, "b": 4}, queue: "b", req: gpus(4),
+			running: []Workload{wl("a", "old", 0, time.Hour, 4), wl("a", "new", 0, time.Minute, 4)},
+			wantErr: "borrow too little",
+		},
+		{
+			name: "a straddling extra member is not taken when it leaves its queue as short as the asker",
+			// a would be 2 short, as b is now: nothing gained.
+			tree: Build([]Spec{q("a", "", 6), q("b", "", 8)}), capacity: 12,
+			used: map[string]int64{"a": 8, "b": 6}, queue: "b", req: gpus(2),
+			running: []Workload{wl("a", "gang", 0, time.Hour, 4), extra(wl("a", "gang member x", 0, time.Minute, 4))},
+			wantErr: "borrow too little",
+		},
+		{
+			name: "victims that keep every guarantee before an extra member that straddles",
+			// a's extra member comes first (extras before whole
+			// workloads) but would put a below its guarantee; c's
+			// workload keeps every guarantee.
+			tree: Build([]Spec{q("a", "", 6), q("b", "", 8), q("c", "", 0)}), capacity: 16,
+			used: map[string]int64{"a": 8, "b": 4, "c": 4}, queue: "b", req: gpus(4),
+			running: []Workload{wl("a", "gang", 0, time.Hour, 4), extra(wl("a", "gang member x", 0, time.Minute, 4)), wl("c", "w", 0, time.Minute, 4)},
+			want:    []string{"c/w"},
+		},
+		{
+			name: "a queue at its guarantee gives no extra member that straddles it",
+			tree: Build([]Spec{q("a", "", 8), q("b", "", 8)}), capacity: 12,
+			used: map[string]int64{"a": 8, "b": 4}, queue: "b", req: gpus(4),
+			running: []Workload{wl("a", "gang", 0, time.Hour, 4), extra(wl("a", "gang member x", 0, time.Minute, 4))},
+			wantErr: "borrow too little",
+		},
+		{
+			name: "a straddling extra member under a common parent below its guarantee",
 			// dept uses 14 of its 16 (two GPUs idle); the request gives
 			// it back the 4 the victim takes.
 			tree:     Build([]Spec{q("dept", "", 16), q("a", "dept", 6), q("b", "dept", 10)}),
 			capacity: 16, used: map[string]int64{"a": 8, "b": 6}, queue: "b", req: gpus(4),
-			running: []Workload{wl("a", "old", 0, time.Hour, 4), wl("a", "new", 0, time.Minute, 4)},
-			want:    []string{"a/new"},
+			running: []Workload{wl("a", "gang", 0, time.Hour, 4), extra(wl("a", "gang member x", 0, time.Minute, 4))},
+			want:    []string{"a/gang member x"},
 		},
 		{
 			name: "a common parent below its guarantee does not fall further",
@@ -79,30 +104,6 @@ func TestReclaim(t *testing.T) {
 			capacity: 16, used: map[string]int64{"a": 8, "b": 6}, queue: "b", req: gpus(2),
 			running: []Workload{wl("a", "old", 0, time.Hour, 4), wl("a", "new", 0, time.Minute, 4)},
 			enough:  freed(4),
-			wantErr: "borrow too little",
-		},
-		{
-			name: "a straddling workload is not taken when it leaves its queue as short as the asker",
-			// a would be 2 short, as b is now: nothing gained.
-			tree: Build([]Spec{q("a", "", 6), q("b", "", 8)}), capacity: 12,
-			used: map[string]int64{"a": 8, "b": 6}, queue: "b", req: gpus(2),
-			running: []Workload{wl("a", "old", 0, time.Hour, 4), wl("a", "new", 0, time.Minute, 4)},
-			wantErr: "borrow too little",
-		},
-		{
-			name: "victims that keep every guarantee before one that straddles",
-			// a's workloads come first (lowest priority) but would put a
-			// below its guarantee; c's keeps every guarantee.
-			tree: Build([]Spec{q("a", "", 6), q("b", "", 8), q("c", "", 0)}), capacity: 16,
-			used: map[string]int64{"a": 8, "b": 4, "c": 4}, queue: "b", req: gpus(4),
-			running: []Workload{wl("a", "old", 0, time.Hour, 4), wl("a", "new", 0, time.Minute, 4), wl("c", "w", 5, time.Minute, 4)},
-			want:    []string{"c/w"},
-		},
-		{
-			name: "a queue at its guarantee gives nothing that straddles it",
-			tree: Build([]Spec{q("a", "", 8), q("b", "", 8)}), capacity: 12,
-			used: map[string]int64{"a": 8, "b": 4}, queue: "b", req: gpus(4),
-			running: []Workload{wl("a", "old", 0, time.Hour, 4), wl("a", "new", 0, time.Minute, 4)},
 			wantErr: "borrow too little",
 		},
 		{
@@ -206,9 +207,9 @@ func TestReclaim(t *testing.T) {
 }
 
 // Reclaim never takes a queue, or any of its ancestors, below its
-// guarantee, however the work is cut, but for a queue above its guarantee
-// that a whole workload takes below it, by less than the asker is short of
-// its own.
+// guarantee, however the work is cut (but for a queue above its guarantee
+// that an extra member takes below it, by less than the asker is short of
+// its own; the workloads here are whole).
 func TestReclaimKeepsEveryGuarantee(t *testing.T) {
 	tree := departments()
 	reclaimed := 0
@@ -235,16 +236,13 @@ func TestReclaimKeepsEveryGuarantee(t *testing.T) {
 				left[p] -= v.Uses[gpu]
 			}
 		}
-		short := int64(math.MaxInt64) // what b1 is short of its guarantee, at its least
 		for _, p := range tree.Path("b1") {
-			short = min(short, s.Tree.nodes[p].spec.Guaranteed[gpu]-s.view().used[p][gpu])
 			left[p] += n
 		}
 		for _, name := range tree.Names() {
 			g := s.Tree.nodes[name].spec.Guaranteed[gpu]
-			before := s.view().used[name][gpu]
-			if left[name] < g && left[name] < before && (before <= g || g-left[name] >= short) {
-				t.Errorf("request %d: victims %v put %s at %d, below its guarantee %d (b1 was %d short of its own)", n, keys(victims), name, left[name], g, short)
+			if left[name] < g && left[name] < s.view().used[name][gpu] {
+				t.Errorf("request %d: victims %v put %s at %d, below its guarantee %d", n, keys(victims), name, left[name], g)
 			}
 		}
 	}

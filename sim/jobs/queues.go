@@ -146,13 +146,11 @@ type queueSim struct {
 	// lists one entry per job.
 	waiting   map[string]map[int]int
 	guarantee int64
-	// beforeReclaim, when set (tests), sees the job reclaim evicts for,
-	// before its victims go; afterEvict sees every eviction once the
-	// books are updated.
-	beforeReclaim func(asker *jobState)
-	afterEvict    func(j *jobState)
-	afterFinish   func(j *jobState)
-	usage         map[string]queue.Usage
+	// afterEvict, when set (tests), sees every eviction once the books
+	// are updated.
+	afterEvict  func(j *jobState)
+	afterFinish func(j *jobState)
+	usage       map[string]queue.Usage
 	// fair is each waiting team's fair share since the last schedule.
 	fair     map[string]int64
 	recv     map[string]float64 // GPU-seconds while waiting
@@ -471,9 +469,6 @@ func (s *sim) queueReclaim(st *queue.State, j *jobState, req quota.Resources) (*
 	plan, err = gang.PlanGroup(s.group(j), s.freedCloneJobs(jobs), s.policy)
 	if err != nil {
 		return nil, fmt.Errorf("job %s: reclaim chose victims without room: %w", j.job.ID, err)
-	}
-	if s.q.beforeReclaim != nil {
-		s.q.beforeReclaim(j)
 	}
 	for _, v := range jobs {
 		s.evict(v)
