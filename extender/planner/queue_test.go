@@ -730,6 +730,72 @@ func TestQueueReclaimTakesElasticExtras(t *testing.T) {
 	}
 }
 
+// A queue 4 GPUs short of its guarantee takes back an elastic gang's extra
+// member of 4 GPUs from a queue that borrows 2 through it (which is then 2
+// short, less than the asker was), under a department with 2 GPUs idle;
+// the same two pods as whole workloads are not taken.
+func TestQueueReclaimTakesAnExtraMemberStraddlingItsGuarantee(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		elastic bool
+		want    []string
+	}{
+		{name: "extra member", elastic: true, want: []string{"el-1"}},
+		{name: "whole workloads", elastic: false, want: nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			nodes := withGPUCapacity([]*corev1.Node{testbuild.Node("n0").GPUs(8, "H100", 81920).Obj(), testbuild.Node("n1").GPUs(8, "H100", 81920).Obj()})
+			f := newGangFixture(t, nodes...)
+			book := &planner.QueueBook{
+				Queues: testbuild.Objects{testbuild.QueueObj(t, "dept", "", nil, 16, 0, f.now),
+					testbuild.QueueObj(t, "team-a", "dept", []string{"ns-a"}, 6, 0, f.now), testbuild.QueueObj(t, "team-b", "dept", []string{"ns-b"}, 10, 0, f.now)},
+				Pods: f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }, HalfLife: time.Hour, Now: func() time.Time { return f.now },
+			}
+			evicter := &testbuild.PreemptClient{}
+			reclaim := &planner.QueueReclaimer{Ledger: extender.PlannerLedger{Cache: f.cache}, Evicter: evicter, Pods: f.list, Events: f.events, Now: func() time.Time { return f.now }}
+			f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
+				Events: f.events, Now: func() time.Time { return f.now }, Queues: book, QueueReclaim: reclaim})
+			for i := range 2 {
+				p := testbuild.Pod(fmt.Sprintf("el-%d", i)).Whole(4).Node("n0").Holding(4*i, 4*i+1, 4*i+2, 4*i+3).Obj()
+				p.Namespace, p.UID = "ns-a", types.UID(fmt.Sprintf("uid-el-%d", i))
+				if tc.elastic {
+					p.Annotations = map[string]string{api.AnnotationGang: "el", api.AnnotationGangMinMember: "1"}
+				}
+				start := metav1.NewTime(f.now.Add(-time.Hour + time.Duration(i)*time.Minute))
+				p.CreationTimestamp, p.Status.StartTime = start, &start
+				if _, err := f.client.CoreV1().Pods("ns-a").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i := range 6 {
+				f.runningB(fmt.Sprintf("b-%d", i), "n1", i, time.Hour)
+			}
+			asker := testbuild.Pod("b-four").Whole(4).Obj()
+			asker.Namespace, asker.UID = "ns-b", "uid-b-four"
+			asker.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: api.SchedulingGateQueue}}
+			asker.CreationTimestamp = metav1.NewTime(f.now)
+			if _, err := f.client.CoreV1().Pods("ns-b").Create(context.Background(), asker, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			pods, _ := f.list()
+			for _, p := range pods {
+				f.cache.SetPod(p)
+			}
+			f.passesEvicting(evicter, "ns-a", 4)
+			if diff := cmp.Diff(tc.want, evicter.Evicted); diff != "" {
+				t.Errorf("evicted (-want +got):\n%s\nevents:\n%s", diff, strings.Join(f.events.Events, "\n"))
+			}
+			wantAdmitted := 0 // b-four waits
+			if tc.elastic {
+				wantAdmitted = 1
+			}
+			if a, _ := f.admitted("ns-b"); a != wantAdmitted {
+				t.Errorf("team-b admitted %d, want %d\nevents:\n%s", a, wantAdmitted, strings.Join(f.events.Events, "\n"))
+			}
+		})
+	}
+}
+
 // A queued pod the planner has just planned, shown by a lagging cache as
 // still gated and unplanned, is not planned a second time: a second plan
 // moved its hold in the ledger to another node while the pod stayed pinned
