@@ -503,12 +503,15 @@ func TestQueueReclaimEvictionResults(t *testing.T) {
 }
 
 // Topology-aware reclaim for a gang whose gang-topology level is required
-// (a rack, or a node): team-b, guaranteed 4, runs a 1-GPU pod on each GPU
-// of four 2-GPU nodes in two racks, the newest alternating between the
-// domains; team-a's gang of 4 × 1 GPU (2 × 1 GPU for a node) reclaims the
-// pods of ONE domain and is planned there. Newest first without the
+// (a rack, a node, or a multi-node NVLink clique): team-b, guaranteed 4,
+// runs a 1-GPU pod on each GPU of four 2-GPU nodes in two racks, the
+// newest alternating between the racks (and between nodes; the newest two
+// share a clique); team-a's gang of 4 × 1 GPU (2 × 1 GPU for a node)
+// reclaims the pods of ONE domain and is planned there. Newest first without the
 // topology would spend team-b's 4 GPUs of surplus across both domains.
 func TestQueueReclaimFreesOneTopologyDomain(t *testing.T) {
+	const gpuCliqueLabel = "nvidia.com/gpu.clique"
+	cliqueOfNode := map[string]string{"n0": "cq-1", "n2": "cq-1", "n1": "cq-2", "n3": "cq-2"}
 	for _, tc := range []struct {
 		level   string
 		members int
@@ -516,12 +519,15 @@ func TestQueueReclaimFreesOneTopologyDomain(t *testing.T) {
 	}{
 		{level: "rack", members: 4, domain: func(n string) string { return map[string]string{"n0": "r1", "n1": "r1", "n2": "r2", "n3": "r2"}[n] }},
 		{level: corev1.LabelHostname, members: 2, domain: func(n string) string { return n }},
+		// Multi-node NVLink domains as NVIDIA's GPU feature discovery
+		// labels them, across the racks: the newest two pods share one.
+		{level: gpuCliqueLabel, members: 4, domain: func(n string) string { return cliqueOfNode[n] }},
 	} {
 		t.Run(tc.level, func(t *testing.T) {
 			var nodes []*corev1.Node
 			for _, name := range []string{"n0", "n1", "n2", "n3"} {
 				n := testbuild.Node(name).GPUs(2, "H100", 81920).Obj()
-				n.Labels = map[string]string{"rack": map[string]string{"n0": "r1", "n1": "r1", "n2": "r2", "n3": "r2"}[name], corev1.LabelHostname: name}
+				n.Labels = map[string]string{"rack": map[string]string{"n0": "r1", "n1": "r1", "n2": "r2", "n3": "r2"}[name], corev1.LabelHostname: name, gpuCliqueLabel: cliqueOfNode[name]}
 				nodes = append(nodes, n)
 			}
 			nodes = withGPUCapacity(nodes)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
@@ -14,7 +15,9 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/api"
 )
@@ -217,4 +220,148 @@ func counterByResult(t *testing.T, base string, hc *http.Client, name string, re
 		}
 	}
 	return out
+}
+
+// gpuCliqueLabel is the node label of a multi-node NVLink domain, as
+// NVIDIA's GPU feature discovery writes it.
+const gpuCliqueLabel = "nvidia.com/gpu.clique"
+
+// Topology-aware reclaim for a clique gang (issue 16): the four nodes are
+// labelled as two multi-node NVLink cliques, X = {a100-1, v100-1} and Y =
+// {a100-2, l40s-1}. Queue team-b, guaranteed 24, runs a 1-GPU pod on every
+// one of the cluster's 28 GPUs, its four newest alternating between the
+// cliques (a100-1, a100-2, v100-1, l40s-1). Queue team-a, guaranteed 4,
+// then creates a gang of 4 x 1 GPU with `nvidia.com/gpu.clique:required`.
+// Newest first, the four victims would sit two in each clique: GPUs the
+// gang cannot use, and team-b's whole surplus. The reclaim must evict four
+// pods of ONE clique, the gang must run there, and the extender must count
+// the evictions useful, none useless.
+func TestReclaimFreesOneCliqueForAGang(t *testing.T) {
+	c := getCluster(t)
+	client := c.Client()
+	dyn, err := c.Dynamic()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nsA := namespace(t, c, "e2e-cq-a")
+	nsB := namespace(t, c, "e2e-cq-b")
+	waitReleased(t, c)
+	cliqueOf := map[string]string{"a100-1": "e2e-cq-x", "v100-1": "e2e-cq-x", "a100-2": "e2e-cq-y", "l40s-1": "e2e-cq-y"}
+	for node, cq := range cliqueOf {
+		labelNode(t, client, node, gpuCliqueLabel, cq)
+	}
+	base, hc := extenderEndpoint(t, c)
+	usefulBefore, uselessBefore := reclaimResults(t, base, hc)
+	createQueue(t, dyn, "e2e-cq-team-a", "", []string{nsA}, 4, 0)
+	createQueue(t, dyn, "e2e-cq-team-b", "", []string{nsB}, 24, 0)
+	time.Sleep(2 * time.Second) // the extender sees the Queues
+
+	// 24 older pods leave one GPU free on each node; the four newest take
+	// them a second apart (reclaim takes the newest first).
+	nodeOf := map[string]string{}
+	uidOf := map[string]string{}
+	var old []string
+	for node, n := range map[string]int{"a100-1": 7, "a100-2": 7, "v100-1": 7, "l40s-1": 3} {
+		for i := range n {
+			name := fmt.Sprintf("old-%s-%d", node, i)
+			create(t, client, nsB, podSpec{name: name, gpus: 1, node: node})
+			nodeOf[name] = node
+			old = append(old, name)
+		}
+	}
+	for _, name := range old {
+		p, _ := waitRunning(t, c, nsB, name, 2*time.Minute)
+		uidOf[name] = string(p.UID)
+	}
+	for _, node := range []string{"a100-1", "a100-2", "v100-1", "l40s-1"} {
+		time.Sleep(1100 * time.Millisecond)
+		name := "new-" + node
+		create(t, client, nsB, podSpec{name: name, gpus: 1, node: node})
+		p, _ := waitRunning(t, c, nsB, name, time.Minute)
+		nodeOf[name], uidOf[name] = node, string(p.UID)
+	}
+
+	created := time.Now()
+	members := []string{"cg-0", "cg-1", "cg-2", "cg-3"}
+	for _, name := range members {
+		create(t, client, nsA, podSpec{name: name, gpus: 1, annotations: map[string]string{api.AnnotationGang: "cg",
+			api.AnnotationGangMinMember: "4", api.AnnotationGangTopology: gpuCliqueLabel + ":required"}})
+	}
+	ran := map[string]bool{} // the cliques the gang runs in
+	for _, name := range members {
+		p, _ := waitRunning(t, c, nsA, name, 2*time.Minute)
+		ran[cliqueOf[p.Spec.NodeName]] = true
+		t.Logf("%s Running on %s %s after the gang's creation", name, p.Spec.NodeName, time.Since(created).Round(time.Millisecond))
+	}
+	t.Logf("cg-0's events:%s", events(t, client, nsA, "cg-0"))
+	if len(ran) != 1 {
+		t.Errorf("the gang runs in cliques %v, want one", ran)
+	}
+	time.Sleep(3 * time.Second) // a further eviction would show by now
+
+	after, err := client.CoreV1().Pods(nsB).List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := map[string]bool{}
+	for _, p := range after.Items {
+		if p.DeletionTimestamp == nil && p.Status.Phase == v1.PodRunning && string(p.UID) == uidOf[p.Name] {
+			left[p.Name] = true
+		}
+	}
+	var evicted []string
+	from := map[string]bool{}
+	for name, node := range nodeOf {
+		if !left[name] {
+			evicted = append(evicted, name+"@"+node)
+			from[cliqueOf[node]] = true
+		}
+	}
+	slices.Sort(evicted)
+	t.Logf("evicted team-b's %v", evicted)
+	if len(evicted) != 4 || len(from) != 1 {
+		t.Errorf("evicted team-b's %v (cliques %v), want four pods of one clique", evicted, from)
+	}
+	for cq := range from {
+		if !ran[cq] {
+			t.Errorf("evicted in clique %s, but the gang runs in %v", cq, ran)
+		}
+	}
+
+	var useful, useless float64
+	err = wait.PollUntilContextTimeout(t.Context(), 500*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		useful, useless = reclaimResults(t, base, hc)
+		return useful-usefulBefore >= float64(len(evicted)), nil
+	})
+	t.Logf("tessera_extender_reclaim_evictions_total: useful +%v, useless +%v", useful-usefulBefore, useless-uselessBefore)
+	if err != nil {
+		t.Errorf("useful reclaim evictions went up by %v, want %d: %v", useful-usefulBefore, len(evicted), err)
+	}
+	if useless != uselessBefore {
+		t.Errorf("useless reclaim evictions went from %v to %v, want none", uselessBefore, useless)
+	}
+	occ, all := occupancy(t, c)
+	checkNoOvercommit(t, occ)
+	checkRunningPods(t, c, all)
+}
+
+// labelNode sets label key on node to value until the test ends.
+func labelNode(t *testing.T, client kubernetes.Interface, node, key, value string) {
+	t.Helper()
+	patch := func(ctx context.Context, v any) error {
+		b, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]any{key: v}}})
+		if err != nil {
+			return err
+		}
+		_, err = client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, b, metav1.PatchOptions{})
+		return err
+	}
+	if err := patch(t.Context(), value); err != nil {
+		t.Fatalf("label node %s: %v", node, err)
+	}
+	t.Cleanup(func() {
+		if err := patch(context.Background(), nil); err != nil {
+			t.Errorf("unlabel node %s: %v", node, err)
+		}
+	})
 }
