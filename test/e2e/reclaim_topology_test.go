@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/test/framework/nodesim"
 )
 
 // Topology-aware reclaim (issue 16): queue team-b, guaranteed 4, runs
@@ -168,21 +169,7 @@ func TestReclaimFreesOneNVLinkClique(t *testing.T) {
 
 	// The evictions are counted useful once train4 holds their GPUs (the
 	// extender checks every second), none useless.
-	var useful, useless float64
-	err = wait.PollUntilContextTimeout(t.Context(), 500*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		useful, useless = reclaimResults(t, base, hc)
-		return useful-usefulBefore >= float64(len(evicted)), nil
-	})
-	t.Logf("tessera_extender_reclaim_evictions_total: useful +%v, useless +%v", useful-usefulBefore, useless-uselessBefore)
-	if err != nil {
-		t.Errorf("useful reclaim evictions went up by %v, want %d: %v", useful-usefulBefore, len(evicted), err)
-	}
-	if useless != uselessBefore {
-		t.Errorf("useless reclaim evictions went from %v to %v, want none", uselessBefore, useless)
-	}
-	occ, all := occupancy(t, c)
-	checkNoOvercommit(t, occ)
-	checkRunningPods(t, c, all)
+	checkReclaimUseful(t, c, base, hc, usefulBefore, uselessBefore, len(evicted))
 }
 
 // reclaimResults reads tessera_extender_reclaim_evictions_total from the
@@ -328,14 +315,23 @@ func TestReclaimFreesOneCliqueForAGang(t *testing.T) {
 		}
 	}
 
+	checkReclaimUseful(t, c, base, hc, usefulBefore, uselessBefore, len(evicted))
+}
+
+// checkReclaimUseful waits until tessera_extender_reclaim_evictions_total
+// counts n more useful evictions than usefulBefore, checks that it counts
+// no more useless ones than uselessBefore, and checks the cluster's
+// invariants.
+func checkReclaimUseful(t *testing.T, c *nodesim.Cluster, base string, hc *http.Client, usefulBefore, uselessBefore float64, n int) {
+	t.Helper()
 	var useful, useless float64
-	err = wait.PollUntilContextTimeout(t.Context(), 500*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(t.Context(), 500*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		useful, useless = reclaimResults(t, base, hc)
-		return useful-usefulBefore >= float64(len(evicted)), nil
+		return useful-usefulBefore >= float64(n), nil
 	})
 	t.Logf("tessera_extender_reclaim_evictions_total: useful +%v, useless +%v", useful-usefulBefore, useless-uselessBefore)
 	if err != nil {
-		t.Errorf("useful reclaim evictions went up by %v, want %d: %v", useful-usefulBefore, len(evicted), err)
+		t.Errorf("useful reclaim evictions went up by %v, want %d: %v", useful-usefulBefore, n, err)
 	}
 	if useless != uselessBefore {
 		t.Errorf("useless reclaim evictions went from %v to %v, want none", uselessBefore, useless)
