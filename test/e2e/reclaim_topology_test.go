@@ -131,17 +131,7 @@ func TestReclaimFreesOneNVLinkClique(t *testing.T) {
 	}
 	slices.Sort(askerGPUs)
 	time.Sleep(3 * time.Second) // a further eviction would show by now
-
-	after, err := client.CoreV1().Pods(nsB).List(t.Context(), metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	left := map[string]bool{}
-	for _, p := range after.Items {
-		if p.DeletionTimestamp == nil && p.Status.Phase == v1.PodRunning && string(p.UID) == uidOf[p.Name] {
-			left[p.Name] = true
-		}
-	}
+	left := stillRunning(t, client, nsB, uidOf)
 	var evicted []int // their GPUs
 	evictedFrom := map[int]bool{}
 	for name, g := range gpuOf {
@@ -285,17 +275,7 @@ func TestReclaimFreesOneCliqueForAGang(t *testing.T) {
 		t.Errorf("the gang runs in cliques %v, want one", ran)
 	}
 	time.Sleep(3 * time.Second) // a further eviction would show by now
-
-	after, err := client.CoreV1().Pods(nsB).List(t.Context(), metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	left := map[string]bool{}
-	for _, p := range after.Items {
-		if p.DeletionTimestamp == nil && p.Status.Phase == v1.PodRunning && string(p.UID) == uidOf[p.Name] {
-			left[p.Name] = true
-		}
-	}
+	left := stillRunning(t, client, nsB, uidOf)
 	var evicted []string
 	from := map[string]bool{}
 	for name, node := range nodeOf {
@@ -316,6 +296,23 @@ func TestReclaimFreesOneCliqueForAGang(t *testing.T) {
 	}
 
 	checkReclaimUseful(t, c, base, hc, usefulBefore, uselessBefore, len(evicted))
+}
+
+// stillRunning names the pods of ns that run, not leaving, with the UID
+// uidOf gives them (not a replacement of the same name).
+func stillRunning(t *testing.T, client kubernetes.Interface, ns string, uidOf map[string]string) map[string]bool {
+	t.Helper()
+	l, err := client.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := map[string]bool{}
+	for _, p := range l.Items {
+		if p.DeletionTimestamp == nil && p.Status.Phase == v1.PodRunning && string(p.UID) == uidOf[p.Name] {
+			left[p.Name] = true
+		}
+	}
+	return left
 }
 
 // checkReclaimUseful waits until tessera_extender_reclaim_evictions_total
