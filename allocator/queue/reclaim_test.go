@@ -99,10 +99,10 @@ func TestReclaim(t *testing.T) {
 		},
 		{
 			name: "a common parent below its guarantee does not fall further",
-			// The victims take 4 from dept for a request of 2.
+			// The extra member would take 4 from dept for a request of 2.
 			tree:     Build([]Spec{q("dept", "", 16), q("a", "dept", 2), q("b", "dept", 9)}),
 			capacity: 16, used: map[string]int64{"a": 8, "b": 6}, queue: "b", req: gpus(2),
-			running: []Workload{wl("a", "old", 0, time.Hour, 4), wl("a", "new", 0, time.Minute, 4)},
+			running: []Workload{wl("a", "gang", 0, time.Hour, 4), extra(wl("a", "gang member x", 0, time.Minute, 4))},
 			enough:  freed(4),
 			wantErr: "borrow too little",
 		},
