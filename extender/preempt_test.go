@@ -63,6 +63,7 @@ func TestPreemptorAcrossShapes(t *testing.T) {
 		want       []string // evicted, sorted
 		wantPlan   string   // the asker's planned node ("" = no plan)
 		wantGPU    int      // the planned GPU of a slice (-1: none)
+		wantTold   string   // in an Event, when set
 	}{
 		{
 			name:  "an inference slice evicts one whole-GPU notebook, the newest",
@@ -200,6 +201,7 @@ func TestPreemptorAcrossShapes(t *testing.T) {
 				asking(testbuild.Pod("inf").Whole(1).Priority(inference)),
 			},
 			want: []string{"el-2"}, wantPlan: "n2", wantGPU: -1,
+			wantTold: "Preempted: tessera: evicted for default/inf", // and below, why an extra member goes
 		},
 		{
 			name:  "pods without GPUs are no victims: CPU is kube-scheduler's to preempt for",
@@ -256,10 +258,17 @@ func TestPreemptorAcrossShapes(t *testing.T) {
 			for _, n := range tc.pdb {
 				client.PDB[n] = true
 			}
+			rec := &testbuild.Recorder{}
 			p := &Preemptor{Cache: cache, Client: client, Pods: func() ([]*corev1.Pod, error) { return tc.pods, nil },
-				Policy: testPolicy(t, PolicyBinpack), Events: &testbuild.Recorder{}, MinRuntime: tc.minRuntime, Now: func() time.Time { return preemptNow }}
+				Policy: testPolicy(t, PolicyBinpack), Events: rec, MinRuntime: tc.minRuntime, Now: func() time.Time { return preemptNow }}
 			if err := p.Sync(context.Background()); err != nil {
 				t.Fatal(err)
+			}
+			if tc.wantTold != "" {
+				told := strings.Join(rec.Events, "\n")
+				if !strings.Contains(told, tc.wantTold) || !strings.Contains(told, "beyond the gang's minimum, and the gang keeps running") {
+					t.Errorf("events do not tell %q and why an extra member goes:\n%s", tc.wantTold, told)
+				}
 			}
 			sort.Strings(client.Evicted)
 			if diff := cmp.Diff(tc.want, client.Evicted); diff != "" {
