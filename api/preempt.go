@@ -23,3 +23,7 @@ const (
 	// as preemptible pods), and on what terms.
 	EventBackfilled = "Backfilled"
 )
+
+// ExtraMemberEvicted is added to the Preempted or Reclaimed Event of a pod
+// evicted as an elastic gang's member beyond its minimum (ExtraMemberKey).
+const ExtraMemberEvicted = "this pod is a member of its elastic gang beyond the gang's minimum, and the gang keeps running"

@@ -645,7 +645,7 @@ func (p *Preemptor) evict(ctx context.Context, c claimant, victims []*workload, 
 	for _, v := range victims {
 		msg := why(v)
 		if v.unit.Extra {
-			msg += "; this pod is a member of its elastic gang beyond the gang's minimum, and the gang keeps running"
+			msg += "; " + api.ExtraMemberEvicted
 		}
 		for _, pod := range v.pods {
 			err := p.Client.Evict(ctx, pod, false)

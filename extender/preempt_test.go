@@ -266,7 +266,7 @@ func TestPreemptorAcrossShapes(t *testing.T) {
 			}
 			if tc.wantTold != "" {
 				told := strings.Join(rec.Events, "\n")
-				if !strings.Contains(told, tc.wantTold) || !strings.Contains(told, "beyond the gang's minimum, and the gang keeps running") {
+				if !strings.Contains(told, tc.wantTold) || !strings.Contains(told, api.ExtraMemberEvicted) {
 					t.Errorf("events do not tell %q and why an extra member goes:\n%s", tc.wantTold, told)
 				}
 			}

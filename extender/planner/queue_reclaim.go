@@ -136,7 +136,7 @@ func (r *QueueReclaimer) ReclaimFor(ctx context.Context, snap *QueueSnapshot, q 
 			names = append(names, fmt.Sprintf("%s of queue %s", api.KeyName(w.Key), w.Queue))
 			why := fmt.Sprintf("queue %s asks for %s within its guarantee or fair share; queue %s borrows beyond its own", q, equota.Describe(want), w.Queue)
 			if w.Extra {
-				why += "; this pod is a member of its elastic gang beyond the gang's minimum, and the gang keeps running"
+				why += "; " + api.ExtraMemberEvicted
 			}
 			for _, p := range podsOf[w.Key] {
 				if evicted[p.UID] {

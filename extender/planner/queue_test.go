@@ -791,7 +791,7 @@ func TestQueueReclaimTakesAnExtraMemberStraddlingItsGuarantee(t *testing.T) {
 			if diff := cmp.Diff(tc.want, evicter.Evicted); diff != "" {
 				t.Errorf("evicted (-want +got):\n%s\nevents:\n%s", diff, strings.Join(f.events.Events, "\n"))
 			}
-			if told := strings.Join(f.events.Events, "\n"); tc.elastic && !strings.Contains(told, "beyond the gang's minimum, and the gang keeps running") {
+			if told := strings.Join(f.events.Events, "\n"); tc.elastic && !strings.Contains(told, api.ExtraMemberEvicted) {
 				t.Errorf("no Reclaimed Event tells the extra member why it goes:\n%s", told)
 			}
 			wantAdmitted := 0 // b-four waits
