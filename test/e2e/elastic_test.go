@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
 )
 
 // An elastic gang (4 members of 2 GPUs, minMember 2) on a full node starts
@@ -222,4 +223,92 @@ func TestElasticGangGivesBackBeforeWholePodsBesideIt(t *testing.T) {
 	occ, pods := occupancy(t, c)
 	checkNoOvercommit(t, occ)
 	checkRunningPods(t, c, pods)
+}
+
+// Queue reclaim takes an elastic gang's extra member that straddles its
+// queue's guarantee when the asking queue is further below its own
+// (docs/queues.md, "An extra member straddling a guarantee"): under a
+// department guaranteed 28, queue qa (guaranteed 14) runs a gang of 4 x 4
+// GPUs with minMember 2 on the A100 nodes (16: it borrows 2), queue qb
+// (guaranteed 14) ten 1-GPU pods on the other nodes, two GPUs stay idle;
+// qb's 4-GPU pod (qb 4 short of its guarantee, qa then 2 short) must get
+// the room of one of qa's extra members, whose Reclaimed Event says what
+// it is, and nothing else may go.
+func TestQueueReclaimsAnExtraMemberStraddlingItsGuarantee(t *testing.T) {
+	c := getCluster(t)
+	client := c.Client()
+	dyn, err := c.Dynamic()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nsA := namespace(t, c, "e2e-straddle-a")
+	nsB := namespace(t, c, "e2e-straddle-b")
+	waitReleased(t, c)
+	createQueue(t, dyn, "e2e-straddle-dept", "", nil, 28, 0)
+	createQueue(t, dyn, "e2e-straddle-qa", "e2e-straddle-dept", []string{nsA}, 14, 0)
+	createQueue(t, dyn, "e2e-straddle-qb", "e2e-straddle-dept", []string{nsB}, 14, 0)
+	time.Sleep(2 * time.Second) // the extender sees the Queues
+
+	members := []string{"el-0", "el-1", "el-2", "el-3"}
+	for i, m := range members {
+		create(t, client, nsA, podSpec{name: m, gpus: 4, node: []string{"a100-1", "a100-2"}[i/2],
+			annotations: map[string]string{api.AnnotationGang: "el", api.AnnotationGangMinMember: "2"}})
+	}
+	uid := map[string]string{}
+	for _, m := range members {
+		p, _ := waitRunning(t, c, nsA, m, 90*time.Second)
+		uid[m] = string(p.UID)
+	}
+	var small []string
+	for i := range 10 {
+		name := fmt.Sprintf("b-%d", i)
+		node := "v100-1"
+		if i >= 8 {
+			node = "l40s-1"
+		}
+		create(t, client, nsB, podSpec{name: name, gpus: 1, node: node})
+		small = append(small, name)
+	}
+	for _, name := range small {
+		p, _ := waitRunning(t, c, nsB, name, 90*time.Second)
+		uid[name] = string(p.UID)
+	}
+	// The gang's extra members, by the rule the extender applies (the
+	// two that started last).
+	var running []*v1.Pod
+	for _, m := range members {
+		running = append(running, getPod(t, client, nsA, m))
+	}
+	extras := map[string]bool{}
+	for _, p := range (&api.Gang{MinMember: 2}).Extras(running, gpureq.StartedAt) {
+		extras[p.Name] = true
+	}
+
+	created := time.Now()
+	create(t, client, nsB, podSpec{name: "four", gpus: 4})
+	waitRunning(t, c, nsB, "four", 90*time.Second)
+	t.Logf("four Running %s after creation; its events:%s", time.Since(created).Round(time.Millisecond), events(t, client, nsB, "four"))
+	time.Sleep(3 * time.Second) // a further eviction would show by now
+
+	leftA := stillRunning(t, client, nsA, uid)
+	var gone []string
+	for _, m := range members {
+		if !leftA[m] {
+			gone = append(gone, m)
+		}
+	}
+	if len(gone) != 1 || !extras[gone[0]] {
+		t.Fatalf("qa's members gone: %v, want one of its extra members %v", gone, extras)
+	}
+	msg := waitEventMessage(t, c, nsA, gone[0], api.EventReclaimed, api.ExtraMemberEvicted)
+	t.Logf("%s: %s", gone[0], msg)
+	leftB := stillRunning(t, client, nsB, uid)
+	for _, name := range small {
+		if !leftB[name] {
+			t.Errorf("qb's %s was evicted", name)
+		}
+	}
+	occ, all := occupancy(t, c)
+	checkNoOvercommit(t, occ)
+	checkRunningPods(t, c, all)
 }
