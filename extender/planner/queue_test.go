@@ -350,11 +350,17 @@ func TestQueuedPodPreemptsLowerTier(t *testing.T) {
 // evicter; metrics may be nil.
 func newReclaimFixture(t *testing.T, nodes []*corev1.Node, bGuaranteed int64, metrics *extender.Metrics) (*gangFixture, *planner.QueueReclaimer, *testbuild.PreemptClient) {
 	t.Helper()
+	return newReclaimFixtureOf(t, nodes, func(now time.Time) testbuild.Objects {
+		return testbuild.Objects{testbuild.QueueObj(t, "team-a", "", []string{"ns-a"}, 4, 0, now), testbuild.QueueObj(t, "team-b", "", []string{"ns-b"}, bGuaranteed, 0, now)}
+	}, metrics)
+}
+
+// newReclaimFixtureOf is newReclaimFixture with the Queues queues makes
+// (given the fixture's clock).
+func newReclaimFixtureOf(t *testing.T, nodes []*corev1.Node, queues func(now time.Time) testbuild.Objects, metrics *extender.Metrics) (*gangFixture, *planner.QueueReclaimer, *testbuild.PreemptClient) {
+	t.Helper()
 	f := newGangFixture(t, nodes...)
-	book := &planner.QueueBook{
-		Queues: testbuild.Objects{testbuild.QueueObj(t, "team-a", "", []string{"ns-a"}, 4, 0, f.now), testbuild.QueueObj(t, "team-b", "", []string{"ns-b"}, bGuaranteed, 0, f.now)},
-		Pods:   f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil },
-	}
+	book := &planner.QueueBook{Queues: queues(f.now), Pods: f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }}
 	evicter := &testbuild.PreemptClient{}
 	reclaim := &planner.QueueReclaimer{Ledger: extender.PlannerLedger{Cache: f.cache}, Evicter: evicter, Pods: f.list, Events: f.events, Metrics: metrics, Now: func() time.Time { return f.now }}
 	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
@@ -693,15 +699,7 @@ func TestQueueReclaimTakesElasticExtras(t *testing.T) {
 		nodes = append(nodes, testbuild.Node(fmt.Sprintf("n%d", i)).GPUs(8, "H100", 81920).Obj())
 	}
 	nodes = withGPUCapacity(nodes)
-	f := newGangFixture(t, nodes...)
-	book := &planner.QueueBook{
-		Queues: testbuild.Objects{testbuild.QueueObj(t, "team-a", "", []string{"ns-a"}, 4, 0, f.now), testbuild.QueueObj(t, "team-b", "", []string{"ns-b"}, 8, 0, f.now)},
-		Pods:   f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }, HalfLife: time.Hour, Now: func() time.Time { return f.now },
-	}
-	evicter := &testbuild.PreemptClient{}
-	reclaim := &planner.QueueReclaimer{Ledger: extender.PlannerLedger{Cache: f.cache}, Evicter: evicter, Pods: f.list, Events: f.events, Now: func() time.Time { return f.now }}
-	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
-		Events: f.events, Now: func() time.Time { return f.now }, Queues: book, QueueReclaim: reclaim})
+	f, _, evicter := newReclaimFixture(t, nodes, 8, nil)
 	for i := range 4 {
 		p := testbuild.Pod(fmt.Sprintf("el-%d", i)).Whole(4).Node(fmt.Sprintf("n%d", i/2)).Holding(4*(i%2), 4*(i%2)+1, 4*(i%2)+2, 4*(i%2)+3).Obj()
 		p.Namespace, p.UID = "ns-a", types.UID(fmt.Sprintf("uid-el-%d", i))
@@ -751,16 +749,10 @@ func TestQueueReclaimTakesAnExtraMemberStraddlingItsGuarantee(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			nodes := withGPUCapacity([]*corev1.Node{testbuild.Node("n0").GPUs(8, "H100", 81920).Obj(), testbuild.Node("n1").GPUs(8, "H100", 81920).Obj()})
-			f := newGangFixture(t, nodes...)
-			book := &planner.QueueBook{
-				Queues: testbuild.Objects{testbuild.QueueObj(t, "dept", "", nil, 16, 0, f.now),
-					testbuild.QueueObj(t, "team-a", "dept", []string{"ns-a"}, 6, 0, f.now), testbuild.QueueObj(t, "team-b", "dept", []string{"ns-b"}, 10, 0, f.now)},
-				Pods: f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }, HalfLife: time.Hour, Now: func() time.Time { return f.now },
-			}
-			evicter := &testbuild.PreemptClient{}
-			reclaim := &planner.QueueReclaimer{Ledger: extender.PlannerLedger{Cache: f.cache}, Evicter: evicter, Pods: f.list, Events: f.events, Now: func() time.Time { return f.now }}
-			f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
-				Events: f.events, Now: func() time.Time { return f.now }, Queues: book, QueueReclaim: reclaim})
+			f, _, evicter := newReclaimFixtureOf(t, nodes, func(now time.Time) testbuild.Objects {
+				return testbuild.Objects{testbuild.QueueObj(t, "dept", "", nil, 16, 0, now),
+					testbuild.QueueObj(t, "team-a", "dept", []string{"ns-a"}, 6, 0, now), testbuild.QueueObj(t, "team-b", "dept", []string{"ns-b"}, 10, 0, now)}
+			}, nil)
 			for i := range 2 {
 				p := testbuild.Pod(fmt.Sprintf("el-%d", i)).Whole(4).Node("n0").Holding(4*i, 4*i+1, 4*i+2, 4*i+3).Obj()
 				p.Namespace, p.UID = "ns-a", types.UID(fmt.Sprintf("uid-el-%d", i))
