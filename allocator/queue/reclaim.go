@@ -3,6 +3,7 @@ package queue
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 
 	corev1 "k8s.io/api/core/v1"
@@ -89,8 +90,14 @@ func (s *State) Reclaim(queue string, req quota.Resources, running []Workload, e
 	// enough prefix, made minimal; victims of useless room passed over).
 	// Victims that keep every queue at its guarantee are tried first; only
 	// when they do not free the room may an extra member straddle its
-	// queue's guarantee.
-	for _, straddle := range []bool{false, true} {
+	// queue's guarantee (a second try, made only when a candidate is an
+	// extra member: without one it would choose the same, and each try
+	// calls enough, which plans the asker, again and again).
+	tries := []bool{false}
+	if slices.ContainsFunc(cands, func(w Workload) bool { return w.Extra }) {
+		tries = append(tries, true)
+	}
+	for _, straddle := range tries {
 		newTaker := func() func(Workload) bool {
 			taken := map[string]quota.Resources{} // evicted so far, per queue's subtree
 			return func(w Workload) bool {
