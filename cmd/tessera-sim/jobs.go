@@ -41,6 +41,7 @@ type jobsOptions struct {
 	reserve      reserve.Policy
 	estimates    []jobs.Estimates
 	consolidate  int
+	elasticMin   float64
 }
 
 func parseJobsFlags(args []string, stderr io.Writer) (*jobsOptions, error) {
@@ -77,6 +78,7 @@ func parseJobsFlags(args []string, stderr io.Writer) (*jobsOptions, error) {
 	fs.BoolVar(&o.reserve.OverdueFirst, "reserve-overdue-first", def.Reserve.OverdueFirst, "reserve: a free reservation slot goes to the most overdue due job (waited minus its due wait), not the first due job in queue order")
 	fs.Float64Var(&o.reserve.Backlog, "reserve-backlog", def.Reserve.Backlog, "reserve: add this many times the job's backlog wait (the work ahead of it when it arrived, by declared run times, over the cluster's GPUs) to its due wait")
 	fs.IntVar(&o.consolidate, "consolidate-moves-per-minute", 0, "reserve: consolidation: a job holding a reservation that cannot start gets whole nodes by moving running one-pod jobs smaller than a node (each restarts, its work lost), at most this many per minute of simulated time (0: off)")
+	fs.Float64Var(&o.elasticMin, "elastic-min", 0, "gang, queues, reserve: every job of several pods that the trace gives no min_gpu column for is an elastic gang that starts with this fraction of its pods (rounded up) and grows one pod at a time as room appears; 0: rigid jobs")
 	estimates := fs.String("estimates", def.Estimates.String(), "reserve: comma-separated models of the run time jobs declare, one replay each: none, oracle (the actual duration), user<factor>x-miss<share> (actual x factor rounded up to a limit class of 1h..30d; that share of jobs declares none)")
 	reserveOrder := fs.String("reserve-order", string(def.Reserve.Order), "reserve: tie-break between nodes with as many GPUs to drain: youngest, oldest (by their longest-running pod) or name")
 	fs.BoolVar(&o.teamShares, "team-shares", false, "table: also print each team's received and entitled GPU-hours while it waited")
@@ -90,6 +92,9 @@ func parseJobsFlags(args []string, stderr io.Writer) (*jobsOptions, error) {
 			return nil, fmt.Errorf("jobs: --estimates: %w", err)
 		}
 		o.estimates = append(o.estimates, m)
+	}
+	if o.elasticMin < 0 || o.elasticMin > 1 {
+		return nil, fmt.Errorf("jobs: --elastic-min %v: want a fraction of a job's pods, 0..1 (0: rigid jobs)", o.elasticMin)
 	}
 	if o.consolidate < 0 {
 		return nil, fmt.Errorf("jobs: --consolidate-moves-per-minute %d: want 0 (off) or more", o.consolidate)
@@ -152,6 +157,7 @@ func runJobs(args []string, stdout, stderr io.Writer) error {
 				Queues:      jobs.QueueConfig{Teams: o.queueTeams, Departments: o.queueDepts, GuaranteeFraction: o.queueGuar, HalfLife: o.queueHalf},
 				Reserve:     o.reserve,
 				Estimates:   run.estimates,
+				ElasticMin:  o.elasticMin,
 			}
 			if st == jobs.StrategyReserve {
 				cfg.ConsolidateMovesPerMinute = o.consolidate
@@ -191,11 +197,11 @@ func runJobs(args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "trace\tstrategy\tjobs\tfinished\tmean JCT h\tp95 JCT h\tmax JCT h\tmax JCT h >=16 GPUs\tmean queue h\tutil %\tpartial-gang GPU-h\theld idle GPU-h\tevictions\tlost GPU-h\tJain\tmin recv/ent\t")
+	fmt.Fprintln(tw, "trace\tstrategy\tjobs\tfinished\tmean JCT h\tp95 JCT h\tmax JCT h\tmax JCT h >=16 GPUs\tmean queue h\tutil %\tpartial-gang GPU-h\theld idle GPU-h\tevictions\tlost GPU-h\tJain\tmin recv/ent\telastic +/-\t")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2f\t%.2f\t%.1f\t%.1f\t%.2f\t%.1f\t%.0f\t%.0f\t%d\t%.0f\t%.3f\t%.3f\t\n", r.Trace, r.Variant, r.Jobs, r.Finished,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2f\t%.2f\t%.1f\t%.1f\t%.2f\t%.1f\t%.0f\t%.0f\t%d\t%.0f\t%.3f\t%.3f\t%d/%d\t\n", r.Trace, r.Variant, r.Jobs, r.Finished,
 			r.MeanJCTHours, r.P95JCTHours, r.MaxJCTHours, r.MaxBigGangJCTHours, r.MeanQueueHours, r.UtilizationPct, r.WastedGPUHours, r.ReservedIdleGPUHours, r.Evictions, r.LostGPUHours,
-			r.Fairness.JainIndex, r.Fairness.MinShareRatio)
+			r.Fairness.JainIndex, r.Fairness.MinShareRatio, r.ElasticGrows, r.ElasticShrinks)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -216,6 +222,14 @@ func runJobs(args []string, stdout, stderr io.Writer) error {
 
 // variant names a strategy with its settings, e.g. "gang+quota4".
 func variant(cfg jobs.Config) string {
+	v := strategyVariant(cfg)
+	if cfg.ElasticMin > 0 && cfg.Strategy != jobs.StrategyNoGang && cfg.Strategy != jobs.StrategyFIFO {
+		v += "+elastic" + strconv.FormatFloat(cfg.ElasticMin, 'g', -1, 64)
+	}
+	return v
+}
+
+func strategyVariant(cfg jobs.Config) string {
 	v := string(cfg.Strategy)
 	if cfg.Strategy == jobs.StrategyQueues {
 		if cfg.Queues.HalfLife != jobs.DefaultQueueHalfLife {

@@ -110,7 +110,7 @@ func (s *sim) consolidateFor(j *jobState) (bool, error) {
 		plan = p
 		return true
 	}
-	w := consolidate.Workload{Members: j.sizes}
+	w := consolidate.Workload{Members: j.sizes[:j.min]}
 	moves, err := consolidate.Decide(view, w, budget, judge)
 	switch {
 	case errors.Is(err, consolidate.ErrFits):

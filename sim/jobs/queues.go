@@ -192,36 +192,48 @@ func (s *sim) fairTeam(j Job) string {
 	return teamName(int(h.Sum32() % uint32(s.q.cfg.Teams)))
 }
 
-// The books: a job's GPUs are pending from arrival until it starts, used
-// while it runs, pending again when evicted.
-func (s *sim) queueArrive(j *jobState) { s.addPending(j, 1) }
-func (s *sim) queueStart(j *jobState) {
-	s.addPending(j, -1)
-	s.q.used[j.fteam] += int64(j.job.GPUs)
+// The books: a job's GPUs are pending from arrival until they run (an
+// elastic gang's pods that do not run yet stay pending: demand), used
+// while they run, pending again when evicted or taken back (resized).
+// Waiting counts the jobs that wait to start, by the GPUs they start with.
+func (s *sim) queueArrive(j *jobState) {
+	s.q.pending[j.fteam] += int64(j.job.GPUs)
+	s.addWaiting(j, 1)
 }
+func (s *sim) queueStart(j *jobState) {
+	s.q.pending[j.fteam] -= int64(j.gpusNow())
+	s.q.used[j.fteam] += int64(j.gpusNow())
+	s.addWaiting(j, -1)
+}
+
+// queueFinish books j's end, before its pods are released.
 func (s *sim) queueFinish(j *jobState) {
-	s.q.used[j.fteam] -= int64(j.job.GPUs)
+	s.q.used[j.fteam] -= int64(j.gpusNow())
+	s.q.pending[j.fteam] -= int64(j.job.GPUs - j.gpusNow())
 	if s.q.afterFinish != nil {
 		s.q.afterFinish(j)
 	}
 }
+
+// queueEvict books j's eviction, before its pods are released.
 func (s *sim) queueEvict(j *jobState) {
-	s.q.used[j.fteam] -= int64(j.job.GPUs)
-	s.addPending(j, 1)
+	s.q.used[j.fteam] -= int64(j.gpusNow())
+	s.q.pending[j.fteam] += int64(j.gpusNow())
+	s.addWaiting(j, 1)
 	if s.q.afterEvict != nil {
 		s.q.afterEvict(j)
 	}
 }
 
-func (s *sim) addPending(j *jobState, sign int64) {
-	s.q.pending[j.fteam] += sign * int64(j.job.GPUs)
+func (s *sim) addWaiting(j *jobState, sign int) {
 	w := s.q.waiting[j.fteam]
 	if w == nil {
 		w = map[int]int{}
 		s.q.waiting[j.fteam] = w
 	}
-	if w[j.job.GPUs] += int(sign); w[j.job.GPUs] == 0 {
-		delete(w, j.job.GPUs)
+	g := j.startGPUs()
+	if w[g] += sign; w[g] == 0 {
+		delete(w, g)
 	}
 }
 
@@ -354,7 +366,7 @@ func (s *sim) scheduleQueues() error {
 	for i, j := range s.queue {
 		// The key breaks ties of equal submission seconds by arrival.
 		key := fmt.Sprintf("%s/%09d", j.fteam, j.order)
-		ws[i] = queue.Workload{Key: key, Queue: j.fteam, Created: unix(j.job.Submit), Uses: gpuRes(j.job.GPUs), Preemptible: true}
+		ws[i] = queue.Workload{Key: key, Queue: j.fteam, Created: unix(j.job.Submit), Uses: gpuRes(j.startGPUs()), Preemptible: true}
 		byKey[key] = j
 	}
 	st := s.state()
@@ -370,7 +382,7 @@ func (s *sim) scheduleQueues() error {
 	started := map[*jobState]bool{}
 	for _, w := range ws {
 		j := byKey[w.Key]
-		k := ask{j.fteam, j.job.GPUs}
+		k := ask{j.fteam, j.startGPUs()}
 		d, ok := admitted[k]
 		if !ok {
 			d = st.Admit(j.fteam, w.Uses)
@@ -416,20 +428,35 @@ func (s *sim) scheduleQueues() error {
 	}
 	s.queue = kept
 	s.requeueEvicted()
-	return nil
+	// Elastic gangs grow into what is left, each pod admitted like work.
+	return s.growElastic(s.nodes, func(j *jobState, gpus int) bool {
+		return s.state().Admit(j.fteam, gpuRes(gpus)).Allowed
+	})
 }
 
-// queueReclaim evicts borrowed jobs whole, chosen by State.Reclaim, so that
-// j fits; it returns j's plan on the freed cluster, or (nil, nil) when
-// reclaim cannot help.
+// queueReclaim evicts borrowed jobs whole, or takes back their elastic
+// gangs' extra pods, chosen by State.Reclaim, so that j fits; it returns
+// j's plan on the freed cluster, or (nil, nil) when reclaim cannot help.
 func (s *sim) queueReclaim(st *queue.State, j *jobState, req quota.Resources) (*gang.Plan, error) {
 	var running []queue.Workload
-	byKey := map[string]*jobState{}
+	byKey := map[string]victim{}
 	for _, c := range s.running {
 		r := c.job
 		key := fmt.Sprintf("%s/%09d", r.fteam, r.order)
-		running = append(running, queue.Workload{Key: key, Queue: r.fteam, Created: unix(r.start), Uses: gpuRes(r.job.GPUs), Preemptible: true})
-		byKey[key] = r
+		running = append(running, queue.Workload{Key: key, Queue: r.fteam, Created: unix(r.start), Uses: gpuRes(r.gpusNow()), Preemptible: true})
+		byKey[key] = victim{r, -1}
+		for _, e := range r.extras() {
+			ek := fmt.Sprintf("%s member %d", key, e.k)
+			running = append(running, queue.Workload{Key: ek, Queue: r.fteam, Created: unix(r.podStart[e.k]), Uses: gpuRes(r.extraUses(e.k)), Preemptible: true, Extra: true})
+			byKey[ek] = e
+		}
+	}
+	of := func(ws []queue.Workload) []victim {
+		out := make([]victim, len(ws))
+		for i, w := range ws {
+			out[i] = byKey[w.Key]
+		}
+		return out
 	}
 	// The heap's order is not stable across pushes; Reclaim sorts, but
 	// equal candidates keep input order, so give it a stable one.
@@ -439,11 +466,7 @@ func (s *sim) queueReclaim(st *queue.State, j *jobState, req quota.Resources) (*
 		if len(v) == 0 {
 			return false
 		}
-		var jobs []*jobState
-		for _, w := range v {
-			jobs = append(jobs, byKey[w.Key])
-		}
-		p, err := gang.PlanGroup(s.group(j), s.freedCloneJobs(jobs), s.policy)
+		p, err := gang.PlanGroup(s.group(j), s.freedCloneOf(of(v)), s.policy)
 		if err != nil {
 			return false
 		}
@@ -462,30 +485,12 @@ func (s *sim) queueReclaim(st *queue.State, j *jobState, req quota.Resources) (*
 	}
 	// enough was last called on a superset or another set: plan again on
 	// exactly the victims.
-	var jobs []*jobState
-	for _, v := range victims {
-		jobs = append(jobs, byKey[v.Key])
-	}
-	plan, err = gang.PlanGroup(s.group(j), s.freedCloneJobs(jobs), s.policy)
+	plan, err = gang.PlanGroup(s.group(j), s.freedCloneOf(of(victims)), s.policy)
 	if err != nil {
 		return nil, fmt.Errorf("job %s: reclaim chose victims without room: %w", j.job.ID, err)
 	}
-	for _, v := range jobs {
-		s.evict(v)
-	}
+	s.takeBack(of(victims))
 	return plan, nil
-}
-
-// freedCloneJobs returns the nodes with the victims' pods released.
-func (s *sim) freedCloneJobs(victims []*jobState) []gang.Node {
-	var ws []quota.Workload
-	byName := map[string]*jobState{}
-	for _, v := range victims {
-		name := fmt.Sprintf("%09d", v.order)
-		ws = append(ws, quota.Workload{Name: name})
-		byName[name] = v
-	}
-	return s.freedClone(ws, byName)
 }
 
 func gpuRes(n int) quota.Resources { return quota.Resources{api.ResourceGPU: int64(n)} }

@@ -281,7 +281,7 @@ func TestQueuesWaitingPrefixAdmitsAsEveryJob(t *testing.T) {
 			u := min(int64(rng.Intn(int(s.q.guarantee)*2+1)), left)
 			s.q.used[team], left = u, left-u
 			for i := rng.Intn(12); i > 0; i-- {
-				s.addPending(&jobState{job: Job{GPUs: sizes[rng.Intn(len(sizes))]}, fteam: team}, 1)
+				s.queueArrive(&jobState{job: Job{GPUs: sizes[rng.Intn(len(sizes))]}, fteam: team})
 			}
 		}
 		got := s.state()

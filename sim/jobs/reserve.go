@@ -61,8 +61,9 @@ type insideOf struct {
 // occupant is running job j's pod k as the reservation policy sees it.
 func (s *sim) occupant(j *jobState, k int) reserve.Occupant {
 	in := s.rsv.inside[j]
+	// An elastic gang's pod beyond its minimum is taken back first.
 	o := reserve.Occupant{GPUs: j.sizes[k], Age: time.Duration(s.now-j.start) * time.Second,
-		Preemptible: in.how == reserve.AsPreemptible, Backfilled: in.how == reserve.Backfilled}
+		Preemptible: in.how == reserve.AsPreemptible || k >= j.min, Backfilled: in.how == reserve.Backfilled}
 	if s.rsv.policy.Estimates && j.rt.Known {
 		o.Remaining = reserve.Expect(j.rt.Duration - time.Duration(s.now-j.start)*time.Second)
 	}
@@ -109,10 +110,15 @@ func (s *sim) reserveFinish(j *jobState) {
 func (s *sim) scheduleReserve() error {
 	for {
 		evicted, err := s.reservePass()
-		if err != nil || !evicted {
+		if err != nil {
 			return err
 		}
+		if !evicted {
+			break
+		}
 	}
+	// Elastic gangs grow into what is left, off the held nodes.
+	return s.growElastic(s.rsv.outside, func(*jobState, int) bool { return true })
 }
 
 // reservePass is one walk of the queue; it reports whether it evicted
@@ -258,7 +264,7 @@ func (s *sim) hold() {
 			nodes[i].Held = old[i] == h
 		}
 		var held []reserve.Node
-		for _, i := range r.policy.Pick(nodes, h.sizes, taken) {
+		for _, i := range r.policy.Pick(nodes, h.sizes[:h.min], taken) {
 			r.heldBy[i], taken[i] = h, true
 			held = append(held, nodes[i])
 		}
@@ -368,7 +374,7 @@ func (s *sim) startEvicting(j *jobState) (bool, error) {
 	r := s.rsv
 	var held []int
 	var nodes []reserve.Node
-	var owners [][]*jobState
+	var owners [][]victim
 	pos := map[int]int{}
 	for i := range s.nodes {
 		if r.heldBy[i] != j {
@@ -383,7 +389,7 @@ func (s *sim) startEvicting(j *jobState) (bool, error) {
 		for k, n := range c.job.nodes {
 			if p, ok := pos[n]; ok && n >= 0 {
 				nodes[p].Occupants = append(nodes[p].Occupants, s.occupant(c.job, k))
-				owners[p] = append(owners[p], c.job)
+				owners[p] = append(owners[p], victim{c.job, k})
 			}
 		}
 	}
@@ -391,15 +397,18 @@ func (s *sim) startEvicting(j *jobState) (bool, error) {
 	if !ok || len(victims) == 0 {
 		return false, nil
 	}
-	done := map[*jobState]bool{}
+	// An extra pod of an elastic gang is taken back; other occupants are
+	// preemptible backfill, evicted whole.
+	var taken []victim
 	for _, v := range victims {
-		vj := owners[v[0]][v[1]]
-		if !done[vj] {
-			done[vj] = true
-			delete(r.inside, vj)
-			s.evict(vj)
+		o := owners[v[0]][v[1]]
+		if o.k < o.j.min {
+			o.k = -1
+			delete(r.inside, o.j)
 		}
+		taken = append(taken, o)
 	}
+	s.takeBack(taken)
 	cands := make([]gang.Node, 0, len(held))
 	for _, i := range held {
 		cands = append(cands, s.nodes[i])

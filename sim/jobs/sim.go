@@ -71,6 +71,10 @@ type Config struct {
 	// ConsolidateMovesPerMinute turns consolidation on in StrategyReserve
 	// (consolidate.go): at most this many jobs moved per minute; 0: off.
 	ConsolidateMovesPerMinute int
+	// ElasticMin makes every job of several pods that the trace gives no
+	// min_gpu an elastic gang (elastic.go) whose minimum is this fraction
+	// of its pods, rounded up; 0: such jobs are rigid.
+	ElasticMin float64
 }
 
 // DefaultConfig is an 8-GPU-node cluster scheduled by Tessera.
@@ -115,9 +119,13 @@ type Result struct {
 	Evictions    int     `json:"evictions"`
 	LostGPUHours float64 `json:"lostGPUHours"`
 	// ConsolidationMoves are the evictions made by consolidation.
-	ConsolidationMoves int      `json:"consolidationMoves,omitempty"`
-	EndTime            int64    `json:"endTime"`
-	Series             []Sample `json:"series,omitempty"`
+	ConsolidationMoves int `json:"consolidationMoves,omitempty"`
+	// ElasticGrows are pods that joined a running elastic gang;
+	// ElasticShrinks pods taken back from one (elastic.go).
+	ElasticGrows   int      `json:"elasticGrows,omitempty"`
+	ElasticShrinks int      `json:"elasticShrinks,omitempty"`
+	EndTime        int64    `json:"endTime"`
+	Series         []Sample `json:"series,omitempty"`
 	// Fairness over the teams of Config.Queues, for every strategy.
 	Fairness Fairness `json:"fairness"`
 
@@ -135,6 +143,15 @@ type jobState struct {
 	placed  int
 	started bool
 	start   int64
+	// min is how many pods must run for the job to start: all of them,
+	// or an elastic gang's minimum (elastic.go). Running pods are the
+	// first placed.
+	min int
+	// left is the work left in pod-seconds as of since, done at one
+	// pod-second per running pod per second; gpuSec the GPU-seconds run
+	// since the start (lost on eviction); podStart when each pod started.
+	left, since, gpuSec int64
+	podStart            []int64
 	// waited is set once the job's first start recorded its queueing delay.
 	waited bool
 	order  int // arrival order, the queue's sort key
@@ -151,7 +168,7 @@ type jobState struct {
 // nodes) for the no-room memo.
 func (j *jobState) shapeKey(holder bool) string {
 	if j.shape == "" {
-		j.shape = fmt.Sprint(j.sizes)
+		j.shape = fmt.Sprint(j.sizes[:j.min])
 	}
 	if holder {
 		return j.shape + " true"
@@ -170,6 +187,9 @@ func Run(jobs []Job, cfg Config) (*Result, error) {
 	}
 	if cfg.Teams < 0 {
 		return nil, fmt.Errorf("teams: %d is negative", cfg.Teams)
+	}
+	if cfg.ElasticMin < 0 || cfg.ElasticMin > 1 {
+		return nil, fmt.Errorf("elastic minimum %v: want a fraction of a job's pods, 0..1 (0: rigid jobs)", cfg.ElasticMin)
 	}
 	policy, err := allocator.NewPolicy(cfg.Policy)
 	if err != nil {
@@ -297,10 +317,12 @@ func (s *sim) run(jobs []Job) (*Result, error) {
 		for next < len(jobs) && jobs[next].Submit == t {
 			j := jobs[next]
 			js := &jobState{job: j, team: s.teamOf(j), fteam: s.fairTeam(j), sizes: j.pods(s.cfg.GPUsPerNode), order: next, rt: s.cfg.Estimates.runtime(j)}
+			js.min = s.minPods(j, js.sizes)
 			s.queueArrive(js)
 			s.reserveArrive(js)
 			js.nodes = make([]int, len(js.sizes))
 			js.gpus = make([]allocator.GPUSet, len(js.sizes))
+			js.podStart = make([]int64, len(js.sizes))
 			for i := range js.nodes {
 				js.nodes[i] = -1
 			}
@@ -357,8 +379,8 @@ func (s *sim) advance(t int64) {
 func (s *sim) finish(j *jobState) {
 	s.reserveFinish(j)
 	s.queueFinish(j)
+	s.runGPUs -= j.gpusNow()
 	s.release(j)
-	s.runGPUs -= j.job.GPUs
 	s.res.Finished++
 	s.jct = append(s.jct, float64(s.now-j.job.Submit)/3600)
 	if j.job.GPUs >= BigGangGPUs {
@@ -373,6 +395,7 @@ func (s *sim) finish(j *jobState) {
 
 // release frees every placed pod of j.
 func (s *sim) release(j *jobState) {
+	gpus := j.gpusNow()
 	for i, n := range j.nodes {
 		if n < 0 {
 			continue
@@ -384,22 +407,23 @@ func (s *sim) release(j *jobState) {
 	}
 	j.placed = 0
 	if s.quota != nil && j.started {
-		s.quota.Used[j.team] = s.quota.Used[j.team].Sub(quota.Resources{api.ResourceGPU: int64(j.job.GPUs)})
+		s.quota.Used[j.team] = s.quota.Used[j.team].Sub(gpuRes(gpus))
 	}
 }
 
 func (s *sim) startJob(j *jobState) {
 	j.started, j.start = true, s.now
+	j.left, j.since, j.gpuSec = int64(len(j.sizes))*j.job.Duration, s.now, 0
 	s.queueStart(j)
-	s.runGPUs += j.job.GPUs
+	s.runGPUs += j.gpusNow()
 	if !j.waited {
 		j.waited = true
 		s.wait = append(s.wait, float64(s.now-j.job.Submit)/3600)
 	}
 	if s.quota != nil {
-		s.quota.Used[j.team] = s.quota.Used[j.team].Add(quota.Resources{api.ResourceGPU: int64(j.job.GPUs)})
+		s.quota.Used[j.team] = s.quota.Used[j.team].Add(gpuRes(j.gpusNow()))
 	}
-	heap.Push(&s.running, &completion{at: s.now + j.job.Duration, job: j})
+	heap.Push(&s.running, &completion{at: s.due(j), job: j})
 }
 
 func (s *sim) schedule() error {
@@ -452,6 +476,14 @@ func (s *sim) scheduleWhole(strict bool) error {
 	}
 	s.queue = kept
 	s.requeueEvicted()
+	if !strict {
+		// Elastic gangs grow into what is left, off the held nodes.
+		if err := s.growElastic(s.candidates(nil), func(j *jobState, gpus int) bool {
+			return s.quota == nil || s.quota.Admit(j.team, gpuRes(gpus)).Allowed
+		}); err != nil {
+			return err
+		}
+	}
 	s.idleGPUs = s.reservedIdle()
 	return nil
 }
@@ -471,7 +503,7 @@ func (s *sim) held() map[int]bool {
 	out := map[int]bool{}
 	if j.sizes[0] >= s.cfg.GPUsPerNode {
 		for i := range s.nodes {
-			if len(out) == len(j.sizes) {
+			if len(out) == j.min {
 				break
 			}
 			if s.nodes[i].Node.FullyFreeGPUs() == s.cfg.GPUsPerNode {
@@ -515,9 +547,11 @@ func (s *sim) reservedIdle() int {
 	return idle
 }
 
+// group is the pods j starts with: all of them, or an elastic gang's
+// minimum.
 func (s *sim) group(j *jobState) gang.Group {
-	g := gang.Group{Namespace: j.team, Name: j.job.ID, MinMember: len(j.sizes)}
-	for i := range j.sizes {
+	g := gang.Group{Namespace: j.team, Name: j.job.ID, MinMember: j.min}
+	for i := range j.sizes[:j.min] {
 		g.Members = append(g.Members, gang.Member{Name: fmt.Sprintf("%s-%d", j.job.ID, i), Request: j.request(i)})
 	}
 	return g
@@ -526,7 +560,7 @@ func (s *sim) group(j *jobState) gang.Group {
 // tryStart plans and starts j whole, with quota admission and reclaim when
 // quota is on.
 func (s *sim) tryStart(j *jobState) (bool, error) {
-	req := quota.Resources{api.ResourceGPU: int64(j.job.GPUs)}
+	req := gpuRes(j.startGPUs())
 	if s.quota != nil {
 		if d := s.quota.Admit(j.team, req); !d.Allowed {
 			return false, nil
@@ -560,38 +594,53 @@ func (s *sim) tryStart(j *jobState) (bool, error) {
 	return true, nil
 }
 
+// apply places the plan's members as j's next pods.
 func (s *sim) apply(j *jobState, plan *gang.Plan) {
 	byName := map[string]int{}
 	for i, n := range s.nodes {
 		byName[n.Node.Name] = i
 	}
 	for i, pl := range plan.Placements {
+		k := j.placed + i
 		n := byName[pl.Node]
-		if err := allocator.Apply(s.nodes[n].Node, j.request(i), pl.GPUs); err != nil {
+		if err := allocator.Apply(s.nodes[n].Node, j.request(k), pl.GPUs); err != nil {
 			panic(fmt.Sprintf("applying the plan of job %s: %v", j.job.ID, err)) // a plan the planner made must apply
 		}
-		j.nodes[i], j.gpus[i] = n, pl.GPUs
+		j.nodes[k], j.gpus[k], j.podStart[k] = n, pl.GPUs, s.now
 	}
-	j.placed = len(j.sizes)
+	j.placed += len(plan.Placements)
 }
 
-// reclaimFor evicts borrowed jobs of other teams, whole, so that j (whose
-// team is within its min) fits; it returns j's plan on the freed cluster,
-// or (nil, nil) when reclaim cannot help.
+// reclaimFor evicts borrowed jobs of other teams, whole, or takes back
+// their elastic gangs' extra pods, so that j (whose team is within its
+// min) fits; it returns j's plan on the freed cluster, or (nil, nil) when
+// reclaim cannot help.
 func (s *sim) reclaimFor(j *jobState, req quota.Resources) (*gang.Plan, error) {
 	var running []quota.Workload
-	byName := map[string]*jobState{}
+	byName := map[string]victim{}
 	for _, c := range s.running {
-		running = append(running, quota.Workload{Namespace: c.job.team, Name: c.job.job.ID, Created: unix(c.job.start), Uses: quota.Resources{api.ResourceGPU: int64(c.job.job.GPUs)}})
-		byName[c.job.job.ID] = c.job
+		rj := c.job
+		running = append(running, quota.Workload{Namespace: rj.team, Name: rj.job.ID, Created: unix(rj.start), Uses: gpuRes(rj.gpusNow())})
+		byName[rj.job.ID] = victim{rj, -1}
+		for _, e := range rj.extras() {
+			name := fmt.Sprintf("%s member %d", rj.job.ID, e.k)
+			running = append(running, quota.Workload{Namespace: rj.team, Name: name, Created: unix(rj.podStart[e.k]), Uses: gpuRes(rj.extraUses(e.k)), Extra: true})
+			byName[name] = e
+		}
+	}
+	of := func(ws []quota.Workload) []victim {
+		out := make([]victim, len(ws))
+		for i, w := range ws {
+			out[i] = byName[w.Name]
+		}
+		return out
 	}
 	var plan *gang.Plan
 	victims, err := s.quota.Reclaim(j.team, req, running, func(v []quota.Workload) bool {
 		if len(v) == 0 {
 			return false
 		}
-		trial := s.freedClone(v, byName)
-		p, err := gang.PlanGroup(s.group(j), trial, s.policy)
+		p, err := gang.PlanGroup(s.group(j), s.freedCloneOf(of(v)), s.policy)
 		if err != nil {
 			return false
 		}
@@ -605,33 +654,17 @@ func (s *sim) reclaimFor(j *jobState, req quota.Resources) (*gang.Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, v := range victims {
-		s.evict(byName[v.Name])
+	if len(victims) == 0 {
+		return nil, nil
 	}
+	// enough was last called on a superset or another set: plan again on
+	// exactly the victims.
+	plan, err = gang.PlanGroup(s.group(j), s.freedCloneOf(of(victims)), s.policy)
+	if err != nil {
+		return nil, fmt.Errorf("job %s: reclaim chose victims without room: %w", j.job.ID, err)
+	}
+	s.takeBack(of(victims))
 	return plan, nil
-}
-
-// freedClone returns the nodes with the victims' pods released.
-func (s *sim) freedClone(victims []quota.Workload, byName map[string]*jobState) []gang.Node {
-	out := make([]gang.Node, len(s.nodes))
-	copy(out, s.nodes)
-	cloned := map[int]bool{}
-	for _, v := range victims {
-		vj := byName[v.Name]
-		for i, n := range vj.nodes {
-			if n < 0 {
-				continue
-			}
-			if !cloned[n] {
-				out[n].Node = out[n].Node.Clone()
-				cloned[n] = true
-			}
-			if err := allocator.Release(out[n].Node, vj.request(i), vj.gpus[i]); err != nil {
-				panic(fmt.Sprintf("releasing victim %s on a clone: %v", vj.job.ID, err))
-			}
-		}
-	}
-	return out
 }
 
 // evict stops a running job; it waits again once the pass is over.
@@ -643,10 +676,11 @@ func (s *sim) evict(j *jobState) {
 		}
 	}
 	s.res.Evictions++
+	s.progress(j)
 	s.queueEvict(j)
 	s.noRoom = map[string]bool{} // the eviction freed room
-	s.res.LostGPUHours += float64(s.now-j.start) * float64(j.job.GPUs) / 3600
-	s.runGPUs -= j.job.GPUs
+	s.res.LostGPUHours += float64(j.gpuSec) / 3600
+	s.runGPUs -= j.gpusNow()
 	s.release(j)
 	j.started = false
 	// The queue is being walked; the job rejoins it after the pass.

@@ -32,11 +32,15 @@ type Job struct {
 	// Estimate is the run time the job declares, in seconds (the optional
 	// column expected_runtime; 0: none), used under EstimateTrace.
 	Estimate int64
+	// MinGPUs makes a job of several pods an elastic gang (elastic.go):
+	// it starts once pods holding this many GPUs run, and the others join
+	// one at a time (the optional column min_gpu; 0: all of them).
+	MinGPUs int
 }
 
 // ReadTrace reads a trace CSV with the columns job_id, submission_time,
-// duration, num_gpu and optionally expected_runtime (any order, header
-// required). Jobs come back sorted by
+// duration, num_gpu and optionally expected_runtime and min_gpu (any
+// order, header required). Jobs come back sorted by
 // submission time, then by order in the file.
 func ReadTrace(path string) ([]Job, error) {
 	f, err := os.Open(path)
@@ -101,6 +105,16 @@ func parseTrace(r io.Reader, name string) ([]Job, error) {
 			if j.Estimate, err = num("expected_runtime"); err != nil {
 				return nil, err
 			}
+		}
+		if _, ok := col["min_gpu"]; ok {
+			v, err := num("min_gpu")
+			if err != nil {
+				return nil, err
+			}
+			if v > gpus {
+				return nil, fmt.Errorf("%s:%d: column min_gpu: %d is more than the job's %d GPUs", name, line, v, gpus)
+			}
+			j.MinGPUs = int(v)
 		}
 		jobs = append(jobs, j)
 	}
