@@ -193,17 +193,30 @@ func TestParseTrace(t *testing.T) {
 	if diff := cmp.Diff([]int{8, 8}, Job{GPUs: 12}.pods(8)); diff != "" {
 		t.Errorf("12-GPU job's pods (-want +got):\n%s", diff)
 	}
+	elastic := "job_id,submission_time,duration,num_gpu,min_gpu\na,10,7,32,16\nb,20,5,2,0\n"
+	jobs, err = parseTrace(strings.NewReader(elastic), "t.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = []Job{{ID: "a", Submit: 10, Duration: 7, GPUs: 32, MinGPUs: 16}, {ID: "b", Submit: 20, Duration: 5, GPUs: 2}}
+	if diff := cmp.Diff(want, jobs); diff != "" {
+		t.Errorf("parsed elastic jobs (-want +got):\n%s", diff)
+	}
 	bad := map[string]string{
 		"missing column": "job_id,submission_time,duration\nx,1,1\n",
 		"bad number":     "job_id,submission_time,duration,num_gpu\nx,soon,1,1\n",
 		"zero GPUs":      "job_id,submission_time,duration,num_gpu\nx,1,1,0\n",
 		"short row":      "job_id,submission_time,duration,num_gpu\nx,1,1\n",
+		"min over size":  "job_id,submission_time,duration,num_gpu,min_gpu\nx,1,1,16,24\n",
+		"bad min":        "job_id,submission_time,duration,num_gpu,min_gpu\nx,1,1,16,-8\n",
 	}
 	wantMsg := map[string]string{
 		"missing column": `lacks column "num_gpu"`,
 		"bad number":     `t.csv:2: column submission_time: "soon"`,
 		"zero GPUs":      "t.csv:2: column num_gpu",
 		"short row":      "t.csv:2: 3 fields",
+		"min over size":  "t.csv:2: column min_gpu: 24 is more than the job's 16 GPUs",
+		"bad min":        `t.csv:2: column min_gpu: "-8"`,
 	}
 	for name, data := range bad {
 		if _, err := parseTrace(strings.NewReader(data), "t.csv"); err == nil || !strings.Contains(err.Error(), wantMsg[name]) {
@@ -246,4 +259,27 @@ func TestITPTraceReplays(t *testing.T) {
 	if w := results[StrategyNoGang].WastedGPUHours; w <= 0 {
 		t.Errorf("no-gang wasted %v GPU-hours: its multi-node jobs should hold partial gangs", w)
 	}
+}
+
+// FuzzParseTrace: any input parses or fails with an error, never a panic;
+// what parses is sorted by submission, with at least one GPU per job and a
+// minimum within its size.
+func FuzzParseTrace(f *testing.F) {
+	f.Add("job_id,submission_time,duration,num_gpu\nb,20,5,2\na,10,7,64\n")
+	f.Add("job_id,submission_time,duration,num_gpu,min_gpu,expected_runtime\na,10,7,32,16,9\n")
+	f.Add("num_gpu,job_id\n")
+	f.Fuzz(func(t *testing.T, data string) {
+		jobs, err := parseTrace(strings.NewReader(data), "f.csv")
+		if err != nil {
+			return
+		}
+		for i, j := range jobs {
+			if j.GPUs < 1 || j.MinGPUs < 0 || j.MinGPUs > j.GPUs || j.Duration < 0 || j.Estimate < 0 {
+				t.Fatalf("job %+v accepted", j)
+			}
+			if i > 0 && jobs[i-1].Submit > j.Submit {
+				t.Fatalf("jobs out of submission order: %+v before %+v", jobs[i-1], j)
+			}
+		}
+	})
 }
