@@ -52,9 +52,6 @@ func (s *sim) minPods(j Job, sizes []int) int {
 	return min(max(m, 1), n)
 }
 
-// elastic reports whether j is an elastic gang.
-func (j *jobState) elastic() bool { return j.min < len(j.sizes) }
-
 // gpusOf is the GPUs j's first n pods count for: all the job's GPUs once
 // every pod runs (the last pod of a job that is not a multiple of a node
 // counts for what is left of it).
