@@ -251,6 +251,11 @@ func (p *GangPlanner) consolidate(ctx context.Context, key string, g *api.Gang, 
 	// (so a pass that plans again, or the next one, takes the room its
 	// moves freed before anyone else).
 	leaving, blocked := c.hints()
+	if r := p.reserved[key]; r != nil {
+		for _, uid := range r.uids {
+			leaving[uid] = true // its reservation is its own room
+		}
+	}
 	for _, st := range snap {
 		for uid := range st.Occupants() {
 			if pod := p.passPods[uid]; pod != nil && pod.DeletionTimestamp != nil {

@@ -292,6 +292,12 @@ type GangPlanner struct {
 	// holds are the rooms consolidation freed, held for their workloads
 	// by key (consolidate.go, freedHold).
 	holds map[string]*freedHold
+	// awaiting are, by workload key, the pods evicted (or leaving) to
+	// free the room a workload was planned on: its gates stay until they
+	// are gone (awaitingVictims), so that kube-scheduler does not try it
+	// while they still hold the GPUs. Lost on a restart, when the gates
+	// are lifted at once (as before such a wait existed).
+	awaiting map[string]*awaited
 	// schedulers are the schedulerNames whose pods the extender serves:
 	// only their ungated gang members are planned.
 	schedulers map[string]bool
@@ -526,6 +532,11 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 			p.releaseReservation(key)
 		}
 	}
+	for key := range p.awaiting {
+		if _, live := groups[key]; !live {
+			delete(p.awaiting, key)
+		}
+	}
 	for key := range p.holds {
 		if _, live := groups[key]; !live {
 			p.releaseHold(key)
@@ -612,7 +623,11 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 	if gr.single {
 		m := gr.members[0]
 		if plan, ok, err := api.GetGangPlan(m.Annotations); ok && err == nil && plan.Gang == m.Name {
-			// Planned, but the gate's removal failed: lift it again.
+			if p.awaitingVictims(gr.key) {
+				return nil
+			}
+			// Planned, but the gate's removal failed or waited for the
+			// pods evicted for it: lift it (again).
 			return p.client.RemoveGate(ctx, m)
 		}
 		_, err := p.plan(ctx, gr.key, g, gr.members, 1)
@@ -685,6 +700,9 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 		}
 		if !allBound && p.now().After(expires) {
 			return p.expire(ctx, gr, planned)
+		}
+		if p.awaitingVictims(gr.key) {
+			return nil
 		}
 		var errs []error
 		for _, m := range planned {
@@ -1104,11 +1122,24 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 	if lag, err := p.cacheLagsPlan(ctx, key, g, members); lag || err != nil {
 		return false, err
 	}
-	// A reservation of this workload's is its own room (or nobody's, if
-	// the workload is not admitted now).
-	since, held := p.releaseReservation(key)
-	if !held {
-		since = p.store.restoredSince[key] // its reservation before a restart
+	// A reservation of this workload's is its own room: it is planned on
+	// the nodes without its members' reserved uses (planOn, own), and the
+	// reservation stays in the ledger meanwhile, so that the filter admits
+	// no other pod to its room while this workload plans; its plan or a
+	// new reservation takes its place in the ledger at once (ReserveGang
+	// replaces a member's use), and one not replaced by the end of this
+	// call is released (nobody's room, if the workload is not admitted
+	// now).
+	var own map[types.UID]bool          // its members' reserved uses
+	since := p.store.restoredSince[key] // its reservation before a restart
+	if r := p.reserved[key]; r != nil {
+		own = uidSet(r.uids)
+		since = r.since
+		defer func() {
+			if p.reserved[key] == r {
+				p.releaseReservation(key)
+			}
+		}()
 	}
 	// Room consolidation freed for it stays held while it plans: its plan
 	// takes the hold's place in the ledger (consolidate_hold.go).
@@ -1143,16 +1174,22 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 	if p.growing {
 		view = withoutNodes(view, p.passNominated)
 	}
-	// planOn plans the workload on the nodes of s.
+	// planOn plans the workload on the nodes of s, where what its members
+	// hold already (a reservation) is its own.
 	planOn := func(s Snapshot) (*gang.Plan, error) {
-		grp, nodes := p.gangInput(s, g, members, demands, minMember, shared)
+		grp, nodes := p.gangInput(without(s, own), g, members, demands, minMember, shared)
 		grp.Single = api.IsPodKey(key)
 		return gang.PlanGroup(grp, nodes, p.policy)
 	}
 	res, err := planOn(view)
 	// evictVictims evicts what quota reclaim or tier preemption chose for
-	// the workload, once its plan holds the room (nil: nothing to evict).
+	// the workload, once its plan holds the room (nil: nothing to evict);
+	// victims are the pods the plan counts gone (evicted or leaving).
 	var evictVictims func(context.Context) error
+	victims := map[types.UID]bool{}
+	if hold != nil {
+		maps.Copy(victims, hold.gone)
+	}
 	if err != nil {
 		reason := err.Error()
 		if errors.Is(err, gang.ErrNoRoom) {
@@ -1199,6 +1236,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 				// pods leaving are gone.
 				if r, perr := planOn(without(snap, usable)); perr == nil {
 					res, err = r, nil
+					maps.Copy(victims, usable)
 				} else if msg != "" {
 					reason += "; queue reclaim: " + msg
 				}
@@ -1220,6 +1258,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 				if r, perr := planOn(without(snap, gone)); perr == nil {
 					res, err = r, nil
 					evictVictims = evict
+					maps.Copy(victims, gone)
 				} else {
 					reason += "; quota reclaim: " + msg + ", but the workload does not fit the room freed: nothing evicted"
 				}
@@ -1251,6 +1290,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 				if r, gerr := planOn(without(snap, gone)); gerr == nil {
 					res, err = r, nil
 					evictVictims = evict
+					maps.Copy(victims, gone)
 				} else if msg != "" {
 					reason += "; " + msg
 				}
@@ -1261,8 +1301,11 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		if err != nil && errors.Is(err, gang.ErrNoRoom) && !shared && !preempting && !p.growing {
 			// Move pods that consent to it, when its GPUs are scattered
 			// (consolidate.go).
-			if r, msg := p.consolidate(ctx, key, g, members, demands, minMember, snap); r != nil {
+			if r, msg := p.consolidate(ctx, key, g, members, demands, minMember, without(snap, own)); r != nil {
 				res, err = r, nil
+				if h := p.holds[key]; h != nil {
+					maps.Copy(victims, h.gone)
+				}
 			} else if msg != "" {
 				reason += "; " + msg
 			}
@@ -1324,6 +1367,8 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		}
 		return false, fmt.Errorf("gang %s: %w (planned again on the next pass)", g.Key(), err)
 	}
+	// Its plan took the place of its reservation in the ledger.
+	p.plannedReservation(key, members)
 	// The workloads after this one in the pass see its reservation (and
 	// nothing else that changed on the cluster meanwhile).
 	p.refreshUses(uses)
@@ -1378,16 +1423,24 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 	delete(p.store.restoredSince, key)
 	delete(p.heldBefore, key)
 	delete(p.cooldown, key)
-	for i, m := range members {
-		errs[i] = fmt.Errorf("gang %s: the gate of %s was not lifted (stopping)", g.Key(), m.Name)
-	}
-	workqueue.ParallelizeUntil(ctx, apiWriters, len(members), func(i int) {
-		errs[i] = nil
-		// With its plan, so that the gate's removal pins it to its node.
-		if err := p.client.RemoveGate(ctx, withAnnotation(members[i], api.AnnotationGangPlan, values[i])); err != nil {
-			errs[i] = fmt.Errorf("gang %s: removing the gate of %s: %w", g.Key(), members[i].Name, err)
+	if p.await(key, members, victims) {
+		// The gates are lifted by a later pass, once the victims are
+		// gone: tried now, kube-scheduler would find their GPUs still
+		// taken and report the pods unschedulable.
+		logger.V(2).Info("Planned on room pods evicted for it still hold; the gates are lifted once they are gone", "workload", key)
+	} else {
+		for i, m := range members {
+			errs[i] = fmt.Errorf("gang %s: the gate of %s was not lifted (stopping)", g.Key(), m.Name)
 		}
-	})
+		workqueue.ParallelizeUntil(ctx, apiWriters, len(members), func(i int) {
+			errs[i] = nil
+			// With its plan, so that the gate's removal pins it to its
+			// node.
+			if err := p.client.RemoveGate(ctx, withAnnotation(members[i], api.AnnotationGangPlan, values[i])); err != nil {
+				errs[i] = fmt.Errorf("gang %s: removing the gate of %s: %w", g.Key(), members[i].Name, err)
+			}
+		})
+	}
 	delete(p.waiting, key)
 	if queued {
 		// The next workloads of this pass see what this one takes.
@@ -1528,7 +1581,8 @@ func GangTrigger(trigger chan<- struct{}) toolscache.ResourceEventHandler {
 		_, member, _ := api.GangOf(pod)
 		_, planned := pod.Annotations[api.AnnotationGangPlan]
 		if !member && !planned && !api.HasQueueGate(pod) {
-			// A pod leaving frees room a waiting gang may need: only
+			// A pod leaving frees room a waiting gang may need, or is one
+			// a planned workload waits for (awaitingVictims): only
 			// deletions and completions of other pods matter, and the
 			// periodic pass sees those soon enough.
 			return
@@ -1603,4 +1657,58 @@ func podAllows(snap Snapshot, pod *corev1.Pod) func(gang.Node) bool {
 		st, ok := snap[n.Node.Name]
 		return ok && st.Admits(allowed)
 	}
+}
+
+// awaited are the pods a planned workload waits for before its gates are
+// lifted, until a time.
+type awaited struct {
+	pods  map[types.UID]bool
+	until time.Time
+}
+
+// maxAwait is how long a planned workload keeps its gates at most while
+// pods evicted for it still run (a pod stuck terminating, a node gone):
+// then kube-scheduler tries it as it did before the wait, and the pods'
+// end lets it bind.
+const maxAwait = 2 * time.Minute
+
+// await records that workload key, just planned, waits for the pods of
+// victims that are still there (not ended; its own members aside) before
+// its gates are lifted, at most maxAwait; it reports whether there are
+// any.
+func (p *GangPlanner) await(key string, members []*corev1.Pod, victims map[types.UID]bool) bool {
+	own := make(map[types.UID]bool, len(members))
+	for _, m := range members {
+		own[m.UID] = true
+	}
+	left := map[types.UID]bool{}
+	for uid := range victims {
+		if pod := p.passPods[uid]; pod != nil && !own[uid] && !gpureq.Ended(pod) {
+			left[uid] = true
+		}
+	}
+	if len(left) == 0 {
+		delete(p.awaiting, key)
+		return false
+	}
+	if p.awaiting == nil {
+		p.awaiting = map[string]*awaited{}
+	}
+	p.awaiting[key] = &awaited{pods: left, until: p.now().Add(maxAwait)}
+	return true
+}
+
+// awaitingVictims reports whether workload key, planned, still waits for
+// pods evicted for it to go (await); once they have, or its wait is over,
+// it is forgotten.
+func (p *GangPlanner) awaitingVictims(key string) bool {
+	if a := p.awaiting[key]; a != nil && p.now().Before(a.until) {
+		for uid := range a.pods {
+			if pod := p.passPods[uid]; pod != nil && !gpureq.Ended(pod) {
+				return true
+			}
+		}
+	}
+	delete(p.awaiting, key)
+	return false
 }

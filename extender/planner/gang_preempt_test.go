@@ -125,6 +125,32 @@ func (f *gangFixture) plannedWhole(prefix string) []string {
 	return nodes
 }
 
+// plannedOnceVictimsLeave checks that the members of prefix are planned
+// and keep their gates while the pods evicted for them (named in evicted)
+// are still there, so that kube-scheduler does not try them on GPUs still
+// taken; then the victims leave, and the next pass lifts the gates. It
+// returns plannedWhole's nodes.
+func (f *gangFixture) plannedOnceVictimsLeave(prefix string, evicted []string) []string {
+	f.t.Helper()
+	for name, s := range f.state(prefix) {
+		if !s.planned || !s.gated {
+			f.t.Errorf("member %s while its victims are there: planned %v, gated %v; want planned and gated", name, s.planned, s.gated)
+		}
+	}
+	gone := map[string]bool{}
+	for _, name := range evicted {
+		gone[name] = true
+	}
+	pods, _ := f.list()
+	for _, p := range pods {
+		if gone[p.Name] {
+			f.gone(p)
+		}
+	}
+	f.sync()
+	return f.plannedWhole(prefix)
+}
+
 func sortedCopy(s []string) []string {
 	out := append([]string{}, s...)
 	sort.Strings(out)
@@ -165,7 +191,7 @@ func TestGangPreemptsLowerTier(t *testing.T) {
 			if diff := cmp.Diff(sortedCopy(want), sortedCopy(evicter.Evicted)); diff != "" {
 				t.Fatalf("evicted (-want +got):\n%s\nevents:\n%s", diff, strings.Join(f.events.Events, "\n"))
 			}
-			if diff := cmp.Diff(tc.wantNodes, f.plannedWhole("inf-")); diff != "" {
+			if diff := cmp.Diff(tc.wantNodes, f.plannedOnceVictimsLeave("inf-", evicter.Evicted)); diff != "" {
 				t.Errorf("planned nodes (-want +got):\n%s", diff)
 			}
 			f.sync()
@@ -222,7 +248,7 @@ func TestGangPreemptsWithinItsDomain(t *testing.T) {
 			if diff := cmp.Diff(tc.want, sortedCopy(evicter.Evicted)); diff != "" {
 				t.Fatalf("evicted (-want +got):\n%s\nevents:\n%s", diff, strings.Join(f.events.Events, "\n"))
 			}
-			f.plannedWhole("inf-")
+			f.plannedOnceVictimsLeave("inf-", evicter.Evicted)
 		})
 	}
 }
@@ -241,8 +267,40 @@ func TestGangPreemptsElasticExtrasFirst(t *testing.T) {
 	if diff := cmp.Diff([]string{"el-2"}, evicter.Evicted); diff != "" {
 		t.Fatalf("evicted (-want +got):\n%s\nevents:\n%s", diff, strings.Join(f.events.Events, "\n"))
 	}
+	if diff := cmp.Diff([]string{"n0"}, f.plannedOnceVictimsLeave("inf-", evicter.Evicted)); diff != "" {
+		t.Errorf("planned nodes (-want +got):\n%s", diff)
+	}
+}
+
+// A victim that never goes (stuck terminating): the member planned on its
+// room keeps its gate while it runs, at most two minutes; then the gate is
+// lifted and kube-scheduler tries the pod as it would without the wait.
+func TestGangGateLiftedWhenAVictimNeverGoes(t *testing.T) {
+	f, evicter := newTierFixture(t, testbuild.EightGPUNodes(2))
+	f.runningTier("el-0", "n0", notebook, 40*time.Minute, "el", 2, 0, 1)
+	f.runningTier("el-1", "n0", notebook, 40*time.Minute, "el", 2, 2, 3)
+	f.runningTier("el-2", "n0", notebook, 20*time.Minute, "el", 2, 4, 5)
+	f.runningTier("el-3", "n0", notebook, 30*time.Minute, "el", 2, 6, 7)
+	f.runningTier("solo", "n1", notebook, 5*time.Minute, "", 0, 0, 1, 2, 3, 4, 5, 6, 7)
+	f.tierMember("inf", 1, 0, 2, inference, func(p *corev1.Pod) { p.Annotations[api.AnnotationGangTimeout] = "600" })
+	f.sync()
+	if diff := cmp.Diff([]string{"el-2"}, evicter.Evicted); diff != "" {
+		t.Fatalf("evicted (-want +got):\n%s", diff)
+	}
+	for _, after := range []time.Duration{0, 90 * time.Second} {
+		f.now = f.now.Add(after)
+		f.sync()
+		if s := f.state("inf-")["inf-0"]; !s.planned || !s.gated {
+			t.Fatalf("%s after the eviction, el-2 still running: planned %v, gated %v; want planned and gated", after, s.planned, s.gated)
+		}
+	}
+	f.now = f.now.Add(31 * time.Second)
+	f.sync()
 	if diff := cmp.Diff([]string{"n0"}, f.plannedWhole("inf-")); diff != "" {
 		t.Errorf("planned nodes (-want +got):\n%s", diff)
+	}
+	if len(evicter.Evicted) != 1 {
+		t.Errorf("evicted more while waiting: %v", evicter.Evicted)
 	}
 }
 
@@ -309,7 +367,7 @@ func TestGangPreemptionNotRepeatedOnAStaleSnapshot(t *testing.T) {
 	if diff := cmp.Diff(want, sortedCopy(evicter.Evicted)); diff != "" {
 		t.Fatalf("evicted (-want +got):\n%s\nevents:\n%s", diff, strings.Join(f.events.Events, "\n"))
 	}
-	if diff := cmp.Diff([]string{"n1", "n2"}, f.plannedWhole("inf-")); diff != "" {
+	if diff := cmp.Diff([]string{"n1", "n2"}, f.plannedOnceVictimsLeave("inf-", evicter.Evicted)); diff != "" {
 		t.Errorf("planned nodes (-want +got):\n%s", diff)
 	}
 }

@@ -416,6 +416,11 @@ func TestQueueReclaimFreesOneClique(t *testing.T) {
 	if len(got) != 4 || !(sameClique(got, []int{0, 1, 2, 3}) || sameClique(got, []int{4, 5, 6, 7})) {
 		t.Errorf("evicted %v, want the four pods of one clique\nevents:\n%s", got, strings.Join(f.events.Events, "\n"))
 	}
+	// Planned, its gate kept until the victims are gone.
+	if a, gated := f.admitted("ns-a"); a != 0 || gated != 1 {
+		t.Errorf("the 4-GPU pod while its victims are there: %d admitted, %d gated; want it planned and gated", a, gated)
+	}
+	f.passesEvicting(evicter, "ns-b", 2)
 	if a, _ := f.admitted("ns-a"); a != 1 {
 		t.Errorf("the 4-GPU pod is not planned on the freed clique")
 	}

@@ -195,8 +195,47 @@ func (p *GangPlanner) occupants(st Node, holder map[types.UID]bool, since time.T
 	return occ, pods
 }
 
-// releaseReservation drops the room workload key holds, so that its own
-// plan may use it; the pass snapshot sees the release.
+// plannedReservation ends workload key's reservation once its planned
+// members are reserved in the ledger (their plans took their reserved
+// uses' place); a reserved member not planned now is released.
+func (p *GangPlanner) plannedReservation(key string, planned []*corev1.Pod) {
+	r := p.reserved[key]
+	if r == nil {
+		return
+	}
+	delete(p.reserved, key)
+	p.reservations.Store(int64(len(p.reserved)))
+	p.releaseUIDsBut(r, planned)
+}
+
+// releaseUIDsBut drops from the ledger the uses of r's members that keep
+// (pods planned or reserved again) does not name.
+func (p *GangPlanner) releaseUIDsBut(r *reservation, keep []*corev1.Pod) {
+	in := make(map[types.UID]bool, len(keep))
+	for _, m := range keep {
+		in[m.UID] = true
+	}
+	var rest []types.UID
+	for _, uid := range r.uids {
+		if !in[uid] {
+			rest = append(rest, uid)
+		}
+	}
+	p.ledger.ReleaseGang(rest)
+	p.refresh(r.nodes)
+}
+
+// uidSet is uids as a set.
+func uidSet(uids []types.UID) map[types.UID]bool {
+	out := make(map[types.UID]bool, len(uids))
+	for _, uid := range uids {
+		out[uid] = true
+	}
+	return out
+}
+
+// releaseReservation drops the room workload key holds; the pass snapshot
+// sees the release.
 func (p *GangPlanner) releaseReservation(key string) (time.Time, bool) {
 	r, ok := p.reserved[key]
 	if !ok {
@@ -236,7 +275,8 @@ func (p *GangPlanner) refresh(nodes []string) {
 // for a first reservation).
 func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, demands []Demand, minMember int, since time.Time) string {
 	cfg := p.reservation
-	if cfg.ReserveAfter <= 0 || len(p.reserved) > 0 || p.holds[key] != nil {
+	old := p.reserved[key] // made again here, or released by plan
+	if cfg.ReserveAfter <= 0 || len(p.reserved) > 0 && old == nil || p.holds[key] != nil {
 		return "" // one at a time; a workload whose freed room is held has its room
 	}
 	now := p.now()
@@ -279,7 +319,12 @@ func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, de
 	if snap == nil {
 		snap = p.ledger.Snapshot()
 	}
-	res, ok := p.soonest(snap, g, members, demands, minMember, p.heldBefore[key])
+	// Its reservation of before, still in the ledger, is its own room.
+	view := snap
+	if old != nil {
+		view = without(snap, uidSet(old.uids))
+	}
+	res, ok := p.soonest(view, g, members, demands, minMember, p.heldBefore[key])
 	if !ok {
 		return ""
 	}
@@ -295,14 +340,20 @@ func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, de
 		}
 	}
 	// Victims first: their GPUs are the reservation's as they leave.
-	leaving, evict := p.fill(key, r, snap)
-	err := p.ledger.ReserveGang(snap, p.held(snap, uses, since, leaving))
+	leaving, evict := p.fill(key, r, view)
+	// The members' uses replace those of its reservation of before in one
+	// step (ReserveGang), so that its room is never free meanwhile.
+	err := p.ledger.ReserveGang(snap, p.held(view, uses, since, leaving))
 	for try := 0; try < 3 && errors.Is(err, ErrStaleSnapshot); try++ {
 		// A node changed since the pass began (a pod bound there, as
 		// backfill may, or left): hold on the nodes as they are now, so
 		// that the room is not free until the next pass.
 		fresh := p.ledger.Snapshot()
-		err = p.ledger.ReserveGang(fresh, p.held(fresh, uses, since, leaving))
+		fview := fresh
+		if old != nil {
+			fview = without(fresh, uidSet(old.uids))
+		}
+		err = p.ledger.ReserveGang(fresh, p.held(fview, uses, since, leaving))
 	}
 	if err != nil {
 		return "" // the next pass reserves
@@ -310,6 +361,9 @@ func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, de
 	evicting := evict()
 	r.uses = uses
 	p.reserved[key] = r
+	if old != nil {
+		p.releaseUIDsBut(old, members) // members it no longer counts
+	}
 	delete(p.store.restoredSince, key) // r carries it now
 	p.heldBefore[key] = map[string]bool{}
 	for _, n := range r.nodes {
