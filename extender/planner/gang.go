@@ -1673,7 +1673,8 @@ type awaited struct {
 const maxAwait = 2 * time.Minute
 
 // await records that workload key, just planned, waits for the pods of
-// victims that are still there (not ended; its own members aside) before
+// victims that are still there (being deleted counts: their containers
+// still hold the GPUs until they stop; its own members aside) before
 // its gates are lifted, at most maxAwait; it reports whether there are
 // any.
 func (p *GangPlanner) await(key string, members []*corev1.Pod, victims map[types.UID]bool) bool {
@@ -1683,7 +1684,7 @@ func (p *GangPlanner) await(key string, members []*corev1.Pod, victims map[types
 	}
 	left := map[types.UID]bool{}
 	for uid := range victims {
-		if pod := p.passPods[uid]; pod != nil && !own[uid] && !gpureq.Ended(pod) {
+		if pod := p.passPods[uid]; pod != nil && !own[uid] && !gpureq.Terminal(pod) {
 			left[uid] = true
 		}
 	}
@@ -1704,7 +1705,7 @@ func (p *GangPlanner) await(key string, members []*corev1.Pod, victims map[types
 func (p *GangPlanner) awaitingVictims(key string) bool {
 	if a := p.awaiting[key]; a != nil && p.now().Before(a.until) {
 		for uid := range a.pods {
-			if pod := p.passPods[uid]; pod != nil && !gpureq.Ended(pod) {
+			if pod := p.passPods[uid]; pod != nil && !gpureq.Terminal(pod) {
 				return true
 			}
 		}

@@ -634,8 +634,22 @@ func TestRoomFreedDuringAPassGoesByOrder(t *testing.T) {
 	}
 	f.view = nil
 	f.sync()
+	// Both are planned on the room full frees, and keep their gates
+	// while it is still leaving.
+	pods, _ := f.list()
+	planned := 0
+	for _, p := range pods {
+		if _, ok := p.Annotations[api.AnnotationGangPlan]; ok && p.Namespace == "ns-a" {
+			planned++
+		}
+	}
+	if a, gated := f.admitted("ns-a"); a != 0 || gated != 2 || planned != 2 {
+		t.Errorf("in the next pass, while full is leaving: %d planned, %d admitted, %d gated; want both planned and gated\nevents:\n%s", planned, a, gated, strings.Join(f.events.Events, "\n"))
+	}
+	f.gone(full)
+	f.sync()
 	if a, _ := f.admitted("ns-a"); a != 2 {
-		t.Errorf("admitted %d in the next pass, want both\nevents:\n%s", a, strings.Join(f.events.Events, "\n"))
+		t.Errorf("admitted %d once full is gone, want both\nevents:\n%s", a, strings.Join(f.events.Events, "\n"))
 	}
 }
 
