@@ -461,18 +461,7 @@ func (s *sim) queueReclaim(st *queue.State, j *jobState, req quota.Resources) (*
 	// The heap's order is not stable across pushes; Reclaim sorts, but
 	// equal candidates keep input order, so give it a stable one.
 	sort.Slice(running, func(a, b int) bool { return running[a].Key < running[b].Key })
-	var plan *gang.Plan
-	victims, err := st.Reclaim(j.fteam, req, running, func(v []queue.Workload) bool {
-		if len(v) == 0 {
-			return false
-		}
-		p, err := gang.PlanGroup(s.group(j), s.freedCloneOf(of(v)), s.policy)
-		if err != nil {
-			return false
-		}
-		plan = p
-		return true
-	})
+	victims, err := st.Reclaim(j.fteam, req, running, func(v []queue.Workload) bool { return s.fitsWithout(j, of(v)) })
 	var re *queue.ReclaimError
 	if errors.As(err, &re) {
 		return nil, nil
@@ -480,17 +469,7 @@ func (s *sim) queueReclaim(st *queue.State, j *jobState, req quota.Resources) (*
 	if err != nil {
 		return nil, err
 	}
-	if len(victims) == 0 {
-		return nil, nil
-	}
-	// enough was last called on a superset or another set: plan again on
-	// exactly the victims.
-	plan, err = gang.PlanGroup(s.group(j), s.freedCloneOf(of(victims)), s.policy)
-	if err != nil {
-		return nil, fmt.Errorf("job %s: reclaim chose victims without room: %w", j.job.ID, err)
-	}
-	s.takeBack(of(victims))
-	return plan, nil
+	return s.reclaimWith(j, of(victims))
 }
 
 func gpuRes(n int) quota.Resources { return quota.Resources{api.ResourceGPU: int64(n)} }

@@ -635,18 +635,7 @@ func (s *sim) reclaimFor(j *jobState, req quota.Resources) (*gang.Plan, error) {
 		}
 		return out
 	}
-	var plan *gang.Plan
-	victims, err := s.quota.Reclaim(j.team, req, running, func(v []quota.Workload) bool {
-		if len(v) == 0 {
-			return false
-		}
-		p, err := gang.PlanGroup(s.group(j), s.freedCloneOf(of(v)), s.policy)
-		if err != nil {
-			return false
-		}
-		plan = p
-		return true
-	})
+	victims, err := s.quota.Reclaim(j.team, req, running, func(v []quota.Workload) bool { return s.fitsWithout(j, of(v)) })
 	var re *quota.ReclaimError
 	if errors.As(err, &re) {
 		return nil, nil
@@ -654,16 +643,29 @@ func (s *sim) reclaimFor(j *jobState, req quota.Resources) (*gang.Plan, error) {
 	if err != nil {
 		return nil, err
 	}
+	return s.reclaimWith(j, of(victims))
+}
+
+// fitsWithout reports whether j starts once victims are gone.
+func (s *sim) fitsWithout(j *jobState, victims []victim) bool {
+	if len(victims) == 0 {
+		return false
+	}
+	_, err := gang.PlanGroup(s.group(j), s.freedCloneOf(victims), s.policy)
+	return err == nil
+}
+
+// reclaimWith takes back the victims reclaim chose for j and returns j's
+// plan on the room they free; (nil, nil) for no victims.
+func (s *sim) reclaimWith(j *jobState, victims []victim) (*gang.Plan, error) {
 	if len(victims) == 0 {
 		return nil, nil
 	}
-	// enough was last called on a superset or another set: plan again on
-	// exactly the victims.
-	plan, err = gang.PlanGroup(s.group(j), s.freedCloneOf(of(victims)), s.policy)
+	plan, err := gang.PlanGroup(s.group(j), s.freedCloneOf(victims), s.policy)
 	if err != nil {
 		return nil, fmt.Errorf("job %s: reclaim chose victims without room: %w", j.job.ID, err)
 	}
-	s.takeBack(of(victims))
+	s.takeBack(victims)
 	return plan, nil
 }
 
