@@ -253,15 +253,22 @@ func TestGangPreemptsWithinItsDomain(t *testing.T) {
 	}
 }
 
-// A lower-tier elastic gang gives back its newest extra member before any
-// whole workload goes, even a newer one.
-func TestGangPreemptsElasticExtrasFirst(t *testing.T) {
-	f, evicter := newTierFixture(t, testbuild.EightGPUNodes(2))
+// elasticGangAndSolo runs notebooks: an elastic gang el of four 2-GPU
+// members, minimum 2, on n0 (el-2, the newest, started 20 minutes ago),
+// and an 8-GPU pod started 5 minutes ago on n1.
+func (f *gangFixture) elasticGangAndSolo() {
 	f.runningTier("el-0", "n0", notebook, 40*time.Minute, "el", 2, 0, 1)
 	f.runningTier("el-1", "n0", notebook, 40*time.Minute, "el", 2, 2, 3)
 	f.runningTier("el-2", "n0", notebook, 20*time.Minute, "el", 2, 4, 5)
 	f.runningTier("el-3", "n0", notebook, 30*time.Minute, "el", 2, 6, 7)
 	f.runningTier("solo", "n1", notebook, 5*time.Minute, "", 0, 0, 1, 2, 3, 4, 5, 6, 7)
+}
+
+// A lower-tier elastic gang gives back its newest extra member before any
+// whole workload goes, even a newer one.
+func TestGangPreemptsElasticExtrasFirst(t *testing.T) {
+	f, evicter := newTierFixture(t, testbuild.EightGPUNodes(2))
+	f.elasticGangAndSolo()
 	f.tierMember("inf", 1, 0, 2, inference, nil)
 	f.sync()
 	if diff := cmp.Diff([]string{"el-2"}, evicter.Evicted); diff != "" {
@@ -277,11 +284,7 @@ func TestGangPreemptsElasticExtrasFirst(t *testing.T) {
 // lifted and kube-scheduler tries the pod as it would without the wait.
 func TestGangGateLiftedWhenAVictimNeverGoes(t *testing.T) {
 	f, evicter := newTierFixture(t, testbuild.EightGPUNodes(2))
-	f.runningTier("el-0", "n0", notebook, 40*time.Minute, "el", 2, 0, 1)
-	f.runningTier("el-1", "n0", notebook, 40*time.Minute, "el", 2, 2, 3)
-	f.runningTier("el-2", "n0", notebook, 20*time.Minute, "el", 2, 4, 5)
-	f.runningTier("el-3", "n0", notebook, 30*time.Minute, "el", 2, 6, 7)
-	f.runningTier("solo", "n1", notebook, 5*time.Minute, "", 0, 0, 1, 2, 3, 4, 5, 6, 7)
+	f.elasticGangAndSolo()
 	f.tierMember("inf", 1, 0, 2, inference, func(p *corev1.Pod) { p.Annotations[api.AnnotationGangTimeout] = "600" })
 	f.sync()
 	if diff := cmp.Diff([]string{"el-2"}, evicter.Evicted); diff != "" {

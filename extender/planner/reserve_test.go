@@ -17,6 +17,23 @@ import (
 	"github.com/tessera-gpu/tessera/extender/planner"
 )
 
+// smallPodsOnEachNode runs a 1-GPU pod small-<i> on GPU 0 of node n<i>, of
+// nodes n0..n<nodes-1>.
+func (f *gangFixture) smallPodsOnEachNode(nodes int) []*corev1.Pod {
+	f.t.Helper()
+	var out []*corev1.Pod
+	for i := range nodes {
+		p := testbuild.Pod(fmt.Sprintf("small-%d", i)).Whole(1).Node(fmt.Sprintf("n%d", i)).Holding(0).Obj()
+		p.UID = types.UID(fmt.Sprintf("uid-small-%d", i))
+		if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+			f.t.Fatal(err)
+		}
+		f.cache.SetPod(p)
+		out = append(out, p)
+	}
+	return out
+}
+
 // A 2 x 8 GPU gang waits on two 8-GPU nodes that each run a 1-GPU pod.
 // Once it has waited ReserveAfter, both nodes are reserved for it: a new
 // 1-GPU pod fits neither (the filter's check), the room freed as the small
@@ -35,16 +52,7 @@ func TestReservationKeepsAStreamOfSmallPodsOff(t *testing.T) {
 			f := newGangFixture(t, testbuild.EightGPUNodes(2)...)
 			f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
 				Events: f.events, Now: func() time.Time { return f.now }, Reservation: tc.cfg})
-			var small []*corev1.Pod
-			for i := range 2 {
-				p := testbuild.Pod(fmt.Sprintf("small-%d", i)).Whole(1).Node(fmt.Sprintf("n%d", i)).Holding(0).Obj()
-				p.UID = types.UID(fmt.Sprintf("uid-small-%d", i))
-				if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
-					t.Fatal(err)
-				}
-				f.cache.SetPod(p)
-				small = append(small, p)
-			}
+			small := f.smallPodsOnEachNode(2)
 			for i := range 2 {
 				f.member("big", 2, i, 8, f.now.Add(-2*time.Minute))
 			}

@@ -1,13 +1,10 @@
 package planner_test
 
 import (
-	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/extender"
@@ -34,24 +31,15 @@ func (l *watchLedger) ReleaseGang(uids []types.UID) {
 // the ledger throughout: the filter and the bind, on other goroutines,
 // admit pods by the ledger. When the pass first released the reservation
 // and made it again at the end of the workload's turn, a pod kube-scheduler
-// tried meanwhile (as it does at once when a pod leaves, the moment a pass
-// starts) was let into the reserved room: e2e
-// TestReservationEvictsPreemptibleBackfill and
-// TestReservationDrainsNodesOfSlices failed so once passes began as pods
-// with GPUs left.
+// tried meanwhile (as it does at once when a pod leaves) was let into the
+// reserved room: e2e TestReservationEvictsPreemptibleBackfill failed so
+// when a trial made passes begin as pods with GPUs left.
 func TestReservationRoomNeverFreeWhileMadeAgain(t *testing.T) {
 	f := newGangFixture(t, testbuild.EightGPUNodes(2)...)
 	watch := &watchLedger{Ledger: extender.PlannerLedger{Cache: f.cache}}
 	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: watch, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
 		Events: f.events, Now: func() time.Time { return f.now }, Reservation: planner.ReservationConfig{ReserveAfter: time.Minute}})
-	for i := range 2 {
-		p := testbuild.Pod(fmt.Sprintf("small-%d", i)).Whole(1).Node(fmt.Sprintf("n%d", i)).Holding(0).Obj()
-		p.UID = types.UID(fmt.Sprintf("uid-small-%d", i))
-		if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		f.cache.SetPod(p)
-	}
+	f.smallPodsOnEachNode(2)
 	for i := range 2 {
 		f.member("big", 2, i, 8, f.now.Add(-2*time.Minute))
 	}
