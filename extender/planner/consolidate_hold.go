@@ -158,17 +158,7 @@ func (p *GangPlanner) planHeld(key string, planned []types.UID) {
 		return
 	}
 	delete(p.holds, key)
-	in := make(map[types.UID]bool, len(planned))
-	for _, uid := range planned {
-		in[uid] = true
-	}
-	var rest []types.UID
-	for _, uid := range h.uids {
-		if !in[uid] {
-			rest = append(rest, uid)
-		}
-	}
-	p.ledger.ReleaseGang(rest)
+	p.ledger.ReleaseGang(uidsBut(h.uids, uidSet(planned)))
 	p.refresh(h.nodes)
 }
 

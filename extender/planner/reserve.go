@@ -215,14 +215,19 @@ func (p *GangPlanner) releaseUIDsBut(r *reservation, keep []*corev1.Pod) {
 	for _, m := range keep {
 		in[m.UID] = true
 	}
-	var rest []types.UID
-	for _, uid := range r.uids {
-		if !in[uid] {
-			rest = append(rest, uid)
+	p.ledger.ReleaseGang(uidsBut(r.uids, in))
+	p.refresh(r.nodes)
+}
+
+// uidsBut are the uids keep does not hold.
+func uidsBut(uids []types.UID, keep map[types.UID]bool) []types.UID {
+	var out []types.UID
+	for _, uid := range uids {
+		if !keep[uid] {
+			out = append(out, uid)
 		}
 	}
-	p.ledger.ReleaseGang(rest)
-	p.refresh(r.nodes)
+	return out
 }
 
 // uidSet is uids as a set.
