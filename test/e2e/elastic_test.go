@@ -237,10 +237,7 @@ func TestElasticGangGivesBackBeforeWholePodsBesideIt(t *testing.T) {
 func TestQueueReclaimsAnExtraMemberStraddlingItsGuarantee(t *testing.T) {
 	c := getCluster(t)
 	client := c.Client()
-	dyn, err := c.Dynamic()
-	if err != nil {
-		t.Fatal(err)
-	}
+	dyn := dynamicClient(t, c)
 	nsA := namespace(t, c, "e2e-straddle-a")
 	nsB := namespace(t, c, "e2e-straddle-b")
 	waitReleased(t, c)

@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/api"
@@ -198,6 +199,17 @@ func keepFailedLogs(t *testing.T, logs map[string]string, tail int) {
 		}
 		t.Logf("log %s (whole: %s), its end:\n%s", name, kept, b)
 	}
+}
+
+// dynamicClient is c's dynamic client (Queues, ElasticQuotas, PodGroups);
+// the test stops when it cannot be made.
+func dynamicClient(t *testing.T, c *nodesim.Cluster) dynamic.Interface {
+	t.Helper()
+	dyn, err := c.Dynamic()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dyn
 }
 
 func namespace(t *testing.T, c *nodesim.Cluster, name string) string {

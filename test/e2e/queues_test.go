@@ -68,10 +68,7 @@ func clusterGPUs(t *testing.T, client kubernetes.Interface) ([]v1.Node, int64) {
 func TestQueuesFairShareByHistory(t *testing.T) {
 	c := getCluster(t)
 	client := c.Client()
-	dyn, err := c.Dynamic()
-	if err != nil {
-		t.Fatal(err)
-	}
+	dyn := dynamicClient(t, c)
 	nsA := namespace(t, c, "e2e-queue-a")
 	nsB := namespace(t, c, "e2e-queue-b")
 	nsFull := namespace(t, c, "e2e-queue-full")
@@ -103,7 +100,7 @@ func TestQueuesFairShareByHistory(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ra, rb, wa, wb int
-	err = wait.PollUntilContextTimeout(t.Context(), time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(t.Context(), time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
 		ra, wa, _ = countPhases(t, c, nsA)
 		rb, wb, _ = countPhases(t, c, nsB)
 		return int64(ra+rb) == gpus, nil
@@ -231,10 +228,7 @@ func TestUngatedGangNeverBoundAlone(t *testing.T) {
 func TestQueueHierarchyLendsAndReclaims(t *testing.T) {
 	c := getCluster(t)
 	client := c.Client()
-	dyn, err := c.Dynamic()
-	if err != nil {
-		t.Fatal(err)
-	}
+	dyn := dynamicClient(t, c)
 	nsA := namespace(t, c, "e2e-hier-a")
 	nsB := namespace(t, c, "e2e-hier-b")
 	waitReleased(t, c)
@@ -249,7 +243,7 @@ func TestQueueHierarchyLendsAndReclaims(t *testing.T) {
 		create(t, client, nsB, podSpec{name: fmt.Sprintf("b-%d", i), gpus: 1})
 	}
 	var rb, wb int
-	err = wait.PollUntilContextTimeout(t.Context(), time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(t.Context(), time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
 		rb, wb, _ = countPhases(t, c, nsB)
 		return int64(rb) == gpus, nil
 	})
@@ -312,10 +306,7 @@ func TestQueueHierarchyLendsAndReclaims(t *testing.T) {
 func TestQueueTeamTakesItsGuaranteeBackWithinItsDepartment(t *testing.T) {
 	c := getCluster(t)
 	client := c.Client()
-	dyn, err := c.Dynamic()
-	if err != nil {
-		t.Fatal(err)
-	}
+	dyn := dynamicClient(t, c)
 	nsA := namespace(t, c, "e2e-dept-team-a")
 	nsB := namespace(t, c, "e2e-dept-team-b")
 	waitReleased(t, c)

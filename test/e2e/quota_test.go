@@ -18,10 +18,7 @@ import (
 
 func elasticQuota(t *testing.T, c *nodesim.Cluster, ns string, resource v1.ResourceName, min, max int64) {
 	t.Helper()
-	dyn, err := c.Dynamic()
-	if err != nil {
-		t.Fatal(err)
-	}
+	dyn := dynamicClient(t, c)
 	eq := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "ElasticQuota",
 		"metadata": map[string]any{"name": "quota", "namespace": ns},

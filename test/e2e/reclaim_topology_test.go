@@ -37,10 +37,7 @@ import (
 func TestReclaimFreesOneNVLinkClique(t *testing.T) {
 	c := getCluster(t)
 	client := c.Client()
-	dyn, err := c.Dynamic()
-	if err != nil {
-		t.Fatal(err)
-	}
+	dyn := dynamicClient(t, c)
 	const node = "v100-1"
 	nsA := namespace(t, c, "e2e-topo-a")
 	nsB := namespace(t, c, "e2e-topo-b")
@@ -102,7 +99,7 @@ func TestReclaimFreesOneNVLinkClique(t *testing.T) {
 		}
 		delete(gpuOf, name)
 	}
-	err = wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		l, err := client.CoreV1().Pods(nsB).List(ctx, metav1.ListOptions{})
 		return err == nil && len(l.Items) == 6, nil
 	})
@@ -216,10 +213,7 @@ const gpuCliqueLabel = "nvidia.com/gpu.clique"
 func TestReclaimFreesOneCliqueForAGang(t *testing.T) {
 	c := getCluster(t)
 	client := c.Client()
-	dyn, err := c.Dynamic()
-	if err != nil {
-		t.Fatal(err)
-	}
+	dyn := dynamicClient(t, c)
 	nsA := namespace(t, c, "e2e-cq-a")
 	nsB := namespace(t, c, "e2e-cq-b")
 	waitReleased(t, c)

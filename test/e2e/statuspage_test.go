@@ -98,10 +98,7 @@ func TestStatusPage(t *testing.T) {
 	browser := chromium(t)
 	c := getCluster(t)
 	client := c.Client()
-	dyn, err := c.Dynamic()
-	if err != nil {
-		t.Fatal(err)
-	}
+	dyn := dynamicClient(t, c)
 	ns := namespace(t, c, "e2e-status")
 	other := namespace(t, c, "e2e-status-big")
 	waitReleased(t, c)
@@ -132,7 +129,7 @@ func TestStatusPage(t *testing.T) {
 	// waits with no node fitting.
 	base, hc := extenderEndpoint(t, c)
 	var lastOcc string
-	err = wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		code, body, err := getBody(ctx, hc, base+extender.StatusOccupancyPath)
 		if err != nil || code != http.StatusOK {
 			lastOcc = fmt.Sprintf("%d %s %v", code, body, err)

@@ -194,10 +194,7 @@ func events(t *testing.T, client kubernetes.Interface, ns, name string) string {
 func TestTierPreemptionInQueuedNamespace(t *testing.T) {
 	c := getCluster(t)
 	client := c.Client()
-	dyn, err := c.Dynamic()
-	if err != nil {
-		t.Fatal(err)
-	}
+	dyn := dynamicClient(t, c)
 	priorityClasses(t, client)
 	const node = "l40s-1"
 	gpus := len(inventory(t, c, node).GPUs)

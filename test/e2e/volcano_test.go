@@ -26,10 +26,7 @@ import (
 // at the end of the test.
 func podGroup(t *testing.T, c *nodesim.Cluster, gvr schema.GroupVersionResource, ns, name string, spec map[string]any) {
 	t.Helper()
-	dyn, err := c.Dynamic()
-	if err != nil {
-		t.Fatal(err)
-	}
+	dyn := dynamicClient(t, c)
 	pg := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": gvr.GroupVersion().String(), "kind": "PodGroup",
 		"metadata": map[string]any{"name": name, "namespace": ns},
