@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/allocator/consolidate"
 	"github.com/tessera-gpu/tessera/allocator/gang"
 )
@@ -78,30 +77,16 @@ func (s *sim) consolidateFor(j *jobState) (bool, error) {
 			view[k].Pods = append(view[k].Pods, consolidate.Pod{Name: name, GPUs: rj.gpus[p].Positions(), Movable: movable})
 		}
 	}
-	cands := make([]gang.Node, len(idx))
-	for k, i := range idx {
-		cands[k] = s.nodes[i]
-	}
 	var plan *gang.Plan
 	judge := func(moves []consolidate.Move) bool {
-		trial := make([]gang.Node, len(cands))
-		copy(trial, cands)
-		cloned := map[int]bool{}
+		var gone []victim
 		for _, m := range moves {
-			rj := owner[m.Pod]
-			for p, n := range rj.nodes {
-				k, ok := at[n]
-				if n < 0 || !ok {
-					continue
-				}
-				if !cloned[k] {
-					trial[k].Node = trial[k].Node.Clone()
-					cloned[k] = true
-				}
-				if err := allocator.Release(trial[k].Node, rj.request(p), rj.gpus[p]); err != nil {
-					panic(fmt.Sprintf("releasing %s on a clone: %v", rj.job.ID, err)) // the simulator's own ledger is broken
-				}
-			}
+			gone = append(gone, victim{owner[m.Pod], -1})
+		}
+		freed := s.freedCloneOf(gone)
+		trial := make([]gang.Node, len(idx))
+		for k, i := range idx {
+			trial[k] = freed[i]
 		}
 		p, err := gang.PlanGroup(s.group(j), trial, s.policy)
 		if err != nil {
