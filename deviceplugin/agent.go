@@ -77,11 +77,12 @@ type Publisher interface {
 // it. Run calls changed with the GPUs the shared parts of their assignments
 // name, and with released set when a pod ended or went away since the last
 // call (the kubelet frees its devices), until ctx ends. Assigned reads the
-// same GPUs from the API server itself: it sees every pod bound before the
-// call, where the watch may lag by a few milliseconds.
+// same GPUs from the API server itself, with those of pods the kubelet has
+// not started: it sees every pod bound before the call, where the watch
+// may lag by a few milliseconds.
 type PodWatch interface {
 	Run(ctx context.Context, changed func(assigned map[string]bool, released bool))
-	Assigned(ctx context.Context) (map[string]bool, error)
+	Assigned(ctx context.Context) (devices.Assignments, error)
 }
 
 // syncedPoll is how often the agent reads the kubelet while it waits for
@@ -564,20 +565,20 @@ func (a *Agent) podsChanged(assigned map[string]bool, released bool) {
 // API server, for a whole-GPU allocation. The extender creates the Binding
 // of a slice before that of any whole-GPU pod it reserved later on the same
 // node, so this read sees every slice the kubelet's choice must avoid. On
-// error (or without a pod watch) it returns nil and the watch's view
+// error (or without a pod watch) it returns false and the watch's view
 // decides alone.
-func (a *Agent) assignedNow(ctx context.Context) map[string]bool {
+func (a *Agent) assignedNow(ctx context.Context) (devices.Assignments, bool) {
 	if a.opts.Pods == nil {
-		return nil
+		return devices.Assignments{}, false
 	}
 	ctx, cancel := context.WithTimeout(ctx, assignedReadTimeout)
 	defer cancel()
 	assigned, err := a.opts.Pods.Assigned(ctx)
 	if err != nil {
 		a.logger.Error(err, "Reading the GPUs assigned to the node's slices; the pod watch's view decides")
-		return nil
+		return devices.Assignments{}, false
 	}
-	return assigned
+	return assigned, true
 }
 
 // syncLoop re-reads the kubelet's allocations periodically and when poked.
@@ -948,13 +949,13 @@ func (a *Agent) streamEnded(k Kind, stream uint64) {
 }
 
 // assignedFor is, for an AssignedReader, the GPUs assigned to slices of the
-// node's pods as the API server lists them now (assignedNow); nil for
-// other kinds.
-func (a *Agent) assignedFor(ctx context.Context, k Kind) map[string]bool {
+// node's pods as the API server lists them now (assignedNow), and whether
+// it could read them; none and false for other kinds.
+func (a *Agent) assignedFor(ctx context.Context, k Kind) (devices.Assignments, bool) {
 	if _, ok := k.(AssignedReader); ok {
 		return a.assignedNow(ctx)
 	}
-	return nil
+	return devices.Assignments{}, false
 }
 
 // preferred implements handler: the preferred set among the devices that
@@ -969,7 +970,17 @@ func (a *Agent) preferred(ctx context.Context, k Kind, available, mustInclude []
 		return nil, err
 	}
 	h, u := a.state.snapshot()
-	u = u.WithAssigned(a.assignedFor(ctx, k))
+	fresh, read := a.assignedFor(ctx, k)
+	// Usable: what the watch or the API server calls assigned is withheld
+	// (fail closed). Preferred: the API server's answer alone says which
+	// GPUs slices are assigned to now, and which of them to slices of pods
+	// the kubelet has not started; the watch may still list one whose pod
+	// has just ended.
+	u = u.WithAssigned(fresh.GPUs)
+	rank := u
+	if read {
+		rank.Assigned, rank.Unstarted = fresh.GPUs, fresh.Unstarted
+	}
 	usableIDs := make([]string, 0, len(available))
 	must := map[string]bool{}
 	for _, id := range mustInclude {
@@ -985,7 +996,7 @@ func (a *Agent) preferred(ctx context.Context, k Kind, available, mustInclude []
 			usableIDs = append(usableIDs, id)
 		}
 	}
-	ids, err := pa.Preferred(usableIDs, mustInclude, size, u)
+	ids, err := pa.Preferred(usableIDs, mustInclude, size, rank)
 	a.opts.Metrics.observePreferred(r, err)
 	if err != nil {
 		return nil, err
@@ -1004,7 +1015,7 @@ func (a *Agent) allocateRequest(ctx context.Context, k Kind, containers [][]stri
 	// The request's context carries gRPC's, not the agent's, logger.
 	logger := a.logger.WithValues("resource", r)
 	_, shared := k.(SharedKind)
-	assigned := a.assignedFor(ctx, k)
+	assigned, _ := a.assignedFor(ctx, k)
 	if shared {
 		a.waitNRI(ctx, logger)
 	}
@@ -1014,7 +1025,7 @@ func (a *Agent) allocateRequest(ctx context.Context, k Kind, containers [][]stri
 			return nil, fmt.Errorf("refusing to allocate %s on %s: %w; shared units are never handed out without isolation (fail closed)", r, a.nodeLabel(), ErrNRIRequired)
 		}
 		var err error
-		resps, err = k.Allocate(containers, h, u.WithAssigned(assigned))
+		resps, err = k.Allocate(containers, h, u.WithAssigned(assigned.GPUs))
 		if err != nil {
 			return nil, err
 		}

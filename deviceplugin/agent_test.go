@@ -833,23 +833,30 @@ func TestRunRejectsBadOptions(t *testing.T) {
 type fakePodWatch struct {
 	updates chan podsUpdate
 
-	mu       sync.Mutex
-	apiView  map[string]bool
-	apiErr   error
-	apiReads int
+	mu           sync.Mutex
+	apiView      map[string]bool
+	apiUnstarted map[string]bool
+	apiErr       error
+	apiReads     int
 }
 
-func (f *fakePodWatch) Assigned(context.Context) (map[string]bool, error) {
+func (f *fakePodWatch) Assigned(context.Context) (devices.Assignments, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.apiReads++
-	return maps.Clone(f.apiView), f.apiErr
+	return devices.Assignments{GPUs: maps.Clone(f.apiView), Unstarted: maps.Clone(f.apiUnstarted)}, f.apiErr
 }
 
+// setAPI makes the API server's answer view, every pod started, or err.
 func (f *fakePodWatch) setAPI(view map[string]bool, err error) {
+	f.setAPIUnstarted(view, nil, err)
+}
+
+// setAPIUnstarted is setAPI with the GPUs of unstarted pods' slices.
+func (f *fakePodWatch) setAPIUnstarted(view, unstarted map[string]bool, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.apiView, f.apiErr = view, err
+	f.apiView, f.apiUnstarted, f.apiErr = view, unstarted, err
 }
 
 type podsUpdate struct {
@@ -968,9 +975,18 @@ func TestPodWatchWithholdsAssignedGPUsAndRereadsOnRelease(t *testing.T) {
 // GPU from whole use while the slice runs on its assigned GPU, and a
 // whole-GPU pod bound meanwhile would then be refused by the kubelet (seen
 // in TestSliceAndWholeGPUPodTogether: "Requested: 7, Available: 6").
+//
+// A GPU whose units the agent last read as allocated, or that its pod watch
+// still reports assigned, may be one whose slice has just ended: the GPU
+// the API server says a slice is assigned to comes first (seen again in
+// TestSliceAndWholeGPUPodTogether, with the same message, when a slice was
+// created right after another on the node had been deleted).
 func TestUnitsComeFromAssignedGPUs(t *testing.T) {
 	pods := &fakePodWatch{updates: make(chan podsUpdate)}
-	e := newEnv(t, nvmlmock.DGXA100(), nil, func(o *deviceplugin.Options) { o.Pods = pods; o.Kubelet = &fakeSource{} })
+	kubelet := &fakeSource{}
+	e := newEnv(t, nvmlmock.DGXA100(), func(c *api.NodeAgentConfig) {
+		c.KubeletSyncInterval.Duration = time.Hour // only pokes read the kubelet
+	}, func(o *deviceplugin.Options) { o.Pods = pods; o.Kubelet = kubelet })
 	e.nri.connected.Store(true)
 	e.start(true)
 	all := e.totals()
@@ -979,26 +995,44 @@ func TestUnitsComeFromAssignedGPUs(t *testing.T) {
 	// GPU 2's units are the best fit by count (fewer free after a slice's
 	// units), GPU 6 is the one the API server says a slice is assigned to.
 	avail := append(unitsOf(memR, e.uuid(2), 8), unitsOf(memR, e.uuid(6), 39)...)
-	for _, tc := range []struct {
-		name     string
-		assigned map[string]bool
-		want     string
-	}{
-		{"nothing assigned: best fit", nil, e.uuid(2)},
-		{"GPU 6 assigned in the API server", map[string]bool{e.uuid(6): true}, e.uuid(6)},
-	} {
-		pods.setAPI(tc.assigned, nil)
+	check := func(name string, apiView, unstarted map[string]bool, want string) {
+		t.Helper()
+		pods.setAPIUnstarted(apiView, unstarted, nil)
 		got, err := e.kubelet.preferred(memR, avail, nil, 4)
 		if err != nil || len(got) != 4 {
-			t.Fatalf("%s: preferred = %v, %v", tc.name, got, err)
+			t.Fatalf("%s: preferred = %v, %v", name, got, err)
 		}
 		for _, id := range got {
-			if uuid, _, _ := devices.ParseDeviceID(memR, id); uuid != tc.want {
-				t.Errorf("%s: preferred %v, want units of %s", tc.name, got, tc.want)
+			if uuid, _, _ := devices.ParseDeviceID(memR, id); uuid != want {
+				t.Errorf("%s: preferred %v, want units of %s", name, got, want)
 				break
 			}
 		}
 	}
+	check("nothing assigned: best fit", nil, nil, e.uuid(2))
+	check("GPU 6 assigned in the API server", map[string]bool{e.uuid(6): true}, nil, e.uuid(6))
+
+	// The agent last read GPU 2's units as allocated (a slice that has
+	// ended since, which the kubelet has not yet let go).
+	kubelet.set(kubeletstate.ContainerDevices{Namespace: "ns", Name: "ended", Container: "c", Resource: memR, DeviceIDs: unitsOf(memR, e.uuid(2), 4)})
+	pods.updates <- podsUpdate{assigned: map[string]bool{}, released: true}
+	e.kubelet.waitCounts("GPU 2 withheld from whole use for its units", all, e.healthyBut(1, 0))
+	check("GPU 2 shared by an ended slice, GPU 6 assigned", map[string]bool{e.uuid(6): true}, nil, e.uuid(6))
+	check("GPU 2 shared, nothing assigned", nil, nil, e.uuid(2))
+	// Or GPU 2's units are those of a running slice: the slice the kubelet
+	// admits now is one of a pod it has not started, assigned GPU 6.
+	both := map[string]bool{e.uuid(2): true, e.uuid(6): true}
+	check("GPU 2's slice runs, GPU 6's is not started", both, map[string]bool{e.uuid(6): true}, e.uuid(6))
+	check("both slices started: best fit", both, nil, e.uuid(2))
+	kubelet.set()
+	pods.updates <- podsUpdate{assigned: map[string]bool{}, released: true}
+	e.kubelet.waitCounts("GPU 2 offered whole again", all, all)
+
+	// The pod watch has not yet seen GPU 2's slice end; the API server
+	// has.
+	pods.updates <- podsUpdate{assigned: map[string]bool{e.uuid(2): true}}
+	e.kubelet.waitCounts("GPU 2 withheld for the watch's slice", all, e.healthyBut(1, 0))
+	check("GPU 2 assigned in the watch only, GPU 6 in the API server", map[string]bool{e.uuid(6): true}, nil, e.uuid(6))
 }
 
 // livePodWatch is a fakePodWatch that also says which pods run.

@@ -51,20 +51,27 @@ func (k *unitKind) Withheld(uuid string, u devices.Usage) (bool, string) {
 // SharesGPU implements SharedKind.
 func (k *unitKind) SharesGPU() {}
 
-// Preferred implements PreferredAllocator: units of the GPUs already
-// shared or assigned to slices first (the kubelet counts a slice's units
-// on the GPUs their IDs name, and the agent withholds a GPU whose units
-// are allocated from whole use: units of a GPU that is neither would
-// withhold it for a slice that runs elsewhere), packed onto few GPUs, best
-// fit.
+// Preferred implements PreferredAllocator: units of the GPUs assigned to
+// slices of pods the kubelet has not started first (the slice being
+// admitted is one of them), then of the GPUs assigned to other slices,
+// then of those already shared, packed onto few GPUs, best fit within
+// each. The kubelet counts a slice's units on the GPUs their IDs name, and
+// the agent withholds a GPU whose units are allocated from whole use:
+// units of a GPU no slice is assigned to would withhold it for a slice
+// that runs elsewhere, and units put beside a running slice (the better
+// fit) would withhold that GPU after the running slice ends. A GPU shared
+// but not assigned is most often one whose slice has just ended (the agent
+// has not read the kubelet's allocations since).
 func (k *unitKind) Preferred(usable, mustInclude []string, size int, u devices.Usage) ([]string, error) {
-	prefer := make(map[string]bool, len(u.Shared)+len(u.Assigned))
-	for _, m := range []map[string]bool{u.Shared, u.Assigned} {
+	rank := make(map[string]int, len(u.Shared)+len(u.Assigned))
+	for level, m := range []map[string]bool{u.Shared, u.Assigned, u.Unstarted} {
 		for uuid, ok := range m {
-			prefer[uuid] = prefer[uuid] || ok
+			if ok {
+				rank[uuid] = level + 1
+			}
 		}
 	}
-	return preferred.Units(k.resource, usable, mustInclude, size, prefer)
+	return preferred.Units(k.resource, usable, mustInclude, size, rank)
 }
 
 // ReadsAssigned implements AssignedReader: Preferred takes units of the

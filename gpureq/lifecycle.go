@@ -36,6 +36,13 @@ func StartedAt(pod *corev1.Pod) time.Time {
 	return pod.CreationTimestamp.Time
 }
 
+// Unstarted reports whether the kubelet has not started pod yet (no
+// status start time): a pod bound to a node may still be in its
+// admission, which allocates its devices.
+func Unstarted(pod *corev1.Pod) bool {
+	return pod.Status.StartTime == nil
+}
+
 // PendingUnschedulable reports a pod kube-scheduler tried and could not
 // place (gang members are the planner's).
 func PendingUnschedulable(p *corev1.Pod) bool {

@@ -303,6 +303,18 @@ type Usage struct {
 	// them for a slice, and the kubelet may not have admitted that pod
 	// yet. They cannot be allocated whole either.
 	Assigned map[string]bool
+	// Unstarted GPUs are those of Assigned named for a pod the kubelet has
+	// not started yet (gpureq.Unstarted): the slice whose units the
+	// kubelet allocates now is among them. Only a preferred allocation
+	// reads it.
+	Unstarted map[string]bool
+}
+
+// Assignments are the GPUs the shared parts of the assignments of a
+// node's pods that have not ended name (Usage.Assigned), and among them
+// those of pods the kubelet has not started (Usage.Unstarted).
+type Assignments struct {
+	GPUs, Unstarted map[string]bool
 }
 
 // WithAssigned returns u with the GPUs in more assigned too; u is not

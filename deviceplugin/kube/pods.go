@@ -16,6 +16,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/deviceplugin/devices"
 	"github.com/tessera-gpu/tessera/deviceplugin/kubeletstate"
 	"github.com/tessera-gpu/tessera/gpureq"
 	"github.com/tessera-gpu/tessera/internal/podtrust"
@@ -173,15 +174,15 @@ func (w *PodWatch) onNode(o *metav1.ListOptions) {
 // Assigned lists the node's pods from the API server (a consistent read,
 // not the watch's cache) and returns the GPUs named by the shared
 // assignments of those that have not ended (read through the trust
-// filter).
-func (w *PodWatch) Assigned(ctx context.Context) (map[string]bool, error) {
+// filter), and among them those of pods the kubelet has not started.
+func (w *PodWatch) Assigned(ctx context.Context) (devices.Assignments, error) {
 	opts := metav1.ListOptions{}
 	w.onNode(&opts)
 	pods, err := w.cs.CoreV1().Pods(metav1.NamespaceAll).List(ctx, opts)
 	if err != nil {
-		return nil, fmt.Errorf("listing the pods of node %s: %w", w.node, err)
+		return devices.Assignments{}, fmt.Errorf("listing the pods of node %s: %w", w.node, err)
 	}
-	assigned := map[string]bool{}
+	out := devices.Assignments{GPUs: map[string]bool{}, Unstarted: map[string]bool{}}
 	quiet := w.trust.Quiet()
 	for i := range pods.Items {
 		p := &pods.Items[i]
@@ -189,9 +190,13 @@ func (w *PodWatch) Assigned(ctx context.Context) (map[string]bool, error) {
 			continue
 		}
 		quiet.Pod(p)
-		maps.Copy(assigned, sharedGPUs(p))
+		gpus := sharedGPUs(p)
+		maps.Copy(out.GPUs, gpus)
+		if gpureq.Unstarted(p) {
+			maps.Copy(out.Unstarted, gpus)
+		}
 	}
-	return assigned, nil
+	return out, nil
 }
 
 // ended: the pod no longer runs, or soon will not (or is bound elsewhere):

@@ -15,6 +15,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/deviceplugin/devices"
 	"github.com/tessera-gpu/tessera/deviceplugin/kube"
 )
 
@@ -140,7 +141,15 @@ func TestPodWatch(t *testing.T) {
 	wait("the second slice deleted", set(gpu3), true)
 
 	// The API read: every pod of the node that has not ended, without the
-	// watch.
+	// watch; those the kubelet has not started (d has) apart.
+	d, err := cs.CoreV1().Pods("ns").Get(ctx, "d", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Status.StartTime = &metav1.Time{Time: time.Now()}
+	if _, err := cs.CoreV1().Pods("ns").UpdateStatus(ctx, d, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := cs.CoreV1().Pods("ns").Create(ctx, pod("ns", "c", "n1", sealed(t, "c", slice(gpu2))), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +157,8 @@ func TestPodWatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(set(gpu2, gpu3), got); diff != "" {
+	want := devices.Assignments{GPUs: set(gpu2, gpu3), Unstarted: set(gpu2)}
+	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("Assigned (-want +got):\n%s", diff)
 	}
 }

@@ -285,15 +285,16 @@ func sortDevices(ds []*gpuallocator.Device) {
 
 // Units returns the preferred size units of resource r out of available,
 // including every one of mustInclude. The GPUs of mustInclude come first,
-// then those of prefer (the GPUs already serving units or assigned to a
-// slice of the node's pods: a unit taken from any other GPU would withhold
-// that GPU from whole use while the slice runs, although the slice's
-// assignment serves it elsewhere), then the others; within each group it
+// then the others by rank, highest first (the caller ranks the GPUs
+// assigned to a slice of the node's pods and those already serving units:
+// a unit taken from any other GPU would withhold that GPU from whole use
+// while the slice runs, although the slice's assignment serves it
+// elsewhere; GPUs rank has not are ranked 0); within each group it
 // packs them onto as few GPUs as it can: a GPU that can serve all that is
 // still needed (the one with the fewest free units), else the GPU with the
 // most free units. It returns an empty slice when available cannot cover
 // size.
-func Units(r corev1.ResourceName, available, mustInclude []string, size int, prefer map[string]bool) ([]string, error) {
+func Units(r corev1.ResourceName, available, mustInclude []string, size int, rank map[string]int) ([]string, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("allocation size %d: must be greater than 0", size)
 	}
@@ -359,8 +360,8 @@ func Units(r corev1.ResourceName, available, mustInclude []string, size int, pre
 			if pinned[a] != pinned[b] {
 				return pinned[a]
 			}
-			if prefer[a] != prefer[b] {
-				return prefer[a]
+			if rank[a] != rank[b] {
+				return rank[a] > rank[b]
 			}
 			fitA, fitB := len(free[a]) >= need, len(free[b]) >= need
 			if fitA != fitB {

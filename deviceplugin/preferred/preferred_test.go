@@ -304,18 +304,20 @@ func TestUnits(t *testing.T) {
 	// per GPU: a has 10 free, b 4, c 6.
 	avail := unitIDs("", map[string][]int{a: seq(0, 10), b: seq(20, 24), c: seq(0, 6)})
 	for _, tc := range []struct {
-		name   string
-		must   []string
-		size   int
-		shared map[string]bool
-		want   map[string]int // units per GPU
+		name string
+		must []string
+		size int
+		rank map[string]int
+		want map[string]int // units per GPU
 	}{
 		{"best fit: the smallest GPU that fits", nil, 4, nil, map[string]int{b: 4}},
 		{"best fit skips GPUs too small", nil, 5, nil, map[string]int{c: 5}},
-		{"shared GPU preferred among those that fit", nil, 3, map[string]bool{a: true}, map[string]int{a: 3}},
-		{"a shared GPU preferred over a better fit", nil, 4, map[string]bool{c: true}, map[string]int{c: 4}},
-		{"a shared GPU that cannot fit is filled before another GPU is opened", nil, 8, map[string]bool{c: true}, map[string]int{c: 6, b: 2}},
-		{"the shared GPUs first, best fit among them", nil, 5, map[string]bool{a: true, c: true}, map[string]int{c: 5}},
+		{"a ranked GPU preferred among those that fit", nil, 3, map[string]int{a: 1}, map[string]int{a: 3}},
+		{"a ranked GPU preferred over a better fit", nil, 4, map[string]int{c: 1}, map[string]int{c: 4}},
+		{"a ranked GPU that cannot fit is filled before another GPU is opened", nil, 8, map[string]int{c: 1}, map[string]int{c: 6, b: 2}},
+		{"the ranked GPUs first, best fit among them", nil, 5, map[string]int{a: 1, c: 1}, map[string]int{c: 5}},
+		{"a higher rank before a better fit of a lower rank", nil, 4, map[string]int{a: 2, b: 1}, map[string]int{a: 4}},
+		{"a higher rank that cannot fit is filled before a lower rank", nil, 12, map[string]int{a: 2, c: 1}, map[string]int{a: 10, c: 2}},
 		{"larger than any GPU: fewest GPUs", nil, 14, nil, map[string]int{a: 10, b: 4}},
 		{"must-include GPU filled first", []string{mem(c, 2)}, 6, nil, map[string]int{c: 6}},
 		{"must-include overflows to best fit", []string{mem(c, 2)}, 9, nil, map[string]int{c: 6, b: 3}},
@@ -323,7 +325,7 @@ func TestUnits(t *testing.T) {
 		{"too many", nil, 21, nil, map[string]int{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := Units(api.ResourceGPUMemory, avail, tc.must, tc.size, tc.shared)
+			got, err := Units(api.ResourceGPUMemory, avail, tc.must, tc.size, tc.rank)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/deviceplugin/devices"
 	"github.com/tessera-gpu/tessera/test/framework/nodesim"
 )
 
@@ -205,6 +206,54 @@ func TestSliceAndWholeGPUPodTogether(t *testing.T) {
 		}
 		deleteAll(t, c, ns)
 	}
+}
+
+// A slice's units are counted by the kubelet on the GPU it is assigned
+// to, not beside a running slice that fits them better: a slice C (30 GiB,
+// 90 % of the cores) runs on one GPU, a slice A (4 GiB, 20 %) is assigned
+// another (C's GPU lacks the cores). The kubelet's free units made C's GPU
+// the best fit for A's memory units (seen on 2026-11-28's code: A's units
+// 30-33 of C's GPU). Units on a GPU other than the slice's withhold that
+// GPU from whole use from the kubelet's Allocate until the node agent next
+// reads the kubelet's allocations and learns the slice's placement; a
+// whole-GPU pod the kubelet admitted meanwhile was refused (CI, 2026-11-29,
+// TestSliceAndWholeGPUPodTogether: "Requested: 7, Available: 6", a slice
+// created right after another was deleted, its units put on the ended
+// slice's GPU). The node agent now prefers the GPU of the slice the kubelet
+// has not started. Then C ends and a 7-GPU pod takes every other GPU.
+func TestSliceUnitsOnTheirAssignedGPU(t *testing.T) {
+	c := getCluster(t)
+	ns := namespace(t, c, "e2e-units")
+	client := c.Client()
+	const node = "a100-1"
+	gpus := int64(len(inventory(t, c, node).GPUs))
+	create(t, client, ns, podSpec{name: "c", memUnits: 30, cores: 90, node: node})
+	waitRunning(t, c, ns, "c", 60*time.Second)
+	a := create(t, client, ns, podSpec{name: "a", memUnits: 4, cores: 20, node: node})
+	a, rec := waitRunning(t, c, ns, a.Name, 60*time.Second)
+	ctr := a.Spec.Containers[0].Name
+	_, ca := waitAssignment(t, c, a, ctr, 0)
+	if ca == nil || ca.Shared == nil {
+		t.Fatalf("slice a has no shared assignment: %+v", ca)
+	}
+	cr := rec.Container(ctr)
+	for _, r := range []v1.ResourceName{api.ResourceGPUMemory, api.ResourceGPUCore} {
+		for _, id := range cr.Allocated[string(r)] {
+			if uuid, _, err := devices.ParseDeviceID(r, id); err != nil || uuid != ca.Shared.GPU.UUID {
+				t.Errorf("the kubelet counts slice a's %s unit %s on another GPU than its assigned GPU %d (%v)", r, id, ca.Shared.GPU.Index, err)
+			}
+		}
+	}
+	if err := client.CoreV1().Pods(ns).Delete(t.Context(), "c", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, c, ns, "c")
+	create(t, client, ns, podSpec{name: "whole", gpus: gpus - 1, node: node})
+	waitRunning(t, c, ns, "whole", 60*time.Second)
+	occ, pods := occupancy(t, c)
+	checkNoOvercommit(t, occ)
+	checkRunningPods(t, c, pods)
+	deleteAll(t, c, ns)
 }
 
 // A burst of small pods keeps 8-GPU nodes whole: a Deployment of 20 one-GPU
