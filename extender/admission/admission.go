@@ -2,7 +2,10 @@
 // and queues: a pod that declares a gang (api.GangOf) is created with the
 // scheduling gate api.SchedulingGateGang, so kube-scheduler leaves it alone
 // until the gang planner has placed the whole gang and lifts the gate. A
-// malformed gang declaration is refused at creation with the reason. A GPU
+// malformed gang declaration, and a GPU request the extender could never
+// place (extender.ParseDemand: gpureq's rules, a malformed
+// tessera.dev/nvlink or tessera.dev/gpu-model), are refused at creation
+// with the reason. A GPU
 // pod outside any gang, in a namespace a Queue serves, is created with
 // api.SchedulingGateQueue: the same planner admits it in queue order.
 // ReviewNVIDIAGPU (compat.go) serves pods written for NVIDIA's device plugin.
@@ -23,6 +26,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender"
 	"github.com/tessera-gpu/tessera/gpureq"
 )
 
@@ -61,6 +65,13 @@ func Review(req *admissionv1.AdmissionRequest, queued func(namespace string) boo
 	if err := api.CheckRuntimeHints(pod.Annotations); err != nil {
 		// Read only by reservations and consolidation, which would take a
 		// malformed hint silently as none.
+		return deny(resp, http.StatusUnprocessableEntity, fmt.Sprintf("pod %s/%s: %v", pod.Namespace, pod.Name, err))
+	}
+	if _, err := extender.ParseDemand(pod); err != nil && pod.Spec.NodeName == "" {
+		// The extender's filter would refuse such a pod on every node,
+		// for good: said at creation, the user sees it at once. A pod
+		// bound at creation (an admin's: deploy/admission refuses it to
+		// tenants) skips the extender; its node judges it.
 		return deny(resp, http.StatusUnprocessableEntity, fmt.Sprintf("pod %s/%s: %v", pod.Namespace, pod.Name, err))
 	}
 	gate := corev1.PodSchedulingGate{Name: api.SchedulingGateGang}

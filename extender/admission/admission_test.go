@@ -3,6 +3,7 @@ package admission
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -64,6 +65,24 @@ func (b *podBuilder) Annotate(key, value string) *podBuilder {
 	return b
 }
 
+// Container adds a container with these limits (resource name to
+// quantity).
+func (b *podBuilder) Container(limits map[corev1.ResourceName]string) *podBuilder {
+	rl := corev1.ResourceList{}
+	for r, q := range limits {
+		rl[r] = resource.MustParse(q)
+	}
+	name := fmt.Sprintf("c%d", len(b.pod.Spec.Containers))
+	b.pod.Spec.Containers = append(b.pod.Spec.Containers, corev1.Container{Name: name, Resources: corev1.ResourceRequirements{Limits: rl}})
+	return b
+}
+
+// Node binds the pod at creation (spec.nodeName).
+func (b *podBuilder) Node(name string) *podBuilder {
+	b.pod.Spec.NodeName = name
+	return b
+}
+
 // Generated leaves the pod's name to the API server, as a controller's
 // pods are: only a prefix.
 func (b *podBuilder) Generated(prefix string) *podBuilder {
@@ -96,6 +115,14 @@ func TestReview(t *testing.T) {
 		{name: "malformed declaration of a controller's pod", req: makePod().Generated("big-").Gang("big", "").Request(admissionv1.Create), wantDeny: "pod ml/big-(generated): invalid gang declaration: tessera.dev/gang-min-member is required"},
 		{name: "malformed expected run time", req: makePod().Annotate(api.AnnotationExpectedRuntime, "garbage").Request(admissionv1.Create), wantDeny: `pod ml/w-0: annotation tessera.dev/expected-runtime: "garbage" is not a duration of hours, minutes and seconds`},
 		{name: "malformed preemptible", req: makePod().Annotate(api.AnnotationPreemptible, "perhaps").Request(admissionv1.Create), wantDeny: `pod ml/w-0: annotation tessera.dev/preemptible: "perhaps" is neither "true" nor "false"`},
+		{name: "a slice", req: makePod().Container(map[corev1.ResourceName]string{api.ResourceGPUMemory: "8", api.ResourceGPUCore: "30"}).Request(admissionv1.Create)},
+		{name: "whole GPUs in one NVLink clique", req: makePod().Container(map[corev1.ResourceName]string{api.ResourceGPU: "4"}).Annotate(api.AnnotationNVLink, api.NVLinkRequired).Annotate(api.AnnotationGPUModel, "A100|H100").Request(admissionv1.Create)},
+		{name: "more cores than a GPU has", req: makePod().Container(map[corev1.ResourceName]string{api.ResourceGPUCore: "150"}).Request(admissionv1.Create), wantDeny: "pod ml/w-0: invalid GPU request: container \"c0\" asks for 150 tessera.dev/gpu-core"},
+		{name: "whole GPUs and a slice in one pod", req: makePod().Container(map[corev1.ResourceName]string{api.ResourceGPU: "1"}).Container(map[corev1.ResourceName]string{api.ResourceGPUMemory: "4"}).Request(admissionv1.Create), wantDeny: "pod ml/w-0: invalid GPU request: the pod asks for whole GPUs and a shared slice"},
+		{name: "bound at creation: its node judges it", req: makePod().Container(map[corev1.ResourceName]string{api.ResourceGPUCore: "150"}).Node("n1").Request(admissionv1.Create)},
+		{name: "a fraction of a GPU", req: makePod().Container(map[corev1.ResourceName]string{api.ResourceGPU: "500m"}).Request(admissionv1.Create), wantDeny: "must be a non-negative integer, got 500m"},
+		{name: "malformed nvlink", req: makePod().Container(map[corev1.ResourceName]string{api.ResourceGPU: "2"}).Annotate(api.AnnotationNVLink, "maybe").Request(admissionv1.Create), wantDeny: "pod ml/w-0: invalid GPU request: annotation tessera.dev/nvlink"},
+		{name: "malformed gpu-model", req: makePod().Container(map[corev1.ResourceName]string{api.ResourceGPU: "1"}).Annotate(api.AnnotationGPUModel, "A100||H100").Request(admissionv1.Create), wantDeny: "pod ml/w-0: invalid GPU request: annotation tessera.dev/gpu-model: model 1"},
 		{name: "well-formed hints", req: makePod().Annotate(api.AnnotationExpectedRuntime, "2h30m").Annotate(api.AnnotationPreemptible, "true").Request(admissionv1.Create)},
 		{name: "garbage object", req: &admissionv1.AdmissionRequest{UID: "u", Resource: podResource, Operation: admissionv1.Create, Object: runtime.RawExtension{Raw: []byte("{")}}, wantDeny: "decoding the pod"},
 	}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -70,4 +71,31 @@ func patchUnschedulable(ctx context.Context, client kubernetes.Interface, node s
 	patch := fmt.Sprintf(`{"spec":{"unschedulable":%t}}`, on)
 	_, err := client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 	return err
+}
+
+// A GPU request the extender could never place is refused at creation by
+// the extender's webhook, with the reason (before, the pod was created and
+// stayed Pending with the reason in FailedScheduling events); a valid one
+// in the same namespace is created.
+func TestImpossibleRequestRefusedAtCreation(t *testing.T) {
+	c := getCluster(t)
+	ns := namespace(t, c, "e2e-impossible")
+	client := c.Client()
+	for _, tc := range []struct {
+		spec podSpec
+		want string
+	}{
+		{podSpec{name: "cores", cores: 150}, `asks for 150 tessera.dev/gpu-core`},
+		{podSpec{name: "nvlink", gpus: 2, annotations: map[string]string{api.AnnotationNVLink: "maybe"}}, `annotation tessera.dev/nvlink`},
+		{podSpec{name: "model", gpus: 1, annotations: map[string]string{api.AnnotationGPUModel: "A100||H100"}}, `annotation tessera.dev/gpu-model`},
+		{podSpec{name: "count", gpus: 1, annotations: map[string]string{api.AnnotationGPUCount: "2"}}, `annotation ` + api.AnnotationGPUCount},
+	} {
+		_, err := client.CoreV1().Pods(ns).Create(t.Context(), tc.spec.pod(ns), metav1.CreateOptions{})
+		if err == nil || !strings.Contains(err.Error(), "pod "+ns+"/"+tc.spec.name+": invalid GPU request") || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("create %s = %v, want a refusal containing %q", tc.spec.name, err, tc.want)
+		}
+	}
+	create(t, client, ns, podSpec{name: "valid", gpus: 2, annotations: map[string]string{api.AnnotationNVLink: api.NVLinkRequired}})
+	waitRunning(t, c, ns, "valid", 60*time.Second)
+	deleteAll(t, c, ns)
 }
