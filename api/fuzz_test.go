@@ -115,6 +115,7 @@ func FuzzParseGangPlan(f *testing.F) {
 		{Gang: "train", Node: "n1", GPU: &api.GPURef{UUID: uuid0, Index: 3}, Expires: expires},
 		{Gang: "train", Node: "n1", Expires: expires.In(time.FixedZone("x", -7*3600))},
 		{Gang: "inf", Node: "n1", GPUs: []api.GPURef{{UUID: uuid0, Index: 3}}, Expires: expires},
+		{Gang: "inf", Node: "n1", Expires: expires, Awaits: []types.UID{"uid-a", "uid-b"}, AwaitUntil: &expires},
 	} {
 		ann := map[string]string{}
 		if err := api.SetGangPlan(ann, p); err != nil {

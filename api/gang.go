@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
@@ -472,7 +473,19 @@ type GangPlan struct {
 	// Expires is when the plan is released if the gang has not bound
 	// (RFC 3339).
 	Expires time.Time `json:"expires"`
+	// Awaits are the UIDs of the pods evicted (or already leaving) to
+	// make room for the plan that were still there when it was made: the
+	// planner keeps the members' scheduling gates until they are gone, so
+	// that kube-scheduler does not find their GPUs still taken, but not
+	// past AwaitUntil (RFC 3339, set with Awaits). Kept on the plan, the
+	// wait outlives an extender restart.
+	Awaits     []types.UID `json:"awaits,omitempty"`
+	AwaitUntil *time.Time  `json:"awaitUntil,omitempty"`
 }
+
+// maxAwaited bounds GangPlan.Awaits (a gang of 128 members evicting a
+// notebook per GPU of 128 nodes: 1,024).
+const maxAwaited = 4096
 
 // GPUsText names the plan's GPUs by index for messages: "GPU 3" (a
 // slice's), "GPUs 5, 6" (whole GPUs held), or "" when it names none.
@@ -551,7 +564,52 @@ func ParseGangPlan(v string) (*GangPlan, error) {
 		}
 		seen[g.UUID] = true
 	}
+	if err := p.checkAwaits(); err != nil {
+		return nil, fmt.Errorf("annotation %s: %w", AnnotationGangPlan, err)
+	}
 	return p, nil
+}
+
+// checkAwaits validates Awaits and AwaitUntil.
+func (p *GangPlan) checkAwaits() error {
+	if len(p.Awaits) == 0 {
+		p.Awaits = nil
+		if p.AwaitUntil != nil {
+			return errors.New("awaitUntil is set without awaits")
+		}
+		return nil
+	}
+	if p.AwaitUntil == nil || p.AwaitUntil.IsZero() {
+		return errors.New("awaits is set without awaitUntil")
+	}
+	if len(p.Awaits) > maxAwaited {
+		return fmt.Errorf("awaits: %d pods, at most %d", len(p.Awaits), maxAwaited)
+	}
+	seen := make(map[types.UID]bool, len(p.Awaits))
+	for i, uid := range p.Awaits {
+		switch {
+		case uid == "":
+			return fmt.Errorf("awaits[%d] is empty", i)
+		case seen[uid]:
+			return fmt.Errorf("awaits[%d]: %q is listed twice", i, uid)
+		}
+		seen[uid] = true
+	}
+	return nil
+}
+
+// Awaiting reports whether the plan still waits, at now, for one of the
+// pods it awaits: gone reports whether a pod is gone (or has stopped).
+func (p *GangPlan) Awaiting(now time.Time, gone func(types.UID) bool) bool {
+	if p.AwaitUntil == nil || !now.Before(*p.AwaitUntil) {
+		return false
+	}
+	for _, uid := range p.Awaits {
+		if !gone(uid) {
+			return true
+		}
+	}
+	return false
 }
 
 // SetGangPlan writes p (apiVersion and kind filled in) to annotations.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 func gangPod(labels, annotations map[string]string) *corev1.Pod {
@@ -363,30 +365,27 @@ func TestHasGangGate(t *testing.T) {
 
 func TestGangPlanRoundTrip(t *testing.T) {
 	expires := time.Date(2026, 11, 22, 1, 0, 0, 0, time.UTC)
-	ann := map[string]string{}
-	in := GangPlan{Gang: "train", Node: "n1", GPU: &GPURef{UUID: "GPU-11111111-2222-3333-4444-555555555555", Index: 3}, Expires: expires}
-	if err := SetGangPlan(ann, in); err != nil {
-		t.Fatal(err)
-	}
-	out, ok, err := GetGangPlan(ann)
-	if err != nil || !ok {
-		t.Fatalf("GetGangPlan = %v, %v", ok, err)
-	}
-	in.APIVersion, in.Kind = Version, KindGangPlan
-	if diff := cmp.Diff(&in, out); diff != "" {
-		t.Errorf("round trip (-want +got):\n%s", diff)
-	}
-	whole := GangPlan{Gang: "inf", Node: "n1", Expires: expires, GPUs: []GPURef{
-		{UUID: "GPU-11111111-2222-3333-4444-555555555555", Index: 5},
-		{UUID: "GPU-11111111-2222-3333-4444-666666666666", Index: 6},
-	}}
-	if err := SetGangPlan(ann, whole); err != nil {
-		t.Fatal(err)
-	}
-	out, _, err = GetGangPlan(ann)
-	whole.APIVersion, whole.Kind = Version, KindGangPlan
-	if diff := cmp.Diff(&whole, out); err != nil || diff != "" {
-		t.Errorf("round trip of whole GPUs (-want +got), err %v:\n%s", err, diff)
+	until := expires.Add(-time.Hour)
+	for name, in := range map[string]GangPlan{
+		"a slice's GPU": {Gang: "train", Node: "n1", GPU: &GPURef{UUID: "GPU-11111111-2222-3333-4444-555555555555", Index: 3}, Expires: expires},
+		"whole GPUs": {Gang: "inf", Node: "n1", Expires: expires, GPUs: []GPURef{
+			{UUID: "GPU-11111111-2222-3333-4444-555555555555", Index: 5},
+			{UUID: "GPU-11111111-2222-3333-4444-666666666666", Index: 6},
+		}},
+		"awaiting pods": {Gang: "inf", Node: "n1", Expires: expires, Awaits: []types.UID{"uid-a", "uid-b"}, AwaitUntil: &until},
+	} {
+		ann := map[string]string{}
+		if err := SetGangPlan(ann, in); err != nil {
+			t.Fatal(err)
+		}
+		out, ok, err := GetGangPlan(ann)
+		if err != nil || !ok {
+			t.Fatalf("%s: GetGangPlan = %v, %v", name, ok, err)
+		}
+		in.APIVersion, in.Kind = Version, KindGangPlan
+		if diff := cmp.Diff(&in, out); diff != "" {
+			t.Errorf("%s: round trip (-want +got):\n%s", name, diff)
+		}
 	}
 	if _, ok, err := GetGangPlan(map[string]string{}); ok || err != nil {
 		t.Errorf("absent plan = %v, %v", ok, err)
@@ -394,10 +393,15 @@ func TestGangPlanRoundTrip(t *testing.T) {
 	const head = `{"apiVersion":"tessera.dev/v1alpha1","kind":"GangPlan","gang":"g","node":"n","expires":"2026-11-22T01:00:00Z",`
 	const g5 = `{"uuid":"GPU-11111111-2222-3333-4444-555555555555","index":5}`
 	for name, tc := range map[string]struct{ v, why string }{
-		"gpu and gpus": {head + `"gpu":` + g5 + `,"gpus":[` + g5 + `]}`, "both set"},
-		"a GPU twice":  {head + `"gpus":[` + g5 + `,` + g5 + `]}`, "listed twice"},
-		"bad uuid":     {head + `"gpus":[{"uuid":"gpu5","index":5}]}`, "gpus[0]"},
-		"too many":     {head + `"gpus":[` + strings.TrimSuffix(strings.Repeat(g5+",", 65), ",") + `]}`, "at most 64"},
+		"gpu and gpus":         {head + `"gpu":` + g5 + `,"gpus":[` + g5 + `]}`, "both set"},
+		"a GPU twice":          {head + `"gpus":[` + g5 + `,` + g5 + `]}`, "listed twice"},
+		"bad uuid":             {head + `"gpus":[{"uuid":"gpu5","index":5}]}`, "gpus[0]"},
+		"too many":             {head + `"gpus":[` + strings.TrimSuffix(strings.Repeat(g5+",", 65), ",") + `]}`, "at most 64"},
+		"awaits without until": {head + `"awaits":["u1"]}`, "awaits is set without awaitUntil"},
+		"until without awaits": {head + `"awaitUntil":"2026-11-22T00:02:00Z"}`, "awaitUntil is set without awaits"},
+		"a pod awaited twice":  {head + `"awaits":["u1","u1"],"awaitUntil":"2026-11-22T00:02:00Z"}`, `awaits[1]: "u1" is listed twice`},
+		"an empty uid":         {head + `"awaits":["u1",""],"awaitUntil":"2026-11-22T00:02:00Z"}`, "awaits[1] is empty"},
+		"too many awaited":     {head + `"awaits":["u` + strings.Join(seqStrings(4097), `","u`) + `"],"awaitUntil":"2026-11-22T00:02:00Z"}`, "4097 pods, at most 4096"},
 	} {
 		if _, _, err := GetGangPlan(map[string]string{AnnotationGangPlan: tc.v}); err == nil || !strings.Contains(err.Error(), tc.why) {
 			t.Errorf("%s: GetGangPlan error %v, want one saying %q", name, err, tc.why)
@@ -502,5 +506,39 @@ func TestGangPlanWhere(t *testing.T) {
 		if got := tc.plan.Where(); got != tc.out {
 			t.Errorf("%+v: Where() = %q, want %q", tc.plan, got, tc.out)
 		}
+	}
+}
+
+// seqStrings is "0", "1", ... up to n-1.
+func seqStrings(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = strconv.Itoa(i)
+	}
+	return out
+}
+
+// A plan awaits its pods until the first of: every one gone, AwaitUntil.
+func TestGangPlanAwaiting(t *testing.T) {
+	now := time.Date(2026, 11, 29, 3, 0, 0, 0, time.UTC)
+	until := now.Add(2 * time.Minute)
+	plan := GangPlan{Awaits: []types.UID{"a", "b"}, AwaitUntil: &until}
+	for _, tc := range []struct {
+		name string
+		at   time.Time
+		gone map[types.UID]bool
+		want bool
+	}{
+		{"both there", now, nil, true},
+		{"one gone", now, map[types.UID]bool{"a": true}, true},
+		{"both gone", now, map[types.UID]bool{"a": true, "b": true}, false},
+		{"at the deadline", until, nil, false},
+	} {
+		if got := plan.Awaiting(tc.at, func(uid types.UID) bool { return tc.gone[uid] }); got != tc.want {
+			t.Errorf("%s: Awaiting = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if (&GangPlan{}).Awaiting(now, func(types.UID) bool { return false }) {
+		t.Error("a plan awaiting nothing awaits")
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -292,12 +293,6 @@ type GangPlanner struct {
 	// holds are the rooms consolidation freed, held for their workloads
 	// by key (consolidate.go, freedHold).
 	holds map[string]*freedHold
-	// awaiting are, by workload key, the pods evicted (or leaving) to
-	// free the room a workload was planned on: its gates stay until they
-	// are gone (awaitingVictims), so that kube-scheduler does not try it
-	// while they still hold the GPUs. Lost on a restart, when the gates
-	// are lifted at once (as before such a wait existed).
-	awaiting map[string]*awaited
 	// schedulers are the schedulerNames whose pods the extender serves:
 	// only their ungated gang members are planned.
 	schedulers map[string]bool
@@ -532,11 +527,6 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 			p.releaseReservation(key)
 		}
 	}
-	for key := range p.awaiting {
-		if _, live := groups[key]; !live {
-			delete(p.awaiting, key)
-		}
-	}
 	for key := range p.holds {
 		if _, live := groups[key]; !live {
 			p.releaseHold(key)
@@ -623,7 +613,7 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 	if gr.single {
 		m := gr.members[0]
 		if plan, ok, err := api.GetGangPlan(m.Annotations); ok && err == nil && plan.Gang == m.Name {
-			if p.awaitingVictims(gr.key) {
+			if p.awaitingVictims(plan) {
 				return nil
 			}
 			// Planned, but the gate's removal failed or waited for the
@@ -655,7 +645,7 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 	}
 	var planned, gated []*corev1.Pod
 	var expires time.Time
-	allBound := true
+	allBound, awaiting := true, false
 	for _, m := range gr.members {
 		plan, ok, err := api.GetGangPlan(m.Annotations)
 		switch {
@@ -664,6 +654,7 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 			if expires.IsZero() || plan.Expires.Before(expires) {
 				expires = plan.Expires
 			}
+			awaiting = awaiting || p.awaitingVictims(plan)
 			if m.Spec.NodeName == "" {
 				allBound = false
 			}
@@ -701,7 +692,7 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 		if !allBound && p.now().After(expires) {
 			return p.expire(ctx, gr, planned)
 		}
-		if p.awaitingVictims(gr.key) {
+		if awaiting {
 			return nil
 		}
 		var errs []error
@@ -1330,10 +1321,11 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		}
 	}
 	expires := p.now().Add(g.Timeout).UTC().Truncate(time.Second)
+	awaits, awaitUntil := p.awaits(members, victims)
 	uses := make([]*Use, len(members))
 	values := make([]string, len(members))
 	for i, pl := range res.Placements {
-		plan := api.GangPlan{Gang: g.Name, Node: pl.Node, Expires: expires}
+		plan := api.GangPlan{Gang: g.Name, Node: pl.Node, Expires: expires, Awaits: awaits, AwaitUntil: awaitUntil}
 		if demands[i].Kind() == allocator.Shared {
 			pos := pl.GPUs.Positions()
 			if len(pos) != 1 {
@@ -1423,7 +1415,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 	delete(p.store.restoredSince, key)
 	delete(p.heldBefore, key)
 	delete(p.cooldown, key)
-	if p.await(key, members, victims) {
+	if len(awaits) > 0 {
 		// The gates are lifted by a later pass, once the victims are
 		// gone: tried now, kube-scheduler would find their GPUs still
 		// taken and report the pods unschedulable.
@@ -1659,57 +1651,45 @@ func podAllows(snap Snapshot, pod *corev1.Pod) func(gang.Node) bool {
 	}
 }
 
-// awaited are the pods a planned workload waits for before its gates are
-// lifted, until a time.
-type awaited struct {
-	pods  map[types.UID]bool
-	until time.Time
-}
-
 // maxAwait is how long a planned workload keeps its gates at most while
 // pods evicted for it still run (a pod stuck terminating, a node gone):
 // then kube-scheduler tries it as it did before the wait, and the pods'
 // end lets it bind.
 const maxAwait = 2 * time.Minute
 
-// await records that workload key, just planned, waits for the pods of
-// victims that are still there (being deleted counts: their containers
-// still hold the GPUs until they stop; its own members aside) before
-// its gates are lifted, at most maxAwait; it reports whether there are
-// any.
-func (p *GangPlanner) await(key string, members []*corev1.Pod, victims map[types.UID]bool) bool {
+// awaits are the pods of victims a workload planned now waits for before
+// its gates are lifted (api.GangPlan.Awaits): those still there (being
+// deleted counts: their containers hold the GPUs until they stop), its
+// own members aside, sorted; and until when, at most maxAwait (nil when
+// none).
+func (p *GangPlanner) awaits(members []*corev1.Pod, victims map[types.UID]bool) ([]types.UID, *time.Time) {
 	own := make(map[types.UID]bool, len(members))
 	for _, m := range members {
 		own[m.UID] = true
 	}
-	left := map[types.UID]bool{}
+	var left []types.UID
 	for uid := range victims {
-		if pod := p.passPods[uid]; pod != nil && !own[uid] && !gpureq.Terminal(pod) {
-			left[uid] = true
+		if !own[uid] && !p.gone(uid) {
+			left = append(left, uid)
 		}
 	}
 	if len(left) == 0 {
-		delete(p.awaiting, key)
-		return false
+		return nil, nil
 	}
-	if p.awaiting == nil {
-		p.awaiting = map[string]*awaited{}
-	}
-	p.awaiting[key] = &awaited{pods: left, until: p.now().Add(maxAwait)}
-	return true
+	slices.Sort(left)
+	until := p.now().Add(maxAwait).UTC().Truncate(time.Second)
+	return left, &until
 }
 
-// awaitingVictims reports whether workload key, planned, still waits for
-// pods evicted for it to go (await); once they have, or its wait is over,
-// it is forgotten.
-func (p *GangPlanner) awaitingVictims(key string) bool {
-	if a := p.awaiting[key]; a != nil && p.now().Before(a.until) {
-		for uid := range a.pods {
-			if pod := p.passPods[uid]; pod != nil && !gpureq.Terminal(pod) {
-				return true
-			}
-		}
-	}
-	delete(p.awaiting, key)
-	return false
+// gone reports whether the pod uid has left the cluster or stopped.
+func (p *GangPlanner) gone(uid types.UID) bool {
+	pod := p.passPods[uid]
+	return pod == nil || gpureq.Terminal(pod)
+}
+
+// awaitingVictims reports whether a workload planned by plan still waits
+// for pods evicted for it to go (awaits); read from the plan, the wait
+// outlives a restart.
+func (p *GangPlanner) awaitingVictims(plan *api.GangPlan) bool {
+	return plan.Awaiting(p.now(), p.gone)
 }

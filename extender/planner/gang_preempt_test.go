@@ -49,15 +49,39 @@ func newTierFixtureWith(t *testing.T, nodes []*corev1.Node, wrap func(*gangFixtu
 	if wrap != nil {
 		client = wrap(f, client)
 	}
-	pre := &extender.Preemptor{Cache: f.cache, Client: client, Pods: f.list,
-		Policy: testPolicy(t, extender.PolicyBinpack), Events: f.events, Now: func() time.Time { return f.now }}
 	var ledger planner.Ledger = extender.PlannerLedger{Cache: f.cache}
 	if len(stale) > 0 {
 		ledger = &staleLedger{Ledger: ledger, stale: stale[0]}
 	}
-	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: ledger, Client: f.gangClient, Pods: f.list,
-		Policy: testPolicy(t, extender.PolicyBinpack), Events: f.events, Now: func() time.Time { return f.now }, Preempt: pre})
+	f.tierPlanner(client, ledger)
 	return f, evicter
+}
+
+// tierPlanner makes the fixture's planner one that preempts through
+// client, on ledger.
+func (f *gangFixture) tierPlanner(client extender.PreemptClient, ledger planner.Ledger) {
+	pre := &extender.Preemptor{Cache: f.cache, Client: client, Pods: f.list,
+		Policy: testPolicy(f.t, extender.PolicyBinpack), Events: f.events, Now: func() time.Time { return f.now }}
+	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: ledger, Client: f.gangClient, Pods: f.list,
+		Policy: testPolicy(f.t, extender.PolicyBinpack), Events: f.events, Now: func() time.Time { return f.now }, Preempt: pre})
+}
+
+// restartTier replaces the fixture's planner and cache by new ones (an
+// extender restart): they know what the API server holds, nothing more.
+func (f *gangFixture) restartTier(nodes []*corev1.Node, evicter *testbuild.PreemptClient) {
+	f.t.Helper()
+	f.cache = extender.NewCache()
+	for _, n := range withGPUCapacity(nodes) {
+		f.cache.SetNode(n)
+	}
+	pods, err := f.list()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	for _, p := range pods {
+		f.cache.SetPod(p)
+	}
+	f.tierPlanner(planWriter{evicter, &planner.KubeGang{Client: f.client, Sealer: testbuild.Sealer(f.t)}}, extender.PlannerLedger{Cache: f.cache})
 }
 
 // runningTier creates a running pod of namespace "low" on node holding
@@ -304,6 +328,32 @@ func TestGangGateLiftedWhenAVictimNeverGoes(t *testing.T) {
 	}
 	if len(evicter.Evicted) != 1 {
 		t.Errorf("evicted more while waiting: %v", evicter.Evicted)
+	}
+}
+
+// The wait for the victims is kept on the plan: an extender restarted
+// while el-2 still runs keeps inf-0's gate (before, its memory of the wait
+// was lost and the first pass lifted the gate), and lifts it once el-2 is
+// gone.
+func TestGangGateKeptThroughARestart(t *testing.T) {
+	nodes := testbuild.EightGPUNodes(2)
+	f, evicter := newTierFixture(t, nodes)
+	f.elasticGangAndSolo()
+	f.tierMember("inf", 1, 0, 2, inference, nil)
+	f.sync()
+	if diff := cmp.Diff([]string{"el-2"}, evicter.Evicted); diff != "" {
+		t.Fatalf("evicted (-want +got):\n%s", diff)
+	}
+	f.restartTier(nodes, evicter)
+	f.sync()
+	if s := f.state("inf-")["inf-0"]; !s.planned || !s.gated {
+		t.Fatalf("after the restart, el-2 still running: planned %v, gated %v; want planned and gated", s.planned, s.gated)
+	}
+	if diff := cmp.Diff([]string{"n0"}, f.plannedOnceVictimsLeave("inf-", evicter.Evicted)); diff != "" {
+		t.Errorf("planned nodes (-want +got):\n%s", diff)
+	}
+	if len(evicter.Evicted) != 1 {
+		t.Errorf("evicted more after the restart: %v", evicter.Evicted)
 	}
 }
 
