@@ -2,6 +2,7 @@ package api
 
 import (
 	"fmt"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -16,9 +17,18 @@ type ElasticQuota struct {
 	Min, Max  corev1.ResourceList
 }
 
-// QuotaResources are the resources quota governs.
+// QuotaResources are the resources quota governs, MIG profiles' aside
+// (QuotaGoverned).
 func QuotaResources() []corev1.ResourceName {
 	return []corev1.ResourceName{ResourceGPU, ResourceGPUMemory, ResourceGPUCore, ResourceNVIDIAGPU}
+}
+
+// QuotaGoverned reports whether ElasticQuota governs name: one of
+// QuotaResources, or a MIG profile's resource (tessera.dev/mig-<profile>).
+// What an ElasticQuota says of any other resource is not Tessera's to
+// enforce.
+func QuotaGoverned(name corev1.ResourceName) bool {
+	return slices.Contains(QuotaResources(), name) || IsMIGResource(name)
 }
 
 // ElasticQuotaFromUnstructured decodes an ElasticQuota object read with a

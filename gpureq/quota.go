@@ -1,8 +1,6 @@
 package gpureq
 
 import (
-	"slices"
-
 	corev1 "k8s.io/api/core/v1"
 	resourcehelper "k8s.io/component-helpers/resource"
 
@@ -33,7 +31,7 @@ func QuotaCount(pod *corev1.Pod) quota.Resources {
 	reqs := resourcehelper.PodRequests(effective(pod, anyResource), resourcehelper.PodResourcesOptions{ExcludeOverhead: true, SkipPodLevelResources: true})
 	out := quota.Resources{}
 	for name, q := range reqs {
-		if !slices.Contains(api.QuotaResources(), name) && !api.IsMIGResource(name) {
+		if !api.QuotaGoverned(name) {
 			continue
 		}
 		if v := q.Value(); v > 0 {

@@ -193,8 +193,8 @@ func (l *Ledger) capacity() (core.Resources, error) {
 func Capacity(nodes []*corev1.Node, of func(*corev1.Node) corev1.ResourceList) core.Resources {
 	c := core.Resources{}
 	for _, n := range nodes {
-		for _, name := range api.QuotaResources() {
-			if q, ok := of(n)[name]; ok {
+		for name, q := range of(n) {
+			if api.QuotaGoverned(name) {
 				c[name] += q.Value()
 			}
 		}

@@ -13,6 +13,7 @@ import (
 	"sort"
 	"sync"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/klog/v2"
 
@@ -107,16 +108,19 @@ func Decode(objs []*unstructured.Unstructured) (map[string]core.Quota, map[strin
 			continue
 		}
 		applied[eq.Namespace] = eq.Name
-		q := core.Quota{Namespace: eq.Namespace, Min: core.Resources{}, Max: core.Resources{}}
-		for _, name := range api.QuotaResources() {
-			if v, ok := eq.Min[name]; ok {
-				q.Min[name] = v.Value()
-			}
-			if v, ok := eq.Max[name]; ok {
-				q.Max[name] = v.Value()
-			}
-		}
-		out[eq.Namespace] = q
+		out[eq.Namespace] = core.Quota{Namespace: eq.Namespace, Min: governed(eq.Min), Max: governed(eq.Max)}
 	}
 	return out, errs
+}
+
+// governed is what of list quota governs (api.QuotaGoverned: MIG profiles
+// included), in whole units.
+func governed(list corev1.ResourceList) core.Resources {
+	out := core.Resources{}
+	for name, v := range list {
+		if api.QuotaGoverned(name) {
+			out[name] = v.Value()
+		}
+	}
+	return out
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -96,7 +97,7 @@ func TestWatcherMissingCRD(t *testing.T) {
 func TestDecode(t *testing.T) {
 	objs := []*unstructured.Unstructured{
 		elasticQuota("a", "z-second", map[string]any{"tessera.dev/gpu": "1"}, nil),
-		elasticQuota("a", "first", map[string]any{"tessera.dev/gpu": "8", "nvidia.com/gpu": "2"}, map[string]any{"tessera.dev/gpu-memory": "80"}),
+		elasticQuota("a", "first", map[string]any{"tessera.dev/gpu": "8", "nvidia.com/gpu": "2"}, map[string]any{"tessera.dev/gpu-memory": "80", "tessera.dev/mig-1g.5gb": "2", "cpu": "4"}),
 		elasticQuota("b", "bad", map[string]any{"tessera.dev/gpu": "lots"}, nil),
 		elasticQuota("c", "inverted", map[string]any{"tessera.dev/gpu": "8"}, map[string]any{"tessera.dev/gpu": "4"}),
 	}
@@ -107,7 +108,7 @@ func TestDecode(t *testing.T) {
 		return core.Quota{Namespace: ns, Min: core.Resources{}, Max: core.Resources{}, Invalid: errs[ns+"/"+map[string]string{"b": "bad", "c": "inverted"}[ns]].Error()}
 	}
 	want := map[string]core.Quota{"a": {Namespace: "a",
-		Min: core.Resources{api.ResourceGPU: 8, api.ResourceNVIDIAGPU: 2}, Max: core.Resources{api.ResourceGPUMemory: 80}},
+		Min: core.Resources{api.ResourceGPU: 8, api.ResourceNVIDIAGPU: 2}, Max: core.Resources{api.ResourceGPUMemory: 80, api.ResourceMIGPrefix + "1g.5gb": 2}},
 		"b": invalid("b"), "c": invalid("c")}
 	if errs["c/inverted"] == nil || !strings.Contains(errs["c/inverted"].Error(), "above spec.max") {
 		t.Fatalf("inverted: %v", errs["c/inverted"])
@@ -118,6 +119,13 @@ func TestDecode(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("quotas (-want +got):\n%s", diff)
+	}
+	// A MIG profile's max is enforced (it was dropped before 2026-11-29:
+	// a namespace capped at 2 instances ran as many as it liked).
+	mig := corev1.ResourceName(api.ResourceMIGPrefix + "1g.5gb")
+	st = &core.State{Quotas: got, Used: map[string]core.Resources{"a": {mig: 2}}, Capacity: core.Resources{mig: 56}}
+	if d := st.Admit("a", core.Resources{mig: 1}); d.Allowed || !strings.Contains(d.Reason, string(mig)) {
+		t.Errorf("a third %s instance under a max of 2: %+v", mig, d)
 	}
 	var keys []string
 	for k := range errs {

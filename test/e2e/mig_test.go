@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -136,4 +137,61 @@ func waitAssignmentWith(t *testing.T, c *nodesim.Cluster, ns, name string, ok fu
 		t.Fatalf("pod %s/%s assignment: %v (last %+v, error %v)", ns, name, err, last, lastErr)
 	}
 	return last
+}
+
+// MIG instances count against quotas like every GPU resource: an
+// ElasticQuota's max on a MIG profile holds (before 2026-11-29 the quota
+// reader kept only tessera.dev/gpu, gpu-memory, gpu-core and
+// nvidia.com/gpu, so a namespace capped at 2 instances ran a third), and a
+// MIG pod in a namespace a Queue serves is admitted (before, the queues
+// counted no MIG capacity and held it: "the queues would use 1 of the
+// cluster's 0").
+func TestMIGQuotaAndQueue(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	const capped, queued = "mig-capped", "mig-queued"
+	c := ownCluster(ctx, t, capped, []nodesim.NodeSpec{{Name: "mig-1", Profile: "dgx-a100-mig"}})
+	for _, ns := range []string{queued} {
+		if _, err := c.Client().CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	small := api.MIGResource("1g.5gb")
+	elasticQuota(t, c, capped, small, 0, 2)
+	createQueue(t, dynamicClient(t, c), "mig-team", "", []string{queued}, 0, 0)
+	time.Sleep(time.Second) // the extender's informers see the quota and the queue
+	migPod := func(ns, name string) *v1.Pod {
+		return &v1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Spec: v1.PodSpec{TerminationGracePeriodSeconds: new(int64), Containers: []v1.Container{{
+				Name: "main", Image: "registry.k8s.io/pause:3.10",
+				Resources: v1.ResourceRequirements{Limits: v1.ResourceList{small: *resource.NewQuantity(1, resource.DecimalSI)}}}}},
+		}
+	}
+	for _, name := range []string{"a", "b"} {
+		mustCreate(t, c, migPod(capped, name))
+		waitRunning(t, c, capped, name, time.Minute)
+	}
+	mustCreate(t, c, migPod(capped, "c"))
+	var msg string
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		p := getPod(t, c.Client(), capped, "c")
+		if p.Spec.NodeName != "" {
+			return false, fmt.Errorf("bound to %s above the quota's max of 2 %s", p.Spec.NodeName, small)
+		}
+		for _, cond := range p.Status.Conditions {
+			if cond.Type == v1.PodScheduled && cond.Status == v1.ConditionFalse {
+				msg = cond.Message
+			}
+		}
+		return strings.Contains(strings.ToLower(msg), "quota") && strings.Contains(msg, string(small)), nil
+	})
+	if err != nil {
+		t.Errorf("a third %s instance under a max of 2 should wait for quota: %v (PodScheduled: %q)", small, err, msg)
+	}
+
+	mustCreate(t, c, migPod(queued, "q"))
+	if pod, _ := waitRunning(t, c, queued, "q", time.Minute); pod.Spec.NodeName != "mig-1" {
+		t.Errorf("the queued MIG pod runs on %s, want mig-1", pod.Spec.NodeName)
+	}
 }
