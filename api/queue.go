@@ -86,7 +86,7 @@ var (
 // checks what the CRD's validation checks (fail closed: the API server may
 // be older than the CRD's rules, or the CRD edited): the name and parent
 // are DNS-1123 subdomains and differ, namespaces are DNS-1123 labels named
-// once, resources are among QuotaResources, quantities are whole,
+// once, resources are QuotaGoverned, quantities are whole,
 // non-negative units, guaranteed <= limit, weight in 0..MaxQueueWeight.
 // Every error names the queue and the field. What it cannot check alone
 // (the parent exists, no cycle, a namespace served by one queue) is the
@@ -160,7 +160,7 @@ func QueueFromUnstructured(u *unstructured.Unstructured) (*Queue, error) {
 		for _, key := range sortedKeys(m) {
 			path := fmt.Sprintf("spec.resources[%q]", key)
 			rname := corev1.ResourceName(key)
-			if !slices.Contains(QuotaResources(), rname) {
+			if !QuotaGoverned(rname) {
 				return fail(path, "unknown resource (queues govern %s)", quotaResourceList())
 			}
 			entry, ok := m[key].(map[string]any)
@@ -303,7 +303,7 @@ func QueueStatusFromUnstructured(u *unstructured.Unstructured) (QueueStatus, err
 		for _, key := range sortedKeys(m) {
 			path := fmt.Sprintf("status.%s[%q]", field, key)
 			name := corev1.ResourceName(key)
-			if !slices.Contains(QuotaResources(), name) {
+			if !QuotaGoverned(name) {
 				return fail(path, "unknown resource (queues govern %s)", quotaResourceList())
 			}
 			if field == queueStatusUsage {
@@ -438,11 +438,11 @@ func describe(v any) string {
 }
 
 func quotaResourceList() string {
-	names := make([]string, 0, len(QuotaResources()))
+	names := make([]string, 0, len(QuotaResources())+1)
 	for _, r := range QuotaResources() {
 		names = append(names, string(r))
 	}
-	return strings.Join(names, ", ")
+	return strings.Join(append(names, ResourceMIGPrefix+"<profile>"), ", ")
 }
 
 // SchedulingGateQueue holds a GPU pod of a namespace a Queue serves until

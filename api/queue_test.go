@@ -60,6 +60,11 @@ func TestQueueFromUnstructured(t *testing.T) {
 			ResourceGPUCore:   {Limit: 4000, Limited: true, Weight: DefaultQueueWeight},
 			ResourceNVIDIAGPU: {Weight: MaxQueueWeight},
 		}}},
+		{"a MIG profile", queueObject("mig", map[string]any{"resources": map[string]any{
+			"tessera.dev/mig-1g.5gb": map[string]any{"guaranteed": "2", "limit": "7"},
+		}}), &Queue{Name: "mig", Resources: map[corev1.ResourceName]QueueResource{
+			MIGResource("1g.5gb"): {Guaranteed: 2, Limit: 7, Limited: true, Weight: DefaultQueueWeight},
+		}}},
 		{"limit 0", queueObject("frozen", map[string]any{"resources": map[string]any{gpu: map[string]any{"limit": "0"}}}),
 			&Queue{Name: "frozen", Resources: map[corev1.ResourceName]QueueResource{ResourceGPU: {Limited: true, Weight: 1}}}},
 		{"dotted parent", queueObject("a", map[string]any{"parent": "dept.example"}),
@@ -106,7 +111,8 @@ func TestQueueFromUnstructuredRefuses(t *testing.T) {
 		{"namespace twice", queueObject("q", map[string]any{"namespaces": []any{"a", "b", "a"}}), `Queue q: spec.namespaces[2]: namespace "a" is named twice`},
 		{"too many namespaces", queueObject("q", map[string]any{"namespaces": make([]any, MaxQueueNamespaces+1)}), "Queue q: spec.namespaces: 1025 namespaces, at most 1024"},
 		{"resources not an object", queueObject("q", map[string]any{"resources": []any{}}), "Queue q: spec.resources: []interface {} [] is not an object"},
-		{"unknown resource", queueObject("q", map[string]any{"resources": map[string]any{"cpu": map[string]any{}}}), `Queue q: spec.resources["cpu"]: unknown resource (queues govern tessera.dev/gpu, tessera.dev/gpu-memory, tessera.dev/gpu-core, nvidia.com/gpu)`},
+		{"unknown resource", queueObject("q", map[string]any{"resources": map[string]any{"cpu": map[string]any{}}}), `Queue q: spec.resources["cpu"]: unknown resource (queues govern tessera.dev/gpu, tessera.dev/gpu-memory, tessera.dev/gpu-core, nvidia.com/gpu, tessera.dev/mig-<profile>)`},
+		{"malformed MIG profile", queueObject("q", map[string]any{"resources": map[string]any{"tessera.dev/mig-9g.5gb": map[string]any{}}}), `Queue q: spec.resources["tessera.dev/mig-9g.5gb"]: unknown resource`},
 		{"entry not an object", queueObject("q", res("4")), `Queue q: spec.resources["tessera.dev/gpu"]: string 4 is not an object`},
 		{"unknown entry field", queueObject("q", res(map[string]any{"min": "4"})), `Queue q: spec.resources["tessera.dev/gpu"].min: unknown field`},
 		{"limit not a quantity", queueObject("q", res(map[string]any{"limit": "x"})), `Queue q: spec.resources["tessera.dev/gpu"].limit: "x" is not a quantity`},

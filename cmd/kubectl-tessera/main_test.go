@@ -229,9 +229,10 @@ func (f fixture) env(t *testing.T) *env {
 		})
 	}
 	limited := api.QueueResource{Guaranteed: 1, Limit: 2, Limited: true, Weight: 1}
-	teamA := queueObj(t, &api.Queue{Name: "team-a", Namespaces: []string{"team-a"}, Resources: map[corev1.ResourceName]api.QueueResource{api.ResourceGPU: limited}},
-		&api.QueueStatus{Used: map[corev1.ResourceName]int64{api.ResourceGPU: 2}, Guaranteed: map[corev1.ResourceName]int64{api.ResourceGPU: 1},
-			FairShare: map[corev1.ResourceName]int64{api.ResourceGPU: 2}, Usage: map[corev1.ResourceName]float64{api.ResourceGPU: 172800}, UsageUpdated: now.Add(-5 * time.Second)})
+	mig := api.MIGResource("1g.5gb")
+	teamA := queueObj(t, &api.Queue{Name: "team-a", Namespaces: []string{"team-a"}, Resources: map[corev1.ResourceName]api.QueueResource{api.ResourceGPU: limited, mig: {Limit: 1, Limited: true, Weight: 1}}},
+		&api.QueueStatus{Used: map[corev1.ResourceName]int64{api.ResourceGPU: 2, mig: 1}, Guaranteed: map[corev1.ResourceName]int64{api.ResourceGPU: 1},
+			FairShare: map[corev1.ResourceName]int64{api.ResourceGPU: 2, mig: 7}, Usage: map[corev1.ResourceName]float64{api.ResourceGPU: 172800}, UsageUpdated: now.Add(-5 * time.Second)})
 	teamB := queueObj(t, &api.Queue{Name: "team-b", Namespaces: []string{"team-b"}}, nil)
 	teamB.Object["spec"].(map[string]any)["resources"] = map[string]any{"tessera.dev/gpu": map[string]any{"guaranteed": "3", "limit": "1"}}
 	quota := &unstructured.Unstructured{Object: map[string]any{

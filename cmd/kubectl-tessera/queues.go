@@ -84,10 +84,24 @@ func queueRowOf(u *unstructured.Unstructured) queueRow {
 	return r
 }
 
-// queueResources are the resources shown, in order.
+// queueResources are the resources shown, in order: QuotaResources, then
+// the MIG profiles' in name order.
 func queueResources(rows []queueRow) []corev1.ResourceName {
+	var mig []corev1.ResourceName
+	for _, row := range rows {
+		for _, m := range []map[corev1.ResourceName]int64{row.status.Used, row.status.FairShare} {
+			for r := range m {
+				mig = append(mig, r)
+			}
+		}
+		for r := range row.spec.Resources {
+			mig = append(mig, r)
+		}
+	}
+	mig = slices.DeleteFunc(mig, func(r corev1.ResourceName) bool { return !api.IsMIGResource(r) })
+	slices.Sort(mig)
 	var out []corev1.ResourceName
-	for _, r := range api.QuotaResources() {
+	for _, r := range append(api.QuotaResources(), slices.Compact(mig)...) {
 		for _, row := range rows {
 			_, spec := row.spec.Resources[r]
 			if spec || row.status.Used[r] != 0 || row.status.FairShare[r] != 0 {

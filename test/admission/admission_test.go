@@ -824,7 +824,9 @@ func TestQueueValidation(t *testing.T) {
 		{"parent not a name", queueObj("q", map[string]any{"parent": "Research_Dept"}),
 			`spec.parent: Invalid value: "string": must be a Queue name (a DNS-1123 subdomain: lower case letters, digits, - and .), not Research_Dept`},
 		{"unknown resource", queueObj("q", map[string]any{"resources": map[string]any{"cpu": res("guaranteed", "4")}}),
-			`spec.resources: Invalid value: "object": unknown resource cpu: queues govern tessera.dev/gpu, tessera.dev/gpu-memory, tessera.dev/gpu-core and nvidia.com/gpu`},
+			`spec.resources: Invalid value: "object": unknown resource cpu: queues govern tessera.dev/gpu, tessera.dev/gpu-memory, tessera.dev/gpu-core, nvidia.com/gpu and tessera.dev/mig-<profile>`},
+		{"malformed MIG profile", queueObj("q", map[string]any{"resources": map[string]any{"tessera.dev/mig-9g.5gb": res("guaranteed", "1")}}),
+			`spec.resources: Invalid value: "object": unknown resource tessera.dev/mig-9g.5gb: queues govern`},
 		{"weight above 1000", queueObj("q", map[string]any{"resources": map[string]any{gpu: res("weight", int64(1001))}}),
 			`spec.resources[tessera.dev/gpu].weight: Invalid value: "integer": must be between 0 and 1000`},
 		{"negative weight", queueObj("q", map[string]any{"resources": map[string]any{gpu: res("weight", int64(-1))}}),
@@ -882,9 +884,10 @@ func TestQueueValidation(t *testing.T) {
 			mem: res("guaranteed", "1e3"),
 		}}),
 		queueObj("team-a", map[string]any{"parent": "research", "namespaces": []any{"team-a", "team-a-dev"}, "resources": map[string]any{
-			gpu:                    res("guaranteed", "4", "limit", "4", "weight", int64(0)),
-			"tessera.dev/gpu-core": res("limit", "+400"),
-			"nvidia.com/gpu":       res("weight", int64(1000)),
+			gpu:                      res("guaranteed", "4", "limit", "4", "weight", int64(0)),
+			"tessera.dev/gpu-core":   res("limit", "+400"),
+			"nvidia.com/gpu":         res("weight", int64(1000)),
+			"tessera.dev/mig-1g.5gb": res("guaranteed", "2", "limit", int64(7)),
 		}}),
 	}
 	want := map[string]*api.Queue{
@@ -893,9 +896,10 @@ func TestQueueValidation(t *testing.T) {
 			mem: {Guaranteed: 1000, Weight: 1},
 		}},
 		"team-a": {Name: "team-a", Parent: "research", Namespaces: []string{"team-a", "team-a-dev"}, Resources: map[v1.ResourceName]api.QueueResource{
-			gpu:                    {Guaranteed: 4, Limit: 4, Limited: true, Weight: 0},
-			"tessera.dev/gpu-core": {Limit: 400, Limited: true, Weight: 1},
-			"nvidia.com/gpu":       {Weight: 1000},
+			gpu:                      {Guaranteed: 4, Limit: 4, Limited: true, Weight: 0},
+			"tessera.dev/gpu-core":   {Limit: 400, Limited: true, Weight: 1},
+			"nvidia.com/gpu":         {Weight: 1000},
+			"tessera.dev/mig-1g.5gb": {Guaranteed: 2, Limit: 7, Limited: true, Weight: 1},
 		}},
 	}
 	var parsed []*api.Queue

@@ -142,10 +142,11 @@ func waitAssignmentWith(t *testing.T, c *nodesim.Cluster, ns, name string, ok fu
 // MIG instances count against quotas like every GPU resource: an
 // ElasticQuota's max on a MIG profile holds (before 2026-11-29 the quota
 // reader kept only tessera.dev/gpu, gpu-memory, gpu-core and
-// nvidia.com/gpu, so a namespace capped at 2 instances ran a third), and a
-// MIG pod in a namespace a Queue serves is admitted (before, the queues
-// counted no MIG capacity and held it: "the queues would use 1 of the
-// cluster's 0").
+// nvidia.com/gpu and counted no MIG capacity: a MIG pod in a governed
+// namespace was refused, "0 of 0 that can be lent", and a max on a
+// profile capped nothing), and a Queue's limit on a profile holds: its
+// first MIG pod runs, the second waits, and the Queue's status, which
+// counts the instance, still reads back.
 func TestMIGQuotaAndQueue(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
@@ -158,7 +159,13 @@ func TestMIGQuotaAndQueue(t *testing.T) {
 	}
 	small := api.MIGResource("1g.5gb")
 	elasticQuota(t, c, capped, small, 0, 2)
-	createQueue(t, dynamicClient(t, c), "mig-team", "", []string{queued}, 0, 0)
+	dyn := dynamicClient(t, c)
+	q := &api.Queue{Name: "mig-team", Namespaces: []string{queued}, Resources: map[v1.ResourceName]api.QueueResource{
+		small: {Limit: 1, Limited: true, Weight: 1},
+	}}
+	if _, err := dyn.Resource(api.QueueGVR).Create(ctx, q.Unstructured(), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("Queue with a MIG limit: %v", err)
+	}
 	time.Sleep(time.Second) // the extender's informers see the quota and the queue
 	migPod := func(ns, name string) *v1.Pod {
 		return &v1.Pod{
@@ -193,5 +200,23 @@ func TestMIGQuotaAndQueue(t *testing.T) {
 	mustCreate(t, c, migPod(queued, "q"))
 	if pod, _ := waitRunning(t, c, queued, "q", time.Minute); pod.Spec.NodeName != "mig-1" {
 		t.Errorf("the queued MIG pod runs on %s, want mig-1", pod.Spec.NodeName)
+	}
+	mustCreate(t, c, migPod(queued, "q2"))
+	waitEventMessage(t, c, queued, "q2", api.EventQueueWaiting, string(small))
+	if p := getPod(t, c.Client(), queued, "q2"); p.Spec.NodeName != "" {
+		t.Errorf("q2 bound to %s above its queue's limit of 1 %s", p.Spec.NodeName, small)
+	}
+	var last error
+	err = wait.PollUntilContextTimeout(ctx, time.Second, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		u, err := dyn.Resource(api.QueueGVR).Get(ctx, q.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		st, err := api.QueueStatusFromUnstructured(u)
+		last = err
+		return err == nil && st.Used[small] == 1, nil
+	})
+	if err != nil {
+		t.Errorf("Queue %s status does not read back with 1 %s used: %v (%v)", q.Name, small, err, last)
 	}
 }
