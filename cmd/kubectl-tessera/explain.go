@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net/url"
 	"slices"
 	"sort"
@@ -229,7 +230,7 @@ func (e *env) explainQueue(ctx context.Context, x *explanation, pod *corev1.Pod,
 	if pos, n, ok := queuePosition(pod, all, q.Namespaces); ok {
 		x.more("position %d of %d waiting GPU pods of the queue's namespaces (priority, then age; across queues the smaller share goes first)", pos, n)
 	}
-	for _, r := range api.QuotaResources() {
+	for _, r := range governedResources(append(slices.Collect(maps.Keys(q.Resources)), slices.Collect(maps.Keys(st.Used))...)) {
 		spec, named := q.Resources[r]
 		if !named && st.Used[r] == 0 {
 			continue
@@ -309,7 +310,7 @@ func resourceList(l corev1.ResourceList) string {
 		return "none"
 	}
 	var parts []string
-	for _, r := range api.QuotaResources() {
+	for _, r := range governedResources(slices.Collect(maps.Keys(l))) {
 		if v, ok := l[r]; ok {
 			parts = append(parts, shortResource(r)+"="+v.String())
 		}

@@ -238,7 +238,7 @@ func (f fixture) env(t *testing.T) *env {
 	quota := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "ElasticQuota",
 		"metadata": map[string]any{"namespace": "team-a", "name": "team-a"},
-		"spec":     map[string]any{"min": map[string]any{"tessera.dev/gpu": "1"}, "max": map[string]any{"tessera.dev/gpu": "4"}},
+		"spec":     map[string]any{"min": map[string]any{"tessera.dev/gpu": "1"}, "max": map[string]any{"tessera.dev/gpu": "4", "tessera.dev/mig-1g.5gb": "2"}},
 	}}
 	ring := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -84,24 +85,17 @@ func queueRowOf(u *unstructured.Unstructured) queueRow {
 	return r
 }
 
-// queueResources are the resources shown, in order: QuotaResources, then
-// the MIG profiles' in name order.
+// queueResources are the resources shown, in order (governedResources):
+// those a row's spec names or its status counts.
 func queueResources(rows []queueRow) []corev1.ResourceName {
-	var mig []corev1.ResourceName
+	var seen []corev1.ResourceName
 	for _, row := range rows {
-		for _, m := range []map[corev1.ResourceName]int64{row.status.Used, row.status.FairShare} {
-			for r := range m {
-				mig = append(mig, r)
-			}
-		}
-		for r := range row.spec.Resources {
-			mig = append(mig, r)
-		}
+		seen = append(seen, slices.Collect(maps.Keys(row.spec.Resources))...)
+		seen = append(seen, slices.Collect(maps.Keys(row.status.Used))...)
+		seen = append(seen, slices.Collect(maps.Keys(row.status.FairShare))...)
 	}
-	mig = slices.DeleteFunc(mig, func(r corev1.ResourceName) bool { return !api.IsMIGResource(r) })
-	slices.Sort(mig)
 	var out []corev1.ResourceName
-	for _, r := range append(api.QuotaResources(), slices.Compact(mig)...) {
+	for _, r := range governedResources(seen) {
 		for _, row := range rows {
 			_, spec := row.spec.Resources[r]
 			if spec || row.status.Used[r] != 0 || row.status.FairShare[r] != 0 {
@@ -111,6 +105,15 @@ func queueResources(rows []queueRow) []corev1.ResourceName {
 		}
 	}
 	return out
+}
+
+// governedResources is the order resources are shown in: api.QuotaResources,
+// then the MIG profiles' resources among seen, by name (quotas and queues
+// govern both, api.QuotaGoverned).
+func governedResources(seen []corev1.ResourceName) []corev1.ResourceName {
+	mig := slices.DeleteFunc(slices.Clone(seen), func(r corev1.ResourceName) bool { return !api.IsMIGResource(r) })
+	slices.Sort(mig)
+	return append(api.QuotaResources(), slices.Compact(mig)...)
 }
 
 func renderQueues(w io.Writer, rows []queueRow, shares map[string]float64, note string, now time.Time) error {
