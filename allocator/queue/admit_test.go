@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/tessera-gpu/tessera/allocator/quota"
 )
@@ -209,5 +210,32 @@ func TestLendingProtectsOnlyWorkThatFitsTheGuarantee(t *testing.T) {
 	s.Waiting = map[string][]quota.Resources{"a": {gpus(14)}, "b": {gpus(16), gpus(2)}}
 	if d := s.Admit("a", gpus(14)); !d.Allowed {
 		t.Errorf("Admit(a, 14) = %+v, want allowed (2 left for b's 2-GPU job)", d)
+	}
+}
+
+// A queue whose object could not be read admits nothing, whatever it asks
+// for (a MIG profile included, which no closed limit could list), and a
+// queue under it neither; its siblings are unaffected.
+func TestMalformedQueueAdmitsNothing(t *testing.T) {
+	bad := Spec{Name: "dept-a", Malformed: `Queue dept-a: spec.resources["cpu"]: unknown resource`}
+	lone := Spec{Name: "c1", Namespaces: []string{"ns-c1"}, Malformed: `Queue c1: spec.resources["tessera.dev/gpu"]: guaranteed (3) must not exceed limit (1)`}
+	tree := Build([]Spec{bad, q("a1", "dept-a", 0, "ns-a1"), q("b1", "", 4, "ns-b1"), lone})
+	mig := corev1.ResourceName("tessera.dev/mig-1g.5gb")
+	s := &State{Tree: tree, Capacity: quota.Resources{gpu: 16, mig: 14}, Used: map[string]quota.Resources{}, Pending: map[string]quota.Resources{}}
+	for _, tc := range []struct {
+		queue   string
+		req     quota.Resources
+		allowed bool
+		msg     string
+	}{
+		{"c1", quota.Resources{mig: 1}, false, `queue c1 admits nothing until it is fixed: Queue c1: spec.resources["tessera.dev/gpu"]: guaranteed (3)`},
+		{"c1", gpus(1), false, "queue c1 admits nothing until it is fixed"},
+		{"a1", quota.Resources{mig: 1}, false, `queue a1 is under invalid queue dept-a: Queue dept-a: spec.resources["cpu"]`},
+		{"b1", quota.Resources{mig: 1}, true, ""},
+	} {
+		d := s.Admit(tc.queue, tc.req)
+		if d.Allowed != tc.allowed || !strings.Contains(d.Reason, tc.msg) {
+			t.Errorf("Admit(%s, %v) = %+v, want allowed %v with %q", tc.queue, tc.req, d, tc.allowed, tc.msg)
+		}
 	}
 }

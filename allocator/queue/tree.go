@@ -45,6 +45,11 @@ type Spec struct {
 	// its siblings; a resource missing weighs 1, and weight 0 borrows
 	// nothing beyond the guarantee.
 	Weight map[corev1.ResourceName]int64
+	// Malformed, when set, says why the queue's object could not be read:
+	// the queue is invalid and admits nothing (fail closed: a broken
+	// object never lets its namespaces run unqueued, whatever resource
+	// they ask for).
+	Malformed string
 }
 
 // Tree is a validated set of queues. Build never fails as a whole: a queue
@@ -95,6 +100,9 @@ func Build(specs []Spec) *Tree {
 			continue
 		}
 		t.nodes[sp.Name] = &node{spec: sp}
+		if sp.Malformed != "" {
+			t.markInvalid(sp.Name, sp.Malformed)
+		}
 	}
 	for _, name := range t.Names() {
 		t.checkQuantities(name)

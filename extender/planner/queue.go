@@ -112,11 +112,7 @@ func (b *QueueBook) decode(objs []*unstructured.Unstructured) queueObjects {
 		if err != nil {
 			b.logMalformed(u.GetName(), err)
 			ns, _, _ := unstructured.NestedStringSlice(u.Object, "spec", "namespaces")
-			closed := quota.Resources{}
-			for _, r := range api.QuotaResources() {
-				closed[r] = 0
-			}
-			out.specs = append(out.specs, queue.Spec{Name: u.GetName(), Namespaces: ns, Limit: closed})
+			out.specs = append(out.specs, queue.Spec{Name: u.GetName(), Namespaces: ns, Malformed: err.Error()})
 			continue
 		}
 		out.specs = append(out.specs, specOf(q))
