@@ -172,6 +172,32 @@ func TestQueueLimitHolds(t *testing.T) {
 	}
 }
 
+// A Queue object the extender cannot read admits nothing, with the reason
+// on the pods' Events; a queue beside it admits as before.
+func TestMalformedQueueObjectAdmitsNothing(t *testing.T) {
+	nodes := withGPUCapacity([]*corev1.Node{testbuild.Node("n0").GPUs(8, "H100", 81920).Obj()})
+	f := newGangFixture(t, nodes...)
+	bad := testbuild.QueueObj(t, "team-a", "", []string{"ns-a"}, 1, 0, f.now)
+	bad.Object["spec"].(map[string]any)["resources"] = map[string]any{"cpu": map[string]any{"guaranteed": "4"}}
+	book := &planner.QueueBook{Queues: testbuild.Objects{bad, testbuild.QueueObj(t, "team-b", "", []string{"ns-b"}, 1, 0, f.now)},
+		Pods: f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }}
+	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
+		Events: f.events, Now: func() time.Time { return f.now }, Queues: book})
+	f.queued("ns-a", "a-0", f.now)
+	f.queued("ns-b", "b-0", f.now)
+	f.sync()
+	if a, g := f.admitted("ns-a"); a != 0 || g != 1 {
+		t.Errorf("ns-a: admitted %d, gated %d; want 0 and 1", a, g)
+	}
+	if a, _ := f.admitted("ns-b"); a != 1 {
+		t.Errorf("ns-b: admitted %d, want 1", a)
+	}
+	const want = `queue team-a admits nothing until it is fixed: Queue team-a: spec.resources["cpu"]: unknown resource`
+	if ev := strings.Join(f.events.Events, "\n"); !strings.Contains(ev, want) {
+		t.Errorf("events:\n%s\nwant %q", ev, want)
+	}
+}
+
 // Two departments of one team each, 8 GPUs guaranteed to each, on two
 // 8-GPU nodes: team-b borrowed the whole cluster while team-a was idle.
 // team-a's pods take its guarantee back: exactly as many of team-b's pods
