@@ -1,12 +1,15 @@
 package api
 
+import "fmt"
+
 // Names the NRI plugin sets on, or reads from, the containers it isolates.
 
 // AnnotationNUMAAlignment is the pod annotation by which a pod opts out of
 // NUMA alignment: with the value "false" (or "disabled") the NRI plugin
-// leaves the cpuset of the pod's containers as the kubelet set it. Absent or
-// any other value, a container without exclusive CPUs is pinned to the CPUs
-// and memory of its GPUs' NUMA node(s).
+// leaves the cpuset of the pod's containers as the kubelet set it. Absent,
+// "true" or "enabled", a container without exclusive CPUs is pinned to the
+// CPUs and memory of its GPUs' NUMA node(s). Any other value is refused at
+// the pod's creation (CheckNUMAAlignment); one that got past it aligns.
 const AnnotationNUMAAlignment = Domain + "/numa-alignment"
 
 // NUMAAlignmentDisabled reports whether a pod's annotations opt it out of NUMA
@@ -17,6 +20,21 @@ func NUMAAlignmentDisabled(annotations map[string]string) bool {
 		return true
 	}
 	return false
+}
+
+// CheckNUMAAlignment refuses an AnnotationNUMAAlignment value other than
+// "true", "enabled", "false" or "disabled" (a typo such as "flase" would
+// otherwise align the pod silently).
+func CheckNUMAAlignment(annotations map[string]string) error {
+	v, ok := annotations[AnnotationNUMAAlignment]
+	if !ok {
+		return nil
+	}
+	switch v {
+	case "true", "enabled", "false", "disabled":
+		return nil
+	}
+	return fmt.Errorf("annotation %s: %q is none of \"true\", \"enabled\", \"false\" (opt out of NUMA alignment) or \"disabled\"", AnnotationNUMAAlignment, v)
 }
 
 // Environment the NVIDIA container stack and CUDA read, which the NRI plugin

@@ -62,7 +62,7 @@ func Review(req *admissionv1.AdmissionRequest, queued func(namespace string) boo
 	if err != nil {
 		return deny(resp, http.StatusUnprocessableEntity, err.Error())
 	}
-	if err := api.CheckRuntimeHints(pod.Annotations); err != nil {
+	if err := errors.Join(api.CheckRuntimeHints(pod.Annotations), api.CheckNUMAAlignment(pod.Annotations)); err != nil {
 		// Read only by reservations and consolidation, which would take a
 		// malformed hint silently as none.
 		return deny(resp, http.StatusUnprocessableEntity, fmt.Sprintf("pod %s/%s: %v", pod.Namespace, pod.Name, err))

@@ -123,6 +123,8 @@ func TestReview(t *testing.T) {
 		{name: "a fraction of a GPU", req: makePod().Container(map[corev1.ResourceName]string{api.ResourceGPU: "500m"}).Request(admissionv1.Create), wantDeny: "must be a non-negative integer, got 500m"},
 		{name: "malformed nvlink", req: makePod().Container(map[corev1.ResourceName]string{api.ResourceGPU: "2"}).Annotate(api.AnnotationNVLink, "maybe").Request(admissionv1.Create), wantDeny: "pod ml/w-0: invalid GPU request: annotation tessera.dev/nvlink"},
 		{name: "malformed gpu-model", req: makePod().Container(map[corev1.ResourceName]string{api.ResourceGPU: "1"}).Annotate(api.AnnotationGPUModel, "A100||H100").Request(admissionv1.Create), wantDeny: "pod ml/w-0: invalid GPU request: annotation tessera.dev/gpu-model: model 1"},
+		{name: "NUMA alignment opted out", req: makePod().Container(map[corev1.ResourceName]string{api.ResourceGPU: "1"}).Annotate(api.AnnotationNUMAAlignment, "false").Request(admissionv1.Create)},
+		{name: "NUMA alignment misspelt", req: makePod().Container(map[corev1.ResourceName]string{api.ResourceGPU: "1"}).Annotate(api.AnnotationNUMAAlignment, "flase").Request(admissionv1.Create), wantDeny: `pod ml/w-0: annotation tessera.dev/numa-alignment: "flase" is none of "true", "enabled", "false" (opt out of NUMA alignment) or "disabled"`},
 		{name: "well-formed hints", req: makePod().Annotate(api.AnnotationExpectedRuntime, "2h30m").Annotate(api.AnnotationPreemptible, "true").Request(admissionv1.Create)},
 		{name: "garbage object", req: &admissionv1.AdmissionRequest{UID: "u", Resource: podResource, Operation: admissionv1.Create, Object: runtime.RawExtension{Raw: []byte("{")}}, wantDeny: "decoding the pod"},
 	}
