@@ -483,9 +483,11 @@ type GangPlan struct {
 	AwaitUntil *time.Time  `json:"awaitUntil,omitempty"`
 }
 
-// maxAwaited bounds GangPlan.Awaits (a gang of 128 members evicting a
-// notebook per GPU of 128 nodes: 1,024).
-const maxAwaited = 4096
+// MaxAwaited bounds GangPlan.Awaits: a gang of 128 members of 8 GPUs
+// evicting a one-GPU notebook per GPU, written on each member's plan in
+// about 40 KB (annotations of one object share 256 KiB). A planner with more
+// victims still there awaits the first MaxAwaited by UID.
+const MaxAwaited = 1024
 
 // GPUsText names the plan's GPUs by index for messages: "GPU 3" (a
 // slice's), "GPUs 5, 6" (whole GPUs held), or "" when it names none.
@@ -582,8 +584,8 @@ func (p *GangPlan) checkAwaits() error {
 	if p.AwaitUntil == nil || p.AwaitUntil.IsZero() {
 		return errors.New("awaits is set without awaitUntil")
 	}
-	if len(p.Awaits) > maxAwaited {
-		return fmt.Errorf("awaits: %d pods, at most %d", len(p.Awaits), maxAwaited)
+	if len(p.Awaits) > MaxAwaited {
+		return fmt.Errorf("awaits: %d pods, at most %d", len(p.Awaits), MaxAwaited)
 	}
 	seen := make(map[types.UID]bool, len(p.Awaits))
 	for i, uid := range p.Awaits {

@@ -401,7 +401,7 @@ func TestGangPlanRoundTrip(t *testing.T) {
 		"until without awaits": {head + `"awaitUntil":"2026-11-22T00:02:00Z"}`, "awaitUntil is set without awaits"},
 		"a pod awaited twice":  {head + `"awaits":["u1","u1"],"awaitUntil":"2026-11-22T00:02:00Z"}`, `awaits[1]: "u1" is listed twice`},
 		"an empty uid":         {head + `"awaits":["u1",""],"awaitUntil":"2026-11-22T00:02:00Z"}`, "awaits[1] is empty"},
-		"too many awaited":     {head + `"awaits":["u` + strings.Join(seqStrings(4097), `","u`) + `"],"awaitUntil":"2026-11-22T00:02:00Z"}`, "4097 pods, at most 4096"},
+		"too many awaited":     {head + `"awaits":["u` + strings.Join(seqStrings(MaxAwaited+1), `","u`) + `"],"awaitUntil":"2026-11-22T00:02:00Z"}`, "1025 pods, at most 1024"},
 	} {
 		if _, _, err := GetGangPlan(map[string]string{AnnotationGangPlan: tc.v}); err == nil || !strings.Contains(err.Error(), tc.why) {
 			t.Errorf("%s: GetGangPlan error %v, want one saying %q", name, err, tc.why)

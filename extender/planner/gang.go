@@ -1660,8 +1660,8 @@ const maxAwait = 2 * time.Minute
 // awaits are the pods of victims a workload planned now waits for before
 // its gates are lifted (api.GangPlan.Awaits): those still there (being
 // deleted counts: their containers hold the GPUs until they stop), its
-// own members aside, sorted; and until when, at most maxAwait (nil when
-// none).
+// own members aside, sorted, the first api.MaxAwaited of them; and until
+// when, at most maxAwait (nil when none).
 func (p *GangPlanner) awaits(members []*corev1.Pod, victims map[types.UID]bool) ([]types.UID, *time.Time) {
 	own := make(map[types.UID]bool, len(members))
 	for _, m := range members {
@@ -1678,7 +1678,7 @@ func (p *GangPlanner) awaits(members []*corev1.Pod, victims map[types.UID]bool) 
 	}
 	slices.Sort(left)
 	until := p.now().Add(maxAwait).UTC().Truncate(time.Second)
-	return left, &until
+	return left[:min(len(left), api.MaxAwaited)], &until
 }
 
 // gone reports whether the pod uid has left the cluster or stopped.
