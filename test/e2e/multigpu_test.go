@@ -22,7 +22,7 @@ import (
 // its two GPUs visible and allowed, the pipe directory of one MPS daemon
 // that serves exactly those two GPUs). A second such pod on the node
 // joins the same set (its daemon is not restarted); a slice of one GPU
-// stays off the set; a count that does not split is refused at filter
+// stays off the set; a count that does not split is refused at creation
 // with the reason; no GPU is over-committed afterwards, and the set's
 // daemon quits with its last tenant.
 func TestMultiGPUSlice(t *testing.T) {
@@ -30,7 +30,12 @@ func TestMultiGPUSlice(t *testing.T) {
 	ns := namespace(t, c, "e2e-multigpu")
 	two := map[string]string{api.AnnotationGPUCount: "2"}
 	create(t, c.Client(), ns, podSpec{name: "train", memUnits: 16, cores: 40, annotations: two})
-	create(t, c.Client(), ns, podSpec{name: "uneven", memUnits: 3, cores: 40, annotations: map[string]string{api.AnnotationGPUCount: "2"}})
+	// The count that does not split: refused at creation, saying why (it
+	// was refused at filter, in FailedScheduling events, until 2026-11-29).
+	uneven := podSpec{name: "uneven", memUnits: 3, cores: 40, annotations: map[string]string{api.AnnotationGPUCount: "2"}}
+	if _, err := c.Client().CoreV1().Pods(ns).Create(t.Context(), uneven.pod(ns), metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "split evenly") {
+		t.Errorf("create pod uneven = %v, want a refusal with the even-split reason", err)
+	}
 
 	p, rec := waitRunning(t, c, ns, "train", 90*time.Second)
 	p, ca := waitAssignment(t, c, p, "main", 0)
@@ -102,13 +107,6 @@ func TestMultiGPUSlice(t *testing.T) {
 	}
 	if n := len(readFileLines(t, filepath.Join(logDir, "started"))); n != 1 {
 		t.Errorf("the set's daemon started %d times, want once (not restarted for a new tenant)", n)
-	}
-
-	// The count that does not split: refused at filter, saying why.
-	msg := waitEventMessage(t, c, ns, "uneven", "FailedScheduling", api.AnnotationGPUCount)
-	t.Logf("uneven: %s", msg)
-	if !strings.Contains(msg, "split evenly") {
-		t.Errorf("pod uneven: FailedScheduling %q, want the even-split reason", msg)
 	}
 
 	// A pod that bypasses the extender (spec.nodeName, as an admin may):
