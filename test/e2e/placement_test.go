@@ -218,9 +218,10 @@ func TestSliceAndWholeGPUPodTogether(t *testing.T) {
 // reads the kubelet's allocations and learns the slice's placement; a
 // whole-GPU pod the kubelet admitted meanwhile was refused (CI, 2026-11-29,
 // TestSliceAndWholeGPUPodTogether: "Requested: 7, Available: 6", a slice
-// created right after another was deleted, its units put on the ended
-// slice's GPU). The node agent now prefers the GPU of the slice the kubelet
-// has not started. Then C ends and a 7-GPU pod takes every other GPU.
+// created right after another was deleted; the likeliest cause, its units
+// put on the ended slice's GPU). The node agent now prefers the GPU of the
+// slice the kubelet has not started. Then C ends and a 7-GPU pod takes
+// every other GPU.
 func TestSliceUnitsOnTheirAssignedGPU(t *testing.T) {
 	c := getCluster(t)
 	ns := namespace(t, c, "e2e-units")
