@@ -88,12 +88,7 @@ func (p *GangPlanner) holdFreed(ctx context.Context, key string, g *api.Gang, me
 			return nil, false
 		}
 		p.holds[key] = h
-		if r := p.reserved[key]; r != nil {
-			// The hold took its reservation's place in the ledger.
-			delete(p.reserved, key)
-			p.reservations.Store(int64(len(p.reserved)))
-			p.releaseUIDsBut(r, members)
-		}
+		p.reservationTaken(key, members) // the hold took its reservation's place
 		p.refresh(h.nodes)
 		logger.V(2).Info("Holding the room consolidation frees", "workload", key, "nodes", h.nodes, "until", h.until)
 		return res, true

@@ -1360,7 +1360,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		return false, fmt.Errorf("gang %s: %w (planned again on the next pass)", g.Key(), err)
 	}
 	// Its plan took the place of its reservation in the ledger.
-	p.plannedReservation(key, members)
+	p.reservationTaken(key, members)
 	// The workloads after this one in the pass see its reservation (and
 	// nothing else that changed on the cluster meanwhile).
 	p.refreshUses(uses)
@@ -1663,10 +1663,7 @@ const maxAwait = 2 * time.Minute
 // own members aside, sorted, the first api.MaxAwaited of them; and until
 // when, at most maxAwait (nil when none).
 func (p *GangPlanner) awaits(members []*corev1.Pod, victims map[types.UID]bool) ([]types.UID, *time.Time) {
-	own := make(map[types.UID]bool, len(members))
-	for _, m := range members {
-		own[m.UID] = true
-	}
+	own := podUIDs(members)
 	var left []types.UID
 	for uid := range victims {
 		if !own[uid] && !p.gone(uid) {

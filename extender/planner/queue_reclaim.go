@@ -175,10 +175,7 @@ func (r *QueueReclaimer) ReclaimFor(ctx context.Context, snap *QueueSnapshot, q 
 // gone.
 func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.Pod, want quota.Resources, pods []*corev1.Pod, fits func(Snapshot) bool) (victims []queue.Workload, podsOf map[string][]*corev1.Pod, gone map[types.UID]bool, err error) {
 	now := r.now()
-	asker := map[types.UID]bool{}
-	for _, p := range askers {
-		asker[p.UID] = true
-	}
+	asker := podUIDs(askers)
 	gone = r.inflight.Current(now)
 	groups := map[string][]*corev1.Pod{}
 	for _, p := range pods {

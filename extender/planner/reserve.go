@@ -195,27 +195,24 @@ func (p *GangPlanner) occupants(st Node, holder map[types.UID]bool, since time.T
 	return occ, pods
 }
 
-// plannedReservation ends workload key's reservation once its planned
-// members are reserved in the ledger (their plans took their reserved
-// uses' place); a reserved member not planned now is released.
-func (p *GangPlanner) plannedReservation(key string, planned []*corev1.Pod) {
+// reservationTaken ends workload key's reservation once kept, its members
+// planned now or held for by consolidation, are in the ledger (their uses
+// took their reserved uses' place); a reserved member kept does not name
+// is released.
+func (p *GangPlanner) reservationTaken(key string, kept []*corev1.Pod) {
 	r := p.reserved[key]
 	if r == nil {
 		return
 	}
 	delete(p.reserved, key)
 	p.reservations.Store(int64(len(p.reserved)))
-	p.releaseUIDsBut(r, planned)
+	p.releaseUIDsBut(r, kept)
 }
 
 // releaseUIDsBut drops from the ledger the uses of r's members that keep
 // (pods planned or reserved again) does not name.
 func (p *GangPlanner) releaseUIDsBut(r *reservation, keep []*corev1.Pod) {
-	in := make(map[types.UID]bool, len(keep))
-	for _, m := range keep {
-		in[m.UID] = true
-	}
-	p.ledger.ReleaseGang(uidsBut(r.uids, in))
+	p.ledger.ReleaseGang(uidsBut(r.uids, podUIDs(keep)))
 	p.refresh(r.nodes)
 }
 
@@ -235,6 +232,15 @@ func uidSet(uids []types.UID) map[types.UID]bool {
 	out := make(map[types.UID]bool, len(uids))
 	for _, uid := range uids {
 		out[uid] = true
+	}
+	return out
+}
+
+// podUIDs is the set of the UIDs of pods.
+func podUIDs(pods []*corev1.Pod) map[types.UID]bool {
+	out := make(map[types.UID]bool, len(pods))
+	for _, pod := range pods {
+		out[pod.UID] = true
 	}
 	return out
 }
@@ -325,10 +331,13 @@ func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, de
 		snap = p.ledger.Snapshot()
 	}
 	// Its reservation of before, still in the ledger, is its own room.
-	view := snap
-	if old != nil {
-		view = without(snap, uidSet(old.uids))
+	ownRoom := func(s Snapshot) Snapshot {
+		if old == nil {
+			return s
+		}
+		return without(s, uidSet(old.uids))
 	}
+	view := ownRoom(snap)
 	res, ok := p.soonest(view, g, members, demands, minMember, p.heldBefore[key])
 	if !ok {
 		return ""
@@ -354,11 +363,7 @@ func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, de
 		// backfill may, or left): hold on the nodes as they are now, so
 		// that the room is not free until the next pass.
 		fresh := p.ledger.Snapshot()
-		fview := fresh
-		if old != nil {
-			fview = without(fresh, uidSet(old.uids))
-		}
-		err = p.ledger.ReserveGang(fresh, p.held(fview, uses, since, leaving))
+		err = p.ledger.ReserveGang(fresh, p.held(ownRoom(fresh), uses, since, leaving))
 	}
 	if err != nil {
 		return "" // the next pass reserves
