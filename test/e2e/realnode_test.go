@@ -262,16 +262,28 @@ func TestRealNodeIsolation(t *testing.T) {
 	for _, name := range []string{"whole", "slice", "cpu-only"} {
 		log := waitLog(t, client, ns, name, 2*time.Minute)
 		t.Logf("container %s saw:\n%s", name, log)
-		p, err := client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
 		var gpus []api.GPURef
 		want := map[string]string{}
 		if name != "cpu-only" {
-			a, err := api.ParseAssignment(p.Annotations[api.AnnotationAssignment])
-			if err != nil || a.Container("main") == nil {
-				t.Fatalf("pod %s: assignment %v: %v", name, p.Annotations[api.AnnotationAssignment], err)
+			// A slice's assignment comes with its Binding; whole GPUs
+			// are recorded by the node agent's next read of the
+			// kubelet, which may come after the container ran.
+			var a *api.Assignment
+			var p *v1.Pod
+			err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+				var err error
+				if p, err = client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
+					return false, nil
+				}
+				a, err = api.ParseAssignment(p.Annotations[api.AnnotationAssignment])
+				return err == nil && a.Container("main") != nil, nil
+			})
+			if err != nil {
+				var raw string
+				if p != nil {
+					raw = p.Annotations[api.AnnotationAssignment]
+				}
+				t.Fatalf("pod %s: no assignment of container main: %v: %q", name, err, raw)
 			}
 			ca := a.Container("main")
 			gpus = ca.GPUs
