@@ -12,6 +12,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -135,7 +136,7 @@ func TestConsolidationMovesPreemptiblePodsForAGang(t *testing.T) {
 				t.Errorf("moved %v, want web-0, web-1, web-2", moved)
 			}
 			for _, n := range []string{"web-0", "web-1", "web-2"} {
-				if ev := events(t, client, ns, n); !strings.Contains(ev, planner.EventConsolidated) {
+				if ev, ok := waitEvent(t, client, ns, n, planner.EventConsolidated); !ok {
 					t.Errorf("no %s Event on %s: %s", planner.EventConsolidated, n, ev)
 				}
 			}
@@ -192,17 +193,35 @@ func replicaSet(t *testing.T, client kubernetes.Interface, ns, name string, on m
 	// a pod only where it may run again).
 	for node, ps := range on {
 		cordonAllBut(t, client, node)
-		for _, p := range strings.Split(ps, ",") {
+		podNamed := func(name string) *v1.Pod {
 			pod := &v1.Pod{ObjectMeta: *tmpl.ObjectMeta.DeepCopy(), Spec: *tmpl.Spec.DeepCopy()}
-			pod.Name = p
-			if _, err := client.CoreV1().Pods(ns).Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
+			pod.Name = name
+			return pod
+		}
+		for _, p := range strings.Split(ps, ",") {
+			if _, err := client.CoreV1().Pods(ns).Create(t.Context(), podNamed(p), metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
 		}
 		for _, p := range strings.Split(ps, ",") {
 			if err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 				got, err := client.CoreV1().Pods(ns).Get(ctx, p, metav1.GetOptions{})
-				return err == nil && got.Spec.NodeName == node, nil
+				switch {
+				case apierrors.IsNotFound(err):
+					_, err = client.CoreV1().Pods(ns).Create(ctx, podNamed(p), metav1.CreateOptions{})
+					return false, err
+				case err != nil:
+					return false, nil
+				case got.Spec.NodeName != "" && got.Spec.NodeName != node:
+					// kube-scheduler bound it before its cache saw
+					// the cordons: once more.
+					t.Logf("pod %s bound to %s before the cordons were seen; creating it again", p, got.Spec.NodeName)
+					if err := client.CoreV1().Pods(ns).Delete(ctx, p, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil && !apierrors.IsNotFound(err) {
+						return false, err
+					}
+					return false, nil
+				}
+				return got.Spec.NodeName == node, nil
 			}); err != nil {
 				t.Fatalf("pod %s was not bound to %s: %v", p, node, err)
 			}

@@ -69,15 +69,13 @@ func TestElasticGangStartsGrowsShrinks(t *testing.T) {
 	waitCount(3, "room for 1 more")
 	deleteNow(t, ns, "fill-3", client)
 	waitCount(4, "room for the last")
-	// Which extra is the newest (the last to start)?
-	var newest string
-	var newestAt time.Time
+	// Which extra is the newest, by the rule the extender applies (start
+	// times have seconds: ties go by creation, then name)?
+	var all []*v1.Pod
 	for _, m := range members {
-		p := getPod(t, client, ns, m)
-		if p.Status.StartTime != nil && p.Status.StartTime.After(newestAt) {
-			newest, newestAt = m, p.Status.StartTime.Time
-		}
+		all = append(all, getPod(t, client, ns, m))
 	}
+	newest := (&api.Gang{MinMember: 2}).Extras(all, gpureq.StartedAt)[0].Name
 	createTier(t, client, ns, tierInference, podSpec{name: "inf", gpus: 2, node: node})
 	waitRunning(t, c, ns, "inf", 60*time.Second)
 	if n := running(); n != 3 {
@@ -244,7 +242,7 @@ func TestQueueReclaimsAnExtraMemberStraddlingItsGuarantee(t *testing.T) {
 	createQueue(t, dyn, "e2e-straddle-dept", "", nil, 28, 0)
 	createQueue(t, dyn, "e2e-straddle-qa", "e2e-straddle-dept", []string{nsA}, 14, 0)
 	createQueue(t, dyn, "e2e-straddle-qb", "e2e-straddle-dept", []string{nsB}, 14, 0)
-	time.Sleep(2 * time.Second) // the extender sees the Queues
+	waitQueuesSeen(t, c, nil, "e2e-straddle-dept", "e2e-straddle-qa", "e2e-straddle-qb")
 
 	members := []string{"el-0", "el-1", "el-2", "el-3"}
 	for i, m := range members {

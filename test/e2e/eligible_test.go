@@ -2,16 +2,23 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender"
+	"github.com/tessera-gpu/tessera/test/framework/nodesim"
 )
 
 // A gang is planned only on nodes kube-scheduler would bind its members
@@ -32,6 +39,7 @@ func TestGangWaitsForACordonedNode(t *testing.T) {
 			t.Errorf("uncordon %s: %v", cordoned, err)
 		}
 	})
+	waitExtenderSeesCordon(t, c, ns, cordoned)
 	members := []string{"cg-0", "cg-1"}
 	for _, m := range members {
 		create(t, client, ns, podSpec{name: m, gpus: 8, annotations: map[string]string{
@@ -98,4 +106,41 @@ func TestImpossibleRequestRefusedAtCreation(t *testing.T) {
 	create(t, client, ns, podSpec{name: "valid", gpus: 2, annotations: map[string]string{api.AnnotationNVLink: api.NVLinkRequired}})
 	waitRunning(t, c, ns, "valid", 60*time.Second)
 	deleteAll(t, c, ns)
+}
+
+// waitExtenderSeesCordon waits until the extender's node informer has seen
+// node cordoned: a probe pod held by a gate of its own (nothing places
+// it) is listed by /status/pods with node's reason naming the cordon.
+func waitExtenderSeesCordon(t *testing.T, c *nodesim.Cluster, ns, node string) {
+	t.Helper()
+	probe := podSpec{name: "cordon-probe", gpus: 1}.pod(ns)
+	probe.Spec.SchedulingGates = []v1.PodSchedulingGate{{Name: "e2e.tessera.dev/probe"}}
+	client := c.Client()
+	if _, err := client.CoreV1().Pods(ns).Create(t.Context(), probe, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := client.CoreV1().Pods(ns).Delete(context.Background(), probe.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+			t.Errorf("deleting the probe: %v", err)
+		}
+	}()
+	base, hc := extenderEndpoint(t, c)
+	var last string
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		code, body, err := getBody(ctx, hc, base+extender.StatusPodPath+ns+"/"+probe.Name)
+		last = fmt.Sprintf("%d %s %v", code, body, err)
+		if err != nil || code != http.StatusOK {
+			return false, nil
+		}
+		var st extender.PodStatus
+		if err := json.Unmarshal(body, &st); err != nil || st.Pending == nil {
+			return false, nil
+		}
+		return slices.ContainsFunc(st.Pending.Nodes, func(f extender.NodeFit) bool {
+			return f.Node == node && strings.Contains(f.Reason, "cordoned")
+		}), nil
+	})
+	if err != nil {
+		t.Fatalf("the extender does not see %s cordoned: %v\nlast: %s", node, err, last)
+	}
 }

@@ -2,8 +2,11 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
+	"net/http"
+	"slices"
 	"testing"
 	"time"
 
@@ -17,6 +20,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender"
+	"github.com/tessera-gpu/tessera/test/framework/nodesim"
 )
 
 // createQueue creates a Queue (deleted at the end of the test) with a
@@ -39,6 +44,37 @@ func createQueue(t *testing.T, dyn dynamic.Interface, name, parent string, names
 		if _, err := res.UpdateStatus(t.Context(), u, metav1.UpdateOptions{}); err != nil {
 			t.Fatalf("Queue %s status: %v", name, err)
 		}
+	}
+}
+
+// waitQueuesSeen waits up to 30 s until the extender's /status/queues lists
+// every named Queue, valid and, when ok is not nil, satisfying ok: the
+// extender reads Queues through an informer, and a pod created before it
+// saw its namespace's Queue is not held by the queue gate.
+func waitQueuesSeen(t *testing.T, c *nodesim.Cluster, ok func(extender.QueueView) bool, names ...string) {
+	t.Helper()
+	base, hc := extenderEndpoint(t, c)
+	var last string
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		code, body, err := getBody(ctx, hc, base+extender.StatusQueuesPath)
+		last = fmt.Sprintf("%d %s %v", code, body, err)
+		if err != nil || code != http.StatusOK {
+			return false, nil
+		}
+		var views []extender.QueueView
+		if err := json.Unmarshal(body, &views); err != nil {
+			return false, err
+		}
+		for _, name := range names {
+			i := slices.IndexFunc(views, func(v extender.QueueView) bool { return v.Name == name })
+			if i < 0 || views[i].Invalid != "" || (ok != nil && !ok(views[i])) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("the extender does not show the Queues %v: %v\nlast %s: %s", names, err, extender.StatusQueuesPath, last)
 	}
 }
 
@@ -86,7 +122,8 @@ func TestQueuesFairShareByHistory(t *testing.T) {
 	// half-life (24h by default).
 	createQueue(t, dyn, "e2e-team-a", "", []string{nsA}, 2, 6*86400/math.Ln2)
 	createQueue(t, dyn, "e2e-team-b", "", []string{nsB}, 2, 0)
-	time.Sleep(2 * time.Second) // the extender's informer sees the Queues
+	waitQueuesSeen(t, c, func(v extender.QueueView) bool { return v.Share > 0 }, "e2e-team-a")
+	waitQueuesSeen(t, c, nil, "e2e-team-b")
 	for i := range gpus {
 		create(t, client, nsA, podSpec{name: fmt.Sprintf("a-%d", i), gpus: 1})
 		create(t, client, nsB, podSpec{name: fmt.Sprintf("b-%d", i), gpus: 1})
@@ -238,7 +275,7 @@ func TestQueueHierarchyLendsAndReclaims(t *testing.T) {
 	createQueue(t, dyn, "e2e-hier-team-a", "e2e-dept-1", []string{nsA}, 8, 0)
 	createQueue(t, dyn, "e2e-dept-2", "", nil, 8, 0)
 	createQueue(t, dyn, "e2e-hier-team-b", "e2e-dept-2", []string{nsB}, 8, 0)
-	time.Sleep(2 * time.Second)
+	waitQueuesSeen(t, c, nil, "e2e-dept-1", "e2e-hier-team-a", "e2e-dept-2", "e2e-hier-team-b")
 	for i := range gpus + 4 {
 		create(t, client, nsB, podSpec{name: fmt.Sprintf("b-%d", i), gpus: 1})
 	}
@@ -314,7 +351,7 @@ func TestQueueTeamTakesItsGuaranteeBackWithinItsDepartment(t *testing.T) {
 	createQueue(t, dyn, "e2e-dept", "", nil, gpus, 0)
 	createQueue(t, dyn, "e2e-dept-team-a", "e2e-dept", []string{nsA}, 8, 0)
 	createQueue(t, dyn, "e2e-dept-team-b", "e2e-dept", []string{nsB}, gpus-8, 0)
-	time.Sleep(2 * time.Second)
+	waitQueuesSeen(t, c, nil, "e2e-dept", "e2e-dept-team-a", "e2e-dept-team-b")
 	t.Cleanup(func() {
 		bg := metav1.DeletePropagationBackground
 		_ = client.BatchV1().Jobs(nsB).Delete(context.Background(), "train", metav1.DeleteOptions{PropagationPolicy: &bg})

@@ -235,10 +235,9 @@ func TestRealNodeIsolation(t *testing.T) {
 	if _, err := client.CoreV1().Pods(ns).Create(ctx, realPod(ns, podSpec{name: "early", gpus: 1}, script), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(3 * time.Second)
-	if p, err := client.CoreV1().Pods(ns).Get(ctx, "early", metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" || !unschedulable(p) {
-		t.Fatalf("a GPU pod on a node without a CDI spec: %v; want it unscheduled with a reason", describe(t, c, p))
-	}
+	// A GPU pod on a node without a CDI spec stays unscheduled, with a
+	// reason.
+	waitUnschedulable(t, client, ns, "early", 30*time.Second)
 	if err := n.WriteCDISpec(); err != nil {
 		t.Fatal(err)
 	}
@@ -265,27 +264,7 @@ func TestRealNodeIsolation(t *testing.T) {
 		var gpus []api.GPURef
 		want := map[string]string{}
 		if name != "cpu-only" {
-			// A slice's assignment comes with its Binding; whole GPUs
-			// are recorded by the node agent's next read of the
-			// kubelet, which may come after the container ran.
-			var a *api.Assignment
-			var p *v1.Pod
-			err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-				var err error
-				if p, err = client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
-					return false, nil
-				}
-				a, err = api.ParseAssignment(p.Annotations[api.AnnotationAssignment])
-				return err == nil && a.Container("main") != nil, nil
-			})
-			if err != nil {
-				var raw string
-				if p != nil {
-					raw = p.Annotations[api.AnnotationAssignment]
-				}
-				t.Fatalf("pod %s: no assignment of container main: %v: %q", name, err, raw)
-			}
-			ca := a.Container("main")
+			ca := waitRealAssignment(t, client, ns, name)
 			gpus = ca.GPUs
 			if ca.Shared != nil {
 				gpus = ca.Shared.GPUs()
@@ -359,6 +338,49 @@ func checkSaw(t *testing.T, pod, log string, gpus []api.GPURef, env map[string]s
 // shortScript is inspectScript ending after secs seconds.
 func shortScript(secs int) string { return fmt.Sprintf(inspectScript, realnode.GPUs, secs) }
 
+// asksGPUs reports a pod whose container main asks for a Tessera resource.
+func asksGPUs(p *v1.Pod) bool {
+	for _, c := range p.Spec.Containers {
+		if c.Name != "main" {
+			continue
+		}
+		for r := range c.Resources.Limits {
+			if strings.HasPrefix(string(r), api.Domain+"/") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// waitRealAssignment waits up to 30 s for the assignment of the pod's
+// container main. A slice's comes with its Binding; whole GPUs are recorded
+// by the node agent's next read of the kubelet, which may come after the
+// container ran (a whole-GPU pod's read right after its log once found
+// none in CI).
+func waitRealAssignment(t *testing.T, client kubernetes.Interface, ns, name string) *api.ContainerAssignment {
+	t.Helper()
+	var ca *api.ContainerAssignment
+	var raw string
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		p, err := client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		raw = p.Annotations[api.AnnotationAssignment]
+		a, err := api.ParseAssignment(raw)
+		if err != nil {
+			return false, nil
+		}
+		ca = a.Container("main")
+		return ca != nil, nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s/%s: no assignment of container main: %v: %q", ns, name, err, raw)
+	}
+	return ca
+}
+
 // wantSaw checks a finished or running pod's log against its assignment.
 func wantSaw(t *testing.T, client kubernetes.Interface, ns, name, log string) {
 	t.Helper()
@@ -368,18 +390,13 @@ func wantSaw(t *testing.T, client kubernetes.Interface, ns, name, log string) {
 	}
 	var gpus []api.GPURef
 	env := map[string]string{}
-	if raw, ok := p.Annotations[api.AnnotationAssignment]; ok {
-		a, err := api.ParseAssignment(raw)
-		if err != nil {
-			t.Fatalf("pod %s: assignment: %v", name, err)
-		}
-		if ca := a.Container("main"); ca != nil {
-			gpus = ca.GPUs
-			if ca.Shared != nil {
-				gpus = ca.Shared.GPUs()
-				env[api.EnvMPSPinnedDeviceMemLimit] = fmt.Sprintf("0=%dM", ca.Shared.MemoryMiB)
-				env[api.EnvMPSActiveThreadPercentage] = fmt.Sprint(ca.Shared.Cores)
-			}
+	if asksGPUs(p) {
+		ca := waitRealAssignment(t, client, ns, name)
+		gpus = ca.GPUs
+		if ca.Shared != nil {
+			gpus = ca.Shared.GPUs()
+			env[api.EnvMPSPinnedDeviceMemLimit] = fmt.Sprintf("0=%dM", ca.Shared.MemoryMiB)
+			env[api.EnvMPSActiveThreadPercentage] = fmt.Sprint(ca.Shared.Cores)
 		}
 	}
 	cpus := "0-1"

@@ -66,7 +66,7 @@ func TestReclaimFreesOneNVLinkClique(t *testing.T) {
 
 	createQueue(t, dyn, "e2e-topo-team-a", "", []string{nsA}, 4, 0)
 	createQueue(t, dyn, "e2e-topo-team-b", "", []string{nsB}, 4, 0)
-	time.Sleep(2 * time.Second) // the extender sees the Queues
+	waitQueuesSeen(t, c, nil, "e2e-topo-team-a", "e2e-topo-team-b")
 
 	// team-b fills the node one pod at a time, a second apart (reclaim
 	// takes the newest first; start times have seconds).
@@ -225,7 +225,7 @@ func TestReclaimFreesOneCliqueForAGang(t *testing.T) {
 	usefulBefore, uselessBefore := reclaimResults(t, base, hc)
 	createQueue(t, dyn, "e2e-cq-team-a", "", []string{nsA}, 4, 0)
 	createQueue(t, dyn, "e2e-cq-team-b", "", []string{nsB}, 24, 0)
-	time.Sleep(2 * time.Second) // the extender sees the Queues
+	waitQueuesSeen(t, c, nil, "e2e-cq-team-a", "e2e-cq-team-b")
 
 	// 24 older pods leave one GPU free on each node; the four newest take
 	// them a second apart (reclaim takes the newest first).

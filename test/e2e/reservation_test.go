@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -67,7 +68,7 @@ func TestReservationStopsAStreamStarvingAGang(t *testing.T) {
 		t.Fatalf("the 2 x 8 GPU gang did not run behind the stream: %v\nevents of big-0: %s", err, events(t, client, ns, "big-0"))
 	}
 	t.Logf("the gang ran %s after it was created (reservation wait 10 s)", took.Round(time.Millisecond))
-	if ev := events(t, client, ns, "big-0"); !strings.Contains(ev, api.EventReserved) {
+	if ev, ok := waitEvent(t, client, ns, "big-0", api.EventReserved); !ok {
 		t.Errorf("no %s Event on big-0: %s", api.EventReserved, ev)
 	}
 	if took > 40*time.Second {
@@ -145,7 +146,7 @@ func TestReservationBackfillByExpectedRuntime(t *testing.T) {
 	if n := short.Spec.NodeName; n != "a100-1" && n != "a100-2" {
 		t.Errorf("the 5 m pod runs on %s, want a reserved a100 node", n)
 	}
-	if ev := events(t, client, ns, "short"); !strings.Contains(ev, api.EventBackfilled) {
+	if ev, ok := waitEvent(t, client, ns, "short", api.EventBackfilled); !ok {
 		t.Errorf("no %s Event on the 5 m pod: %s", api.EventBackfilled, ev)
 	}
 	// The 2 h pod is still waiting a while later, and the gang still holds
@@ -235,7 +236,7 @@ func TestReservationEvictsPreemptibleBackfill(t *testing.T) {
 		t.Fatalf("the gang did not run once its nodes held only the preemptible pod: %v\nevents of big-0: %s\nevents of pre: %s", err, events(t, client, ns, "big-0"), events(t, client, ns, "pre"))
 	}
 	if _, err := client.CoreV1().Pods(ns).Get(t.Context(), "pre", metav1.GetOptions{}); err == nil {
-		if ev := events(t, client, ns, "pre"); !strings.Contains(ev, api.EventPreempted) {
+		if ev, ok := waitEvent(t, client, ns, "pre", api.EventPreempted); !ok {
 			t.Errorf("the preemptible pod is still there without a %s Event: %s", api.EventPreempted, ev)
 		}
 	}
@@ -291,20 +292,26 @@ func TestReservationSurvivesExtenderRestart(t *testing.T) {
 	if err != nil {
 		t.Fatalf("big-0 reserved nothing: %v\nevents of big-0: %s", err, events(t, client, ns, "big-0"))
 	}
-	cm, err := client.CoreV1().ConfigMaps("kube-system").Get(t.Context(), api.ReservationsConfigMapName, metav1.GetOptions{})
+	// The planner writes its records at the end of the pass whose Event
+	// was just seen.
+	var recorded string
+	err = wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		cm, err := client.CoreV1().ConfigMaps("kube-system").Get(ctx, api.ReservationsConfigMapName, metav1.GetOptions{})
+		if err != nil {
+			recorded = err.Error()
+			return false, nil
+		}
+		recorded = cm.Data[api.ReservationsDataKey]
+		recs, err := api.ParseReservations(recorded)
+		if err != nil {
+			return false, err
+		}
+		return slices.ContainsFunc(recs, func(r api.ReservationRecord) bool {
+			return r.Workload == ns+"/big" && r.Since != nil && len(r.Nodes) == 1
+		}), nil
+	})
 	if err != nil {
-		t.Fatalf("the reservation records: %v", err)
-	}
-	recs, err := api.ParseReservations(cm.Data[api.ReservationsDataKey])
-	if err != nil {
-		t.Fatal(err)
-	}
-	recorded := false
-	for _, r := range recs {
-		recorded = recorded || (r.Workload == ns+"/big" && r.Since != nil && len(r.Nodes) == 1)
-	}
-	if !recorded {
-		t.Fatalf("no record of big's reservation in ConfigMap kube-system/%s: %s", api.ReservationsConfigMapName, cm.Data[api.ReservationsDataKey])
+		t.Fatalf("no record of big's reservation in ConfigMap kube-system/%s: %v: %s", api.ReservationsConfigMapName, err, recorded)
 	}
 
 	// Event times have a resolution of one second.
@@ -414,7 +421,7 @@ func TestReservationDrainsNodesOfSlices(t *testing.T) {
 		t.Fatalf("the 2 x 8 GPU gang did not run on the A100s as their slices ended: %v; %d slices still run there\nevents of big-0: %s", err, len(names), events(t, client, ns, "big-0"))
 	}
 	t.Logf("the gang ran %s after it was created (reservation wait 10 s, a slice ends every 0.5 s)", time.Since(start).Round(time.Millisecond))
-	if ev := events(t, client, ns, "big-0"); !strings.Contains(ev, api.EventReserved) {
+	if ev, ok := waitEvent(t, client, ns, "big-0", api.EventReserved); !ok {
 		t.Errorf("no %s Event on big-0: %s", api.EventReserved, ev)
 	}
 	stop()

@@ -102,6 +102,7 @@ func TestStatusPage(t *testing.T) {
 	other := namespace(t, c, "e2e-status-big")
 	waitReleased(t, c)
 	createQueue(t, dyn, "e2e-status-queue", "", []string{ns}, 4, 0)
+	waitQueuesSeen(t, c, nil, "e2e-status-queue")
 	create(t, client, ns, podSpec{name: "status-whole", gpus: 1})
 	create(t, client, ns, podSpec{name: "status-slice", memUnits: 4, cores: 20})
 	create(t, client, other, podSpec{name: "status-huge", gpus: 9}) // no node has 9 GPUs

@@ -130,8 +130,8 @@ func TestTierPreemptionAcrossShapes(t *testing.T) {
 			p, _ := waitRunning(t, c, ns, tc.asker.name, 60*time.Second)
 			took := time.Since(start)
 			t.Logf("%s Running on %s %s after creation", tc.asker.name, p.Spec.NodeName, took.Round(time.Millisecond))
-			if took > 10*time.Second {
-				t.Errorf("inference took %s to run, want within 10s\nevents: %s", took.Round(time.Millisecond), describe(t, c, p))
+			if took > preemptWithin {
+				t.Errorf("inference took %s to run, want within %s\nevents: %s", took.Round(time.Millisecond), preemptWithin, describe(t, c, p))
 			}
 			if g := gone(t, client, ns, notebooks); len(g) != 1 {
 				t.Errorf("evicted %v, want exactly one notebook", g)
@@ -139,7 +139,7 @@ func TestTierPreemptionAcrossShapes(t *testing.T) {
 			if tr := getPod(t, client, ns, "train"); tr.Spec.NodeName != "" {
 				t.Errorf("training bound to %s: it was to wait", tr.Spec.NodeName)
 			}
-			if ev := events(t, client, ns, tc.asker.name); !strings.Contains(ev, api.EventPreempting) {
+			if ev, ok := waitEvent(t, client, ns, tc.asker.name, api.EventPreempting); !ok {
 				t.Errorf("no %s Event on %s: %s", api.EventPreempting, tc.asker.name, ev)
 			}
 			occ, pods := occupancy(t, c)
@@ -148,6 +148,13 @@ func TestTierPreemptionAcrossShapes(t *testing.T) {
 		})
 	}
 }
+
+// preemptWithin bounds how long a preempting pod may take from creation to
+// Running: its victim's eviction and stop, the kubelet freeing the devices,
+// the node agent's read of it, kube-scheduler's retry (its backoff alone
+// reaches 10 s) and the node's start, on a loaded 2-core CI machine. It
+// tells held room from the 5-minute wait of an unschedulable pod.
+const preemptWithin = 30 * time.Second
 
 // waitUnschedulable waits until kube-scheduler marks the pod
 // unschedulable (and checks it stays unbound).
@@ -187,6 +194,21 @@ func events(t *testing.T, client kubernetes.Interface, ns, name string) string {
 	return b.String()
 }
 
+// waitEvent waits up to 30 s for an Event of reason on the named object
+// (Events are sent asynchronously and may land after the effect they
+// report) and returns its events as events does, and whether one came.
+func waitEvent(t *testing.T, client kubernetes.Interface, ns, name, reason string) (string, bool) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		l, err := client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+		if err != nil {
+			return false, nil
+		}
+		return slices.ContainsFunc(l.Items, func(e v1.Event) bool { return e.Reason == reason }), nil
+	})
+	return events(t, client, ns, name), err == nil
+}
+
 // The same tiers in a namespace a Queue serves: the inference slice is
 // held by the queue gate, so kube-scheduler never finds it unschedulable;
 // the planner asks Tessera's preemption, which evicts one notebook, and
@@ -202,7 +224,7 @@ func TestTierPreemptionInQueuedNamespace(t *testing.T) {
 	nsInf := namespace(t, c, "e2e-tiers-q-serving")
 	waitReleased(t, c)
 	createQueue(t, dyn, "e2e-serving", "", []string{nsInf}, 2, 0)
-	time.Sleep(2 * time.Second)
+	waitQueuesSeen(t, c, nil, "e2e-serving")
 	var notebooks []string
 	for i := range gpus {
 		s := podSpec{name: fmt.Sprintf("nb-%d", i), gpus: 1, node: node}
@@ -220,8 +242,8 @@ func TestTierPreemptionInQueuedNamespace(t *testing.T) {
 	p, _ := waitRunning(t, c, nsInf, "inf", 60*time.Second)
 	took := time.Since(start)
 	t.Logf("queued inference slice Running on %s %s after creation", p.Spec.NodeName, took.Round(time.Millisecond))
-	if took > 10*time.Second {
-		t.Errorf("took %s, want within 10s\n%s", took.Round(time.Millisecond), describe(t, c, p))
+	if took > preemptWithin {
+		t.Errorf("took %s, want within %s\n%s", took.Round(time.Millisecond), preemptWithin, describe(t, c, p))
 	}
 	if g := gone(t, client, nsNB, notebooks); len(g) != 1 {
 		t.Errorf("evicted %v, want exactly one notebook", g)
@@ -271,8 +293,8 @@ func TestTierPreemptionForAGang(t *testing.T) {
 	took := time.Since(start)
 	slices.Sort(infNodes)
 	t.Logf("the 2 x 8 GPU inference gang runs on %v %s after creation", infNodes, took.Round(time.Millisecond))
-	if took > 10*time.Second {
-		t.Errorf("the gang took %s to run, want within 10s\n%s", took.Round(time.Millisecond), describe(t, c, getPod(t, client, ns, "inf-0")))
+	if took > preemptWithin {
+		t.Errorf("the gang took %s to run, want within %s\n%s", took.Round(time.Millisecond), preemptWithin, describe(t, c, getPod(t, client, ns, "inf-0")))
 	}
 	if infNodes[0] == infNodes[1] {
 		t.Fatalf("both members on %s", infNodes[0])
@@ -288,12 +310,12 @@ func TestTierPreemptionForAGang(t *testing.T) {
 		t.Errorf("evicted %v, want exactly the notebooks of the gang's nodes %v: %v", evicted, infNodes, want)
 	}
 	for i := range 2 {
-		if ev := events(t, client, ns, fmt.Sprintf("inf-%d", i)); !strings.Contains(ev, api.EventPreempting) {
+		if ev, ok := waitEvent(t, client, ns, fmt.Sprintf("inf-%d", i), api.EventPreempting); !ok {
 			t.Errorf("no %s Event on inf-%d: %s", api.EventPreempting, i, ev)
 		}
 	}
 	if len(evicted) > 0 {
-		if ev := events(t, client, ns, evicted[0]); !strings.Contains(ev, api.EventPreempted) {
+		if ev, ok := waitEvent(t, client, ns, evicted[0], api.EventPreempted); !ok {
 			t.Errorf("no %s Event on %s: %s", api.EventPreempted, evicted[0], ev)
 		}
 	}
