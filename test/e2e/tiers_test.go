@@ -68,7 +68,7 @@ func gone(t *testing.T, client kubernetes.Interface, ns string, names []string) 
 // Tier preemption across shapes, on one node (l40s-1) with notebooks on
 // every GPU: an inference slice against whole-GPU notebooks, an inference
 // whole GPU against notebook slices, a 20 GiB inference slice against
-// slices that leave no GPU 20 GiB. Each inference pod runs within 10 s,
+// slices that leave no GPU 20 GiB. Each inference pod runs within preemptWithin (30 s),
 // exactly one notebook is evicted for it, and a training pod
 // (preemptionPolicy Never) created first keeps waiting, evicting nothing.
 func TestTierPreemptionAcrossShapes(t *testing.T) {
@@ -212,7 +212,7 @@ func waitEvent(t *testing.T, client kubernetes.Interface, ns, name, reason strin
 // The same tiers in a namespace a Queue serves: the inference slice is
 // held by the queue gate, so kube-scheduler never finds it unschedulable;
 // the planner asks Tessera's preemption, which evicts one notebook, and
-// the slice runs within 10 s.
+// the slice runs within preemptWithin.
 func TestTierPreemptionInQueuedNamespace(t *testing.T) {
 	c := getCluster(t)
 	client := c.Client()
@@ -259,7 +259,7 @@ func TestTierPreemptionInQueuedNamespace(t *testing.T) {
 // kube-scheduler never preempts for it) fits nowhere. The planner asks
 // Tessera's preemption, which evicts the notebooks of exactly two nodes
 // (the third keeps its eight) and plans the gang there at once; both
-// members run within 10 s of the gang's creation, with a Preempting Event
+// members run within preemptWithin of the gang's creation, with a Preempting Event
 // on each member and a Preempted Event on each victim.
 func TestTierPreemptionForAGang(t *testing.T) {
 	nodes := []nodesim.NodeSpec{{Name: "a100-1", Profile: "dgx-a100"}, {Name: "a100-2", Profile: "dgx-a100"}, {Name: "a100-3", Profile: "dgx-a100"}}
