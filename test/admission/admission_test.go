@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -28,6 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
@@ -111,6 +113,23 @@ func start(t *testing.T) *env {
 		Subjects:   user,
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
+	}
+	// The API server's RBAC authorizer reads bindings from a cache: wait
+	// until it grants what was just bound, or the tenant's first requests
+	// fail with a plain Forbidden instead of reaching admission.
+	for _, ra := range []authorizationv1.ResourceAttributes{
+		{Namespace: tenantNS, Verb: "create", Resource: "pods"},
+		{Namespace: tenantNS, Verb: "create", Resource: "pods", Subresource: "binding"},
+		{Namespace: tenantNS, Verb: "patch", Resource: "pods", Subresource: "status"},
+	} {
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: tenantName, ResourceAttributes: &ra}}
+		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			r, err := cp.Client().AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+			return err == nil && r.Status.Allowed, nil
+		})
+		if err != nil {
+			t.Fatalf("%s may not %s %s/%s in %s yet: %v", tenantName, ra.Verb, ra.Resource, ra.Subresource, tenantNS, err)
+		}
 	}
 	e := &env{cp: cp, admin: cp.Client()}
 	for _, c := range []struct {

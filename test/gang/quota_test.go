@@ -226,20 +226,24 @@ func TestQuotaReclaimEvictsBorrowedGangWhole(t *testing.T) {
 		if _, err := e.Client.CoreV1().Pods(quotaNSA).Get(t.Context(), name, metav1.GetOptions{}); err == nil {
 			t.Errorf("a2 member %s still exists after team-b's gang bound", name)
 		}
-		// The Event outlives the pod.
-		list, err := e.Client.CoreV1().Events(quotaNSA).List(t.Context(), metav1.ListOptions{FieldSelector: "involvedObject.uid=" + string(p.UID)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		found := false
-		for _, ev := range list.Items {
-			if ev.Reason == api.EventReclaimed && strings.Contains(ev.Message, "namespace "+quotaNSB) && strings.Contains(ev.Message, "gang a2") {
-				found = true
-				t.Logf("%s: [%s] %s", name, ev.Reason, ev.Message)
+		// The Event outlives the pod; it is sent asynchronously.
+		var seen int
+		err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			list, err := e.Client.CoreV1().Events(quotaNSA).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.uid=" + string(p.UID)})
+			if err != nil {
+				return false, nil
 			}
-		}
-		if !found {
-			t.Errorf("a2 member %s: no Reclaimed event naming team-b and gang a2 in %d events", name, len(list.Items))
+			seen = len(list.Items)
+			for _, ev := range list.Items {
+				if ev.Reason == api.EventReclaimed && strings.Contains(ev.Message, "namespace "+quotaNSB) && strings.Contains(ev.Message, "gang a2") {
+					t.Logf("%s: [%s] %s", name, ev.Reason, ev.Message)
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+		if err != nil {
+			t.Errorf("a2 member %s: no Reclaimed event naming team-b and gang a2 in %d events: %v", name, seen, err)
 		}
 	}
 	e.WaitEvent(t, quotaNSB, "b-0", api.EventQuotaReclaiming, "evicting gang a2 of namespace team-a (2 pods)", 10*time.Second)

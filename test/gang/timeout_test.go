@@ -2,6 +2,7 @@ package gang_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -33,7 +34,10 @@ import (
 // cross-topology terms), so without a kubelet finishing a bound member the
 // retry would come from the 5-minute unschedulable flush.
 func TestGangPlanExpiresAndReleasesItsReservation(t *testing.T) {
-	const timeout = 5 * time.Second
+	// Long enough that "other" below is created and found pending (by
+	// kube-scheduler and the extender, on a loaded CI machine) while the
+	// plan still holds.
+	const timeout = 10 * time.Second
 	e := start(t)
 	e.InstallSchedulerPluginsCRDs(t)
 	w := e.WatchPods(t)
@@ -71,7 +75,7 @@ func TestGangPlanExpiresAndReleasesItsReservation(t *testing.T) {
 	e.WaitPendingWith(t, ns, "other", "tessera", 10*time.Second)
 	t.Logf("while the plan holds: %s", strings.TrimSpace(e.Events(t, ns, "other")))
 
-	ev := e.WaitEvent(t, ns, "t-0", "GangTimeout", "plan expired after 5s with 1 of 2 planned members unbound (t-1)", 3*timeout)
+	ev := e.WaitEvent(t, ns, "t-0", "GangTimeout", fmt.Sprintf("plan expired after %s with 1 of 2 planned members unbound (t-1)", timeout), 3*timeout)
 	timedOutAt := time.Now()
 	t.Logf("%s after t-0 bound: %s", timedOutAt.Sub(plannedAt).Round(100*time.Millisecond), strings.TrimSpace(ev))
 	// The plan expires scheduleTimeoutSeconds after planning (truncated to
