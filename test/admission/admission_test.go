@@ -157,6 +157,19 @@ func start(t *testing.T) *env {
 			}
 		}
 	}
+	// install.AdmissionPolicy waited for tessera-state-annotations; the
+	// admission plugin may load tessera-gpu-placement later: wait until it
+	// refuses the tenant a GPU pod bound at creation.
+	bound := testPod("placement-probe", nil)
+	bound.Spec.NodeName = "gpu-node"
+	bound.Spec.Containers[0].Resources.Limits = v1.ResourceList{api.ResourceGPU: resource.MustParse("1")}
+	var last error
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, last = e.tenant.CoreV1().Pods(tenantNS).Create(ctx, bound, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return last != nil && strings.Contains(last.Error(), "not by spec.nodeName"), nil
+	}); err != nil {
+		t.Fatalf("tessera-gpu-placement is not enforced: %v (last dry-run create: %v)", err, last)
+	}
 	// What Tessera writes: a sealed assignment and gang plan. The values
 	// only need to look like Tessera's; the API server does not parse them.
 	e.tessera = map[string]string{
