@@ -356,8 +356,8 @@ func asksGPUs(p *v1.Pod) bool {
 // waitRealAssignment waits up to 30 s for the assignment of the pod's
 // container main. A slice's comes with its Binding; whole GPUs are recorded
 // by the node agent's next read of the kubelet, which may come after the
-// container ran (a whole-GPU pod's read right after its log once found
-// none in CI).
+// container ran (the same race, on the simulated nodes, failed
+// TestStatusPage in CI).
 func waitRealAssignment(t *testing.T, client kubernetes.Interface, ns, name string) *api.ContainerAssignment {
 	t.Helper()
 	var ca *api.ContainerAssignment

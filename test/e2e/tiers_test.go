@@ -68,9 +68,10 @@ func gone(t *testing.T, client kubernetes.Interface, ns string, names []string) 
 // Tier preemption across shapes, on one node (l40s-1) with notebooks on
 // every GPU: an inference slice against whole-GPU notebooks, an inference
 // whole GPU against notebook slices, a 20 GiB inference slice against
-// slices that leave no GPU 20 GiB. Each inference pod runs within preemptWithin (30 s),
-// exactly one notebook is evicted for it, and a training pod
-// (preemptionPolicy Never) created first keeps waiting, evicting nothing.
+// slices that leave no GPU 20 GiB. Each inference pod runs within
+// preemptWithin, exactly one notebook is evicted for it, and a training
+// pod (preemptionPolicy Never) created first keeps waiting, evicting
+// nothing.
 func TestTierPreemptionAcrossShapes(t *testing.T) {
 	c := getCluster(t)
 	client := c.Client()
