@@ -122,13 +122,8 @@ func start(t *testing.T) *env {
 		{Namespace: tenantNS, Verb: "create", Resource: "pods", Subresource: "binding"},
 		{Namespace: tenantNS, Verb: "patch", Resource: "pods", Subresource: "status"},
 	} {
-		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: tenantName, ResourceAttributes: &ra}}
-		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-			r, err := cp.Client().AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
-			return err == nil && r.Status.Allowed, nil
-		})
-		if err != nil {
-			t.Fatalf("%s may not %s %s/%s in %s yet: %v", tenantName, ra.Verb, ra.Resource, ra.Subresource, tenantNS, err)
+		if err := cp.WaitAllowed(ctx, tenantName, ra); err != nil {
+			t.Fatal(err)
 		}
 	}
 	e := &env{cp: cp, admin: cp.Client()}

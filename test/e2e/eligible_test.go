@@ -2,9 +2,7 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -13,7 +11,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/api"
@@ -124,21 +121,10 @@ func waitExtenderSeesCordon(t *testing.T, c *nodesim.Cluster, ns, node string) {
 			t.Errorf("deleting the probe: %v", err)
 		}
 	}()
-	base, hc := extenderEndpoint(t, c)
-	var last string
-	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		code, body, err := getBody(ctx, hc, base+extender.StatusPodPath+ns+"/"+probe.Name)
-		last = fmt.Sprintf("%d %s %v", code, body, err)
-		if err != nil || code != http.StatusOK {
-			return false, nil
-		}
-		var st extender.PodStatus
-		if err := json.Unmarshal(body, &st); err != nil || st.Pending == nil {
-			return false, nil
-		}
-		return slices.ContainsFunc(st.Pending.Nodes, func(f extender.NodeFit) bool {
+	last, err := waitStatus(t, c, extender.StatusPodPath+ns+"/"+probe.Name, func(st extender.PodStatus) bool {
+		return st.Pending != nil && slices.ContainsFunc(st.Pending.Nodes, func(f extender.NodeFit) bool {
 			return f.Node == node && strings.Contains(f.Reason, "cordoned")
-		}), nil
+		})
 	})
 	if err != nil {
 		t.Fatalf("the extender does not see %s cordoned: %v\nlast: %s", node, err, last)

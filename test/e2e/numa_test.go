@@ -208,20 +208,7 @@ func waitNUMA(t *testing.T, c *nodesim.Cluster, node string, ok func(*api.NUMATo
 // contains substr and returns the message.
 func waitEventMessage(t *testing.T, c *nodesim.Cluster, ns, pod, reason, substr string) string {
 	t.Helper()
-	var msg string
-	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		evs, err := c.Client().CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod})
-		if err != nil {
-			return false, nil
-		}
-		for _, e := range evs.Items {
-			if e.Reason == reason && strings.Contains(e.Message, substr) {
-				msg = e.Message
-				return true, nil
-			}
-		}
-		return false, nil
-	})
+	msg, err := pollEvent(t.Context(), c.Client(), ns, pod, reason, substr, time.Minute)
 	if err != nil {
 		t.Fatalf("pod %s/%s: no %s event containing %q: %v\n%s", ns, pod, reason, substr, err, describe(t, c, getPod(t, c.Client(), ns, pod)))
 	}

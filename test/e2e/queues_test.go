@@ -2,10 +2,8 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
-	"net/http"
 	"slices"
 	"testing"
 	"time"
@@ -53,25 +51,14 @@ func createQueue(t *testing.T, dyn dynamic.Interface, name, parent string, names
 // saw its namespace's Queue is not held by the queue gate.
 func waitQueuesSeen(t *testing.T, c *nodesim.Cluster, ok func(extender.QueueView) bool, names ...string) {
 	t.Helper()
-	base, hc := extenderEndpoint(t, c)
-	var last string
-	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		code, body, err := getBody(ctx, hc, base+extender.StatusQueuesPath)
-		last = fmt.Sprintf("%d %s %v", code, body, err)
-		if err != nil || code != http.StatusOK {
-			return false, nil
-		}
-		var views []extender.QueueView
-		if err := json.Unmarshal(body, &views); err != nil {
-			return false, err
-		}
+	last, err := waitStatus(t, c, extender.StatusQueuesPath, func(views []extender.QueueView) bool {
 		for _, name := range names {
 			i := slices.IndexFunc(views, func(v extender.QueueView) bool { return v.Name == name })
 			if i < 0 || views[i].Invalid != "" || (ok != nil && !ok(views[i])) {
-				return false, nil
+				return false
 			}
 		}
-		return true, nil
+		return true
 	})
 	if err != nil {
 		t.Fatalf("the extender does not show the Queues %v: %v\nlast %s: %s", names, err, extender.StatusQueuesPath, last)

@@ -87,6 +87,30 @@ func getBody(ctx context.Context, hc *http.Client, url string) (int, []byte, err
 	return resp.StatusCode, b, err
 }
 
+// waitStatus polls the running extender's JSON status endpoint path every
+// 200 ms, for up to 30 s, until its body decoded as T satisfies ok; it
+// returns the last answer (the body, or why there was none) and an error
+// when ok never held or a body was not T.
+func waitStatus[T any](t *testing.T, c *nodesim.Cluster, path string, ok func(T) bool) (string, error) {
+	t.Helper()
+	base, hc := extenderEndpoint(t, c)
+	var last string
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		code, body, err := getBody(ctx, hc, base+path)
+		if err != nil || code != http.StatusOK {
+			last = fmt.Sprintf("%d %s %v", code, body, err)
+			return false, nil
+		}
+		last = string(body)
+		var v T
+		if err := json.Unmarshal(body, &v); err != nil {
+			return false, err
+		}
+		return ok(v), nil
+	})
+	return last, err
+}
+
 // TestStatusPage opens the running extender's /status in headless
 // Chromium with GPU pods running (a whole GPU and a slice in a namespace a
 // Queue serves, and a pod that fits no node) and checks that the rendered
@@ -133,19 +157,7 @@ func TestStatusPage(t *testing.T) {
 
 	// The JSON view first: the ledger holds both pods, and the huge pod
 	// waits with no node fitting.
-	base, hc := extenderEndpoint(t, c)
-	var lastOcc string
-	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		code, body, err := getBody(ctx, hc, base+extender.StatusOccupancyPath)
-		if err != nil || code != http.StatusOK {
-			lastOcc = fmt.Sprintf("%d %s %v", code, body, err)
-			return false, nil
-		}
-		lastOcc = string(body)
-		var occ gpustatus.Cluster
-		if err := json.Unmarshal(body, &occ); err != nil {
-			return false, err
-		}
+	lastOcc, err := waitStatus(t, c, extender.StatusOccupancyPath, func(occ gpustatus.Cluster) bool {
 		seen := 0
 		for _, n := range occ.Nodes {
 			for _, g := range n.GPUs {
@@ -156,11 +168,12 @@ func TestStatusPage(t *testing.T) {
 				}
 			}
 		}
-		return seen == len(wants), nil
+		return seen == len(wants)
 	})
 	if err != nil {
 		t.Fatalf("the extender's /status/occupancy does not show %+v: %v\n%s", wants, err, lastOcc)
 	}
+	base, hc := extenderEndpoint(t, c)
 	code, body, err := getBody(t.Context(), hc, base+extender.StatusPodPath+other+"/status-huge")
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("/status/pods/%s/status-huge: %d %v %s", other, code, err, body)

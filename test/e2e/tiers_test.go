@@ -200,14 +200,26 @@ func events(t *testing.T, client kubernetes.Interface, ns, name string) string {
 // report) and returns its events as events does, and whether one came.
 func waitEvent(t *testing.T, client kubernetes.Interface, ns, name, reason string) (string, bool) {
 	t.Helper()
-	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	_, err := pollEvent(t.Context(), client, ns, name, reason, "", 30*time.Second)
+	return events(t, client, ns, name), err == nil
+}
+
+// pollEvent polls until the named object has an Event of reason whose
+// message contains substr, for up to timeout, and returns its message.
+func pollEvent(ctx context.Context, client kubernetes.Interface, ns, name, reason, substr string, timeout time.Duration) (string, error) {
+	var msg string
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		l, err := client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
 		if err != nil {
 			return false, nil
 		}
-		return slices.ContainsFunc(l.Items, func(e v1.Event) bool { return e.Reason == reason }), nil
+		i := slices.IndexFunc(l.Items, func(e v1.Event) bool { return e.Reason == reason && strings.Contains(e.Message, substr) })
+		if i >= 0 {
+			msg = l.Items[i].Message
+		}
+		return i >= 0, nil
 	})
-	return events(t, client, ns, name), err == nil
+	return msg, err
 }
 
 // The same tiers in a namespace a Queue serves: the inference slice is

@@ -200,20 +200,8 @@ func bindTenant(t *testing.T, c *nodesim.Cluster, ns string) {
 	}
 	// The API server's RBAC authorizer reads Roles from a cache: wait
 	// until it lets the tenant create pods.
-	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: "tenant",
-		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: ns, Verb: "create", Resource: "pods"}}}
-	var last string
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		r, err := c.Client().AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
-		if err != nil {
-			last = err.Error()
-			return false, nil
-		}
-		last = r.Status.Reason
-		return r.Status.Allowed, nil
-	})
-	if err != nil {
-		t.Fatalf("the tenant may not create pods in %s yet: %v (%s)", ns, err, last)
+	if err := c.CP.WaitAllowed(ctx, "tenant", authorizationv1.ResourceAttributes{Namespace: ns, Verb: "create", Resource: "pods"}); err != nil {
+		t.Fatal(err)
 	}
 }
 

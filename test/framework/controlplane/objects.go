@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -243,4 +244,26 @@ func (cp *ControlPlane) aggregateClusterRole(ctx context.Context, name string, s
 		return nil, fmt.Errorf("update ClusterRole %s: %w", name, err)
 	}
 	return rules, nil
+}
+
+// WaitAllowed waits, for up to 30 s, until the API server's authorizer lets
+// user do what ra names. It reads RBAC through informers, so a binding just
+// created may not be in effect yet: a request made at once can be refused
+// with a plain Forbidden.
+func (cp *ControlPlane) WaitAllowed(ctx context.Context, user string, ra authorizationv1.ResourceAttributes) error {
+	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: user, ResourceAttributes: &ra}}
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		r, err := cp.client.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		last = r.Status.Reason
+		return r.Status.Allowed, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s may not %s %s/%s in %q: %w (%s)", user, ra.Verb, ra.Resource, ra.Subresource, ra.Namespace, err, last)
+	}
+	return nil
 }
