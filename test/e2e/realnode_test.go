@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
 	"github.com/tessera-gpu/tessera/test/framework/nodesim"
 	"github.com/tessera-gpu/tessera/test/framework/realnode"
 )
@@ -338,19 +340,15 @@ func checkSaw(t *testing.T, pod, log string, gpus []api.GPURef, env map[string]s
 // shortScript is inspectScript ending after secs seconds.
 func shortScript(secs int) string { return fmt.Sprintf(inspectScript, realnode.GPUs, secs) }
 
-// asksGPUs reports a pod whose container main asks for a Tessera resource.
-func asksGPUs(p *v1.Pod) bool {
-	for _, c := range p.Spec.Containers {
-		if c.Name != "main" {
-			continue
-		}
-		for r := range c.Resources.Limits {
-			if strings.HasPrefix(string(r), api.Domain+"/") {
-				return true
-			}
-		}
+// asksGPUs reports a pod whose container main asks for a Tessera resource,
+// as the request model reads it (gpureq: Containers lists those that do).
+func asksGPUs(t *testing.T, p *v1.Pod) bool {
+	t.Helper()
+	d, err := gpureq.ParsePod(p)
+	if err != nil {
+		t.Fatalf("pod %s: %v", p.Name, err)
 	}
-	return false
+	return slices.ContainsFunc(d.Containers, func(c gpureq.Container) bool { return c.Name == "main" })
 }
 
 // waitRealAssignment waits up to 30 s for the assignment of the pod's
@@ -390,7 +388,7 @@ func wantSaw(t *testing.T, client kubernetes.Interface, ns, name, log string) {
 	}
 	var gpus []api.GPURef
 	env := map[string]string{}
-	if asksGPUs(p) {
+	if asksGPUs(t, p) {
 		ca := waitRealAssignment(t, client, ns, name)
 		gpus = ca.GPUs
 		if ca.Shared != nil {
