@@ -44,10 +44,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("tessera-sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.nodes, "nodes", "", "node list CSV (openb_node_list_gpu_node.csv)")
-	fs.StringVar(&o.pods, "pods", "", "pod list CSV(s), comma-separated (openb_pod_list_*.csv)")
+	traceFlags(fs, &o.nodes, &o.pods, &o.seeds)
 	fs.StringVar(&o.policies, "policy", "random,dotprod,gpuclustering,gpupacking,bestfit,fgd,tessera", "comma-separated policies: "+strings.Join(allocator.PolicyNames(), ", "))
-	fs.StringVar(&o.seeds, "seeds", "42-51", "seeds, e.g. 42-51 or 42,45")
 	fs.IntVar(&o.workers, "workers", 1, "simulations run in parallel")
 	fs.StringVar(&o.format, "format", "table", "output format: table, json or csv")
 	fs.StringVar(&o.plot, "plot", "", "write an SVG plot of unallocated GPU % vs arrived workload to this file")
@@ -58,19 +56,13 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.tesseraWeights, "tessera-weights", "", "override the tessera policy's tuning, e.g. strand=4,gap=0.5 (keys frag, strand, gap, gapcomp, gaptau, open, model, scarce, claim, free, rem; others keep their default)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tessera-sim --nodes NODES.csv --pods PODS.csv[,PODS2.csv] [flags]")
+		fmt.Fprintln(stderr, "       tessera-sim jobs|mig|bound ... (each with -h)")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseTraceFlags(fs, args, &o.nodes, &o.pods); err != nil {
 		return nil, err
 	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
 	switch {
-	case o.nodes == "":
-		return nil, errors.New("--nodes is required")
-	case o.pods == "":
-		return nil, errors.New("--pods is required")
 	case o.workers < 1:
 		return nil, fmt.Errorf("--workers %d: want at least 1", o.workers)
 	case o.ratio <= 0:
@@ -90,6 +82,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if len(args) > 0 && args[0] == migCommand {
 		return runMIG(args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == boundCommand {
+		return runBound(args[1:], stdout, stderr)
 	}
 	o, err := parseFlags(args, stderr)
 	if err != nil {
@@ -191,6 +186,31 @@ func writePlot(path string, sums []sim.Summary) (err error) {
 	}
 	if err := w.Flush(); err != nil {
 		return fmt.Errorf("plot %s: %w", path, err)
+	}
+	return nil
+}
+
+// traceFlags defines the flags every replay of the Alibaba trace takes.
+func traceFlags(fs *flag.FlagSet, nodes, pods, seeds *string) {
+	fs.StringVar(nodes, "nodes", "", "node list CSV (openb_node_list_gpu_node.csv)")
+	fs.StringVar(pods, "pods", "", "pod list CSV(s), comma-separated (openb_pod_list_*.csv)")
+	fs.StringVar(seeds, "seeds", "42-51", "seeds, e.g. 42-51 or 42,45")
+}
+
+// parseTraceFlags parses args and checks what traceFlags defined: no
+// arguments left, a node list and pod lists named. nodes and pods are the
+// flags' variables, read after parsing.
+func parseTraceFlags(fs *flag.FlagSet, args []string, nodes, pods *string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	switch {
+	case fs.NArg() > 0:
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	case *nodes == "":
+		return errors.New("--nodes is required")
+	case *pods == "":
+		return errors.New("--pods is required")
 	}
 	return nil
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -33,10 +32,8 @@ func parseMIGFlags(args []string, stderr io.Writer) (*migOptions, error) {
 	o := &migOptions{}
 	fs := flag.NewFlagSet("tessera-sim mig", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.nodes, "nodes", "", "node list CSV (openb_node_list_gpu_node.csv)")
-	fs.StringVar(&o.pods, "pods", "", "pod list CSV(s), comma-separated (openb_pod_list_*.csv)")
+	traceFlags(fs, &o.nodes, &o.pods, &o.seeds)
 	fs.StringVar(&o.policies, "policy", strings.Join(sim.MIGPolicies(), ","), "comma-separated MIG policies: "+strings.Join(sim.MIGPolicies(), ", "))
-	fs.StringVar(&o.seeds, "seeds", "42-51", "seeds, e.g. 42-51 or 42,45")
 	fs.StringVar(&o.baseline, "baseline", "fgd", "non-MIG policies replayed on the same traces and seeds for comparison (table and plot); empty for none")
 	fs.StringVar(&o.model, "mig-model", sim.DefaultMIGModel, "MIG geometry of every GPU: "+strings.Join(mig.Models(), ", "))
 	fs.IntVar(&o.workers, "workers", 1, "simulations run in parallel")
@@ -49,16 +46,10 @@ func parseMIGFlags(args []string, stderr io.Writer) (*migOptions, error) {
 		fmt.Fprintln(stderr, "Replays the trace on GPUs in dynamic MIG mode: sharing pods get the smallest covering profile, whole-GPU pods 7g (docs/sim.md, MIG).")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseTraceFlags(fs, args, &o.nodes, &o.pods); err != nil {
 		return nil, err
 	}
 	switch {
-	case fs.NArg() > 0:
-		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	case o.nodes == "":
-		return nil, errors.New("--nodes is required")
-	case o.pods == "":
-		return nil, errors.New("--pods is required")
 	case o.workers < 1:
 		return nil, fmt.Errorf("--workers %d: want at least 1", o.workers)
 	case o.ratio <= 0:
