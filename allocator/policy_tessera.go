@@ -68,12 +68,20 @@ type TesseraConfig struct {
 	// workload, the extender spread small whole-GPU pods over empty nodes
 	// rather than fill a half-used one.
 	Remainder float64
+	// PricedGaps (0 or 1) values gaps by the packing LP of the workload
+	// (internal/packlp) instead of the recursion above: the workload's
+	// pods, as many as the GPUs hold, priced by the LP's dual, and a GPU
+	// left with g free wastes g minus the most milli above the prices it
+	// can still be filled with (lpGapWaste). Scarcity, ClaimFillers,
+	// GapCompetition, GapRouting and FreeWaste then do not apply; the
+	// recursion stays where the LP cannot be solved.
+	PricedGaps float64
 }
 
 // DefaultTesseraConfig returns the tuning used by NewPolicy("tessera"),
 // chosen on the Alibaba trace (see docs/sim.md).
 func DefaultTesseraConfig() TesseraConfig {
-	return TesseraConfig{FragWeight: 0.25, StrandWeight: 4, GapWeight: 4, GapCompetition: 0.01, GapRouting: 5, OpenCost: 40, ModelWeight: 2, Scarcity: 1, FreeWaste: 1, Remainder: 1}
+	return TesseraConfig{FragWeight: 0.25, StrandWeight: 4, GapWeight: 4, GapCompetition: 0.01, GapRouting: 5, OpenCost: 40, ModelWeight: 2, Scarcity: 1, FreeWaste: 1, Remainder: 1, PricedGaps: 1}
 }
 
 // tesseraPolicy is Tessera's own policy. Like FGD it scores a node by how
@@ -222,6 +230,11 @@ func newTesseraPolicy(m fragModel, cfg TesseraConfig, capacity map[string]int) *
 		p.gapWaste[g] = (1-filled)*float64(g) + filled*next/wsum
 	}
 	p.gapWaste[MilliPerGPU] = cfg.FreeWaste * p.freeGPUWaste()
+	if cfg.PricedGaps > 0 {
+		if w, ok := lpGapWaste(m); ok {
+			p.gapWaste = w
+		}
+	}
 	return p
 }
 

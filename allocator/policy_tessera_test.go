@@ -15,6 +15,15 @@ func tessera(t *testing.T, w Workload, opts ...Option) Policy {
 	return p
 }
 
+// recursionConfig is the default tuning with the gap-waste recursion in
+// place of the priced gaps (TesseraConfig.PricedGaps), for the tests of
+// the recursion.
+func recursionConfig() TesseraConfig {
+	cfg := DefaultTesseraConfig()
+	cfg.PricedGaps = 0
+	return cfg
+}
+
 func TestTesseraCPUStranding(t *testing.T) {
 	// GPU pods need 10 cores per GPU. A 32-core CPU-only pod would leave
 	// the 8-GPU node 64 cores for 8 GPUs (1.6 GPUs stranded); the 2-GPU
@@ -102,7 +111,7 @@ func TestTesseraGapRouting(t *testing.T) {
 	// uniformly random fitting slice leaves 100m or 300m; routed, the
 	// scheduler prefers the filler that leaves less waste.
 	w := Workload{Shapes: []Shape{{Request: sliceReq(1000, 300), Freq: 0.5}, {Request: sliceReq(1000, 100), Freq: 0.5}}}
-	cfg := DefaultTesseraConfig()
+	cfg := recursionConfig()
 	cfg.GapRouting = 0
 	uniform := tessera(t, w, WithTesseraConfig(cfg)).(*tesseraPolicy)
 	// By hand: W(g) = (1-q) g + q * mean of W(g-s) over fitting s, q = p/(p+c).
@@ -155,7 +164,7 @@ func TestTesseraOpenCost(t *testing.T) {
 	shrinking := makeNode().Name("shrinking").Free(750).Obj()
 	free := makeNode().Name("free").Free(1000).Obj()
 	r := sliceReq(1000, 250)
-	cfg := DefaultTesseraConfig()
+	cfg := recursionConfig()
 	cfg.FragWeight = 0 // the exact difference below is of the gap terms alone
 	p := tessera(t, w, WithTesseraConfig(cfg))
 	ec, es, ef := p.Evaluate(closing, r), p.Evaluate(shrinking, r), p.Evaluate(free, r)
@@ -236,7 +245,8 @@ func TestTesseraScarcityAndFreeWaste(t *testing.T) {
 			{Request: sliceReq(1000, 470), Freq: f470}, {Request: wholeReq(1000, 1), Freq: fWhole},
 		}}
 	}
-	off := DefaultTesseraConfig()
+	on := recursionConfig()
+	off := recursionConfig()
 	off.Scarcity, off.FreeWaste = 0, 0
 	for _, c := range []struct {
 		name string
@@ -253,7 +263,7 @@ func TestTesseraScarcityAndFreeWaste(t *testing.T) {
 		{"few-470", mix(0.5, 0.05, 0.01, 0.44), 0.85, 300},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			p := tessera(t, c.w).(*tesseraPolicy)
+			p := tessera(t, c.w, WithTesseraConfig(on)).(*tesseraPolicy)
 			old := tessera(t, c.w, WithTesseraConfig(off)).(*tesseraPolicy)
 			if w := p.gapWaste[190]; w < c.wantW190Above*190 || w > 190 {
 				t.Errorf("W(190) = %v with scarcity, want in [%v, 190]", w, c.wantW190Above*190)
@@ -269,7 +279,7 @@ func TestTesseraScarcityAndFreeWaste(t *testing.T) {
 			if p.gapWaste[180] != old.gapWaste[180] || !(p.gapWaste[350] > old.gapWaste[350]) {
 				t.Errorf("W(180), W(350) = %v, %v; without scarcity %v, %v: want equal and higher", p.gapWaste[180], p.gapWaste[350], old.gapWaste[180], old.gapWaste[350])
 			}
-			claimCfg := DefaultTesseraConfig()
+			claimCfg := recursionConfig()
 			claimCfg.ClaimFillers = 1
 			pc := tessera(t, c.w, WithTesseraConfig(claimCfg)).(*tesseraPolicy)
 			if pc.gapWaste[350] != 350 || !(old.gapWaste[350] < 350) {

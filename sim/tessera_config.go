@@ -10,7 +10,7 @@ import (
 )
 
 // ParseTesseraConfig reads a tessera tuning such as
-// "frag=0.25,strand=4,gap=4,gapcomp=0.01,gaptau=5,open=40,model=2,scarce=1,claim=0,free=1,rem=1" on top of
+// "frag=0.25,strand=4,gap=4,gapcomp=0.01,gaptau=5,open=40,model=2,scarce=1,claim=0,free=1,rem=1,priced=1" on top of
 // allocator.DefaultTesseraConfig: keys left out keep their default.
 func ParseTesseraConfig(s string) (allocator.TesseraConfig, error) {
 	cfg := allocator.DefaultTesseraConfig()
@@ -26,6 +26,7 @@ func ParseTesseraConfig(s string) (allocator.TesseraConfig, error) {
 		"claim":   &cfg.ClaimFillers,
 		"free":    &cfg.FreeWaste,
 		"rem":     &cfg.Remainder,
+		"priced":  &cfg.PricedGaps,
 	}
 	seen := map[string]bool{}
 	for _, kv := range strings.Split(s, ",") {
@@ -37,7 +38,7 @@ func ParseTesseraConfig(s string) (allocator.TesseraConfig, error) {
 		k = strings.ToLower(strings.TrimSpace(k))
 		dst, known := fields[k]
 		if !ok || !known {
-			return cfg, fmt.Errorf("tessera weights %q: %q is not KEY=VALUE with KEY one of frag, strand, gap, gapcomp, gaptau, open, model, scarce, claim, free, rem", s, kv)
+			return cfg, fmt.Errorf("tessera weights %q: %q is not KEY=VALUE with KEY one of frag, strand, gap, gapcomp, gaptau, open, model, scarce, claim, free, rem, priced", s, kv)
 		}
 		if seen[k] {
 			return cfg, fmt.Errorf("tessera weights %q: %s given twice", s, k)

@@ -53,7 +53,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.ratio, "ratio", sim.DefaultRatio, "workload size as a multiple of the cluster's GPU capacity")
 	fs.StringVar(&o.expected, "expected", "", "the artifact's published analysis_allo_discrete.csv, to show published values in the table")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress on stderr")
-	fs.StringVar(&o.tesseraWeights, "tessera-weights", "", "override the tessera policy's tuning, e.g. strand=4,gap=0.5 (keys frag, strand, gap, gapcomp, gaptau, open, model, scarce, claim, free, rem; others keep their default)")
+	fs.StringVar(&o.tesseraWeights, "tessera-weights", "", "override the tessera policy's tuning, e.g. strand=4,gap=0.5 (keys frag, strand, gap, gapcomp, gaptau, open, model, scarce, claim, free, rem, priced; others keep their default)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: tessera-sim --nodes NODES.csv --pods PODS.csv[,PODS2.csv] [flags]")
 		fmt.Fprintln(stderr, "       tessera-sim jobs|mig|bound ... (each with -h)")

