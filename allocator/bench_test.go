@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"fmt"
 	"math/rand"
 	"testing"
 )
@@ -155,5 +156,27 @@ func BenchmarkTesseraPodScoring5000(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkTesseraPolicyBuild is what building the tessera policy costs
+// (the extender's learned policy rebuilds it every 50 new pods): with the
+// priced gaps it solves the packing LP of the workload's slices.
+func BenchmarkTesseraPolicyBuild(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		w    Workload
+	}{{"15-shapes", benchWorkload()}, {"90-shapes", benchWorkloadWide()}} {
+		for _, priced := range []float64{0, 1} {
+			cfg := DefaultTesseraConfig()
+			cfg.PricedGaps = priced
+			b.Run(fmt.Sprintf("%s/priced=%v", c.name, priced), func(b *testing.B) {
+				for b.Loop() {
+					if _, err := NewPolicy(PolicyTessera, WithWorkload(c.w), WithTesseraConfig(cfg)); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 	}
 }
