@@ -28,6 +28,7 @@ require (
 	github.com/opencontainers/cgroups v0.1.0 // indirect
 	github.com/opencontainers/runtime-spec v1.3.0 // indirect
 	github.com/tetratelabs/wazero v1.11.0 // indirect
+	gonum.org/v1/gonum v0.16.0 // indirect
 	k8s.io/cri-client v0.0.0 // indirect
 )
 
