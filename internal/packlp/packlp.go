@@ -209,8 +209,15 @@ type dual struct {
 	patterns [][]int64
 }
 
-// solve returns the prices: U, one per size, the whole price.
-func (d *dual) solve() ([]float64, error) {
+// solve returns the prices: U, one per size, the whole price. A panic of
+// the solver (it panics on inputs it finds inconsistent) is returned as an
+// error: the caller keeps its last prices.
+func (d *dual) solve() (prices []float64, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			prices, err = nil, fmt.Errorf("packlp: simplex: %v", r)
+		}
+	}()
 	s, n := len(d.p.Sizes), len(d.patterns)
 	vars := 1 + s + 1 + n + 1 // U, prices, whole price, surpluses
 	rows := n + 1
