@@ -71,3 +71,31 @@ func TestPricedGapsFallBack(t *testing.T) {
 		t.Error("lpGapWaste priced a workload without slices")
 	}
 }
+
+// With slices that pack exactly, the priced gaps waste nothing anywhere,
+// and OpenCost is what closes a GPU rather than shrink a gap or open a
+// free GPU: without it the three score the same.
+func TestPricedGapsOpenCost(t *testing.T) {
+	w := Workload{Shapes: []Shape{
+		{Request: sliceReq(1000, 250), Freq: 0.2},
+		{Request: sliceReq(1000, 500), Freq: 0.2},
+		{Request: wholeReq(1000, 1), Freq: 0.6},
+	}}
+	closing := makeNode().Name("closing").Free(250).Obj()
+	shrinking := makeNode().Name("shrinking").Free(750).Obj()
+	free := makeNode().Name("free").Free(1000).Obj()
+	r := sliceReq(1000, 250)
+	cfg := DefaultTesseraConfig()
+	cfg.FragWeight = 0
+	p := tessera(t, w, WithTesseraConfig(cfg))
+	ec, es, ef := p.Evaluate(closing, r), p.Evaluate(shrinking, r), p.Evaluate(free, r)
+	if !(ec.Score > es.Score && es.Score > ef.Score) {
+		t.Errorf("scores closing %v, shrinking %v, free %v; want decreasing", ec.Score, es.Score, ef.Score)
+	}
+	cfg.OpenCost = 0
+	p = tessera(t, w, WithTesseraConfig(cfg))
+	ec, es, ef = p.Evaluate(closing, r), p.Evaluate(shrinking, r), p.Evaluate(free, r)
+	if math.Abs(ec.Score-es.Score) > 1e-3 || math.Abs(es.Score-ef.Score) > 1e-3 {
+		t.Errorf("without OpenCost: closing %v, shrinking %v, free %v; want equal", ec.Score, es.Score, ef.Score)
+	}
+}
