@@ -109,7 +109,7 @@ func Solve(p Problem) (Solution, error) {
 
 // Values returns, for every gap g from 0 to Capacity, the most milli
 // above the prices that a gap of g can be filled with: Values()[Capacity]
-// is U.
+// is at most U, and equal once the generation has converged.
 func (s Solution) Values(p Problem) []float64 {
 	values := make([]float64, p.Capacity+1)
 	p.knapsack(s.Prices, values)
@@ -123,7 +123,7 @@ func (p Problem) validate() error {
 	switch {
 	case p.Capacity <= 0:
 		return fmt.Errorf("packlp: capacity %d", p.Capacity)
-	case p.Bins < 0 || p.Whole < 0:
+	case !(p.Bins >= 0) || !(p.Whole >= 0) || math.IsInf(p.Bins, 0) || math.IsInf(p.Whole, 0):
 		return fmt.Errorf("packlp: %v GPUs, %v whole", p.Bins, p.Whole)
 	case len(p.Counts) != len(p.Sizes):
 		return fmt.Errorf("packlp: %d sizes, %d counts", len(p.Sizes), len(p.Counts))
@@ -132,7 +132,7 @@ func (p Problem) validate() error {
 		if s <= 0 || s >= p.Capacity || i > 0 && s <= p.Sizes[i-1] {
 			return errors.New("packlp: sizes must ascend within (0, capacity)")
 		}
-		if p.Counts[i] < 0 {
+		if !(p.Counts[i] >= 0) || math.IsInf(p.Counts[i], 0) {
 			return fmt.Errorf("packlp: %v slices of %d", p.Counts[i], s)
 		}
 	}

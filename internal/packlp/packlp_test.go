@@ -70,13 +70,16 @@ func TestSolveScaleFree(t *testing.T) {
 
 func TestSolveRefuses(t *testing.T) {
 	for name, p := range map[string]Problem{
-		"no capacity":       {Bins: 1},
-		"negative GPUs":     {Bins: -1, Capacity: 1000},
-		"counts unmatched":  {Bins: 1, Capacity: 1000, Sizes: []int64{100}},
-		"size too big":      {Bins: 1, Capacity: 1000, Sizes: []int64{1000}, Counts: []float64{1}},
-		"sizes not sorted":  {Bins: 1, Capacity: 1000, Sizes: []int64{300, 200}, Counts: []float64{1, 1}},
-		"negative count":    {Bins: 1, Capacity: 1000, Sizes: []int64{300}, Counts: []float64{-1}},
-		"size not positive": {Bins: 1, Capacity: 1000, Sizes: []int64{0}, Counts: []float64{1}},
+		"no capacity":        {Bins: 1},
+		"negative GPUs":      {Bins: -1, Capacity: 1000},
+		"counts unmatched":   {Bins: 1, Capacity: 1000, Sizes: []int64{100}},
+		"size too big":       {Bins: 1, Capacity: 1000, Sizes: []int64{1000}, Counts: []float64{1}},
+		"sizes not sorted":   {Bins: 1, Capacity: 1000, Sizes: []int64{300, 200}, Counts: []float64{1, 1}},
+		"negative count":     {Bins: 1, Capacity: 1000, Sizes: []int64{300}, Counts: []float64{-1}},
+		"size not positive":  {Bins: 1, Capacity: 1000, Sizes: []int64{0}, Counts: []float64{1}},
+		"GPUs not a number":  {Bins: math.NaN(), Capacity: 1000},
+		"infinite whole":     {Bins: 1, Whole: math.Inf(1), Capacity: 1000},
+		"count not a number": {Bins: 1, Capacity: 1000, Sizes: []int64{300}, Counts: []float64{math.NaN()}},
 	} {
 		if _, err := Solve(p); err == nil {
 			t.Errorf("%s: solved %+v", name, p)
