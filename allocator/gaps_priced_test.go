@@ -76,15 +76,7 @@ func TestPricedGapsFallBack(t *testing.T) {
 // and OpenCost is what closes a GPU rather than shrink a gap or open a
 // free GPU: without it the three score the same.
 func TestPricedGapsOpenCost(t *testing.T) {
-	w := Workload{Shapes: []Shape{
-		{Request: sliceReq(1000, 250), Freq: 0.2},
-		{Request: sliceReq(1000, 500), Freq: 0.2},
-		{Request: wholeReq(1000, 1), Freq: 0.6},
-	}}
-	closing := makeNode().Name("closing").Free(250).Obj()
-	shrinking := makeNode().Name("shrinking").Free(750).Obj()
-	free := makeNode().Name("free").Free(1000).Obj()
-	r := sliceReq(1000, 250)
+	w, r, closing, shrinking, free := openCostCase()
 	cfg := DefaultTesseraConfig()
 	cfg.FragWeight = 0
 	p := tessera(t, w, WithTesseraConfig(cfg))

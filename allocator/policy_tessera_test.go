@@ -150,20 +150,25 @@ func TestTesseraGapRouting(t *testing.T) {
 	}
 }
 
-func TestTesseraOpenCost(t *testing.T) {
-	// 250m and 500m slices and whole GPUs: every gap is likely closed, so
-	// the gap waste alone prefers shrinking a 750m gap to 500m over
-	// closing a 250m gap. The cost per partly used GPU makes closing the
-	// GPU win, and keeps a free GPU last.
-	w := Workload{Shapes: []Shape{
+// openCostCase is a workload of 250m and 500m slices and whole GPUs, a
+// 250m slice, and three nodes of one GPU: 250m free (the slice closes
+// it), 750m free (it shrinks the gap) and free.
+func openCostCase() (w Workload, r Request, closing, shrinking, free *Node) {
+	w = Workload{Shapes: []Shape{
 		{Request: sliceReq(1000, 250), Freq: 0.2},
 		{Request: sliceReq(1000, 500), Freq: 0.2},
 		{Request: wholeReq(1000, 1), Freq: 0.6},
 	}}
-	closing := makeNode().Name("closing").Free(250).Obj()
-	shrinking := makeNode().Name("shrinking").Free(750).Obj()
-	free := makeNode().Name("free").Free(1000).Obj()
-	r := sliceReq(1000, 250)
+	return w, sliceReq(1000, 250), makeNode().Name("closing").Free(250).Obj(),
+		makeNode().Name("shrinking").Free(750).Obj(), makeNode().Name("free").Free(1000).Obj()
+}
+
+func TestTesseraOpenCost(t *testing.T) {
+	// Every gap is likely closed, so the recursion's gap waste alone
+	// prefers shrinking a 750m gap to 500m over closing a 250m gap. The
+	// cost per partly used GPU makes closing the GPU win, and keeps a free
+	// GPU last.
+	w, r, closing, shrinking, free := openCostCase()
 	cfg := recursionConfig()
 	cfg.FragWeight = 0 // the exact difference below is of the gap terms alone
 	p := tessera(t, w, WithTesseraConfig(cfg))
