@@ -188,14 +188,20 @@ func TestElasticGangGivesBackBeforeWholePodsBesideIt(t *testing.T) {
 	member := func(name, node string) podSpec {
 		return podSpec{name: name, gpus: 2, node: node, annotations: map[string]string{api.AnnotationGang: "el", api.AnnotationGangMinMember: "2"}}
 	}
-	for _, m := range []podSpec{member("el-0", nodeB), member("el-1", nodeB), member("el-2", nodeA)} {
+	for _, m := range []podSpec{member("el-0", nodeB), member("el-1", nodeB)} {
 		createTier(t, client, ns, tierNotebook, m)
 	}
-	for _, n := range []string{"el-0", "el-1", "el-2"} {
+	for _, n := range []string{"el-0", "el-1"} {
 		waitRunning(t, c, ns, n, 60*time.Second)
 	}
-	// StartTime has second granularity: the notebooks start strictly
-	// after the gang's members.
+	// StartTime has second granularity, and the extra member is the one
+	// that started last (api.Gang.Extras): el-2 joins the running gang a
+	// second later, so that it, on nodeA, is the extra (created with the
+	// others, it started in the same second as el-1 once, and el-1, on
+	// nodeB, was the extra). The notebooks start strictly after it.
+	time.Sleep(1100 * time.Millisecond)
+	createTier(t, client, ns, tierNotebook, member("el-2", nodeA))
+	waitRunning(t, c, ns, "el-2", 60*time.Second)
 	time.Sleep(1100 * time.Millisecond)
 	fills := []string{"fill-a0", "fill-a1", "fill-a2", "fill-b0", "fill-b1"}
 	for _, n := range fills {
