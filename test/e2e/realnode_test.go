@@ -472,21 +472,32 @@ func TestRealNodeLifecycle(t *testing.T) {
 		what string
 		do   func() error
 	}{
-		3: {"the kubelet", func() error { n.StopKubelet(10 * time.Second); return n.StartKubelet(ctx) }},
-		// Before containerd stops, the pods created so far have their
-		// containers: a container containerd is creating when it stops is
-		// killed by the kubelet, and with restartPolicy Never its pod fails
-		// (seen once, "RunContainerError: error reading from server: EOF";
-		// stock kubelet and containerd, whoever schedules the pod). That is
-		// not a race of Tessera's; the kubelet and agent restarts below
-		// keep pods in every state.
+		// Before the kubelet or containerd stops, the pods created so far
+		// have their containers started: a container containerd is
+		// creating when it stops is killed by the kubelet, and with
+		// restartPolicy Never its pod fails (seen once, "RunContainerError:
+		// error reading from server: EOF"); so does one the kubelet is
+		// starting when it stops (seen once: containerd's StartContainer
+		// "failed to start containerd task: context canceled", exit code
+		// 128, the pod Failed with no reason). Stock kubelet and
+		// containerd, whoever schedules the pod: not a race of Tessera's.
+		// The agent restart below keeps pods in every state.
+		3: {"the kubelet", func() error {
+			waitContainersCreated(t, client, ns, names)
+			n.StopKubelet(10 * time.Second)
+			return n.StartKubelet(ctx)
+		}},
 		7: {"containerd", func() error {
 			waitContainersCreated(t, client, ns, names)
 			n.StopContainerd(10 * time.Second)
 			return n.StartContainerd(ctx)
 		}},
 		11: {"tessera-node (SIGTERM, as its DaemonSet restarts it)", func() error { n.StopAgent(10 * time.Second); return n.StartAgent(ctx) }},
-		15: {"the kubelet", func() error { n.StopKubelet(10 * time.Second); return n.StartKubelet(ctx) }},
+		15: {"the kubelet", func() error {
+			waitContainersCreated(t, client, ns, names)
+			n.StopKubelet(10 * time.Second)
+			return n.StartKubelet(ctx)
+		}},
 	}
 	shapes := []podSpec{{gpus: 1}, {memUnits: 4, cores: 30}, {}, {memUnits: 8, cores: 50}, {gpus: 2}, {memUnits: 2, cores: 10}}
 	for i := range 18 {
