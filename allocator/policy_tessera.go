@@ -163,6 +163,22 @@ func newTesseraPolicy(m fragModel, cfg TesseraConfig, capacity map[string]int) *
 	if gpu > 0 {
 		p.cpuPerMilli = cpu / gpu
 	}
+	if cfg.PricedGaps > 0 {
+		if w, ok := lpGapWaste(m); ok {
+			p.gapWaste = w
+			return p
+		}
+	}
+	p.recursiveGapWaste()
+	return p
+}
+
+// recursiveGapWaste fills p.gapWaste by the recursion over the workload's
+// slice sizes (GapCompetition, GapRouting, Scarcity, ClaimFillers) and the
+// free GPU's expected waste (FreeWaste): the gap waste without
+// PricedGaps, or where the packing LP cannot be solved.
+func (p *tesseraPolicy) recursiveGapWaste() {
+	m, cfg := p.model, p.cfg
 	// open[g]: how often a gap of g is created by a slice larger than half
 	// a GPU, which always takes a GPU of its own.
 	var open [MilliPerGPU + 1]float64
@@ -230,12 +246,6 @@ func newTesseraPolicy(m fragModel, cfg TesseraConfig, capacity map[string]int) *
 		p.gapWaste[g] = (1-filled)*float64(g) + filled*next/wsum
 	}
 	p.gapWaste[MilliPerGPU] = cfg.FreeWaste * p.freeGPUWaste()
-	if cfg.PricedGaps > 0 {
-		if w, ok := lpGapWaste(m); ok {
-			p.gapWaste = w
-		}
-	}
-	return p
 }
 
 // freeGPUWaste is the expected final waste of a fully free GPU: the pods
