@@ -1,10 +1,6 @@
 package allocator
 
-import (
-	"slices"
-
-	"github.com/tessera-gpu/tessera/internal/packlp"
-)
+import "github.com/tessera-gpu/tessera/internal/packlp"
 
 // maxPricedSizes bounds the slice sizes the packing LP is solved for; a
 // workload with more keeps the gap-waste recursion. The LP's cost grows
@@ -44,14 +40,7 @@ func lpGapWaste(m fragModel) (w [MilliPerGPU + 1]float64, ok bool) {
 	if len(count) == 0 || len(count) > maxPricedSizes {
 		return w, false
 	}
-	p := packlp.Problem{Bins: milli / MilliPerGPU, Whole: whole, Capacity: MilliPerGPU}
-	for size := range count {
-		p.Sizes = append(p.Sizes, size)
-	}
-	slices.Sort(p.Sizes)
-	for _, size := range p.Sizes {
-		p.Counts = append(p.Counts, count[size])
-	}
+	p := packlp.Problem{Bins: milli / MilliPerGPU, Whole: whole, Capacity: MilliPerGPU}.WithCounts(count)
 	sol, err := packlp.Solve(p)
 	if err != nil {
 		return w, false

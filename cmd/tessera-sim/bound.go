@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"text/tabwriter"
 
 	"github.com/tessera-gpu/tessera/sim"
@@ -74,23 +75,7 @@ func runBound(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 		st := sim.MeanSD(xs)
-		fmt.Fprintf(w, "%s\t%s\t%.3f ± %.3f\t%.3f\t%.3f\n", t.Workload, o.seeds, st.Mean, st.SD, minOf(xs), maxOf(xs))
+		fmt.Fprintf(w, "%s\t%s\t%.3f ± %.3f\t%.3f\t%.3f\n", t.Workload, o.seeds, st.Mean, st.SD, slices.Min(xs), slices.Max(xs))
 	}
 	return w.Flush()
-}
-
-func minOf(xs []float64) float64 {
-	m := xs[0]
-	for _, x := range xs[1:] {
-		m = min(m, x)
-	}
-	return m
-}
-
-func maxOf(xs []float64) float64 {
-	m := xs[0]
-	for _, x := range xs[1:] {
-		m = max(m, x)
-	}
-	return m
 }

@@ -47,6 +47,20 @@ type Problem struct {
 	PodCounts bool
 }
 
+// WithCounts returns p with Sizes and Counts taken from count (slices by
+// size), sizes ascending.
+func (p Problem) WithCounts(count map[int64]float64) Problem {
+	p.Sizes, p.Counts = make([]int64, 0, len(count)), make([]float64, 0, len(count))
+	for size := range count {
+		p.Sizes = append(p.Sizes, size)
+	}
+	slices.Sort(p.Sizes)
+	for _, size := range p.Sizes {
+		p.Counts = append(p.Counts, count[size])
+	}
+	return p
+}
+
 // Solution is the dual of a Problem.
 type Solution struct {
 	// U is the price of a GPU: the most milli above its slices' prices

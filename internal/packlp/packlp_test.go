@@ -2,6 +2,7 @@ package packlp
 
 import (
 	"math"
+	"slices"
 	"testing"
 )
 
@@ -84,5 +85,15 @@ func TestSolveRefuses(t *testing.T) {
 		if _, err := Solve(p); err == nil {
 			t.Errorf("%s: solved %+v", name, p)
 		}
+	}
+}
+
+func TestWithCounts(t *testing.T) {
+	p := Problem{Bins: 2, Capacity: 1000}.WithCounts(map[int64]float64{810: 3, 160: 1, 470: 2})
+	if !slices.Equal(p.Sizes, []int64{160, 470, 810}) || !slices.Equal(p.Counts, []float64{1, 2, 3}) || p.Bins != 2 {
+		t.Errorf("WithCounts: %+v", p)
+	}
+	if err := p.validate(); err != nil {
+		t.Error(err)
 	}
 }

@@ -2,7 +2,6 @@ package bound
 
 import (
 	"fmt"
-	"slices"
 
 	"github.com/tessera-gpu/tessera/allocator"
 	"github.com/tessera-gpu/tessera/internal/packlp"
@@ -34,7 +33,7 @@ func Pack(gpus int, pods []allocator.Request) (Packable, error) {
 		return Packable{}, fmt.Errorf("negative GPU count %d", gpus)
 	}
 	var whole int64
-	count := map[int64]int64{}
+	count := map[int64]float64{}
 	for _, r := range pods {
 		switch r.Kind() {
 		case allocator.Whole:
@@ -48,14 +47,7 @@ func Pack(gpus int, pods []allocator.Request) (Packable, error) {
 			}
 		}
 	}
-	p := packlp.Problem{Bins: float64(gpus), Whole: float64(whole), Capacity: allocator.MilliPerGPU, PodCounts: true}
-	for s := range count {
-		p.Sizes = append(p.Sizes, s)
-	}
-	slices.Sort(p.Sizes)
-	for _, s := range p.Sizes {
-		p.Counts = append(p.Counts, float64(count[s]))
-	}
+	p := packlp.Problem{Bins: float64(gpus), Whole: float64(whole), Capacity: allocator.MilliPerGPU, PodCounts: true}.WithCounts(count)
 	sol, err := packlp.Solve(p)
 	if err != nil {
 		return Packable{}, err
