@@ -63,10 +63,6 @@ func TestRunBoundBadFlags(t *testing.T) {
 		{[]string{"--nodes", nodes, "--pods", filepath.Join(dir, "missing.csv")}, "missing.csv"},
 		{[]string{"--nodes", nodes, "--pods", pods, "extra"}, `unexpected argument "extra"`},
 	} {
-		var stdout, stderr bytes.Buffer
-		err := run(append([]string{"bound"}, tc.args...), &stdout, &stderr)
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("bound %v: error %v, want %q", tc.args, err, tc.want)
-		}
+		wantRunError(t, append([]string{"bound"}, tc.args...), tc.want)
 	}
 }

@@ -145,8 +145,6 @@ func TestJobsCommand(t *testing.T) {
 		"bad format":        {[]string{"jobs", "--trace", trace, "--format", "xml"}, `--format "xml"`},
 		"too small":         {[]string{"jobs", "--trace", trace, "--nodes", "1"}, "more than the cluster's 8"},
 	} {
-		if err := run(tc.args, &bytes.Buffer{}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: %v, want an error containing %q", name, err, tc.want)
-		}
+		t.Run(name, func(t *testing.T) { wantRunError(t, tc.args, tc.want) })
 	}
 }

@@ -27,6 +27,15 @@ p4,16000,32768,2,1000,T4
 p5,3000,4096,1,230,
 `
 
+// wantRunError runs tessera-sim with args and wants an error that says
+// want.
+func wantRunError(t *testing.T, args []string, want string) {
+	t.Helper()
+	if err := run(args, &bytes.Buffer{}, &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("tessera-sim %v: error %v, want one containing %q", args, err, want)
+	}
+}
+
 func writeFiles(t *testing.T, files map[string]string) string {
 	t.Helper()
 	dir := t.TempDir()

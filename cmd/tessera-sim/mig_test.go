@@ -57,10 +57,6 @@ func TestRunMIGBadFlags(t *testing.T) {
 		{[]string{"--nodes", nodes, "--pods", pods, "--baseline", "nope"}, "--baseline"},
 		{[]string{"--nodes", nodes, "--pods", filepath.Join(dir, "missing.csv")}, "missing.csv"},
 	} {
-		var stdout, stderr bytes.Buffer
-		err := run(append([]string{"mig"}, tc.args...), &stdout, &stderr)
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("mig %v: error %v, want %q", tc.args, err, tc.want)
-		}
+		wantRunError(t, append([]string{"mig"}, tc.args...), tc.want)
 	}
 }
