@@ -468,36 +468,30 @@ func TestRealNodeLifecycle(t *testing.T) {
 	// completedBeforeRestart.
 	outDir := filepath.Join(n.Dir(), "pod-output")
 	var names []string
+	// Before the kubelet or containerd stops, the pods created so far
+	// have their containers started: a container containerd is creating
+	// when it stops is killed by the kubelet, and with restartPolicy Never
+	// its pod fails (seen once, "RunContainerError: error reading from
+	// server: EOF"); so does one the kubelet is starting when it stops
+	// (seen once: containerd's StartContainer "failed to start containerd
+	// task: context canceled", exit code 128, the pod Failed with no
+	// reason). Stock kubelet and containerd, whoever schedules the pod:
+	// not a race of Tessera's. The agent restart keeps pods in every state.
+	afterStarts := func(stop func(time.Duration), start func(context.Context) error) func() error {
+		return func() error {
+			waitContainersCreated(t, client, ns, names)
+			stop(10 * time.Second)
+			return start(ctx)
+		}
+	}
 	restarts := map[int]struct {
 		what string
 		do   func() error
 	}{
-		// Before the kubelet or containerd stops, the pods created so far
-		// have their containers started: a container containerd is
-		// creating when it stops is killed by the kubelet, and with
-		// restartPolicy Never its pod fails (seen once, "RunContainerError:
-		// error reading from server: EOF"); so does one the kubelet is
-		// starting when it stops (seen once: containerd's StartContainer
-		// "failed to start containerd task: context canceled", exit code
-		// 128, the pod Failed with no reason). Stock kubelet and
-		// containerd, whoever schedules the pod: not a race of Tessera's.
-		// The agent restart below keeps pods in every state.
-		3: {"the kubelet", func() error {
-			waitContainersCreated(t, client, ns, names)
-			n.StopKubelet(10 * time.Second)
-			return n.StartKubelet(ctx)
-		}},
-		7: {"containerd", func() error {
-			waitContainersCreated(t, client, ns, names)
-			n.StopContainerd(10 * time.Second)
-			return n.StartContainerd(ctx)
-		}},
+		3:  {"the kubelet", afterStarts(n.StopKubelet, n.StartKubelet)},
+		7:  {"containerd", afterStarts(n.StopContainerd, n.StartContainerd)},
 		11: {"tessera-node (SIGTERM, as its DaemonSet restarts it)", func() error { n.StopAgent(10 * time.Second); return n.StartAgent(ctx) }},
-		15: {"the kubelet", func() error {
-			waitContainersCreated(t, client, ns, names)
-			n.StopKubelet(10 * time.Second)
-			return n.StartKubelet(ctx)
-		}},
+		15: {"the kubelet", afterStarts(n.StopKubelet, n.StartKubelet)},
 	}
 	shapes := []podSpec{{gpus: 1}, {memUnits: 4, cores: 30}, {}, {memUnits: 8, cores: 50}, {gpus: 2}, {memUnits: 2, cores: 10}}
 	for i := range 18 {
