@@ -27,6 +27,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/yaml"
+
+	"github.com/tessera-gpu/tessera/test/framework/freeport"
 )
 
 const (
@@ -171,7 +173,7 @@ func (cp *ControlPlane) start(ctx context.Context) error {
 }
 
 func (cp *ControlPlane) startEtcd(ctx context.Context) error {
-	ports, err := freePorts(2)
+	ports, err := freeport.Ports(2)
 	if err != nil {
 		return err
 	}
@@ -227,7 +229,7 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context) error {
 	if err := writeTokenFile(tokenFile, users); err != nil {
 		return err
 	}
-	ports, err := freePorts(1)
+	ports, err := freeport.Ports(1)
 	if err != nil {
 		return err
 	}
@@ -320,7 +322,7 @@ func (cp *ControlPlane) StartScheduler(ctx context.Context, o SchedulerOptions) 
 	if err := writeSchedulerConfig(o.ConfigFile, cfgPath, kubeconfig); err != nil {
 		return err
 	}
-	ports, err := freePorts(1)
+	ports, err := freeport.Ports(1)
 	if err != nil {
 		return err
 	}

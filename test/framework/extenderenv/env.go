@@ -36,7 +36,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -56,6 +55,7 @@ import (
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/internal/sealkey"
 	"github.com/tessera-gpu/tessera/test/framework/controlplane"
+	"github.com/tessera-gpu/tessera/test/framework/freeport"
 	"github.com/tessera-gpu/tessera/test/framework/install"
 )
 
@@ -294,12 +294,11 @@ func SchedulerBinary(t testing.TB) string {
 // FreeAddr returns a loopback address with a port free at the time.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return addr
 }
 
 // Extender is tessera-extender running as its own process. Its log (all

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/test/framework/controlplane"
+	"github.com/tessera-gpu/tessera/test/framework/freeport"
 	"github.com/tessera-gpu/tessera/test/framework/install"
 	"github.com/tessera-gpu/tessera/test/framework/proc"
 )
@@ -340,12 +340,11 @@ func (c *Cluster) writeKubeconfigs() error {
 // ClusterOptions.Scheduler, and waits for the extender's /readyz.
 func (c *Cluster) StartExtender(ctx context.Context) error {
 	if c.extAddr == "" {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		addr, err := freeport.Addr()
 		if err != nil {
 			return err
 		}
-		c.extAddr = l.Addr().String()
-		l.Close()
+		c.extAddr = addr
 	}
 	pool, err := c.tls.CertPool()
 	if err != nil {

@@ -47,6 +47,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/gpu/nvmlmock"
+	"github.com/tessera-gpu/tessera/test/framework/freeport"
 	"github.com/tessera-gpu/tessera/test/framework/nodesim"
 	"github.com/tessera-gpu/tessera/test/framework/proc"
 )
@@ -166,7 +167,7 @@ func Start(ctx context.Context, client kubernetes.Interface, o Options) (n *Node
 	o.PodCIDR = cmp.Or(o.PodCIDR, "10.231.0.0/24")
 	for _, p := range []*int{&o.KubeletPort, &o.KubeletHealthzPort} {
 		if *p == 0 {
-			if *p, err = freePort(); err != nil {
+			if *p, err = freeport.Port(); err != nil {
 				return nil, err
 			}
 		}
@@ -595,13 +596,4 @@ func hostIP() (string, error) {
 		}
 	}
 	return "", fmt.Errorf("no global IPv4 address for the kubelet's node IP (have %v)", addrs)
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
