@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path"
@@ -28,6 +27,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/test/framework/controlplane"
 	"github.com/tessera-gpu/tessera/test/framework/extenderenv"
+	"github.com/tessera-gpu/tessera/test/framework/freeport"
 )
 
 // envScheduler names a tessera-scheduler binary (make scheduler's
@@ -408,13 +408,12 @@ func schedulerBinary(t *testing.T) string {
 	return bin
 }
 
-// freePort returns a loopback TCP port nothing listens on now.
+// freePort returns a TCP port nothing listens on now (freeport.Port).
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freeport.Port()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }
