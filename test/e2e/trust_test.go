@@ -66,7 +66,10 @@ func TestTrustBoundary(t *testing.T) {
 		// after a slice left would meet the release race of issue 17.)
 		squat := create(t, tenant, ns, cases[0].spec)
 		waitRunning(t, c, ns, squat.Name, 60*time.Second)
-		waitIgnoredEvent(t, c, ns, squat.Name, api.AnnotationAssignment)
+		waitIgnoredEvent(t, c, ns, squat.Name, api.AnnotationAssignment, "")
+		// The node agent says so too: its Events are allowed by
+		// deploy/node's RBAC (it was refused them before 2026-11-29).
+		waitIgnoredEvent(t, c, ns, squat.Name, api.AnnotationAssignment, "tessera-node ")
 		time.Sleep(3 * time.Second) // longer than the agent's pod-watch reaction
 		create(t, tenant, ns, podSpec{name: "whole-8", gpus: 8, node: "a100-2"})
 		waitRunning(t, c, ns, "whole-8", 60*time.Second)
@@ -119,7 +122,7 @@ func TestTrustBoundary(t *testing.T) {
 			}
 			time.Sleep(500 * time.Millisecond)
 		}
-		waitIgnoredEvent(t, c, qns, forged.name, api.AnnotationGangPlan)
+		waitIgnoredEvent(t, c, qns, forged.name, api.AnnotationGangPlan, "")
 
 		// No pod of either namespace failed.
 		for _, n := range []string{ns, qns} {
@@ -231,7 +234,10 @@ func removePolicy(t *testing.T, c *nodesim.Cluster) {
 	}
 }
 
-func waitIgnoredEvent(t *testing.T, c *nodesim.Cluster, ns, pod, annotation string) {
+// waitIgnoredEvent waits for a Warning IgnoredAnnotation on the pod naming
+// annotation, from the component whose name starts the message (from; ""
+// for any component).
+func waitIgnoredEvent(t *testing.T, c *nodesim.Cluster, ns, pod, annotation, from string) {
 	t.Helper()
 	var seen []string
 	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
@@ -242,13 +248,13 @@ func waitIgnoredEvent(t *testing.T, c *nodesim.Cluster, ns, pod, annotation stri
 		seen = seen[:0]
 		for _, e := range evs.Items {
 			seen = append(seen, e.Reason+": "+e.Message)
-			if e.Type == v1.EventTypeWarning && e.Reason == "IgnoredAnnotation" && strings.Contains(e.Message, annotation) {
+			if e.Type == v1.EventTypeWarning && e.Reason == "IgnoredAnnotation" && strings.Contains(e.Message, annotation) && strings.HasPrefix(e.Message, from) {
 				return true, nil
 			}
 		}
 		return false, nil
 	})
 	if err != nil {
-		t.Errorf("pod %s/%s: no Warning IgnoredAnnotation naming %s (events %q)", ns, pod, annotation, seen)
+		t.Errorf("pod %s/%s: no Warning IgnoredAnnotation naming %s from %q (events %q)", ns, pod, annotation, from, seen)
 	}
 }
