@@ -153,9 +153,13 @@ func hints(members []*corev1.Pod) (rt reserve.Runtime, preemptible bool) {
 }
 
 // occupants are the pods of st as a reservation made at since sees them
-// (holder's own planned members left out), with the pods they stand for.
-func (p *GangPlanner) occupants(st Node, holder map[types.UID]bool, since time.Time) ([]reserve.Occupant, []*corev1.Pod) {
-	now := p.now()
+// at now (holder's own planned members left out), with the pods they stand
+// for. Nodes compared with each other must be seen at the same now: pods
+// started in the same second (StartTime has seconds) then drain at the same
+// time, and the tie goes to the node held before; a clock read per node
+// made the later-read node drain a few microseconds sooner, and a
+// reservation hopped between such nodes pass after pass.
+func (p *GangPlanner) occupants(st Node, holder map[types.UID]bool, since, now time.Time) ([]reserve.Occupant, []*corev1.Pod) {
 	var occ []reserve.Occupant
 	var pods []*corev1.Pod
 	gpusOf := st.Occupants()
@@ -389,7 +393,7 @@ func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, de
 			cfg.ReserveAfter, strings.Join(r.nodes, ", "), since.Add(hold).UTC().Format(time.RFC3339))
 	}
 	if r.window.Known {
-		msg += fmt.Sprintf("; by the pods' expected run times it starts in %s", r.window.In.Round(time.Second))
+		msg += "; by the pods' expected run times it starts " + startsAt(r.window, r.at)
 	}
 	if evicting != "" {
 		msg += "; " + evicting
@@ -398,6 +402,17 @@ func (p *GangPlanner) reserve(key string, g *api.Gang, members []*corev1.Pod, de
 		p.events.Eventf(m, corev1.EventTypeNormal, api.EventReserved, "tessera: %s", msg)
 	}
 	return msg
+}
+
+// startsAt says when a reservation whose window is w as of at starts by
+// the expected run times of the pods on its nodes ("at <time>", or "now"):
+// a time, not a count down, so that its Event is the same pass after pass
+// (and told once) while those pods and their hints stay the same.
+func startsAt(w reserve.Window, at time.Time) string {
+	if w.In <= 0 {
+		return "now"
+	}
+	return "at " + at.Add(w.In).UTC().Format(time.RFC3339)
 }
 
 // soonest plans the workload on the fewest nodes that will hold it
@@ -415,11 +430,12 @@ func (p *GangPlanner) soonest(snap Snapshot, g *api.Gang, members []*corev1.Pod,
 		}
 	}
 	view := make([]reserve.Node, len(candidates))
+	now := p.now()
 	for i, st := range candidates {
 		view[i] = reserve.Node{Name: st.Name(), GPUs: st.GPUCount(), Held: held[st.Name()],
 			Occupants: []reserve.Occupant{{GPUs: st.GPUCount() - st.FreeGPUs()}}}
 		if p.reservation.Backfill {
-			view[i].Occupants, _ = p.occupants(st, nil, p.now())
+			view[i].Occupants, _ = p.occupants(st, nil, now, now)
 		}
 	}
 	nodes := make([]Node, len(candidates))
@@ -466,16 +482,17 @@ func (p *GangPlanner) fill(key string, r *reservation, snap Snapshot) (leaving m
 	}
 	var held []reserve.Node
 	var owners [][]*corev1.Pod
+	now := p.now()
 	for _, n := range r.nodes {
 		st, ok := snap[n]
 		if !ok {
 			continue
 		}
-		occ, pods := p.occupants(st, holder, r.since)
+		occ, pods := p.occupants(st, holder, r.since, now)
 		held = append(held, reserve.Node{Name: n, GPUs: st.GPUCount(), Occupants: occ})
 		owners = append(owners, pods)
 	}
-	r.window, r.at = reserve.Start(held), p.now()
+	r.window, r.at = reserve.Start(held), now
 	if !p.reservation.Backfill && !p.reservation.Preemptible {
 		return nil, none
 	}
@@ -569,8 +586,8 @@ func (p *GangPlanner) backfill(key string, g *api.Gang, members []*corev1.Pod, d
 		}
 		switch how {
 		case reserve.Backfilled:
-			msg = fmt.Sprintf("planned on room reserved for %s: by its expected run time (%s) it ends before that reservation starts (in %s); if it runs past it when the reservation can start, it is evicted",
-				holder, rt.Duration, r.window.In.Round(time.Second))
+			msg = fmt.Sprintf("planned on room reserved for %s: by its expected run time (%s) it ends before that reservation starts (%s); if it runs past it when the reservation can start, it is evicted",
+				holder, rt.Duration, startsAt(r.window, r.at))
 		default:
 			msg = fmt.Sprintf("planned on room reserved for %s as a preemptible workload: it is evicted when that reservation fills", holder)
 		}
@@ -606,6 +623,7 @@ func (p *GangPlanner) held(snap Snapshot, uses []*Use, since time.Time, leaving 
 	}
 	free := map[string]int{}
 	capped := map[string]bool{}
+	now := p.now()
 	for _, u := range uses {
 		st, ok := snap[u.Node]
 		if !ok {
@@ -615,7 +633,7 @@ func (p *GangPlanner) held(snap Snapshot, uses []*Use, since time.Time, leaving 
 			continue
 		}
 		free[u.Node] = st.FreeGPUs()
-		occ, pods := p.occupants(st, holder, since)
+		occ, pods := p.occupants(st, holder, since, now)
 		for k, o := range occ {
 			pod := pods[k]
 			if pod != nil && (leaving[pod.UID] || pod.DeletionTimestamp != nil) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -206,7 +207,7 @@ func TestReservationBackfill(t *testing.T) {
 		planned bool
 		event   string
 	}{
-		{"ends before", planner.ReservationConfig{ReserveAfter: time.Minute, Backfill: true}, tenMinutes, map[string]string{api.AnnotationExpectedRuntime: "8m"}, true, "by its expected run time (8m0s) it ends before that reservation starts (in 9m0s)"},
+		{"ends before", planner.ReservationConfig{ReserveAfter: time.Minute, Backfill: true}, tenMinutes, map[string]string{api.AnnotationExpectedRuntime: "8m"}, true, "by its expected run time (8m0s) it ends before that reservation starts (at 2026-01-01T00:09:00Z)"},
 		{"ends after", planner.ReservationConfig{ReserveAfter: time.Minute, Backfill: true}, tenMinutes, map[string]string{api.AnnotationExpectedRuntime: "10m"}, false, ""},
 		{"no estimate", planner.ReservationConfig{ReserveAfter: time.Minute, Backfill: true}, tenMinutes, nil, false, ""},
 		{"the reservation's start is unknown", planner.ReservationConfig{ReserveAfter: time.Minute, Backfill: true}, nil, map[string]string{api.AnnotationExpectedRuntime: "1m"}, false, ""},
@@ -493,5 +494,47 @@ func TestReservationLeavesPlannedPodsTheirGPUs(t *testing.T) {
 				t.Errorf("the planned pod does not fit its node once reserved for w: %v (pending whole GPUs %d)", got, st.PendingWhole)
 			}
 		})
+	}
+}
+
+// Four nodes whose pods started in the same second with the same expected
+// run time drain at the same moment: the reservation keeps the nodes it
+// chose, pass after pass, and tells its members once. On make demo it
+// hopped between such nodes on every pass (a clock read per node made
+// whichever node was read later drain microseconds sooner), and the
+// Event's count down ("starts in 1h59m33s") made a new Event every pass.
+func TestReservationStaysOnNodesThatDrainTogether(t *testing.T) {
+	f := newGangFixture(t, testbuild.EightGPUNodes(4)...)
+	var ticks atomic.Int64 // a clock that moves on every read, as a real one does
+	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
+		Events: f.events, Now: func() time.Time { return f.now.Add(time.Duration(ticks.Add(1)) * time.Microsecond) },
+		Reservation: planner.ReservationConfig{ReserveAfter: time.Minute, Backfill: true}})
+	for i := range 4 {
+		f.running(fmt.Sprintf("small-%d", i), fmt.Sprintf("n%d", i), 1, f.now.Add(-time.Minute), map[string]string{api.AnnotationExpectedRuntime: "2h"})
+	}
+	for i := range 2 {
+		f.member("big", 2, i, 8, f.now.Add(-2*time.Minute))
+	}
+	for range 10 {
+		f.sync()
+		f.now = f.now.Add(2 * time.Second)
+	}
+	var reserved, waiting []string
+	for _, e := range f.events.Events {
+		switch {
+		case strings.HasPrefix(e, api.EventReserved+": "):
+			reserved = append(reserved, e)
+		case strings.HasPrefix(e, "GangWaiting: "):
+			waiting = append(waiting, e)
+		}
+	}
+	if len(waiting) != 2 {
+		t.Errorf("%d GangWaiting Events after ten passes, want 2 (one per member):\n%s", len(waiting), strings.Join(waiting, "\n"))
+	}
+	if len(reserved) != 2 {
+		t.Fatalf("%d Reserved Events after ten passes, want 2 (one per member):\n%s", len(reserved), strings.Join(reserved, "\n"))
+	}
+	if want := "nodes n0, n1 are reserved"; !strings.Contains(reserved[0], want) || !strings.Contains(reserved[0], "it starts at 2026-01-01T01:59:00Z") {
+		t.Errorf("Reserved Event %q: want %q (ties go by name) and the start by the pods' hints", reserved[0], want)
 	}
 }
