@@ -133,18 +133,24 @@ func localCluster(o options) error {
 	}()
 	say("cluster up: %d nodes with %s", len(nodes), describeNodes(nodes))
 	say("extender flags beyond the product's defaults: %s", strings.Join(extArgs, " "))
+	// The sample pods' lines only when the sample workload is submitted.
+	samples := `  kubectl get pod -n inference llm-7b-0 -o jsonpath='{.metadata.annotations.tessera\.dev/assignment}'
+  kubectl tessera status; kubectl tessera explain -n notebooks notebook-4   (make plugin; PATH=$PWD/bin:$PATH)
+`
+	if !o.workload {
+		samples = `  kubectl tessera status; kubectl tessera explain -n <namespace> <pod>   (make plugin; PATH=$PWD/bin:$PATH)
+`
+	}
 	fmt.Printf(`
   kubeconfig: %s
   logs:       %s
 
   export KUBECONFIG=%s %s=%s %s=%s
   kubectl get nodes,pods -A -o wide
-  kubectl get pod -n inference llm-7b-0 -o jsonpath='{.metadata.annotations.tessera\.dev/assignment}'
-  kubectl tessera status; kubectl tessera explain -n notebooks notebook-4   (make plugin; PATH=$PWD/bin:$PATH)
-  what a node's runtime gave each container (NRI adjustments): %s/<pod-uid>.json
+%s  what a node's runtime gave each container (NRI adjustments): %s/<pod-uid>.json
 
 `, c.Kubeconfig(), filepath.Join(c.Dir, "logs"), c.Kubeconfig(), api.EnvKubectlExtender, c.ExtenderURL(), api.EnvKubectlExtenderCA, c.ExtenderCAFile(),
-		nodesim.RecordDir(c.NodeStateDir(nodes[0].Name)))
+		samples, nodesim.RecordDir(c.NodeStateDir(nodes[0].Name)))
 	want := 0
 	if o.workload {
 		if want, err = submitWorkload(ctx, c, say); err != nil {
