@@ -10,6 +10,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/api"
@@ -200,6 +203,17 @@ func FuzzGangOf(f *testing.F) {
 		{label: "a", volcano: "a", hasLabel: true, hasVolcano: true},
 		{volcano: "a", gang: "b", min: "1", hasVolcano: true, hasGang: true, hasMin: true},
 		{volcano: "t", min: "0", topology: "rack:required", hasVolcano: true, hasMin: true, hasTopology: true},
+		// Lax spellings of numbers, invalid names, gang-only annotations
+		// without a gang.
+		{gang: "t", min: " 2", hasGang: true, hasMin: true},
+		{gang: "t", min: "02", max: "+4", timeout: " 30", hasGang: true, hasMin: true, hasMax: true, hasTimeout: true},
+		{gang: "t", min: "2", timeout: "030", hasGang: true, hasMin: true, hasTimeout: true},
+		{gang: "Not_A Valid/Name", min: "2", hasGang: true, hasMin: true},
+		{label: "Train", hasLabel: true},
+		{volcano: "a.b-c", min: "1", hasVolcano: true, hasMin: true},
+		{min: "2", hasMin: true},
+		{max: "2", timeout: "30", hasMax: true, hasTimeout: true},
+		{topology: "rack", hasTopology: true},
 	} {
 		f.Add(s.label, s.gang, s.min, s.max, s.timeout, s.topology, s.volcano, s.volcano2, s.hasLabel, s.hasGang, s.hasMin, s.hasMax, s.hasTimeout, s.hasTopology, s.hasVolcano, s.hasVolcano2)
 	}
@@ -220,8 +234,12 @@ func FuzzGangOf(f *testing.F) {
 		set(pod.Annotations, hasVolcano2, api.AnnotationVolcanoGroupNameV2, volcano2)
 
 		g, ok, err := api.GangOf(pod)
-		if ok != (hasLabel || hasGang || hasVolcano || hasVolcano2) {
-			t.Fatalf("ok = %v for label %v, annotations %v (tessera), %v, %v (Volcano)", ok, hasLabel, hasGang, hasVolcano, hasVolcano2)
+		declared := hasLabel || hasGang || hasVolcano || hasVolcano2
+		if gangOnly := hasMin || hasMax || hasTimeout || hasTopology; !declared && gangOnly && err == nil {
+			t.Fatalf("gang-only annotations %v taken without a gang", pod.Annotations)
+		}
+		if ok != (declared || err != nil) {
+			t.Fatalf("ok = %v, err %v for label %v, annotations %v (tessera), %v, %v (Volcano)", ok, err, hasLabel, hasGang, hasVolcano, hasVolcano2)
 		}
 		if err != nil {
 			if !errors.Is(err, api.ErrInvalidGang) || !strings.Contains(err.Error(), "ml/worker-0") {
@@ -238,6 +256,23 @@ func FuzzGangOf(f *testing.F) {
 		}
 		if strings.TrimSpace(g.Name) == "" || g.Timeout <= 0 || g.MinMember < 0 || (g.Source == api.GangFromAnnotations && g.MinMember < 1) || g.MaxMember < 0 || g.CheckSize() != nil {
 			t.Fatalf("parsed an invalid gang: %+v", g)
+		}
+		if errs := validation.IsDNS1123Subdomain(g.Name); len(errs) > 0 {
+			t.Fatalf("took the gang name %q: %v", g.Name, errs)
+		}
+		// Each number parses from its one plain spelling only.
+		for _, n := range []struct {
+			on        bool
+			text, key string
+			got       int64
+		}{
+			{hasMin, min, api.AnnotationGangMinMember, int64(g.MinMember)},
+			{hasMax, max, api.AnnotationGangMaxMember, int64(g.MaxMember)},
+			{hasTimeout, timeout, api.AnnotationGangTimeout, int64(g.Timeout / time.Second)},
+		} {
+			if n.on && n.text != fmt.Sprint(n.got) {
+				t.Fatalf("%s=%q taken as %d: a spelling other than %q", n.key, n.text, n.got, fmt.Sprint(n.got))
+			}
 		}
 		seen := map[string]bool{}
 		for _, l := range g.Levels {
@@ -742,6 +777,31 @@ func FuzzParseGPUCount(f *testing.F) {
 		}
 		if got, set, err := api.GetGPUCount(map[string]string{api.AnnotationGPUCount: value}); got != n || !set || err != nil {
 			t.Fatalf("GetGPUCount(%q) = %d, %v, %v; ParseGPUCount said %d", value, got, set, err, n)
+		}
+	})
+}
+
+func FuzzParseDecimal(f *testing.F) {
+	for _, s := range []string{"1", "0", "2", "16", "30", "", "00", "02", " 2", "2 ", "+2", "-1", "2.0", "2e0", "0x2", "２", "9223372036854775807", "9223372036854775808", "99999999999999999999"} {
+		f.Add(s, int64(0), int64(math.MaxInt64))
+		f.Add(s, int64(1), int64(16))
+	}
+	f.Fuzz(func(t *testing.T, value string, lo, hi int64) {
+		if lo < 0 || hi < lo {
+			return
+		}
+		n, err := api.ParseDecimal(value, lo, hi)
+		if err != nil {
+			if n != 0 || err.Error() == "" {
+				t.Fatalf("ParseDecimal(%q, %d, %d) = %d, %q", value, lo, hi, n, err)
+			}
+			return
+		}
+		if n < lo || n > hi {
+			t.Fatalf("ParseDecimal(%q, %d, %d) = %d, outside", value, lo, hi, n)
+		}
+		if value != strconv.FormatInt(n, 10) {
+			t.Fatalf("ParseDecimal(%q) = %d: accepted a spelling other than %q", value, n, strconv.FormatInt(n, 10))
 		}
 	})
 }

@@ -153,10 +153,37 @@ func (g *Gang) Key() string { return g.Namespace + "/" + g.Name }
 // ErrInvalidGang marks a malformed gang declaration.
 var ErrInvalidGang = errors.New("invalid gang declaration")
 
+// gangOnlyAnnotations are the annotations that mean something only on a
+// member of a gang: on a pod that declares none, GangOf refuses them (the
+// pod would run alone, as its author did not mean).
+var gangOnlyAnnotations = []string{AnnotationGangMinMember, AnnotationGangMaxMember, AnnotationGangTimeout, AnnotationGangTopology}
+
+// MaxGangMembers bounds AnnotationGangMinMember and AnnotationGangMaxMember,
+// as a PodGroup's spec.minMember (an int32) is bounded.
+const MaxGangMembers = math.MaxInt32
+
+// parseMembers parses a value of AnnotationGangMinMember or
+// AnnotationGangMaxMember: 1..MaxGangMembers, written plainly
+// (ParseDecimal).
+func parseMembers(v string) (int, error) {
+	n, err := ParseDecimal(v, 1, MaxGangMembers)
+	return int(n), err
+}
+
 // GangOf returns the gang a pod belongs to; ok is false for a pod in none.
-// A pod that names its gang more than one way must name the same gang each
-// time, and may not name both a scheduler-plugins and a Volcano PodGroup
-// (which object would hold its size is then ambiguous).
+// A malformed declaration is an ErrInvalidGang with ok true (and no gang):
+// the pod is held as a gang's, never taken as a plain pod. It is malformed
+// when:
+//   - it names its gang more than one way and not the same gang each time,
+//     or names both a scheduler-plugins and a Volcano PodGroup (which object
+//     would hold its size is then ambiguous);
+//   - the gang's name is not a DNS-1123 subdomain (the name of a PodGroup
+//     object; the gang's name is part of the keys Tessera files it under);
+//   - a size, cap or timeout is not a plain decimal in its range
+//     (ParseDecimal: " 2", "+2" and "02" are refused);
+//   - it carries a gang-only annotation (AnnotationGangMinMember,
+//     AnnotationGangMaxMember, AnnotationGangTimeout,
+//     AnnotationGangTopology) but declares no gang.
 func GangOf(pod *corev1.Pod) (g *Gang, ok bool, err error) {
 	type decl struct{ key, name string }
 	var decls []decl
@@ -171,11 +198,17 @@ func GangOf(pod *corev1.Pod) (g *Gang, ok bool, err error) {
 	if v, set := pod.Annotations[AnnotationGang]; set {
 		decls = append(decls, decl{"annotation " + AnnotationGang, v})
 	}
-	if len(decls) == 0 {
-		return nil, false, nil
-	}
 	fail := func(format string, a ...any) (*Gang, bool, error) {
 		return nil, true, fmt.Errorf("pod %s/%s: %w: %s", pod.Namespace, pod.Name, ErrInvalidGang, fmt.Sprintf(format, a...))
+	}
+	if len(decls) == 0 {
+		for _, k := range gangOnlyAnnotations {
+			if _, set := pod.Annotations[k]; set {
+				return fail("annotation %s needs a gang: annotation %s (or a PodGroup: label %s, or annotation %s)",
+					k, AnnotationGang, LabelPodGroup, AnnotationVolcanoGroupName)
+			}
+		}
+		return nil, false, nil
 	}
 	for _, d := range decls[1:] {
 		if d.name != decls[0].name {
@@ -200,19 +233,22 @@ func GangOf(pod *corev1.Pod) (g *Gang, ok bool, err error) {
 	if strings.TrimSpace(g.Name) == "" {
 		return fail("the gang name (%s) is empty", decls[0].key)
 	}
+	if errs := validation.IsDNS1123Subdomain(g.Name); len(errs) > 0 {
+		return fail("the gang name %q (%s) is not a valid name: %s", g.Name, decls[0].key, strings.Join(errs, "; "))
+	}
 	if v, set := pod.Annotations[AnnotationGangMinMember]; set {
-		n, err := strconv.Atoi(strings.TrimSpace(v))
-		if err != nil || n < 1 {
-			return fail("%s=%q: want an integer of at least 1", AnnotationGangMinMember, v)
+		n, err := parseMembers(v)
+		if err != nil {
+			return fail("%s=%q is not a number of members: %v", AnnotationGangMinMember, v, err)
 		}
 		g.MinMember = n
 	} else if g.Source == GangFromAnnotations {
 		return fail("%s is required with %s", AnnotationGangMinMember, AnnotationGang)
 	}
 	if v, set := pod.Annotations[AnnotationGangMaxMember]; set {
-		n, err := strconv.Atoi(strings.TrimSpace(v))
-		if err != nil || n < 1 {
-			return fail("%s=%q: want an integer of at least 1", AnnotationGangMaxMember, v)
+		n, err := parseMembers(v)
+		if err != nil {
+			return fail("%s=%q is not a number of members: %v", AnnotationGangMaxMember, v, err)
 		}
 		g.MaxMember = n
 		if err := g.CheckSize(); err != nil {
@@ -220,9 +256,9 @@ func GangOf(pod *corev1.Pod) (g *Gang, ok bool, err error) {
 		}
 	}
 	if v, set := pod.Annotations[AnnotationGangTimeout]; set {
-		s, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-		if err != nil || s < 1 || s > MaxGangTimeoutSeconds {
-			return fail("%s=%q: want a number of seconds from 1 to %d", AnnotationGangTimeout, v, MaxGangTimeoutSeconds)
+		s, err := ParseDecimal(v, 1, MaxGangTimeoutSeconds)
+		if err != nil {
+			return fail("%s=%q is not a number of seconds: %v", AnnotationGangTimeout, v, err)
 		}
 		g.Timeout = time.Duration(s) * time.Second
 	}

@@ -1,9 +1,6 @@
 package api
 
-import (
-	"fmt"
-	"strconv"
-)
+import "fmt"
 
 // AnnotationGPUCount, set on a pod, asks that each of its shared containers'
 // slices (tessera.dev/gpu-memory, tessera.dev/gpu-core) be split evenly over
@@ -21,38 +18,14 @@ const AnnotationGPUCount = Domain + "/gpu-count"
 const MaxGPUCount = 16
 
 // ParseGPUCount parses an AnnotationGPUCount value: a decimal integer of
-// 1..MaxGPUCount written with ASCII digits only, without sign, space,
-// leading zero or exponent ("2", not " 2", "+2", "02", "2.0" or "2e0"). The
-// error names the annotation.
+// 1..MaxGPUCount written plainly (ParseDecimal: "2", not " 2", "+2", "02",
+// "2.0" or "2e0"). The error names the annotation.
 func ParseGPUCount(value string) (int, error) {
-	bad := func(why string) (int, error) {
-		return 0, fmt.Errorf("annotation %s: %q is not a GPU count: %s", AnnotationGPUCount, value, why)
-	}
-	if value == "" {
-		return bad("empty")
-	}
-	for i := 0; i < len(value); i++ {
-		if value[i] < '0' || value[i] > '9' {
-			return bad("write a whole number of GPUs with the digits 0-9 only")
-		}
-	}
-	if len(value) > 2 {
-		return bad(fmt.Sprintf("must be 1..%d", MaxGPUCount))
-	}
-	if value[0] == '0' {
-		if value == "0" {
-			return bad(fmt.Sprintf("must be 1..%d", MaxGPUCount))
-		}
-		return bad("no leading zero")
-	}
-	n, err := strconv.Atoi(value)
+	n, err := ParseDecimal(value, 1, MaxGPUCount)
 	if err != nil {
-		return bad(err.Error())
+		return 0, fmt.Errorf("annotation %s: %q is not a GPU count: %w", AnnotationGPUCount, value, err)
 	}
-	if n < 1 || n > MaxGPUCount {
-		return bad(fmt.Sprintf("must be 1..%d", MaxGPUCount))
-	}
-	return n, nil
+	return int(n), nil
 }
 
 // GetGPUCount returns a pod's AnnotationGPUCount: 1 and set false when the

@@ -2,8 +2,10 @@
 // and queues: a pod that declares a gang (api.GangOf) is created with the
 // scheduling gate api.SchedulingGateGang, so kube-scheduler leaves it alone
 // until the gang planner has placed the whole gang and lifts the gate. A
-// malformed gang declaration, and a GPU request the extender could never
-// place (extender.ParseDemand: gpureq's rules, a malformed
+// malformed gang declaration (api.GangOf: gangs named differently, a gang
+// name that is no DNS-1123 subdomain, a size, cap or timeout not written
+// as a plain decimal, gang-only annotations on a pod that declares no
+// gang), and a GPU request the extender could never place (extender.ParseDemand: gpureq's rules, a malformed
 // tessera.dev/nvlink or tessera.dev/gpu-model), are refused at creation
 // with the reason. A GPU
 // pod outside any gang, in a namespace a Queue serves, is created with

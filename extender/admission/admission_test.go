@@ -113,6 +113,24 @@ func TestReview(t *testing.T) {
 		{name: "update passes", req: makePod().Gang("train", "4").Request(admissionv1.Update)},
 		{name: "malformed declaration", req: makePod().Gang("train", "").Request(admissionv1.Create), wantDeny: "ml/w-0: invalid gang declaration: tessera.dev/gang-min-member is required"},
 		{name: "malformed declaration of a controller's pod", req: makePod().Generated("big-").Gang("big", "").Request(admissionv1.Create), wantDeny: "pod ml/big-(generated): invalid gang declaration: tessera.dev/gang-min-member is required"},
+		// Gang-only annotations without a gang, sizes not written plainly
+		// and gang names that are no object name are refused: taken
+		// silently, the pod ran alone or in another gang than meant.
+		{name: "size without a gang", req: makePod().Annotate(api.AnnotationGangMinMember, "2").Request(admissionv1.Create), wantDeny: "pod ml/w-0: invalid gang declaration: annotation tessera.dev/gang-min-member needs a gang: annotation tessera.dev/gang"},
+		{name: "cap without a gang", req: makePod().Annotate(api.AnnotationGangMaxMember, "4").Request(admissionv1.Create), wantDeny: "annotation tessera.dev/gang-max-member needs a gang"},
+		{name: "timeout without a gang", req: makePod().Annotate(api.AnnotationGangTimeout, "60").Request(admissionv1.Create), wantDeny: "annotation tessera.dev/gang-timeout-seconds needs a gang"},
+		{name: "topology without a gang", req: makePod().Annotate(api.AnnotationGangTopology, "rack").Gates(api.SchedulingGateGang).Request(admissionv1.Create), wantDeny: "annotation tessera.dev/gang-topology needs a gang"},
+		{name: "size with a space", req: makePod().Gang("train", " 2").Request(admissionv1.Create), wantDeny: `pod ml/w-0: invalid gang declaration: tessera.dev/gang-min-member=" 2" is not a number of members: write a whole number with the digits 0-9 only`},
+		{name: "size with a sign", req: makePod().Gang("train", "+2").Request(admissionv1.Create), wantDeny: `tessera.dev/gang-min-member="+2" is not a number of members`},
+		{name: "size with a leading zero", req: makePod().Gang("train", "02").Request(admissionv1.Create), wantDeny: `tessera.dev/gang-min-member="02" is not a number of members: no leading zero`},
+		{name: "gang name not an object name", req: makePod().Gang("Not_A Valid/Name", "2").Request(admissionv1.Create), wantDeny: `pod ml/w-0: invalid gang declaration: the gang name "Not_A Valid/Name" (annotation tessera.dev/gang) is not a valid name`},
+		{name: "PodGroup label not a PodGroup name", req: makePod().PodGroup("Train_1").Request(admissionv1.Create), wantDeny: `the gang name "Train_1" (label scheduling.x-k8s.io/pod-group) is not a valid name`},
+		// A PodGroup's member may set its size: it is gated, and waits for
+		// its PodGroup all the same (the planner reads it).
+		{name: "PodGroup member with a size", req: makePod().PodGroup("train").Annotate(api.AnnotationGangMinMember, "1").Request(admissionv1.Create), wantPatch: `[{"op":"add","path":"/spec/schedulingGates","value":[` + gate + `]}]`},
+		// The gang gate on a pod that declares no gang: a plain pod,
+		// admitted as it is (the planner lifts the gate).
+		{name: "gang gate without a gang", req: makePod().Gates(api.SchedulingGateGang).Request(admissionv1.Create)},
 		{name: "malformed expected run time", req: makePod().Annotate(api.AnnotationExpectedRuntime, "garbage").Request(admissionv1.Create), wantDeny: `pod ml/w-0: annotation tessera.dev/expected-runtime: "garbage" is not a duration of hours, minutes and seconds`},
 		{name: "malformed preemptible", req: makePod().Annotate(api.AnnotationPreemptible, "perhaps").Request(admissionv1.Create), wantDeny: `pod ml/w-0: annotation tessera.dev/preemptible: "perhaps" is neither "true" nor "false"`},
 		{name: "a slice", req: makePod().Container(map[corev1.ResourceName]string{api.ResourceGPUMemory: "8", api.ResourceGPUCore: "30"}).Request(admissionv1.Create)},
@@ -213,6 +231,10 @@ func TestReviewQueued(t *testing.T) {
 		{"GPU pod in a queued namespace", gpu(makePod()).Request(admissionv1.Create), queued, api.SchedulingGateQueue},
 		{"gang member in a queued namespace", gpu(makePod()).Gang("g", "2").Request(admissionv1.Create), queued, api.SchedulingGateGang},
 		{"already gated by its user", gpu(makePod()).Gates(api.SchedulingGateQueue).Request(admissionv1.Create), queued, ""},
+		// The gang gate its user added declares no gang: the queue's gate
+		// still holds it (the planner lifts the gang's, never the queue's,
+		// without the queue's admission).
+		{"gang gate without a gang in a queued namespace", gpu(makePod()).Gates(api.SchedulingGateGang).Request(admissionv1.Create), queued, api.SchedulingGateQueue},
 		{"pod without a GPU", makePod().Request(admissionv1.Create), queued, ""},
 		{"namespace no Queue serves", gpu(makePod()).Request(admissionv1.Create), func(string) bool { return false }, ""},
 		{"no queues at all", gpu(makePod()).Request(admissionv1.Create), nil, ""},
