@@ -251,7 +251,8 @@ func TestBindWaitsUntilTheNodeOffersTheGPU(t *testing.T) {
 
 // A gang member without a plan passes no node and is not bound, whether
 // or not it carries the gate (the webhook may be absent or fail open): no
-// member is ever bound alone.
+// member is ever bound alone. Nor is a pod whose gang declaration is
+// malformed.
 func TestUnplannedGangMemberPassesNoNode(t *testing.T) {
 	nodes := []*corev1.Node{testbuild.Node("a").GPUs(8, "A100", 40960).Obj()}
 	member := testbuild.Pod("m").Whole(1).Obj()
@@ -260,7 +261,18 @@ func TestUnplannedGangMemberPassesNoNode(t *testing.T) {
 	malformed := testbuild.Pod("bad").Whole(1).Obj()
 	malformed.Annotations[api.AnnotationGang] = "g"
 	malformed.Annotations[api.AnnotationGangMinMember] = "two"
-	f := newFixture(t, nodes, nil, member, malformed)
+	// Declarations admission refuses, on pods that got past it (created
+	// before, or the webhook not installed): held, never taken as valid
+	// nor as plain pods.
+	spaced := testbuild.Pod("spaced").Whole(1).Obj()
+	spaced.Annotations[api.AnnotationGang] = "g"
+	spaced.Annotations[api.AnnotationGangMinMember] = " 2"
+	badName := testbuild.Pod("badname").Whole(1).Obj()
+	badName.Annotations[api.AnnotationGang] = "Not_A Valid/Name"
+	badName.Annotations[api.AnnotationGangMinMember] = "2"
+	noGang := testbuild.Pod("nogang").Whole(1).Obj()
+	noGang.Annotations[api.AnnotationGangMinMember] = "1"
+	f := newFixture(t, nodes, nil, member, malformed, spaced, badName, noGang)
 	names := []string{"a"}
 	for _, tc := range []struct {
 		pod  *corev1.Pod
@@ -268,6 +280,9 @@ func TestUnplannedGangMemberPassesNoNode(t *testing.T) {
 	}{
 		{member, "gang default/g is placed whole by Tessera's gang planner, and this member is not planned yet"},
 		{malformed, "gang-min-member"},
+		{spaced, `tessera.dev/gang-min-member=" 2" is not a number of members`},
+		{badName, `the gang name "Not_A Valid/Name" (annotation tessera.dev/gang) is not a valid name`},
+		{noGang, "annotation tessera.dev/gang-min-member needs a gang"},
 	} {
 		var res extenderv1.ExtenderFilterResult
 		f.post(t, verbs.PathFilter, &extenderv1.ExtenderArgs{Pod: tc.pod, NodeNames: &names}, &res)

@@ -57,7 +57,7 @@ type GangClient interface {
 }
 
 // KubeGang is the GangClient of a real API server. Dynamic may be nil:
-// PodGroup-declared gangs then need their minMember in a pod annotation.
+// PodGroup-declared gangs then wait (their PodGroup cannot be read).
 type KubeGang struct {
 	Client  kubernetes.Interface
 	Dynamic dynamic.Interface
@@ -624,15 +624,18 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 		return err
 	}
 	if g.Source.FromPodGroup() {
+		// A gang that names a PodGroup waits for it, whatever its members'
+		// annotations say: a size there (tessera.dev/gang-min-member)
+		// overrides the object's, it does not stand for it. (It did: a pod
+		// labelled for a PodGroup that did not exist ran alone with
+		// gang-min-member "1", and waited without it.)
 		pg, err := p.client.GetPodGroup(ctx, g)
-		switch {
-		case err == nil:
-			if err := g.ApplyPodGroup(pg, gr.members[0]); err != nil {
-				p.wait(g.Key(), gatedOf(gr.members), err.Error())
-				return nil
-			}
-		case g.MinMember == 0:
+		if err != nil {
 			p.wait(g.Key(), gatedOf(gr.members), fmt.Sprintf("%s %s cannot be read: %v", g.Source, g.Key(), err))
+			return nil
+		}
+		if err := g.ApplyPodGroup(pg, gr.members[0]); err != nil {
+			p.wait(g.Key(), gatedOf(gr.members), err.Error())
 			return nil
 		}
 	}

@@ -112,6 +112,58 @@ func TestGangVolcanoPodGroupRefused(t *testing.T) {
 	}
 }
 
+// A pod that names a PodGroup waits for it, whatever its annotations say:
+// a size of its own (tessera.dev/gang-min-member) overrides the object's
+// but does not stand in for a PodGroup that is missing (it did: such a pod
+// ran alone, while one without the annotation waited). Once the PodGroup
+// exists, the pod's size wins over the object's.
+func TestGangWaitsForItsPodGroupWhateverItsAnnotations(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		gvr  schema.GroupVersionResource
+		set  func(p *corev1.Pod)
+		want string
+	}{
+		{"scheduler-plugins", api.PodGroupGVR, func(p *corev1.Pod) { p.Labels = map[string]string{api.LabelPodGroup: "train"} }, "PodGroup default/train cannot be read"},
+		{"Volcano", api.VolcanoPodGroupGVR, func(p *corev1.Pod) { p.Annotations[api.AnnotationVolcanoGroupName] = "train" }, "VolcanoPodGroup default/train cannot be read"},
+	} {
+		for _, ann := range []map[string]string{nil, {api.AnnotationGangMinMember: "1"}, {api.AnnotationGangMinMember: "1", api.AnnotationGangTimeout: "60"}} {
+			t.Run(fmt.Sprintf("%s %v", tc.name, ann), func(t *testing.T) {
+				f := newGangFixture(t, testbuild.EightGPUNodes(1)...)
+				f.withPodGroups()
+				p := testbuild.Pod("train-0").Whole(1).Obj()
+				tc.set(p)
+				for k, v := range ann {
+					p.Annotations[k] = v
+				}
+				p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "other.example/gate"}, {Name: api.SchedulingGateGang}}
+				if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				f.sync()
+				f.sync()
+				if s := f.state("train-")["train-0"]; s.planned || !s.gated {
+					t.Fatalf("without its PodGroup: %+v, want it held", s)
+				}
+				if !f.hasEvent(tc.want) {
+					t.Errorf("no Event containing %q: %v", tc.want, f.events.Events)
+				}
+				// The PodGroup appears (asking for 2): the pod's own size,
+				// when it has one, wins.
+				f.withPodGroups(podGroupObject(tc.gvr, "default", "train", map[string]any{"minMember": int64(2)}))
+				f.sync()
+				s := f.state("train-")["train-0"]
+				if ann == nil && (s.planned || !s.gated) {
+					t.Errorf("1 of the PodGroup's 2 members planned: %+v", s)
+				}
+				if ann != nil && (!s.planned || s.gated) {
+					t.Errorf("with its PodGroup and a size of 1: %+v, want it planned", s)
+				}
+			})
+		}
+	}
+}
+
 func (f *gangFixture) hasEvent(want string) bool {
 	f.events.Mu.Lock()
 	defer f.events.Mu.Unlock()
