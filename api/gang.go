@@ -68,7 +68,12 @@ const (
 
 	// SchedulingGateGang holds gang members until the whole gang is
 	// planned. The extender's admission webhook adds it; users may too.
+	// On a pod that declares no gang (GangOf), the gang planner lifts it
+	// with an EventGangGateLifted, unless a queue holds the pod.
 	SchedulingGateGang = Domain + "/gang"
+	// EventGangGateLifted tells a pod that declares no gang that the gang
+	// planner lifted its SchedulingGateGang (a Normal Event).
+	EventGangGateLifted = "GangGateLifted"
 
 	// DefaultGangTimeout applies when neither the PodGroup nor the
 	// annotation gives one.

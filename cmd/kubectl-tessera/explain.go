@@ -81,6 +81,9 @@ func (e *env) explain(ctx context.Context, w io.Writer, namespace, name string) 
 		switch g.Name {
 		case api.SchedulingGateGang:
 			why = "Tessera lifts it once the whole gang is planned"
+			if _, member, _ := api.GangOf(pod); !member {
+				why = "the pod declares no gang: Tessera lifts it; a Queue's pod, once the Queue admits it"
+			}
 		case api.SchedulingGateQueue:
 			why = "Tessera lifts it once the pod's Queue admits it and a node is planned"
 		}

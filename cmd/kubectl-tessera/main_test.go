@@ -193,6 +193,10 @@ func (f fixture) env(t *testing.T) *env {
 		}
 		objs = append(objs, p)
 	}
+	// A pod its user gated for a gang it does not declare.
+	loose := gpuPod("solo", "loose", 0, 0, 0, time.Minute)
+	loose.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: api.SchedulingGateGang}}
+	objs = append(objs, loose)
 	// A pod preemption makes room for: its plan holds the two GPUs of
 	// a100-1 by name while their pods leave.
 	held := gpuPod("hi", "held", 2, 0, 0, time.Minute)
@@ -301,6 +305,8 @@ func TestSubcommands(t *testing.T) {
 			run: func(e *env, b *bytes.Buffer) error { return e.explain(t.Context(), b, "train", "llm") }, golden: "explain-nokey.txt", without: []string{uuid("a1", 0)}},
 		{name: "explain a gang member", fixture: fixture{},
 			run: func(e *env, b *bytes.Buffer) error { return e.explain(t.Context(), b, "team-g", "ring-1") }, golden: "explain-gang.txt"},
+		{name: "explain a pod gated for a gang it does not declare", fixture: fixture{},
+			run: func(e *env, b *bytes.Buffer) error { return e.explain(t.Context(), b, "solo", "loose") }, golden: "explain-loose.txt"},
 		{name: "explain a pod whose plan holds GPUs", fixture: fixture{},
 			run: func(e *env, b *bytes.Buffer) error { return e.explain(t.Context(), b, "hi", "held") }, golden: "explain-held.txt"},
 		{name: "explain an unknown pod", fixture: fixture{},

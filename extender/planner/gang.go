@@ -445,21 +445,28 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 	p.loadStore(ctx)
 	groups := map[string]*group{}
 	malformed := map[string]bool{}
+	var loose []*corev1.Pod
 	for _, pod := range pods {
 		if gpureq.Ended(pod) {
 			continue
 		}
 		g, ok, err := api.GangOf(pod)
 		if !ok {
-			if pod.Spec.NodeName == "" && p.queuedSingle(pod) {
+			switch {
+			case pod.Spec.NodeName != "":
+			case p.queuedSingle(pod):
 				key := api.PodKey(pod.Namespace, pod.Name)
 				single := &api.Gang{Namespace: pod.Namespace, Name: pod.Name, MinMember: 1, Timeout: api.DefaultGangTimeout}
 				groups[key] = &group{gang: single, members: []*corev1.Pod{pod}, oldest: pod.CreationTimestamp.Time, key: key, single: true}
+			case api.HasGangGate(pod):
+				loose = append(loose, pod)
 			}
 			continue
 		}
 		if err != nil {
-			if api.HasGangGate(pod) {
+			// Held, never taken as valid nor as a plain pod (the filter
+			// passes it no node): told why, gated or not, while it waits.
+			if api.HasGangGate(pod) || pod.Spec.NodeName == "" && p.serves(pod) {
 				key := api.PodKey(pod.Namespace, pod.Name)
 				malformed[key] = true
 				p.wait(key, []*corev1.Pod{pod}, err.Error())
@@ -512,6 +519,7 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	})
+	errs = append(errs, p.liftLooseGates(ctx, loose))
 	for key := range p.waiting {
 		if _, live := groups[key]; !live && !malformed[key] {
 			delete(p.waiting, key)
@@ -849,15 +857,62 @@ func (p *GangPlanner) Reservations() int64 { return p.reservations.Load() }
 // queuedSingle reports a pod outside any gang that the planner admits:
 // one held by the queue gate, or a GPU pod of a namespace a Queue serves
 // that its owner ungated (or the webhook, failing open, never gated) and
-// that has no plan yet: the verbs place it only once it is planned.
+// that has no plan yet: the verbs place it only once it is planned. A pod
+// held by the gang gate though it declares no gang is such a pod whoever
+// schedules it (the webhook gives it the queue gate too; without that,
+// lifting the gang's would let it skip its queue), and so is one planned
+// alone (its plan is named after it) whose gang gate is still to lift.
 func (p *GangPlanner) queuedSingle(pod *corev1.Pod) bool {
 	if api.HasQueueGate(pod) {
 		return true
 	}
-	if _, planned := pod.Annotations[api.AnnotationGangPlan]; planned || p.queues == nil || !p.serves(pod) || len(gpureq.QuotaCount(pod)) == 0 {
+	gangGated := api.HasGangGate(pod)
+	if plan, planned, err := api.GetGangPlan(pod.Annotations); planned {
+		return gangGated && err == nil && plan.Gang == pod.Name
+	}
+	if p.queues == nil || !(p.serves(pod) || gangGated) || len(gpureq.QuotaCount(pod)) == 0 {
 		return false
 	}
 	return p.queues.Queued(pod.Namespace)
+}
+
+// liftLooseGates lifts the gang gate of pods that declare no gang (its
+// user added the gate, or removed the gang's annotations while it waited)
+// and that no queue holds (queuedSingle): the gate would hold them for
+// ever, for a gang that does not exist. Each gets a Normal Event
+// (api.EventGangGateLifted) saying why, and is then scheduled as a plain
+// pod: the extender's filter checks its quota as any other's. A plan it
+// carries, of the gang it left, is removed first (its room released), and
+// the gate lifted on a later pass, when the pod is plain: a namespace's
+// Queue then admits it first. A pod with a malformed declaration is none
+// of these: it stays held (Sync).
+func (p *GangPlanner) liftLooseGates(ctx context.Context, pods []*corev1.Pod) error {
+	var errs []error
+	for _, pod := range pods {
+		if api.HasQueueGate(pod) {
+			continue // the queue's to lift, with the gang's (queuedSingle)
+		}
+		if _, planned := pod.Annotations[api.AnnotationGangPlan]; planned {
+			klog.FromContext(ctx).Info("Removing the plan of a pod that left its gang", "pod", klog.KObj(pod))
+			if err := p.clearPlans(ctx, []*corev1.Pod{pod}); err != nil && !apierrors.IsNotFound(err) {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		if err := p.client.RemoveGate(ctx, pod); err != nil {
+			if !apierrors.IsNotFound(err) {
+				errs = append(errs, fmt.Errorf("pod %s/%s: lifting the gang gate of a pod in no gang: %w", pod.Namespace, pod.Name, err))
+			}
+			continue
+		}
+		klog.FromContext(ctx).V(2).Info("Lifted the gang gate of a pod that declares no gang", "pod", klog.KObj(pod))
+		if p.events != nil {
+			p.events.Eventf(pod, corev1.EventTypeNormal, api.EventGangGateLifted,
+				"tessera: no gang declared (no annotation %s, label %s or annotation %s): the gang gate is lifted and the pod is scheduled as a plain pod",
+				api.AnnotationGang, api.LabelPodGroup, api.AnnotationVolcanoGroupName)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // serves reports whether the extender schedules pod (its schedulerName is
@@ -1575,7 +1630,7 @@ func GangTrigger(trigger chan<- struct{}) toolscache.ResourceEventHandler {
 		}
 		_, member, _ := api.GangOf(pod)
 		_, planned := pod.Annotations[api.AnnotationGangPlan]
-		if !member && !planned && !api.HasQueueGate(pod) {
+		if !member && !planned && !api.HasQueueGate(pod) && !api.HasGangGate(pod) {
 			// A pod leaving frees room a waiting gang may need, or is one
 			// a planned workload waits for (awaitingVictims): only
 			// deletions and completions of other pods matter, and the

@@ -3,6 +3,7 @@ package planner_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -670,5 +671,182 @@ func TestStaleSnapshotKeepsTheOrder(t *testing.T) {
 	}
 	if stale.staled != 3 {
 		t.Errorf("%d stale reservations, want 3", stale.staled)
+	}
+}
+
+// looseEvents are the fixture's Events that say a gang gate was lifted.
+func (f *gangFixture) looseEvents() []string {
+	f.events.Mu.Lock()
+	defer f.events.Mu.Unlock()
+	var out []string
+	for _, e := range f.events.Events {
+		if strings.Contains(e, api.EventGangGateLifted) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// withoutGang removes the annotations that declare pod's gang (as
+// `kubectl annotate pod p tessera.dev/gang- tessera.dev/gang-min-member-`
+// does), and those of keep... are left.
+func withoutGang(keep ...string) func(*corev1.Pod) {
+	return func(p *corev1.Pod) {
+		for _, k := range []string{api.AnnotationGang, api.AnnotationGangMinMember, api.AnnotationGangTimeout} {
+			if !slices.Contains(keep, k) {
+				delete(p.Annotations, k)
+			}
+		}
+	}
+}
+
+// The gang gate on a pod that declares no gang held it for ever, with no
+// Event: the planner lifts it (other gates stay) with a Normal Event
+// saying why, once, and the pod is scheduled as a plain pod. A pod whose
+// declaration is malformed is no such pod: it stays held, told why.
+func TestGangGateWithoutAGangIsLifted(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// annotations of pod p at creation; edit, when set, changes it
+		// after a first pass.
+		annotations map[string]string
+		edit        func(*corev1.Pod)
+		lifted      bool
+		event       string // an Event p gets
+	}{
+		{name: "gate its user added", lifted: true, event: "no gang declared"},
+		{name: "gang's annotations removed while it waited", annotations: map[string]string{api.AnnotationGang: "og", api.AnnotationGangMinMember: "2"},
+			edit: withoutGang(), lifted: true, event: "no gang declared"},
+		{name: "gang's annotations removed, its timeout left", annotations: map[string]string{api.AnnotationGang: "og", api.AnnotationGangMinMember: "2", api.AnnotationGangTimeout: "60"},
+			edit: withoutGang(api.AnnotationGangTimeout), event: "annotation tessera.dev/gang-timeout-seconds needs a gang"},
+		{name: "only the gang's name removed", annotations: map[string]string{api.AnnotationGang: "og", api.AnnotationGangMinMember: "2"},
+			edit: withoutGang(api.AnnotationGangMinMember), event: "annotation tessera.dev/gang-min-member needs a gang"},
+		{name: "size with a space", annotations: map[string]string{api.AnnotationGang: "og", api.AnnotationGangMinMember: " 1"}, event: `tessera.dev/gang-min-member=" 1" is not a number of members`},
+		{name: "size with a leading zero", annotations: map[string]string{api.AnnotationGang: "og", api.AnnotationGangMinMember: "01"}, event: "no leading zero"},
+		{name: "invalid gang name", annotations: map[string]string{api.AnnotationGang: "Not_A Valid/Name", api.AnnotationGangMinMember: "1"}, event: "is not a valid name"},
+		{name: "size without a gang", annotations: map[string]string{api.AnnotationGangMinMember: "1"}, event: "annotation tessera.dev/gang-min-member needs a gang"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newGangFixture(t, testbuild.EightGPUNodes(1)...)
+			p := testbuild.Pod("p").Whole(1).Obj()
+			maps.Copy(p.Annotations, tc.annotations)
+			p.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "other.example/gate"}, {Name: api.SchedulingGateGang}}
+			if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.edit != nil {
+				f.sync()
+				if s := f.state("p")["p"]; s.planned || !s.gated {
+					t.Fatalf("a member of a gang of 2 alone: %+v, want it held", s)
+				}
+				f.edit("p", tc.edit)
+			}
+			f.sync()
+			f.sync()
+			s := f.state("p")["p"] // also checks the other gate stays
+			if s.planned || s.gated == tc.lifted {
+				t.Errorf("after two passes: %+v, want the gang gate lifted %v and no plan", s, tc.lifted)
+			}
+			if tc.lifted && !slices.ContainsFunc(f.looseEvents(), func(e string) bool { return strings.Contains(e, tc.event) }) ||
+				!tc.lifted && !f.hasEvent(tc.event) {
+				t.Errorf("no %s Event containing %q: %q", map[bool]string{true: api.EventGangGateLifted, false: "GangWaiting"}[tc.lifted], tc.event, f.events.Events)
+			}
+			if n := len(f.looseEvents()); n != map[bool]int{true: 1}[tc.lifted] {
+				t.Errorf("%d %s Events, want one when lifted, else none: %q", n, api.EventGangGateLifted, f.events.Events)
+			}
+		})
+	}
+}
+
+// A member that leaves its gang (its annotations removed while it waits)
+// is lifted as a plain pod; the others are not disturbed: the gang's plan
+// holds, and the members still waiting wait as before.
+func TestLeavingAGangDisturbsNotTheOthers(t *testing.T) {
+	f := newGangFixture(t, testbuild.EightGPUNodes(2)...)
+	for i := range 3 { // two fit: og-2 waits for room, an elastic gang's extra
+		f.member("og", 2, i, 8, f.now)
+	}
+	f.member("wait", 3, 0, 1, f.now) // a gang of 3 with one member
+	f.sync()
+	before := f.state("")
+	if s := before["og-2"]; s.planned || !s.gated || !before["og-0"].planned || !before["og-1"].planned {
+		t.Fatalf("before: %+v, want og-0 and og-1 planned, og-2 waiting", before)
+	}
+	f.edit("og-2", withoutGang())
+	f.edit("og-0", func(p *corev1.Pod) { p.Spec.NodeName = before["og-0"].node })
+	f.sync()
+	f.sync()
+	after := f.state("")
+	if s := after["og-2"]; s.planned || s.gated {
+		t.Errorf("og-2, out of the gang: %+v, want its gang gate lifted, no plan", s)
+	}
+	for _, name := range []string{"og-0", "og-1", "wait-0"} {
+		if after[name] != before[name] {
+			t.Errorf("%s: %+v, was %+v", name, after[name], before[name])
+		}
+	}
+	if ev := f.looseEvents(); len(ev) != 1 {
+		t.Errorf("%s Events %q, want one, og-2's", api.EventGangGateLifted, ev)
+	}
+}
+
+// A member planned with its gang whose gate is still on (its removal
+// failed) and that then leaves the gang loses its plan (the gang's room
+// is released) before its gate is lifted: it never binds on room planned
+// for a gang it is not in.
+func TestPlannedPodLeavingItsGangLosesItsPlanFirst(t *testing.T) {
+	f := newGangFixture(t, testbuild.EightGPUNodes(2)...)
+	failing := true
+	f.client.PrependReactor("patch", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if pa := a.(k8stesting.PatchAction); failing && pa.GetName() == "og-1" && pa.GetPatchType() == types.JSONPatchType {
+			return true, nil, apierrors.NewServiceUnavailable("the test refuses og-1's gate removal")
+		}
+		return false, nil, nil
+	})
+	f.member("og", 2, 0, 8, f.now)
+	f.member("og", 2, 1, 8, f.now)
+	_ = f.planner.Sync(context.Background()) // og-1's gate stays: an error
+	if s := f.state("og-")["og-1"]; !s.planned || !s.gated {
+		t.Fatalf("og-1: %+v, want it planned and still gated", s)
+	}
+	failing = false
+	f.edit("og-1", withoutGang())
+	f.sync()
+	if s := f.state("og-")["og-1"]; s.planned || !s.gated {
+		t.Errorf("og-1 after leaving the gang: %+v, want its plan removed, its gate not lifted yet", s)
+	}
+	if free := mustState(t, f.cache, "n0").FreeGPUs() + mustState(t, f.cache, "n1").FreeGPUs(); free != 16 {
+		t.Errorf("%d GPUs free, want 16: og-1's plan released, og-0's too (its gang of 2 has 1 member)", free)
+	}
+	f.sync()
+	if s := f.state("og-")["og-1"]; s.planned || s.gated {
+		t.Errorf("og-1, a plain pod: %+v, want its gate lifted", s)
+	}
+	if len(f.looseEvents()) != 1 {
+		t.Errorf("Events %q, want one %s", f.events.Events, api.EventGangGateLifted)
+	}
+}
+
+// A pod with a malformed gang declaration that got past admission without
+// the gate is held all the same (the filter passes it no node), and the
+// planner tells it why; one another scheduler places is none of Tessera's.
+func TestUngatedMalformedDeclarationToldWhy(t *testing.T) {
+	for _, scheduler := range []string{"", "other-scheduler"} {
+		f := newGangFixture(t, testbuild.EightGPUNodes(1)...)
+		p := testbuild.Pod("p").Whole(1).Obj()
+		p.Annotations[api.AnnotationGangMinMember] = "2"
+		p.Spec.SchedulerName = scheduler
+		if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		f.sync()
+		f.sync()
+		got, _ := f.client.CoreV1().Pods(p.Namespace).Get(context.Background(), "p", metav1.GetOptions{})
+		if _, planned := got.Annotations[api.AnnotationGangPlan]; planned {
+			t.Errorf("scheduler %q: planned", scheduler)
+		}
+		if told := f.hasEvent("annotation tessera.dev/gang-min-member needs a gang"); told != (scheduler == "") || len(f.events.Events) > 1 {
+			t.Errorf("scheduler %q: events %q, want one GangWaiting only when the extender serves it", scheduler, f.events.Events)
+		}
 	}
 }

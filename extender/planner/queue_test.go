@@ -938,3 +938,68 @@ func TestQueueRefusalsDifferingInNumbersAreToldOnceAWhile(t *testing.T) {
 		t.Errorf("%d Events, want 4: a reason other than a queue's refusal is told whenever it changes", got)
 	}
 }
+
+// The gang gate on a GPU pod that declares no gang, in a namespace a
+// Queue serves, is not lifted alone: the queue admits the pod first, in
+// its order and within its limit, and then lifts both gates. Not even for
+// a pod another scheduler places (the extender's filter, which holds a
+// queued namespace's pods, never sees it) or one that has only the gang
+// gate (the webhook, which adds the queue's, was down): lifting the gang's
+// gate must not let a pod skip its queue.
+func TestGangGateWithoutAGangKeepsItsQueue(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		gates     []string
+		scheduler string
+	}{
+		{"both gates", []string{api.SchedulingGateGang, api.SchedulingGateQueue}, ""},
+		{"the gang gate only", []string{api.SchedulingGateGang}, ""},
+		{"the gang gate only, another scheduler", []string{api.SchedulingGateGang}, "other-scheduler"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			nodes := withGPUCapacity([]*corev1.Node{testbuild.Node("n0").GPUs(8, "H100", 81920).Obj()})
+			f := newGangFixture(t, nodes...)
+			q := &api.Queue{Name: "team-a", Namespaces: []string{"ns-a"}, Resources: map[corev1.ResourceName]api.QueueResource{
+				api.ResourceGPU: {Guaranteed: 1, Limit: 1, Limited: true, Weight: 1},
+			}}
+			book := &planner.QueueBook{Queues: testbuild.Objects{q.Unstructured()}, Pods: f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }}
+			f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
+				Events: f.events, Now: func() time.Time { return f.now }, Queues: book})
+			f.queued("ns-a", "first", f.now) // takes the queue's limit
+			p := testbuild.Pod("loose").Whole(1).Obj()
+			p.Namespace, p.UID, p.Spec.SchedulerName = "ns-a", "uid-loose", tc.scheduler
+			p.CreationTimestamp = metav1.NewTime(f.now.Add(time.Second))
+			for _, g := range tc.gates {
+				p.Spec.SchedulingGates = append(p.Spec.SchedulingGates, corev1.PodSchedulingGate{Name: g})
+			}
+			if _, err := f.client.CoreV1().Pods("ns-a").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			f.sync()
+			f.sync()
+			loose, err := f.client.CoreV1().Pods("ns-a").Get(context.Background(), "loose", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, planned := loose.Annotations[api.AnnotationGangPlan]
+			if !api.HasGangGate(loose) || planned {
+				t.Fatalf("over its queue's limit: gates %v, planned %v; want the gang gate kept", loose.Spec.SchedulingGates, planned)
+			}
+			if ev := strings.Join(f.events.Events, "\n"); !strings.Contains(ev, "limit 1") || strings.Contains(ev, api.EventGangGateLifted) {
+				t.Errorf("events:\n%s\nwant the queue's limit told, no %s", ev, api.EventGangGateLifted)
+			}
+			// Room in the queue: admitted, both gates lifted.
+			if err := f.client.CoreV1().Pods("ns-a").Delete(context.Background(), "first", metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			f.cache.DeletePod("uid-ns-a-first")
+			f.sync()
+			if a, g := f.admitted("ns-a"); a != 1 || g != 0 {
+				t.Errorf("admitted %d, queue-gated %d; want 1 and 0", a, g)
+			}
+			if loose, _ = f.client.CoreV1().Pods("ns-a").Get(context.Background(), "loose", metav1.GetOptions{}); len(loose.Spec.SchedulingGates) != 0 {
+				t.Errorf("admitted by its queue, gates %v left", loose.Spec.SchedulingGates)
+			}
+		})
+	}
+}

@@ -215,6 +215,12 @@ func PendingReason(p *corev1.Pod) string {
 		return fmt.Sprintf("the room freed for it (by preemption or quota reclaim) is held on %s until %s", where, until)
 	}
 	if api.HasGangGate(p) {
+		if _, member, _ := api.GangOf(p); !member {
+			if api.HasQueueGate(p) {
+				return "held by its queue until admitted"
+			}
+			return "gang gate on a pod that declares no gang: Tessera lifts it"
+		}
 		return "gang member held until the whole gang fits"
 	}
 	if api.HasQueueGate(p) {

@@ -83,6 +83,10 @@ func slice(node string, i int, memMiB, cores int64) *api.Assignment {
 func TestFromObjectsAndRender(t *testing.T) {
 	gated := pod(t, "team", "gang-0", "", corev1.PodPending, nil)
 	gated.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: api.SchedulingGateGang}}
+	if gated.Annotations == nil {
+		gated.Annotations = map[string]string{}
+	}
+	gated.Annotations[api.AnnotationGang], gated.Annotations[api.AnnotationGangMinMember] = "gang", "2"
 	unsched := pod(t, "team", "big", "", corev1.PodPending, nil)
 	unsched.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Message: "0/2 nodes are available: 2 Insufficient tessera.dev/gpu."}}
 	unsched.Spec.Containers = []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{api.ResourceGPU: resource.MustParse("9")}}}}
@@ -217,6 +221,9 @@ func TestPendingReason(t *testing.T) {
 		{"planned gang member", withPlan(pod(member), api.GangPlan{Gang: "g", Node: "n1", GPU: &api.GPURef{UUID: uuid("n1", 2), Index: 2}}),
 			"planned with its gang on GPU 2 of node n1, binding (the plan holds until 2026-11-28T12:00:00Z)"},
 		{"gated gang member", pod(member, api.SchedulingGateGang), "gang member held until the whole gang fits"},
+		{"gang gate, no gang", pod(nil, api.SchedulingGateGang), "gang gate on a pod that declares no gang: Tessera lifts it"},
+		{"gang gate, no gang, queued", pod(nil, api.SchedulingGateGang, api.SchedulingGateQueue), "held by its queue until admitted"},
+		{"gang gate, malformed gang", pod(map[string]string{api.AnnotationGangMinMember: "2"}, api.SchedulingGateGang), "gang member held until the whole gang fits"},
 		{"queued", pod(nil, api.SchedulingGateQueue), "held by its queue until admitted"},
 		{"malformed plan: the gate's reason", pod(map[string]string{api.AnnotationGangPlan: "{"}, api.SchedulingGateQueue), "held by its queue until admitted"},
 		{"unschedulable", unschedulable, "0/4 nodes are available"},
