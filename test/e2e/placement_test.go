@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/tessera-gpu/tessera/api"
@@ -172,6 +174,53 @@ func TestGangAllOrNothing(t *testing.T) {
 	occ, pods := occupancy(t, c)
 	checkNoOvercommit(t, occ)
 	checkRunningPods(t, c, pods)
+}
+
+// The gang gate on a pod that declares no gang is lifted, with a Normal
+// GangGateLifted Event: on a member of a gang of 2 whose gang annotations
+// are removed while it waits (kubectl annotate pod orphan tessera.dev/gang-
+// tessera.dev/gang-min-member-), and on a pod created with the gate and no
+// gang. Both stayed gated for ever, without an Event. Malformed gang
+// declarations are refused at creation with the reason: a size written
+// " 2", a gang name that is not a DNS-1123 subdomain, a gang-only
+// annotation on a pod that declares no gang.
+func TestGangGateWithoutAGang(t *testing.T) {
+	c := getCluster(t)
+	ns := namespace(t, c, "e2e-nogang")
+	client := c.Client()
+	for _, tc := range []struct {
+		spec podSpec
+		want string
+	}{
+		{podSpec{name: "spaced", gpus: 1, annotations: map[string]string{api.AnnotationGang: "g", api.AnnotationGangMinMember: " 2"}}, `tessera.dev/gang-min-member=" 2" is not a number of members`},
+		{podSpec{name: "plus", gpus: 1, annotations: map[string]string{api.AnnotationGang: "g", api.AnnotationGangMinMember: "+2"}}, `tessera.dev/gang-min-member="+2" is not a number of members`},
+		{podSpec{name: "badname", gpus: 1, annotations: map[string]string{api.AnnotationGang: "Not_A", api.AnnotationGangMinMember: "2"}}, `the gang name "Not_A" (annotation tessera.dev/gang) is not a valid name`},
+		{podSpec{name: "nogang", gpus: 1, annotations: map[string]string{api.AnnotationGangMinMember: "1"}}, "annotation tessera.dev/gang-min-member needs a gang"},
+	} {
+		_, err := client.CoreV1().Pods(ns).Create(t.Context(), tc.spec.pod(ns), metav1.CreateOptions{})
+		if err == nil || !strings.Contains(err.Error(), "pod "+ns+"/"+tc.spec.name+": invalid gang declaration") || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("create %s = %v, want a refusal containing %q", tc.spec.name, err, tc.want)
+		}
+	}
+
+	create(t, client, ns, podSpec{name: "orphan", gpus: 1, annotations: map[string]string{api.AnnotationGang: "og", api.AnnotationGangMinMember: "2"}})
+	create(t, client, ns, podSpec{name: "plain", gpus: 1, gated: true})
+	waitEventMessage(t, c, ns, "orphan", "GangWaiting", "gang "+ns+"/og: 1 of 2 members exist")
+	if p := getPod(t, client, ns, "orphan"); !api.HasGangGate(p) || p.Spec.NodeName != "" {
+		t.Fatalf("orphan, alone in a gang of 2: gates %v, node %q; want it held", p.Spec.SchedulingGates, p.Spec.NodeName)
+	}
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:null,%q:null}}}`, api.AnnotationGang, api.AnnotationGangMinMember)
+	if _, err := client.CoreV1().Pods(ns).Patch(t.Context(), "orphan", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"orphan", "plain"} {
+		waitRunning(t, c, ns, name, 60*time.Second)
+		waitEventMessage(t, c, ns, name, api.EventGangGateLifted, "no gang declared")
+	}
+	occ, pods := occupancy(t, c)
+	checkNoOvercommit(t, occ)
+	checkRunningPods(t, c, pods)
+	deleteAll(t, c, ns)
 }
 
 // A slice and a whole-GPU pod created together on one node: the slice goes
