@@ -601,21 +601,7 @@ func (a *Agent) syncLoop(ctx context.Context) {
 // syncKubelet reads the kubelet's allocations into the state and, with an
 // API server, records whole GPUs on pods and learns shared placements.
 func (a *Agent) syncKubelet(ctx context.Context) error {
-	var allocs []kubeletstate.ContainerDevices
-	var err error
-	var listed []kubeletstate.PodRef
-	switch k := a.opts.Kubelet.(type) {
-	case kubeletstate.First:
-		var from kubeletstate.Source
-		allocs, listed, from, err = k.AllocationsPodsFrom(ctx)
-		if err == nil {
-			a.logger.V(4).Info("Read the kubelet's allocations", "source", from.Name(), "allocations", len(allocs))
-		}
-	case kubeletstate.PodsLister:
-		allocs, listed, err = k.AllocationsAndPods(ctx)
-	default:
-		allocs, err = a.opts.Kubelet.Allocations(ctx)
-	}
+	allocs, listed, err := a.readKubelet(ctx)
 	if err != nil {
 		return err
 	}
@@ -638,6 +624,60 @@ func (a *Agent) syncKubelet(ctx context.Context) error {
 		a.applyKubelet(allocs)
 	}
 	return nil
+}
+
+// readKubelet reads the kubelet's allocations, with the pods it lists
+// when its source lists them (nil otherwise).
+func (a *Agent) readKubelet(ctx context.Context) ([]kubeletstate.ContainerDevices, []kubeletstate.PodRef, error) {
+	switch k := a.opts.Kubelet.(type) {
+	case kubeletstate.First:
+		allocs, listed, from, err := k.AllocationsPodsFrom(ctx)
+		if err == nil {
+			a.logger.V(4).Info("Read the kubelet's allocations", "source", from.Name(), "allocations", len(allocs))
+		}
+		return allocs, listed, err
+	case kubeletstate.PodsLister:
+		return k.AllocationsAndPods(ctx)
+	default:
+		allocs, err := a.opts.Kubelet.Allocations(ctx)
+		return allocs, nil, err
+	}
+}
+
+// admitting tells, for a preferred allocation of size units of shared
+// resource r, the GPUs of the slice the kubelet is admitting
+// (preferred.Admitting) among slices, from the kubelet's allocations read
+// now (the agent's last read may predate the pods admitted a moment ago);
+// none when it cannot tell or cannot read the kubelet (bounded by
+// assignedReadTimeout).
+func (a *Agent) admitting(ctx context.Context, r corev1.ResourceName, size int, slices []devices.SlicePod) []string {
+	if len(slices) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, assignedReadTimeout)
+	defer cancel()
+	allocs, listed, err := a.readKubelet(ctx)
+	if err != nil {
+		a.logger.Error(err, "Reading the kubelet's allocations to tell which slice it admits; preferring units of every unstarted slice's GPU")
+		return nil
+	}
+	view := preferred.KubeletView{Allocated: map[preferred.AllocKey]bool{}}
+	if listed != nil {
+		view.Listed = make(map[preferred.PodKey]bool, len(listed))
+		for _, p := range listed {
+			view.Listed[preferred.PodKey{Namespace: p.Namespace, Name: p.Name}] = true
+		}
+	}
+	for _, c := range allocs {
+		view.Allocated[preferred.AllocKey{Namespace: c.Namespace, Name: c.Name, UID: c.PodUID, Container: c.Container, Resource: c.Resource}] = true
+	}
+	adm, ok := preferred.Admitting(r, size, slices, view)
+	if !ok {
+		a.logger.V(4).Info("No unstarted slice fits the preferred allocation", "resource", r, "size", size, "slices", len(slices))
+		return nil
+	}
+	a.logger.V(4).Info("Preferring the units of the slice the kubelet admits", "resource", r, "size", size, "pod", adm.Namespace+"/"+adm.Name, "container", adm.Container, "gpus", adm.GPUs)
+	return adm.GPUs
 }
 
 func mapsEqual(x, y map[kubeletstate.ContainerKey]string) bool {
@@ -980,6 +1020,9 @@ func (a *Agent) preferred(ctx context.Context, k Kind, available, mustInclude []
 	rank := u
 	if read {
 		rank.Assigned, rank.Unstarted = fresh.GPUs, fresh.Unstarted
+		if _, shared := k.(SharedKind); shared {
+			rank.Admitting = a.admitting(ctx, r, size, fresh.Slices)
+		}
 	}
 	usableIDs := make([]string, 0, len(available))
 	must := map[string]bool{}

@@ -836,6 +836,7 @@ type fakePodWatch struct {
 	mu           sync.Mutex
 	apiView      map[string]bool
 	apiUnstarted map[string]bool
+	apiSlices    []devices.SlicePod
 	apiErr       error
 	apiReads     int
 }
@@ -844,7 +845,7 @@ func (f *fakePodWatch) Assigned(context.Context) (devices.Assignments, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.apiReads++
-	return devices.Assignments{GPUs: maps.Clone(f.apiView), Unstarted: maps.Clone(f.apiUnstarted)}, f.apiErr
+	return devices.Assignments{GPUs: maps.Clone(f.apiView), Unstarted: maps.Clone(f.apiUnstarted), Slices: slices.Clone(f.apiSlices)}, f.apiErr
 }
 
 // setAPI makes the API server's answer view, every pod started, or err.
@@ -1033,6 +1034,79 @@ func TestUnitsComeFromAssignedGPUs(t *testing.T) {
 	pods.updates <- podsUpdate{assigned: map[string]bool{e.uuid(2): true}}
 	e.kubelet.waitCounts("GPU 2 withheld for the watch's slice", all, e.healthyBut(1, 0))
 	check("GPU 2 assigned in the watch only, GPU 6 in the API server", map[string]bool{e.uuid(6): true}, nil, e.uuid(6))
+}
+
+// admit is the kubelet taking the pod in: it lists it from now on.
+func (l *listingSource) admit(name string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.pods = append(l.pods, kubeletstate.PodRef{Namespace: "ns", Name: name})
+}
+
+// add records an allocation.
+func (l *listingSource) add(c kubeletstate.ContainerDevices) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.allocs = append(l.allocs, c)
+}
+
+// The burst seen on make demo: four 8 GiB / 20-core slices and a later
+// one, bound at once to one node, r-s1 assigned GPU 7 and the others GPU
+// 0, none started. The kubelet admits them one at a time, oldest first,
+// each listed (PodResources) from its admission on and holding its units
+// after. Every slice's units come from its own GPU: before, the GPUs of
+// all unstarted slices ranked alike and best fit chose, so r-s1 got units
+// of GPU 0 and ag-s1 (its GPU's units full in the kubelet's books) units
+// of GPU 7, which a whole-GPU pod later took while they were allocated.
+func TestBurstOfSlicesGetsUnitsOfTheirAssignedGPUs(t *testing.T) {
+	pods := &fakePodWatch{updates: make(chan podsUpdate)}
+	kubelet := &listingSource{}
+	e := newEnv(t, nvmlmock.DGXA100(), func(c *api.NodeAgentConfig) {
+		c.KubeletSyncInterval.Duration = time.Hour // only pokes read the kubelet
+	}, func(o *deviceplugin.Options) { o.Pods = pods; o.Kubelet = kubelet })
+	e.nri.connected.Store(true)
+	e.start(true)
+	all := e.totals()
+	e.kubelet.waitCounts("registration", all, all)
+
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	slice := func(name string, sec int, gpu int) devices.SlicePod {
+		return devices.SlicePod{Namespace: "ns", Name: name, UID: "uid-" + name, Created: t0.Add(time.Duration(sec) * time.Second),
+			Containers: []devices.SliceContainer{{Name: "c", Units: map[corev1.ResourceName]int64{memR: 8, coreR: 20}, GPUs: []string{e.uuid(gpu)}}}}
+	}
+	burst := []devices.SlicePod{slice("r-s1", 0, 7), slice("r-s2", 0, 0), slice("r-s3", 0, 0), slice("r-s4", 1, 0), slice("ag-s1", 2, 0)}
+	gpus := map[string]bool{e.uuid(0): true, e.uuid(7): true}
+	pods.mu.Lock()
+	pods.apiView, pods.apiUnstarted, pods.apiSlices = gpus, gpus, burst
+	pods.mu.Unlock()
+
+	taken := map[string]bool{}
+	for _, p := range burst { // the kubelet's order
+		kubelet.admit(p.Name)
+		for _, r := range []corev1.ResourceName{coreR, memR} {
+			var avail []string
+			for _, id := range e.kubelet.healthyIDs(r) {
+				if !taken[id] {
+					avail = append(avail, id)
+				}
+			}
+			size := int(p.Containers[0].Units[r])
+			got, err := e.kubelet.preferred(r, avail, nil, size)
+			if err != nil || len(got) != size {
+				t.Fatalf("%s: preferred %s = %v, %v", p.Name, r, got, err)
+			}
+			for _, id := range got {
+				if uuid, _, _ := devices.ParseDeviceID(r, id); uuid != p.Containers[0].GPUs[0] {
+					t.Errorf("%s: preferred %s unit %s, not of its GPU %s", p.Name, r, id, p.Containers[0].GPUs[0])
+				}
+				taken[id] = true
+			}
+			if _, err := e.kubelet.allocate(r, got...); err != nil {
+				t.Fatalf("%s: Allocate %s: %v", p.Name, r, err)
+			}
+			kubelet.add(kubeletstate.ContainerDevices{Namespace: "ns", Name: p.Name, Container: "c", Resource: r, DeviceIDs: got})
+		}
+	}
 }
 
 // livePodWatch is a fakePodWatch that also says which pods run.

@@ -51,9 +51,11 @@ func (k *unitKind) Withheld(uuid string, u devices.Usage) (bool, string) {
 // SharesGPU implements SharedKind.
 func (k *unitKind) SharesGPU() {}
 
-// Preferred implements PreferredAllocator: units of the GPUs assigned to
-// slices of pods the kubelet has not started first (the slice being
-// admitted is one of them), then of the GPUs assigned to other slices,
+// Preferred implements PreferredAllocator: units of the GPU(s) of the
+// slice the kubelet is admitting first, when the agent could tell which
+// (u.Admitting, preferred.UnitsOn: a multi-GPU slice's units spread evenly
+// over its GPUs), then those of the GPUs assigned to slices of pods the
+// kubelet has not started (the slice being admitted is one of them), then of the GPUs assigned to other slices,
 // then of those already shared, packed onto few GPUs, best fit within
 // each. The kubelet counts a slice's units on the GPUs their IDs name, and
 // the agent withholds a GPU whose units are allocated from whole use:
@@ -70,6 +72,9 @@ func (k *unitKind) Preferred(usable, mustInclude []string, size int, u devices.U
 				rank[uuid] = level + 1
 			}
 		}
+	}
+	if len(u.Admitting) > 0 {
+		return preferred.UnitsOn(k.resource, usable, mustInclude, size, u.Admitting, rank)
 	}
 	return preferred.Units(k.resource, usable, mustInclude, size, rank)
 }

@@ -27,6 +27,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -308,13 +309,48 @@ type Usage struct {
 	// kubelet allocates now is among them. Only a preferred allocation
 	// reads it.
 	Unstarted map[string]bool
+	// Admitting are the GPUs of the slice whose units the kubelet is
+	// allocating now, as far as the agent can tell (package preferred,
+	// Admitting): one GPU, or a multi-GPU slice's GPUs in index order;
+	// none when it cannot tell. Only a preferred allocation reads it.
+	Admitting []string
 }
 
 // Assignments are the GPUs the shared parts of the assignments of a
 // node's pods that have not ended name (Usage.Assigned), and among them
-// those of pods the kubelet has not started (Usage.Unstarted).
+// those of pods the kubelet has not started (Usage.Unstarted); Slices are
+// those unstarted pods themselves.
 type Assignments struct {
 	GPUs, Unstarted map[string]bool
+	Slices          []SlicePod
+}
+
+// SlicePod is a pod of the node that has not ended and that the kubelet has
+// not started, with containers that ask for shared units: one the kubelet
+// may be admitting.
+type SlicePod struct {
+	Namespace, Name, UID string
+	// Created is the pod's creation timestamp: the kubelet admits a batch
+	// of pods in this order.
+	Created time.Time
+	// Containers are the pod's containers that ask for shared units, in
+	// the order the kubelet allocates devices: init containers, then the
+	// others, each in spec order.
+	Containers []SliceContainer
+}
+
+// SliceContainer is a container of a SlicePod that asks for shared units.
+type SliceContainer struct {
+	Name string
+	// Init is set for an init container that is not restartable: the
+	// kubelet allocates its devices first and hands them on to the pod's
+	// later containers, and its PodResources API does not list it.
+	Init bool
+	// Units are the container's limits of the shared resources.
+	Units map[corev1.ResourceName]int64
+	// GPUs are the UUIDs of the GPUs the shared part of the container's
+	// assignment names, in index order (none without one).
+	GPUs []string
 }
 
 // WithAssigned returns u with the GPUs in more assigned too; u is not

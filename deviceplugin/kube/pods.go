@@ -194,9 +194,46 @@ func (w *PodWatch) Assigned(ctx context.Context) (devices.Assignments, error) {
 		maps.Copy(out.GPUs, gpus)
 		if gpureq.Unstarted(p) {
 			maps.Copy(out.Unstarted, gpus)
+			if s, ok := slicePod(p); ok {
+				out.Slices = append(out.Slices, s)
+			}
 		}
 	}
 	return out, nil
+}
+
+// slicePod describes pod's containers that ask for shared units, with the
+// GPUs the shared parts of its assignment name for them (read through the
+// trust filter: none when it dropped the assignment); false when none asks.
+func slicePod(pod *corev1.Pod) (devices.SlicePod, bool) {
+	byName := map[string][]string{}
+	if a, found, err := api.GetAssignment(pod.Annotations); err == nil && found {
+		for _, c := range a.Containers {
+			if c.Shared != nil {
+				byName[c.Name] = c.Shared.UUIDs()
+			}
+		}
+	}
+	s := devices.SlicePod{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID), Created: pod.CreationTimestamp.Time}
+	add := func(c *corev1.Container, init bool) {
+		units := map[corev1.ResourceName]int64{}
+		for _, r := range api.SharedResources() {
+			if q, ok := c.Resources.Limits[r]; ok && q.Value() > 0 {
+				units[r] = q.Value()
+			}
+		}
+		if len(units) > 0 {
+			s.Containers = append(s.Containers, devices.SliceContainer{Name: c.Name, Init: init, Units: units, GPUs: byName[c.Name]})
+		}
+	}
+	for i := range pod.Spec.InitContainers {
+		c := &pod.Spec.InitContainers[i]
+		add(c, c.RestartPolicy == nil || *c.RestartPolicy != corev1.ContainerRestartPolicyAlways)
+	}
+	for i := range pod.Spec.Containers {
+		add(&pod.Spec.Containers[i], false)
+	}
+	return s, len(s.Containers) > 0
 }
 
 // ended: the pod no longer runs, or soon will not (or is bound elsewhere):

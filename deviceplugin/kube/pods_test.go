@@ -157,7 +157,17 @@ func TestPodWatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := devices.Assignments{GPUs: set(gpu2, gpu3), Unstarted: set(gpu2)}
+	// The unstarted pods asking for units, as the kubelet may be admitting
+	// them: with the GPUs of their containers' sealed assignments (none
+	// for those the trust filter dropped).
+	unstarted := func(name string, gpus ...string) devices.SlicePod {
+		return devices.SlicePod{Namespace: "ns", Name: name, UID: "uid-" + name, Containers: []devices.SliceContainer{{
+			Name: "b", Units: map[corev1.ResourceName]int64{api.ResourceGPUMemory: 4, api.ResourceGPUCore: 50}, GPUs: gpus,
+		}}}
+	}
+	want := devices.Assignments{GPUs: set(gpu2, gpu3), Unstarted: set(gpu2), Slices: []devices.SlicePod{
+		unstarted("bad"), unstarted("c", gpu2), unstarted("copied"), unstarted("forged"),
+	}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("Assigned (-want +got):\n%s", diff)
 	}
