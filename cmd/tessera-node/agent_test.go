@@ -329,11 +329,14 @@ func TestDeployManifests(t *testing.T) {
 	if err := yaml.UnmarshalStrict(docs[1], &binding); err != nil {
 		t.Fatal(err)
 	}
-	// Least rights: exactly what package kube calls.
+	// Least rights: exactly what package kube calls, and the Events its
+	// recorder (client-go's, core/v1) creates and patches (a repeated Event
+	// is patched to count up).
 	wantRules := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "patch"}},
 		{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}},
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch", "patch"}},
+		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
 	}
 	if diff := cmp.Diff(wantRules, role.Rules); diff != "" {
 		t.Errorf("ClusterRole rules (-want +got):\n%s", diff)
