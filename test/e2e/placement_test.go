@@ -196,6 +196,8 @@ func TestGangGateWithoutAGang(t *testing.T) {
 		{podSpec{name: "plus", gpus: 1, annotations: map[string]string{api.AnnotationGang: "g", api.AnnotationGangMinMember: "+2"}}, `tessera.dev/gang-min-member="+2" is not a number of members`},
 		{podSpec{name: "badname", gpus: 1, annotations: map[string]string{api.AnnotationGang: "Not_A", api.AnnotationGangMinMember: "2"}}, `the gang name "Not_A" (annotation tessera.dev/gang) is not a valid name`},
 		{podSpec{name: "nogang", gpus: 1, annotations: map[string]string{api.AnnotationGangMinMember: "1"}}, "annotation tessera.dev/gang-min-member needs a gang"},
+		// No GPU: the gang webhook's match conditions send it too.
+		{podSpec{name: "nogang-cpu", annotations: map[string]string{api.AnnotationGangTopology: "node"}}, "annotation tessera.dev/gang-topology needs a gang"},
 	} {
 		_, err := client.CoreV1().Pods(ns).Create(t.Context(), tc.spec.pod(ns), metav1.CreateOptions{})
 		if err == nil || !strings.Contains(err.Error(), "pod "+ns+"/"+tc.spec.name+": invalid gang declaration") || !strings.Contains(err.Error(), tc.want) {
