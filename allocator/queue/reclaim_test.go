@@ -398,3 +398,39 @@ func TestReclaimAcrossShapesForAFairShare(t *testing.T) {
 		t.Errorf("victims (-want +got):\n%s", diff)
 	}
 }
+
+// A queue above its guarantee but within its fair share, on a cluster the
+// queues fill, is admitted and takes back what a sibling uses beyond its
+// own fair share, in whole GPUs (the demo's case: team-a guaranteed 8 runs
+// 8 and asks 4 more, fair share 12; team-b guaranteed 4 runs 20 one-GPU
+// pods, fair share 16). Admit refused it ("the queues would use 32 of the
+// cluster's 28") before reclaim was reached, so a fair share of whole GPUs
+// was never taken back; reclaim of slices' cores was (the test above).
+func TestFairShareOfWholeGPUsOnAFullCluster(t *testing.T) {
+	tree := Build([]Spec{q("org", "", 28), q("team-a", "org", 8, "a"), q("team-b", "org", 4, "b")})
+	s := state(tree, map[string]int64{"team-a": 8, "team-b": 20}, map[string]int64{"team-a": 4})
+	s.Capacity = gpus(28)
+	if got := s.FairShare(); got["team-a"][gpu] != 12 || got["team-b"][gpu] != 16 {
+		t.Fatalf("fair shares a %d, b %d; want 12 and 16", got["team-a"][gpu], got["team-b"][gpu])
+	}
+	d := s.Admit("team-a", gpus(4))
+	if !d.Allowed || !d.Borrowing {
+		t.Fatalf("Admit = %+v, want allowed, borrowing", d)
+	}
+	var running []Workload
+	for i := range 20 {
+		running = append(running, wl("team-b", fmt.Sprintf("b-%02d", i), 0, time.Duration(20-i)*time.Minute, 1))
+	}
+	victims, err := s.Reclaim("team-a", gpus(4), running, freed(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"team-b/b-19", "team-b/b-18", "team-b/b-17", "team-b/b-16"}, keys(victims)); diff != "" {
+		t.Errorf("victims, the newest of team-b (-want +got):\n%s", diff)
+	}
+	// Beyond its fair share it is refused, as before: 8 more would take
+	// team-a to 16 of its 12.
+	if d := s.Admit("team-a", gpus(8)); d.Allowed {
+		t.Errorf("Admit of 8 = %+v, want refused above the fair share on a full cluster", d)
+	}
+}
