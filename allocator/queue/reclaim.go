@@ -114,6 +114,13 @@ func (s *State) Reclaim(queue string, req quota.Resources, running []Workload, e
 			return chosen, nil
 		}
 	}
+	if len(cands) == 0 {
+		// Nothing of another queue may go: say so, rather than blame
+		// borrowing that does not exist (on make demo a full cluster of
+		// pods of a namespace no Queue serves read "other queues borrow
+		// too little").
+		return fail("no workload of another queue may be taken back to free %s: none runs evictable work now (pods of namespaces no Queue serves are never reclaimed)", req)
+	}
 	return fail("other queues borrow too little to free %s without falling below their own guarantees", req)
 }
 

@@ -137,7 +137,7 @@ func TestReclaim(t *testing.T) {
 			name: "the asker's own work is no victim",
 			tree: Build([]Spec{q("a", "", 0), q("b", "", 8)}), used: map[string]int64{"a": 8, "b": 4}, queue: "b", req: gpus(4),
 			running: []Workload{wl("b", "mine", -5, time.Minute, 4)},
-			wantErr: "borrow too little",
+			wantErr: "no workload of another queue may be taken back to free tessera.dev/gpu=4: none runs evictable work now",
 		},
 		{
 			name: "above guarantee and fair share: nothing reclaimed",
