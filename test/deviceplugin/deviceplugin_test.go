@@ -77,7 +77,7 @@ type node struct {
 }
 
 // startAgent runs the node agent with a 1 GiB reserve per GPU.
-func startAgent(t *testing.T, m *nvmlmock.Machine, nriConnected bool) *node {
+func startAgent(t *testing.T, m *nvmlmock.Machine, nriConnected bool, mutate ...func(*deviceplugin.Options)) *node {
 	t.Helper()
 	n := &node{m: m, nri: &fakeNRI{}, clock: &clock{now: time.Now()}}
 	n.nri.connected.Store(nriConnected)
@@ -99,7 +99,7 @@ func startAgent(t *testing.T, m *nvmlmock.Machine, nriConnected bool) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	agent, err := deviceplugin.New(deviceplugin.Options{
+	opts := deviceplugin.Options{
 		Config:    n.cfg,
 		NodeName:  "n1",
 		PluginDir: kubelet.DevicePluginDir,
@@ -110,7 +110,11 @@ func startAgent(t *testing.T, m *nvmlmock.Machine, nriConnected bool) *node {
 		Kubelet: &kubeletstate.Checkpoint{Path: kubelet.CheckpointFile},
 		NRI:     n.nri,
 		Now:     n.clock.Now,
-	})
+	}
+	for _, f := range mutate {
+		f(&opts)
+	}
+	agent, err := deviceplugin.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -447,6 +451,53 @@ func TestSharedAndWholeExcludeEachOther(t *testing.T) {
 		memR:  {312, 39 * int64(len(sharedGPUs))},
 		coreR: {800, 100 * int64(len(sharedGPUs))},
 	})
+}
+
+// slicePods is a deviceplugin.PodWatch whose API server lists fixed
+// unstarted slices.
+type slicePods struct{ a devices.Assignments }
+
+func (s *slicePods) Run(ctx context.Context, changed func(map[string]bool, bool)) {
+	changed(s.a.GPUs, false)
+	<-ctx.Done()
+}
+
+func (s *slicePods) Assigned(context.Context) (devices.Assignments, error) { return s.a, nil }
+
+// The burst seen on make demo, through the kubelet's device manager: 8 GiB
+// / 20-core slices bound at once, r-s1 assigned GPU 7 and the others GPU 0,
+// none started, admitted in creation order. Each slice's units are those
+// of its own GPU in the kubelet's books (before, the units of r-s2..r-s4
+// came from GPU 7: every unstarted slice's GPU ranked alike). The agent
+// tells them apart by the checkpoint the device manager writes after each
+// container: a pod holding its units is no longer the one admitted.
+func TestBurstOfSlicesGetsUnitsOfTheirAssignedGPUs(t *testing.T) {
+	dm := kubelet.StartDeviceManagerForTest(t, kubelet.Options{NUMANodes: []int{0, 1}})
+	m := nvmlmock.DGXA100()
+	t0 := time.Now().Add(-time.Minute).Truncate(time.Second)
+	type slice struct {
+		name string
+		sec  int
+		gpu  int
+	}
+	burst := []slice{{"r-s1", 0, 7}, {"r-s2", 0, 0}, {"r-s3", 0, 0}, {"r-s4", 1, 0}, {"ag-s1", 2, 0}}
+	pods := &slicePods{a: devices.Assignments{GPUs: map[string]bool{m.UUID(0): true, m.UUID(7): true}}}
+	pods.a.Unstarted = pods.a.GPUs
+	for _, s := range burst {
+		pods.a.Slices = append(pods.a.Slices, devices.SlicePod{Namespace: "default", Name: s.name, UID: s.name + "-uid", Created: t0.Add(time.Duration(s.sec) * time.Second),
+			Containers: []devices.SliceContainer{{Name: "c", Units: map[v1.ResourceName]int64{memR: 8, coreR: 20}, GPUs: []string{m.UUID(s.gpu)}}}})
+	}
+	n := startAgent(t, m, true, func(o *deviceplugin.Options) { o.Pods = pods })
+	// GPUs 0 and 7 are assigned: withheld from whole use.
+	expectResources(t, dm, "registration", dgxA100(2, 0))
+	for _, s := range burst {
+		got := admit(t, dm, podOf(s.name, map[v1.ResourceName]int64{memR: 8, coreR: 20}))
+		for _, r := range []v1.ResourceName{memR, coreR} {
+			if gpus := n.indices(t, r, got[string(r)]); !slices.Equal(gpus, []int{s.gpu}) {
+				t.Errorf("%s: %s units of GPUs %v, want of its GPU %d", s.name, r, gpus, s.gpu)
+			}
+		}
+	}
 }
 
 func TestSharedUnitsFailClosedWithoutNRI(t *testing.T) {
