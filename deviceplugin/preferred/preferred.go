@@ -11,7 +11,8 @@
 // behind an NVSwitch). When several sets score the same, the one spanning the
 // fewest NUMA nodes wins.
 //
-// Shared units are packed onto as few GPUs as possible.
+// Shared units are packed onto as few GPUs as possible, those of the slice
+// the kubelet is taken to admit (Admitting) first.
 package preferred
 
 import (
