@@ -228,9 +228,13 @@ func (v *view) mayTake(a *admission, fairOK, straddle bool, taken map[string]quo
 	// Each side by its dominant resource, over everything it uses: the
 	// victim may use other GPU resources than the asker asks for (whole
 	// GPUs against slices), and measured in the asker's it would always
-	// look at 0.
-	ra := v.ratio(mine, v.used[mine].Sub(taken[mine]).Add(a.req), nil)
-	rb := v.ratio(theirs, v.used[theirs].Sub(taken[theirs]).Sub(w.Uses), nil)
+	// look at 0. Recent use counts as in the queue order (Share): a queue
+	// that used more lately runs less now, and reclaim does not undo that
+	// (measured on current use alone, it took back from a queue without
+	// history what the order had given it for the other's history: e2e
+	// TestQueuesFairShareByHistory).
+	ra := v.recentRatio(mine, v.used[mine].Sub(taken[mine]).Add(a.req))
+	rb := v.recentRatio(theirs, v.used[theirs].Sub(taken[theirs]).Sub(w.Uses))
 	if ra > rb {
 		return false, fmt.Sprintf("after evicting %s, queue %s would be at %.3g of its fair share, below queue %s at %.3g", w.Key, theirs, rb, mine, ra)
 	}
@@ -284,6 +288,29 @@ func (v *view) victimKeepsGuarantee(a *admission, taken map[string]quota.Resourc
 func straddles(before, rest, g int64, short quota.Resources, r corev1.ResourceName) bool {
 	s, ok := short[r]
 	return ok && before > g && g-rest < s
+}
+
+// recentRatio is ratio over every resource used, with the queue's recent
+// use (its usage history over the half-life's steady state, as Share
+// counts it) added to what it uses: the share of its fair share it has
+// had lately and has now.
+func (v *view) recentRatio(q string, used quota.Resources) float64 {
+	out := v.ratio(q, used, nil)
+	norm := steadyState(v.s.HalfLife)
+	for r, h := range v.hist[q] {
+		if h <= 0 {
+			continue
+		}
+		fs := v.fair[q][r]
+		if fs <= 0 {
+			if used[r] > 0 {
+				return math.Inf(1)
+			}
+			continue // history of a resource it neither uses nor is entitled to
+		}
+		out = math.Max(out, (h/norm+float64(used[r]))/float64(fs))
+	}
+	return out
 }
 
 // ratio is a queue's dominant used over fair share, over res (every

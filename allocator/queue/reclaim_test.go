@@ -434,3 +434,51 @@ func TestFairShareOfWholeGPUsOnAFullCluster(t *testing.T) {
 		t.Errorf("Admit of 8 = %+v, want refused above the fair share on a full cluster", d)
 	}
 }
+
+// Reclaim for a fair share counts recent use as the queue order does: two
+// teams guaranteed 2 each on 28 GPUs, team-a with 6 GPUs of history; the
+// order gave team-b 17 and team-a 11 (their shares, history included, are
+// then equal), and team-a, below its fair share of 14 by current use
+// alone, may not take that back (e2e TestQueuesFairShareByHistory: with
+// current use alone it did, and both teams ended at 14). Without history
+// the same split is taken back to 14 each.
+func TestReclaimForAFairShareCountsHistory(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		history float64 // team-a's, in GPUs used lately
+		want    []string
+	}{
+		{name: "history", history: 6},
+		{name: "none", want: []string{"team-b/b-16", "team-b/b-15", "team-b/b-14"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tree := Build([]Spec{q("team-a", "", 2, "a"), q("team-b", "", 2, "b")})
+			s := state(tree, map[string]int64{"team-a": 11, "team-b": 17}, map[string]int64{"team-a": 17, "team-b": 11})
+			s.Capacity, s.HalfLife = gpus(28), halfLife
+			s.Usage = map[string]Usage{"team-a": {gpu: tc.history * steadyState(halfLife)}}
+			if fs := s.FairShare(); fs["team-a"][gpu] != 14 || fs["team-b"][gpu] != 14 {
+				t.Fatalf("fair shares %v, want 14 each", fs)
+			}
+			if d := s.Admit("team-a", gpus(3)); !d.Allowed {
+				t.Fatalf("Admit = %+v, want allowed within the fair share", d)
+			}
+			var running []Workload
+			for i := range 17 {
+				running = append(running, wl("team-b", fmt.Sprintf("b-%02d", i), 0, time.Duration(17-i)*time.Minute, 1))
+			}
+			victims, err := s.Reclaim("team-a", gpus(3), running, freed(3))
+			if tc.want == nil {
+				if err == nil {
+					t.Errorf("Reclaim took %v from team-b, want nothing: team-a's history evens the shares", keys(victims))
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, keys(victims)); diff != "" {
+				t.Errorf("victims (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
