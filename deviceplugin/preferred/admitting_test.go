@@ -157,20 +157,7 @@ func TestUnitsOn(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			per := map[string]int{}
-			seen := map[string]bool{}
-			for _, id := range got {
-				if seen[id] {
-					t.Fatalf("unit %s chosen twice", id)
-				}
-				seen[id] = true
-				u, _, err := devices.ParseDeviceID(memR, id)
-				if err != nil {
-					t.Fatal(err)
-				}
-				per[u]++
-			}
-			if diff := cmp.Diff(tc.want, per); diff != "" {
+			if diff := cmp.Diff(tc.want, perGPU(t, memR, got)); diff != "" {
 				t.Errorf("units per GPU (-want +got):\n%s", diff)
 			}
 		})

@@ -2,12 +2,14 @@ package preferred
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
 
 	"github.com/NVIDIA/go-gpuallocator/gpuallocator"
 	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/deviceplugin/devices"
@@ -329,24 +331,12 @@ func TestUnits(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			per := map[string]int{}
-			seen := map[string]bool{}
-			for _, id := range got {
-				if seen[id] {
-					t.Fatalf("unit %s chosen twice", id)
-				}
-				seen[id] = true
-				u, _, err := devices.ParseDeviceID(api.ResourceGPUMemory, id)
-				if err != nil {
-					t.Fatal(err)
-				}
-				per[u]++
-			}
+			per := perGPU(t, api.ResourceGPUMemory, got)
 			if diff := cmp.Diff(tc.want, per); diff != "" {
 				t.Errorf("units per GPU (-want +got):\n%s", diff)
 			}
 			for _, id := range tc.must {
-				if !seen[id] {
+				if !slices.Contains(got, id) {
 					t.Errorf("must-include %s missing from %v", id, got)
 				}
 			}
@@ -375,4 +365,24 @@ func BenchmarkGPUs(b *testing.B) {
 			})
 		}
 	}
+}
+
+// perGPU counts the units ids chose per GPU, failing on a unit chosen
+// twice or an ID that names no GPU.
+func perGPU(t *testing.T, r corev1.ResourceName, ids []string) map[string]int {
+	t.Helper()
+	per := map[string]int{}
+	seen := map[string]bool{}
+	for _, id := range ids {
+		if seen[id] {
+			t.Fatalf("unit %s chosen twice", id)
+		}
+		seen[id] = true
+		u, _, err := devices.ParseDeviceID(r, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		per[u]++
+	}
+	return per
 }
