@@ -664,7 +664,11 @@ func (s *Server) reserve(pod *corev1.Pod, node string, pl *placement) (*PodUse, 
 			if u, ok := ReusePlannedShared(st, pod.UID, d, plannedAssignment(st.Info, d, plan.GPU)); ok {
 				return u, nil
 			}
-			return nil, fmt.Errorf("%w: gang %s planned it on GPU %s, which no longer has room", ErrNoFit, plan.Gang, plan.GPU.UUID)
+			by := "gang " + plan.Gang + "'s plan"
+			if plan.Gang == pod.Name {
+				by = "its plan" // a pod planned alone (queued, or room made for it)
+			}
+			return nil, fmt.Errorf("%w: %s put it on GPU %s, which no longer has room", ErrNoFit, by, plan.GPU.UUID)
 		}
 		return ChoosePlacement(s.policy, st, pod.UID, d)
 	})
