@@ -215,7 +215,7 @@ func slicePod(pod *corev1.Pod) (devices.SlicePod, bool) {
 		}
 	}
 	s := devices.SlicePod{Namespace: pod.Namespace, Name: pod.Name, UID: string(pod.UID), Created: pod.CreationTimestamp.Time}
-	add := func(c *corev1.Container, init bool) {
+	add := func(c *corev1.Container) {
 		units := map[corev1.ResourceName]int64{}
 		for _, r := range api.SharedResources() {
 			if q, ok := c.Resources.Limits[r]; ok && q.Value() > 0 {
@@ -223,15 +223,14 @@ func slicePod(pod *corev1.Pod) (devices.SlicePod, bool) {
 			}
 		}
 		if len(units) > 0 {
-			s.Containers = append(s.Containers, devices.SliceContainer{Name: c.Name, Init: init, Units: units, GPUs: byName[c.Name]})
+			s.Containers = append(s.Containers, devices.SliceContainer{Name: c.Name, Init: gpureq.KindOf(pod, c.Name) == gpureq.Init, Units: units, GPUs: byName[c.Name]})
 		}
 	}
 	for i := range pod.Spec.InitContainers {
-		c := &pod.Spec.InitContainers[i]
-		add(c, c.RestartPolicy == nil || *c.RestartPolicy != corev1.ContainerRestartPolicyAlways)
+		add(&pod.Spec.InitContainers[i])
 	}
 	for i := range pod.Spec.Containers {
-		add(&pod.Spec.Containers[i], false)
+		add(&pod.Spec.Containers[i])
 	}
 	return s, len(s.Containers) > 0
 }
