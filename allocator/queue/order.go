@@ -34,6 +34,22 @@ func (s *State) Share(queue string) float64 {
 	return s.view().share[queue]
 }
 
+// lately is, per resource, queue q's recent use (its usage history over
+// the half-life's steady state, what it used on average lately) plus used.
+func (v *view) lately(q string, used quota.Resources) map[corev1.ResourceName]float64 {
+	norm := steadyState(v.s.HalfLife)
+	out := map[corev1.ResourceName]float64{}
+	for r, h := range v.hist[q] {
+		if h > 0 {
+			out[r] = h / norm
+		}
+	}
+	for r, u := range used {
+		out[r] += float64(u)
+	}
+	return out
+}
+
 // shareOf returns Share and the current share (used over entitlement) of
 // a queue.
 func (v *view) shareOf(name string) (share, current float64) {
@@ -49,24 +65,12 @@ func (v *view) shareOf(name string) (share, current float64) {
 		}
 		return 0
 	}
-	norm := steadyState(v.s.HalfLife)
-	recent := map[corev1.ResourceName]float64{}
-	for r, u := range v.hist[name] {
-		if u > 0 {
-			recent[r] = u / norm
-		}
-	}
 	for r, u := range v.used[name] {
-		e := ent(r)
-		if e <= 0 {
-			continue
-		}
-		if u > 0 {
+		if e := ent(r); e > 0 && u > 0 {
 			current = math.Max(current, float64(u)/e)
 		}
-		recent[r] += float64(u)
 	}
-	for r, u := range recent {
+	for r, u := range v.lately(name, v.used[name]) {
 		if e := ent(r); e > 0 && u > 0 {
 			share = math.Max(share, u/e)
 		}

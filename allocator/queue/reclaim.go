@@ -295,20 +295,11 @@ func straddles(before, rest, g int64, short quota.Resources, r corev1.ResourceNa
 // counts it) added to what it uses: the share of its fair share it has
 // had lately and has now.
 func (v *view) recentRatio(q string, used quota.Resources) float64 {
-	out := v.ratio(q, used, nil)
-	norm := steadyState(v.s.HalfLife)
-	for r, h := range v.hist[q] {
-		if h <= 0 {
-			continue
+	out := v.ratio(q, used, nil) // a resource used without a fair share: +Inf
+	for r, x := range v.lately(q, used) {
+		if fs := v.fair[q][r]; fs > 0 { // history alone of a resource it is not entitled to: left out
+			out = math.Max(out, x/float64(fs))
 		}
-		fs := v.fair[q][r]
-		if fs <= 0 {
-			if used[r] > 0 {
-				return math.Inf(1)
-			}
-			continue // history of a resource it neither uses nor is entitled to
-		}
-		out = math.Max(out, (h/norm+float64(used[r]))/float64(fs))
 	}
 	return out
 }
