@@ -9,7 +9,7 @@
 #   demo-bins  the binaries the demo runs, in bin/
 #
 # Variables (DEMO_ prefix, overridable on the command line):
-#   DEMO_NODES  simulated nodes, name=profile,... (default: two dgx-a100,
+#   DEMO_NODES  simulated nodes, name=profile,... (profiles: gpu/nvmlmock/profiles; default: two dgx-a100,
 #               one dgx-1v, one pcie-2numa)
 #   DEMO_FLAGS  further flags of tessera-localcluster (e.g. --workload=false,
 #               --once, --dir=DIR)

@@ -29,6 +29,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpu/nvmlmock"
 	"github.com/tessera-gpu/tessera/test/framework/controlplane"
 	"github.com/tessera-gpu/tessera/test/framework/nodesim"
 )
@@ -50,7 +51,7 @@ func run() int {
 	fs := flag.NewFlagSet("tessera-localcluster", flag.ContinueOnError)
 	fs.StringVar(&o.repo, "repo", "", "the Tessera repository (default: found above the working directory)")
 	fs.StringVar(&o.binDir, "bin-dir", "", "directory of tessera-node, tessera-extender and tessera-nodesim (default <repo>/bin)")
-	fs.StringVar(&o.nodes, "nodes", "a100-1=dgx-a100,a100-2=dgx-a100,v100-1=dgx-1v,l40s-1=pcie-2numa", "simulated nodes: name=profile,... (profiles: dgx-a100, dgx-1v, pcie-2numa)")
+	fs.StringVar(&o.nodes, "nodes", "a100-1=dgx-a100,a100-2=dgx-a100,v100-1=dgx-1v,l40s-1=pcie-2numa", "simulated nodes: name=profile,... (profiles: "+strings.Join(nvmlmock.ProfileNames(), ", ")+")")
 	fs.StringVar(&o.dir, "dir", "", "directory for everything the cluster writes (default: a temporary one, removed at exit)")
 	fs.StringVar(&o.scheduler, "scheduler", "extender", "extender: kube-scheduler calling the tessera-extender process (deploy/extender); plugin: tessera-scheduler, kube-scheduler with Tessera's plugin and the extender in its process (deploy/scheduler; needs bin/tessera-scheduler, make scheduler)")
 	fs.Func("extender-flag", "a flag of the extender (tessera-extender, or the plugin's with --scheduler=plugin), e.g. --extender-flag=--consolidation; repeat for more. They come after the demo's own, "+strings.Join(nodesim.LocalExtenderArgs(), " ")+", and override them", func(f string) error {
