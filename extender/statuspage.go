@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/allocator/quota"
+	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/internal/gpustatus"
 )
 
@@ -98,7 +99,7 @@ func formatResources(r quota.Resources) string {
 	sort.Strings(names)
 	parts := make([]string, 0, len(names))
 	for _, n := range names {
-		parts = append(parts, fmt.Sprintf("%s=%d", strings.TrimPrefix(n, "tessera.dev/"), r[corev1.ResourceName(n)]))
+		parts = append(parts, fmt.Sprintf("%s=%d", strings.TrimPrefix(n, api.Domain+"/"), r[corev1.ResourceName(n)]))
 	}
 	return strings.Join(parts, ", ")
 }

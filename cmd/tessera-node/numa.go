@@ -9,6 +9,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/cpuset"
 
+	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/deviceplugin/kubeletstate"
 	"github.com/tessera-gpu/tessera/deviceplugin/numareport"
 	"github.com/tessera-gpu/tessera/topology"
@@ -28,7 +29,7 @@ func (f *numaFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.topologyPolicy, "topology-manager-policy", "", "the kubelet's --topology-manager-policy (none, best-effort, restricted, single-numa-node), when not in --kubelet-config")
 	fs.StringVar(&f.topologyScope, "topology-manager-scope", "", "the kubelet's --topology-manager-scope (container, pod), when not in --kubelet-config")
 	fs.StringVar(&f.cpuManagerPolicy, "cpu-manager-policy", "", "the kubelet's --cpu-manager-policy (none, static), when not in --kubelet-config")
-	fs.DurationVar(&f.period, "numa-report-period", 2*time.Second, "how often the node's exclusive CPUs per NUMA node are read from the kubelet and published in the "+"tessera.dev/numa-topology annotation; 0 turns the report off")
+	fs.DurationVar(&f.period, "numa-report-period", 2*time.Second, "how often the node's exclusive CPUs per NUMA node are read from the kubelet and published in the "+api.AnnotationNUMATopology+" annotation; 0 turns the report off")
 }
 
 // numaReporter builds the reporter of the node's NUMA layout, or nil when
