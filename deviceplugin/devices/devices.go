@@ -234,7 +234,7 @@ func ParseDeviceID(r corev1.ResourceName, id string) (uuid string, n int, err er
 	}
 	sep := s.sep
 	uuid, num, ok := strings.Cut(id, sep)
-	if !ok || uuid == "" {
+	if !ok || uuid == "" || strings.Contains(uuid, "::") {
 		return "", 0, fmt.Errorf("%s device ID %q: want <uuid>%s<n>", r, id, sep)
 	}
 	n, err = strconv.Atoi(num)

@@ -150,6 +150,10 @@ func TestParseDeviceID(t *testing.T) {
 		{api.ResourceGPUCore, uuid(3) + "::core::99", uuid(3), 99, ""},
 		{api.ResourceGPU, uuid(3) + "::mem::1", "", 0, "want a GPU UUID"},
 		{api.ResourceGPUMemory, uuid(3) + "::core::1", "", 0, "want <uuid>::mem::<n>"},
+		// Found by FuzzParseDeviceID: the part before the first separator
+		// was taken for a UUID although it holds another one.
+		{api.ResourceGPUMemory, uuid(3) + "::core::1::mem::2", "", 0, "want <uuid>::mem::<n>"},
+		{api.ResourceGPUCore, "::mem::0::core::1", "", 0, "want <uuid>::core::<n>"},
 		{api.ResourceGPUMemory, uuid(3) + "::mem::x", "", 0, "not a number"},
 		{api.ResourceGPUMemory, uuid(3) + "::mem::-1", "", 0, "not a number"},
 		{api.ResourceGPUMemory, uuid(3) + "::mem::01", "", 0, "not a number"},
