@@ -238,23 +238,31 @@ func deviceIDs(raw json.RawMessage) ([]string, error) {
 	}
 	var perNUMA map[string][]string
 	if err := json.Unmarshal(raw, &perNUMA); err == nil {
-		seen := map[string]bool{}
 		var ids []string
 		for _, list := range perNUMA {
-			for _, id := range list {
-				if !seen[id] {
-					seen[id] = true
-					ids = append(ids, id)
-				}
-			}
+			ids = append(ids, list...)
 		}
-		return sorted(ids), nil
+		return sortedUnique(ids), nil
 	}
 	var list []string
 	if err := json.Unmarshal(raw, &list); err != nil {
 		return nil, fmt.Errorf("neither a map of NUMA nodes to device IDs nor a list of IDs: %s", raw)
 	}
-	return sorted(list), nil
+	return sortedUnique(list), nil
+}
+
+// sortedUnique returns ids sorted, each once: a device listed twice (under
+// two NUMA nodes, or twice in a v1 list) is allocated once.
+func sortedUnique(ids []string) []string {
+	out := sorted(ids)
+	n := 0
+	for i, id := range out {
+		if i == 0 || id != out[n-1] {
+			out[n] = id
+			n++
+		}
+	}
+	return out[:n]
 }
 
 // First reads the first source that answers.

@@ -99,6 +99,14 @@ func TestCheckpoint(t *testing.T) {
 		{name: "v1", data: checkpointV1, want: []kubeletstate.ContainerDevices{
 			{PodUID: "uid-9", Container: "c", Resource: api.ResourceGPU, DeviceIDs: []string{"GPU-z"}},
 		}},
+		// Found by FuzzParseCheckpoint: a v1 list kept an ID twice where
+		// the same IDs in a v2 map were listed once.
+		{name: "v1 duplicates", data: `{"Data":{"PodDeviceEntries":[{"PodUID":"u","ContainerName":"c","ResourceName":"tessera.dev/gpu","DeviceIDs":["GPU-b","GPU-a","GPU-b"]}]}}`, want: []kubeletstate.ContainerDevices{
+			{PodUID: "u", Container: "c", Resource: api.ResourceGPU, DeviceIDs: []string{"GPU-a", "GPU-b"}},
+		}},
+		{name: "v2 duplicates", data: `{"Data":{"PodDeviceEntries":[{"PodUID":"u","ContainerName":"c","ResourceName":"tessera.dev/gpu","DeviceIDs":{"0":["GPU-b","GPU-a"],"1":["GPU-b"]}}]}}`, want: []kubeletstate.ContainerDevices{
+			{PodUID: "u", Container: "c", Resource: api.ResourceGPU, DeviceIDs: []string{"GPU-a", "GPU-b"}},
+		}},
 		{name: "truncated", data: checkpointV2[:40], wantErr: "kubelet checkpoint"},
 		{name: "bad device IDs", data: `{"Data":{"PodDeviceEntries":[{"PodUID":"u","ContainerName":"c","ResourceName":"tessera.dev/gpu","DeviceIDs":7}]}}`, wantErr: "PodDeviceEntries[0].DeviceIDs"},
 	} {
