@@ -182,6 +182,19 @@ func Check(st *NodeState, d *Demand) Reason {
 	return Fits
 }
 
+// migModeNote says how many of the node's GPUs are in MIG mode, which are
+// offered as MIG instances only (neither whole nor as slices): "" when none.
+func migModeNote(st *NodeState) string {
+	if st == nil {
+		return ""
+	}
+	n := st.Info.inMIG()
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (%d of its %d GPUs are in MIG mode, offered as MIG instances only)", n, len(st.Info.GPUs))
+}
+
 // Explain renders reason r (from Check(st, d)) as a sentence.
 func Explain(r Reason, st *NodeState, d *Demand) string {
 	var req allocator.Request
@@ -209,9 +222,9 @@ func Explain(r Reason, st *NodeState, d *Demand) string {
 	case InvalidRequest:
 		m = fmt.Sprintf("invalid request: %v", req.Validate())
 	case TooFewGPUs:
-		m = fmt.Sprintf("node has fewer than %d healthy GPUs", d.WholeGPUs)
+		m = fmt.Sprintf("node has fewer than %d healthy GPUs", d.WholeGPUs) + migModeNote(st)
 	case GPUCountAboveNode:
-		m = fmt.Sprintf("%s %d: node has fewer than %d healthy GPUs for slices", api.AnnotationGPUCount, d.gpus(), d.gpus())
+		m = fmt.Sprintf("%s %d: node has fewer than %d healthy GPUs for slices", api.AnnotationGPUCount, d.gpus(), d.gpus()) + migModeNote(st)
 	case NoNVLinkClique:
 		n := d.WholeGPUs
 		if n == 0 {

@@ -102,11 +102,23 @@ func (n *NodeInfo) healthy() int {
 	return c
 }
 
-// maxHealthyMemMiB is the largest memory a healthy GPU shares.
+// inMIG counts the GPUs in MIG mode, offered as MIG instances only.
+func (n *NodeInfo) inMIG() int {
+	c := 0
+	for i := range n.GPUs {
+		if n.GPUs[i].InMIG {
+			c++
+		}
+	}
+	return c
+}
+
+// maxHealthyMemMiB is the largest memory a healthy GPU shares (not in MIG
+// mode).
 func (n *NodeInfo) maxHealthyMemMiB() int64 {
 	var m int64
 	for i := range n.GPUs {
-		if n.GPUs[i].Healthy {
+		if n.GPUs[i].Healthy && !n.GPUs[i].InMIG {
 			m = max(m, n.GPUs[i].MemMiB)
 		}
 	}

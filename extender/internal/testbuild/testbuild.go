@@ -215,6 +215,12 @@ func (b *PodBuilder) NVLink() *PodBuilder {
 	return b
 }
 
+// GPUCount spreads the pod's slice over n GPUs (api.AnnotationGPUCount).
+func (b *PodBuilder) GPUCount(n string) *PodBuilder {
+	b.Pod.Annotations[api.AnnotationGPUCount] = n
+	return b
+}
+
 // Priority sets the pod's priority.
 func (b *PodBuilder) Priority(p int32) *PodBuilder { b.Pod.Spec.Priority = &p; return b }
 
