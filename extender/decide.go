@@ -100,8 +100,10 @@ func Check(st *NodeState, d *Demand) Reason {
 	case !api.ModelAllowed(info.Model, d.Models):
 		return ModelNotAllowed
 	case len(d.MIG) > 0:
-		r, _ := st.checkMIG(d)
-		return r
+		if r, _ := st.checkMIG(d); r != Fits {
+			return r
+		}
+		return st.checkAlignment(d)
 	case kind == allocator.Shared && !info.SharedIsolation:
 		return NoSharedIsolation
 	}
@@ -171,12 +173,17 @@ func Check(st *NodeState, d *Demand) Reason {
 			return NoFreeNVLinkClique
 		}
 	}
-	// Where the kubelet's topology manager refuses a pod it cannot align,
-	// its GPUs and exclusive CPUs must meet on one NUMA node (docs/numa.md).
-	if info.NUMAErr != nil {
+	return st.checkAlignment(d)
+}
+
+// checkAlignment is the NUMA part of Check: where the kubelet's topology
+// manager refuses a pod it cannot align, its GPUs (or MIG instances) and
+// exclusive CPUs must meet on one NUMA node (docs/numa.md).
+func (s *NodeState) checkAlignment(d *Demand) Reason {
+	if s.Info.NUMAErr != nil {
 		return BadNUMATopology
 	}
-	if err := st.checkNUMA(d); err != nil {
+	if err := s.checkNUMA(d); err != nil {
 		return numaReason(err)
 	}
 	return Fits

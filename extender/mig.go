@@ -40,6 +40,21 @@ type migState struct {
 	healthy map[string]int
 	used    map[string]int
 	pending map[string]int
+	// held are the instances recorded on pods, by UUID.
+	held map[string]bool
+}
+
+// holds reports whether a pod counted on the node holds instance uuid.
+func (m *migState) holds(uuid string) bool { return m != nil && m.held[uuid] }
+
+// migInstance returns the node's MIG instance uuid (nil when unknown).
+func (n *NodeInfo) migInstance(uuid string) *MIGInstance {
+	for i := range n.MIG {
+		if n.MIG[i].UUID == uuid {
+			return &n.MIG[i]
+		}
+	}
+	return nil
 }
 
 // free is the number of instances of profile a new pod can get.
@@ -56,7 +71,7 @@ func (s *NodeState) buildMIG() {
 	if len(info.MIG) == 0 && !s.anyMIGUse() {
 		return
 	}
-	m := &migState{healthy: map[string]int{}, used: map[string]int{}, pending: map[string]int{}}
+	m := &migState{healthy: map[string]int{}, used: map[string]int{}, pending: map[string]int{}, held: map[string]bool{}}
 	byUUID := make(map[string]*MIGInstance, len(info.MIG))
 	for i := range info.MIG {
 		in := &info.MIG[i]
@@ -68,6 +83,7 @@ func (s *NodeState) buildMIG() {
 	for _, u := range s.Pods {
 		for _, uuid := range u.MIG {
 			if in, ok := byUUID[uuid]; ok {
+				m.held[uuid] = true
 				if in.Healthy {
 					m.used[in.Profile]++
 				}

@@ -26,6 +26,12 @@ type migSlot struct {
 // GPUs 2-3 in 3g.20gb + 2g.10gb + 1g.5gb (dgx-a100-mig's layout).
 func migNode(name string) *corev1.Node {
 	b := testbuild.Node(name).GPUs(8, "A100", 40960)
+	migLayout(b, name)
+	return b.Obj()
+}
+
+// migLayout puts GPUs 0-3 of b (node name) in migNode's layout.
+func migLayout(b *testbuild.NodeBuilder, name string) {
 	for i := 0; i < 4; i++ {
 		g := &b.Inv.GPUs[i]
 		g.MemoryUnits = 0
@@ -42,7 +48,6 @@ func migNode(name string) *corev1.Node {
 	for _, p := range []string{"1g.5gb", "2g.10gb", "3g.20gb"} {
 		b.Inv.Resources = append(b.Inv.Resources, string(api.MIGResource(p)))
 	}
-	return b.Obj()
 }
 
 // migPod asks n instances of profile.

@@ -91,7 +91,7 @@ func (n *NodeNUMA) needs(d numa.Demand) []numa.Need {
 			u.MemMiB = 0
 		}
 		if !n.AlignGPUs {
-			u.GPUs, u.Slice = 0, false
+			u.GPUs, u.Slice, u.MIG = 0, false, nil
 		}
 		if !u.IsZero() {
 			keep = append(keep, u)
@@ -131,6 +131,9 @@ func (s *NodeState) buildNUMA() {
 			if u.WholePending > 0 && n.AlignGPUs {
 				st.held = append(st.held, numa.Held{Need: numa.Need{GPUs: u.WholePending}, Zone: zone})
 			}
+			if len(u.MIGPending) > 0 && n.AlignGPUs {
+				st.held = append(st.held, numa.Held{Need: numa.Need{MIG: u.MIGPending}, Zone: zone})
+			}
 			continue
 		}
 		for _, need := range n.needs(u.Align) {
@@ -139,6 +142,9 @@ func (s *NodeState) buildNUMA() {
 				need.GPUs, need.Slice = 0, false
 			} else if need.GPUs > 0 && u.WholePending > 0 {
 				need.GPUs = min(need.GPUs, u.WholePending)
+			}
+			if len(u.MIG) > 0 {
+				need.MIG = nil // its instances are counted as used already
 			}
 			need.Slice = false // a slice not recorded holds a GPU (PendingWhole)
 			if need.IsZero() {
@@ -161,8 +167,8 @@ func (s *NodeState) buildNUMA() {
 }
 
 // podZone is the zone pod u is bound to where the policy aligns: the NUMA
-// node of its recorded GPUs, else of its reported CPUs, when that is a
-// single one; -1 otherwise.
+// node of its recorded GPUs (or MIG instances), else of its reported CPUs,
+// when that is a single one; -1 otherwise.
 func (s *NodeState) podZone(u *PodUse, reported []api.NUMAZoneUse) int {
 	info := s.Info
 	zones := map[int]bool{}
@@ -170,6 +176,11 @@ func (s *NodeState) podZone(u *PodUse, reported []api.NUMAZoneUse) int {
 		for _, uuid := range slices.Concat(u.Whole, u.PlannedWhole) {
 			if p := info.position(uuid); p >= 0 {
 				zones[info.GPUs[p].NUMANode] = true
+			}
+		}
+		for _, uuid := range u.MIG {
+			if in := info.migInstance(uuid); in != nil {
+				zones[info.GPUs[in.GPU].NUMANode] = true
 			}
 		}
 		for _, sh := range u.sharedOn(info) {
@@ -195,7 +206,9 @@ func (s *NodeState) podZone(u *PodUse, reported []api.NUMAZoneUse) int {
 }
 
 // numaZones returns the zones with the GPU room for demand d of kind: free
-// whole GPUs (healthy, unused) and whether a GPU has room for d's slice.
+// whole GPUs (healthy, unused), whether a GPU has room for d's slice, and
+// the healthy MIG instances of each profile with those no recorded pod
+// holds (instances not recorded yet are held units, buildNUMA).
 func (s *NodeState) numaZones(d *Demand) []numa.Zone {
 	info := s.Info
 	zones := append([]numa.Zone(nil), s.numa.zones...)
@@ -216,6 +229,18 @@ func (s *NodeState) numaZones(d *Demand) []numa.Zone {
 			}
 			if shared && p < len(view.GPUs) && view.GPUs[p].MilliFree >= req.GPUMilli && view.GPUs[p].MemFreeMiB >= req.GPUMemMiB {
 				zones[i].SliceRoom = true
+			}
+		}
+		for _, in := range info.MIG {
+			if !in.Healthy || info.GPUs[in.GPU].NUMANode != zones[i].ID {
+				continue
+			}
+			if zones[i].MIG == nil {
+				zones[i].MIG, zones[i].FreeMIG = map[string]int{}, map[string]int{}
+			}
+			zones[i].MIG[in.Profile]++
+			if !s.mig.holds(in.UUID) {
+				zones[i].FreeMIG[in.Profile]++
 			}
 		}
 	}
@@ -263,6 +288,9 @@ func (s *NodeState) alignsAnywhere(d *Demand) bool {
 		gpus := u.GPUs
 		if u.Slice {
 			gpus++
+		}
+		for _, c := range u.MIG {
+			gpus += c // instances of several GPUs may lie on different NUMA nodes
 		}
 		if u.CPUs > 0 || u.MemMiB > 0 || gpus > 1 {
 			return false

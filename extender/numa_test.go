@@ -20,6 +20,12 @@ import (
 // as the profile has them) and a NUMA report under policy: CPU 0 reserved,
 // held maps pod keys (namespace/name) to CPUs they hold per NUMA node.
 func machineNode(t *testing.T, name, profile, policy string, held map[string]map[int]int) *corev1.Node {
+	return machineNodeWith(t, name, profile, policy, held, nil)
+}
+
+// machineNodeWith is machineNode with edit applied to its inventory once
+// the GPUs have their NUMA nodes (nil: none).
+func machineNodeWith(t *testing.T, name, profile, policy string, held map[string]map[int]int, edit func(*testbuild.NodeBuilder)) *corev1.Node {
 	t.Helper()
 	m, err := nvmlmock.Load(profile)
 	if err != nil {
@@ -28,6 +34,9 @@ func machineNode(t *testing.T, name, profile, policy string, held map[string]map
 	b := testbuild.Node(name).GPUs(len(m.GPUs), "A100", 40960)
 	for i, g := range m.GPUs {
 		b.Inv.GPUs[i].NUMANode = g.NUMANode
+	}
+	if edit != nil {
+		edit(b)
 	}
 	total := 0
 	topo := &api.NUMATopology{APIVersion: api.Version, Kind: api.KindNUMATopology, TopologyManagerPolicy: policy,
@@ -118,6 +127,83 @@ func TestNUMAFilterOnMockMachines(t *testing.T) {
 			if tc.ignore {
 				c.IgnoreNUMA()
 			}
+			c.SetNode(tc.node)
+			for _, p := range tc.pods {
+				c.SetPod(p)
+			}
+			d, err := ParseDemand(tc.pod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			v := Filter(mustState(t, c, "n"), &d)
+			if v.Reason != tc.want {
+				t.Fatalf("Filter = %+v, want %q", v, tc.want)
+			}
+			if tc.msg != "" && v.Message != tc.msg {
+				t.Errorf("message = %q, want %q", v.Message, tc.msg)
+			}
+		})
+	}
+}
+
+// MIG instances align with exclusive CPUs as GPUs do: the kubelet's
+// topology manager hints an instance on its GPU's NUMA node (found on make
+// demo: a Guaranteed 1g.5gb pod with 40 CPUs was bound to a node whose MIG
+// GPUs' NUMA node had 17 CPUs free, and failed with TopologyAffinityError).
+func TestNUMAFilterOfMIGPods(t *testing.T) {
+	guaranteedMIG := func(name, profile, cpus string) *testbuild.PodBuilder {
+		b := migPod(name, profile, 1)
+		c := &b.Pod.Spec.Containers[0]
+		for _, rl := range []corev1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
+			rl[corev1.ResourceCPU] = resource.MustParse(cpus)
+			rl[corev1.ResourceMemory] = resource.MustParse("1Gi")
+		}
+		return b
+	}
+	// dgx-a100-mig: GPUs 0-3 in MIG mode, all on NUMA node 0; with
+	// gpu3OnNUMA1, GPU 3 (3g.20gb + 2g.10gb + 1g.5gb) is on NUMA node 1.
+	layout := func(b *testbuild.NodeBuilder) { migLayout(b, "n") }
+	gpu3OnNUMA1 := func(b *testbuild.NodeBuilder) { migLayout(b, "n"); b.Inv.GPUs[3].NUMANode = 1 }
+	hog := func(zone int) (map[string]map[int]int, []*corev1.Pod) {
+		return map[string]map[int]int{"default/hog": {zone: 100}}, []*corev1.Pod{guaranteedPod("hog", 0, "100").Node("n").Obj()}
+	}
+	hog0, hog0Pods := hog(0)
+	hog1, hog1Pods := hog(1)
+	tests := []struct {
+		name string
+		node *corev1.Node
+		pods []*corev1.Pod
+		pod  *corev1.Pod
+		want Reason
+		msg  string
+	}{
+		{name: "CPUs of the instances' NUMA node taken", node: machineNodeWith(t, "n", "dgx-a100-mig", "single-numa-node", hog0, layout),
+			pods: hog0Pods, pod: guaranteedMIG("p", "1g.5gb", "40").Obj(), want: NoNUMAFit,
+			msg: "tessera: no NUMA node has 1 free 1g.5gb MIG instance and 40 free CPUs (topology manager policy single-numa-node)"},
+		{name: "CPUs of the other NUMA node taken", node: machineNodeWith(t, "n", "dgx-a100-mig", "single-numa-node", hog1, layout),
+			pods: hog1Pods, pod: guaranteedMIG("p", "1g.5gb", "40").Obj()},
+		{name: "a burstable pod aligns its instance only", node: machineNodeWith(t, "n", "dgx-a100-mig", "single-numa-node", hog0, layout),
+			pods: hog0Pods, pod: migPod("p", "1g.5gb", 1).CPU("40").Obj()},
+		{name: "best-effort admits", node: machineNodeWith(t, "n", "dgx-a100-mig", "best-effort", hog0, layout),
+			pods: hog0Pods, pod: guaranteedMIG("p", "1g.5gb", "40").Obj()},
+		{name: "an instance on the NUMA node with CPUs", node: machineNodeWith(t, "n", "dgx-a100-mig", "single-numa-node", hog0, gpu3OnNUMA1),
+			pods: hog0Pods, pod: guaranteedMIG("p", "3g.20gb", "40").Obj()},
+		{name: "that instance held by a pod", node: machineNodeWith(t, "n", "dgx-a100-mig", "single-numa-node", hog0, gpu3OnNUMA1),
+			pods: append([]*corev1.Pod{migPod("a", "3g.20gb", 1).Node("n").HoldingMIG("3g.20gb", [2]int{3, 0}).Obj()}, hog0Pods...),
+			pod:  guaranteedMIG("p", "3g.20gb", "40").Obj(), want: NoNUMAFit},
+		{name: "the held instance is on the other NUMA node", node: machineNodeWith(t, "n", "dgx-a100-mig", "single-numa-node", hog0, gpu3OnNUMA1),
+			pods: append([]*corev1.Pod{migPod("a", "3g.20gb", 1).Node("n").HoldingMIG("3g.20gb", [2]int{2, 0}).Obj()}, hog0Pods...),
+			pod:  guaranteedMIG("p", "3g.20gb", "40").Obj()},
+		{name: "an instance not recorded yet is held where the kubelet puts it first", node: machineNodeWith(t, "n", "dgx-a100-mig", "single-numa-node", hog0, gpu3OnNUMA1),
+			pods: append([]*corev1.Pod{migPod("a", "3g.20gb", 1).Node("n").Obj()}, hog0Pods...),
+			pod:  guaranteedMIG("p", "3g.20gb", "40").Obj()},
+		{name: "an instance not recorded yet goes with its CPUs", node: machineNodeWith(t, "n", "dgx-a100-mig", "single-numa-node", hog0, gpu3OnNUMA1),
+			pods: append([]*corev1.Pod{guaranteedMIG("a", "3g.20gb", "40").Node("n").Obj()}, hog0Pods...),
+			pod:  guaranteedMIG("p", "3g.20gb", "40").Obj(), want: NoNUMAFit},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := NewCache()
 			c.SetNode(tc.node)
 			for _, p := range tc.pods {
 				c.SetPod(p)

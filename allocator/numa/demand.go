@@ -85,14 +85,14 @@ func PodDemand(pod *corev1.Pod, gpus gpureq.Pod) Demand {
 	add := func(c *corev1.Container) {
 		n := Need{Name: c.Name}
 		if g, ok := byName[c.Name]; ok {
-			n.GPUs, n.Slice = int(g.Whole), g.Shared()
+			n.GPUs, n.Slice, n.MIG = int(g.Whole), g.Shared(), migNeed(g.MIG)
 		}
 		if guaranteed {
 			n.CPUs, n.MemMiB = ExclusiveCPUs(c), memMiB(c)
 		}
 		appCPUs += n.CPUs
 		appMem += n.MemMiB
-		if n.GPUs == 0 && !n.Slice && n.CPUs == 0 {
+		if n.GPUs == 0 && !n.Slice && n.CPUs == 0 && migCount(n.MIG) == 0 {
 			return // memory alone is aligned with the pod's other units
 		}
 		if n.Slice && slice >= 0 {
@@ -126,9 +126,22 @@ func PodDemand(pod *corev1.Pod, gpus gpureq.Pod) Demand {
 		Slice:  gpus.Peak.MemUnits > 0 || gpus.Peak.Cores > 0,
 		CPUs:   max(appCPUs, initCPUs),
 		MemMiB: max(appMem, initMem),
+		MIG:    migNeed(gpus.MIG),
 	}
-	if d.Pod.GPUs == 0 && !d.Pod.Slice && d.Pod.CPUs == 0 {
+	if d.Pod.GPUs == 0 && !d.Pod.Slice && d.Pod.CPUs == 0 && migCount(d.Pod.MIG) == 0 {
 		d.Pod = Need{}
 	}
 	return d
+}
+
+// migNeed is a MIG request per profile as a Need's (nil when none).
+func migNeed(m map[string]int64) map[string]int {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make(map[string]int, len(m))
+	for p, n := range m {
+		out[p] = int(n)
+	}
+	return out
 }

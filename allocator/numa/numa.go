@@ -16,6 +16,8 @@ package numa
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 )
 
@@ -62,10 +64,24 @@ type Need struct {
 	CPUs int
 	// MemMiB is memory the memory manager pins (0 when not tracked).
 	MemMiB int64
+	// MIG counts the MIG instances per profile (e.g. "1g.5gb") the unit
+	// needs on GPUs of the zone.
+	MIG map[string]int
 }
 
 // IsZero reports whether n asks for nothing to align.
-func (n Need) IsZero() bool { return n.GPUs == 0 && !n.Slice && n.CPUs == 0 && n.MemMiB == 0 }
+func (n Need) IsZero() bool {
+	return n.GPUs == 0 && !n.Slice && n.CPUs == 0 && n.MemMiB == 0 && migCount(n.MIG) == 0
+}
+
+// migCount is the number of instances of m, all profiles together.
+func migCount(m map[string]int) int {
+	c := 0
+	for _, n := range m {
+		c += n
+	}
+	return c
+}
 
 // String renders n as "4 free GPUs and 32 free CPUs".
 func (n Need) String() string {
@@ -78,6 +94,14 @@ func (n Need) String() string {
 	}
 	if n.Slice {
 		parts = append(parts, "a GPU with room for the slice")
+	}
+	for _, p := range slices.Sorted(maps.Keys(n.MIG)) {
+		switch c := n.MIG[p]; {
+		case c == 1:
+			parts = append(parts, fmt.Sprintf("1 free %s MIG instance", p))
+		case c > 1:
+			parts = append(parts, fmt.Sprintf("%d free %s MIG instances", c, p))
+		}
 	}
 	if n.CPUs > 0 {
 		parts = append(parts, fmt.Sprintf("%d free CPUs", n.CPUs))
@@ -137,6 +161,9 @@ type Zone struct {
 	// MemMiB and FreeMemMiB: pinnable memory; MemMiB 0 means memory is not
 	// tracked on the node and is not checked.
 	MemMiB, FreeMemMiB int64
+	// MIG and FreeMIG count the zone's healthy MIG instances per profile,
+	// and those no pod holds.
+	MIG, FreeMIG map[string]int
 }
 
 // Held is a unit the node has yet to place: a pod bound or planned there
@@ -153,9 +180,15 @@ type room struct {
 	mem        int64
 	slice      bool
 	trackMem   bool
+	mig        map[string]int
 }
 
 func (r *room) fits(n Need) bool {
+	for p, c := range n.MIG {
+		if r.mig[p] < c {
+			return false
+		}
+	}
 	return r.gpus >= n.GPUs && r.cpus >= n.CPUs && (!n.Slice || r.slice) && (!r.trackMem || r.mem >= n.MemMiB)
 }
 
@@ -163,6 +196,12 @@ func (r *room) take(n Need, sign int) {
 	r.gpus -= sign * n.GPUs
 	r.cpus -= sign * n.CPUs
 	r.mem -= int64(sign) * n.MemMiB
+	for p, c := range n.MIG {
+		if r.mig == nil {
+			r.mig = map[string]int{}
+		}
+		r.mig[p] -= sign * c
+	}
 }
 
 // Fit decides whether every held unit and every one of needs find room,
@@ -178,7 +217,7 @@ func Fit(zones []Zone, held []Held, needs []Need) (placed []int, ok bool) {
 	rooms := make([]room, len(zones))
 	index := make(map[int]int, len(zones))
 	for i, z := range zones {
-		rooms[i] = room{gpus: z.FreeGPUs, cpus: z.FreeCPUs, mem: z.FreeMemMiB, slice: z.SliceRoom, trackMem: z.MemMiB > 0}
+		rooms[i] = room{gpus: z.FreeGPUs, cpus: z.FreeCPUs, mem: z.FreeMemMiB, slice: z.SliceRoom, trackMem: z.MemMiB > 0, mig: maps.Clone(z.FreeMIG)}
 		index[z.ID] = i
 	}
 	first := func(n Need) int {
@@ -226,7 +265,7 @@ func Capable(zones []Zone, needs []Need) (Need, bool) {
 	for _, n := range needs {
 		fits := false
 		for _, z := range zones {
-			r := room{gpus: z.GPUs, cpus: z.CPUs, mem: z.MemMiB, slice: n.Slice, trackMem: z.MemMiB > 0}
+			r := room{gpus: z.GPUs, cpus: z.CPUs, mem: z.MemMiB, slice: n.Slice, trackMem: z.MemMiB > 0, mig: z.MIG}
 			if r.fits(n) {
 				fits = true
 				break

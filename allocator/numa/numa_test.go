@@ -144,6 +144,45 @@ func TestFitPlacesEachNeed(t *testing.T) {
 	}
 }
 
+func TestFitMIGInstances(t *testing.T) {
+	zones := []Zone{
+		{ID: 0, FreeCPUs: 8, MIG: map[string]int{"1g.5gb": 7, "3g.20gb": 1}, FreeMIG: map[string]int{"1g.5gb": 2, "3g.20gb": 1}},
+		{ID: 1, FreeCPUs: 40, MIG: map[string]int{"1g.5gb": 7}, FreeMIG: map[string]int{"1g.5gb": 3}},
+	}
+	tests := []struct {
+		name  string
+		held  []Held
+		needs []Need
+		want  []int // nil: no fit
+	}{
+		{name: "instances and CPUs on one zone", needs: []Need{{CPUs: 20, MIG: map[string]int{"1g.5gb": 3}}}, want: []int{1}},
+		{name: "instances of each unit counted", needs: []Need{{MIG: map[string]int{"1g.5gb": 2}}, {MIG: map[string]int{"1g.5gb": 2}}}, want: []int{0, 1}},
+		{name: "held instances taken first", held: []Held{{Need: Need{MIG: map[string]int{"1g.5gb": 2}}, Zone: 1}},
+			needs: []Need{{CPUs: 20, MIG: map[string]int{"1g.5gb": 2}}}},
+		{name: "a profile only one zone has", needs: []Need{{CPUs: 20, MIG: map[string]int{"3g.20gb": 1}}}},
+		{name: "instances no zone has free", needs: []Need{{MIG: map[string]int{"1g.5gb": 4}}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			placed, ok := Fit(zones, tc.held, tc.needs)
+			if ok != (tc.want != nil) {
+				t.Fatalf("Fit = %v, %v; want %v", placed, ok, tc.want)
+			}
+			if diff := cmp.Diff(tc.want, placed); diff != "" {
+				t.Errorf("placed (-want +got):\n%s", diff)
+			}
+		})
+	}
+	if zones[1].FreeMIG["1g.5gb"] != 3 {
+		t.Errorf("Fit changed its zones: %v", zones[1].FreeMIG)
+	}
+	// A unit of more instances than a zone has at all never fits there.
+	err := Check(SingleNUMANode, zones, nil, []Need{{CPUs: 4, MIG: map[string]int{"1g.5gb": 8}}})
+	if want := "no NUMA node has 8 1g.5gb MIG instances and 4 CPUs even when empty"; err == nil || err.Error() != want {
+		t.Errorf("Check = %v, want %q", err, want)
+	}
+}
+
 // container is a container asking cpu and memory (requests = limits) and
 // extra resources.
 func container(name, cpu, mem string, extra corev1.ResourceList) corev1.Container {
@@ -159,6 +198,7 @@ func TestPodDemand(t *testing.T) {
 		return corev1.ResourceList{api.ResourceGPU: *resource.NewQuantity(n, resource.DecimalSI)}
 	}
 	slice := corev1.ResourceList{api.ResourceGPUMemory: resource.MustParse("4")}
+	mig := corev1.ResourceList{api.MIGResource("1g.5gb"): resource.MustParse("2")}
 	always := corev1.ContainerRestartPolicyAlways
 	sidecar := container("side", "2", "1Gi", nil)
 	sidecar.RestartPolicy = &always
@@ -184,6 +224,9 @@ func TestPodDemand(t *testing.T) {
 			want: Demand{Pod: Need{Slice: true, CPUs: 16, MemMiB: 4096}, Containers: []Need{
 				{Name: "side", CPUs: 2, MemMiB: 1024}, {Name: "a+b", Slice: true, CPUs: 6, MemMiB: 2048}, {Name: "c", CPUs: 1, MemMiB: 1024}}}},
 		{name: "CPU-only shared pool", ctrs: []corev1.Container{container("main", "500m", "1Gi", nil)}, want: Demand{}},
+		{name: "MIG instances with CPUs", ctrs: []corev1.Container{container("a", "8", "1Gi", mig), container("b", "2", "1Gi", mig)},
+			want: Demand{Pod: Need{CPUs: 10, MemMiB: 2048, MIG: map[string]int{"1g.5gb": 4}}, Containers: []Need{
+				{Name: "a", CPUs: 8, MemMiB: 1024, MIG: map[string]int{"1g.5gb": 2}}, {Name: "b", CPUs: 2, MemMiB: 1024, MIG: map[string]int{"1g.5gb": 2}}}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
