@@ -42,6 +42,11 @@ type GPUInventory struct {
 	// SharedIsolation is true when the NRI plugin that isolates shared
 	// containers is connected; without it the node refuses shared units.
 	SharedIsolation bool `json:"sharedIsolation"`
+	// DynamicMIG is true when the node agent serves MIG layout requests
+	// (tessera-node --dynamic-mig, AnnotationMIGLayoutRequest): the
+	// extender asks only such nodes to repartition. Optional (absent: the
+	// node serves none).
+	DynamicMIG bool `json:"dynamicMIG,omitempty"`
 	// GPUs are the node's GPUs by index.
 	GPUs []InventoryGPU `json:"gpus"`
 	// Links[i][j] is the connection between GPUs[i] and GPUs[j] in the

@@ -112,3 +112,33 @@ func TestGetGPUInventoryMalformed(t *testing.T) {
 		t.Errorf("GetGPUInventory(unknown field) = ok %v, err %v; want ok and an unknown-field error", ok, err)
 	}
 }
+
+// TestGPUInventoryDynamicMIG: the agent's dynamic-MIG flag round-trips,
+// is absent (false) when off, and is parsed strictly.
+func TestGPUInventoryDynamicMIG(t *testing.T) {
+	on := inventory(func(i *api.GPUInventory) { i.DynamicMIG = true })
+	value, err := api.EncodeGPUInventory(on)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(value, `"dynamicMIG":true`) {
+		t.Fatalf("encoded %s", value)
+	}
+	got, err := api.ParseGPUInventory(value)
+	if err != nil || !got.DynamicMIG {
+		t.Fatalf("parsed %+v, %v", got, err)
+	}
+	off, err := api.EncodeGPUInventory(inventory())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(off, "dynamicMIG") {
+		t.Fatalf("off is written: %s", off)
+	}
+	if got, err := api.ParseGPUInventory(off); err != nil || got.DynamicMIG {
+		t.Fatalf("parsed %+v, %v", got, err)
+	}
+	if _, err := api.ParseGPUInventory(strings.Replace(value, `"dynamicMIG":true`, `"dynamicMIG":"yes"`, 1)); err == nil {
+		t.Fatal("a string dynamicMIG parsed")
+	}
+}

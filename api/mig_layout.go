@@ -32,7 +32,23 @@ type MIGLayoutRequest struct {
 	Generation int64 `json:"generation"`
 	// GPUs are the GPUs to repartition, each at most once.
 	GPUs []MIGLayoutGPU `json:"gpus"`
+	// Pod is the pending pod the request is made for; every request names
+	// one. The node agent serves the request only while that pod exists
+	// (same UID), is not being deleted and is bound to no node; the
+	// extender withdraws (removes) a request whose pod is gone or was
+	// placed. A repartition is never made for no pod.
+	Pod *MIGLayoutPod `json:"pod"`
 }
+
+// MIGLayoutPod names the pod a MIGLayoutRequest is for.
+type MIGLayoutPod struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	UID       string `json:"uid"`
+}
+
+// String is namespace/name.
+func (p *MIGLayoutPod) String() string { return p.Namespace + "/" + p.Name }
 
 // MIGLayoutGPU is the layout one GPU is to have.
 type MIGLayoutGPU struct {
@@ -80,8 +96,12 @@ var gpuUUIDPattern = regexp.MustCompile(`^GPU-[0-9a-fA-F-]{1,64}$`)
 // maxMIGLayoutGPUs bounds a request (no node has more GPUs).
 const maxMIGLayoutGPUs = 64
 
+// maxMIGLayoutPodField bounds a pod's namespace, name and UID (a name has
+// at most 253 characters).
+const maxMIGLayoutPodField = 253
+
 // Validate checks the request: version and kind, a positive generation,
-// GPU UUIDs each at most once, and per GPU served profiles at valid,
+// the pod it is for, GPU UUIDs each at most once, and per GPU served profiles at valid,
 // non-overlapping placements (at most MIGSlices instances).
 func (r *MIGLayoutRequest) Validate() error {
 	if r.APIVersion != Version {
@@ -92,6 +112,14 @@ func (r *MIGLayoutRequest) Validate() error {
 	}
 	if r.Generation <= 0 {
 		return fmt.Errorf("generation: must be positive, got %d", r.Generation)
+	}
+	if r.Pod == nil {
+		return fmt.Errorf("pod: required (the pending pod the request is for)")
+	}
+	for _, f := range []struct{ name, value string }{{"namespace", r.Pod.Namespace}, {"name", r.Pod.Name}, {"uid", r.Pod.UID}} {
+		if f.value == "" || len(f.value) > maxMIGLayoutPodField {
+			return fmt.Errorf("pod.%s: must have 1 to %d characters, got %d", f.name, maxMIGLayoutPodField, len(f.value))
+		}
 	}
 	if len(r.GPUs) > maxMIGLayoutGPUs {
 		return fmt.Errorf("gpus: at most %d, got %d", maxMIGLayoutGPUs, len(r.GPUs))

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,7 +31,8 @@ type MIGNodeView struct {
 	// Used are the MIG UUIDs pods hold (recorded by the node agent).
 	Used map[string]bool
 	// Pending is true when a pod on the node holds MIG instances the agent
-	// has not recorded yet: any GPU may be its, so none is free.
+	// has not recorded yet, or recorded instances the node's inventory does
+	// not list: any GPU may be its, so none is free.
 	Pending bool
 	// Busy is true while an earlier request of the node is not served.
 	Busy bool
@@ -205,8 +207,13 @@ func keptOf(l mig.Layout, g api.InventoryGPU) int {
 // MIGDynamic is the extender's side of dynamic MIG (--dynamic-mig): for a
 // pending pod kube-scheduler found unschedulable that asks MIG instances,
 // when no node has them free, it writes a MIG layout request on a node
-// with a GPU without a tenant (DecideMIGRepartition); the node agent
-// repartitions it and publishes the new instances, and the pod then fits.
+// whose agent serves them (its inventory's DynamicMIG) with a GPU without
+// a tenant (DecideMIGRepartition); the node agent repartitions it and
+// publishes the new instances, and the pod then fits. A request whose pod
+// is gone or was placed, or whose node's agent does not serve requests,
+// is withdrawn (the annotation removed); the pod is told by Events which
+// node was asked, when that node has not answered yet, and when no node
+// it may run on serves dynamic MIG.
 type MIGDynamic struct {
 	Cache  *Cache
 	Pods   func() ([]*corev1.Pod, error)
@@ -214,13 +221,17 @@ type MIGDynamic struct {
 	Client kubernetes.Interface
 	Events EventRecorder
 	// Cooldown is how long a pod or node asked for is left alone
-	// (default 30s): the node agent needs time to serve and publish.
+	// (default 30s): the node agent needs time to serve and publish. A
+	// request not answered after it is named in an Event on its pod.
 	Cooldown time.Duration
 	Now      func() time.Time
 
-	mu     sync.Mutex
-	asked  map[types.UID]time.Time
-	nodeAt map[string]time.Time
+	mu      sync.Mutex
+	asked   map[types.UID]time.Time
+	nodeAt  map[string]time.Time
+	lastGen map[string]int64     // the last generation written per node
+	seen    map[string]time.Time // node/generation -> when first seen unanswered
+	told    map[string]time.Time // what a pod was told (a key per Event), and when
 }
 
 // Run makes a pass every period until ctx ends.
@@ -244,39 +255,66 @@ func (d *MIGDynamic) Run(ctx context.Context, period time.Duration) {
 type migWrite struct {
 	pod   *corev1.Pod
 	dec   MIGRepartition
+	gen   int64
 	value string
 }
 
-// Sync makes one pass: it decides under its lock, then writes the
-// requests outside it.
+// migWithdraw is a request to remove from node: value is the annotation
+// as read (the removal is conditional on it), why says why.
+type migWithdraw struct {
+	node  *corev1.Node
+	value string
+	why   string
+}
+
+// migTell is an Event for a pod.
+type migTell struct {
+	pod                     *corev1.Pod
+	eventtype, reason, text string
+}
+
+type migPlan struct {
+	withdraw []migWithdraw
+	writes   []migWrite
+	tells    []migTell
+}
+
+// Sync makes one pass: it decides under its lock, then withdraws and
+// writes the requests outside it.
 func (d *MIGDynamic) Sync(ctx context.Context) error {
 	pods, err := d.Pods()
 	if err != nil {
 		return fmt.Errorf("listing pods: %w", err)
 	}
-	var askers []*corev1.Pod
-	demands := map[types.UID]map[string]int{}
-	for _, p := range pods {
-		if !gpureq.PendingUnschedulable(p) {
-			continue
-		}
-		dm, err := ParseDemand(p)
-		if err != nil || len(dm.MIG) == 0 {
-			continue
-		}
-		askers = append(askers, p)
-		demands[p.UID] = dm.MIG
-	}
-	if len(askers) == 0 {
-		return nil
-	}
 	nodes, err := d.Nodes()
 	if err != nil {
 		return fmt.Errorf("listing nodes: %w", err)
 	}
-	writes := d.decide(askers, demands, nodes)
+	return d.carry(ctx, d.decide(pods, nodes))
+}
+
+// carry withdraws and writes what plan says, and tells the pods.
+func (d *MIGDynamic) carry(ctx context.Context, plan migPlan) error {
+	logger := klog.FromContext(ctx)
 	var errs []error
-	for _, w := range writes {
+	for _, w := range plan.withdraw {
+		// Removed only if it is still the value read: a newer request
+		// stays.
+		path := "/metadata/annotations/" + strings.ReplaceAll(strings.ReplaceAll(api.AnnotationMIGLayoutRequest, "~", "~0"), "/", "~1")
+		patch, err := json.Marshal([]map[string]any{{"op": "test", "path": path, "value": w.value}, {"op": "remove", "path": path}})
+		if err == nil {
+			_, err = d.Client.CoreV1().Nodes().Patch(ctx, w.node.Name, types.JSONPatchType, patch, metav1.PatchOptions{})
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("node %s: withdrawing the MIG layout request: %w", w.node.Name, err))
+			continue
+		}
+		logger.Info("MIG layout request withdrawn", "node", klog.KObj(w.node), "why", w.why)
+		if d.Events != nil {
+			d.Events.Eventf(w.node, corev1.EventTypeNormal, "MIGRepartitionWithdrawn", "MIG layout request withdrawn: %s", w.why)
+		}
+	}
+	for _, w := range plan.writes {
 		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{api.AnnotationMIGLayoutRequest: w.value}}})
 		if err == nil {
 			_, err = d.Client.CoreV1().Nodes().Patch(ctx, w.dec.Node, types.MergePatchType, patch, metav1.PatchOptions{})
@@ -285,18 +323,54 @@ func (d *MIGDynamic) Sync(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("node %s: writing the MIG layout request: %w", w.dec.Node, err))
 			continue
 		}
-		klog.FromContext(ctx).Info("MIG repartition requested", "pod", klog.KObj(w.pod), "node", w.dec.Node, "gpu", w.dec.Index, "layout", w.dec.GPU.Instances, "destroyed", w.dec.Destroyed)
+		logger.Info("MIG repartition requested", "pod", klog.KObj(w.pod), "node", w.dec.Node, "gpu", w.dec.Index, "layout", w.dec.GPU.Instances, "destroyed", w.dec.Destroyed, "generation", w.gen)
 		if d.Events != nil {
-			d.Events.Eventf(w.pod, corev1.EventTypeNormal, "MIGRepartitionRequested", "no node has the MIG instances free: node %s was asked to repartition GPU %d (%s), which has no tenant", w.dec.Node, w.dec.Index, w.dec.GPU.UUID)
+			d.Events.Eventf(w.pod, corev1.EventTypeNormal, "MIGRepartitionRequested", "no node has the MIG instances free: node %s was asked to repartition GPU %d (%s), which has no tenant (MIG layout request %d); the pod waits for that node's agent to answer", w.dec.Node, w.dec.Index, w.dec.GPU.UUID, w.gen)
+		}
+	}
+	if d.Events != nil {
+		for _, t := range plan.tells {
+			d.Events.Eventf(t.pod, t.eventtype, t.reason, "%s", t.text)
 		}
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("%d of %d MIG layout requests failed: %w", len(errs), len(writes), errs[0])
+		return fmt.Errorf("%d of %d MIG layout request writes failed: %w", len(errs), len(plan.withdraw)+len(plan.writes), errs[0])
 	}
 	return nil
 }
 
-func (d *MIGDynamic) decide(askers []*corev1.Pod, demands map[types.UID]map[string]int, nodes []*corev1.Node) []migWrite {
+// migAsker reports whether dynamic MIG may act for p: pending, found
+// unschedulable by kube-scheduler, asking MIG instances.
+func migAsker(p *corev1.Pod) (map[string]int, bool) {
+	if !gpureq.PendingUnschedulable(p) {
+		return nil, false
+	}
+	dm, err := ParseDemand(p)
+	if err != nil || len(dm.MIG) == 0 {
+		return nil, false
+	}
+	return dm.MIG, true
+}
+
+// unneeded says why no one needs a request made for pod (empty when its
+// pod still waits): the pod is gone, another pod has its name, it is
+// being deleted or has ended, or it was placed.
+func unneeded(pod *api.MIGLayoutPod, byKey map[string]*corev1.Pod) string {
+	p, ok := byKey[pod.String()]
+	switch {
+	case !ok:
+		return fmt.Sprintf("its pod %s is gone", pod)
+	case string(p.UID) != pod.UID:
+		return fmt.Sprintf("its pod %s (UID %s) is gone; a new pod has the name", pod, pod.UID)
+	case gpureq.Ended(p):
+		return fmt.Sprintf("its pod %s is being deleted or has ended", pod)
+	case p.Spec.NodeName != "":
+		return fmt.Sprintf("its pod %s was placed on node %s", pod, p.Spec.NodeName)
+	}
+	return ""
+}
+
+func (d *MIGDynamic) decide(pods []*corev1.Pod, nodes []*corev1.Node) migPlan {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	now := time.Now()
@@ -309,6 +383,27 @@ func (d *MIGDynamic) decide(askers []*corev1.Pod, demands map[types.UID]map[stri
 	}
 	if d.asked == nil {
 		d.asked, d.nodeAt = map[types.UID]time.Time{}, map[string]time.Time{}
+		d.lastGen, d.seen, d.told = map[string]int64{}, map[string]time.Time{}, map[string]time.Time{}
+	}
+	var plan migPlan
+	// tell adds an Event for pod once per key.
+	tell := func(pod *corev1.Pod, key, eventtype, reason, format string, args ...any) {
+		key = string(pod.UID) + "/" + key
+		if _, done := d.told[key]; done {
+			return
+		}
+		d.told[key] = now
+		plan.tells = append(plan.tells, migTell{pod: pod, eventtype: eventtype, reason: reason, text: fmt.Sprintf(format, args...)})
+	}
+	byKey := make(map[string]*corev1.Pod, len(pods))
+	var askers []*corev1.Pod
+	demands := map[types.UID]map[string]int{}
+	for _, p := range pods {
+		byKey[p.Namespace+"/"+p.Name] = p
+		if dm, ok := migAsker(p); ok {
+			askers = append(askers, p)
+			demands[p.UID] = dm
+		}
 	}
 	snap := d.Cache.Snapshot()
 	byName := make(map[string]*corev1.Node, len(nodes))
@@ -316,38 +411,105 @@ func (d *MIGDynamic) decide(askers []*corev1.Pod, demands map[types.UID]map[stri
 		byName[n.Name] = n
 	}
 	views := make([]MIGNodeView, 0, len(nodes))
+	var unserved []string // nodes with GPUs in MIG mode whose agent serves no request
 	gens := map[string]int64{}
+	seen := map[string]bool{}
 	for _, n := range nodes {
+		gens[n.Name] = d.lastGen[n.Name]
 		inv, ok, err := api.GetGPUInventory(n.Annotations)
-		if !ok || err != nil {
+		invOK := ok && err == nil
+		serves := invOK && inv.DynamicMIG
+		st, stErr := api.ParseMIGLayoutStatus(n.Annotations[api.AnnotationMIGLayoutStatus])
+		if stErr == nil {
+			gens[n.Name] = max(gens[n.Name], st.Generation)
+		}
+		busy := false
+		if value, has := n.Annotations[api.AnnotationMIGLayoutRequest]; has {
+			req, reqErr := api.ParseMIGLayoutRequest(value)
+			why := ""
+			switch {
+			case reqErr != nil:
+				why = reqErr.Error()
+			case invOK && !serves:
+				why = fmt.Sprintf("request %d for pod %s: the node's agent does not serve MIG layout requests (tessera-node without --dynamic-mig)", req.Generation, req.Pod)
+			default:
+				if u := unneeded(req.Pod, byKey); u != "" {
+					why = fmt.Sprintf("request %d: %s", req.Generation, u)
+				}
+			}
+			if req != nil {
+				gens[n.Name] = max(gens[n.Name], req.Generation)
+			}
+			if why != "" {
+				plan.withdraw = append(plan.withdraw, migWithdraw{node: n, value: value, why: why})
+			} else {
+				answered := stErr == nil && st.Generation == req.Generation
+				pod := byKey[req.Pod.String()]
+				key := fmt.Sprintf("%s/%d", n.Name, req.Generation)
+				if !answered {
+					busy = true // not served yet
+					seen[key] = true
+					since, ok := d.seen[key]
+					if !ok {
+						since = now
+						if at, asked := d.asked[pod.UID]; asked && d.lastGen[n.Name] == req.Generation {
+							since = at
+						}
+						d.seen[key] = since
+					}
+					if now.Sub(since) >= cool {
+						tell(pod, "unanswered/"+key, corev1.EventTypeWarning, "MIGRepartitionUnanswered",
+							"node %s was asked %s ago to repartition GPU %s for this pod (MIG layout request %d) and has not answered yet; the pod waits for it (is the node's tessera-node agent running?)",
+							n.Name, now.Sub(since).Round(time.Second), migRequestGPUs(req), req.Generation)
+					}
+				} else if st.State != api.MIGLayoutApplied {
+					tell(pod, fmt.Sprintf("answer/%s/%s/%s", key, st.State, st.Message), corev1.EventTypeWarning, "MIGRepartition"+string(st.State),
+						"node %s answered MIG layout request %d: %s: %s", n.Name, req.Generation, st.State, st.Message)
+				}
+			}
+		}
+		if !invOK || !hasMIGGPU(inv) {
 			continue
 		}
-		v := MIGNodeView{Name: n.Name, GPUs: inv.GPUs, Used: map[string]bool{}}
+		if !serves {
+			unserved = append(unserved, n.Name)
+			continue
+		}
+		v := MIGNodeView{Name: n.Name, GPUs: inv.GPUs, Used: map[string]bool{}, Busy: busy}
 		if at, ok := d.nodeAt[n.Name]; ok && now.Sub(at) < cool {
 			v.Busy = true
 		}
-		if value, ok := n.Annotations[api.AnnotationMIGLayoutRequest]; ok {
-			if req, err := api.ParseMIGLayoutRequest(value); err == nil {
-				gens[n.Name] = req.Generation
-				st, err := api.ParseMIGLayoutStatus(n.Annotations[api.AnnotationMIGLayoutStatus])
-				if err != nil || st.Generation != req.Generation {
-					v.Busy = true // not served yet
+		s, ok := snap[n.Name]
+		if !ok {
+			continue
+		}
+		have := map[string]bool{}
+		for _, g := range inv.GPUs {
+			if g.MIG != nil {
+				for _, in := range g.MIG.Instances {
+					have[in.UUID] = true
 				}
 			}
 		}
-		if s, ok := snap[n.Name]; ok {
-			for _, u := range s.Pods {
-				for _, uuid := range u.MIG {
-					v.Used[uuid] = true
-				}
-				if len(u.MIGPending) > 0 {
+		for _, u := range s.Pods {
+			for _, uuid := range u.MIG {
+				v.Used[uuid] = true
+				if !have[uuid] {
+					// A pod holds an instance the node does not list (destroyed
+					// out of band, a GPU reset): any GPU may be its.
 					v.Pending = true
 				}
 			}
-		} else {
-			continue
+			if len(u.MIGPending) > 0 {
+				v.Pending = true
+			}
 		}
 		views = append(views, v)
+	}
+	for key := range d.seen {
+		if !seen[key] {
+			delete(d.seen, key)
+		}
 	}
 	sort.Slice(askers, func(i, j int) bool {
 		a, b := corev1helpers.PodPriority(askers[i]), corev1helpers.PodPriority(askers[j])
@@ -356,7 +518,6 @@ func (d *MIGDynamic) decide(askers []*corev1.Pod, demands map[types.UID]map[stri
 		}
 		return askers[i].CreationTimestamp.Before(&askers[j].CreationTimestamp)
 	})
-	var out []migWrite
 	for _, p := range askers {
 		if at, ok := d.asked[p.UID]; ok && now.Sub(at) < cool {
 			continue
@@ -375,28 +536,68 @@ func (d *MIGDynamic) decide(askers []*corev1.Pod, demands map[types.UID]map[stri
 		}
 		dec, ok := DecideMIGRepartition(demands[p.UID], may)
 		if !ok {
+			if len(may) == 0 {
+				var names []string
+				for _, n := range unserved {
+					if allowed.Allows(byName[n]) {
+						names = append(names, n)
+					}
+				}
+				if len(names) > 0 {
+					tell(p, "unavailable", corev1.EventTypeWarning, "MIGRepartitionUnavailable",
+						"no node has the MIG instances free, and no node the pod may run on serves dynamic MIG: the agents of %s (GPUs in MIG mode) run without --dynamic-mig, so none is asked to repartition", strings.Join(names, ", "))
+				}
+			}
 			continue
 		}
-		req := &api.MIGLayoutRequest{APIVersion: api.Version, Kind: api.KindMIGLayoutRequest, Generation: gens[dec.Node] + 1, GPUs: []api.MIGLayoutGPU{dec.GPU}}
+		gen := gens[dec.Node] + 1
+		req := &api.MIGLayoutRequest{APIVersion: api.Version, Kind: api.KindMIGLayoutRequest, Generation: gen, GPUs: []api.MIGLayoutGPU{dec.GPU},
+			Pod: &api.MIGLayoutPod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID)}}
 		value, err := api.EncodeMIGLayoutRequest(req)
 		if err != nil {
 			continue
 		}
 		d.asked[p.UID] = now
 		d.nodeAt[dec.Node] = now
+		d.lastGen[dec.Node] = gen
+		gens[dec.Node] = gen
 		for i := range views {
 			if views[i].Name == dec.Node {
 				views[i].Busy = true
 			}
 		}
-		out = append(out, migWrite{pod: p, dec: dec, value: value})
+		plan.writes = append(plan.writes, migWrite{pod: p, dec: dec, gen: gen, value: value})
 	}
 	for uid, at := range d.asked {
 		if now.Sub(at) > 10*cool {
 			delete(d.asked, uid)
 		}
 	}
-	return out
+	for key, at := range d.told {
+		if now.Sub(at) > 10*cool {
+			delete(d.told, key)
+		}
+	}
+	return plan
+}
+
+// hasMIGGPU reports whether a node has a GPU in MIG mode.
+func hasMIGGPU(inv *api.GPUInventory) bool {
+	for _, g := range inv.GPUs {
+		if g.MIG != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// migRequestGPUs names a request's GPUs by UUID.
+func migRequestGPUs(req *api.MIGLayoutRequest) string {
+	var out []string
+	for _, g := range req.GPUs {
+		out = append(out, g.UUID)
+	}
+	return strings.Join(out, ", ")
 }
 
 // migFitsSomewhere reports whether a node has demand's instances free now.

@@ -57,7 +57,7 @@ func TestDecideMIGRepartition(t *testing.T) {
 		if fmt.Sprint(r.GPU.Instances) != fmt.Sprint(want) {
 			t.Fatalf("layout %v, want %v", r.GPU.Instances, want)
 		}
-		req := &api.MIGLayoutRequest{APIVersion: api.Version, Kind: api.KindMIGLayoutRequest, Generation: 1, GPUs: []api.MIGLayoutGPU{r.GPU}}
+		req := &api.MIGLayoutRequest{APIVersion: api.Version, Kind: api.KindMIGLayoutRequest, Generation: 1, GPUs: []api.MIGLayoutGPU{r.GPU}, Pod: &api.MIGLayoutPod{Namespace: "ns", Name: "p", UID: "u"}}
 		if err := req.Validate(); err != nil {
 			t.Fatalf("the decision is not a valid request: %v", err)
 		}

@@ -305,6 +305,10 @@ func serveAgent(ctx context.Context, f *agentFlags, cfg *api.NodeAgentConfig, ba
 		trust = &podtrust.Filter{Sealer: sealer, Events: events, Component: "tessera-node"}
 		client := kube.New(cs, f.nodeName, trust, nil)
 		opts.Publisher = client
+		if f.dynamicMIG {
+			// The inventory says this agent serves MIG layout requests.
+			opts.Publisher = servesMIGLayouts{client}
+		}
 		if numa, err = numaReporter(ctx, &f.numa, f.iso.cpuManagerState, podResources, topo, client); err != nil {
 			return err
 		}

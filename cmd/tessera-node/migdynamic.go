@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -16,6 +17,7 @@ import (
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/deviceplugin"
 	"github.com/tessera-gpu/tessera/deviceplugin/kubeletstate"
+	"github.com/tessera-gpu/tessera/gpureq"
 	"github.com/tessera-gpu/tessera/isolation"
 	"github.com/tessera-gpu/tessera/topology"
 )
@@ -27,7 +29,8 @@ var errMIGRestart = errors.New("serving again after a MIG repartition")
 
 // migWatch is the agent's side of dynamic MIG (--dynamic-mig): it polls
 // its Node's AnnotationMIGLayoutRequest and, when a GPU's wanted layout
-// differs from its current one and the GPU has no tenant, stops the device
+// differs from its current one, the pod the request is for still waits
+// and the GPU has no tenant, stops the device
 // plugins (so the kubelet allocates nothing meanwhile), checks the tenants
 // again, repartitions, records AnnotationMIGLayoutStatus and serves again.
 // A GPU with a tenant is never touched: the request stays, the status says
@@ -86,6 +89,43 @@ func (w *migWatch) run(ctx context.Context, stop func()) {
 	}
 }
 
+// servesMIGLayouts wraps the agent's publisher so that its inventory says
+// the agent serves MIG layout requests (api.GPUInventory.DynamicMIG): the
+// extender asks only such nodes. An agent without --dynamic-mig publishes
+// the inventory without it.
+type servesMIGLayouts struct{ deviceplugin.Publisher }
+
+func (p servesMIGLayouts) PublishInventory(ctx context.Context, inv *api.GPUInventory) error {
+	c := *inv
+	c.DynamicMIG = true
+	return p.Publisher.PublishInventory(ctx, &c)
+}
+
+// podWaits returns "" when the pod req is for exists (same UID), is not
+// being deleted, has not ended and is bound to no node; else why not. A
+// request is served only then: never a repartition for no pod (one whose
+// pod was deleted while the agent was down, or placed elsewhere). An
+// error reading the pod also refuses.
+func (w *migWatch) podWaits(ctx context.Context, req *api.MIGLayoutRequest) string {
+	if req.Pod == nil {
+		return "the request names no pod"
+	}
+	pod, err := w.client.CoreV1().Pods(req.Pod.Namespace).Get(ctx, req.Pod.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return fmt.Sprintf("its pod %s is gone", req.Pod)
+	case err != nil:
+		return fmt.Sprintf("reading its pod %s: %v", req.Pod, err)
+	case string(pod.UID) != req.Pod.UID:
+		return fmt.Sprintf("its pod %s (UID %s) is gone; a new pod has the name", req.Pod, req.Pod.UID)
+	case gpureq.Ended(pod):
+		return fmt.Sprintf("its pod %s is being deleted or has ended", req.Pod)
+	case pod.Spec.NodeName != "":
+		return fmt.Sprintf("its pod %s was placed on node %s", req.Pod, pod.Spec.NodeName)
+	}
+	return ""
+}
+
 // poll reads the request; it returns it when a GPU is to be repartitioned.
 func (w *migWatch) poll(ctx context.Context) *api.MIGLayoutRequest {
 	logger := klog.FromContext(ctx)
@@ -115,6 +155,10 @@ func (w *migWatch) poll(ctx context.Context) *api.MIGLayoutRequest {
 	if req.Generation == w.failed.gen && time.Since(w.failed.at) < failRetry {
 		return nil
 	}
+	if why := w.podWaits(ctx, req); why != "" {
+		w.record(ctx, node, api.MIGLayoutStatus{Generation: req.Generation, State: api.MIGLayoutRefused, Message: "no pod needs it: " + why + "; nothing touched"})
+		return nil
+	}
 	if err := w.rep.CheckTenants(ctx, changes); err != nil {
 		w.record(ctx, node, api.MIGLayoutStatus{Generation: req.Generation, State: api.MIGLayoutRefused, Message: err.Error()})
 		return nil
@@ -122,18 +166,33 @@ func (w *migWatch) poll(ctx context.Context) *api.MIGLayoutRequest {
 	return req
 }
 
-// apply serves w.pending once the device plugins are stopped.
+// apply serves w.pending once the device plugins are stopped: only if the
+// Node still holds that request and its pod still waits (the extender may
+// have withdrawn it meanwhile).
 func (w *migWatch) apply(ctx context.Context) {
+	logger := klog.FromContext(ctx)
 	req := w.pending
 	w.pending = nil
+	node, err := w.client.CoreV1().Nodes().Get(ctx, w.node, metav1.GetOptions{})
+	if err != nil {
+		logger.Error(err, "Reading the Node before applying its MIG layout request; not applied")
+		return
+	}
+	if now, err := api.ParseMIGLayoutRequest(node.Annotations[api.AnnotationMIGLayoutRequest]); err != nil || now.Generation != req.Generation {
+		logger.Info("MIG layout request withdrawn or replaced before it was applied; nothing touched", "generation", req.Generation)
+		return
+	}
+	if why := w.podWaits(ctx, req); why != "" {
+		w.record(ctx, node, api.MIGLayoutStatus{Generation: req.Generation, State: api.MIGLayoutRefused, Message: "no pod needs it: " + why + "; nothing touched"})
+		return
+	}
 	st, changed := w.rep.Apply(ctx, req)
 	if st.State == api.MIGLayoutFailed {
 		*w.failed = migFailure{gen: req.Generation, at: time.Now()}
 	}
-	klog.FromContext(ctx).Info("MIG layout request served", "generation", req.Generation, "state", st.State, "message", st.Message, "changed", changed)
-	node, err := w.client.CoreV1().Nodes().Get(ctx, w.node, metav1.GetOptions{})
-	if err != nil {
-		klog.FromContext(ctx).Error(err, "Reading the Node to record the MIG layout status")
+	logger.Info("MIG layout request served", "generation", req.Generation, "pod", req.Pod, "state", st.State, "message", st.Message, "changed", changed)
+	if node, err = w.client.CoreV1().Nodes().Get(ctx, w.node, metav1.GetOptions{}); err != nil {
+		logger.Error(err, "Reading the Node to record the MIG layout status")
 		return
 	}
 	w.record(ctx, node, st)
