@@ -43,6 +43,17 @@ const (
 	// EnvNVIDIAVisibleDevices lists the GPUs (by UUID) the NVIDIA
 	// container runtime exposes.
 	EnvNVIDIAVisibleDevices = "NVIDIA_VISIBLE_DEVICES"
+	// EnvDockerResourceGPU is the swarm-resource variable the NVIDIA
+	// container toolkit reads in place of EnvNVIDIAVisibleDevices where its
+	// configuration names it (swarm-resource).
+	EnvDockerResourceGPU = "DOCKER_RESOURCE_GPU"
+	// EnvNVIDIAIMEXChannels asks the toolkit for IMEX channels.
+	EnvNVIDIAIMEXChannels = "NVIDIA_IMEX_CHANNELS"
+	// EnvNVIDIAMIGConfigDevices and EnvNVIDIAMIGMonitorDevices ask the
+	// toolkit for the MIG configuration and monitoring capabilities of
+	// GPUs.
+	EnvNVIDIAMIGConfigDevices  = "NVIDIA_MIG_CONFIG_DEVICES"
+	EnvNVIDIAMIGMonitorDevices = "NVIDIA_MIG_MONITOR_DEVICES"
 	// VisibleDevicesVoid is the EnvNVIDIAVisibleDevices value under which
 	// the NVIDIA container runtime gives a container no GPU, no device node
 	// and no driver library (unlike "none", which still mounts the driver),

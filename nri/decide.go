@@ -688,6 +688,18 @@ func adjustment(opts Options, node *Node, pod Pod, ctr Container, gpus []GPU, sh
 		EnvVar{api.EnvGPUIndices, strings.Join(indices, ",")},
 		EnvVar{api.EnvGPUShared, strconv.FormatBool(shared != nil)},
 	)
+	// The other variables by which the spec asks the runtime for devices
+	// name nothing beyond the container's own (nvidiaRequestEnv).
+	for _, name := range nvidiaRequestEnv {
+		if _, ok := ctr.Env[name]; !ok {
+			continue
+		}
+		v := ""
+		if name == api.EnvDockerResourceGPU {
+			v = strings.Join(devices, ",")
+		}
+		a.Env = append(a.Env, EnvVar{name, v})
+	}
 	if shared != nil {
 		// The container sees its slice's GPUs (one, or a multi-GPU
 		// slice's N) as device ordinals 0..N-1, each with the same memory
@@ -811,12 +823,15 @@ func NonGPUFromConfig(cfg *api.NodeAgentConfig) NonGPU {
 // NVIDIA_VISIBLE_DEVICES where configured). A container without a Tessera
 // GPU that sets one gets it emptied, which the toolkit reads as no device:
 // NRI's adaptation (v0.12) drops the removal of a variable the container
-// already has, but applies an override.
+// already has, but applies an override. A GPU container that sets one gets
+// it overridden too (adjustment): the swarm-resource variable with the
+// container's own devices, the others emptied (Tessera gives no IMEX
+// channel and no MIG configuration or monitoring capability).
 var nvidiaRequestEnv = []string{
-	"DOCKER_RESOURCE_GPU",
-	"NVIDIA_IMEX_CHANNELS",
-	"NVIDIA_MIG_CONFIG_DEVICES",
-	"NVIDIA_MIG_MONITOR_DEVICES",
+	api.EnvDockerResourceGPU,
+	api.EnvNVIDIAIMEXChannels,
+	api.EnvNVIDIAMIGConfigDevices,
+	api.EnvNVIDIAMIGMonitorDevices,
 }
 
 // decideNonGPU decides on a container that holds no Tessera resource. Unless

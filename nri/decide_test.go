@@ -171,6 +171,35 @@ func TestDecide(t *testing.T) {
 			},
 		},
 		{
+			name: "a GPU container's other device-requesting variables name only its own devices",
+			req: Request{
+				Pod: pod(nil),
+				Container: Container{ID: "id", Name: "c",
+					Env: map[string]string{api.EnvNVIDIAVisibleDevices: "all", api.EnvDockerResourceGPU: "0,1,2,3,4,5,6,7",
+						api.EnvNVIDIAIMEXChannels: "all", api.EnvNVIDIAMIGConfigDevices: "all", api.EnvNVIDIAMIGMonitorDevices: "all"}},
+				Devices: Devices{Whole: []string{uuid2}},
+			},
+			want: &Decision{
+				Action: ActionIsolate,
+				Entry:  Entry{PodUID: "uid-p", Namespace: "ns", Pod: "p", Container: "c", ContainerID: "id", GPUs: []api.GPURef{{UUID: uuid2, Index: 2}}},
+				Adjustment: Adjustment{
+					AddDeviceNodes: gpuNodes(12),
+					CgroupRules:    gpuRules(12),
+					Env: []EnvVar{
+						{api.EnvNVIDIAVisibleDevices, uuid2},
+						{api.EnvGPUUUIDs, uuid2},
+						{api.EnvGPUIndices, "2"},
+						{api.EnvGPUShared, "false"},
+						{api.EnvDockerResourceGPU, uuid2},
+						{api.EnvNVIDIAIMEXChannels, ""},
+						{api.EnvNVIDIAMIGConfigDevices, ""},
+						{api.EnvNVIDIAMIGMonitorDevices, ""},
+					},
+					CPUSetCPUs: "8-15", CPUSetMems: "1",
+				},
+			},
+		},
+		{
 			name: "whole GPUs with CDI: only missing CDI devices are added; cpuset within the kubelet's",
 			opts: func(o *Options) { o.CDI = true },
 			req: Request{
