@@ -223,6 +223,9 @@ func (m *MockMachine) validateNVLinks(n int) error {
 				return fmt.Errorf("nvlinks[%d][%d]: a GPU has no NVLink to itself, got %d", i, j, c)
 			case m.NVLinks[j][i] != c:
 				return fmt.Errorf("nvlinks[%d][%d]: must equal nvlinks[%d][%d] (%d != %d)", i, j, j, i, c, m.NVLinks[j][i])
+			case c > MaxNVLinksPerGPU:
+				// Checked apart from the total, which would overflow.
+				return fmt.Errorf("nvlinks[%d][%d]: %d NVLinks, more than the %d a GPU has", i, j, c, MaxNVLinksPerGPU)
 			}
 			total += c
 		}

@@ -67,6 +67,9 @@ func TestParseRejectsMalformedProfiles(t *testing.T) {
 		{"missing model", "{model: M, memoryMiB: 1024, numaNode: 0, pciBusID: \"0000:02", "{memoryMiB: 1024, numaNode: 0, pciBusID: \"0000:02", "gpus[1].model: must not be empty"},
 		{"asymmetric NVLinks", "[2, 0]\npcie", "[1, 0]\npcie", "nvlinks[0][1]: must equal nvlinks[1][0] (2 != 1)"},
 		{"NVLink to itself", "[0, 2]\n  - [2, 0]", "[1, 2]\n  - [2, 0]", "nvlinks[0][0]: a GPU has no NVLink to itself"},
+		// Found reading validateNVLinks for FuzzParse: the row's total
+		// overflowed and passed, and New then made 2^63 links.
+		{"NVLink count overflows", "nvlinks:\n  - [0, 2]\n  - [2, 0]", "nvswitch: {switches: 1, linksPerGPU: 18}\nnvlinks:\n  - [0, 9223372036854775800]\n  - [9223372036854775800, 0]", "nvlinks[0][1]: 9223372036854775800 NVLinks, more than the 18 a GPU has"},
 		{"short NVLink row", "[0, 2]\n  - [2, 0]", "[0, 2]\n  - [2]", "nvlinks[1]: must have 2 columns, got 1"},
 		{"bad PCIe level", "[X, PIX]\n  - [PIX, X]", "[X, PCI]\n  - [PCI, X]", `pcie[0][1]: "PCI" is not one of`},
 		{"PCIe diagonal", "[X, PIX]\n  - [PIX, X]", "[PIX, PIX]\n  - [PIX, X]", "pcie[0][0]: the diagonal must be"},
