@@ -9,6 +9,14 @@ const (
 	// CodeInvalidQuantity: a Tessera resource is not a non-negative
 	// integer.
 	CodeInvalidQuantity Code = "invalid-quantity"
+	// CodeZeroQuantity: a Tessera resource asked as 0 (CheckCreate).
+	CodeZeroQuantity Code = "zero-quantity"
+	// CodeUnknownResource: a tessera.dev/ resource Tessera does not serve
+	// (CheckCreate).
+	CodeUnknownResource Code = "unknown-resource"
+	// CodeMemUnitsAsBytes: tessera.dev/gpu-memory written as bytes (a
+	// binary suffix, or beyond MaxMemUnits; CheckCreate).
+	CodeMemUnitsAsBytes Code = "memory-units-as-bytes"
 	// CodeWholeAndShared: one container, or one pod, asks for whole GPUs
 	// and a shared slice (an MPS client sees only its server's GPU).
 	CodeWholeAndShared Code = "whole-and-shared"

@@ -69,6 +69,12 @@ func Review(req *admissionv1.AdmissionRequest, queued func(namespace string) boo
 		// malformed hint silently as none.
 		return deny(resp, http.StatusUnprocessableEntity, fmt.Sprintf("pod %s/%s: %v", pod.Namespace, pod.Name, err))
 	}
+	if err := gpureq.CheckCreate(pod); err != nil && pod.Spec.NodeName == "" {
+		// Read as asked by the components, but never run as the user
+		// meant: 0 of a resource, a resource Tessera does not serve,
+		// memory units written as bytes.
+		return deny(resp, http.StatusUnprocessableEntity, fmt.Sprintf("pod %s/%s: %v", pod.Namespace, pod.Name, err))
+	}
 	if _, err := extender.ParseDemand(pod); err != nil && pod.Spec.NodeName == "" {
 		// The extender's filter would refuse such a pod on every node,
 		// for good: said at creation, the user sees it at once. A pod

@@ -1,0 +1,61 @@
+package admission
+
+import (
+	"strings"
+	"testing"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// TestQuotasCountUnitsNotBytes: an ElasticQuota or a Queue that gives a
+// Tessera resource in bytes (a binary suffix: "24Gi" of gpu-memory is
+// 25,769,803,776 units, a cap that caps nothing) is refused by deploy/crds
+// with a message that says how to write it; the same suffix on memory, and
+// plain counts, pass.
+func TestQuotasCountUnitsNotBytes(t *testing.T) {
+	e := start(t)
+	ctx := t.Context()
+	const mem = "tessera.dev/gpu-memory"
+	eqs := e.adminDyn.Resource(schema.GroupVersionResource{Group: "scheduling.x-k8s.io", Version: "v1alpha1", Resource: "elasticquotas"}).Namespace(tenantNS)
+	queues := e.adminDyn.Resource(api.QueueGVR)
+	bad := []struct {
+		name string
+		obj  *unstructured.Unstructured
+		want string
+	}{
+		{"quota max in bytes", quota("q", nil, map[string]any{mem: "24Gi", "tessera.dev/gpu": "100"}),
+			`spec.max: Invalid value: "object": tessera.dev/gpu-memory: 24Gi is not a count: Tessera resources count GPUs, units or instances, not bytes (tessera.dev/gpu-memory counts units of 1 GiB by default: write 24, not 24Gi)`},
+		{"quota min in bytes", quota("q", map[string]any{"tessera.dev/mig-1g.5gb": "2Ki"}, nil),
+			`spec.min: Invalid value: "object": tessera.dev/mig-1g.5gb: 2Ki is not a count`},
+		{"queue limit in bytes", queueObj("q", map[string]any{"resources": map[string]any{mem: map[string]any{"limit": "24Gi"}}}),
+			`spec.resources[tessera.dev/gpu-memory].limit: Invalid value: "": 24Gi is not a count: queues count GPUs, units or instances, not bytes`},
+		{"queue guarantee in bytes", queueObj("q", map[string]any{"resources": map[string]any{mem: map[string]any{"guaranteed": "1Mi"}}}),
+			`spec.resources[tessera.dev/gpu-memory].guaranteed: Invalid value: "": 1Mi is not a count`},
+	}
+	for _, c := range bad {
+		t.Run(c.name, func(t *testing.T) {
+			ri := eqs
+			if c.obj.GetKind() == api.QueueKind {
+				ri = queues
+			}
+			_, err := ri.Create(ctx, c.obj, metav1.CreateOptions{})
+			if err == nil {
+				t.Fatalf("created; want refused with %q", c.want)
+			}
+			if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("error %q\nwant Invalid saying %q", err, c.want)
+			}
+		})
+	}
+	if _, err := eqs.Create(ctx, quota("counts", map[string]any{"memory": "24Gi", mem: "24"}, map[string]any{"memory": "64Gi", mem: int64(48), "tessera.dev/gpu": "1k"}), metav1.CreateOptions{}); err != nil {
+		t.Errorf("quota of counts and memory in bytes refused: %v", err)
+	}
+	if _, err := queues.Create(ctx, queueObj("counts", map[string]any{"resources": map[string]any{mem: map[string]any{"guaranteed": "24", "limit": "1e3"}}}), metav1.CreateOptions{}); err != nil {
+		t.Errorf("queue of counts refused: %v", err)
+	}
+}
