@@ -59,3 +59,32 @@ func TestQuotasCountUnitsNotBytes(t *testing.T) {
 		t.Errorf("queue of counts refused: %v", err)
 	}
 }
+
+// TestPodGroupSizesAreInt32: a PodGroup's minMember is required and, like
+// scheduleTimeoutSeconds, an int32 (the CRD's format alone checks
+// nothing): the API server refuses the values the extender would refuse
+// later (a PodGroup with spec {} or minMember 99999999999 was accepted).
+func TestPodGroupSizesAreInt32(t *testing.T) {
+	e := start(t)
+	ctx := t.Context()
+	pgs := e.adminDyn.Resource(schema.GroupVersionResource{Group: "scheduling.x-k8s.io", Version: "v1alpha1", Resource: "podgroups"}).Namespace(tenantNS)
+	for _, c := range []struct {
+		name string
+		spec map[string]any
+		want string
+	}{
+		{"no minMember", map[string]any{}, `spec.minMember: Required value`},
+		{"minMember above int32", map[string]any{"minMember": int64(99999999999)}, `spec.minMember: Invalid value: 99999999999: spec.minMember in body should be less than or equal to 2147483647`},
+		{"timeout above int32", map[string]any{"minMember": int64(2), "scheduleTimeoutSeconds": int64(1 << 31)}, `spec.scheduleTimeoutSeconds in body should be less than or equal to 2147483647`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := pgs.Create(ctx, podGroup("pg", c.spec), metav1.CreateOptions{})
+			if err == nil || !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("error %v, want Invalid saying %q", err, c.want)
+			}
+		})
+	}
+	if _, err := pgs.Create(ctx, podGroup("largest", map[string]any{"minMember": int64(1<<31 - 1)}), metav1.CreateOptions{}); err != nil {
+		t.Errorf("minMember 2^31-1 refused: %v", err)
+	}
+}
