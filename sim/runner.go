@@ -128,8 +128,12 @@ func ParseSeeds(s string) ([]int64, error) {
 				return nil, fmt.Errorf("seed range %q is too long", part)
 			}
 		}
-		for v := a; v <= b; v++ {
+		// Stop at b, not past it: v++ past math.MaxInt64 wraps around.
+		for v := a; ; v++ {
 			out = append(out, v)
+			if v == b {
+				break
+			}
 		}
 	}
 	if len(out) == 0 {

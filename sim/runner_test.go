@@ -14,6 +14,10 @@ func TestParseSeeds(t *testing.T) {
 		"42-51":     {42, 43, 44, 45, 46, 47, 48, 49, 50, 51},
 		"42":        {42},
 		"1,3-4, 9 ": {1, 3, 4, 9},
+		// Found writing FuzzParseSeeds: counting past the largest seed
+		// wrapped around and never ended.
+		"9223372036854775807":                     {9223372036854775807},
+		"9223372036854775806-9223372036854775807": {9223372036854775806, 9223372036854775807},
 	}
 	for in, want := range tests {
 		got, err := ParseSeeds(in)

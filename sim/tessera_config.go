@@ -11,7 +11,8 @@ import (
 
 // ParseTesseraConfig reads a tessera tuning such as
 // "frag=0.25,strand=4,gap=4,gapcomp=0.01,gaptau=5,open=40,model=2,scarce=1,claim=0,free=1,rem=1,priced=1" on top of
-// allocator.DefaultTesseraConfig: keys left out keep their default.
+// allocator.DefaultTesseraConfig: keys left out keep their default. On an
+// error it returns the zero config.
 func ParseTesseraConfig(s string) (allocator.TesseraConfig, error) {
 	cfg := allocator.DefaultTesseraConfig()
 	fields := map[string]*float64{
@@ -38,20 +39,20 @@ func ParseTesseraConfig(s string) (allocator.TesseraConfig, error) {
 		k = strings.ToLower(strings.TrimSpace(k))
 		dst, known := fields[k]
 		if !ok || !known {
-			return cfg, fmt.Errorf("tessera weights %q: %q is not KEY=VALUE with KEY one of frag, strand, gap, gapcomp, gaptau, open, model, scarce, claim, free, rem, priced", s, kv)
+			return allocator.TesseraConfig{}, fmt.Errorf("tessera weights %q: %q is not KEY=VALUE with KEY one of frag, strand, gap, gapcomp, gaptau, open, model, scarce, claim, free, rem, priced", s, kv)
 		}
 		if seen[k] {
-			return cfg, fmt.Errorf("tessera weights %q: %s given twice", s, k)
+			return allocator.TesseraConfig{}, fmt.Errorf("tessera weights %q: %s given twice", s, k)
 		}
 		seen[k] = true
 		x, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
 		if err != nil || x < 0 || math.IsInf(x, 0) || math.IsNaN(x) {
-			return cfg, fmt.Errorf("tessera weights %q: %s=%q is not a non-negative number", s, k, v)
+			return allocator.TesseraConfig{}, fmt.Errorf("tessera weights %q: %s=%q is not a non-negative number", s, k, v)
 		}
 		*dst = x
 	}
 	if cfg.GapWeight > 0 && cfg.GapCompetition <= 0 {
-		return cfg, fmt.Errorf("tessera weights %q: gapcomp must be > 0 when gap > 0", s)
+		return allocator.TesseraConfig{}, fmt.Errorf("tessera weights %q: gapcomp must be > 0 when gap > 0", s)
 	}
 	return cfg, nil
 }

@@ -31,9 +31,16 @@ func TestParseTesseraConfig(t *testing.T) {
 		{"frag=NaN", "not a non-negative number"},
 		{"frag=1,frag=2", "given twice"},
 		{"gapcomp=0", "gapcomp must be > 0"},
+		// Found by FuzzParseTesseraConfig: on an error it returned the
+		// weights read so far instead of the zero config.
+		{"frag=1,strand", "not KEY=VALUE"},
 	} {
-		if _, err := ParseTesseraConfig(bad.in); err == nil || !strings.Contains(err.Error(), bad.msg) {
+		got, err := ParseTesseraConfig(bad.in)
+		if err == nil || !strings.Contains(err.Error(), bad.msg) {
 			t.Errorf("ParseTesseraConfig(%q) = %v, want an error with %q", bad.in, err, bad.msg)
+		}
+		if got != (allocator.TesseraConfig{}) {
+			t.Errorf("ParseTesseraConfig(%q) = %+v with an error, want the zero config", bad.in, got)
 		}
 	}
 	if _, err := ParseTesseraConfig("gap=0,gapcomp=0"); err != nil {
