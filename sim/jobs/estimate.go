@@ -3,6 +3,7 @@ package jobs
 import (
 	"fmt"
 	"hash/fnv"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -61,7 +62,8 @@ func (e Estimates) Validate() error {
 	case "", EstimateNone, EstimateOracle, EstimateTrace:
 		return nil
 	case EstimateUser:
-		if e.Factor < 1 || e.Missing < 0 || e.Missing > 1 {
+		// Written so that NaN fails too; an infinite factor has no run time.
+		if !(e.Factor >= 1) || math.IsInf(e.Factor, 1) || !(e.Missing >= 0 && e.Missing <= 1) {
 			return fmt.Errorf("estimates: factor %v, missing %v: want a factor of at least 1 and a share in 0..1", e.Factor, e.Missing)
 		}
 		return nil
@@ -101,7 +103,10 @@ func ParseEstimates(s string) (Estimates, error) {
 		return Estimates{}, fmt.Errorf("estimates %q: the factor and the share must be numbers", s)
 	}
 	e := Estimates{Kind: EstimateUser, Factor: factor, Missing: missing}
-	return e, e.Validate()
+	if err := e.Validate(); err != nil {
+		return Estimates{}, err
+	}
+	return e, nil
 }
 
 // runtime is the run time job j declares under e.

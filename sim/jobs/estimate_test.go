@@ -166,9 +166,16 @@ func TestParseEstimates(t *testing.T) {
 		{"user2x", Estimates{}, true},
 		{"userAx-missB", Estimates{}, true},
 		{"perfect", Estimates{}, true},
+		// Found by FuzzParseEstimates: NaN passed the range checks, an
+		// infinite factor declared a 1 h limit (the duration conversion
+		// overflows).
+		{"userNaNx-miss0.2", Estimates{}, true},
+		{"user2x-missNaN", Estimates{}, true},
+		{"userInfx-miss0", Estimates{}, true},
 	} {
 		got, err := ParseEstimates(tc.in)
-		if (err != nil) != tc.err || !tc.err && got != tc.want {
+		// On an error too got must be tc.want, the zero model.
+		if (err != nil) != tc.err || got != tc.want {
 			t.Errorf("ParseEstimates(%q) = %+v, %v; want %+v, error %v", tc.in, got, err, tc.want, tc.err)
 		}
 		if !tc.err && got.String() != tc.in {
