@@ -141,8 +141,18 @@ func OccupancyView(snap *Snapshot) *gpustatus.Cluster {
 		byUUID := map[string]*gpustatus.GPU{}
 		for _, g := range info.GPUs {
 			o := &gpustatus.GPU{Index: g.Index, UUID: g.UUID, Model: g.Model, MemoryMiB: g.MemMiB, Healthy: g.Healthy, Reason: g.Reason}
+			if g.InMIG {
+				o.MIG = &gpustatus.MIG{Instances: []gpustatus.MIGInstance{}}
+			}
 			n.GPUs = append(n.GPUs, o)
 			byUUID[g.UUID] = o
+		}
+		// The instances of the GPUs in MIG mode, in inventory order.
+		migGPU := map[string]*gpustatus.GPU{}
+		for _, in := range info.MIG {
+			o := n.GPUs[in.GPU]
+			o.MIG.Instances = append(o.MIG.Instances, gpustatus.MIGInstance{UUID: in.UUID, Profile: in.Profile, Healthy: in.Healthy})
+			migGPU[in.UUID] = o
 		}
 		uses := make([]*PodUse, 0, len(st.Pods))
 		for _, u := range st.Pods {
@@ -169,8 +179,16 @@ func OccupancyView(snap *Snapshot) *gpustatus.Cluster {
 					o.AddShared(who, sh.MemMiB, sh.Cores)
 				}
 			}
+			for _, uuid := range u.MIG {
+				if o := migGPU[uuid]; o != nil {
+					o.AddMIG(who, uuid)
+				}
+			}
 			if u.WholePending > 0 {
 				n.Unrecorded = append(n.Unrecorded, fmt.Sprintf("%s: %d GPU(s)", who, u.WholePending))
+			}
+			if len(u.MIGPending) > 0 {
+				n.UnrecordedMIG = append(n.UnrecordedMIG, fmt.Sprintf("%s: %s", who, describeMIG(u.MIGPending)))
 			}
 		}
 		for _, h := range holds {
@@ -362,17 +380,55 @@ func PodView(snap *Snapshot, namespace, name string) *PodStatus {
 		}
 		if st := snap.Nodes[p.Spec.NodeName]; st != nil {
 			if u := st.Pods[p.UID]; u != nil {
-				for _, uuid := range u.Whole {
-					ps.GPUs = append(ps.GPUs, gpuName(st.Info, uuid))
-				}
-				for _, sh := range u.sharedOn(st.Info) {
-					ps.GPUs = append(ps.GPUs, fmt.Sprintf("%s: %d MiB, %d%% compute (container %s)", gpuName(st.Info, sh.UUID), sh.MemMiB, sh.Cores, sh.Container))
-				}
+				ps.GPUs = ledgerLines(st.Info, u, p)
 			}
 		}
 		return ps
 	}
 	return nil
+}
+
+// ledgerLines says what the ledger counts of pod's use u on the node of
+// info: its whole GPUs, slices and MIG instances, and what the node agent
+// has not recorded yet.
+func ledgerLines(info *NodeInfo, u *PodUse, pod *corev1.Pod) []string {
+	var out []string
+	for _, uuid := range u.Whole {
+		out = append(out, gpuName(info, uuid))
+	}
+	for _, sh := range u.sharedOn(info) {
+		out = append(out, fmt.Sprintf("%s: %d MiB, %d%% compute (container %s)", gpuName(info, sh.UUID), sh.MemMiB, sh.Cores, sh.Container))
+	}
+	// The containers of the instances, from the assignment the ledger
+	// read them from (the pod is sanitized: Tessera's).
+	container := map[string]string{}
+	if a, ok, err := api.GetAssignment(pod.Annotations); ok && err == nil {
+		for _, c := range a.Containers {
+			for _, m := range c.MIG {
+				container[m.UUID] = c.Name
+			}
+		}
+	}
+	for _, uuid := range u.MIG {
+		i := slices.IndexFunc(info.MIG, func(in MIGInstance) bool { return in.UUID == uuid })
+		if i < 0 {
+			out = append(out, fmt.Sprintf("MIG %s, not in the node's inventory", uuid))
+			continue
+		}
+		in := info.MIG[i]
+		line := fmt.Sprintf("MIG %s %s on %s", in.Profile, uuid, gpuName(info, info.GPUs[in.GPU].UUID))
+		if c := container[uuid]; c != "" {
+			line += " (container " + c + ")"
+		}
+		out = append(out, line)
+	}
+	if u.WholePending > 0 {
+		out = append(out, fmt.Sprintf("%d whole GPU(s), not recorded by the node agent yet", u.WholePending))
+	}
+	if len(u.MIGPending) > 0 {
+		out = append(out, describeMIG(u.MIGPending)+", not recorded by the node agent yet")
+	}
+	return out
 }
 
 func gpuName(info *NodeInfo, uuid string) string {
@@ -481,6 +537,9 @@ func pendingOf(snap *Snapshot, p *corev1.Pod, perNode bool) PendingPod {
 
 // DescribeDemand says in words what a pod asks for.
 func DescribeDemand(d *Demand) string {
+	if d.AsksMIG() {
+		return describeMIG(d.MIG)
+	}
 	switch d.Kind() {
 	case allocator.Whole:
 		s := fmt.Sprintf("%d whole GPU(s)", d.WholeGPUs)
@@ -496,6 +555,20 @@ func DescribeDemand(d *Demand) string {
 		return fmt.Sprintf("a slice of one GPU: %d memory unit(s), %d%% compute", mem, cores)
 	}
 	return "no GPU"
+}
+
+// describeMIG says how many MIG instances of each profile n counts, in
+// profile name order: "2 MIG instances 1g.5gb, 1 MIG instance 3g.20gb".
+func describeMIG(n map[string]int) string {
+	var parts []string
+	for _, p := range sortedProfiles(n) {
+		if n[p] == 1 {
+			parts = append(parts, "1 MIG instance "+p)
+		} else {
+			parts = append(parts, fmt.Sprintf("%d MIG instances %s", n[p], p))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 func (s *Status) serve(w http.ResponseWriter, r *http.Request, view func(*Snapshot) (any, int)) {

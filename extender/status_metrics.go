@@ -14,7 +14,7 @@ import (
 // dashboard charts/tessera/dashboards/tessera.json reads them).
 var (
 	descGPUs = prometheus.NewDesc("tessera_extender_gpus",
-		"GPUs in the extender's ledger by node, model and use (free, whole, shared, unhealthy, whole+shared).",
+		"GPUs in the extender's ledger by node, model and use (free, whole, shared, mig, unhealthy, whole+shared; mig: in MIG mode, offered as MIG instances only, whether pods hold them or not).",
 		[]string{"node", "model", "use"}, nil)
 	descSliceMemory = prometheus.NewDesc("tessera_extender_gpu_slice_memory_used_bytes",
 		"GPU memory given to slices (tessera.dev/gpu-memory) by node and model.",
@@ -86,7 +86,7 @@ func StatusMetrics(snap *Snapshot, meter *allocator.FragMeter) []prometheus.Metr
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		out = append(out, prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...))
 	}
-	uses := []string{gpustatus.UseFree, gpustatus.UseWhole, gpustatus.UseShared, gpustatus.UseUnhealthy, gpustatus.UseOvercommitted}
+	uses := []string{gpustatus.UseFree, gpustatus.UseWhole, gpustatus.UseShared, gpustatus.UseMIG, gpustatus.UseUnhealthy, gpustatus.UseOvercommitted}
 	for _, n := range OccupancyView(snap).Nodes {
 		type key struct{ model, use string }
 		count := map[key]int{}

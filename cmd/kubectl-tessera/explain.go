@@ -120,6 +120,9 @@ func (e *env) explain(ctx context.Context, w io.Writer, namespace, name string) 
 						x.more("container %s: slice of GPU %d (%s): %d MiB, %d%% compute", c.Name, g.Index, g.UUID, s.MemoryMiB, s.Cores)
 					}
 				}
+				for _, m := range c.MIG {
+					x.more("container %s: MIG %s %s on GPU %d (%s)", c.Name, m.Profile, m.UUID, m.GPU.Index, m.GPU.UUID)
+				}
 			}
 		} else if keyErr == nil && len(gpureq.QuotaCount(pod)) > 0 {
 			x.more("no GPU assignment recorded yet")

@@ -150,6 +150,60 @@ type fixture struct {
 	noKey    bool
 	ext      extenderClient
 	failList string // a resource whose list fails as if the API server were down
+	mig      bool   // add migObjects
+}
+
+func migUUID(gpu, k int) string {
+	return fmt.Sprintf("MIG-44cc%04x-%04x-0000-0000-000000000000", gpu, k)
+}
+
+// migObjects: node mig-1 of 4 A100s, GPUs 1 and 2 in MIG mode (1: 7 ×
+// 1g.5gb; 2: 3g.20gb + 2g.10gb + 1g.5gb); migt/m1 holds GPU 2's 1g.5gb,
+// migt/m3 its 3g.20gb, migt/q waits for a 2g.10gb.
+func migObjects(t *testing.T) []runtime.Object {
+	t.Helper()
+	n := gpuNode(t, "mig-1", 4)
+	inv, _, err := api.GetGPUInventory(n.Annotations)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range inv.GPUs {
+		inv.GPUs[i].UUID = uuid("b1", i)
+	}
+	layouts := map[int][]api.InventoryMIGInstance{
+		1: {{Profile: "1g.5gb", MIGPlacement: api.MIGPlacement{Start: 0, Size: 1}}, {Profile: "1g.5gb", MIGPlacement: api.MIGPlacement{Start: 1, Size: 1}},
+			{Profile: "1g.5gb", MIGPlacement: api.MIGPlacement{Start: 2, Size: 1}}, {Profile: "1g.5gb", MIGPlacement: api.MIGPlacement{Start: 3, Size: 1}},
+			{Profile: "1g.5gb", MIGPlacement: api.MIGPlacement{Start: 4, Size: 1}}, {Profile: "1g.5gb", MIGPlacement: api.MIGPlacement{Start: 5, Size: 1}},
+			{Profile: "1g.5gb", MIGPlacement: api.MIGPlacement{Start: 6, Size: 1}}},
+		2: {{Profile: "3g.20gb", MIGPlacement: api.MIGPlacement{Start: 0, Size: 4}}, {Profile: "2g.10gb", MIGPlacement: api.MIGPlacement{Start: 4, Size: 2}},
+			{Profile: "1g.5gb", MIGPlacement: api.MIGPlacement{Start: 6, Size: 1}}},
+	}
+	for i, l := range layouts {
+		g := &inv.GPUs[i]
+		g.MemoryUnits, g.MIG = 0, &api.InventoryMIG{}
+		for k, in := range l {
+			in.UUID, in.Healthy = migUUID(i, k), true
+			g.MIG.Instances = append(g.MIG.Instances, in)
+		}
+	}
+	if err := api.SetGPUInventory(n.Annotations, inv); err != nil {
+		t.Fatal(err)
+	}
+	migPod := func(name, profile string, age time.Duration) *corev1.Pod {
+		p := gpuPod("migt", name, 0, 0, 0, age)
+		p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{api.MIGResource(profile): resource.MustParse("1")}
+		return p
+	}
+	holds := func(profile string, gpu, k int) *api.Assignment {
+		a := api.NewAssignment()
+		a.Containers = []api.ContainerAssignment{{Name: "c", MIG: []api.MIGRef{{UUID: migUUID(gpu, k), Profile: profile, GPU: api.GPURef{UUID: uuid("b1", gpu), Index: gpu}}}}}
+		return a
+	}
+	return []runtime.Object{n,
+		sealed(t, running(migPod("m1", "1g.5gb", 15*time.Second), "mig-1"), holds("1g.5gb", 2, 2)),
+		sealed(t, running(migPod("m3", "3g.20gb", time.Minute), "mig-1"), holds("3g.20gb", 2, 0)),
+		migPod("q", "2g.10gb", 5*time.Second),
+	}
 }
 
 // cluster: node a100-1 with 2 GPUs and the CPU node cpu-1; train/llm holds
@@ -223,6 +277,9 @@ func (f fixture) env(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	objs = append(objs, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: api.ReservationsConfigMapName}, Data: map[string]string{api.ReservationsDataKey: recs}})
+	if f.mig {
+		objs = append(objs, migObjects(t)...)
+	}
 	if !f.noKey {
 		objs = append(objs, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: api.SealKeySecretName}, Data: map[string][]byte{api.SealKeyDataKey: []byte(sealKey)}})
 	}
@@ -309,6 +366,14 @@ func TestSubcommands(t *testing.T) {
 			run: func(e *env, b *bytes.Buffer) error { return e.explain(t.Context(), b, "solo", "loose") }, golden: "explain-loose.txt"},
 		{name: "explain a pod whose plan holds GPUs", fixture: fixture{},
 			run: func(e *env, b *bytes.Buffer) error { return e.explain(t.Context(), b, "hi", "held") }, golden: "explain-held.txt"},
+		{name: "status shows GPUs in MIG mode, their instances and holders", fixture: fixture{mig: true},
+			run: func(e *env, b *bytes.Buffer) error { return e.status(t.Context(), b) }, golden: "status-mig.txt"},
+		{name: "explain a running MIG pod", fixture: fixture{mig: true, ext: &fakeExtender{pods: map[string]*extender.PodStatus{"migt/m1": {
+			Namespace: "migt", Name: "m1", Phase: "Running", Node: "mig-1",
+			GPUs: []string{"MIG 1g.5gb " + migUUID(2, 2) + " on GPU 2 (A100-SXM4-40GB, " + uuid("b1", 2) + ") (container c)"}}}}},
+			run: func(e *env, b *bytes.Buffer) error { return e.explain(t.Context(), b, "migt", "m1") }, golden: "explain-mig.txt"},
+		{name: "explain a pending MIG pod", fixture: fixture{mig: true},
+			run: func(e *env, b *bytes.Buffer) error { return e.explain(t.Context(), b, "migt", "q") }, golden: "explain-mig-pending.txt"},
 		{name: "explain an unknown pod", fixture: fixture{},
 			run:      func(e *env, b *bytes.Buffer) error { return e.explain(t.Context(), b, "team-a", "nope") },
 			errWants: []string{"reading pod team-a/nope from the API server", "not found"}},

@@ -43,6 +43,10 @@ type Node struct {
 	// Unrecorded are the pods holding whole GPUs of the node that the
 	// node agent has not named yet ("namespace/name: N GPU(s)").
 	Unrecorded []string `json:"unrecorded,omitempty"`
+	// UnrecordedMIG are the pods holding MIG instances of the node that
+	// the node agent has not named yet ("namespace/name: 1 MIG instance
+	// 1g.5gb").
+	UnrecordedMIG []string `json:"unrecordedMIG,omitempty"`
 }
 
 // GPU is what the pods on a node use of one GPU.
@@ -62,14 +66,59 @@ type GPU struct {
 	Shared        []string `json:"shared,omitempty"`
 	MemoryUsedMiB int64    `json:"memoryUsedMiB,omitempty"`
 	Cores         int64    `json:"cores,omitempty"`
+	// MIG is set when the GPU is in MIG mode: it is then offered only as
+	// its MIG instances, never whole or as slices (MemoryMiB 0).
+	MIG *MIG `json:"mig,omitempty"`
 }
 
-// Use is how a GPU is used: "free", "whole", "shared", "unhealthy", or
-// "whole+shared" (over-committed: two kinds on one GPU).
+// MIG is the use of a GPU in MIG mode: its instances as the node's
+// inventory lists them, and the pods holding them.
+type MIG struct {
+	Instances []MIGInstance `json:"instances"`
+}
+
+// MIGInstance is one MIG instance of a GPU.
+type MIGInstance struct {
+	UUID    string `json:"uuid"`
+	Profile string `json:"profile"`
+	// Healthy is false when the instance or its GPU is unhealthy.
+	Healthy bool `json:"healthy"`
+	// Pod is the pod (namespace/name) holding the instance; empty when
+	// it is free.
+	Pod string `json:"pod,omitempty"`
+}
+
+// Used counts the instances a pod holds.
+func (m *MIG) Used() int {
+	n := 0
+	for _, in := range m.Instances {
+		if in.Pod != "" {
+			n++
+		}
+	}
+	return n
+}
+
+// Pods are the pods holding instances, once each, in instance order.
+func (m *MIG) Pods() []string {
+	var out []string
+	for _, in := range m.Instances {
+		if in.Pod != "" && !slices.Contains(out, in.Pod) {
+			out = append(out, in.Pod)
+		}
+	}
+	return out
+}
+
+// Use is how a GPU is used: "free", "whole", "shared", "mig" (in MIG
+// mode: offered as MIG instances only, whether pods hold them or not),
+// "unhealthy", or "whole+shared" (over-committed: two kinds on one GPU).
 func (g *GPU) Use() string {
 	switch {
 	case !g.Healthy:
 		return UseUnhealthy
+	case g.MIG != nil:
+		return UseMIG
 	case len(g.Whole) > 0 && len(g.Shared) > 0:
 		return UseOvercommitted
 	case len(g.Whole) > 0:
@@ -85,6 +134,7 @@ const (
 	UseFree          = "free"
 	UseWhole         = "whole"
 	UseShared        = "shared"
+	UseMIG           = "mig"
 	UseUnhealthy     = "unhealthy"
 	UseOvercommitted = "whole+shared"
 )
@@ -113,6 +163,35 @@ func (g *GPU) AddShared(pod string, memMiB, cores int64) {
 	g.Cores += cores
 }
 
+// AddMIG records pod as holding g's MIG instance uuid; false when g lists
+// no such instance (it is not in MIG mode, or its layout changed).
+func (g *GPU) AddMIG(pod, uuid string) bool {
+	if g.MIG == nil {
+		return false
+	}
+	for i := range g.MIG.Instances {
+		if in := &g.MIG.Instances[i]; in.UUID == uuid {
+			in.Pod = pod
+			return true
+		}
+	}
+	return false
+}
+
+// NewMIG is the use of a GPU in MIG mode with inventory layout m, no
+// instance held; nil when m is nil (the GPU is not in MIG mode).
+// gpuHealthy is the GPU's health, which its instances share.
+func NewMIG(m *api.InventoryMIG, gpuHealthy bool) *MIG {
+	if m == nil {
+		return nil
+	}
+	out := &MIG{Instances: make([]MIGInstance, 0, len(m.Instances))}
+	for _, in := range m.Instances {
+		out.Instances = append(out.Instances, MIGInstance{UUID: in.UUID, Profile: in.Profile, Healthy: in.Healthy && gpuHealthy})
+	}
+	return out
+}
+
 // NodeFromInventory returns a node's GPUs, unused, from its inventory
 // annotation; Err is set when there is none or it is malformed.
 func NodeFromInventory(node *corev1.Node, machineLabel string) *Node {
@@ -131,7 +210,7 @@ func NodeFromInventory(node *corev1.Node, machineLabel string) *Node {
 	}
 	for _, g := range inv.GPUs {
 		n.GPUs = append(n.GPUs, &GPU{Index: g.Index, UUID: g.UUID, Model: g.Model,
-			MemoryMiB: int64(g.MemoryUnits) * int64(inv.MemoryUnitMiB), Healthy: g.Healthy, Reason: g.Reason})
+			MemoryMiB: int64(g.MemoryUnits) * int64(inv.MemoryUnitMiB), Healthy: g.Healthy, Reason: g.Reason, MIG: NewMIG(g.MIG, g.Healthy)})
 	}
 	return n
 }
@@ -193,6 +272,11 @@ func FromObjects(nodes []corev1.Node, pods []corev1.Pod, machineLabel string) *C
 					if o := gpus[g.UUID]; o != nil {
 						o.AddShared(who, s.MemoryMiB, s.Cores)
 					}
+				}
+			}
+			for _, m := range ca.MIG {
+				if o := gpus[m.GPU.UUID]; o != nil {
+					o.AddMIG(who, m.UUID)
 				}
 			}
 		}
@@ -298,11 +382,16 @@ func Render(w io.Writer, c *Cluster) error {
 				}
 			case UseShared:
 				mem, cores, pods = Bar(g.MemoryUsedMiB, g.MemoryMiB), fmt.Sprintf("%d%%", g.Cores), strings.Join(g.Shared, " ")
+			case UseMIG:
+				mem, pods = g.MIG.Summary(), g.MIG.Holders()
 			}
 			row(name, mach, fmt.Sprint(g.Index), ShortModel(g.Model), use, mem, cores, pods)
 		}
 		for _, u := range n.Unrecorded {
 			row("", "", "?", "", "whole", "", "", u+", GPUs not recorded yet")
+		}
+		for _, u := range n.UnrecordedMIG {
+			row("", "", "?", "", UseMIG, "", "", u+", instances not recorded yet")
 		}
 	}
 	if err := tw.Flush(); err != nil {
@@ -315,6 +404,38 @@ func Render(w io.Writer, c *Cluster) error {
 		}
 	}
 	return nil
+}
+
+// Summary says how many of the instances pods hold: "2/3 instances
+// used", and how many are unhealthy.
+func (m *MIG) Summary() string {
+	s := fmt.Sprintf("%d/%d instances used", m.Used(), len(m.Instances))
+	bad := 0
+	for _, in := range m.Instances {
+		if !in.Healthy {
+			bad++
+		}
+	}
+	if bad > 0 {
+		s += fmt.Sprintf(", %d unhealthy", bad)
+	}
+	return s
+}
+
+// Holders lists the pods holding instances with their profiles:
+// "ns/a (1g.5gb) ns/b (3g.20gb, 1g.5gb)".
+func (m *MIG) Holders() string {
+	var parts []string
+	for _, pod := range m.Pods() {
+		var profiles []string
+		for _, in := range m.Instances {
+			if in.Pod == pod {
+				profiles = append(profiles, in.Profile)
+			}
+		}
+		parts = append(parts, fmt.Sprintf("%s (%s)", pod, strings.Join(profiles, ", ")))
+	}
+	return strings.Join(parts, " ")
 }
 
 // ShortModel drops the vendor prefix of an NVML product name.

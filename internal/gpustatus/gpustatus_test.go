@@ -2,6 +2,7 @@ package gpustatus
 
 import (
 	"bytes"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -80,6 +81,59 @@ func slice(node string, i int, memMiB, cores int64) *api.Assignment {
 	return a
 }
 
+func migUUID(node string, gpu, k int) string {
+	h := 0
+	for _, c := range node {
+		h = h*31 + int(c)
+	}
+	return fmt.Sprintf("MIG-%08x-%04x-%04x-0000-000000000000", h&0xffffffff, gpu, k)
+}
+
+// migNode is node with 4 GPUs: 0 whole, 1 in MIG mode with 7 × 1g.5gb, 2
+// in MIG mode with 3g.20gb + 2g.10gb + 1g.5gb (its 2g.10gb unhealthy), 3
+// in MIG mode without instances.
+func migNode(t *testing.T, name string) corev1.Node {
+	t.Helper()
+	n := node(t, name, 4)
+	inv, _, err := api.GetGPUInventory(n.Annotations)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type slot struct {
+		profile     string
+		start, size int
+		healthy     bool
+	}
+	layouts := map[int][]slot{
+		1: {{"1g.5gb", 0, 1, true}, {"1g.5gb", 1, 1, true}, {"1g.5gb", 2, 1, true}, {"1g.5gb", 3, 1, true}, {"1g.5gb", 4, 1, true}, {"1g.5gb", 5, 1, true}, {"1g.5gb", 6, 1, true}},
+		2: {{"3g.20gb", 0, 4, true}, {"2g.10gb", 4, 2, false}, {"1g.5gb", 6, 1, true}},
+		3: {},
+	}
+	for i, l := range layouts {
+		g := &inv.GPUs[i]
+		g.MemoryUnits, g.MIG = 0, &api.InventoryMIG{Instances: []api.InventoryMIGInstance{}}
+		for k, s := range l {
+			g.MIG.Instances = append(g.MIG.Instances, api.InventoryMIGInstance{UUID: migUUID(name, i, k), Profile: s.profile,
+				MIGPlacement: api.MIGPlacement{Start: s.start, Size: s.size}, Healthy: s.healthy})
+		}
+	}
+	if err := api.SetGPUInventory(n.Annotations, inv); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// mig gives container c the instances (GPU, instance) of profile each.
+func mig(node string, profile string, at ...[2]int) *api.Assignment {
+	a := api.NewAssignment()
+	c := api.ContainerAssignment{Name: "c"}
+	for _, gk := range at {
+		c.MIG = append(c.MIG, api.MIGRef{UUID: migUUID(node, gk[0], gk[1]), Profile: profile, GPU: api.GPURef{UUID: uuid(node, gk[0]), Index: gk[0]}})
+	}
+	a.Containers = append(a.Containers, c)
+	return a
+}
+
 func TestFromObjectsAndRender(t *testing.T) {
 	gated := pod(t, "team", "gang-0", "", corev1.PodPending, nil)
 	gated.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: api.SchedulingGateGang}}
@@ -130,6 +184,20 @@ func TestFromObjectsAndRender(t *testing.T) {
 			golden: "overcommit.txt",
 			uses:   map[string][]string{"n": {UseOvercommitted}},
 		},
+		{
+			name:  "GPUs in MIG mode are never free: their instances and who holds them",
+			nodes: []corev1.Node{migNode(t, "mig-1"), node(t, "a100-1", 1)},
+			pods: []corev1.Pod{
+				pod(t, "migt", "m1", "mig-1", corev1.PodRunning, mig("mig-1", "1g.5gb", [2]int{2, 2})),
+				pod(t, "migt", "m3", "mig-1", corev1.PodRunning, mig("mig-1", "3g.20gb", [2]int{2, 0})),
+				pod(t, "migt", "two", "mig-1", corev1.PodRunning, mig("mig-1", "1g.5gb", [2]int{1, 0}, [2]int{1, 4})),
+				pod(t, "migt", "done", "mig-1", corev1.PodSucceeded, mig("mig-1", "1g.5gb", [2]int{1, 1})),
+				pod(t, "migt", "elsewhere", "a100-1", corev1.PodRunning, mig("mig-1", "1g.5gb", [2]int{1, 2})),
+				pod(t, "train", "w", "mig-1", corev1.PodRunning, whole("mig-1", 0)),
+			},
+			golden: "mig.txt",
+			uses:   map[string][]string{"mig-1": {UseWhole, "mig", "mig", "mig"}, "a100-1": {UseFree}},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -148,6 +216,23 @@ func TestFromObjectsAndRender(t *testing.T) {
 				t.Fatal(err)
 			}
 			golden(t, tc.golden, b.Bytes())
+			// The extender serves the model as JSON and kubectl tessera
+			// renders what it decodes: the same table.
+			js, err := json.Marshal(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var back Cluster
+			if err := json.Unmarshal(js, &back); err != nil {
+				t.Fatal(err)
+			}
+			var b2 bytes.Buffer
+			if err := Render(&b2, &back); err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(b.String(), b2.String()); diff != "" {
+				t.Errorf("rendered from JSON (-direct +from JSON):\n%s", diff)
+			}
 		})
 	}
 }
