@@ -96,8 +96,10 @@ func sameLayout(have []gpu.MIGInstance, want []gpu.MIGSpec) bool {
 
 // CheckTenants returns an error matching ErrMIGTenant, naming the tenant,
 // when a GPU of changes has one: a container the kubelet allocated one of
-// its instances (or the GPU), or a process on it; or when the kubelet's
-// allocations or the GPU's processes cannot be read.
+// its instances (or the GPU), or a process on it; when a container is
+// allocated a MIG instance the node does not have (it cannot be mapped to
+// a GPU); or when the kubelet's allocations or the GPU's processes cannot
+// be read.
 func (r *MIGRepartitioner) CheckTenants(ctx context.Context, changes []MIGChange) error {
 	if r.Kubelet == nil {
 		return fmt.Errorf("%w: no source of the kubelet's allocations", ErrMIGTenant)
@@ -105,6 +107,31 @@ func (r *MIGRepartitioner) CheckTenants(ctx context.Context, changes []MIGChange
 	allocs, err := r.Kubelet.Allocations(ctx)
 	if err != nil {
 		return fmt.Errorf("%w: reading the kubelet's allocations (%s): %w", ErrMIGTenant, r.Kubelet.Name(), err)
+	}
+	// An allocated MIG instance the node does not have (its layout changed
+	// under the pod: destroyed out of band, a GPU reset) cannot be placed
+	// on a GPU: any may be its, so none is repartitioned.
+	known := map[string]bool{}
+	for _, i := range r.GPUs {
+		if info, err := r.Driver.MIG(i); err == nil && info.Enabled {
+			for _, in := range info.Instances {
+				known[in.UUID] = true
+			}
+		}
+	}
+	for _, a := range allocs {
+		if _, ok := api.MIGProfileOf(a.Resource); !ok {
+			continue
+		}
+		for _, id := range a.DeviceIDs {
+			if !known[id] {
+				who := a.Namespace + "/" + a.Name
+				if a.Name == "" {
+					who = "pod " + a.PodUID
+				}
+				return fmt.Errorf("%w: %s container %s holds %s (%s), a MIG instance this node does not have: it may be on any GPU", ErrMIGTenant, who, a.Container, id, a.Resource)
+			}
+		}
 	}
 	for _, c := range changes {
 		ids := map[string]bool{c.UUID: true}

@@ -146,3 +146,26 @@ func TestMIGRepartitionNVMLFailure(t *testing.T) {
 		t.Fatalf("retry: %+v %s", st, profiles(t, g, 2))
 	}
 }
+
+// A container allocated a MIG instance the node does not have (its layout
+// changed under the pod) cannot be mapped to a GPU: no GPU of the node is
+// repartitioned while it holds it.
+func TestMIGRepartitionRefusedWithUnknownInstance(t *testing.T) {
+	m, g, k, r := newRepartitioner(t)
+	k.allocs = []kubeletstate.ContainerDevices{
+		{Namespace: "ns", Name: "big", Container: "c", Resource: api.MIGResource("7g.40gb"), DeviceIDs: []string{"MIG-99999999-0000-0000-0000-000000000000"}},
+		// Other resources' devices are not MIG instances.
+		{Namespace: "ns", Name: "whole", Container: "c", Resource: api.ResourceGPU, DeviceIDs: []string{m.UUID(5)}},
+	}
+	st, changed := r.Apply(context.Background(), request(1, m.UUID(2), want4g))
+	if st.State != api.MIGLayoutRefused || changed || !strings.Contains(st.Message, "ns/big") || !strings.Contains(st.Message, "does not have") {
+		t.Fatalf("status %+v changed %v", st, changed)
+	}
+	if got := profiles(t, g, 2); got != "3g.20gb,2g.10gb,1g.5gb" {
+		t.Fatalf("repartitioned while an allocation cannot be mapped: %s", got)
+	}
+	k.allocs = k.allocs[1:]
+	if st, _ := r.Apply(context.Background(), request(2, m.UUID(2), want4g)); st.State != api.MIGLayoutApplied {
+		t.Fatalf("once the allocation is gone: %+v", st)
+	}
+}

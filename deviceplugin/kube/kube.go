@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -163,6 +164,9 @@ func (c *Client) SyncPods(ctx context.Context, allocs []kubeletstate.ContainerDe
 		whole  map[string][]api.GPURef // container -> GPUs
 		mig    map[string][]MIGDevice  // container -> MIG instances
 		shared map[string]bool         // containers with shared units
+		// unknown are the MIG instances a container holds that the node
+		// does not have (or not of the resource's profile).
+		unknown map[string][]string
 	}
 	pods := map[podKey]*podAllocs{}
 	for _, a := range allocs {
@@ -172,14 +176,17 @@ func (c *Client) SyncPods(ctx context.Context, allocs []kubeletstate.ContainerDe
 		k := podKey{a.Namespace, a.Name}
 		p := pods[k]
 		if p == nil {
-			p = &podAllocs{whole: map[string][]api.GPURef{}, mig: map[string][]MIGDevice{}, shared: map[string]bool{}}
+			p = &podAllocs{whole: map[string][]api.GPURef{}, mig: map[string][]MIGDevice{}, shared: map[string]bool{}, unknown: map[string][]string{}}
 			pods[k] = p
 		}
 		if profile, ok := api.MIGProfileOf(a.Resource); ok {
 			for _, id := range a.DeviceIDs {
 				m, ok := migs[id]
 				if !ok || m.Profile != profile {
-					logger.Info("Pod holds a MIG instance this node does not have; not recording it", "pod", klog.KRef(a.Namespace, a.Name), "container", a.Container, "resource", a.Resource, "device", id)
+					// The node's layout changed under the pod (an instance
+					// destroyed out of band, a GPU reset): what was recorded
+					// of it stays (syncPod), so its GPU keeps its tenant.
+					p.unknown[a.Container] = append(p.unknown[a.Container], id)
 					continue
 				}
 				p.mig[a.Container] = append(p.mig[a.Container], m)
@@ -226,12 +233,12 @@ func (c *Client) SyncPods(ctx context.Context, allocs []kubeletstate.ContainerDe
 				mig[container] = append(mig[container], m.MIGRef)
 			}
 		}
-		fp, _ := json.Marshal([]any{p.whole, mig, p.shared})
+		fp, _ := json.Marshal([]any{p.whole, mig, p.shared, p.unknown})
 		c.mu.Lock()
 		rec, ok := c.pods[k]
 		c.mu.Unlock()
 		if !ok || rec.fingerprint != string(fp) || now.Sub(rec.checked) >= podRecheck {
-			shared, err := c.syncPod(ctx, k, p.whole, mig, p.shared)
+			shared, err := c.syncPod(ctx, k, p.whole, mig, p.shared, p.unknown)
 			if err != nil {
 				errs = append(errs, err)
 				continue
@@ -252,8 +259,12 @@ func (c *Client) SyncPods(ctx context.Context, allocs []kubeletstate.ContainerDe
 }
 
 // syncPod merges whole and mig into the pod's assignment annotation and
-// returns the shared GPUs of the containers in shared.
-func (c *Client) syncPod(ctx context.Context, k podKey, whole map[string][]api.GPURef, mig map[string][]api.MIGRef, shared map[string]bool) (map[string]string, error) {
+// returns the shared GPUs of the containers in shared. unknown are the MIG
+// instances a container holds that the node does not have: a recorded
+// instance among them is kept as recorded (fail closed: its GPU keeps its
+// tenant), one never recorded cannot be (its GPU is not known); both are
+// logged as errors.
+func (c *Client) syncPod(ctx context.Context, k podKey, whole map[string][]api.GPURef, mig map[string][]api.MIGRef, shared map[string]bool, unknown map[string][]string) (map[string]string, error) {
 	logger := klog.FromContext(ctx)
 	pod, err := c.cs.CoreV1().Pods(k.namespace).Get(ctx, k.name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -286,8 +297,23 @@ func (c *Client) syncPod(ctx context.Context, k podKey, whole map[string][]api.G
 	// The kubelet's record is the truth for whole GPUs and MIG instances:
 	// set them where held, clear them where not.
 	for i := range a.Containers {
-		a.Containers[i].GPUs = whole[a.Containers[i].Name]
-		a.Containers[i].MIG = mig[a.Containers[i].Name]
+		name := a.Containers[i].Name
+		recorded := a.Containers[i].MIG
+		a.Containers[i].GPUs = whole[name]
+		a.Containers[i].MIG = mig[name]
+		for _, id := range unknown[name] {
+			if at := slices.IndexFunc(recorded, func(r api.MIGRef) bool { return r.UUID == id }); at >= 0 {
+				a.Containers[i].MIG = append(a.Containers[i].MIG, recorded[at])
+				logger.Error(nil, "Pod holds a MIG instance this node does not have (its layout changed under the pod); keeping it recorded, so its GPU keeps a tenant and is not repartitioned", "pod", klog.KObj(pod), "container", name, "device", id, "gpu", recorded[at].GPU.Index)
+			}
+		}
+	}
+	for name, ids := range unknown {
+		for _, id := range ids {
+			if ca := a.Container(name); ca == nil || !slices.ContainsFunc(ca.MIG, func(r api.MIGRef) bool { return r.UUID == id }) {
+				logger.Error(nil, "Pod holds a MIG instance this node does not have and that was never recorded; it cannot be recorded (its GPU is not known)", "pod", klog.KObj(pod), "container", name, "device", id)
+			}
+		}
 	}
 	for name, refs := range whole {
 		if a.Container(name) == nil {

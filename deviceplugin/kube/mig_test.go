@@ -99,3 +99,47 @@ func TestSyncPodsRecordsMIG(t *testing.T) {
 		t.Errorf("%d patches for unchanged MIG allocations", n)
 	}
 }
+
+// A MIG instance the kubelet still lists for a container but the node no
+// longer has (its layout changed under the pod: destroyed out of band, a
+// GPU reset, a mock machine restarted) stays recorded as it was: the pod
+// keeps its GPU, which the extender and dynamic MIG then count as having a
+// tenant. The instances the node has are recorded as usual.
+func TestSyncPodsKeepsRecordedUnknownMIG(t *testing.T) {
+	gone := api.MIGRef{UUID: "MIG-99999999-0000-0000-0000-000000000000", Profile: "3g.20gb", GPU: api.GPURef{UUID: gpu0, Index: 0}}
+	held := sealed(t, "held", api.ContainerAssignment{Name: "big", MIG: []api.MIGRef{gone}}, api.ContainerAssignment{Name: "small", MIG: []api.MIGRef{migs[migA].MIGRef}})
+	cs := fake.NewClientset(migPod("held", held))
+	c := kube.New(cs, "n1", testTrust(t), nil)
+	allocs := []kubeletstate.ContainerDevices{
+		{Namespace: "ml", Name: "held", Container: "big", Resource: api.MIGResource("3g.20gb"), DeviceIDs: []string{gone.UUID}},
+		{Namespace: "ml", Name: "held", Container: "small", Resource: api.MIGResource("1g.5gb"), DeviceIDs: []string{migA, migB}},
+	}
+	ctx := context.Background()
+	if _, err := c.SyncPods(ctx, allocs, gpuIndex, migs); err != nil {
+		t.Fatal(err)
+	}
+	p, err := cs.CoreV1().Pods("ml").Get(ctx, "held", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, ok, err := api.GetAssignment(p.Annotations)
+	if err != nil || !ok {
+		t.Fatalf("assignment: %v, found %v", err, ok)
+	}
+	want := []api.ContainerAssignment{
+		{Name: "big", MIG: []api.MIGRef{gone}},
+		{Name: "small", MIG: []api.MIGRef{migs[migB].MIGRef, migs[migA].MIGRef}},
+	}
+	if diff := cmp.Diff(want, a.Containers); diff != "" {
+		t.Errorf("containers (-want +got):\n%s", diff)
+	}
+	// Once the kubelet no longer lists it, it goes.
+	allocs = allocs[1:]
+	if _, err := c.SyncPods(ctx, allocs, gpuIndex, migs); err != nil {
+		t.Fatal(err)
+	}
+	p, _ = cs.CoreV1().Pods("ml").Get(ctx, "held", metav1.GetOptions{})
+	if a, _, _ := api.GetAssignment(p.Annotations); a == nil || a.Container("big") != nil {
+		t.Fatalf("an instance the kubelet freed is still recorded: %+v", a)
+	}
+}
