@@ -95,6 +95,8 @@ var common = []string{
 	"ValidatingAdmissionPolicyBinding//tessera-state-annotations",
 	"ValidatingAdmissionPolicy//tessera-gpu-placement",
 	"ValidatingAdmissionPolicyBinding//tessera-gpu-placement",
+	"ValidatingAdmissionPolicy//tessera-hints",
+	"ValidatingAdmissionPolicyBinding//tessera-hints",
 }
 
 var variants = []variant{
