@@ -1,6 +1,7 @@
 package api
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 
@@ -88,3 +89,42 @@ const (
 	// PodDisruptionBudget refused it); reclaim tries others.
 	EventReclaimBlocked = "ReclaimBlocked"
 )
+
+// Event reasons of quota enforcement on ElasticQuota objects (Warning).
+const (
+	// EventQuotaIgnored: the ElasticQuota is not the one in force in its
+	// namespace (another applies, the first by name), so nothing it says
+	// is enforced.
+	EventQuotaIgnored = "QuotaIgnored"
+	// EventQuotaInvalid: the ElasticQuota in force in its namespace is
+	// malformed, so the namespace admits nothing new until it is fixed.
+	EventQuotaInvalid = "QuotaInvalid"
+)
+
+// AnnotationQuotaRequeue is written by tessera-extender on a pending pod
+// that kube-scheduler found unschedulable, when an ElasticQuota change may
+// now admit it: an ElasticQuota change is no event kube-scheduler reacts
+// to, and a pod the extender refused would otherwise wait for the next
+// unrelated cluster event or kube-scheduler's periodic flush of
+// unschedulable pods (podMaxInUnschedulablePodsDuration, 5 minutes). A
+// change of a pod's metadata moves it back to kube-scheduler's active or
+// backoff queue. The value names the change, "NAMESPACE/NAME@RESOURCEVERSION"
+// of the quota that now applies or "... deleted" for one removed (several
+// joined by ", "), so that the same change is written once. Only Tessera
+// writes it (deploy/admission, GuardedAnnotations); nothing reads it but
+// people.
+const AnnotationQuotaRequeue = Domain + "/quota-requeue"
+
+// QuotaRequeue returns the ElasticQuota change a pod was last requeued for
+// (AnnotationQuotaRequeue), if any.
+func QuotaRequeue(annotations map[string]string) (string, bool) {
+	v, ok := annotations[AnnotationQuotaRequeue]
+	return v, ok
+}
+
+// QuotaRequeuePatch is the JSON merge patch of a pod that sets
+// AnnotationQuotaRequeue to value.
+func QuotaRequeuePatch(value string) []byte {
+	b, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{AnnotationQuotaRequeue: value}}})
+	return b
+}

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -49,5 +50,24 @@ func TestElasticQuotaFromUnstructured(t *testing.T) {
 				t.Errorf("error = %v, want it to name the object and contain %q", err, tc.wantErr)
 			}
 		})
+	}
+}
+
+func TestQuotaRequeueAnnotation(t *testing.T) {
+	patch := QuotaRequeuePatch("team-a/gpus@42")
+	var obj struct {
+		Metadata struct {
+			Annotations map[string]string `json:"annotations"`
+		} `json:"metadata"`
+	}
+	if err := json.Unmarshal(patch, &obj); err != nil {
+		t.Fatalf("patch %s: %v", patch, err)
+	}
+	got, ok := QuotaRequeue(obj.Metadata.Annotations)
+	if !ok || got != "team-a/gpus@42" {
+		t.Errorf("patch %s sets %q (%v), want team-a/gpus@42", patch, got, ok)
+	}
+	if _, ok := QuotaRequeue(map[string]string{AnnotationGang: "g"}); ok {
+		t.Error("found a requeue annotation on a pod without one")
 	}
 }

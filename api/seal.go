@@ -17,7 +17,7 @@ import (
 // keep a tenant from passing its own words off as Tessera's:
 //
 //  1. deploy/admission's ValidatingAdmissionPolicy refuses a create or update
-//     that sets, changes or removes any of StateAnnotations unless the
+//     that sets, changes or removes any of GuardedAnnotations unless the
 //     request comes from Tessera's own service accounts;
 //  2. every Tessera component that reads a decision takes it only with a
 //     valid seal: an HMAC-SHA256, under a key only Tessera's identities can
@@ -34,11 +34,28 @@ const (
 	AnnotationGangPlanSeal   = AnnotationGangPlan + "-seal"
 )
 
-// StateAnnotations are the pod annotations only Tessera writes: its
-// decisions and their seals. deploy/admission's policy protects exactly
-// these (a test checks the two lists agree).
+// StateAnnotations are the pod annotations only Tessera writes that carry
+// its decisions: the decisions and their seals.
 func StateAnnotations() []string {
 	return []string{AnnotationAssignment, AnnotationAssignmentSeal, AnnotationGangPlan, AnnotationGangPlanSeal}
+}
+
+// GuardedAnnotations are the pod annotations only Tessera may write:
+// StateAnnotations, then AnnotationQuotaRequeue (no decision, so neither
+// sealed nor sanitized). deploy/admission's policy protects exactly these,
+// in this order (a test checks the two lists agree).
+func GuardedAnnotations() []string {
+	return append(StateAnnotations(), AnnotationQuotaRequeue)
+}
+
+// IsGuardedAnnotation reports whether key is one of GuardedAnnotations.
+func IsGuardedAnnotation(key string) bool {
+	for _, k := range GuardedAnnotations() {
+		if k == key {
+			return true
+		}
+	}
+	return false
 }
 
 // IsStateAnnotation reports whether key is one of StateAnnotations.

@@ -115,3 +115,24 @@ func TestStateAnnotations(t *testing.T) {
 		t.Errorf("%s (the user's request) is a state annotation", AnnotationGang)
 	}
 }
+
+func TestGuardedAnnotations(t *testing.T) {
+	for _, k := range append(StateAnnotations(), AnnotationQuotaRequeue) {
+		if !IsGuardedAnnotation(k) {
+			t.Errorf("%s is not guarded", k)
+		}
+	}
+	if IsStateAnnotation(AnnotationQuotaRequeue) {
+		t.Errorf("%s (no decision) is a state annotation: it would be sanitized as an unsealed decision", AnnotationQuotaRequeue)
+	}
+	if IsGuardedAnnotation(AnnotationGang) {
+		t.Errorf("%s (the user's request) is guarded", AnnotationGang)
+	}
+	// GuardedAnnotations returns a fresh slice: appending to it leaves
+	// StateAnnotations as it was.
+	g := GuardedAnnotations()
+	g[0] = "x"
+	if StateAnnotations()[0] != AnnotationAssignment {
+		t.Error("GuardedAnnotations shares StateAnnotations' array")
+	}
+}

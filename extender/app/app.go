@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -319,6 +320,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 	gangClient.Dynamic = dyn
 	var quotaWatcher *extender.CRDWatcher
 	trigger := make(chan struct{}, 1)
+	quotaChanged := make(chan struct{}, 1)
 	// Without --quota the ledger reads no ElasticQuota, as with the CRD
 	// not installed: nothing is enforced, but the gang rules of
 	// kube-scheduler's preemption (the preempt verb keeps a gang whole
@@ -328,6 +330,10 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 		quotaWatcher = &extender.CRDWatcher{Dynamic: dyn, Discovery: client.Discovery(), Retry: o.quotaRetry, Resource: api.ElasticQuotaGVR, Kind: "ElasticQuota", OnChange: func() {
 			select { // quotas changed: a waiting gang may now be admitted
 			case trigger <- struct{}{}:
+			default:
+			}
+			select { // and so may pods kube-scheduler parked as unschedulable
+			case quotaChanged <- struct{}{}:
 			default:
 			}
 		}}
@@ -545,6 +551,20 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 				return
 			}
 			go enforcer.Run(ctx, o.quotaResync)
+			// An ElasticQuota change is no event kube-scheduler reacts
+			// to: the pods it may now admit are requeued by a write of
+			// their metadata, and quotas not enforced as written are
+			// told on with Events.
+			requeuer := &equota.Requeuer{
+				Store: quotaWatcher,
+				Pods:  func(ns string) ([]*corev1.Pod, error) { return podLister.Pods(ns).List(labels.Everything()) },
+				Patch: func(ctx context.Context, ns, name string, patch []byte) error {
+					_, err := client.CoreV1().Pods(ns).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: extender.FieldManager})
+					return err
+				},
+				Events: recorder,
+			}
+			go requeuer.Run(ctx, quotaChanged)
 		}
 		if queues != nil {
 			if !decided(queueWatcher) {

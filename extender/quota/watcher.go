@@ -74,11 +74,33 @@ func (w *Watcher) Quotas() map[string]core.Quota {
 	return out
 }
 
+// IgnoredError is Decode's error for an ElasticQuota that is not the first
+// by name in its namespace: another applies, and nothing this one says is
+// enforced.
+type IgnoredError struct {
+	// Key is the ignored object's namespace/name; Applies names the one
+	// in force in its namespace.
+	Key, Namespace, Applies string
+	// Malformed is set when the ignored object is malformed as well.
+	Malformed error
+}
+
+func (e *IgnoredError) Error() string {
+	msg := fmt.Sprintf("ElasticQuota %s: namespace %s already has one, %s, which applies", e.Key, e.Namespace, e.Applies)
+	if e.Malformed != nil {
+		msg += fmt.Sprintf(" (this one is malformed too: %v)", e.Malformed)
+	}
+	return msg
+}
+
+func (e *IgnoredError) Unwrap() error { return e.Malformed }
+
 // Decode decodes ElasticQuota objects into quotas by namespace, over the
-// resources quota governs (api.QuotaResources). Malformed objects are
-// returned as errors by namespace/name and, when first by name in their
-// namespace, govern it as an Invalid quota that admits nothing; of several
-// in one namespace the first by name applies, the others are errors.
+// resources quota governs (api.QuotaResources). Of several in one
+// namespace the first by name applies; the others are *IgnoredError
+// errors by namespace/name. The one that applies, when malformed, is an
+// error too and governs its namespace as an Invalid quota that admits
+// nothing. It sorts objs in place, by namespace and name.
 func Decode(objs []*unstructured.Unstructured) (map[string]core.Quota, map[string]error) {
 	sort.Slice(objs, func(i, j int) bool {
 		if objs[i].GetNamespace() != objs[j].GetNamespace() {
@@ -90,25 +112,22 @@ func Decode(objs []*unstructured.Unstructured) (map[string]core.Quota, map[strin
 	errs := map[string]error{}
 	applied := map[string]string{} // namespace -> name of the quota in force
 	for _, u := range objs {
-		key := u.GetNamespace() + "/" + u.GetName()
+		ns := u.GetNamespace()
+		key := ns + "/" + u.GetName()
 		eq, err := api.ElasticQuotaFromUnstructured(u)
+		if first, dup := applied[ns]; dup {
+			errs[key] = &IgnoredError{Key: key, Namespace: ns, Applies: first, Malformed: err}
+			continue
+		}
+		applied[ns] = u.GetName()
 		if err != nil {
-			errs[key] = err
 			// Fail closed: the namespace is governed by a quota that
-			// admits nothing until the object is fixed (unless one
-			// before it by name applies).
-			if _, dup := applied[u.GetNamespace()]; !dup {
-				applied[u.GetNamespace()] = u.GetName()
-				out[u.GetNamespace()] = core.Quota{Namespace: u.GetNamespace(), Min: core.Resources{}, Max: core.Resources{}, Invalid: err.Error()}
-			}
+			// admits nothing until the object is fixed.
+			errs[key] = err
+			out[ns] = core.Quota{Namespace: ns, Min: core.Resources{}, Max: core.Resources{}, Invalid: err.Error()}
 			continue
 		}
-		if first, dup := applied[eq.Namespace]; dup {
-			errs[key] = fmt.Errorf("ElasticQuota %s: namespace %s already has one, %s, which applies", key, eq.Namespace, first)
-			continue
-		}
-		applied[eq.Namespace] = eq.Name
-		out[eq.Namespace] = core.Quota{Namespace: eq.Namespace, Min: governed(eq.Min), Max: governed(eq.Max)}
+		out[ns] = core.Quota{Namespace: ns, Min: governed(eq.Min), Max: governed(eq.Max)}
 	}
 	return out, errs
 }

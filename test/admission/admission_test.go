@@ -392,6 +392,22 @@ func TestTenantCannotWriteTesseraAnnotations(t *testing.T) {
 			_, err := e.admin.CoreV1().Pods("kube-system").Create(ctx, p, metav1.CreateOptions{})
 			return err
 		}, one(api.AnnotationAssignment, "remove it from the pod"), ""},
+		// The extender's requeue nudge (not a decision: neither sealed
+		// nor sanitized) is guarded too.
+		badCase{"create pod with " + api.AnnotationQuotaRequeue, func(ctx context.Context) error {
+			_, err := pods.Create(ctx, testPod("forged", map[string]string{api.AnnotationQuotaRequeue: "team-a/q@1"}), metav1.CreateOptions{})
+			return err
+		}, one(api.AnnotationQuotaRequeue, "remove it from the pod"), ""},
+		badCase{"merge patch sets " + api.AnnotationQuotaRequeue, func(ctx context.Context) error {
+			_, err := pods.Patch(ctx, plain.Name, types.MergePatchType, api.QuotaRequeuePatch("team-a/q@1"), metav1.PatchOptions{})
+			return err
+		}, one(api.AnnotationQuotaRequeue, "leave it unchanged"), plain.Name},
+		badCase{"binding carries " + api.AnnotationQuotaRequeue, func(ctx context.Context) error {
+			return pods.Bind(ctx, &v1.Binding{
+				ObjectMeta: metav1.ObjectMeta{Name: unbound.Name, Annotations: map[string]string{api.AnnotationQuotaRequeue: "team-a/q@1"}},
+				Target:     v1.ObjectReference{Kind: "Node", Name: "n1"},
+			}, metav1.CreateOptions{})
+		}, one(api.AnnotationQuotaRequeue, "remove it from the binding"), unbound.Name},
 	)
 	if len(cases) < 30 {
 		t.Fatalf("only %d refusal cases", len(cases))
@@ -473,6 +489,10 @@ func TestTenantCannotWriteTesseraAnnotations(t *testing.T) {
 				Target:     v1.ObjectReference{Kind: "Node", Name: "n1"},
 			}, metav1.CreateOptions{})
 		}},
+		{"tessera-extender requeues a pending pod after an ElasticQuota change", func(ctx context.Context) error {
+			_, err := e.extender.CoreV1().Pods(tenantNS).Patch(ctx, plain.Name, types.MergePatchType, api.QuotaRequeuePatch("team-a/q@2"), metav1.PatchOptions{})
+			return err
+		}},
 		{"tenant deletes a pod carrying Tessera's annotations", func(ctx context.Context) error {
 			return pods.Delete(ctx, doomed.Name, metav1.DeleteOptions{})
 		}},
@@ -491,6 +511,9 @@ func TestTenantCannotWriteTesseraAnnotations(t *testing.T) {
 	wantState := map[string]string{api.AnnotationAssignment: e.tessera[api.AnnotationAssignment] + " ", api.AnnotationAssignmentSeal: "v1.bm9kZQ"}
 	if got := stateOf(p); !maps.Equal(got, wantState) {
 		t.Errorf("carrier's Tessera annotations after Tessera's own writes: %v, want %v", got, wantState)
+	}
+	if v, _ := api.QuotaRequeue(e.get(t, plain.Name).Annotations); v != "team-a/q@2" {
+		t.Errorf("plain's %s after tessera-extender's write: %q, want team-a/q@2", api.AnnotationQuotaRequeue, v)
 	}
 	if b := e.get(t, unbound.Name); b.Spec.NodeName != "n1" || b.Annotations[api.AnnotationAssignment] != "x" {
 		t.Errorf("tessera-extender's binding: node %q, assignment %q", b.Spec.NodeName, b.Annotations[api.AnnotationAssignment])
@@ -641,7 +664,8 @@ func TestCRDValidation(t *testing.T) {
 }
 
 // TestPolicyNamesExactlyTheStateAnnotations: the policy protects exactly
-// api.StateAnnotations, every tessera.dev/ key it mentions is one of them,
+// api.GuardedAnnotations (the state annotations and the extender's quota
+// requeue nudge), every tessera.dev/ key it mentions is one of them,
 // and the identities it exempts are those of deploy/'s ServiceAccounts.
 func TestPolicyNamesExactlyTheStateAnnotations(t *testing.T) {
 	// The single-quoted string literals of a CEL expression.
@@ -698,15 +722,15 @@ func TestPolicyNamesExactlyTheStateAnnotations(t *testing.T) {
 	for _, m := range listed {
 		got = append(got, m[1])
 	}
-	want := api.StateAnnotations()
+	want := api.GuardedAnnotations()
 	if !slices.Equal(got, want) {
-		t.Errorf("variable stateAnnotations lists %q, want exactly api.StateAnnotations() %q (in that order: messages name them in it)", got, want)
+		t.Errorf("variable stateAnnotations lists %q, want exactly api.GuardedAnnotations() %q (in that order: messages name them in it)", got, want)
 	}
 	// No other expression names a tessera.dev/ key of its own.
 	for name, expr := range mergeMaps(variables, expressions("validations"), expressions("matchConditions")) {
 		for _, m := range quoted.FindAllStringSubmatch(expr, -1) {
-			if strings.HasPrefix(m[1], api.Domain+"/") && !api.IsStateAnnotation(m[1]) {
-				t.Errorf("%s names %q, which is not one of api.StateAnnotations()", name, m[1])
+			if strings.HasPrefix(m[1], api.Domain+"/") && !api.IsGuardedAnnotation(m[1]) {
+				t.Errorf("%s names %q, which is not one of api.GuardedAnnotations()", name, m[1])
 			}
 		}
 	}
