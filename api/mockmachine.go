@@ -3,6 +3,7 @@ package api
 import (
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"k8s.io/utils/cpuset"
@@ -137,6 +138,9 @@ func (m *MockMachine) Validate() error {
 			return fmt.Errorf("numaNodes[%d].id: duplicate NUMA node %d", i, n.ID)
 		}
 		numa[n.ID] = true
+		if err := cpuIDsBounded(n.CPUs); err != nil {
+			return fmt.Errorf("numaNodes[%d].cpus: %w", i, err)
+		}
 		if _, err := cpuset.Parse(n.CPUs); err != nil || n.CPUs == "" {
 			return fmt.Errorf("numaNodes[%d].cpus: not a CPU list: %q", i, n.CPUs)
 		}
@@ -325,4 +329,23 @@ func NormalizePCIBusID(id string) string {
 		domain = domain[len(domain)-4:]
 	}
 	return domain + ":" + rest
+}
+
+// MaxMockCPU is the largest CPU number a mock machine may name: cpuset
+// expands a range CPU by CPU, so "0-4000000000" would take the memory of
+// the process that reads the file.
+const MaxMockCPU = 1<<16 - 1
+
+// cpuIDsBounded refuses a CPU list naming a CPU above MaxMockCPU (before
+// cpuset expands it).
+func cpuIDsBounded(list string) error {
+	for _, field := range strings.FieldsFunc(list, func(r rune) bool { return r == ',' || r == '-' }) {
+		if len(field) > 6 {
+			return fmt.Errorf("CPU %q above %d", field, MaxMockCPU)
+		}
+		if v, err := strconv.Atoi(strings.TrimSpace(field)); err == nil && v > MaxMockCPU {
+			return fmt.Errorf("CPU %d above %d", v, MaxMockCPU)
+		}
+	}
+	return nil
 }

@@ -74,6 +74,10 @@ func TestParseRejectsMalformedProfiles(t *testing.T) {
 		{"bad PCIe level", "[X, PIX]\n  - [PIX, X]", "[X, PCI]\n  - [PCI, X]", `pcie[0][1]: "PCI" is not one of`},
 		{"PCIe diagonal", "[X, PIX]\n  - [PIX, X]", "[PIX, PIX]\n  - [PIX, X]", "pcie[0][0]: the diagonal must be"},
 		{"bad CPU list", `cpus: "0-3"`, `cpus: "3-0"`, `numaNodes[0].cpus: not a CPU list: "3-0"`},
+		// cpuset expands a range CPU by CPU: this one took the memory of
+		// the process.
+		{"CPU range past the bound", `cpus: "0-3"`, `cpus: "0-4000000000"`, `numaNodes[0].cpus: CPU "4000000000" above 65535`},
+		{"CPU number past the bound", `cpus: "0-3"`, `cpus: "0-3,65536"`, `numaNodes[0].cpus: CPU 65536 above 65535`},
 		{"wrong apiVersion", "tessera.dev/v1alpha1", "tessera.dev/v9", `apiVersion: must be "tessera.dev/v1alpha1"`},
 		{"wrong kind", "kind: MockMachine", "kind: Machine", `kind: must be "MockMachine"`},
 		{"no GPUs", "gpus:\n", "gpuz:\n", `unknown field "gpuz"`},
