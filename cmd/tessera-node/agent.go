@@ -67,6 +67,7 @@ type agentFlags struct {
 	nodeName           string
 	metricsAddr        string
 	dynamicMIG         bool
+	mockMIGState       string
 
 	// Overrides of the configuration file, applied when given.
 	resources          string
@@ -89,6 +90,7 @@ func newAgentFlagSet(stderr io.Writer) (*flag.FlagSet, *agentFlags) {
 	fs.SetOutput(stderr)
 	f := &agentFlags{}
 	fs.StringVar(&f.nvml, "nvml", gpu.SpecReal, `GPU backend: "real" (libnvidia-ml.so.1), "mock:NAME" (a built-in mock machine) or "mock:PATH" (a mock machine file)`)
+	fs.StringVar(&f.mockMIGState, "mock-mig-state", "", "with a mock backend (--nvml=mock:...), keep its MIG layouts in this file across restarts of the agent, as the driver keeps them (node simulator, demo); empty: in memory only")
 	fs.StringVar(&f.sysfsRoot, "sysfs-root", "", "sysfs root to read NUMA facts from (default /sys, or the mock machine's own for a mock backend)")
 	fs.StringVar(&f.configFile, "config", "", "NodeAgentConfig file (YAML or JSON); the flags below override it")
 	fs.StringVar(&f.pluginDir, "device-plugin-dir", deviceplugin.DefaultPluginDir, "the kubelet's device-plugin directory (its kubelet.sock and the plugins' sockets)")
@@ -213,6 +215,9 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 	backend, err := gpu.Open(f.nvml)
 	if err != nil {
+		return err
+	}
+	if err := persistMockMIG(backend, f.mockMIGState); err != nil {
 		return err
 	}
 	if err := backend.Init(); err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/deviceplugin"
 	"github.com/tessera-gpu/tessera/deviceplugin/kubeletstate"
+	"github.com/tessera-gpu/tessera/gpu"
 	"github.com/tessera-gpu/tessera/gpureq"
 	"github.com/tessera-gpu/tessera/isolation"
 	"github.com/tessera-gpu/tessera/topology"
@@ -87,6 +88,18 @@ func (w *migWatch) run(ctx context.Context, stop func()) {
 		case <-t.C:
 		}
 	}
+}
+
+// persistMockMIG keeps a mock backend's MIG layouts in file (--mock-mig-state),
+// so that a restarted agent finds what a repartition left, as on a driver.
+func persistMockMIG(backend *gpu.Backend, file string) error {
+	if file == "" {
+		return nil
+	}
+	if backend.Mock == nil {
+		return errors.New("--mock-mig-state needs a mock GPU backend (--nvml=mock:...)")
+	}
+	return backend.Mock.PersistMIG(file)
 }
 
 // servesMIGLayouts wraps the agent's publisher so that its inventory says

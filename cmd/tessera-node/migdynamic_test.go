@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -239,5 +240,27 @@ func TestServesMIGLayouts(t *testing.T) {
 	}
 	if sink.got == nil || !sink.got.DynamicMIG || inv.DynamicMIG {
 		t.Fatalf("published %+v, own %+v", sink.got, inv)
+	}
+}
+
+// TestPersistMockMIG: --mock-mig-state keeps a mock backend's MIG layouts
+// in the file; it needs a mock backend.
+func TestPersistMockMIG(t *testing.T) {
+	file := t.TempDir() + "/mig.json"
+	b, err := gpu.Open("mock:" + nvmlmock.DGXA100MIGName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := persistMockMIG(b, file); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(file); err != nil {
+		t.Fatalf("no state file: %v", err)
+	}
+	if err := persistMockMIG(&gpu.Backend{}, file); err == nil || !strings.Contains(err.Error(), "mock") {
+		t.Fatalf("a real backend with --mock-mig-state: %v", err)
+	}
+	if err := persistMockMIG(&gpu.Backend{}, ""); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -25,6 +25,9 @@ type Machine struct {
 	mu        sync.Mutex
 	gpus      []*gpuState
 	eventSets map[*eventSet]struct{}
+	// migFile keeps the MIG layouts across restarts (PersistMIG); empty
+	// when they live in memory only.
+	migFile string
 }
 
 type gpuState struct {
@@ -298,18 +301,23 @@ func (es *eventSet) Free() nvml.Return                                 { return 
 
 var _ nvml.EventSet = (*eventSet)(nil)
 
-func (m *Machine) newDevice(g *gpuState) *mock.Device {
-	p := m.profile.GPUs[g.index]
-	i := g.index
-	total := p.MemoryMiB << 20
-	// live returns the GPU's current state, or ERROR_GPU_IS_LOST.
-	live := func() (gpuState, nvml.Return) {
+// live returns a function that returns GPU i's current state, or
+// ERROR_GPU_IS_LOST.
+func (m *Machine) live(i int) func() (gpuState, nvml.Return) {
+	return func() (gpuState, nvml.Return) {
 		st, lost := m.state(i)
 		if lost {
 			return st, nvml.ERROR_GPU_IS_LOST
 		}
 		return st, nvml.SUCCESS
 	}
+}
+
+func (m *Machine) newDevice(g *gpuState) *mock.Device {
+	p := m.profile.GPUs[g.index]
+	i := g.index
+	total := p.MemoryMiB << 20
+	live := m.live(i)
 	d := &mock.Device{}
 	d.GetIndexFunc = func() (int, nvml.Return) { _, r := live(); return i, r }
 	d.GetMinorNumberFunc = func() (int, nvml.Return) { _, r := live(); return i, r }

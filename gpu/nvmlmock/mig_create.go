@@ -111,7 +111,7 @@ func (m *Machine) addMIGCreate(d *mock.Device, g *gpuState, live func() (gpuStat
 		s.dev = m.migDevice(d, s, live)
 		at, _ := slices.BinarySearchFunc(g.mig, s.start, func(x *migState, start int) int { return x.start - start })
 		g.mig = slices.Insert(g.mig, at, s)
-		return m.gpuInstance(d, g, s, live), nvml.SUCCESS
+		return m.gpuInstance(d, g, s, live), m.migChangedLocked(nvml.SUCCESS)
 	}
 }
 
@@ -137,7 +137,7 @@ func (m *Machine) destroyGPUInstance(g *gpuState, s *migState, live func() (gpuS
 		return nvml.ERROR_NOT_FOUND
 	}
 	g.mig = slices.Delete(g.mig, k, k+1)
-	return nvml.SUCCESS
+	return m.migChangedLocked(nvml.SUCCESS)
 }
 
 func (m *Machine) computeProfileInfo(profile, engine int, live func() (gpuState, nvml.Return)) (nvml.ComputeInstanceProfileInfo, nvml.Return) {
@@ -172,7 +172,7 @@ func (m *Machine) createComputeInstance(parent *mock.Device, g *gpuState, s *mig
 		return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
 	}
 	s.compute = true
-	return m.computeInstance(g, s, live), nvml.SUCCESS
+	return m.computeInstance(g, s, live), m.migChangedLocked(nvml.SUCCESS)
 }
 
 func (m *Machine) computeInstanceByID(g *gpuState, s *migState, id int, live func() (gpuState, nvml.Return)) (nvml.ComputeInstance, nvml.Return) {
@@ -199,7 +199,7 @@ func (m *Machine) computeInstance(g *gpuState, s *migState, live func() (gpuStat
 				return nvml.ERROR_NOT_FOUND
 			}
 			s.compute = false
-			return nvml.SUCCESS
+			return m.migChangedLocked(nvml.SUCCESS)
 		},
 	}
 }

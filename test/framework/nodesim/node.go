@@ -304,6 +304,10 @@ func (n *Node) agentKubeconfig() string {
 
 func (n *Node) machinePath() string { return filepath.Join(n.cfg.StateDir, "machine.yaml") }
 
+// mockMIGStatePath is where the node agent keeps the mock machine's MIG
+// layouts (tessera-node --mock-mig-state).
+func (n *Node) mockMIGStatePath() string { return filepath.Join(n.cfg.StateDir, "mock-mig-state.json") }
+
 // MachineUUIDs returns the GPU UUIDs of profile on a node called name, by
 // index.
 func MachineUUIDs(profile, name string) ([]string, error) {
@@ -368,6 +372,8 @@ func (n *Node) agentArgs() ([]string, error) {
 		"--node-name=" + n.cfg.Name,
 		"--nri-socket=" + n.rt.socket(n.cfg.StateDir),
 		"--state-dir=" + filepath.Join(n.cfg.StateDir, "agent"),
+		// The mock machine's MIG layouts outlive the agent, as a driver's.
+		"--mock-mig-state=" + n.mockMIGStatePath(),
 		"--mps-control=" + mps,
 		"--proc-root=/proc",
 		"--cpu-manager-state=" + filepath.Join(n.cfg.StateDir, "cpu_manager_state"),
