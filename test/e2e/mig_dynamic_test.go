@@ -3,6 +3,9 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -23,13 +26,33 @@ import (
 // cheapest to repartition); then a pod asking tessera.dev/mig-4g.20gb
 // waits, the extender asks the node to repartition a GPU without a tenant
 // (0 or 1), the agent does, and the pod runs with exactly its new
-// instance; the tenants' GPUs keep their layouts and the node records the
-// request as applied.
+// instance; the tenants' GPUs keep their layouts, the node records the
+// request as applied and, the pod placed, the extender withdraws it. A
+// second dgx-a100-mig node, mig-off, runs its agent without --dynamic-mig:
+// it is never asked, and a pod only it may take is told no node serves
+// dynamic MIG. The repartitioned layout survives a restart of mig-1's
+// agent (the mock keeps it, as a driver does), and big keeps its instance.
 func TestMIGDynamic(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	const ns = "mig-dynamic"
-	c := ownCluster(ctx, t, ns, []nodesim.NodeSpec{{Name: "mig-1", Profile: "dgx-a100-mig", AgentArgs: []string{"--dynamic-mig"}}}, "--dynamic-mig")
+	c := ownCluster(ctx, t, ns, []nodesim.NodeSpec{
+		{Name: "mig-1", Profile: "dgx-a100-mig", AgentArgs: []string{"--dynamic-mig"}},
+		{Name: "mig-off", Profile: "dgx-a100-mig"},
+	}, "--dynamic-mig")
+	if !inventory(t, c, "mig-1").DynamicMIG || inventory(t, c, "mig-off").DynamicMIG {
+		t.Fatalf("dynamicMIG in the inventories: mig-1 %v, mig-off %v, want true, false", inventory(t, c, "mig-1").DynamicMIG, inventory(t, c, "mig-off").DynamicMIG)
+	}
+	noRequestOn := func(node string) {
+		t.Helper()
+		n, err := c.Client().CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, ok := n.Annotations[api.AnnotationMIGLayoutRequest]; ok {
+			t.Fatalf("node %s, whose agent serves no request, was asked: %s", node, v)
+		}
+	}
 	layouts := func(inv *api.GPUInventory) map[string]string { // GPU UUID -> its instances
 		out := map[string]string{}
 		for _, g := range inv.GPUs {
@@ -62,12 +85,31 @@ func TestMIGDynamic(t *testing.T) {
 		}
 	}
 
+	on := func(p *v1.Pod, node string) *v1.Pod {
+		p.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": node}
+		return p
+	}
+
+	// Only mig-off may take it, and its agent serves no request: it waits,
+	// told why, and mig-off is not asked.
+	mustCreate(t, c, on(migPod("stuck", "4g.20gb"), "mig-off"))
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		return slices.Contains(eventedPods(t, c.Client(), ns, "MIGRepartitionUnavailable"), "stuck"), nil
+	})
+	if err != nil {
+		t.Fatalf("stuck was never told that no node serves dynamic MIG: %v", err)
+	}
+	noRequestOn("mig-off")
+	if err := c.Client().CoreV1().Pods(ns).Delete(ctx, "stuck", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
 	// Tenants on GPUs 2 and 3: each has one 2g.10gb, so two 2g.10gb pods
 	// take both. Those GPUs would be the cheapest to repartition (one
 	// instance in the way of a 4g.20gb); with tenants, only GPU 0 or 1 may be.
 	tenantGPUs := map[string]bool{}
 	for _, name := range []string{"tenant-a", "tenant-b"} {
-		mustCreate(t, c, migPod(name, "2g.10gb"))
+		mustCreate(t, c, on(migPod(name, "2g.10gb"), "mig-1"))
 		_, rec := waitRunning(t, c, ns, name, time.Minute)
 		got := rec.Containers[0].Allocated[string(api.MIGResource("2g.10gb"))]
 		if len(got) != 1 || gpuOf[got[0]] == "" {
@@ -141,28 +183,55 @@ func TestMIGDynamic(t *testing.T) {
 	if changed != 1 {
 		t.Errorf("%d GPUs changed, want 1", changed)
 	}
-	// The node records the request as applied.
-	node, err := c.Client().CoreV1().Nodes().Get(ctx, "mig-1", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	req, err := api.ParseMIGLayoutRequest(node.Annotations[api.AnnotationMIGLayoutRequest])
-	if err != nil {
-		t.Fatalf("request: %v", err)
-	}
-	if len(req.GPUs) != 1 || req.GPUs[0].UUID != newGPU {
-		t.Errorf("request %+v, want GPU %s", req, newGPU)
-	}
+	// The node records the request as applied; big placed, the extender
+	// withdraws it. The pod's Event named the node and GPU asked.
+	var gen int64
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		n, err := c.Client().CoreV1().Nodes().Get(ctx, "mig-1", metav1.GetOptions{})
 		if err != nil {
 			return false, nil
 		}
 		st, err := api.ParseMIGLayoutStatus(n.Annotations[api.AnnotationMIGLayoutStatus])
-		return err == nil && st.Generation == req.Generation && st.State == api.MIGLayoutApplied, nil
+		_, asked := n.Annotations[api.AnnotationMIGLayoutRequest]
+		if err == nil {
+			gen = st.Generation
+		}
+		return err == nil && st.State == api.MIGLayoutApplied && !asked, nil
 	})
 	if err != nil {
-		t.Errorf("status of request %d never Applied: %v", req.Generation, err)
+		t.Errorf("request %d never Applied and withdrawn: %v", gen, err)
+	}
+	evs, err := c.Client().CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=big,reason=MIGRepartitionRequested"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs.Items) == 0 || !strings.Contains(evs.Items[0].Message, "node mig-1 was asked") || !strings.Contains(evs.Items[0].Message, newGPU) {
+		t.Errorf("big's MIGRepartitionRequested events %v, want one naming mig-1 and GPU %s", evs.Items, newGPU)
+	}
+	noRequestOn("mig-off")
+
+	// mig-1's agent restarts: the mock keeps the layout as a driver would,
+	// so big's instance is still there and still recorded as big's.
+	pidFile := filepath.Join(c.NodeStateDir("mig-1"), "agent.pid")
+	oldPID, _ := os.ReadFile(pidFile)
+	if err := c.RestartAgent(ctx, "mig-1"); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		pid, _ := os.ReadFile(pidFile)
+		return len(pid) > 0 && string(pid) != string(oldPID), nil
+	})
+	if err != nil {
+		t.Fatalf("mig-1's agent did not restart: %v", err)
+	}
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(time.Second) {
+		if got := layouts(inventory(t, c, "mig-1")); got[newGPU] != after[newGPU] {
+			t.Fatalf("GPU %s after the agent restarted: %s, want %s", newGPU, got[newGPU], after[newGPU])
+		}
+		a, ok, err := api.GetAssignment(getPod(t, c.Client(), ns, "big").Annotations)
+		if err != nil || !ok || a.Container("main") == nil || len(a.Container("main").MIG) != 1 || a.Container("main").MIG[0].UUID != uuid {
+			t.Fatalf("big's assignment after the agent restarted: %+v %v %v", a, ok, err)
+		}
 	}
 	// The tenants still run.
 	for _, name := range []string{"tenant-a", "tenant-b"} {
