@@ -186,6 +186,19 @@ type KubeEvicter struct {
 
 var _ Evicter = (*KubeEvicter)(nil)
 
+var _ interface {
+	DeletePastBudget(context.Context, *corev1.Pod) error
+} = (*KubeEvicter)(nil)
+
+// DeletePastBudget deletes the pod, conditional on its UID, whatever its
+// PodDisruptionBudget says (kube-scheduler's preemption deletes its victims
+// the same way): reclaim's last resort when every choice needs a workload
+// whose budget refuses eviction. The pod keeps its grace period.
+func (k *KubeEvicter) DeletePastBudget(ctx context.Context, pod *corev1.Pod) error {
+	uid := pod.UID
+	return k.Client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+}
+
 // Evict creates an Eviction conditional on the pod's UID.
 func (k *KubeEvicter) Evict(ctx context.Context, pod *corev1.Pod, dryRun bool) error {
 	uid := pod.UID

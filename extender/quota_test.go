@@ -64,6 +64,7 @@ type quotaFixture struct {
 
 	mu      sync.Mutex
 	evicted []string // ns/name, real evictions
+	deleted []string // ns/name, deleted past their budgets
 	dryRuns int
 	pdb     map[string]bool
 	// indexed are the pods fed to the quota index.
@@ -98,6 +99,13 @@ func newQuotaFixture(t *testing.T, quotas equota.Source, nodes ...*corev1.Node) 
 		}
 		f.evicted = append(f.evicted, ev.Namespace+"/"+ev.Name)
 		return true, nil, f.client.Tracker().Delete(podsGVR, ev.Namespace, ev.Name)
+	})
+	f.client.PrependReactor("delete", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		d := a.(k8stesting.DeleteAction)
+		f.deleted = append(f.deleted, d.GetNamespace()+"/"+d.GetName())
+		return false, nil, nil
 	})
 	ledger := &equota.Ledger{
 		Quotas: quotas,
@@ -508,17 +516,25 @@ func TestReclaimSkipsWorkloadProtectedByPDB(t *testing.T) {
 	cases := []struct {
 		name          string
 		pdb           []string
+		past          bool
 		wantEvictions []string
+		wantPast      []string
 		wantErr       string
 		wantBlocked   int
 	}{
 		{name: "newest protected: the next one goes", pdb: []string{"ay"}, wantEvictions: []string{"a/ax"}, wantBlocked: 2},
 		// a1 (16, oldest) may go too: a keeps its min of 16.
 		{name: "all protected: nothing goes", pdb: []string{"ax", "ay", "a1-1"}, wantErr: "other namespaces borrow too little to free tessera.dev/gpu=8 without falling under their own min; passed over as their PodDisruptionBudgets refuse eviction", wantBlocked: 7},
+		// With PastBudgets (the product's default): a budget is a
+		// preference; the newest borrower goes past it.
+		{name: "all protected, past budgets: the newest goes", pdb: []string{"ax", "ay", "a1-1"}, past: true, wantPast: []string{"a/ay"}, wantBlocked: 7},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			f, b := reclaimScene(t)
+			if tc.past {
+				f.enf.PastBudgets = &KubeEvicter{Client: f.client}
+			}
 			for _, n := range tc.pdb {
 				f.pdb[n] = true
 			}
@@ -529,6 +545,9 @@ func TestReclaimSkipsWorkloadProtectedByPDB(t *testing.T) {
 			}
 			if diff := cmp.Diff(tc.wantEvictions, f.evictions()); diff != "" {
 				t.Errorf("evictions (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.wantPast, f.deleted); diff != "" {
+				t.Errorf("deleted past budgets (-want +got):\n%s", diff)
 			}
 			// One event on the asker and one on the protected pod each.
 			if got := f.eventsWith(api.EventReclaimBlocked); len(got) != tc.wantBlocked || !strings.Contains(got[0], "cannot be evicted") {

@@ -70,27 +70,29 @@ var (
 )
 
 type options struct {
-	kubeconfig       string
-	listen           string
-	metricsListen    string
-	profilingListen  string
-	tlsCert          string
-	tlsKey           string
-	policy           string
-	learnWindow      int
-	seed             int64
-	qps              float64
-	burst            int
-	shutdownGrace    time.Duration
-	gangLevels       []api.TopologyLevel
-	gangResync       time.Duration
-	gangPlanner      bool
-	quota            bool
-	quotaRetry       time.Duration
-	quotaHold        time.Duration
-	quotaResync      time.Duration
-	shortlist        int
-	sealKeyNamespace string
+	kubeconfig      string
+	listen          string
+	metricsListen   string
+	profilingListen string
+	tlsCert         string
+	tlsKey          string
+	policy          string
+	learnWindow     int
+	seed            int64
+	qps             float64
+	burst           int
+	shutdownGrace   time.Duration
+	gangLevels      []api.TopologyLevel
+	gangResync      time.Duration
+	gangPlanner     bool
+	quota           bool
+	quotaRetry      time.Duration
+	// reclaimPastBudgets: reclaim may delete past PodDisruptionBudgets.
+	reclaimPastBudgets bool
+	quotaHold          time.Duration
+	quotaResync        time.Duration
+	shortlist          int
+	sealKeyNamespace   string
 
 	queues          bool
 	queueHalfLife   time.Duration
@@ -174,6 +176,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.numaFit, "numa-fit", true, "place a GPU pod only where its GPUs and exclusive CPUs can meet on one NUMA node, on nodes whose kubelet topology manager policy (published by the node agent) is single-numa-node or restricted, and prefer such placements under best-effort (docs/numa.md); false ignores the nodes' NUMA reports")
 	fs.BoolVar(&o.preemption, "preemption", true, "Tessera's priority preemption for GPU pods of every shape (whole GPUs and slices), which kube-scheduler cannot see (docs/extender.md)")
 	fs.DurationVar(&o.preemptionMinRuntime, "preemption-min-runtime", 0, "a pod that started less than this long ago is not preempted")
+	fs.BoolVar(&o.reclaimPastBudgets, "reclaim-past-budgets", true, "quota and queue reclaim delete, past its PodDisruptionBudget, a borrowing workload every choice of victims needs (budgets are a preference, as in kube-scheduler's preemption: a tenant's budget does not keep what it borrows); false: such a reclaim waits")
 	fs.DurationVar(&o.preemptionHold, "preemption-hold", 2*time.Minute, "how long the room preemption frees is held for the pod it was freed for")
 	fs.DurationVar(&o.preemptionResync, "preemption-resync", time.Second, "how often pending pods kube-scheduler found unschedulable are checked for a preemption")
 	fs.BoolVar(&o.dynamicMIG, "dynamic-mig", false, "dynamic MIG: when a pending pod's MIG instances are free on no node, ask a node (annotation "+api.AnnotationMIGLayoutRequest+") to repartition a GPU in MIG mode without a tenant; its node agent needs --dynamic-mig too (docs/mig.md)")
@@ -368,6 +371,9 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 		Pod:    func(ns, name string) (*corev1.Pod, error) { return podLister.Pods(ns).Get(name) },
 		Events: recorder, Metrics: metrics, HoldFor: o.quotaHold,
 	}
+	if o.reclaimPastBudgets {
+		enforcer.PastBudgets = &extender.KubeEvicter{Client: client}
+	}
 	quotaHooks := &extender.Quota{Enforcer: enforcer, Nodes: nodes}
 	srv.SetQuota(quotaHooks)
 	reg.MustRegister(&extender.QuotaCollector{State: func() (*quota.State, error) {
@@ -481,11 +487,15 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 			pcfg.Reservations = &planner.KubeReservations{Client: client, Namespace: o.sealKeyNamespace}
 		}
 		if queues != nil {
-			pcfg.QueueReclaim = &planner.QueueReclaimer{
+			qr := &planner.QueueReclaimer{
 				Ledger: extender.PlannerLedger{Cache: cache}, Evicter: &extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()},
 				Pods:   func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) },
 				Events: recorder, Metrics: metrics, MinRuntime: o.preemptionMinRuntime, Gangs: gangBook,
 			}
+			if o.reclaimPastBudgets {
+				qr.PastBudgets = &extender.KubeEvicter{Client: client}
+			}
+			pcfg.QueueReclaim = qr
 		}
 		if o.consolidation {
 			c, err := planner.NewConsolidator(&extender.KubeEvicter{Client: client, REST: client.CoreV1().RESTClient()}, recorder, clock.RealClock{}, o.consolidationPerMinute)

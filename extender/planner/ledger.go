@@ -176,6 +176,13 @@ type Evicter interface {
 	Evict(ctx context.Context, pod *corev1.Pod, dryRun bool) error
 }
 
+// BudgetOverrider ends a pod its PodDisruptionBudget keeps from eviction
+// (extender.KubeEvicter: a deletion conditional on the pod's UID, as
+// kube-scheduler's preemption does).
+type BudgetOverrider interface {
+	DeletePastBudget(ctx context.Context, pod *corev1.Pod) error
+}
+
 // EventRecorder records Kubernetes Events (record.EventRecorder fits).
 type EventRecorder interface {
 	Eventf(object runtime.Object, eventtype, reason, messageFmt string, args ...any)

@@ -38,14 +38,20 @@ type QueueReclaim interface {
 // removal makes the asker fit (allocator/queue Reclaim with the
 // extender's placement as the test of "enough"), never taking any queue
 // below its guarantee at any level, never a workload that started less
-// than MinRuntime ago or that its PodDisruptionBudget protects (a dry run
-// first; a refused workload is passed over for BlockedFor and the choice
-// made again). Pods already leaving count as gone, so a reclaim in flight
-// is not repeated.
+// than MinRuntime ago. A workload its PodDisruptionBudget protects (a dry
+// run first) is passed over for BlockedFor and the choice made again; when
+// every choice needs such workloads, they are taken anyway past their
+// budgets where PastBudgets is set (a budget is a preference, as in
+// kube-scheduler's preemption: a tenant's budget does not keep what its
+// queue borrows), and the reclaim waits otherwise. Pods already leaving
+// count as gone, so a reclaim in flight is not repeated.
 type QueueReclaimer struct {
 	// Ledger is the extender's ledger of nodes.
 	Ledger  Ledger
 	Evicter Evicter
+	// PastBudgets, when set, ends the pods of workloads every choice needs
+	// though their budgets refuse eviction; nil: such a reclaim waits.
+	PastBudgets BudgetOverrider
 	// Pods lists the pods (informer cache).
 	Pods   func() ([]*corev1.Pod, error)
 	Events EventRecorder
@@ -109,17 +115,26 @@ func (r *QueueReclaimer) ReclaimFor(ctx context.Context, snap *QueueSnapshot, q 
 	if err != nil {
 		return "", nil, fmt.Errorf("listing pods: %w", err)
 	}
-	for attempt := 0; attempt < 4; attempt++ {
-		victims, podsOf, gone, err := r.choose(snap, q, askers, want, pods, fits)
+	pastBudgets := false
+	for attempt := 0; attempt < 5; attempt++ {
+		victims, podsOf, gone, err := r.choose(snap, q, askers, want, pods, fits, !pastBudgets)
+		if err != nil && !pastBudgets && r.PastBudgets != nil && len(r.blocked.Current(r.now())) > 0 {
+			// No choice leaves out the workloads whose budgets refused:
+			// choose among every workload, past their budgets.
+			pastBudgets = true
+			continue
+		}
 		if err != nil {
 			return "", nil, err
 		}
 		if len(victims) == 0 {
 			return "", gone, nil // room is being freed by pods that are leaving
 		}
-		if blocker := r.dryRun(ctx, victims, podsOf); blocker != "" {
-			logger.V(2).Info("Queue reclaim victim protected by a budget; choosing again", "queue", q, "victim", blocker)
-			continue
+		if !pastBudgets {
+			if blocker := r.dryRun(ctx, victims, podsOf); blocker != "" {
+				logger.V(2).Info("Queue reclaim victim protected by a budget; choosing again", "queue", q, "victim", blocker)
+				continue
+			}
 		}
 		var names []string
 		var errs []error
@@ -144,6 +159,11 @@ func (r *QueueReclaimer) ReclaimFor(ctx context.Context, snap *QueueSnapshot, q 
 				}
 				evicted[p.UID] = true
 				err := r.Evicter.Evict(ctx, p, false)
+				past := false
+				if pastBudgets && apierrors.IsTooManyRequests(err) {
+					// Its budget refuses: every choice needs it.
+					err, past = r.PastBudgets.DeletePastBudget(ctx, p), true
+				}
 				if apierrors.IsNotFound(err) {
 					continue
 				}
@@ -156,6 +176,10 @@ func (r *QueueReclaimer) ReclaimFor(ctx context.Context, snap *QueueSnapshot, q 
 					r.Metrics.ReclaimEvicted(p.Namespace)
 				}
 				watch.add(r.Ledger, p)
+				if past {
+					r.event(p, corev1.EventTypeWarning, api.EventReclaimed, "tessera: deleted past its PodDisruptionBudget to reclaim for queue %s (every choice needs it: a budget does not keep what a queue borrows): %s", q, why)
+					continue
+				}
 				r.event(p, corev1.EventTypeWarning, api.EventReclaimed, "tessera: evicted to reclaim for queue %s: %s", q, why)
 			}
 			r.watch(watch)
@@ -173,7 +197,7 @@ func (r *QueueReclaimer) ReclaimFor(ctx context.Context, snap *QueueSnapshot, q 
 // choose decides the victims on the current ledger, the pods already
 // leaving (gone) counted as gone; none when the askers fit once those are
 // gone.
-func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.Pod, want quota.Resources, pods []*corev1.Pod, fits func(Snapshot) bool) (victims []queue.Workload, podsOf map[string][]*corev1.Pod, gone map[types.UID]bool, err error) {
+func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.Pod, want quota.Resources, pods []*corev1.Pod, fits func(Snapshot) bool, honourBudgets bool) (victims []queue.Workload, podsOf map[string][]*corev1.Pod, gone map[types.UID]bool, err error) {
 	now := r.now()
 	asker := podUIDs(askers)
 	gone = r.inflight.Current(now)
@@ -218,7 +242,10 @@ func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.
 			delete(groups, k)
 		}
 	}
-	blocked := r.blocked.Current(now)
+	blocked := map[string]bool{}
+	if honourBudgets {
+		blocked = r.blocked.Current(now)
+	}
 	keys := make([]string, 0, len(groups))
 	for k := range groups {
 		keys = append(keys, k)

@@ -30,6 +30,13 @@ type Evicter interface {
 	Evict(ctx context.Context, pod *corev1.Pod, dryRun bool) error
 }
 
+// BudgetOverrider ends a pod its PodDisruptionBudget keeps from eviction
+// (extender.KubeEvicter: a deletion conditional on the pod's UID, as
+// kube-scheduler's preemption does).
+type BudgetOverrider interface {
+	DeletePastBudget(ctx context.Context, pod *corev1.Pod) error
+}
+
 // EventRecorder records Kubernetes Events (record.EventRecorder fits).
 type EventRecorder interface {
 	Eventf(object runtime.Object, eventtype, reason, messageFmt string, args ...any)
@@ -80,6 +87,11 @@ type Enforcer struct {
 	// Nodes is the GPU ledger (reclaim's fit tests).
 	Nodes   Nodes
 	Evicter Evicter
+	// PastBudgets, when set, ends the pods of workloads every choice needs
+	// though their budgets refuse eviction (a budget is a preference, as in
+	// kube-scheduler's preemption: a tenant's budget does not keep what its
+	// namespace borrows above its min); nil: such a reclaim waits.
+	PastBudgets BudgetOverrider
 	// Pod reads a pod from the informer cache (preempt victims).
 	Pod func(namespace, name string) (*corev1.Pod, error)
 	// Events and Metrics may be nil.
@@ -381,7 +393,7 @@ type choice struct {
 
 // decide chooses the victims under e.mu; Reclaim.Evict marks their pods
 // in flight.
-func (e *Enforcer) decide(ns string, askers []*corev1.Pod, fits Fits) (*choice, error) {
+func (e *Enforcer) decide(ns string, askers []*corev1.Pod, fits Fits, honourBudgets bool) (*choice, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := e.now()
@@ -446,7 +458,7 @@ func (e *Enforcer) decide(ns string, askers []*corev1.Pod, fits Fits) (*choice, 
 		// first), as in tier preemption and queue reclaim; taking the gang
 		// whole still ends every member.
 		for _, x := range append([]core.Workload{w}, e.extraWorkloads(podsOf(w))...) {
-			if _, blocked := e.blocked[workloadKey(x)]; !blocked {
+			if _, blocked := e.blocked[workloadKey(x)]; !blocked || !honourBudgets {
 				running = append(running, x)
 			}
 		}
@@ -499,6 +511,13 @@ func (e *Enforcer) release(pods []*corev1.Pod) {
 	}
 }
 
+// anyBlocked reports whether a workload is passed over for its budget.
+func (e *Enforcer) anyBlocked() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.blocked) > 0
+}
+
 // block passes over workload key (its budget refused an eviction) for
 // BlockedFor.
 func (e *Enforcer) block(key string) {
@@ -536,6 +555,8 @@ type Reclaim struct {
 	ns     string
 	askers []*corev1.Pod
 	c      *choice
+	// pastBudgets: the victims' pods whose budgets refuse are deleted.
+	pastBudgets bool
 }
 
 // Victims reports whether the reclaim evicts anything: without victims the
@@ -558,17 +579,35 @@ func (e *Enforcer) Choose(ctx context.Context, ns string, askers []*corev1.Pod, 
 	e.init()
 	logger := klog.FromContext(ctx)
 	var blockedMsgs []string
-	for attempt := 0; attempt < 8; attempt++ {
-		c, err := e.decide(ns, askers, fits)
+	pastBudgets := false
+	for attempt := 0; attempt < 9; attempt++ {
+		c, err := e.decide(ns, askers, fits, !pastBudgets)
+		if err != nil && !pastBudgets && e.PastBudgets != nil && e.anyBlocked() && !errors.Is(err, ErrNothingGuaranteed) {
+			// No choice leaves out the workloads whose budgets refused:
+			// choose among every workload, past their budgets.
+			pastBudgets = true
+			continue
+		}
 		if err != nil {
 			if len(blockedMsgs) > 0 {
 				err = fmt.Errorf("%w; passed over as their PodDisruptionBudgets refuse eviction: %s", err, strings.Join(blockedMsgs, "; "))
 			}
 			return nil, err
 		}
-		r := &Reclaim{Gone: c.gone, e: e, ns: ns, askers: askers, c: c}
+		r := &Reclaim{Gone: c.gone, e: e, ns: ns, askers: askers, c: c, pastBudgets: pastBudgets}
 		if len(c.victims) == 0 {
 			r.Msg = "room is being freed by pods that are leaving"
+			return r, nil
+		}
+		if pastBudgets {
+			var names []string
+			for _, w := range c.victims {
+				names = append(names, fmt.Sprintf("%s of namespace %s (%d pods)", w.Name, w.Namespace, len(w.Pods)))
+				for _, p := range c.pods[workloadKey(w)] {
+					r.Gone[p.UID] = true
+				}
+			}
+			r.Msg = fmt.Sprintf("namespace %s is under its min and needs %s: evicting %s, past their PodDisruptionBudgets where they refuse (every choice needs them)", ns, Describe(c.req), strings.Join(names, ", "))
 			return r, nil
 		}
 		// API calls, outside the lock: a dry run for every pod of every
@@ -633,6 +672,10 @@ func (r *Reclaim) Evict(ctx context.Context) error {
 		why := e.why(c, ns, w)
 		for _, p := range c.pods[workloadKey(w)] {
 			err := e.Evicter.Evict(ctx, p, false)
+			past := false
+			if r.pastBudgets && apierrors.IsTooManyRequests(err) {
+				err, past = e.PastBudgets.DeletePastBudget(ctx, p), true
+			}
 			if apierrors.IsNotFound(err) {
 				continue
 			}
@@ -643,6 +686,10 @@ func (r *Reclaim) Evict(ctx context.Context) error {
 			}
 			if e.Metrics != nil {
 				e.Metrics.ReclaimEvicted(w.Namespace)
+			}
+			if past {
+				e.event(p, corev1.EventTypeWarning, api.EventReclaimed, "tessera: deleted past its PodDisruptionBudget to reclaim quota for namespace %s (every choice needs it: a budget does not keep what a namespace borrows above its min): %s", ns, why)
+				continue
 			}
 			e.event(p, corev1.EventTypeWarning, api.EventReclaimed, "tessera: evicted to reclaim quota for namespace %s: %s", ns, why)
 		}

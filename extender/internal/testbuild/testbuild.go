@@ -5,13 +5,13 @@ package testbuild
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -316,19 +316,29 @@ func (f *Recorder) Eventf(_ runtime.Object, _, reason, format string, args ...an
 // eviction.
 type PreemptClient struct {
 	Evicted []string
-	Plans   map[string]string
-	PDB     map[string]bool
+	// PastBudget are the evicted pods deleted past their budgets.
+	PastBudget []string
+	Plans      map[string]string
+	PDB        map[string]bool
 }
 
-// Evict evicts pod (records it unless dryRun), or refuses as a budget.
+// Evict evicts pod (records it unless dryRun), or refuses as a budget does
+// (429, the API server's words).
 func (f *PreemptClient) Evict(_ context.Context, pod *corev1.Pod, dryRun bool) error {
 	if f.PDB[pod.Name] {
-		//lint:ignore ST1005 the API server's words, as the tests saw them before
-		return errors.New("Cannot evict pod as it would violate the pod's disruption budget.")
+		return apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
 	}
 	if !dryRun {
 		f.Evicted = append(f.Evicted, pod.Name)
 	}
+	return nil
+}
+
+// DeletePastBudget deletes pod whatever its budget (records it in Evicted
+// and PastBudget).
+func (f *PreemptClient) DeletePastBudget(_ context.Context, pod *corev1.Pod) error {
+	f.Evicted = append(f.Evicted, pod.Name)
+	f.PastBudget = append(f.PastBudget, pod.Name)
 	return nil
 }
 
