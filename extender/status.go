@@ -475,7 +475,7 @@ func pendingOf(snap *Snapshot, p *corev1.Pod, perNode bool) PendingPod {
 		case v.WithinMin:
 			pp.Quota = "admitted within its min"
 		default:
-			pp.Quota = strings.TrimSpace("admitted, borrowing beyond its min " + v.Message)
+			pp.Quota = strings.TrimSpace("admitted, borrowing: " + v.Message)
 		}
 	}
 	for name, st := range snap.Nodes {

@@ -146,6 +146,9 @@ func (s *State) Admit(ns string, req Resources) Decision {
 			return Decision{Reason: fmt.Sprintf("%s would borrow %s but governed namespaces would use %d of %d lendable", ns, name, total[name], lendable[name])}
 		}
 	}
+	if len(q.Min) == 0 {
+		return Decision{Allowed: true, Borrowing: true, Reason: fmt.Sprintf("%s borrows: it has no min", ns)}
+	}
 	return Decision{Allowed: true, Borrowing: true, Reason: fmt.Sprintf("%s borrows above its min (%s)", ns, q.Min)}
 }
 

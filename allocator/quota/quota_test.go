@@ -36,7 +36,11 @@ func TestAdmit(t *testing.T) {
 		wantMsg string
 	}{
 		{name: "within min", state: twoTeams(0, 0), ns: "a", req: gpus(16), want: Decision{Allowed: true}},
-		{name: "borrows the other's idle min", state: twoTeams(16, 0), ns: "a", req: gpus(16), want: Decision{Allowed: true, Borrowing: true}},
+		{name: "borrows the other's idle min", state: twoTeams(16, 0), ns: "a", req: gpus(16), want: Decision{Allowed: true, Borrowing: true},
+			wantMsg: "a borrows above its min (tessera.dev/gpu=16)"},
+		// make demo's explain read "borrows above its min ()".
+		{name: "borrows without a min", state: &State{Quotas: map[string]Quota{"a": {Namespace: "a", Max: gpus(8)}, "b": {Namespace: "b", Min: gpus(16)}},
+			Used: map[string]Resources{}, Capacity: gpus(32)}, ns: "a", req: gpus(4), want: Decision{Allowed: true, Borrowing: true}, wantMsg: "a borrows: it has no min"},
 		{name: "above max", state: twoTeams(32, 0), ns: "a", req: gpus(8), wantMsg: "a would use 40 tessera.dev/gpu, above its max 32"},
 		{name: "nothing left to lend", state: twoTeams(16, 16), ns: "a", req: gpus(8), wantMsg: "would use 40 of 32 lendable"},
 		{name: "back to its min while the other borrows", state: twoTeams(32, 0), ns: "b", req: gpus(16), want: Decision{Allowed: true}},
@@ -50,6 +54,12 @@ func TestAdmit(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			got := tc.state.Admit(tc.ns, tc.req)
+			if tc.wantMsg != "" && got.Allowed {
+				if !strings.Contains(got.Reason, tc.wantMsg) {
+					t.Errorf("Admit reason %q, want %q", got.Reason, tc.wantMsg)
+				}
+				tc.wantMsg = ""
+			}
 			if tc.wantMsg != "" {
 				if got.Allowed || !strings.Contains(got.Reason, tc.wantMsg) {
 					t.Fatalf("Admit = %+v, want refused with %q", got, tc.wantMsg)
