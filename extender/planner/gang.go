@@ -539,7 +539,7 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 		return nil // members not gated: the scheduler places them as it will
 	}
 	if len(gated) < g.MinMember {
-		p.wait(g.Key(), gated, fmt.Sprintf("gang %s: %d of %d members exist (gated)", g.Key(), len(gated), g.MinMember))
+		p.wait(g.Key(), gated, fmt.Sprintf("gang %s: %d of %d members exist, waiting to be planned together", g.Key(), len(gated), g.MinMember))
 		return nil
 	}
 	if len(gated) == g.MinMember {
