@@ -2,9 +2,11 @@ package deviceplugin
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/deviceplugin/devices"
@@ -77,7 +79,14 @@ func (a *Agent) syncKubelet(ctx context.Context) error {
 		return nil
 	}
 	placements, err := a.opts.Publisher.SyncPods(ctx, allocs, a.gpuIndex, a.migs)
-	if err != nil {
+	switch {
+	case err == nil:
+	case onlyConflicts(err):
+		// A pod changed (its status, by the kubelet) since the informer
+		// read it: recorded again shortly, from the newer copy.
+		a.logger.V(2).Info("A pod changed while its GPUs were recorded; recording again", "err", err)
+		time.AfterFunc(conflictRetry, func() { poke(a.syncNow) })
+	default:
 		a.logger.Error(err, "Recording pods' GPUs")
 	}
 	a.mu.Lock()
@@ -266,4 +275,25 @@ func (a *Agent) applyKubelet(allocs []kubeletstate.ContainerDevices) {
 		out = append(out, d)
 	}
 	a.state.setKubelet(out)
+}
+
+// conflictRetry is how soon pods' GPUs are recorded again after a write
+// lost to a concurrent change of the pod (the informer catches up first).
+const conflictRetry = 500 * time.Millisecond
+
+// onlyConflicts reports whether err is, all its joined errors included,
+// the API server's optimistic-concurrency conflict.
+func onlyConflicts(err error) bool {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			if !onlyConflicts(e) {
+				return false
+			}
+		}
+		return len(j.Unwrap()) > 0
+	}
+	if w := errors.Unwrap(err); w != nil {
+		return onlyConflicts(w)
+	}
+	return apierrors.IsConflict(err)
 }
