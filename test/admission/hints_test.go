@@ -33,7 +33,9 @@ func TestHintsCheckedOnUpdate(t *testing.T) {
 		_, err := e.tenant.CoreV1().Pods(tenantNS).Patch(ctx, "hinted", types.MergePatchType, []byte(p), opts)
 		return err
 	}
-	annotate := func(ctx context.Context, key, value string) error { return patch(ctx, key, value, metav1.PatchOptions{}) }
+	annotate := func(ctx context.Context, key, value string) error {
+		return patch(ctx, key, value, metav1.PatchOptions{})
+	}
 	// The admission plugin loads the policy a little after install: probe
 	// with dry runs, which write nothing (a probe that got through before
 	// would make the value unchanged, and so allowed, after).
