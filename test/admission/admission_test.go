@@ -868,8 +868,8 @@ func TestQueueValidation(t *testing.T) {
 	}{
 		{"guaranteed above limit", queueObj("q", map[string]any{"resources": map[string]any{gpu: res("guaranteed", "8", "limit", "4")}}),
 			`spec.resources[tessera.dev/gpu]: Invalid value: "object": guaranteed (8) must not exceed limit (4)`},
-		{"guaranteed above limit (integers, units)", queueObj("q", map[string]any{"resources": map[string]any{mem: res("guaranteed", "2k", "limit", int64(1999))}}),
-			`spec.resources[tessera.dev/gpu-memory]: Invalid value: "object": guaranteed (2k) must not exceed limit (1999)`},
+		{"guaranteed above limit (integers, exponents)", queueObj("q", map[string]any{"resources": map[string]any{mem: res("guaranteed", "2e3", "limit", int64(1999))}}),
+			`spec.resources[tessera.dev/gpu-memory]: Invalid value: "object": guaranteed (2e3) must not exceed limit (1999)`},
 		{"own parent", queueObj("q", map[string]any{"parent": "q"}),
 			`spec.parent: Invalid value: "object": a Queue cannot be its own parent`},
 		{"parent not a name", queueObj("q", map[string]any{"parent": "Research_Dept"}),

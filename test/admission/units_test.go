@@ -29,11 +29,17 @@ func TestQuotasCountUnitsNotBytes(t *testing.T) {
 		want string
 	}{
 		{"quota max in bytes", quota("q", nil, map[string]any{mem: "24Gi", "tessera.dev/gpu": "100"}),
-			`spec.max: Invalid value: "object": tessera.dev/gpu-memory: 24Gi is not a count: Tessera resources count GPUs, units or instances, not bytes (tessera.dev/gpu-memory counts units of 1 GiB by default: write 24, not 24Gi)`},
+			`spec.max: Invalid value: "object": tessera.dev/gpu-memory: 24Gi is not a count: Tessera resources count GPUs, memory units or MIG instances: write a whole number without a suffix, such as 24 (tessera.dev/gpu-memory counts units of 1 GiB by default, not bytes)`},
+		{"quota max in decimal bytes", quota("q", nil, map[string]any{mem: "24G"}),
+			`spec.max: Invalid value: "object": tessera.dev/gpu-memory: 24G is not a count`},
+		{"quota max a fraction", quota("q", nil, map[string]any{mem: "1500m"}),
+			`spec.max: Invalid value: "object": tessera.dev/gpu-memory: 1500m is not a count`},
 		{"quota min in bytes", quota("q", map[string]any{"tessera.dev/mig-1g.5gb": "2Ki"}, nil),
 			`spec.min: Invalid value: "object": tessera.dev/mig-1g.5gb: 2Ki is not a count`},
 		{"queue limit in bytes", queueObj("q", map[string]any{"resources": map[string]any{mem: map[string]any{"limit": "24Gi"}}}),
-			`spec.resources[tessera.dev/gpu-memory].limit: Invalid value: "": 24Gi is not a count: queues count GPUs, units or instances, not bytes`},
+			`spec.resources[tessera.dev/gpu-memory].limit: Invalid value: "": 24Gi is not a count: queues count GPUs, memory units or MIG instances: write a whole number without a suffix`},
+		{"queue limit in decimal bytes", queueObj("q", map[string]any{"resources": map[string]any{"tessera.dev/mig-1g.5gb": map[string]any{"limit": "24G"}}}),
+			`spec.resources[tessera.dev/mig-1g.5gb].limit: Invalid value: "": 24G is not a count`},
 		{"queue guarantee in bytes", queueObj("q", map[string]any{"resources": map[string]any{mem: map[string]any{"guaranteed": "1Mi"}}}),
 			`spec.resources[tessera.dev/gpu-memory].guaranteed: Invalid value: "": 1Mi is not a count`},
 	}
@@ -52,7 +58,7 @@ func TestQuotasCountUnitsNotBytes(t *testing.T) {
 			}
 		})
 	}
-	if _, err := eqs.Create(ctx, quota("counts", map[string]any{"memory": "24Gi", mem: "24"}, map[string]any{"memory": "64Gi", mem: int64(48), "tessera.dev/gpu": "1k"}), metav1.CreateOptions{}); err != nil {
+	if _, err := eqs.Create(ctx, quota("counts", map[string]any{"memory": "24Gi", "cpu": "1500m", mem: "24"}, map[string]any{"memory": "64Gi", mem: int64(48), "tessera.dev/gpu": "1e3"}), metav1.CreateOptions{}); err != nil {
 		t.Errorf("quota of counts and memory in bytes refused: %v", err)
 	}
 	if _, err := queues.Create(ctx, queueObj("counts", map[string]any{"resources": map[string]any{mem: map[string]any{"guaranteed": "24", "limit": "1e3"}}}), metav1.CreateOptions{}); err != nil {
