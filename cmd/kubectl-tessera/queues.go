@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
@@ -60,7 +61,10 @@ func (e *env) queues(ctx context.Context, w io.Writer) error {
 func (e *env) readQueues(ctx context.Context) ([]queueRow, error) {
 	list, err := e.dyn.Resource(api.QueueGVR).List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return nil, e.apiErr("queues.tessera.dev (is the Queue CRD of deploy/crds installed?)", err)
+		if apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("reading queues.tessera.dev from the API server %s: %w (is the Queue CRD of deploy/crds installed?)", e.server, err)
+		}
+		return nil, e.apiErr("queues.tessera.dev", err)
 	}
 	rows := make([]queueRow, 0, len(list.Items))
 	for i := range list.Items {
