@@ -571,7 +571,9 @@ func (r *Reclaim) Victims() bool { return r != nil && len(r.c.victims) > 0 }
 // freed room serves the askers). A workload a PodDisruptionBudget protects
 // (429, checked for every member with a dry run, so that a gang is never
 // half evicted) is passed over and reported, and the choice is made again
-// without it. The caller plans the askers on the room without Gone, holds
+// without it; when no choice leaves such workloads out, with PastBudgets
+// set they are chosen anyway and Evict deletes the pods whose budgets
+// still refuse. The caller plans the askers on the room without Gone, holds
 // it, and then calls Evict: evicting first let a victim's replacement (a
 // Deployment's, made at once and not gated) be bound into the freed room
 // before the askers' plan held it.
