@@ -352,24 +352,6 @@ func migAsker(p *corev1.Pod) (map[string]int, bool) {
 	return dm.MIG, true
 }
 
-// unneeded says why no one needs a request made for pod (empty when its
-// pod still waits): the pod is gone, another pod has its name, it is
-// being deleted or has ended, or it was placed.
-func unneeded(pod *api.MIGLayoutPod, byKey map[string]*corev1.Pod) string {
-	p, ok := byKey[pod.String()]
-	switch {
-	case !ok:
-		return fmt.Sprintf("its pod %s is gone", pod)
-	case string(p.UID) != pod.UID:
-		return fmt.Sprintf("its pod %s (UID %s) is gone; a new pod has the name", pod, pod.UID)
-	case gpureq.Ended(p):
-		return fmt.Sprintf("its pod %s is being deleted or has ended", pod)
-	case p.Spec.NodeName != "":
-		return fmt.Sprintf("its pod %s was placed on node %s", pod, p.Spec.NodeName)
-	}
-	return ""
-}
-
 func (d *MIGDynamic) decide(pods []*corev1.Pod, nodes []*corev1.Node) migPlan {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -433,7 +415,7 @@ func (d *MIGDynamic) decide(pods []*corev1.Pod, nodes []*corev1.Node) migPlan {
 			case invOK && !serves:
 				why = fmt.Sprintf("request %d for pod %s: the node's agent does not serve MIG layout requests (tessera-node without --dynamic-mig)", req.Generation, req.Pod)
 			default:
-				if u := unneeded(req.Pod, byKey); u != "" {
+				if u := gpureq.NotWaiting(req.Pod.String(), req.Pod.UID, byKey[req.Pod.String()]); u != "" {
 					why = fmt.Sprintf("request %d: %s", req.Generation, u)
 				}
 			}

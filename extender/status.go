@@ -410,12 +410,11 @@ func ledgerLines(info *NodeInfo, u *PodUse, pod *corev1.Pod) []string {
 		}
 	}
 	for _, uuid := range u.MIG {
-		i := slices.IndexFunc(info.MIG, func(in MIGInstance) bool { return in.UUID == uuid })
-		if i < 0 {
+		in := info.migInstance(uuid)
+		if in == nil {
 			out = append(out, fmt.Sprintf("MIG %s, not in the node's inventory", uuid))
 			continue
 		}
-		in := info.MIG[i]
 		line := fmt.Sprintf("MIG %s %s on %s", in.Profile, uuid, gpuName(info, info.GPUs[in.GPU].UUID))
 		if c := container[uuid]; c != "" {
 			line += " (container " + c + ")"

@@ -1,6 +1,7 @@
 package gpureq
 
 import (
+	"fmt"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -58,4 +59,23 @@ func PendingUnschedulable(p *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// NotWaiting says why pod is no longer the pod named name (namespace/name)
+// with UID uid waiting to be placed, "" when it is: pod is the pod of
+// that name now (nil: there is none), and it must have that UID, not have
+// ended (Ended) and be bound to no node. What was done for a waiting pod
+// (a MIG layout request) is for no one once it says why.
+func NotWaiting(name, uid string, pod *corev1.Pod) string {
+	switch {
+	case pod == nil:
+		return fmt.Sprintf("its pod %s is gone", name)
+	case string(pod.UID) != uid:
+		return fmt.Sprintf("its pod %s (UID %s) is gone; a new pod has the name", name, uid)
+	case Ended(pod):
+		return fmt.Sprintf("its pod %s is being deleted or has ended", name)
+	case pod.Spec.NodeName != "":
+		return fmt.Sprintf("its pod %s was placed on node %s", name, pod.Spec.NodeName)
+	}
+	return ""
 }

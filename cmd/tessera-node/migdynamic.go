@@ -126,17 +126,11 @@ func (w *migWatch) podWaits(ctx context.Context, req *api.MIGLayoutRequest) stri
 	pod, err := w.client.CoreV1().Pods(req.Pod.Namespace).Get(ctx, req.Pod.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		return fmt.Sprintf("its pod %s is gone", req.Pod)
+		pod = nil
 	case err != nil:
 		return fmt.Sprintf("reading its pod %s: %v", req.Pod, err)
-	case string(pod.UID) != req.Pod.UID:
-		return fmt.Sprintf("its pod %s (UID %s) is gone; a new pod has the name", req.Pod, req.Pod.UID)
-	case gpureq.Ended(pod):
-		return fmt.Sprintf("its pod %s is being deleted or has ended", req.Pod)
-	case pod.Spec.NodeName != "":
-		return fmt.Sprintf("its pod %s was placed on node %s", req.Pod, pod.Spec.NodeName)
 	}
-	return ""
+	return gpureq.NotWaiting(req.Pod.String(), req.Pod.UID, pod)
 }
 
 // poll reads the request; it returns it when a GPU is to be repartitioned.
