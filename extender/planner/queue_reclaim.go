@@ -136,6 +136,10 @@ func (r *QueueReclaimer) ReclaimFor(ctx context.Context, snap *QueueSnapshot, q 
 				continue
 			}
 		}
+		var over equota.BudgetOverrider // every choice needs the victims
+		if pastBudgets {
+			over = r.PastBudgets
+		}
 		var names []string
 		var errs []error
 		var askerUIDs []types.UID
@@ -158,12 +162,7 @@ func (r *QueueReclaimer) ReclaimFor(ctx context.Context, snap *QueueSnapshot, q 
 					continue
 				}
 				evicted[p.UID] = true
-				err := r.Evicter.Evict(ctx, p, false)
-				past := false
-				if pastBudgets && apierrors.IsTooManyRequests(err) {
-					// Its budget refuses: every choice needs it.
-					err, past = r.PastBudgets.DeletePastBudget(ctx, p), true
-				}
+				past, err := equota.EvictOrPast(ctx, r.Evicter, over, p)
 				if apierrors.IsNotFound(err) {
 					continue
 				}

@@ -37,6 +37,17 @@ type BudgetOverrider interface {
 	DeletePastBudget(ctx context.Context, pod *corev1.Pod) error
 }
 
+// EvictOrPast evicts pod through ev; with over set (a reclaim past
+// budgets), a pod its budget keeps from eviction (429) is deleted through
+// over instead, and past says so.
+func EvictOrPast(ctx context.Context, ev Evicter, over BudgetOverrider, pod *corev1.Pod) (past bool, err error) {
+	err = ev.Evict(ctx, pod, false)
+	if over != nil && apierrors.IsTooManyRequests(err) {
+		return true, over.DeletePastBudget(ctx, pod)
+	}
+	return false, err
+}
+
 // EventRecorder records Kubernetes Events (record.EventRecorder fits).
 type EventRecorder interface {
 	Eventf(object runtime.Object, eventtype, reason, messageFmt string, args ...any)
@@ -669,15 +680,15 @@ func (r *Reclaim) Evict(ctx context.Context) error {
 	// replacement, made by its controller at once, would otherwise borrow
 	// it while the evictions are still under way.
 	e.Ledger.Hold(ns, string(r.askers[0].UID), c.state.Used[ns], c.holdUses(), e.holdFor())
+	var over BudgetOverrider
+	if r.pastBudgets {
+		over = e.PastBudgets
+	}
 	var errs []error
 	for _, w := range c.victims {
 		why := e.why(c, ns, w)
 		for _, p := range c.pods[workloadKey(w)] {
-			err := e.Evicter.Evict(ctx, p, false)
-			past := false
-			if r.pastBudgets && apierrors.IsTooManyRequests(err) {
-				err, past = e.PastBudgets.DeletePastBudget(ctx, p), true
-			}
+			past, err := EvictOrPast(ctx, e.Evicter, over, p)
 			if apierrors.IsNotFound(err) {
 				continue
 			}
