@@ -109,6 +109,11 @@ type Preemptor struct {
 	// BlockedFor is how long a workload a budget protected is passed over
 	// (default 1m).
 	BlockedFor time.Duration
+	// PastBudgets, when set, ends the pods of victims every choice needs
+	// past their PodDisruptionBudgets, as kube-scheduler's preemption does
+	// (a budget is a preference: victims it protects are passed over
+	// while another choice makes room). Nil: such a preemption waits.
+	PastBudgets equota.BudgetOverrider
 	Now        func() time.Time
 	// FruitlessFor is how long a gang for which nothing could be
 	// preempted is not asked about again (default 10s): a waiting gang is
@@ -384,36 +389,64 @@ type workload struct {
 
 // preemptFor makes room for asker when it fits nowhere, or does nothing;
 // it reports whether it evicted. A victim a budget protects is passed
-// over and the choice made again.
+// over and the choice made again; when no choice leaves such victims out,
+// with PastBudgets they are chosen among the others and deleted past
+// their budgets.
 func (p *Preemptor) preemptFor(ctx context.Context, asker *corev1.Pod, pods []*corev1.Pod, qsnap *planner.QueueSnapshot) (bool, error) {
 	logger := klog.FromContext(ctx)
 	d, err := ParseDemand(asker)
 	if err != nil {
 		return false, nil // the filter reports it on the pod
 	}
-	for attempt := 0; attempt < 4; attempt++ {
-		c, units, after, err := p.choose(asker, &d, pods, qsnap)
-		if err != nil || c == nil {
+	pastBudgets := false
+	for attempt := 0; attempt < 5; attempt++ {
+		c, units, after, err := p.choose(asker, &d, pods, qsnap, pastBudgets)
+		if err != nil {
 			return false, err
+		}
+		if c == nil {
+			if p.mayGoPastBudgets(pastBudgets) {
+				pastBudgets = true
+				continue
+			}
+			return false, nil
 		}
 		var victims []*workload
 		for _, v := range c.Victims {
 			victims = append(victims, units[v.Key])
 		}
-		if blocker := p.dryRun(ctx, podClaimant(asker), []*corev1.Pod{asker}, victims); blocker != "" {
-			logger.V(2).Info("Preemption victim protected by a budget; choosing again", "pod", klog.KObj(asker), "victim", blocker)
-			continue
+		if !pastBudgets {
+			if blocker := p.dryRun(ctx, podClaimant(asker), []*corev1.Pod{asker}, victims); blocker != "" {
+				logger.V(2).Info("Preemption victim protected by a budget; choosing again", "pod", klog.KObj(asker), "victim", blocker)
+				continue
+			}
 		}
-		return true, p.apply(ctx, asker, &d, c.Node, victims, after)
+		return true, p.apply(ctx, asker, &d, c.Node, victims, after, p.overrider(pastBudgets))
 	}
 	return false, nil
+}
+
+// mayGoPastBudgets reports that a preemption that found no choice without
+// the victims budgets protected may choose again among every victim: it
+// has not yet (past), PastBudgets is set, and some victim is passed over.
+func (p *Preemptor) mayGoPastBudgets(past bool) bool {
+	return !past && p.PastBudgets != nil && len(p.blocked.Current(p.now())) > 0
+}
+
+// overrider is what ends the victims past their budgets: PastBudgets when
+// the choice was made past them, else nil (evictions only).
+func (p *Preemptor) overrider(pastBudgets bool) equota.BudgetOverrider {
+	if pastBudgets {
+		return p.PastBudgets
+	}
+	return nil
 }
 
 // choose decides a preemption for asker on the current snapshot: nil
 // when asker fits somewhere already (or will, once leaving pods are
 // gone) or when no preemption makes room. after is the chosen node's
 // state without the victims.
-func (p *Preemptor) choose(asker *corev1.Pod, d *Demand, pods []*corev1.Pod, qsnap *planner.QueueSnapshot) (*preempt.Choice, map[string]*workload, *NodeState, error) {
+func (p *Preemptor) choose(asker *corev1.Pod, d *Demand, pods []*corev1.Pod, qsnap *planner.QueueSnapshot, pastBudgets bool) (*preempt.Choice, map[string]*workload, *NodeState, error) {
 	now := p.now()
 	gone, running := p.split(pods, now)
 	base := without(p.Cache.Snapshot(), gone)
@@ -429,7 +462,7 @@ func (p *Preemptor) choose(asker *corev1.Pod, d *Demand, pods []*corev1.Pod, qsn
 			nodes = append(nodes, st)
 		}
 	}
-	units, unitsOf := p.units(podClaimant(asker), running, now, qsnap)
+	units, unitsOf := p.units(podClaimant(asker), running, now, qsnap, pastBudgets)
 	var cands []preempt.Candidate
 	for _, st := range nodes {
 		c := preempt.Candidate{Node: st.Info.Name}
@@ -467,12 +500,13 @@ func (p *Preemptor) choose(asker *corev1.Pod, d *Demand, pods []*corev1.Pod, qsn
 
 // units are the workloads c may evict, by unit key: every pod of the
 // workload of lower priority than c, run at least MinRuntime, not
-// passed over for a budget, and let go by quota and queues; never c's own. An elastic
+// passed over for a budget (unless pastBudgets), and let go by quota and
+// queues; never c's own. An elastic
 // gang running more members than its minMember is also offered member by
 // member for those beyond the minimum, newest first (its whole is still a
 // unit: taking that ends every member, so it never drops below its
 // minimum). unitsOf gives each pod's units.
-func (p *Preemptor) units(c claimant, running []*corev1.Pod, now time.Time, qsnap *planner.QueueSnapshot) (map[string]*workload, map[types.UID][]string) {
+func (p *Preemptor) units(c claimant, running []*corev1.Pod, now time.Time, qsnap *planner.QueueSnapshot, pastBudgets bool) (map[string]*workload, map[types.UID][]string) {
 	prio := c.prio
 	groups := map[string][]*corev1.Pod{}
 	for _, pod := range running {
@@ -486,6 +520,9 @@ func (p *Preemptor) units(c claimant, running []*corev1.Pod, now time.Time, qsna
 		groups[k] = append(groups[k], pod)
 	}
 	blocked := p.blocked.Current(now)
+	if pastBudgets {
+		blocked = nil
+	}
 	var qs *quota.State
 	if p.Quota != nil {
 		if v, err := p.Quota.Ledger.View(c.ns, func(pod *corev1.Pod) bool { return c.self[pod.UID] }); err == nil {
@@ -577,9 +614,10 @@ func (p *Preemptor) dryRun(ctx context.Context, c claimant, askers []*corev1.Pod
 	return ""
 }
 
-// apply evicts the victims and holds the freed room for asker with a
-// plan on node (after is the node's state without the victims).
-func (p *Preemptor) apply(ctx context.Context, asker *corev1.Pod, d *Demand, node string, victims []*workload, after *NodeState) error {
+// apply evicts the victims (past their budgets through over, when set)
+// and holds the freed room for asker with a plan on node (after is the
+// node's state without the victims).
+func (p *Preemptor) apply(ctx context.Context, asker *corev1.Pod, d *Demand, node string, victims []*workload, after *NodeState, over equota.BudgetOverrider) error {
 	logger := klog.FromContext(ctx)
 	hold := p.HoldFor
 	if hold <= 0 {
@@ -603,7 +641,7 @@ func (p *Preemptor) apply(ctx context.Context, asker *corev1.Pod, d *Demand, nod
 	if err := p.Client.SetPlan(ctx, asker, ann[api.AnnotationGangPlan]); err != nil {
 		return fmt.Errorf("preemption for %s/%s: writing the plan: %w", asker.Namespace, asker.Name, err)
 	}
-	err = p.evict(ctx, podClaimant(asker), victims, func(v *workload) string {
+	err = p.evict(ctx, podClaimant(asker), victims, over, func(v *workload) string {
 		return fmt.Sprintf("tessera: evicted for %s/%s (priority %d), which needs %s and fits no node: %s (priority %d) is among the pods of the lowest priorities whose removal makes room on %s; the room is held for %s/%s until %s",
 			asker.Namespace, asker.Name, corev1helpers.PodPriority(asker), equota.Describe(gpureq.QuotaCount(asker)), api.KeyName(v.unit.Key), v.unit.Priority, where, asker.Namespace, asker.Name, plan.Expires.Format(time.RFC3339))
 	})
@@ -639,8 +677,9 @@ func HoldPlan(policy allocator.Policy, after *NodeState, pod *corev1.Pod, d *Dem
 }
 
 // evict evicts the victims' pods for c, with a Preempted Event (why says
-// why the victim goes) on each and the preemption metric.
-func (p *Preemptor) evict(ctx context.Context, c claimant, victims []*workload, why func(v *workload) string) error {
+// why the victim goes) on each and the preemption metric; with over (a
+// choice made past budgets), a pod its budget keeps is deleted.
+func (p *Preemptor) evict(ctx context.Context, c claimant, victims []*workload, over equota.BudgetOverrider, why func(v *workload) string) error {
 	var errs []error
 	for _, v := range victims {
 		msg := why(v)
@@ -648,7 +687,7 @@ func (p *Preemptor) evict(ctx context.Context, c claimant, victims []*workload, 
 			msg += "; " + api.ExtraMemberEvicted
 		}
 		for _, pod := range v.pods {
-			err := p.Client.Evict(ctx, pod, false)
+			past, err := equota.EvictOrPast(ctx, p.Client, over, pod)
 			if apierrors.IsNotFound(err) {
 				continue
 			}
@@ -658,6 +697,10 @@ func (p *Preemptor) evict(ctx context.Context, c claimant, victims []*workload, 
 			}
 			p.evicted.Add(pod.UID, p.now())
 			p.Metrics.preempted(pod.Namespace)
+			if past {
+				p.event(pod, corev1.EventTypeWarning, api.EventPreempted, "%s; deleted past its PodDisruptionBudget (every choice of victims needs it: a budget does not keep a lower tier's GPUs from a higher one)", msg)
+				continue
+			}
 			p.event(pod, corev1.EventTypeWarning, api.EventPreempted, "%s", msg)
 		}
 	}

@@ -37,7 +37,8 @@ import (
 // given back, so that freed GPUs that cannot serve the gang (outside the
 // domain it is planned in) are never the reason for an eviction. A victim
 // its PodDisruptionBudget protects is passed over and the choice made
-// again. ForGang returns what it will do, the pods gone once the room is
+// again; when no choice leaves such victims out, with PastBudgets they are
+// chosen among the others and deleted past their budgets. ForGang returns what it will do, the pods gone once the room is
 // free (those leaving and the victims), on which the planner plans the
 // gang, and evict: once the gang's plan holds the room in the ledger, the
 // planner calls it, and the victims are evicted, with a Preempted Event on
@@ -59,9 +60,13 @@ func (p *Preemptor) ForGang(ctx context.Context, members []*corev1.Pod, fits fun
 		return "", nil, nil, fmt.Errorf("listing pods: %w", err)
 	}
 	qsnap := p.queues()
-	for attempt := 0; attempt < 4; attempt++ {
-		victims, gone, ok := p.chooseForGang(c, members, pods, qsnap, fits)
+	pastBudgets := false
+	for attempt := 0; attempt < 5; attempt++ {
+		victims, gone, ok := p.chooseForGang(c, members, pods, qsnap, fits, pastBudgets)
 		switch {
+		case !ok && p.mayGoPastBudgets(pastBudgets):
+			pastBudgets = true
+			continue
 		case !ok:
 			d := p.FruitlessFor
 			if d <= 0 {
@@ -72,10 +77,13 @@ func (p *Preemptor) ForGang(ctx context.Context, members []*corev1.Pod, fits fun
 		case len(victims) == 0:
 			return "", gone, nil, nil // the room is being freed by pods that are leaving
 		}
-		if blocker := p.dryRun(ctx, c, members, victims); blocker != "" {
-			logger.V(2).Info("Preemption victim protected by a budget; choosing again", "gang", c.who, "victim", blocker)
-			continue
+		if !pastBudgets {
+			if blocker := p.dryRun(ctx, c, members, victims); blocker != "" {
+				logger.V(2).Info("Preemption victim protected by a budget; choosing again", "gang", c.who, "victim", blocker)
+				continue
+			}
 		}
+		over := p.overrider(pastBudgets)
 		var names []string
 		for _, v := range victims {
 			names = append(names, fmt.Sprintf("%s (priority %d)", api.KeyName(v.unit.Key), v.unit.Priority))
@@ -85,7 +93,7 @@ func (p *Preemptor) ForGang(ctx context.Context, members []*corev1.Pod, fits fun
 		}
 		msg := "preempting lower tiers: evicting " + listed(names, 8)
 		evict := func(ctx context.Context) error {
-			err := p.evict(ctx, c, victims, func(v *workload) string {
+			err := p.evict(ctx, c, victims, over, func(v *workload) string {
 				return fmt.Sprintf("tessera: evicted for %s (priority %d), which needs %s and fits nowhere: %s has priority %d, among the least important whose removal makes room for it",
 					c.who, c.prio, equota.Describe(c.req), api.KeyName(v.unit.Key), v.unit.Priority)
 			})
@@ -127,7 +135,7 @@ func gangClaimant(members []*corev1.Pod) (claimant, bool) {
 // chooseForGang decides the victims for c on the current ledger, the pods
 // already leaving (gone) counted as gone: none when c fits once those are
 // gone; false when no choice makes it fit.
-func (p *Preemptor) chooseForGang(c claimant, members, pods []*corev1.Pod, qsnap *planner.QueueSnapshot, fits func(planner.Snapshot) bool) ([]*workload, map[types.UID]bool, bool) {
+func (p *Preemptor) chooseForGang(c claimant, members, pods []*corev1.Pod, qsnap *planner.QueueSnapshot, fits func(planner.Snapshot) bool, pastBudgets bool) ([]*workload, map[types.UID]bool, bool) {
 	now := p.now()
 	gone, running := p.split(pods, now)
 	base := without(p.Cache.Snapshot(), gone)
@@ -146,7 +154,7 @@ func (p *Preemptor) chooseForGang(c claimant, members, pods []*corev1.Pod, qsnap
 			}
 		}
 	}
-	units, unitsOf := p.units(c, running, now, qsnap)
+	units, unitsOf := p.units(c, running, now, qsnap, pastBudgets)
 	seen := map[string]bool{}
 	var cands []preempt.Unit
 	for _, pod := range running {

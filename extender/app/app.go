@@ -89,6 +89,9 @@ type options struct {
 	quotaRetry      time.Duration
 	// reclaimPastBudgets: reclaim may delete past PodDisruptionBudgets.
 	reclaimPastBudgets bool
+	// preemptionPastBudgets: tier preemption may delete past
+	// PodDisruptionBudgets.
+	preemptionPastBudgets bool
 	quotaHold          time.Duration
 	quotaResync        time.Duration
 	shortlist          int
@@ -176,6 +179,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.numaFit, "numa-fit", true, "place a GPU pod only where its GPUs and exclusive CPUs can meet on one NUMA node, on nodes whose kubelet topology manager policy (published by the node agent) is single-numa-node or restricted, and prefer such placements under best-effort (docs/numa.md); false ignores the nodes' NUMA reports")
 	fs.BoolVar(&o.preemption, "preemption", true, "Tessera's priority preemption for GPU pods of every shape (whole GPUs and slices), which kube-scheduler cannot see (docs/extender.md)")
 	fs.DurationVar(&o.preemptionMinRuntime, "preemption-min-runtime", 0, "a pod that started less than this long ago is not preempted")
+	fs.BoolVar(&o.preemptionPastBudgets, "preemption-past-budgets", true, "tier preemption deletes, past its PodDisruptionBudget, a lower-tier victim every choice of victims needs, as kube-scheduler's preemption does (victims budgets protect are passed over while another choice makes room); false: such a preemption waits")
 	fs.BoolVar(&o.reclaimPastBudgets, "reclaim-past-budgets", true, "quota and queue reclaim delete, past its PodDisruptionBudget, a borrowing workload every choice of victims needs (budgets are a preference, as in kube-scheduler's preemption: a tenant's budget does not keep what it borrows); false: such a reclaim waits")
 	fs.DurationVar(&o.preemptionHold, "preemption-hold", 2*time.Minute, "how long the room preemption frees is held for the pod it was freed for")
 	fs.DurationVar(&o.preemptionResync, "preemption-resync", time.Second, "how often pending pods kube-scheduler found unschedulable are checked for a preemption")
@@ -465,6 +469,9 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 		Pods:   func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) },
 		Policy: policy, Events: recorder, Metrics: metrics, Quota: enforcer, HoldsOnly: !o.preemption,
 		MinRuntime: o.preemptionMinRuntime, HoldFor: o.preemptionHold, Queues: queues, Gangs: gangBook,
+	}
+	if o.preemptionPastBudgets {
+		preemptor.PastBudgets = &extender.KubeEvicter{Client: client}
 	}
 	var gangs *planner.GangPlanner
 	if o.gangPlanner {
