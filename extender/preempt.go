@@ -114,7 +114,7 @@ type Preemptor struct {
 	// (a budget is a preference: victims it protects are passed over
 	// while another choice makes room). Nil: such a preemption waits.
 	PastBudgets equota.BudgetOverrider
-	Now        func() time.Time
+	Now         func() time.Time
 	// FruitlessFor is how long a gang for which nothing could be
 	// preempted is not asked about again (default 10s): a waiting gang is
 	// planned on every planner pass, and each ask lists every pod and

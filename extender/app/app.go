@@ -92,10 +92,10 @@ type options struct {
 	// preemptionPastBudgets: tier preemption may delete past
 	// PodDisruptionBudgets.
 	preemptionPastBudgets bool
-	quotaHold          time.Duration
-	quotaResync        time.Duration
-	shortlist          int
-	sealKeyNamespace   string
+	quotaHold             time.Duration
+	quotaResync           time.Duration
+	shortlist             int
+	sealKeyNamespace      string
 
 	queues          bool
 	queueHalfLife   time.Duration
