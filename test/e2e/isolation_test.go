@@ -277,14 +277,21 @@ func TestNodeFailsPodNRIRefuses(t *testing.T) {
 // for: a pod without GPU requests and a GPU pod's sidecar both set
 // NVIDIA_VISIBLE_DEVICES=all and end with void, the NVIDIA devices denied
 // (NVIDIA/k8s-device-plugin#61); the sidecar's GPU container keeps its GPU.
+// The sidecar sets it from a ConfigMap (envFrom), as the kubelet resolves
+// it before the runtime sees the container.
 func TestContainerWithoutGPUSeesNone(t *testing.T) {
 	c := getCluster(t)
 	ns := namespace(t, c, "e2e-nogpu")
 	all := []v1.EnvVar{{Name: api.EnvNVIDIAVisibleDevices, Value: "all"}}
 	plain := podSpec{name: "plain"}.pod(ns)
 	plain.Spec.Containers[0].Env = all
+	cm := &v1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "visible"}, Data: map[string]string{api.EnvNVIDIAVisibleDevices: "all"}}
+	if _, err := c.Client().CoreV1().ConfigMaps(ns).Create(t.Context(), cm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	gpu := podSpec{name: "gpu", gpus: 1}.pod(ns)
-	gpu.Spec.Containers = append(gpu.Spec.Containers, v1.Container{Name: "sidecar", Image: "registry.k8s.io/pause:3.10", Env: all})
+	gpu.Spec.Containers = append(gpu.Spec.Containers, v1.Container{Name: "sidecar", Image: "registry.k8s.io/pause:3.10",
+		EnvFrom: []v1.EnvFromSource{{ConfigMapRef: &v1.ConfigMapEnvSource{LocalObjectReference: v1.LocalObjectReference{Name: cm.Name}}}}})
 	for _, p := range []*v1.Pod{plain, gpu} {
 		if _, err := c.Client().CoreV1().Pods(ns).Create(t.Context(), p, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)

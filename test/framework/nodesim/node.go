@@ -877,7 +877,11 @@ func (n *Node) startPod(ctx context.Context, pod *v1.Pod) error {
 			n.dm.RemovePod(pod.UID)
 			n.dm.Manager().UpdateAllocatedDevices()
 			rec.Containers = append(rec.Containers, ContainerRecord{Name: cs.c.Name, Init: cs.init})
-			return n.failPod(ctx, sp, rec, "CreateContainerError", err.Error())
+			reason := "CreateContainerError"
+			if errors.As(err, new(*configError)) {
+				reason = "CreateContainerConfigError"
+			}
+			return n.failPod(ctx, sp, rec, reason, err.Error())
 		}
 		rec.Containers = append(rec.Containers, *cr)
 	}
@@ -937,9 +941,9 @@ func (n *Node) endPod(ctx context.Context, sp *simPod) error {
 // runContainer creates and starts one container through NRI (an init
 // container is also stopped and removed: it ran to completion).
 func (n *Node) runContainer(ctx context.Context, sp *simPod, c *v1.Container, o *devicemanager.DeviceRunContainerOptions, init bool) (*ContainerRecord, error) {
-	env := map[string]string{}
-	for _, e := range c.Env {
-		env[e.Name] = e.Value
+	env, err := containerEnv(ctx, n.client, sp.pod, c)
+	if err != nil {
+		return nil, &configError{err}
 	}
 	cr := &ContainerRecord{Name: c.Name, Init: init, ID: string(sp.pod.UID) + "-" + c.Name}
 	ctr := &adaptation.Container{
@@ -978,7 +982,6 @@ func (n *Node) runContainer(ctx context.Context, sp *simPod, c *v1.Container, o 
 	}
 
 	var resp *adaptation.CreateContainerResponse
-	var err error
 	for attempt := 1; ; attempt++ {
 		// A container must not start unisolated while the node agent
 		// restarts: wait for its NRI plugin (containerd's "required
