@@ -185,10 +185,10 @@ func OccupancyView(snap *Snapshot) *gpustatus.Cluster {
 				}
 			}
 			if u.WholePending > 0 {
-				n.Unrecorded = append(n.Unrecorded, fmt.Sprintf("%s: %d GPU(s)", who, u.WholePending))
+				n.Unrecorded = append(n.Unrecorded, gpustatus.UnrecordedLine(who, u.WholePending))
 			}
 			if len(u.MIGPending) > 0 {
-				n.UnrecordedMIG = append(n.UnrecordedMIG, fmt.Sprintf("%s: %s", who, describeMIG(u.MIGPending)))
+				n.UnrecordedMIG = append(n.UnrecordedMIG, who+": "+gpustatus.DescribeMIG(u.MIGPending))
 			}
 		}
 		for _, h := range holds {
@@ -425,7 +425,7 @@ func ledgerLines(info *NodeInfo, u *PodUse, pod *corev1.Pod) []string {
 		out = append(out, fmt.Sprintf("%d whole GPU(s), not recorded by the node agent yet", u.WholePending))
 	}
 	if len(u.MIGPending) > 0 {
-		out = append(out, describeMIG(u.MIGPending)+", not recorded by the node agent yet")
+		out = append(out, gpustatus.DescribeMIG(u.MIGPending)+", not recorded by the node agent yet")
 	}
 	return out
 }
@@ -537,7 +537,7 @@ func pendingOf(snap *Snapshot, p *corev1.Pod, perNode bool) PendingPod {
 // DescribeDemand says in words what a pod asks for.
 func DescribeDemand(d *Demand) string {
 	if d.AsksMIG() {
-		return describeMIG(d.MIG)
+		return gpustatus.DescribeMIG(d.MIG)
 	}
 	switch d.Kind() {
 	case allocator.Whole:
@@ -554,20 +554,6 @@ func DescribeDemand(d *Demand) string {
 		return fmt.Sprintf("a slice of one GPU: %d memory unit(s), %d%% compute", mem, cores)
 	}
 	return "no GPU"
-}
-
-// describeMIG says how many MIG instances of each profile n counts, in
-// profile name order: "2 MIG instances 1g.5gb, 1 MIG instance 3g.20gb".
-func describeMIG(n map[string]int) string {
-	var parts []string
-	for _, p := range sortedProfiles(n) {
-		if n[p] == 1 {
-			parts = append(parts, "1 MIG instance "+p)
-		} else {
-			parts = append(parts, fmt.Sprintf("%d MIG instances %s", n[p], p))
-		}
-	}
-	return strings.Join(parts, ", ")
 }
 
 func (s *Status) serve(w http.ResponseWriter, r *http.Request, view func(*Snapshot) (any, int)) {

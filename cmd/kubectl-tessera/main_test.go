@@ -334,7 +334,10 @@ func TestSubcommands(t *testing.T) {
 		stderr   string
 	}{
 		{name: "status from the API, sealed assignments only", fixture: fixture{ext: ext},
-			run: func(e *env, b *bytes.Buffer) error { return e.status(t.Context(), b) }, golden: "status.txt", without: []string{"forged"}},
+			run: func(e *env, b *bytes.Buffer) error { return e.status(t.Context(), b) }, golden: "status.txt",
+			// nb/forged's slice is not shown as Tessera's: it holds a GPU
+			// of the node not recorded, as the extender's ledger counts it.
+			without: []string{"nb/nb-1 nb/forged", "nb/forged nb/nb-1", "nb/forged (", "38.0/40Gi"}},
 		{name: "status without the seal key asks the extender", fixture: fixture{noKey: true, ext: ext},
 			run: func(e *env, b *bytes.Buffer) error { return e.status(t.Context(), b) }, golden: "status-extender.txt", stderr: "showing tessera-extender's ledger instead"},
 		{name: "status without the seal key nor the extender fails", fixture: fixture{noKey: true, ext: down},

@@ -21,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
 )
 
 // Cluster is the occupancy of every node with a GPU inventory, and the
@@ -223,12 +224,14 @@ func NodeFromInventory(node *corev1.Node, machineLabel string) *Node {
 func FromObjects(nodes []corev1.Node, pods []corev1.Pod, machineLabel string) *Cluster {
 	c := &Cluster{}
 	byNode := map[string]map[string]*GPU{}
+	nodeOf := map[string]*Node{}
 	for i := range nodes {
 		n := NodeFromInventory(&nodes[i], machineLabel)
 		c.Nodes = append(c.Nodes, n)
 		if n.Err != "" {
 			continue
 		}
+		nodeOf[n.Name] = n
 		byNode[n.Name] = map[string]*GPU{}
 		for _, g := range n.GPUs {
 			byNode[n.Name][g.UUID] = g
@@ -258,7 +261,11 @@ func FromObjects(nodes []corev1.Node, pods []corev1.Pod, machineLabel string) *C
 			continue
 		}
 		a, ok, err := api.GetAssignment(p.Annotations)
-		if !ok || err != nil {
+		if err != nil {
+			a, ok = nil, false
+		}
+		addUnrecorded(nodeOf[p.Spec.NodeName], who, p, a)
+		if !ok {
 			continue
 		}
 		for _, ca := range a.Containers {
@@ -282,7 +289,77 @@ func FromObjects(nodes []corev1.Node, pods []corev1.Pod, machineLabel string) *C
 		}
 	}
 	sort.Strings(c.Pods.Pending)
+	for _, n := range c.Nodes {
+		sort.Strings(n.Unrecorded)
+		sort.Strings(n.UnrecordedMIG)
+	}
 	return c
+}
+
+// addUnrecorded lists on n what pod p (who) holds that its assignment a
+// (nil when it has none) does not name yet: whole GPUs beyond those
+// recorded, or as many GPUs as its slice spans when no slice is recorded
+// (a pod bound without the extender: its GPUs are unknown), and MIG
+// instances of each profile beyond those recorded. The extender's ledger
+// counts the same (extender.PodUse's pending counts).
+func addUnrecorded(n *Node, who string, p *corev1.Pod, a *api.Assignment) {
+	if n == nil {
+		return
+	}
+	d, err := gpureq.ParsePod(p)
+	if err != nil {
+		return
+	}
+	wholeRecorded, sliceRecorded := 0, false
+	migRecorded := map[string]int64{}
+	if a != nil {
+		for _, ca := range a.Containers {
+			wholeRecorded += len(ca.GPUs)
+			sliceRecorded = sliceRecorded || ca.Shared != nil
+			for _, m := range ca.MIG {
+				migRecorded[m.Profile]++
+			}
+		}
+	}
+	pending := int(d.Peak.Whole) - wholeRecorded
+	if len(d.Shares()) > 0 && !sliceRecorded {
+		pending = max(d.GPUCount, 1)
+	}
+	if pending > 0 {
+		n.Unrecorded = append(n.Unrecorded, UnrecordedLine(who, pending))
+	}
+	migPending := map[string]int{}
+	for profile, k := range d.MIG {
+		if left := k - migRecorded[profile]; left > 0 {
+			migPending[profile] = int(left)
+		}
+	}
+	if len(migPending) > 0 {
+		n.UnrecordedMIG = append(n.UnrecordedMIG, who+": "+DescribeMIG(migPending))
+	}
+}
+
+// UnrecordedLine is Node.Unrecorded's line for a pod (who) holding n whole
+// GPUs the node agent has not named yet.
+func UnrecordedLine(who string, n int) string { return fmt.Sprintf("%s: %d GPU(s)", who, n) }
+
+// DescribeMIG says how many MIG instances of each profile n counts, in
+// profile name order: "2 MIG instances 1g.5gb, 1 MIG instance 3g.20gb".
+func DescribeMIG(n map[string]int) string {
+	profiles := make([]string, 0, len(n))
+	for p := range n {
+		profiles = append(profiles, p)
+	}
+	sort.Strings(profiles)
+	var parts []string
+	for _, p := range profiles {
+		if n[p] == 1 {
+			parts = append(parts, "1 MIG instance "+p)
+		} else {
+			parts = append(parts, fmt.Sprintf("%d MIG instances %s", n[p], p))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // PendingReason says in a line why an unbound pod waits: the room its

@@ -144,6 +144,11 @@ func TestFromObjectsAndRender(t *testing.T) {
 	unsched := pod(t, "team", "big", "", corev1.PodPending, nil)
 	unsched.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Message: "0/2 nodes are available: 2 Insufficient tessera.dev/gpu."}}
 	unsched.Spec.Containers = []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{api.ResourceGPU: resource.MustParse("9")}}}}
+	// asks gives p one container asking for the resources.
+	asks := func(p corev1.Pod, res corev1.ResourceList) corev1.Pod {
+		p.Spec.Containers = []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{Limits: res}}}
+		return p
+	}
 	tests := []struct {
 		name    string
 		nodes   []corev1.Node
@@ -197,6 +202,27 @@ func TestFromObjectsAndRender(t *testing.T) {
 			},
 			golden: "mig.txt",
 			uses:   map[string][]string{"mig-1": {UseWhole, "mig", "mig", "mig"}, "a100-1": {UseFree}},
+		},
+		{
+			name:  "what bound pods hold that the node agent has not recorded yet is listed, not shown free",
+			nodes: []corev1.Node{migNode(t, "mig-1"), node(t, "a100-1", 4)},
+			pods: []corev1.Pod{
+				// two whole GPUs, none recorded (the agent is down)
+				asks(pod(t, "train", "w2", "a100-1", corev1.PodRunning, nil), corev1.ResourceList{api.ResourceGPU: resource.MustParse("2")}),
+				// three, one recorded
+				asks(pod(t, "train", "w3", "a100-1", corev1.PodRunning, whole("a100-1", 0)), corev1.ResourceList{api.ResourceGPU: resource.MustParse("3")}),
+				// a slice bound without the extender: its GPU is unknown
+				asks(pod(t, "nb", "s", "a100-1", corev1.PodPending, nil), corev1.ResourceList{api.ResourceGPUMemory: resource.MustParse("4")}),
+				// recorded in full: nothing listed
+				asks(pod(t, "train", "w1", "a100-1", corev1.PodRunning, whole("a100-1", 3)), corev1.ResourceList{api.ResourceGPU: resource.MustParse("1")}),
+				// two 1g.5gb and a 3g.20gb, one 1g.5gb recorded
+				asks(pod(t, "migt", "m", "mig-1", corev1.PodRunning, mig("mig-1", "1g.5gb", [2]int{1, 0})),
+					corev1.ResourceList{api.MIGResource("1g.5gb"): resource.MustParse("2"), api.MIGResource("3g.20gb"): resource.MustParse("1")}),
+				// ended: holds nothing
+				asks(pod(t, "train", "done", "a100-1", corev1.PodSucceeded, nil), corev1.ResourceList{api.ResourceGPU: resource.MustParse("4")}),
+			},
+			golden: "unrecorded.txt",
+			uses:   map[string][]string{"mig-1": {UseFree, "mig", "mig", "mig"}, "a100-1": {UseWhole, UseFree, UseFree, UseWhole}},
 		},
 	}
 	for _, tc := range tests {
