@@ -9,9 +9,11 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
@@ -452,6 +454,58 @@ func TestTierPreemptionOfSlicesHoldsTheFreedGPUs(t *testing.T) {
 	}
 	if running, pending, err := count(t.Context()); err != nil || running != 28 || pending != 4 {
 		t.Errorf("after the preemption: %d slices running, %d pending (%v); want 28 and the 4 replacements pending", running, pending, err)
+	}
+	occ, pods := occupancy(t, c)
+	checkNoOvercommit(t, occ)
+	checkRunningPods(t, c, pods)
+}
+
+// A PodDisruptionBudget does not keep a lower tier's GPUs from a higher
+// one, as under kube-scheduler's preemption (which deletes a single pod's
+// victims past their budgets itself): with every notebook of a Deployment
+// protected (maxUnavailable 0) and the A100 nodes full, a gang of 2 x 4
+// inference GPUs on one node still runs; the 8 notebooks of its node are
+// deleted for it, each with a Preempted Event that says it went past its
+// budget, and no other.
+func TestTierPreemptionPastABudget(t *testing.T) {
+	c := getCluster(t)
+	client := c.Client()
+	waitReleased(t, c)
+	ns := namespace(t, c, "e2e-tiers-budget")
+	priorityClasses(t, client)
+	pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Name: "notebooks", Namespace: ns},
+		Spec: policyv1.PodDisruptionBudgetSpec{MaxUnavailable: new(intstr.FromInt32(0)),
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "notebooks"}}}}
+	if _, err := client.PolicyV1().PodDisruptionBudgets(ns).Create(t.Context(), pdb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a100Deployment(t, client, ns, "notebooks", 16, tierNotebook, podSpec{gpus: 1})
+	if err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		l, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=notebooks", FieldSelector: "status.phase=Running"})
+		if err != nil {
+			return false, err
+		}
+		b, err := client.PolicyV1().PodDisruptionBudgets(ns).Get(ctx, pdb.Name, metav1.GetOptions{})
+		// The disruption controller has counted them: an eviction is refused.
+		return err == nil && len(l.Items) == 16 && b.Status.CurrentHealthy == 16 && b.Status.DisruptionsAllowed == 0, nil
+	}); err != nil {
+		t.Fatalf("the 16 notebooks do not run under their budget: %v", err)
+	}
+	node := nodeGangOnA100s(t, c, ns, "inf", tierInference)
+	time.Sleep(3 * time.Second) // further evictions, had there been any
+	l, err := client.CoreV1().Events(ns).List(t.Context(), metav1.ListOptions{FieldSelector: "reason=" + api.EventPreempted})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var victims []string
+	for _, e := range l.Items {
+		victims = append(victims, e.InvolvedObject.Name)
+		if !strings.Contains(e.Message, "deleted past its PodDisruptionBudget") {
+			t.Errorf("Preempted Event on %s does not say it went past its budget: %s", e.InvolvedObject.Name, e.Message)
+		}
+	}
+	if len(victims) != 8 {
+		t.Errorf("preempted %d pods %v, want the 8 notebooks of %s", len(victims), victims, node)
 	}
 	occ, pods := occupancy(t, c)
 	checkNoOvercommit(t, occ)
