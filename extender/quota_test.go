@@ -1180,3 +1180,40 @@ func TestQuotaReclaimForAPodHoldsItsGPUs(t *testing.T) {
 		t.Errorf("b-0 with its plan passed %v, want n3", res.NodeNames)
 	}
 }
+
+// kube-scheduler binds asynchronously: the filter of a namespace's next
+// pod may run before the bind of the one before reserved anything, so a
+// burst passes every filter. The bind asks quota again, each bind seeing
+// those before it: of three pods of 2 GPUs under a max of 4, two bind
+// and the third is refused with the quota's message (make demo: 7 pods of
+// 2 GPUs ran under a max of 12).
+func TestQuotaCheckedAgainAtBind(t *testing.T) {
+	f := newQuotaFixture(t, staticQuotas{"a": {Namespace: "a", Min: gpus(2), Max: gpus(4)}},
+		testbuild.Node("n1").GPUs(8, "A100", 40960).Obj())
+	var pods []*corev1.Pod
+	for i := range 3 {
+		pods = append(pods, f.pod("a", fmt.Sprintf("p%d", i), 2, f.now))
+	}
+	for _, p := range pods {
+		if res := f.filter(p); len(*res.NodeNames) != 1 {
+			t.Fatalf("filter of %s: %+v, want n1 (nothing bound yet)", p.Name, res)
+		}
+	}
+	f.srv.pods = newFakePods(pods...)
+	var errs []error
+	for _, p := range pods {
+		errs = append(errs, f.srv.Bind(context.Background(), &extenderv1.ExtenderBindingArgs{PodName: p.Name, PodNamespace: p.Namespace, PodUID: p.UID, Node: "n1"}))
+	}
+	if errs[0] != nil || errs[1] != nil {
+		t.Fatalf("binds of p0, p1: %v, %v; want both bound (4 GPUs, the max)", errs[0], errs[1])
+	}
+	if !errors.Is(errs[2], ErrQuotaAtBind) || !strings.Contains(errs[2].Error(), "max") {
+		t.Errorf("bind of p2: %v; want it refused by quota, naming the max", errs[2])
+	}
+	if _, reserved := f.cache.Reservation(pods[2].UID); reserved {
+		t.Error("the refused pod holds a reservation")
+	}
+	if got := f.eventsWith(api.EventQuotaExceeded); len(got) != 1 || !strings.Contains(got[0], "p2") {
+		t.Errorf("QuotaExceeded Events %v, want one on p2", got)
+	}
+}

@@ -77,6 +77,9 @@ type Server struct {
 	backfill atomic.Pointer[BackfillView]
 	// answers are the preempt verb's recent answers (roomBeingFreed).
 	answers preemptAnswers
+	// quotaBindMu serializes the quota check and the reservation of the
+	// binds quota checks (admitAtBind).
+	quotaBindMu sync.Mutex
 	// now is the clock of the preempt verb's memory (time.Now when nil).
 	now func() time.Time
 }
@@ -500,6 +503,32 @@ func plannedAssignment(info *NodeInfo, d *Demand, gpu *api.GPURef) *api.Assignme
 	return a
 }
 
+// ErrQuotaAtBind is returned by bind when the pod's namespace may no
+// longer take what it asks for: kube-scheduler's next filter says why.
+var ErrQuotaAtBind = errors.New("quota refuses the pod at bind")
+
+// admitAndReserve reserves pod's place on node (reserveHeld), first
+// asking quota again for a pod without a plan: kube-scheduler binds
+// asynchronously, so the filter of a namespace's next pod may run before
+// this bind reserved anything, and a burst of pods passed a namespace's
+// ElasticQuota max (make demo: 7 pods of 2 GPUs under a max of 12). The
+// check and the reservation are made together under quotaBindMu, so each
+// bind sees the binds before it. A planned pod (a gang member, room held
+// by preemption or reclaim) counts already and was admitted when planned:
+// it is not asked again (refusing one member would split its gang).
+func (s *Server) admitAndReserve(ctx context.Context, pod *corev1.Pod, node string, pl *placement) (*PodUse, error) {
+	if s.quota == nil || pl.plan != nil {
+		return s.reserveHeld(ctx, pod, node, pl)
+	}
+	s.quotaBindMu.Lock()
+	defer s.quotaBindMu.Unlock()
+	if v := s.quota.AdmitPod(ctx, pod); !v.Allowed {
+		s.event(pod, api.EventQuotaExceeded, "%s", v.Message)
+		return nil, fmt.Errorf("%w: %s", ErrQuotaAtBind, v.Message)
+	}
+	return s.reserveHeld(ctx, pod, node, pl)
+}
+
 // errStalePod is returned by bind when the pod changed since it was read.
 var errStalePod = errors.New("pod changed since it was read")
 
@@ -545,7 +574,7 @@ func (s *Server) bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs,
 		// Placed by Reserve, within the scheduler's cycle: the pods
 		// reserved since saw it there, so it stays.
 		use = u
-	} else if use, err = s.reserveHeld(ctx, pod, args.Node, &pl); err != nil {
+	} else if use, err = s.admitAndReserve(ctx, pod, args.Node, &pl); err != nil {
 		s.event(pod, "FailedBinding", "%v", err)
 		return fmt.Errorf("bind %s/%s to %s: %w", pod.Namespace, pod.Name, args.Node, err)
 	}
