@@ -233,6 +233,9 @@ type Requeuer struct {
 type pending struct {
 	value string
 	until time.Time
+	// refused: only the pods quota refused (RefusedByQuota), in every
+	// namespace: the start's requeue, which does not know what changed.
+	refused bool
 }
 
 func (r *Requeuer) now() time.Time {
@@ -245,7 +248,7 @@ func (r *Requeuer) now() time.Time {
 // Run syncs at once, then on every signal of changed (the ElasticQuota
 // watcher's OnChange) and, while writes are pending, every second, until
 // ctx is done. Call it once the store has synced: the first sync is the
-// baseline and requeues nothing.
+// baseline, and requeues the pods quota refused (see Sync).
 func (r *Requeuer) Run(ctx context.Context, changed <-chan struct{}) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -273,8 +276,13 @@ func (r *Requeuer) Pending() bool {
 
 // Sync reads the ElasticQuotas, tells the new notices, and writes the
 // pending changes on the pods that wait (Waiting). The first call takes
-// the quotas as they are and requeues nothing. Calls must not overlap
-// (Run makes them one after the other).
+// the quotas as they are for the baseline and requeues, in every
+// namespace, the waiting pods quota refused (RefusedByQuota): what changed
+// while no Requeuer ran (the extender restarting) is unknown, and a quota
+// raised meanwhile left them waiting for kube-scheduler's flush (an
+// operator raised a max while the extender was down: 94 s after its
+// restart the pods still waited). Calls must not overlap (Run makes them
+// one after the other).
 func (r *Requeuer) Sync(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	snap, notices := Snap(r.Store.Objects())
@@ -297,6 +305,10 @@ func (r *Requeuer) Sync(ctx context.Context) {
 		for ns, value := range Requeues(r.last, snap) {
 			r.pending[ns] = pending{value: value, until: now.Add(settle)}
 		}
+	} else {
+		// One pass (retried only when a write fails): the pods refused
+		// from now on are refused under the quotas in force.
+		r.pending[corev1.NamespaceAll] = pending{value: "extender start " + now.UTC().Format(time.RFC3339Nano), until: now, refused: true}
 	}
 	r.last, r.synced = snap, true
 	var tell []Notice
@@ -337,7 +349,7 @@ func (r *Requeuer) Sync(ctx context.Context) {
 	sort.Strings(nss)
 	for _, ns := range nss {
 		p := work[ns]
-		failed := r.requeue(ctx, ns, p.value, limiter)
+		failed := r.requeue(ctx, ns, p, limiter)
 		if !failed && !now.Before(p.until) {
 			r.mu.Lock()
 			if r.pending[ns] == p {
@@ -348,9 +360,11 @@ func (r *Requeuer) Sync(ctx context.Context) {
 	}
 }
 
-// requeue writes value on the waiting pods of ns; it reports whether a
+// requeue writes job's value on the waiting pods of ns (all namespaces
+// for ""; only those quota refused when job.refused); it reports whether a
 // write failed (to be tried again on the next sync).
-func (r *Requeuer) requeue(ctx context.Context, ns, value string, limiter flowcontrol.RateLimiter) (failed bool) {
+func (r *Requeuer) requeue(ctx context.Context, ns string, job pending, limiter flowcontrol.RateLimiter) (failed bool) {
+	value := job.value
 	logger := klog.FromContext(ctx)
 	pods, err := r.Pods(ns)
 	if err != nil {
@@ -360,7 +374,7 @@ func (r *Requeuer) requeue(ctx context.Context, ns, value string, limiter flowco
 	sort.Slice(pods, func(i, j int) bool { return pods[i].Name < pods[j].Name })
 	patch := api.QuotaRequeuePatch(value)
 	for _, p := range pods {
-		if !Waiting(p, value) {
+		if !Waiting(p, value) || job.refused && !RefusedByQuota(p) {
 			continue
 		}
 		if err := limiter.Wait(ctx); err != nil {

@@ -184,7 +184,8 @@ func quotaObj(ns, name, rv string, min, max string) *unstructured.Unstructured {
 // seen again writes nothing; a pod refused just before the change and
 // marked unschedulable after it is still written while the change
 // settles; a deletion requeues the namespace and the other governed ones.
-// Warning Events tell on the ignored quota once per change of it.
+// The first sync requeues, once, the pods quota refused in every
+// namespace (what changed before it is unknown). Warning Events tell on the ignored quota once per change of it.
 func TestRequeuerWritesOncePerChange(t *testing.T) {
 	ctx := context.Background()
 	r5 := refused("team-y", "r5", 1)
@@ -247,7 +248,12 @@ func TestRequeuerWritesOncePerChange(t *testing.T) {
 		}
 	}
 
-	sync("baseline")
+	// The first sync does not know what changed before it (the extender
+	// restarted): the pods quota refused, in every namespace, once.
+	sync("baseline", "ungoverned/o1", "team-y/r5", "team-x/x1")
+	if got := annotation("ungoverned", "o1"); !strings.HasPrefix(got, "extender start ") {
+		t.Errorf("o1's %s = %q after the first sync, want the start's", api.AnnotationQuotaRequeue, got)
+	}
 	if got := events.take(); len(got) != 1 || !strings.Contains(got[0], "ElasticQuota team-y/z-extra Warning QuotaIgnored: ignored: namespace team-y already has an ElasticQuota, team-y, which applies") {
 		t.Errorf("events at the baseline: %q, want one QuotaIgnored on team-y/z-extra", got)
 	}
@@ -321,7 +327,52 @@ func TestRequeuerWritesOncePerChange(t *testing.T) {
 	if got := annotation("team-x", "x1"); got != "team-y/z-extra@6 deleted" {
 		t.Errorf("x1's %s = %q, want team-y/z-extra@6 deleted", api.AnnotationQuotaRequeue, got)
 	}
-	if got := annotation("ungoverned", "o1"); got != "" {
-		t.Errorf("a pod of a namespace without a quota requeued: %q", got)
+	if got := annotation("ungoverned", "o1"); !strings.HasPrefix(got, "extender start ") {
+		t.Errorf("a pod of a namespace without a quota requeued for a change: %q", got)
+	}
+}
+
+// At its first sync (the extender starting) the Requeuer requeues, once,
+// only the pods quota refused: a pod unschedulable for want of GPUs is
+// left to kube-scheduler's own events.
+func TestRequeuerAtStartOnlyQuotaRefusals(t *testing.T) {
+	ctx := context.Background()
+	byQuota := refused("team-y", "by-quota", 1)
+	noRoom := refused("team-y", "no-room", 1)
+	noRoom.Status.Conditions[0].Message = "0/4 nodes are available: 4 Insufficient tessera.dev/gpu."
+	client := fake.NewClientset(byQuota, noRoom)
+	var writes []string
+	store := &objects{}
+	store.set(quotaObj("team-y", "team-y", "1", "0", "8"))
+	now := time.Unix(1000, 0)
+	r := &quota.Requeuer{
+		Store: store,
+		Pods: func(ns string) ([]*corev1.Pod, error) {
+			l, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return nil, err
+			}
+			var out []*corev1.Pod
+			for i := range l.Items {
+				out = append(out, &l.Items[i])
+			}
+			return out, nil
+		},
+		Patch: func(ctx context.Context, ns, name string, patch []byte) error {
+			writes = append(writes, ns+"/"+name)
+			_, err := client.CoreV1().Pods(ns).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
+			return err
+		},
+		Rate: 1000, Now: func() time.Time { return now },
+	}
+	r.Sync(ctx)
+	if diff := cmp.Diff([]string{"team-y/by-quota"}, writes); diff != "" {
+		t.Errorf("first sync: pods written (-want +got):\n%s", diff)
+	}
+	writes = nil
+	now = now.Add(time.Second)
+	r.Sync(ctx)
+	if len(writes) != 0 || r.Pending() {
+		t.Errorf("second sync wrote %v (pending %v), want nothing: the start's requeue is one pass", writes, r.Pending())
 	}
 }

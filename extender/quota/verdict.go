@@ -78,6 +78,7 @@ type Verdict struct {
 
 // AdmitRequest decides whether namespace ns may start work of priority
 // prio using req on view v, and explains a refusal precisely.
+// Every refusal's message begins with RefusalPrefix.
 func AdmitRequest(v *View, ns string, prio int32, req core.Resources, what string) Verdict {
 	st := v.State
 	d := st.Admit(ns, req)
@@ -90,7 +91,7 @@ func AdmitRequest(v *View, ns string, prio int32, req core.Resources, what strin
 	for _, name := range sortedResourceNames(req) {
 		if m, capped := q.Max[name]; capped && after[name] > m {
 			out.Reason = AboveMax
-			out.Message = fmt.Sprintf("tessera: quota: %s asks for %d %s; namespace %s uses %d, its ElasticQuota max is %d", what, req[name], name, ns, st.Used[ns][name], m)
+			out.Message = fmt.Sprintf(RefusalPrefix+"%s asks for %d %s; namespace %s uses %d, its ElasticQuota max is %d", what, req[name], name, ns, st.Used[ns][name], m)
 			break
 		}
 	}
@@ -105,12 +106,12 @@ func AdmitRequest(v *View, ns string, prio int32, req core.Resources, what strin
 		}
 		for _, name := range sortedResourceNames(req) {
 			if req[name] > 0 && total[name]+req[name] > lendable[name] {
-				out.Message = fmt.Sprintf("tessera: quota: %s asks for %d %s; namespace %s would borrow above its min %d, but governed namespaces use %d of %d that can be lent", what, req[name], name, ns, q.Min[name], total[name], lendable[name])
+				out.Message = fmt.Sprintf(RefusalPrefix+"%s asks for %d %s; namespace %s would borrow above its min %d, but governed namespaces use %d of %d that can be lent", what, req[name], name, ns, q.Min[name], total[name], lendable[name])
 				break
 			}
 		}
 		if out.Message == "" {
-			out.Message = "tessera: quota: " + d.Reason
+			out.Message = RefusalPrefix + d.Reason
 		}
 	}
 	// Preemption helps only by lower-priority work of the same namespace
@@ -299,4 +300,20 @@ func Describe(r core.Resources) string {
 		return "nothing"
 	}
 	return strings.Join(parts, ", ")
+}
+
+// RefusalPrefix begins the message of every quota refusal, which the
+// filter gives kube-scheduler and kube-scheduler writes into the pod's
+// PodScheduled condition.
+const RefusalPrefix = "tessera: quota: "
+
+// RefusedByQuota reports a pod whose PodScheduled condition says quota
+// refused it (RefusalPrefix).
+func RefusedByQuota(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+			return strings.Contains(c.Message, RefusalPrefix)
+		}
+	}
+	return false
 }
