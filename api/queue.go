@@ -470,6 +470,12 @@ func IsTesseraGate(name string) bool {
 // admit it yet (a limit, what other queues' guarantees need, ...).
 const EventQueueWaiting = "QueueWaiting"
 
+// EventQueueGateLifted: on a pod held by SchedulingGateQueue whose
+// namespace no Queue serves (its Queue was deleted, or never named it),
+// that the gang planner lifted the gate and the pod is scheduled as a
+// plain pod (a Normal Event).
+const EventQueueGateLifted = "QueueGateLifted"
+
 // EventQueueAdmitted: on a queued pod outside any gang, that its Queue
 // admitted it and where it is planned.
 const EventQueueAdmitted = "QueueAdmitted"

@@ -259,7 +259,7 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 	p.loadStore(ctx)
 	groups := map[string]*group{}
 	malformed := map[string]bool{}
-	var loose []*corev1.Pod
+	var loose, unqueued []*corev1.Pod
 	for _, pod := range pods {
 		if gpureq.Ended(pod) {
 			continue
@@ -268,6 +268,8 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 		if !ok {
 			switch {
 			case pod.Spec.NodeName != "":
+			case api.HasQueueGate(pod) && !p.queuedNamespace(pod.Namespace):
+				unqueued = append(unqueued, pod)
 			case p.queuedSingle(pod):
 				key := api.PodKey(pod.Namespace, pod.Name)
 				single := &api.Gang{Namespace: pod.Namespace, Name: pod.Name, MinMember: 1, Timeout: api.DefaultGangTimeout}
@@ -333,7 +335,7 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	})
-	errs = append(errs, p.liftLooseGates(ctx, loose))
+	errs = append(errs, p.liftLooseGates(ctx, loose), p.liftUnqueued(ctx, unqueued))
 	for key := range p.waiting {
 		if _, live := groups[key]; !live && !malformed[key] {
 			delete(p.waiting, key)
@@ -688,6 +690,39 @@ func (p *GangPlanner) queuedSingle(pod *corev1.Pod) bool {
 		return false
 	}
 	return p.queues.Queued(pod.Namespace)
+}
+
+// queuedNamespace reports a namespace a Queue serves (a malformed Queue
+// still serves the namespaces it names, admitting nothing).
+func (p *GangPlanner) queuedNamespace(ns string) bool {
+	return p.queues != nil && p.queues.Queued(ns)
+}
+
+// liftUnqueued lifts the gates of pods outside any gang that the queue
+// gate holds though no Queue serves their namespace (the Queue was
+// deleted, or edited to drop the namespace, while they waited; or the
+// gate was their owner's): as docs/queues.md says, such a namespace's
+// pods are scheduled as before, by kube-scheduler, their ElasticQuota
+// checked at filter. Each gets a Normal Event (api.EventQueueGateLifted).
+// A pod planned before its Queue went keeps its plan: the lift pins it
+// there. The planner starts only once the Queues are known, so a
+// namespace is never taken as unserved for want of reading them.
+func (p *GangPlanner) liftUnqueued(ctx context.Context, pods []*corev1.Pod) error {
+	var errs []error
+	for _, pod := range pods {
+		if err := p.client.RemoveGate(ctx, pod); err != nil {
+			if !apierrors.IsNotFound(err) {
+				errs = append(errs, fmt.Errorf("pod %s/%s: lifting the queue gate of a pod no Queue serves: %w", pod.Namespace, pod.Name, err))
+			}
+			continue
+		}
+		klog.FromContext(ctx).V(2).Info("Lifted the queue gate of a pod no Queue serves", "pod", klog.KObj(pod))
+		if p.events != nil {
+			p.events.Eventf(pod, corev1.EventTypeNormal, api.EventQueueGateLifted,
+				"tessera: no Queue serves namespace %s (any more): the queue gate is lifted and the pod is scheduled as a plain pod", pod.Namespace)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // liftLooseGates lifts the gang gate of pods that declare no gang (its

@@ -1003,3 +1003,41 @@ func TestGangGateWithoutAGangKeepsItsQueue(t *testing.T) {
 		})
 	}
 }
+
+// A pod the queue gate holds in a namespace no Queue serves (its Queue
+// was deleted while it waited) is handed to kube-scheduler: its gates are
+// lifted without a plan, with a QueueGateLifted Event, and no reservation
+// is made for it; a pod of a namespace a Queue serves keeps its gate.
+func TestQueueGateLiftedWhenNoQueueServes(t *testing.T) {
+	nodes := withGPUCapacity([]*corev1.Node{testbuild.Node("n0").GPUs(8, "H100", 81920).Obj()})
+	f := newGangFixture(t, nodes...)
+	f.running("busy", "n0", 8, f.now.Add(-time.Hour), nil) // no room: a queued pod would wait
+	queues := testbuild.Objects{testbuild.QueueObj(t, "team-a", "", []string{"ns-a"}, 8, 0, f.now)}
+	book := &planner.QueueBook{Queues: queues, Pods: f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }, Now: func() time.Time { return f.now }}
+	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
+		Events: f.events, Now: func() time.Time { return f.now }, Queues: book})
+	f.queued("ns-a", "served", f.now.Add(-time.Hour))
+	f.queued("ns-gone", "orphan", f.now.Add(-time.Hour))
+	f.sync()
+	get := func(ns, name string) *corev1.Pod {
+		p, err := f.client.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	orphan := get("ns-gone", "orphan")
+	if _, planned := orphan.Annotations[api.AnnotationGangPlan]; len(orphan.Spec.SchedulingGates) != 0 || planned {
+		t.Errorf("orphan: gates %v, planned %v; want its gates lifted, no plan", orphan.Spec.SchedulingGates, planned)
+	}
+	if !api.HasQueueGate(get("ns-a", "served")) {
+		t.Error("a pod its Queue serves lost its gate")
+	}
+	ev := strings.Join(f.events.Events, "\n")
+	if !strings.Contains(ev, api.EventQueueGateLifted+": tessera: no Queue serves namespace ns-gone") {
+		t.Errorf("events:\n%s\nwant %s on orphan", ev, api.EventQueueGateLifted)
+	}
+	if strings.Contains(ev, "admitted by queue  ") || strings.Contains(ev, "QueueWaiting: tessera: pod ns-gone/orphan") {
+		t.Errorf("orphan handled as queued:\n%s", ev)
+	}
+}
