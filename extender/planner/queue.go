@@ -340,7 +340,11 @@ func (b *QueueBook) WriteStatus(ctx context.Context) error {
 	if st.Tree == nil || len(snap.objs) == 0 {
 		return nil
 	}
-	now := b.now().UTC().Truncate(time.Millisecond)
+	// Accrued to the whole second the status records (RFC 3339): to a
+	// later instant, the part of a second past it was counted again by
+	// the next write (an operator measured 86.8 GPU-seconds per 10 s for
+	// 8 GPUs).
+	now := b.now().UTC().Truncate(time.Second)
 	fair := st.FairShare()
 	statuses := b.statuses(snap, fair, now)
 	var errs []error

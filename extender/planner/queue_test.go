@@ -3,6 +3,7 @@ package planner_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 	"testing"
@@ -14,8 +15,13 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
 
+	"github.com/tessera-gpu/tessera/allocator/queue"
+	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/extender"
 	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
@@ -1039,5 +1045,48 @@ func TestQueueGateLiftedWhenNoQueueServes(t *testing.T) {
 	}
 	if strings.Contains(ev, "admitted by queue  ") || strings.Contains(ev, "QueueWaiting: tessera: pod ns-gone/orphan") {
 		t.Errorf("orphan handled as queued:\n%s", ev)
+	}
+}
+
+// The usage history a Queue's status records accrues each instant once:
+// writes every 10 s at 900 ms past the second, each read back as the next
+// one's base, add 8 GPUs x 10 s each (the status keeps whole seconds; the
+// fraction past them was counted again by the next write).
+func TestQueueUsageAccruesOnce(t *testing.T) {
+	nodes := withGPUCapacity([]*corev1.Node{testbuild.Node("n0").GPUs(8, "H100", 81920).Obj()})
+	f := newGangFixture(t, nodes...)
+	for i := range 8 {
+		p := testbuild.Pod(fmt.Sprintf("r-%d", i)).Whole(1).Node("n0").Holding(i).Obj()
+		p.Namespace, p.UID = "ns-a", types.UID(fmt.Sprintf("uid-r-%d", i))
+		p.Status.Phase = corev1.PodRunning
+		if _, err := f.client.CoreV1().Pods("ns-a").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t0 := f.now.Truncate(time.Second)
+	obj := testbuild.QueueObj(t, "team-a", "", []string{"ns-a"}, 8, 1, t0)
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{api.QueueGVR: "QueueList"}, obj)
+	now := t0
+	book := &planner.QueueBook{Pods: f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }, Dynamic: dyn,
+		HalfLife: 24 * time.Hour, Now: func() time.Time { return now }}
+	want := 1.0
+	for i := 1; i <= 3; i++ {
+		book.Queues = testbuild.Objects{obj}
+		now = t0.Add(time.Duration(i)*10*time.Second + 900*time.Millisecond)
+		if err := book.WriteStatus(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if obj, err = dyn.Resource(api.QueueGVR).Get(context.Background(), "team-a", metav1.GetOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		want = queue.Accrue(queue.Usage{api.ResourceGPU: want}, quota.Resources{api.ResourceGPU: 8}, 10*time.Second, 24*time.Hour)[api.ResourceGPU]
+	}
+	st, err := api.QueueStatusFromUnstructured(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := st.Usage[api.ResourceGPU]; math.Abs(got-want) > 1e-6 {
+		t.Errorf("usage after three writes 10 s apart: %.3f GPU-seconds, want %.3f (8 GPUs x 30 s, decayed)", got, want)
 	}
 }
