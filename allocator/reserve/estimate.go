@@ -104,3 +104,20 @@ func (p Policy) Admit(rt Runtime, w Window) Admission {
 	}
 	return Refused
 }
+
+// AdmitNew is Admit for a job not placed yet that asks to start on the
+// held GPUs now (a scheduler's filter, a planner's pass): a reservation
+// that can start now (w.Known, w.In 0: only preemptible backfill is left
+// on its nodes) admits no new preemptible job, which would be evicted as
+// soon as it started. On make demo's cluster a Deployment's preemptible
+// replacements were sent to a reserved node that could start, evicted
+// there, replaced, 29 times in a minute, while the gang waited. Admit
+// still classifies a job already started inside (the simulator starts a
+// reservation that can start in the pass that finds it so).
+func (p Policy) AdmitNew(rt Runtime, w Window) Admission {
+	a := p.Admit(rt, w)
+	if a == AsPreemptible && w.Known && w.In <= 0 {
+		return Refused
+	}
+	return a
+}

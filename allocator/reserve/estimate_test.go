@@ -56,6 +56,25 @@ func TestAdmit(t *testing.T) {
 		if got := tc.policy.Admit(tc.rt, tc.w); got != tc.want {
 			t.Errorf("%s: Admit = %v, want %v", tc.name, got, tc.want)
 		}
+		// Before a start 3 h away, a new job is admitted the same.
+		if got := tc.policy.AdmitNew(tc.rt, tc.w); got != tc.want {
+			t.Errorf("%s: AdmitNew = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	// A reservation that can start now admits no new preemptible job
+	// (it would be evicted at once); Admit still classifies one started.
+	now := Window{Known: true}
+	pre := Policy{Estimates: true, Preemptible: true}
+	for _, rt := range []Runtime{{}, Expect(time.Minute)} {
+		if got := pre.AdmitNew(rt, now); got != Refused {
+			t.Errorf("AdmitNew(%v) on a reservation starting now = %v, want refused", rt, got)
+		}
+		if got := pre.Admit(rt, now); got != AsPreemptible {
+			t.Errorf("Admit(%v) on a reservation starting now = %v, want preemptible", rt, got)
+		}
+	}
+	if got := pre.AdmitNew(Runtime{}, Window{}); got != AsPreemptible {
+		t.Errorf("AdmitNew on an unknown start = %v, want preemptible", got)
 	}
 }
 

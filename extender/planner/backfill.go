@@ -85,7 +85,7 @@ func (p *GangPlanner) Lifted(pod *corev1.Pod, node string) map[types.UID]bool {
 			// planner let in there (it was admitted on that window).
 			w.In = max(0, w.In-p.now().Sub(r.at))
 		}
-		if cfg.policy(marked).Admit(rt, w) == reserve.Refused {
+		if cfg.policy(marked).AdmitNew(rt, w) == reserve.Refused {
 			return nil
 		}
 		return r.uids

@@ -512,6 +512,7 @@ func (p *GangPlanner) fill(key string, r *reservation, snap Snapshot) (leaving m
 			continue // already leaving
 		}
 		why := "it is marked preemptible"
+		node := held[v[0]].Name // the ledger's: a pod whose bind is in flight has no spec.nodeName yet
 		if held[v[0]].Occupants[v[1]].Backfilled && !held[v[0]].Occupants[v[1]].Preemptible {
 			why = "it was started there by its expected run time and has run past it"
 		}
@@ -520,7 +521,7 @@ func (p *GangPlanner) fill(key string, r *reservation, snap Snapshot) (leaving m
 				klog.Background().Info("evicting for a reservation", "pod", klog.KObj(pod), "reservation", key, "err", err)
 				return ""
 			}
-			p.events.Eventf(pod, corev1.EventTypeWarning, api.EventPreempted, "tessera: evicted from node %s, reserved for %s, which can start there now: %s", pod.Spec.NodeName, key, why)
+			p.events.Eventf(pod, corev1.EventTypeWarning, api.EventPreempted, "tessera: evicted from node %s, reserved for %s, which can start there now: %s", node, key, why)
 			return pod.Namespace + "/" + pod.Name
 		})
 	}
@@ -560,7 +561,7 @@ func (p *GangPlanner) backfill(key string, g *api.Gang, members []*corev1.Pod, d
 		if holder == key {
 			continue
 		}
-		how := cfg.policy(marked).Admit(rt, r.window)
+		how := cfg.policy(marked).AdmitNew(rt, r.window)
 		if how == reserve.Refused {
 			continue
 		}

@@ -538,3 +538,38 @@ func TestReservationStaysOnNodesThatDrainTogether(t *testing.T) {
 		t.Errorf("Reserved Event %q: want %q (ties go by name) and the start by the pods' hints", reserved[0], want)
 	}
 }
+
+// A reservation that can start now (only preemptible backfill is left on
+// its nodes, being evicted) lets no new preemptible pod in: it would be
+// evicted as soon as it started. On make demo's cluster a Deployment's
+// preemptible replacements were sent to such a node, evicted there and
+// replaced, 29 times in a minute, while the gang waited. A reservation
+// that starts later still lets one in.
+func TestReadyReservationAdmitsNoNewPreemptible(t *testing.T) {
+	preemptible := map[string]string{api.AnnotationPreemptible: "true"}
+	for _, tc := range []struct {
+		name  string
+		small map[string]string // the occupants of the reserved nodes
+		fits  bool
+	}{
+		{"the occupants are preemptible: it starts now", preemptible, false},
+		{"the occupants end in 10m", map[string]string{api.AnnotationExpectedRuntime: "10m"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, _ := reservationFixture(t, planner.ReservationConfig{ReserveAfter: time.Minute, Backfill: true, Preemptible: true}, tc.small)
+			s := extender.NewServer(f.cache, testPolicy(t, extender.PolicyBinpack), nil, nil, nil)
+			s.SetBackfill(f.planner)
+			pod := testbuild.Pod("replacement").Whole(1).Obj()
+			pod.Annotations[api.AnnotationPreemptible] = "true"
+			d, err := extender.ParseDemand(pod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range []string{"n0", "n1"} {
+				if got := extender.Check(s.ViewFor(pod, mustState(t, f.cache, n)), &d) == extender.Fits; got != tc.fits {
+					t.Errorf("node %s: a new preemptible pod fits %v, want %v\nevents:\n%s", n, got, tc.fits, strings.Join(f.events.Events, "\n"))
+				}
+			}
+		})
+	}
+}
