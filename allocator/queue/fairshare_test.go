@@ -34,6 +34,16 @@ func TestFairShare(t *testing.T) {
 			want:     map[string]int64{"a": 3, "b": 5, "c": 4},
 		},
 		{
+			// kubectl-tessera.md's research department: vision is limited
+			// to 4 and asks for 6, nlp asks for nothing; the department's
+			// share is what its teams can take, 4, not 6.
+			name:     "a parent's demand counts its children's up to their limits",
+			specs:    []Spec{q("research", "", 0), q("vision", "research", 0).limit(4), q("nlp", "research", 0), q("other", "", 0)},
+			capacity: 16,
+			pending:  map[string]int64{"vision": 6, "other": 20},
+			want:     map[string]int64{"research": 4, "vision": 4, "nlp": 0, "other": 12},
+		},
+		{
 			name:     "demand caps",
 			specs:    []Spec{q("a", "", 4), q("b", "", 4)},
 			capacity: 16,

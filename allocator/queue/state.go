@@ -57,6 +57,22 @@ type view struct {
 	share, current map[string]float64
 }
 
+// withinLimit is demand d capped, resource by resource, by limit (a
+// resource the limit does not name is not capped): what a child can take
+// of its parent's share, as splitLevel counts it (a parent's fair share
+// counted its children's demand beyond their limits, and showed 6 GPUs
+// for a department whose teams could use 4).
+func withinLimit(d, limit quota.Resources) quota.Resources {
+	out := quota.Resources{}
+	for r, v := range d {
+		if lim, ok := limit[r]; ok {
+			v = min(v, max(lim, 0))
+		}
+		out[r] = v
+	}
+	return out
+}
+
 func (s *State) view() *view {
 	v := &view{s: s, t: s.Tree, used: map[string]quota.Resources{}, pend: map[string]quota.Resources{}, hist: map[string]Usage{}}
 	if v.t == nil {
@@ -88,7 +104,7 @@ func (s *State) view() *view {
 			d = d.Add(s.Pending[name])
 		}
 		for _, c := range v.t.nodes[name].children {
-			d = d.Add(v.demand[c])
+			d = d.Add(withinLimit(v.demand[c], v.spec(c).Limit))
 		}
 		v.demand[name] = d
 	}
