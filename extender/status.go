@@ -200,6 +200,7 @@ func OccupancyView(snap *Snapshot) *gpustatus.Cluster {
 			}
 		}
 	}
+	running := gpustatus.GangsRunning(snap.Pods)
 	for _, p := range snap.Pods {
 		switch p.Status.Phase {
 		case corev1.PodRunning:
@@ -209,7 +210,7 @@ func OccupancyView(snap *Snapshot) *gpustatus.Cluster {
 		case corev1.PodSucceeded:
 		default:
 			if p.Spec.NodeName == "" {
-				c.Pods.Pending = append(c.Pods.Pending, p.Namespace+"/"+p.Name+": "+gpustatus.PendingReason(p))
+				c.Pods.Pending = append(c.Pods.Pending, p.Namespace+"/"+p.Name+": "+gpustatus.PendingReason(p, running))
 			} else {
 				c.Pods.Pending = append(c.Pods.Pending, p.Namespace+"/"+p.Name+": starting on "+p.Spec.NodeName)
 			}

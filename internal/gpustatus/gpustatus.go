@@ -238,6 +238,11 @@ func FromObjects(nodes []corev1.Node, pods []corev1.Pod, machineLabel string) *C
 		}
 	}
 	sort.Slice(c.Nodes, func(i, j int) bool { return c.Nodes[i].Name < c.Nodes[j].Name })
+	ptrs := make([]*corev1.Pod, len(pods))
+	for i := range pods {
+		ptrs[i] = &pods[i]
+	}
+	running := GangsRunning(ptrs)
 	for i := range pods {
 		p := &pods[i]
 		who := p.Namespace + "/" + p.Name
@@ -251,7 +256,7 @@ func FromObjects(nodes []corev1.Node, pods []corev1.Pod, machineLabel string) *C
 			continue
 		default:
 			if p.Spec.NodeName == "" {
-				c.Pods.Pending = append(c.Pods.Pending, who+": "+PendingReason(p))
+				c.Pods.Pending = append(c.Pods.Pending, who+": "+PendingReason(p, running))
 			} else {
 				c.Pods.Pending = append(c.Pods.Pending, who+": starting on "+p.Spec.NodeName)
 			}
@@ -362,11 +367,28 @@ func DescribeMIG(n map[string]int) string {
 	return strings.Join(parts, ", ")
 }
 
+// GangsRunning counts, by gang key (api.Gang.Key), the members of each
+// gang that are bound and have not ended.
+func GangsRunning(pods []*corev1.Pod) map[string]int {
+	out := map[string]int{}
+	for _, p := range pods {
+		if p.Spec.NodeName == "" || gpureq.Ended(p) {
+			continue
+		}
+		if g, member, err := api.GangOf(p); member && err == nil {
+			out[g.Key()]++
+		}
+	}
+	return out
+}
+
 // PendingReason says in a line why an unbound pod waits: the room its
 // plan holds, a Tessera gate, else the scheduler's PodScheduled
-// condition. p must have come through the trust filter (a plan its owner
-// wrote is not Tessera's).
-func PendingReason(p *corev1.Pod) string {
+// condition. running counts the bound members of each gang
+// (GangsRunning; nil when unknown): a gated member of a gang that runs
+// waits as an extra member, not for its gang. p must have come through
+// the trust filter (a plan its owner wrote is not Tessera's).
+func PendingReason(p *corev1.Pod, running map[string]int) string {
 	if plan, ok, err := api.GetGangPlan(p.Annotations); ok && err == nil {
 		where := plan.Where()
 		until := plan.Expires.UTC().Format(time.RFC3339)
@@ -381,6 +403,10 @@ func PendingReason(p *corev1.Pod) string {
 				return "held by its queue until admitted"
 			}
 			return "gang gate on a pod that declares no gang: Tessera lifts it"
+		}
+		if g, _, err := api.GangOf(p); err == nil && running[g.Key()] > 0 {
+			n := running[g.Key()]
+			return fmt.Sprintf("gang %s has %d member%s running; this one joins when room for it is free (an elastic gang's extra member, or held by its max-member cap)", g.Key(), n, plural(n))
 		}
 		return "gang member held until the whole gang fits"
 	}
@@ -541,4 +567,11 @@ func Bar(used, total int64) string {
 	}
 	k := Cells(used, total)
 	return fmt.Sprintf("[%s%s] %5.1f/%.0fGi", strings.Repeat("#", k), strings.Repeat(".", BarWidth-k), float64(used)/1024, float64(total)/1024)
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
 }

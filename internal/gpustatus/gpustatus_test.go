@@ -318,6 +318,18 @@ func TestPendingReason(t *testing.T) {
 		return p
 	}
 	member := map[string]string{api.AnnotationGang: "g", api.AnnotationGangMinMember: "2"}
+	// Gang "running" has two members bound, one ended; gang "g" none.
+	var bound []*corev1.Pod
+	for i, phase := range []corev1.PodPhase{corev1.PodRunning, corev1.PodPending, corev1.PodSucceeded} {
+		b := pod(map[string]string{api.AnnotationGang: "running", api.AnnotationGangMinMember: "2"})
+		b.Name, b.Spec.NodeName, b.Status.Phase = fmt.Sprintf("r-%d", i), "n1", phase
+		bound = append(bound, b)
+	}
+	bound = append(bound, pod(member)) // unbound
+	running := GangsRunning(bound)
+	if diff := cmp.Diff(map[string]int{"ns/running": 2}, running); diff != "" {
+		t.Errorf("GangsRunning (-want +got):\n%s", diff)
+	}
 	unschedulable := pod(nil)
 	unschedulable.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Message: "0/4 nodes are available"}}
 	for _, tc := range []struct {
@@ -332,6 +344,8 @@ func TestPendingReason(t *testing.T) {
 		{"planned gang member", withPlan(pod(member), api.GangPlan{Gang: "g", Node: "n1", GPU: &api.GPURef{UUID: uuid("n1", 2), Index: 2}}),
 			"planned with its gang on GPU 2 of node n1, binding (the plan holds until 2026-11-28T12:00:00Z)"},
 		{"gated gang member", pod(member, api.SchedulingGateGang), "gang member held until the whole gang fits"},
+		{"gated member of a gang that runs", pod(map[string]string{api.AnnotationGang: "running", api.AnnotationGangMinMember: "2"}, api.SchedulingGateGang),
+			"gang ns/running has 2 members running; this one joins when room for it is free (an elastic gang's extra member, or held by its max-member cap)"},
 		{"gang gate, no gang", pod(nil, api.SchedulingGateGang), "gang gate on a pod that declares no gang: Tessera lifts it"},
 		{"gang gate, no gang, queued", pod(nil, api.SchedulingGateGang, api.SchedulingGateQueue), "held by its queue until admitted"},
 		{"gang gate, malformed gang", pod(map[string]string{api.AnnotationGangMinMember: "2"}, api.SchedulingGateGang), "gang member held until the whole gang fits"},
@@ -341,7 +355,7 @@ func TestPendingReason(t *testing.T) {
 		{"new", pod(nil), "waiting for the scheduler"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := PendingReason(tc.pod); got != tc.want {
+			if got := PendingReason(tc.pod, running); got != tc.want {
 				t.Errorf("PendingReason = %q, want %q", got, tc.want)
 			}
 		})
