@@ -47,11 +47,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.evictions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "tessera", Subsystem: "extender", Name: "quota_reclaim_evictions_total",
-		Help: "Pods evicted to reclaim quota, by the namespace they were taken from.",
+		Help: "Pods evicted by reclaim, ElasticQuota's or a Queue's, by the namespace they were taken from (queue reclaim's results: reclaim_evictions_total).",
 	}, []string{"namespace"})
 	m.blocked = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "tessera", Subsystem: "extender", Name: "quota_reclaim_blocked_total",
-		Help: "Workloads chosen for reclaim whose eviction a PodDisruptionBudget refused, by namespace.",
+		Help: "Workloads chosen by reclaim, ElasticQuota's or a Queue's, whose eviction a PodDisruptionBudget refused, by namespace.",
 	}, []string{"namespace"})
 	m.leftOut = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "tessera", Subsystem: "extender", Name: "filter_left_out_total",
