@@ -551,10 +551,24 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 	// An elastic gang (more members than minMember) starts with minMember
 	// of them, as soon as those fit, and the others join one at a time.
 	started, err := p.plan(ctx, gr.key, g, gated[:g.MinMember], g.MinMember)
+	if !started && err == nil {
+		p.tellExtras(gr.key, g, gated[g.MinMember:])
+	}
 	if !started || err != nil {
 		return err
 	}
 	return p.grow(ctx, gr.key, g, p.underCap(g, gated[g.MinMember:], g.MinMember), g.MinMember)
+}
+
+// tellExtras tells the members of an elastic gang beyond its minimum,
+// while the gang waits to start, why they wait (once each): the planner
+// plans the first minMember members and the reasons go to those, and the
+// others had no Event at all.
+func (p *GangPlanner) tellExtras(key string, g *api.Gang, extras []*corev1.Pod) {
+	msg := fmt.Sprintf("gang %s: waits to start with its first %d members (their Events say why); this member is beyond its minimum and joins once the gang runs and room for it is free", g.Key(), g.MinMember)
+	for _, m := range p.untold(key, topicExtra, msg, extras) {
+		p.events.Eventf(m, corev1.EventTypeNormal, "GangWaiting", "tessera: %s", msg)
+	}
 }
 
 // underCap is the part of waiting (in name order) that may join a gang of

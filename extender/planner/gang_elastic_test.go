@@ -255,3 +255,35 @@ func TestElasticExtraMemberReservesNothing(t *testing.T) {
 		t.Errorf("no GangWaiting Event saying why the extra member waits:\n%s", strings.Join(f.events.Events, "\n"))
 	}
 }
+
+// While an elastic gang waits to start, its members beyond the minimum are
+// told why, once each (they had no Event at all; the reasons went to the
+// first minMember members only).
+func TestElasticGangExtrasToldWhileItWaits(t *testing.T) {
+	f := newGangFixture(t, testbuild.EightGPUNodes(1)...)
+	p := testbuild.Pod("fill").Whole(8).Node("n0").Holding(0, 1, 2, 3, 4, 5, 6, 7).Obj()
+	p.UID = "uid-fill"
+	if _, err := f.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.cache.SetPod(p)
+	for i := range 4 {
+		f.member("el", 2, i, 4, f.now)
+	}
+	f.sync()
+	f.sync()
+	extras, firsts := 0, 0
+	for _, e := range f.events.Events {
+		switch {
+		case strings.Contains(e, "this member is beyond its minimum and joins once the gang runs"):
+			extras++
+		case strings.Contains(e, "no room for the whole group: 2 members need 8 whole GPUs"):
+			firsts++
+		}
+	}
+	// Two passes: each of the two extras told once, each of the first two
+	// told its reason once.
+	if extras != 2 || firsts != 2 {
+		t.Errorf("%d Events to the extras, %d with the reason; want 2 and 2\nevents:\n%s", extras, firsts, strings.Join(f.events.Events, "\n"))
+	}
+}

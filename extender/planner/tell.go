@@ -56,6 +56,7 @@ const (
 	topicWait     = "wait"     // why it waits
 	topicReserved = "reserved" // its reservation
 	topicBackfill = "backfill" // that it backfills a reservation
+	topicExtra    = "extra"    // an elastic gang's member beyond its minimum, before the gang starts
 )
 
 // untold records that workload key is told reason about topic and returns
