@@ -245,7 +245,7 @@ func Explain(r Reason, st *NodeState, d *Demand) string {
 	case InsufficientMemory:
 		m = fmt.Sprintf("less than the pod's %d MiB memory free", req.MemMiB)
 	case InsufficientGPUs:
-		m = fmt.Sprintf("fewer than %d whole GPUs free (GPUs held for pending whole-GPU pods count as used)", d.WholeGPUs)
+		m = fmt.Sprintf("fewer than %d whole GPUs free (GPUs held for pending whole-GPU pods count as used)", d.WholeGPUs) + plannedHolds(st)
 	case NoGPUForSlice:
 		m = fmt.Sprintf("no single GPU has %d MiB and %d cores free", req.GPUMemMiB, cores)
 		if d.gpus() > 1 {
@@ -271,6 +271,54 @@ func Explain(r Reason, st *NodeState, d *Demand) string {
 		m = "does not fit"
 	}
 	return "tessera: " + m
+}
+
+// nodeSpecific reports an Explain message of reason r that depends on
+// node state st beyond its GPU model and units (the filter shares the
+// others among the nodes of a model): the pods planned there, the GPUs of
+// pods not recorded yet.
+func nodeSpecific(r Reason, st *NodeState) bool {
+	switch {
+	case st == nil:
+		return false
+	case r == InsufficientGPUs:
+		return plannedHolds(st) != ""
+	case r == NoFreeNVLinkClique:
+		return st.PendingWhole > 0
+	}
+	return false
+}
+
+// plannedHolds says how many of the node's GPUs pods planned there hold
+// (a gang's plan, a reservation's, room preemption or reclaim freed for a
+// pod), naming the first three: "; 8 held for pods planned here (a plan or
+// a reservation): team/ring-0, team/ring-1"; "" when none. A node
+// reserved for a gang read only "fewer than 1 whole GPUs free" before.
+func plannedHolds(st *NodeState) string {
+	if st == nil {
+		return ""
+	}
+	held := 0
+	var who []string
+	for _, u := range st.Pods {
+		if !u.Planned {
+			continue
+		}
+		if n := u.WholeGPUs(); n > 0 {
+			held += n
+			who = append(who, u.Key())
+		}
+	}
+	if held == 0 {
+		return ""
+	}
+	sort.Strings(who)
+	more := ""
+	if len(who) > 3 {
+		more = fmt.Sprintf(" and %d more", len(who)-3)
+		who = who[:3]
+	}
+	return fmt.Sprintf("; %d held for pods planned here (a gang's plan or reservation, or room freed for a pod): %s%s", held, strings.Join(who, ", "), more)
 }
 
 // largestClique returns the largest number of GPUs satisfying ok in one

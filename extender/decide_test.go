@@ -2,12 +2,14 @@ package extender
 
 import (
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/allocator"
+	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 )
 
@@ -332,5 +334,27 @@ func TestPodUseHoldsGPUs(t *testing.T) {
 				t.Errorf("victimOf(...).GPUs = %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// A node whose GPUs pods planned there hold (a gang's plan or
+// reservation) says so, naming them, when a pod does not fit it.
+func TestExplainNamesPlannedHolds(t *testing.T) {
+	node := testbuild.Node("n1").GPUs(8, "A100", 40960).Obj()
+	planned := testbuild.Pod("ring-0").Whole(8).Obj()
+	if err := api.SetGangPlan(planned.Annotations, api.GangPlan{Gang: "ring", Node: "n1", Expires: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	planned.Annotations[api.AnnotationGang] = "ring"
+	c := newTestCache(t, []*corev1.Node{node}, []*corev1.Pod{planned})
+	d, err := ParseDemand(testbuild.Pod("asker").Whole(1).Obj())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := mustState(t, c, "n1")
+	r := Check(st, &d)
+	want := "tessera: fewer than 1 whole GPUs free (GPUs held for pending whole-GPU pods count as used); 8 held for pods planned here (a gang's plan or reservation, or room freed for a pod): default/ring-0"
+	if got := Explain(r, st, &d); got != want {
+		t.Errorf("Explain = %q\nwant      %q", got, want)
 	}
 }

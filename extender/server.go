@@ -187,7 +187,10 @@ func (s *Server) filter(ctx context.Context, args *extenderv1.ExtenderArgs, k in
 			k.model, k.unit, k.sliceBase = st.Info.Model, st.Info.UnitMiB, st.Info.SliceBaseMiB
 		}
 		m, ok := msgs[k]
-		if !ok {
+		switch {
+		case nodeSpecific(r, states[i]):
+			m = Explain(r, states[i], &d) // not shared with other nodes
+		case !ok:
 			m = Explain(r, states[i], &d)
 			msgs[k] = m
 		}

@@ -677,3 +677,26 @@ func TestBindStaleCacheRetriesFresh(t *testing.T) {
 		t.Errorf("reservations = %d, want 1 (the second bind's)", f.cache.Reservations())
 	}
 }
+
+// The filter's message for a node whose GPUs pods planned there hold
+// names them, and only on that node: messages are shared among the nodes
+// of a model, but not this one.
+func TestFilterNamesPlannedHoldsPerNode(t *testing.T) {
+	nodes := []*corev1.Node{testbuild.Node("n1").GPUs(8, "A100", 40960).Obj(), testbuild.Node("n2").GPUs(8, "A100", 40960).Obj()}
+	planned := testbuild.Pod("ring-0").Whole(8).Obj()
+	if err := api.SetGangPlan(planned.Annotations, api.GangPlan{Gang: "ring", Node: "n1", Expires: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	planned.Annotations[api.AnnotationGang] = "ring"
+	full := testbuild.Pod("full").Whole(8).Node("n2").Holding(0, 1, 2, 3, 4, 5, 6, 7).Obj()
+	c := newTestCache(t, nodes, []*corev1.Pod{planned, full})
+	s := NewServer(c, testPolicy(t, PolicyBinpack), newFakePods(), nil, nil)
+	names := []string{"n1", "n2"}
+	res := s.FilterArgs(context.Background(), &extenderv1.ExtenderArgs{Pod: testbuild.Pod("asker").Whole(1).Obj(), NodeNames: &names})
+	if got := res.FailedNodes["n1"]; !strings.Contains(got, "8 held for pods planned here") || !strings.Contains(got, "default/ring-0") {
+		t.Errorf("n1: %q, want the planned holds named", got)
+	}
+	if got := res.FailedNodes["n2"]; strings.Contains(got, "planned here") {
+		t.Errorf("n2: %q names holds it does not have", got)
+	}
+}
