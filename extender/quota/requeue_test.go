@@ -209,17 +209,7 @@ func TestRequeuerWritesOncePerChange(t *testing.T) {
 	events := &recordedEvents{}
 	r := &quota.Requeuer{
 		Store: store,
-		Pods: func(ns string) ([]*corev1.Pod, error) {
-			l, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
-			if err != nil {
-				return nil, err
-			}
-			var out []*corev1.Pod
-			for i := range l.Items {
-				out = append(out, &l.Items[i])
-			}
-			return out, nil
-		},
+		Pods:  lister(client),
 		Patch: func(ctx context.Context, ns, name string, patch []byte) error {
 			if failWrite != nil {
 				return failWrite
@@ -347,17 +337,7 @@ func TestRequeuerAtStartOnlyQuotaRefusals(t *testing.T) {
 	now := time.Unix(1000, 0)
 	r := &quota.Requeuer{
 		Store: store,
-		Pods: func(ns string) ([]*corev1.Pod, error) {
-			l, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
-			if err != nil {
-				return nil, err
-			}
-			var out []*corev1.Pod
-			for i := range l.Items {
-				out = append(out, &l.Items[i])
-			}
-			return out, nil
-		},
+		Pods:  lister(client),
 		Patch: func(ctx context.Context, ns, name string, patch []byte) error {
 			writes = append(writes, ns+"/"+name)
 			_, err := client.CoreV1().Pods(ns).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
@@ -374,5 +354,21 @@ func TestRequeuerAtStartOnlyQuotaRefusals(t *testing.T) {
 	r.Sync(ctx)
 	if len(writes) != 0 || r.Pending() {
 		t.Errorf("second sync wrote %v (pending %v), want nothing: the start's requeue is one pass", writes, r.Pending())
+	}
+}
+
+// lister lists a namespace's pods from client, as the informer's lister
+// the Requeuer is given does.
+func lister(client *fake.Clientset) func(ns string) ([]*corev1.Pod, error) {
+	return func(ns string) ([]*corev1.Pod, error) {
+		l, err := client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return nil, err
+		}
+		var out []*corev1.Pod
+		for i := range l.Items {
+			out = append(out, &l.Items[i])
+		}
+		return out, nil
 	}
 }
