@@ -37,6 +37,9 @@ type QuotaHooks interface {
 	// AdmitsWithout reports whether quota admits the pod once the victims
 	// (pods of node state st) are gone.
 	AdmitsWithout(ctx context.Context, pod *corev1.Pod, st *NodeState, victims []types.UID) bool
+	// Book counts pod, whose place a bind (or Reserve) has just reserved
+	// in the ledger, from now on, before the pod informer shows it.
+	Book(pod *corev1.Pod)
 }
 
 // QuotaNodes is the GPU ledger as quota reclaim sees it (quota.Nodes).
@@ -212,6 +215,13 @@ func (q *Quota) NodeExtras(pod *corev1.Pod, st *NodeState, victims []types.UID) 
 }
 
 // AdmitsWithout is Enforcer.AdmitsWithout.
+// Book is the quota Index's Book (nothing without an index).
+func (q *Quota) Book(pod *corev1.Pod) {
+	if q.Enforcer.Ledger != nil && q.Enforcer.Ledger.Index != nil {
+		q.Enforcer.Ledger.Index.Book(pod)
+	}
+}
+
 func (q *Quota) AdmitsWithout(ctx context.Context, pod *corev1.Pod, _ *NodeState, victims []types.UID) bool {
 	return q.Enforcer.AdmitsWithout(ctx, pod, victims)
 }

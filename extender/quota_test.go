@@ -1188,32 +1188,68 @@ func TestQuotaReclaimForAPodHoldsItsGPUs(t *testing.T) {
 // and the third is refused with the quota's message (make demo: 7 pods of
 // 2 GPUs ran under a max of 12).
 func TestQuotaCheckedAgainAtBind(t *testing.T) {
-	f := newQuotaFixture(t, staticQuotas{"a": {Namespace: "a", Min: gpus(2), Max: gpus(4)}},
-		testbuild.Node("n1").GPUs(8, "A100", 40960).Obj())
-	var pods []*corev1.Pod
-	for i := range 3 {
-		pods = append(pods, f.pod("a", fmt.Sprintf("p%d", i), 2, f.now))
-	}
-	for _, p := range pods {
-		if res := f.filter(p); len(*res.NodeNames) != 1 {
-			t.Fatalf("filter of %s: %+v, want n1 (nothing bound yet)", p.Name, res)
-		}
-	}
-	f.srv.pods = newFakePods(pods...)
-	var errs []error
-	for _, p := range pods {
-		errs = append(errs, f.srv.Bind(context.Background(), &extenderv1.ExtenderBindingArgs{PodName: p.Name, PodNamespace: p.Namespace, PodUID: p.UID, Node: "n1"}))
-	}
-	if errs[0] != nil || errs[1] != nil {
-		t.Fatalf("binds of p0, p1: %v, %v; want both bound (4 GPUs, the max)", errs[0], errs[1])
-	}
-	if !errors.Is(errs[2], ErrQuotaAtBind) || !strings.Contains(errs[2].Error(), "max") {
-		t.Errorf("bind of p2: %v; want it refused by quota, naming the max", errs[2])
-	}
-	if _, reserved := f.cache.Reservation(pods[2].UID); reserved {
-		t.Error("the refused pod holds a reservation")
-	}
-	if got := f.eventsWith(api.EventQuotaExceeded); len(got) != 1 || !strings.Contains(got[0], "p2") {
-		t.Errorf("QuotaExceeded Events %v, want one on p2", got)
+	for _, tc := range []struct {
+		name string
+		// seen: the extender's informer shows the pods (else
+		// kube-scheduler's, ahead of it, placed them first: neither the
+		// quota index nor the listers know them at bind)
+		seen bool
+		// reserve: tessera-scheduler's Reserve places them (then bind)
+		reserve bool
+	}{
+		{"bind, pods seen", true, false},
+		{"bind, pods not seen yet", false, false},
+		{"Reserve, pods seen", true, true},
+		{"Reserve, pods not seen yet", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newQuotaFixture(t, staticQuotas{"a": {Namespace: "a", Min: gpus(2), Max: gpus(4)}},
+				testbuild.Node("n1").GPUs(8, "A100", 40960).Obj())
+			var pods []*corev1.Pod
+			for i := range 3 {
+				if tc.seen {
+					pods = append(pods, f.pod("a", fmt.Sprintf("p%d", i), 2, f.now))
+					continue
+				}
+				p := testbuild.Pod(fmt.Sprintf("p%d", i)).Whole(2).Obj()
+				p.Namespace, p.UID = "a", types.UID(fmt.Sprintf("uid-a-p%d", i))
+				pods = append(pods, p)
+			}
+			for _, p := range pods {
+				if res := f.filter(p); len(*res.NodeNames) != 1 {
+					t.Fatalf("filter of %s: %+v, want n1 (nothing bound yet)", p.Name, res)
+				}
+			}
+			f.srv.pods = newFakePods(pods...)
+			var errs []error
+			for _, p := range pods {
+				if tc.reserve {
+					errs = append(errs, f.srv.Reserve(p, "n1"))
+					continue
+				}
+				errs = append(errs, f.srv.Bind(context.Background(), &extenderv1.ExtenderBindingArgs{PodName: p.Name, PodNamespace: p.Namespace, PodUID: p.UID, Node: "n1"}))
+			}
+			if errs[0] != nil || errs[1] != nil {
+				t.Fatalf("p0, p1: %v, %v; want both placed (4 GPUs, the max)", errs[0], errs[1])
+			}
+			if !errors.Is(errs[2], ErrQuotaAtBind) || !strings.Contains(errs[2].Error(), "max") {
+				t.Errorf("p2: %v; want it refused by quota, naming the max", errs[2])
+			}
+			if _, reserved := f.cache.Reservation(pods[2].UID); reserved {
+				t.Error("the refused pod holds a reservation")
+			}
+			if got := f.eventsWith(api.EventQuotaExceeded); len(got) != 1 || !strings.Contains(got[0], "p2") {
+				t.Errorf("QuotaExceeded Events %v, want one on p2", got)
+			}
+			// The full view (reclaim, explanations) counts the binds in
+			// flight too.
+			v, err := f.enf.Ledger.View("a", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := v.State.Used["a"][api.ResourceGPU]; got != 4 {
+				t.Errorf("the full view counts %d GPUs used by a, want 4 (the two placed)", got)
+			}
+		})
 	}
 }

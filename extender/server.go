@@ -525,11 +525,25 @@ func (s *Server) admitAndReserve(ctx context.Context, pod *corev1.Pod, node stri
 	}
 	s.quotaBindMu.Lock()
 	defer s.quotaBindMu.Unlock()
+	if err := s.admitAtBind(ctx, pod); err != nil {
+		return nil, err
+	}
+	use, err := s.reserveHeld(ctx, pod, node, pl)
+	if err == nil {
+		s.quota.Book(pod)
+	}
+	return use, err
+}
+
+// admitAtBind asks quota again for pod at bind or Reserve (the caller
+// holds quotaBindMu): an ErrQuotaAtBind with the quota's message, and a
+// QuotaExceeded Event, when it refuses.
+func (s *Server) admitAtBind(ctx context.Context, pod *corev1.Pod) error {
 	if v := s.quota.AdmitPod(ctx, pod); !v.Allowed {
 		s.event(pod, api.EventQuotaExceeded, "%s", v.Message)
-		return nil, fmt.Errorf("%w: %s", ErrQuotaAtBind, v.Message)
+		return fmt.Errorf("%w: %s", ErrQuotaAtBind, v.Message)
 	}
-	return s.reserveHeld(ctx, pod, node, pl)
+	return nil
 }
 
 // errStalePod is returned by bind when the pod changed since it was read.
@@ -760,6 +774,19 @@ func (s *Server) Reserve(pod *corev1.Pod, node string) error {
 	var slice *sliceBind
 	if err == nil && len(pl.demand.Shares) > 0 {
 		slice = s.order.slice(node)
+	}
+	if err == nil && s.quota != nil && pl.plan == nil {
+		// As at bind (admitAndReserve): the filter of a namespace's next
+		// pod may have run before this one reserved anything.
+		s.quotaBindMu.Lock()
+		defer s.quotaBindMu.Unlock()
+		if err = s.admitAtBind(context.Background(), pod); err == nil {
+			defer func() {
+				if _, ok := s.state.Reservation(pod.UID); ok {
+					s.quota.Book(pod)
+				}
+			}()
+		}
 	}
 	if err == nil {
 		_, err = s.reserve(pod, node, &pl)

@@ -138,7 +138,9 @@ func (l *Ledger) View(asking string, skip func(*corev1.Pod) bool) (*View, error)
 			return nil, fmt.Errorf("listing pods of %s: %w", ns, err)
 		}
 		used := core.Resources{}
+		seen := make(map[types.UID]bool, len(pods))
 		for _, p := range pods {
+			seen[p.UID] = true
 			if p.DeletionTimestamp != nil {
 				v.Leaving = append(v.Leaving, p)
 			}
@@ -148,6 +150,8 @@ func (l *Ledger) View(asking string, skip func(*corev1.Pod) bool) (*View, error)
 			used = used.Add(Use(p))
 			v.Pods = append(v.Pods, p)
 		}
+		// Binds in flight of pods the listers do not show yet.
+		used = used.Add(l.Index.Booked(ns, seen, l.Reserved))
 		st.Used[ns] = used
 	}
 	l.applyHolds(st, asking)

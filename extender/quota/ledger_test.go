@@ -142,3 +142,54 @@ func TestIndexMatchesView(t *testing.T) {
 		}
 	}
 }
+
+// A pod booked at bind, before the informer shows it, counts in the fast
+// state and in the view while the ledger reserves it, and no longer once
+// the reservation is dropped; the informer's own event replaces the entry
+// (counted once), and booking a pod the index knows changes nothing.
+func TestIndexBook(t *testing.T) {
+	quotas := staticQuotas{"a": {Namespace: "a", Min: gpus(4)}}
+	reserved := map[types.UID]bool{}
+	var listed []*corev1.Pod
+	idx := &quota.Index{}
+	l := &quota.Ledger{Quotas: quotas, Index: idx,
+		Pods:     func(string) ([]*corev1.Pod, error) { return listed, nil },
+		Nodes:    func() ([]*corev1.Node, error) { return nil, nil },
+		Reserved: func(uid types.UID) bool { return reserved[uid] }}
+	used := func() (fast, view int64) {
+		t.Helper()
+		st, err := l.FastState("a", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := l.View("a", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Used["a"][api.ResourceGPU], v.State.Used["a"][api.ResourceGPU]
+	}
+	p := gpuPod("p", 2, "")
+	p.Namespace = "a"
+	idx.Book(p)
+	if f, v := used(); f != 0 || v != 0 {
+		t.Errorf("booked, no reservation: used %d (fast) %d (view), want 0", f, v)
+	}
+	reserved[p.UID] = true
+	if f, v := used(); f != 2 || v != 2 {
+		t.Errorf("booked and reserved: used %d (fast) %d (view), want 2", f, v)
+	}
+	idx.Book(p) // again: no change
+	bound := p.DeepCopy()
+	bound.Spec.NodeName = "n0"
+	idx.Set(bound) // the informer shows it bound
+	listed = []*corev1.Pod{bound}
+	if f, v := used(); f != 2 || v != 2 {
+		t.Errorf("shown bound: used %d (fast) %d (view), want 2", f, v)
+	}
+	other := gpuPod("q", 1, "")
+	other.Namespace = "a"
+	idx.Book(other)
+	if f, v := used(); f != 2 || v != 2 {
+		t.Errorf("booked without a reservation (a bind that failed): used %d (fast) %d (view), want 2", f, v)
+	}
+}
