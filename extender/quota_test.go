@@ -113,7 +113,7 @@ func newQuotaFixture(t *testing.T, quotas equota.Source, nodes ...*corev1.Node) 
 		Pods:   func(ns string) ([]*corev1.Pod, error) { return f.list(ns) },
 		Nodes:  func() ([]*corev1.Node, error) { return f.nodes, nil },
 		Reserved: func(uid types.UID) bool {
-			_, ok := f.cache.Reservation(uid)
+			_, ok := f.cache.PodUse(uid)
 			return ok
 		},
 		Now: func() time.Time { return f.now },

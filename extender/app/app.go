@@ -356,8 +356,11 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 		Index:  index,
 		Pods:   func(ns string) ([]*corev1.Pod, error) { return podLister.Pods(ns).List(labels.Everything()) },
 		Nodes:  func() ([]*corev1.Node, error) { return nodeLister.List(labels.Everything()) },
+		// The GPU ledger holds the pod: a bind's reservation, or the pod
+		// bound (its informer handler may be ahead of the quota index's,
+		// which would count the pod as unbound meanwhile).
 		Reserved: func(uid types.UID) bool {
-			_, ok := cache.Reservation(uid)
+			_, ok := cache.PodUse(uid)
 			return ok
 		},
 	}

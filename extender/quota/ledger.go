@@ -31,8 +31,9 @@ type Ledger struct {
 	Pods func(namespace string) ([]*corev1.Pod, error)
 	// Nodes lists the nodes (informer cache) for the cluster's capacity.
 	Nodes func() ([]*corev1.Node, error)
-	// Reserved reports a pod the ledger holds a reservation for (a bind
-	// in flight): it counts as used. May be nil.
+	// Reserved reports a pod the GPU ledger holds (a bind in flight, or
+	// the pod bound as the ledger's informer handler saw it, which may be
+	// ahead of the index's): it counts as used. May be nil.
 	Reserved func(types.UID) bool
 	// Index, when set (and fed by the pod informer), serves FastState.
 	Index *Index
