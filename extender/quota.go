@@ -214,7 +214,6 @@ func (q *Quota) NodeExtras(pod *corev1.Pod, st *NodeState, victims []types.UID) 
 	return q.Enforcer.NodeExtras(pod, on, victims)
 }
 
-// AdmitsWithout is Enforcer.AdmitsWithout.
 // Book is the quota Index's Book (nothing without an index).
 func (q *Quota) Book(pod *corev1.Pod) {
 	if q.Enforcer.Ledger != nil && q.Enforcer.Ledger.Index != nil {
@@ -222,6 +221,7 @@ func (q *Quota) Book(pod *corev1.Pod) {
 	}
 }
 
+// AdmitsWithout is Enforcer.AdmitsWithout.
 func (q *Quota) AdmitsWithout(ctx context.Context, pod *corev1.Pod, _ *NodeState, victims []types.UID) bool {
 	return q.Enforcer.AdmitsWithout(ctx, pod, victims)
 }
