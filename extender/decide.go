@@ -489,7 +489,8 @@ func ChoosePlacement(p allocator.Policy, st *NodeState, uid types.UID, d *Demand
 	if v := Filter(st, d); !v.Fits() {
 		return nil, fmt.Errorf("%w: %s", ErrNoFit, v.Message)
 	}
-	u := &PodUse{UID: uid, CPUMilli: d.CPUMilli, MemMiB: d.MemMiB, Align: d.Align, MIGPending: migPending(d.MIG, nil)}
+	u := &PodUse{UID: uid, CPUMilli: d.CPUMilli, MemMiB: d.MemMiB, Align: d.Align}
+	_, u.MIGPending = d.unrecorded(nil)
 	switch d.Kind() {
 	case allocator.Whole:
 		u.WholePending = d.WholeGPUs

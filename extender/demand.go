@@ -79,6 +79,17 @@ func (d *Demand) SharedTotals() (memUnits, cores int64) {
 // gpus is the number of GPUs a shared demand spans (at least 1).
 func (d *Demand) gpus() int { return max(1, d.GPUCount) }
 
+// unrecorded is what a pod demanding d, bound to a node, holds there that
+// its assignment a (nil: none) does not name yet (gpureq.Unrecorded):
+// whole GPUs, and MIG instances per profile.
+func (d *Demand) unrecorded(a *api.Assignment) (whole int, mig map[string]int) {
+	h := gpureq.Holds{Whole: d.WholeGPUs, MIG: d.MIG}
+	if len(d.Shares) > 0 {
+		h.SliceGPUs = d.gpus()
+	}
+	return gpureq.Unrecorded(h, a)
+}
+
 // SliceOn is what the shares take of each of their GPUs at once (gpureq.SlicePeak)
 // on a node whose memory unit is unitMiB and whose core-only slice base is
 // baseMiB (NodeInfo.SliceBaseMiB).
@@ -125,12 +136,7 @@ func ParseDemand(pod *corev1.Pod) (Demand, error) {
 			return d, fmt.Errorf("%w: annotation %s: a gang member's slice spans one GPU (the gang planner plans one GPU per member)", ErrInvalidDemand, api.AnnotationGPUCount)
 		}
 	}
-	for profile, n := range p.MIG {
-		if d.MIG == nil {
-			d.MIG = map[string]int{}
-		}
-		d.MIG[profile] = int(min(n, 1<<20))
-	}
+	d.MIG = p.Holds().MIG
 	d.Align = numa.PodDemand(pod, p)
 	if d.NVLink && d.WholeGPUs == 0 && d.GPUCount < 2 {
 		d.NVLink = false // nothing to connect

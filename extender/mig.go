@@ -169,32 +169,6 @@ func migKey(m map[string]int) string {
 	return b.String()
 }
 
-// migPending is what of demand (per profile) an assignment a does not
-// record yet.
-func migPending(demand map[string]int, a *api.Assignment) map[string]int {
-	if len(demand) == 0 {
-		return nil
-	}
-	recorded := map[string]int{}
-	if a != nil {
-		for _, c := range a.Containers {
-			for _, m := range c.MIG {
-				recorded[m.Profile]++
-			}
-		}
-	}
-	var out map[string]int
-	for p, n := range demand {
-		if left := n - recorded[p]; left > 0 {
-			if out == nil {
-				out = map[string]int{}
-			}
-			out[p] = left
-		}
-	}
-	return out
-}
-
 // migAdmit is the gang planner's MIG rule for the node (gang.Node.Admit):
 // the members it would put on the node, demands[i] for member i, must find
 // as many free instances of each profile together. nil when no member asks

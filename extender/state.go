@@ -285,11 +285,7 @@ func NewPodUse(pod *corev1.Pod) *PodUse {
 	a, ok, aerr := api.GetAssignment(pod.Annotations)
 	if aerr != nil {
 		u.Err = aerr
-		u.MIGPending = migPending(d.MIG, nil)
-		u.WholePending = d.WholeGPUs
-		if len(d.Shares) > 0 {
-			u.WholePending = d.gpus() // its slice is somewhere: hold its GPUs
-		}
+		u.WholePending, u.MIGPending = d.unrecorded(nil) // its slice is somewhere: hold its GPUs
 		return u
 	}
 	if ok {
@@ -308,18 +304,11 @@ func NewPodUse(pod *corev1.Pod) *PodUse {
 			}
 		}
 	}
-	if n := d.WholeGPUs - len(u.Whole); n > 0 {
-		u.WholePending = n
-		u.NVLink = d.NVLink
-	}
-	u.MIGPending = migPending(d.MIG, a)
-	if len(d.Shares) > 0 && len(u.Shared) == 0 {
-		// A bound shared pod without a recorded slice (bound without the
-		// extender, e.g. created with spec.nodeName): its GPUs are unknown,
-		// so it holds as many GPUs of the node as its slice spans, like a
-		// pending whole-GPU pod.
-		u.WholePending = d.gpus()
-	}
+	// A bound shared pod without a recorded slice (bound without the
+	// extender, e.g. created with spec.nodeName) holds as many GPUs of the
+	// node as its slice spans, like a pending whole-GPU pod.
+	u.WholePending, u.MIGPending = d.unrecorded(a)
+	u.NVLink = d.NVLink && d.WholeGPUs > 0 && u.WholePending > 0
 	return u
 }
 
@@ -338,7 +327,7 @@ func PlannedPodUse(pod *corev1.Pod, plan *api.GangPlan) *PodUse {
 		u.Err = err
 	}
 	u.CPUMilli, u.MemMiB, u.Align = d.CPUMilli, d.MemMiB, d.Align
-	u.MIGPending = migPending(d.MIG, nil)
+	_, u.MIGPending = d.unrecorded(nil)
 	switch d.Kind() {
 	case allocator.Whole:
 		u.NVLink = d.NVLink

@@ -302,11 +302,8 @@ func FromObjects(nodes []corev1.Node, pods []corev1.Pod, machineLabel string) *C
 }
 
 // addUnrecorded lists on n what pod p (who) holds that its assignment a
-// (nil when it has none) does not name yet: whole GPUs beyond those
-// recorded, or as many GPUs as its slice spans when no slice is recorded
-// (a pod bound without the extender: its GPUs are unknown), and MIG
-// instances of each profile beyond those recorded. The extender's ledger
-// counts the same (extender.PodUse's pending counts).
+// (nil when it has none) does not name yet (gpureq.Unrecorded, the rule
+// the extender's ledger counts by).
 func addUnrecorded(n *Node, who string, p *corev1.Pod, a *api.Assignment) {
 	if n == nil {
 		return
@@ -315,32 +312,12 @@ func addUnrecorded(n *Node, who string, p *corev1.Pod, a *api.Assignment) {
 	if err != nil {
 		return
 	}
-	wholeRecorded, sliceRecorded := 0, false
-	migRecorded := map[string]int64{}
-	if a != nil {
-		for _, ca := range a.Containers {
-			wholeRecorded += len(ca.GPUs)
-			sliceRecorded = sliceRecorded || ca.Shared != nil
-			for _, m := range ca.MIG {
-				migRecorded[m.Profile]++
-			}
-		}
+	whole, mig := gpureq.Unrecorded(d.Holds(), a)
+	if whole > 0 {
+		n.Unrecorded = append(n.Unrecorded, UnrecordedLine(who, whole))
 	}
-	pending := int(d.Peak.Whole) - wholeRecorded
-	if len(d.Shares()) > 0 && !sliceRecorded {
-		pending = max(d.GPUCount, 1)
-	}
-	if pending > 0 {
-		n.Unrecorded = append(n.Unrecorded, UnrecordedLine(who, pending))
-	}
-	migPending := map[string]int{}
-	for profile, k := range d.MIG {
-		if left := k - migRecorded[profile]; left > 0 {
-			migPending[profile] = int(left)
-		}
-	}
-	if len(migPending) > 0 {
-		n.UnrecordedMIG = append(n.UnrecordedMIG, who+": "+DescribeMIG(migPending))
+	if len(mig) > 0 {
+		n.UnrecordedMIG = append(n.UnrecordedMIG, who+": "+DescribeMIG(mig))
 	}
 }
 

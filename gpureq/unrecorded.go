@@ -1,0 +1,61 @@
+package gpureq
+
+import "github.com/tessera-gpu/tessera/api"
+
+// Holds is what a pod holds of its node's GPUs at its peak, by kind:
+// whole GPUs, the GPUs its slice spans (0: no slice), MIG instances per
+// profile (nil: none).
+type Holds struct {
+	Whole     int
+	SliceGPUs int
+	MIG       map[string]int
+}
+
+// Holds is what p holds of its node's GPUs (a MIG count capped at 2^20).
+func (p *Pod) Holds() Holds {
+	h := Holds{Whole: int(p.Peak.Whole)}
+	if len(p.Shares()) > 0 {
+		h.SliceGPUs = max(1, p.GPUCount)
+	}
+	for profile, n := range p.MIG {
+		if h.MIG == nil {
+			h.MIG = map[string]int{}
+		}
+		h.MIG[profile] = int(min(n, 1<<20))
+	}
+	return h
+}
+
+// Unrecorded is what a pod bound to a node, holding h, holds there that
+// its assignment a (nil: none, or one that cannot be read) does not name
+// yet: whole GPUs beyond those recorded, or, when no container records a
+// slice, every GPU its slice spans (bound without the extender: its GPUs
+// are unknown, so it holds that many of the node's); and MIG instances of
+// each profile beyond those recorded (nil when none). The extender's
+// ledger and the status views read from the API server count the same.
+func Unrecorded(h Holds, a *api.Assignment) (whole int, mig map[string]int) {
+	recordedWhole, sliceRecorded := 0, false
+	recordedMIG := map[string]int{}
+	if a != nil {
+		for _, c := range a.Containers {
+			recordedWhole += len(c.GPUs)
+			sliceRecorded = sliceRecorded || c.Shared != nil
+			for _, m := range c.MIG {
+				recordedMIG[m.Profile]++
+			}
+		}
+	}
+	whole = max(0, h.Whole-recordedWhole)
+	if h.SliceGPUs > 0 && !sliceRecorded {
+		whole = h.SliceGPUs
+	}
+	for profile, n := range h.MIG {
+		if left := n - recordedMIG[profile]; left > 0 {
+			if mig == nil {
+				mig = map[string]int{}
+			}
+			mig[profile] = left
+		}
+	}
+	return whole, mig
+}
