@@ -282,7 +282,8 @@ func nodeSpecific(r Reason, st *NodeState) bool {
 	case st == nil:
 		return false
 	case r == InsufficientGPUs:
-		return plannedHolds(st) != ""
+		held, _ := plannedWhole(st, false)
+		return held > 0
 	case r == NoFreeNVLinkClique:
 		return st.PendingWhole > 0
 	}
@@ -295,20 +296,7 @@ func nodeSpecific(r Reason, st *NodeState) bool {
 // a reservation): team/ring-0, team/ring-1"; "" when none. A node
 // reserved for a gang read only "fewer than 1 whole GPUs free" before.
 func plannedHolds(st *NodeState) string {
-	if st == nil {
-		return ""
-	}
-	held := 0
-	var who []string
-	for _, u := range st.Pods {
-		if !u.Planned {
-			continue
-		}
-		if n := u.WholeGPUs(); n > 0 {
-			held += n
-			who = append(who, u.Key())
-		}
-	}
+	held, who := plannedWhole(st, true)
 	if held == 0 {
 		return ""
 	}
@@ -319,6 +307,23 @@ func plannedHolds(st *NodeState) string {
 		who = who[:3]
 	}
 	return fmt.Sprintf("; %d held for pods planned here (a gang's plan or reservation, or room freed for a pod): %s%s", held, strings.Join(who, ", "), more)
+}
+
+// plannedWhole counts the whole GPUs pods planned on node st hold and,
+// with names, names those pods (none for a nil st).
+func plannedWhole(st *NodeState, names bool) (held int, who []string) {
+	if st == nil {
+		return 0, nil
+	}
+	for _, u := range st.Pods {
+		if n := u.WholeGPUs(); u.Planned && n > 0 {
+			held += n
+			if names {
+				who = append(who, u.Key())
+			}
+		}
+	}
+	return held, who
 }
 
 // largestClique returns the largest number of GPUs satisfying ok in one

@@ -38,8 +38,9 @@ import (
 // domain it is planned in) are never the reason for an eviction. A victim
 // its PodDisruptionBudget protects is passed over and the choice made
 // again; when no choice leaves such victims out, with PastBudgets they are
-// chosen among the others and deleted past their budgets. ForGang returns what it will do, the pods gone once the room is
-// free (those leaving and the victims), on which the planner plans the
+// chosen among the others and deleted past their budgets. ForGang returns
+// what it will do, the pods gone once the room is free (those leaving and
+// the victims), on which the planner plans the
 // gang, and evict: once the gang's plan holds the room in the ledger, the
 // planner calls it, and the victims are evicted, with a Preempted Event on
 // each and a Preempting Event on each member. Evicting first let a

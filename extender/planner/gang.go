@@ -724,19 +724,28 @@ func (p *GangPlanner) queuedNamespace(ns string) bool {
 func (p *GangPlanner) liftUnqueued(ctx context.Context, pods []*corev1.Pod) error {
 	var errs []error
 	for _, pod := range pods {
-		if err := p.client.RemoveGate(ctx, pod); err != nil {
-			if !apierrors.IsNotFound(err) {
-				errs = append(errs, fmt.Errorf("pod %s/%s: lifting the queue gate of a pod no Queue serves: %w", pod.Namespace, pod.Name, err))
-			}
-			continue
-		}
-		klog.FromContext(ctx).V(2).Info("Lifted the queue gate of a pod no Queue serves", "pod", klog.KObj(pod))
-		if p.events != nil {
-			p.events.Eventf(pod, corev1.EventTypeNormal, api.EventQueueGateLifted,
-				"tessera: no Queue serves namespace %s (any more): the queue gate is lifted and the pod is scheduled as a plain pod", pod.Namespace)
-		}
+		errs = append(errs, p.liftAsPlain(ctx, pod, "the queue gate of a pod no Queue serves", api.EventQueueGateLifted,
+			fmt.Sprintf("no Queue serves namespace %s (any more): the queue gate is lifted and the pod is scheduled as a plain pod", pod.Namespace)))
 	}
 	return errors.Join(errs...)
+}
+
+// liftAsPlain lifts pod's Tessera gates, so that kube-scheduler schedules
+// it as a plain pod, and tells it why with a Normal Event (reason, msg);
+// what names the gate lifted in the log and in the error (nil when the
+// pod is gone).
+func (p *GangPlanner) liftAsPlain(ctx context.Context, pod *corev1.Pod, what, reason, msg string) error {
+	if err := p.client.RemoveGate(ctx, pod); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("pod %s/%s: lifting %s: %w", pod.Namespace, pod.Name, what, err)
+	}
+	klog.FromContext(ctx).V(2).Info("Lifted "+what, "pod", klog.KObj(pod))
+	if p.events != nil {
+		p.events.Eventf(pod, corev1.EventTypeNormal, reason, "tessera: %s", msg)
+	}
+	return nil
 }
 
 // liftLooseGates lifts the gang gate of pods that declare no gang (its
@@ -762,18 +771,9 @@ func (p *GangPlanner) liftLooseGates(ctx context.Context, pods []*corev1.Pod) er
 			}
 			continue
 		}
-		if err := p.client.RemoveGate(ctx, pod); err != nil {
-			if !apierrors.IsNotFound(err) {
-				errs = append(errs, fmt.Errorf("pod %s/%s: lifting the gang gate of a pod in no gang: %w", pod.Namespace, pod.Name, err))
-			}
-			continue
-		}
-		klog.FromContext(ctx).V(2).Info("Lifted the gang gate of a pod that declares no gang", "pod", klog.KObj(pod))
-		if p.events != nil {
-			p.events.Eventf(pod, corev1.EventTypeNormal, api.EventGangGateLifted,
-				"tessera: no gang declared (no annotation %s, label %s or annotation %s): the gang gate is lifted and the pod is scheduled as a plain pod",
-				api.AnnotationGang, api.LabelPodGroup, api.AnnotationVolcanoGroupName)
-		}
+		errs = append(errs, p.liftAsPlain(ctx, pod, "the gang gate of a pod that declares no gang", api.EventGangGateLifted,
+			fmt.Sprintf("no gang declared (no annotation %s, label %s or annotation %s): the gang gate is lifted and the pod is scheduled as a plain pod",
+				api.AnnotationGang, api.LabelPodGroup, api.AnnotationVolcanoGroupName)))
 	}
 	return errors.Join(errs...)
 }
