@@ -592,6 +592,14 @@ func (e *Enforcer) Choose(ctx context.Context, ns string, askers []*corev1.Pod, 
 	e.init()
 	logger := klog.FromContext(ctx)
 	var blockedMsgs []string
+	defer func() {
+		if len(blockedMsgs) == 0 {
+			return
+		}
+		for _, p := range askers {
+			e.event(p, corev1.EventTypeWarning, api.EventReclaimBlocked, "tessera: quota reclaim for namespace %s passed over %d workload(s) whose PodDisruptionBudgets refuse eviction: %s", ns, len(blockedMsgs), strings.Join(blockedMsgs, "; "))
+		}
+	}()
 	pastBudgets := false
 	for attempt := 0; attempt < 9; attempt++ {
 		c, err := e.decide(ns, askers, fits, !pastBudgets)
@@ -637,9 +645,10 @@ func (e *Enforcer) Choose(ctx context.Context, ns string, askers []*corev1.Pod, 
 				if e.Metrics != nil {
 					e.Metrics.ReclaimBlocked(w.Namespace)
 				}
-				for _, p := range append(askers, pods...) {
-					e.event(p, corev1.EventTypeWarning, api.EventReclaimBlocked, "tessera: quota reclaim for namespace %s: %s", ns, msg)
-				}
+				// On the pod whose budget refused, once per BlockedFor
+				// (the workload is passed over until then); the askers
+				// hear of every refusal once, when the choice is made.
+				e.event(podNamed(pods, blocker), corev1.EventTypeWarning, api.EventReclaimBlocked, "tessera: quota reclaim for namespace %s: %s", ns, msg)
 				retry = true
 				continue
 			}
@@ -722,6 +731,16 @@ func (e *Enforcer) dryRun(ctx context.Context, pods []*corev1.Pod) (string, erro
 		}
 	}
 	return "", nil
+}
+
+// podNamed returns the pod of pods named name, or nil.
+func podNamed(pods []*corev1.Pod, name string) *corev1.Pod {
+	for _, p := range pods {
+		if p.Name == name {
+			return p
+		}
+	}
+	return nil
 }
 
 // why explains a victim's choice for its Events.

@@ -31,6 +31,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -84,9 +85,12 @@ const wideFor = time.Minute
 
 // Plugin is Tessera's kube-scheduler plugin.
 type Plugin struct {
-	core     Core
-	trust    Trust
-	ready    func() bool
+	core  Core
+	trust Trust
+	ready func() bool
+	// readyBy is when PreFilter stops waiting for the caches to sync and
+	// answers errNotReady at once.
+	readyBy  time.Time
 	activate Activator
 	clock    clock.PassiveClock
 
@@ -106,7 +110,32 @@ var (
 // New returns the plugin over core. ready reports whether the extender's
 // caches have synced.
 func New(core Core, trust Trust, ready func() bool, activate Activator, clk clock.PassiveClock) *Plugin {
-	return &Plugin{core: core, trust: trust, ready: ready, activate: activate, clock: clk, wide: map[types.UID]time.Time{}}
+	return &Plugin{core: core, trust: trust, ready: ready, readyBy: clk.Now().Add(readyWait), activate: activate, clock: clk, wide: map[types.UID]time.Time{}}
+}
+
+// readyWait bounds PreFilter's wait for the extender's caches in the first
+// moments of the process: they sync within seconds of its start, and
+// kube-scheduler waits for its own caches likewise before its first cycle.
+// Answering errNotReady at once logged an error for every GPU pod of the
+// first seconds after a restart (each retried after a backoff). Past it
+// (caches that never sync: RBAC, the API server) nothing waits, so that
+// the scheduling loop is not slowed for other pods.
+const readyWait = 15 * time.Second
+
+// awaitReady reports whether the extender's caches have synced, waiting
+// for them until readyBy.
+func (p *Plugin) awaitReady(ctx context.Context) bool {
+	if p.ready() {
+		return true
+	}
+	left := p.readyBy.Sub(p.clock.Now())
+	if left <= 0 {
+		return false
+	}
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, left, true, func(context.Context) (bool, error) {
+		return p.ready(), nil
+	})
+	return err == nil
 }
 
 // Name implements framework.Plugin.
@@ -166,8 +195,9 @@ func (p *Plugin) trusted(pod *corev1.Pod) *corev1.Pod {
 	return own
 }
 
-// errNotReady is the answer before the extender's caches have synced (the
-// verbs' 503): the pod is tried again after a backoff.
+// errNotReady is the answer when the extender's caches have not synced
+// within readyWait (the verbs' 503): the pod is tried again after a
+// backoff.
 var errNotReady = errors.New("tessera: the GPU ledger's caches have not synced yet")
 
 // PreFilter implements framework.PreFilterPlugin.
@@ -175,7 +205,7 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *corev
 	if !managed(pod) {
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
-	if !p.ready() {
+	if !p.awaitReady(ctx) {
 		return nil, fwk.AsStatus(errNotReady)
 	}
 	own := p.trusted(pod)

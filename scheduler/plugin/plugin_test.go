@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -257,13 +258,44 @@ func TestPreFilter(t *testing.T) {
 
 func TestPreFilterNotReady(t *testing.T) {
 	core := &fakeCore{fit: sets.New("n0")}
-	p := New(core, stripTrust{}, func() bool { return false }, &activations{}, clocktesting.NewFakePassiveClock(time.Now()))
+	clk := clocktesting.NewFakePassiveClock(time.Now())
+	var polls atomic.Int32
+	p := New(core, stripTrust{}, func() bool { polls.Add(1); return false }, &activations{}, clk)
+	p.readyBy = clk.Now().Add(100 * time.Millisecond)
 	_, st := p.PreFilter(context.Background(), framework.NewCycleState(), gpuPod("p", 1), []fwk.NodeInfo{node("n0")})
 	if st.Code() != fwk.Error || !errors.Is(st.AsError(), errNotReady) {
 		t.Fatalf("status %v, want the not-ready error", st)
 	}
 	if len(core.filtered) != 0 {
 		t.Error("filtered before the caches synced")
+	}
+	// Past readyBy nothing waits: the answer comes at once.
+	if polls.Load() < 2 {
+		t.Errorf("readiness asked %d times before readyBy, want a wait", polls.Load())
+	}
+	clk.SetTime(clk.Now().Add(readyWait))
+	polls.Store(0)
+	if _, st := p.PreFilter(context.Background(), framework.NewCycleState(), gpuPod("p", 1), []fwk.NodeInfo{node("n0")}); !errors.Is(st.AsError(), errNotReady) {
+		t.Fatalf("status %v, want the not-ready error", st)
+	}
+	if polls.Load() != 1 {
+		t.Errorf("readiness asked %d times past readyBy, want once (no wait)", polls.Load())
+	}
+}
+
+// A pod of the first moments after a start waits for the caches to sync
+// (within readyWait) instead of failing its cycle with an error.
+func TestPreFilterWaitsForSync(t *testing.T) {
+	core := &fakeCore{fit: sets.New("n0")}
+	var polls atomic.Int32
+	ready := func() bool { return polls.Add(1) > 3 }
+	p := New(core, stripTrust{}, ready, &activations{}, clocktesting.NewFakePassiveClock(time.Now()))
+	res, st := p.PreFilter(context.Background(), framework.NewCycleState(), gpuPod("p", 1), []fwk.NodeInfo{node("n0")})
+	if !st.IsSuccess() {
+		t.Fatalf("status %v, want success once the caches synced", st)
+	}
+	if diff := cmp.Diff(sets.New("n0"), res.NodeNames); diff != "" {
+		t.Errorf("PreFilterResult (-want +got):\n%s", diff)
 	}
 }
 
