@@ -84,6 +84,14 @@ func Review(req *admissionv1.AdmissionRequest, queued func(namespace string) boo
 	}
 	gate := corev1.PodSchedulingGate{Name: api.SchedulingGateGang}
 	switch {
+	case pod.Spec.NodeName != "":
+		// Bound at creation (an admin's pod, a kubelet's mirror pod):
+		// nothing schedules it, and the API server refuses a pod that is
+		// both bound and gated ("spec.nodeName: Forbidden: cannot be set
+		// until all schedulingGates have been cleared"), which hid
+		// deploy/admission's own message from tenants and broke an
+		// admin's bound pod in a queued namespace.
+		return resp
 	case member && api.HasGangGate(pod):
 		return resp
 	case member:

@@ -253,6 +253,10 @@ func TestReviewQueued(t *testing.T) {
 		{"pod without a GPU", makePod().Request(admissionv1.Create), queued, ""},
 		{"namespace no Queue serves", gpu(makePod()).Request(admissionv1.Create), func(string) bool { return false }, ""},
 		{"no queues at all", gpu(makePod()).Request(admissionv1.Create), nil, ""},
+		// Bound at creation (an admin's pod, a mirror pod): the API
+		// server refuses a bound pod with gates.
+		{"GPU pod bound at creation in a queued namespace", gpu(makePod()).Node("n1").Request(admissionv1.Create), queued, ""},
+		{"gang member bound at creation", gpu(makePod()).Gang("g", "2").Node("n1").Request(admissionv1.Create), queued, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
