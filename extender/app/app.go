@@ -4,11 +4,14 @@
 // tessera.dev/gpu-core. See docs/extender.md.
 //
 //	tessera-extender [--kubeconfig FILE] [--listen :8888] [--policy binpack]
-//	                 [--tls-cert FILE --tls-key FILE] [--metrics-listen ADDR]
+//	                 [--tls-cert FILE --tls-key FILE [--verbs-client-ca FILE]]
+//	                 [--metrics-listen ADDR]
 package app
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,6 +19,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -69,6 +73,10 @@ var (
 	_ verbs.Metrics = (*extender.Metrics)(nil)
 )
 
+// flagVerbsClientCA names the CA bundle of the clients the scheduler verbs
+// answer (kube-scheduler's certificate).
+const flagVerbsClientCA = "verbs-client-ca"
+
 type options struct {
 	kubeconfig      string
 	listen          string
@@ -119,6 +127,10 @@ type options struct {
 	preemptionHold       time.Duration
 	preemptionResync     time.Duration
 	dynamicMIG           bool
+
+	// verbsClientCA: the scheduler verbs answer only callers with a
+	// client certificate this PEM bundle's CAs signed.
+	verbsClientCA string
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -131,6 +143,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.profilingListen, "profiling-listen", "", "plain-HTTP address for Go's /debug/pprof (CPU and heap profiles, e.g. 127.0.0.1:6060); empty: off. Profiles show the process's internals: keep it on loopback")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "serve HTTPS with this certificate (needs --tls-key)")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "private key of --tls-cert")
+	fs.StringVar(&o.verbsClientCA, flagVerbsClientCA, "", "PEM CA bundle: the HTTPS listener asks for client certificates (optional, for the webhooks, /status and /metrics) and the scheduler verbs (filter, prioritize, prioritize-cpu, bind, preempt) answer 403 to a caller without one these CAs signed (kube-scheduler's tlsConfig certFile/keyFile); needs --tls-cert. Empty: the verbs answer anyone who reaches the listener")
 	fs.StringVar(&o.policy, "policy", extender.PolicyBinpack, "placement policy: "+strings.Join(extender.PolicyNames(), ", "))
 	fs.Int64Var(&o.seed, "seed", 1, "seed of the random policy")
 	fs.IntVar(&o.learnWindow, "learn-workload", extender.DefaultLearnWindow, "the fragmentation-aware policies (binpack, fgd) keep room for the shapes of the last this many GPU pods the cluster ran, learned as they come (rebuilt every 50 pods; the built-in default workload until 50 are seen); 0: always the built-in default workload")
@@ -216,7 +229,23 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if (o.tlsCert == "") != (o.tlsKey == "") {
 		return nil, errors.New("--tls-cert and --tls-key go together")
 	}
+	if o.verbsClientCA != "" && o.tlsCert == "" {
+		return nil, fmt.Errorf("--%s needs --tls-cert and --tls-key: client certificates come only over HTTPS", flagVerbsClientCA)
+	}
 	return o, nil
+}
+
+// clientCAs reads the PEM CA bundle of --verbs-client-ca.
+func clientCAs(file string) (*x509.CertPool, error) {
+	pemBytes, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("--%s: %w", flagVerbsClientCA, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pemBytes) {
+		return nil, fmt.Errorf("--%s: no PEM certificate in %s", flagVerbsClientCA, file)
+	}
+	return pool, nil
 }
 
 func restConfig(o *options) (*rest.Config, error) {
@@ -245,11 +274,18 @@ type Embedded struct {
 
 // Run runs the extender with the command-line flags args until ctx ends.
 // embed, when not nil, is called once with the Server before anything is
-// served.
+// served, and the HTTP verbs are not served (their one caller is in the
+// process).
 func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedded)) error {
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
+	}
+	var verbCAs *x509.CertPool
+	if o.verbsClientCA != "" {
+		if verbCAs, err = clientCAs(o.verbsClientCA); err != nil {
+			return err
+		}
 	}
 	logger := klog.Background().WithName("tessera-extender")
 	ctx = klog.NewContext(ctx, logger)
@@ -414,12 +450,21 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 	}
 
 	var ready atomic.Bool
-	if embed != nil {
-		embed(Embedded{Server: srv, Trust: argsTrust, Ready: ready.Load})
-	}
-	verbMux := http.NewServeMux()
-	(&verbs.Handler{Core: srv, Trust: argsTrust, Metrics: metrics}).Register(verbMux)
 	mux := http.NewServeMux()
+	if embed != nil {
+		// The plugin calls the Server in the process: over HTTP the verbs
+		// would have no legitimate caller, only tenants that reach the
+		// listener.
+		embed(Embedded{Server: srv, Trust: argsTrust, Ready: ready.Load})
+	} else {
+		verbMux := http.NewServeMux()
+		(&verbs.Handler{Core: srv, Trust: argsTrust, Metrics: metrics}).Register(verbMux)
+		var h http.Handler = verbs.UntilReady(ready.Load, verbMux)
+		if verbCAs != nil {
+			h = verbs.RequireClientCert(h)
+		}
+		mux.Handle("/", h)
+	}
 	// The gang webhook needs no cache: it only looks at the pod under
 	// review. The queue webhook asks the Queues which namespaces they
 	// serve (none until they are read: pods are then not gated, as with
@@ -439,7 +484,6 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 		}
 		_, _ = io.WriteString(w, "ok\n")
 	})
-	mux.Handle("/", verbs.UntilReady(ready.Load, verbMux))
 	// Read-only views: GET /status (HTML), /status/{occupancy,queues,pending,pods/NS/NAME} (JSON).
 	status := extender.NewStatus(cache, queues, enforcer, func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) })
 	status.Register(mux, ready.Load)
@@ -464,6 +508,12 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 	}
 	apiSrv := &http.Server{Addr: o.listen, Handler: mux, ReadHeaderTimeout: 10 * time.Second,
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
+	if verbCAs != nil {
+		// Asked for, not required: the API server calls the webhooks, and
+		// scrapers and the API server's service proxy read /metrics and
+		// /status, without one. The verbs check that one was verified.
+		apiSrv.TLSConfig = &tls.Config{ClientCAs: verbCAs, ClientAuth: tls.VerifyClientCertIfGiven, MinVersion: tls.VersionTLS12}
+	}
 	servers = append([]*http.Server{apiSrv}, servers...)
 
 	preemptor := &extender.Preemptor{
@@ -617,11 +667,11 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 		if err != nil {
 			return fmt.Errorf("listen %s: %w", s.Addr, err)
 		}
-		tls := i == 0 && o.tlsCert != ""
-		logger.Info("Serving", "address", ln.Addr().String(), "tls", tls, "policy", policy.Name())
+		https := i == 0 && o.tlsCert != ""
+		logger.Info("Serving", "address", ln.Addr().String(), "tls", https, "verbs", embed == nil, "verbClientCerts", https && verbCAs != nil, "policy", policy.Name())
 		go func() {
 			var err error
-			if tls {
+			if https {
 				err = s.ServeTLS(ln, o.tlsCert, o.tlsKey)
 			} else {
 				err = s.Serve(ln)

@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,6 +27,10 @@ import (
 )
 
 func TestRunRejectsBadFlags(t *testing.T) {
+	notPEM := filepath.Join(t.TempDir(), "ca.crt")
+	if err := os.WriteFile(notPEM, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		args []string
@@ -42,6 +47,9 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{"negative reclaim hold", []string{"--quota-reclaim-hold=-1s"}, "must be positive, got 30s, -1s and 2s"},
 		{"zero quota resync", []string{"--quota-resync=0s"}, "must be positive, got 30s, 2m0s and 0s"},
 		{"negative shortlist", []string{"--filter-shortlist=-1"}, "--filter-shortlist must be 0 (off) or positive, got -1"},
+		{"verbs client CA over plain HTTP", []string{"--verbs-client-ca=ca.crt"}, "--verbs-client-ca needs --tls-cert and --tls-key"},
+		{"verbs client CA unreadable", []string{"--tls-cert=x", "--tls-key=y", "--verbs-client-ca=/nonexistent/ca.crt", "--kubeconfig=/nonexistent"}, "--verbs-client-ca: open /nonexistent/ca.crt"},
+		{"verbs client CA without a certificate", []string{"--tls-cert=x", "--tls-key=y", "--verbs-client-ca=" + notPEM, "--kubeconfig=/nonexistent"}, "--verbs-client-ca: no PEM certificate in " + notPEM},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -231,5 +239,199 @@ current-context: x
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("run() did not return after cancel")
+	}
+}
+
+// writeClientCA writes a CA certificate (PEM) to dir and returns its file
+// and a client certificate it signed.
+func writeClientCA(t *testing.T, dir string) (caPath string, client tls.Certificate) {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "verbs-ca"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "kube-scheduler"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPath = filepath.Join(dir, "verbs-ca.crt")
+	if err := os.WriteFile(caPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return caPath, tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// startUnsynced runs the command over HTTPS against an API server that
+// does not answer (it never becomes ready) until the test ends, and
+// returns its address once /healthz answers.
+func startUnsynced(t *testing.T, extra []string, embed func(Embedded)) string {
+	t.Helper()
+	dir := t.TempDir()
+	cert, key := writeSelfSigned(t, dir)
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}
+users:
+- name: u
+  user: {token: t}
+contexts:
+- name: x
+  context: {cluster: c, user: u}
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	args := append([]string{"--kubeconfig=" + kubeconfig, "--listen=" + addr, "--tls-cert=" + cert, "--tls-key=" + key, "--shutdown-grace=2s"}, extra...)
+	go func() { done <- Run(ctx, args, io.Discard, embed) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("run() after shutdown: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("run() did not return after cancel")
+		}
+	})
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // self-signed test server
+	for i := 0; i < 100; i++ {
+		var resp *http.Response
+		if resp, err = hc.Get("https://" + addr + "/healthz"); err == nil {
+			resp.Body.Close()
+			return addr
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("run() returned before serving: %v", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	t.Fatalf("healthz over TLS: %v", err)
+	return ""
+}
+
+// TestVerbsNeedClientCert: with --verbs-client-ca, every verb answers a
+// caller without a client certificate of that CA 403 (before the caches
+// sync too), one with a certificate reaches the verbs (here: 503, not
+// synced), and the webhooks, /healthz, /readyz and /status answer without
+// one.
+func TestVerbsNeedClientCert(t *testing.T) {
+	caPath, client := writeClientCA(t, t.TempDir())
+	addr := startUnsynced(t, []string{"--verbs-client-ca=" + caPath}, nil)
+	anon := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}                                           //nolint:gosec // self-signed test server
+	sched := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{client}}}} //nolint:gosec // self-signed test server
+
+	tests := []struct {
+		name   string
+		client *http.Client
+		method string
+		path   string
+		status int
+	}{
+		{"filter without a certificate", anon, http.MethodPost, "/filter", http.StatusForbidden},
+		{"prioritize without a certificate", anon, http.MethodPost, "/prioritize", http.StatusForbidden},
+		{"prioritize-cpu without a certificate", anon, http.MethodPost, "/prioritize-cpu", http.StatusForbidden},
+		{"bind without a certificate", anon, http.MethodPost, "/bind", http.StatusForbidden},
+		{"preempt without a certificate", anon, http.MethodPost, "/preempt", http.StatusForbidden},
+		{"filter with kube-scheduler's certificate", sched, http.MethodPost, "/filter", http.StatusServiceUnavailable},
+		{"bind with kube-scheduler's certificate", sched, http.MethodPost, "/bind", http.StatusServiceUnavailable},
+		{"gang webhook without a certificate", anon, http.MethodPost, pathAdmissionGang, http.StatusBadRequest},
+		{"healthz without a certificate", anon, http.MethodGet, "/healthz", http.StatusOK},
+		{"readyz without a certificate", anon, http.MethodGet, "/readyz", http.StatusServiceUnavailable},
+		{"status without a certificate", anon, http.MethodGet, "/status/occupancy", http.StatusServiceUnavailable},
+		{"metrics without a certificate", anon, http.MethodGet, "/metrics", http.StatusOK},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			req, err := http.NewRequest(tc.method, "https://"+addr+tc.path, strings.NewReader(`{}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := tc.client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != tc.status {
+				t.Errorf("%s %s: %d %s, want %d", tc.method, tc.path, resp.StatusCode, body, tc.status)
+			}
+			if tc.status == http.StatusForbidden {
+				var reply map[string]string
+				if err := json.Unmarshal(body, &reply); err != nil || !strings.Contains(reply["error"], "client certificate") {
+					t.Errorf("reply %s (%v), want a JSON error naming the client certificate", body, err)
+				}
+			}
+		})
+	}
+}
+
+// TestEmbeddedServesNoVerbs: run in tessera-scheduler's process (embed not
+// nil), the extender serves no verb over HTTP, but its webhooks and
+// health as alone.
+func TestEmbeddedServesNoVerbs(t *testing.T) {
+	var embedded atomic.Bool
+	addr := startUnsynced(t, nil, func(e Embedded) { embedded.Store(e.Server != nil && e.Ready != nil) })
+	if !embedded.Load() {
+		t.Error("embed was not called with the Server")
+	}
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // self-signed test server
+	tests := []struct {
+		method, path string
+		status       int
+	}{
+		{http.MethodPost, "/filter", http.StatusNotFound},
+		{http.MethodPost, "/prioritize", http.StatusNotFound},
+		{http.MethodPost, "/prioritize-cpu", http.StatusNotFound},
+		{http.MethodPost, "/bind", http.StatusNotFound},
+		{http.MethodPost, "/preempt", http.StatusNotFound},
+		{http.MethodPost, pathAdmissionGang, http.StatusBadRequest},
+		{http.MethodGet, "/healthz", http.StatusOK},
+	}
+	for _, tc := range tests {
+		t.Run(tc.method+tc.path, func(t *testing.T) {
+			req, err := http.NewRequest(tc.method, "https://"+addr+tc.path, strings.NewReader(`{}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := hc.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.status {
+				t.Errorf("%s %s: %d, want %d", tc.method, tc.path, resp.StatusCode, tc.status)
+			}
+		})
 	}
 }
