@@ -68,6 +68,7 @@ type agentFlags struct {
 	metricsAddr        string
 	dynamicMIG         bool
 	mockMIGState       string
+	nodeCheckPeriod    time.Duration
 
 	// Overrides of the configuration file, applied when given.
 	resources          string
@@ -110,6 +111,7 @@ func newAgentFlagSet(stderr io.Writer) (*flag.FlagSet, *agentFlags) {
 	fs.StringVar(&f.cdiSpecDirs, "cdi-spec-dirs", strings.Join(cdispec.DefaultDirs, ","), `comma-separated directories of the runtime's CDI specs: with a CDI device list strategy, a GPU that no spec there names is unhealthy (not offered) until one does; "" skips the check`)
 	fs.DurationVar(&f.healthInterval, "health-check-interval", 0, "period of the NVML health check (overrides healthCheckInterval)")
 	fs.DurationVar(&f.xidRecoveryDelay, "xid-recovery-delay", 0, "how long a GPU stays unhealthy after a critical XID (overrides xidRecoveryDelay)")
+	fs.DurationVar(&f.nodeCheckPeriod, "node-check-period", kube.DefaultNodeCheckPeriod, "how often the agent reads its Node and publishes again the annotations ("+api.AnnotationGPUInventory+", "+api.AnnotationNUMATopology+") and the "+string(api.ConditionSharedGPUIsolation)+" condition the Node lacks or holds otherwise than last published (a Node deleted and re-created, as a kubelet re-registration does); 0 turns the check off")
 	fs.BoolVar(&f.dynamicMIG, "dynamic-mig", false, "serve the extender's MIG layout requests (the Node annotation "+api.AnnotationMIGLayoutRequest+"): repartition a GPU in MIG mode that no container or process uses, then serve its new instances (docs/mig.md, Dynamic MIG)")
 	f.iso.register(fs)
 	f.numa.register(fs)
@@ -280,6 +282,9 @@ func serveAgent(ctx context.Context, f *agentFlags, cfg *api.NodeAgentConfig, ba
 			return nil
 		}}
 	}
+	if f.nodeCheckPeriod < 0 {
+		return fmt.Errorf("--node-check-period must not be negative, got %v", f.nodeCheckPeriod)
+	}
 	if f.kubeAPIQPS <= 0 || f.kubeAPIBurst < 1 {
 		return fmt.Errorf("--kube-api-qps must be above 0 and --kube-api-burst at least 1, got %g and %d", f.kubeAPIQPS, f.kubeAPIBurst)
 	}
@@ -301,6 +306,7 @@ func serveAgent(ctx context.Context, f *agentFlags, cfg *api.NodeAgentConfig, ba
 	// threat model); without an API server there are none to read.
 	var trust *podtrust.Filter
 	var numa *numareport.Reporter
+	var nodeClient *kube.Client
 	if cs != nil {
 		logger.Info("Reading the seal key", "secret", klog.KRef(f.sealKeyNamespace, api.SealKeySecretName))
 		sealer, err := sealkey.Wait(ctx, sealkey.In(cs, f.sealKeyNamespace), 2*time.Second)
@@ -318,6 +324,7 @@ func serveAgent(ctx context.Context, f *agentFlags, cfg *api.NodeAgentConfig, ba
 			return err
 		}
 		opts.Pods = kube.NewPodWatch(cs, f.nodeName, trust)
+		nodeClient = client
 		logger.Info("Publishing to the API server", "node", klog.KRef("", f.nodeName), "server", restCfg.Host)
 	} else {
 		logger.Info("Running without an API server (give --kubeconfig or run in a pod, and --node-name, to publish the GPU inventory and pods' GPUs)")
@@ -407,6 +414,17 @@ func serveAgent(ctx context.Context, f *agentFlags, cfg *api.NodeAgentConfig, ba
 		defer func() {
 			cancel()
 			<-numaDone
+		}()
+	}
+	if nodeClient != nil && f.nodeCheckPeriod > 0 {
+		nodeDone := make(chan struct{})
+		go func() {
+			defer close(nodeDone)
+			nodeClient.WatchNode(ctx, f.nodeCheckPeriod)
+		}()
+		defer func() {
+			cancel()
+			<-nodeDone
 		}()
 	}
 	agentCtx, stopAgent := context.WithCancel(ctx)

@@ -41,10 +41,20 @@ type Client struct {
 	// what the client writes).
 	trust *podtrust.Filter
 
+	// writeMu orders the client's writes to its Node: CheckNode writes
+	// again what publishAnnotation and SetSharedIsolation last wrote, never
+	// an older value over a newer one.
+	writeMu   sync.Mutex
 	mu        sync.Mutex
 	published map[string]string // last published value per annotation
-	condition *bool             // last published SharedIsolation
+	condition *sharedIsolation  // last published SharedIsolation
 	pods      map[podKey]podRecord
+}
+
+// sharedIsolation is the SharedIsolation condition the client last set.
+type sharedIsolation struct {
+	connected bool
+	message   string
 }
 
 type podKey struct{ namespace, name string }
@@ -88,17 +98,15 @@ func (c *Client) PublishNUMATopology(ctx context.Context, t *api.NUMATopology) e
 // publishAnnotation patches the Node's annotation key to value unless this
 // client last published the same value there.
 func (c *Client) publishAnnotation(ctx context.Context, key, value, what string) error {
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
 	c.mu.Lock()
 	same := c.published[key] == value
 	c.mu.Unlock()
 	if same {
 		return nil
 	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{key: value}}})
-	if err != nil {
-		return err
-	}
-	if _, err := c.cs.CoreV1().Nodes().Patch(ctx, c.node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+	if err := c.patchAnnotations(ctx, map[string]string{key: value}); err != nil {
 		return fmt.Errorf("publishing %s on node %s: %w", what, c.node, err)
 	}
 	c.mu.Lock()
@@ -111,12 +119,35 @@ func (c *Client) publishAnnotation(ctx context.Context, key, value, what string)
 // SetSharedIsolation sets the Node's api.ConditionSharedGPUIsolation
 // condition, unless it was already set to the same status by this client.
 func (c *Client) SetSharedIsolation(ctx context.Context, connected bool, message string) error {
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
 	c.mu.Lock()
-	same := c.condition != nil && *c.condition == connected
+	same := c.condition != nil && c.condition.connected == connected
 	c.mu.Unlock()
 	if same {
 		return nil
 	}
+	if err := c.patchSharedIsolation(ctx, connected, message); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.condition = &sharedIsolation{connected: connected, message: message}
+	c.mu.Unlock()
+	return nil
+}
+
+// patchAnnotations merges annotations into the Node's.
+func (c *Client) patchAnnotations(ctx context.Context, annotations map[string]string) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
+	if err != nil {
+		return err
+	}
+	_, err = c.cs.CoreV1().Nodes().Patch(ctx, c.node, types.MergePatchType, patch, metav1.PatchOptions{})
+	return err
+}
+
+// patchSharedIsolation sets the Node's SharedIsolation condition.
+func (c *Client) patchSharedIsolation(ctx context.Context, connected bool, message string) error {
 	status, reason := corev1.ConditionFalse, api.ReasonNRINotConnected
 	if connected {
 		status, reason = corev1.ConditionTrue, api.ReasonNRIConnected
@@ -136,9 +167,6 @@ func (c *Client) SetSharedIsolation(ctx context.Context, connected bool, message
 	if _, err := c.cs.CoreV1().Nodes().Patch(ctx, c.node, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
 		return fmt.Errorf("setting condition %s on node %s: %w", api.ConditionSharedGPUIsolation, c.node, err)
 	}
-	c.mu.Lock()
-	c.condition = &connected
-	c.mu.Unlock()
 	return nil
 }
 
