@@ -135,6 +135,15 @@ func (v *view) candidates(queue string, running []Workload) []Workload {
 		if _, known := v.t.node(w.Queue); !known {
 			continue
 		}
+		if v.t.Invalid(w.Queue) != "" {
+			// A queue that admits nothing (malformed, or a namespace two
+			// queues claim) keeps what runs: its guarantee is not known,
+			// and a Queue an admin wrote wrong must not make running work
+			// reclaimable (on make demo a second Queue naming team-a's
+			// namespace had team-a's pods evicted within a second, as
+			// borrowers of the new, guarantee-less queue).
+			continue
+		}
 		out = append(out, w)
 	}
 	above := map[string]float64{}

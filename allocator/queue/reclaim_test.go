@@ -34,6 +34,15 @@ func TestReclaim(t *testing.T) {
 			want:    []string{"a1/new"},
 		},
 		{
+			name: "the work of a queue that admits nothing is never taken",
+			// bad claims a's namespace too: both are invalid, and the
+			// namespace's pods count under bad (QueueOf's first by name).
+			tree: Build([]Spec{q("a", "", 8, "ns-a"), q("b", "", 8, "ns-b"), q("bad", "", 0, "ns-a")}), capacity: 8,
+			used: map[string]int64{"bad": 8}, queue: "b", req: gpus(4),
+			running: []Workload{wl("bad", "w1", 0, time.Hour, 4), wl("bad", "w2", 0, time.Minute, 4)},
+			wantErr: "none runs evictable work now",
+		},
+		{
 			name: "never below a team's guarantee",
 			tree: departments(), used: map[string]int64{"a1": 12, "a2": 4}, queue: "b1", req: gpus(4),
 			// a1's one workload would leave it at 0, a2's too.

@@ -51,6 +51,7 @@ type QueueBook struct {
 
 	mu        sync.Mutex
 	malformed map[string]string // queue -> last error logged
+	invalid   map[string]string // queue -> last reason it admits nothing logged
 	// decoded caches load's answer for the objects it was computed
 	// from (their names and resource versions), with their tree.
 	decoded struct {
@@ -97,6 +98,11 @@ func (b *QueueBook) load() (queueObjects, *queue.Tree) {
 	b.mu.Unlock()
 	out := b.decode(objs)
 	tree := queue.Build(out.specs)
+	for _, name := range tree.Names() {
+		if why := tree.Invalid(name); why != "" {
+			b.logInvalid(name, why)
+		}
+	}
 	b.mu.Lock()
 	b.decoded.key, b.decoded.objs, b.decoded.tree = key, out, tree
 	b.mu.Unlock()
@@ -125,6 +131,21 @@ func (b *QueueBook) decode(objs []*unstructured.Unstructured) queueObjects {
 	}
 	sort.Slice(out.specs, func(i, j int) bool { return out.specs[i].Name < out.specs[j].Name })
 	return out
+}
+
+// logInvalid logs (once per reason) a queue that admits nothing: a
+// conflict between Queues (two claiming one namespace) is no error of one
+// object's decoding, and went unsaid.
+func (b *QueueBook) logInvalid(name, why string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.invalid == nil {
+		b.invalid = map[string]string{}
+	}
+	if b.invalid[name] != why {
+		b.invalid[name] = why
+		klog.Background().Info("Queue admits nothing new until it is fixed; its running work is kept (never reclaimed)", "queue", name, "reason", why)
+	}
 }
 
 func (b *QueueBook) logMalformed(key string, err error) {
