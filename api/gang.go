@@ -500,8 +500,17 @@ type GangPlan struct {
 	Gang string `json:"gang"`
 	Node string `json:"node"`
 	// GPU is the planned GPU of a shared member (nil for whole GPUs, which
-	// the node's device plugin picks).
+	// the node's device plugin picks), the lowest-indexed one of a
+	// multi-GPU slice (AnnotationGPUCount).
 	GPU *GPURef `json:"gpu,omitempty"`
+	// Spread are the other GPUs of a multi-GPU slice's plan, in increasing
+	// index order after GPU, as in its assignment (SharedGPU.Spread): the
+	// plan holds the slice's share of each, and the bind puts it on
+	// exactly these GPUs. A slice's plan that names fewer GPUs than the
+	// slice spans (written before 2026-12, when plans named one GPU for
+	// any slice) holds its GPUs by count, as one naming none does, and its
+	// bind places it.
+	Spread []GPURef `json:"spread,omitempty"`
 	// GPUs are the GPUs the plan of a whole-GPU pod (a gang member, or a
 	// pod preemption or quota reclaim made room for) holds until it binds:
 	// nothing else is placed on them meanwhile, though pods that are
@@ -533,19 +542,30 @@ const MaxAwaited = 1024
 // GPUsText names the plan's GPUs by index for messages: "GPU 3" (a
 // slice's), "GPUs 5, 6" (whole GPUs held), or "" when it names none.
 func (p *GangPlan) GPUsText() string {
+	gpus := p.GPUs
+	if p.GPU != nil {
+		gpus = p.SliceGPUs()
+	}
 	switch {
-	case p.GPU != nil:
-		return fmt.Sprintf("GPU %d", p.GPU.Index)
-	case len(p.GPUs) == 1:
-		return fmt.Sprintf("GPU %d", p.GPUs[0].Index)
-	case len(p.GPUs) > 1:
-		idx := make([]string, len(p.GPUs))
-		for i, g := range p.GPUs {
+	case len(gpus) == 1:
+		return fmt.Sprintf("GPU %d", gpus[0].Index)
+	case len(gpus) > 1:
+		idx := make([]string, len(gpus))
+		for i, g := range gpus {
 			idx[i] = strconv.Itoa(g.Index)
 		}
 		return "GPUs " + strings.Join(idx, ", ")
 	}
 	return ""
+}
+
+// SliceGPUs are the GPUs the plan of a shared member names, in index
+// order: GPU, then Spread; nil when it names none.
+func (p *GangPlan) SliceGPUs() []GPURef {
+	if p.GPU == nil {
+		return nil
+	}
+	return append([]GPURef{*p.GPU}, p.Spread...)
 }
 
 // Where says where the plan holds room, for messages: "GPUs 5, 7 of node
@@ -591,6 +611,9 @@ func ParseGangPlan(v string) (*GangPlan, error) {
 			return nil, fmt.Errorf("annotation %s: gpu (a slice's GPU) and gpus (whole GPUs) are both set", AnnotationGangPlan)
 		}
 	}
+	if err := p.checkSpread(); err != nil {
+		return nil, fmt.Errorf("annotation %s: %w", AnnotationGangPlan, err)
+	}
 	if len(p.GPUs) == 0 {
 		p.GPUs = nil // "gpus": [] is no list
 	}
@@ -611,6 +634,36 @@ func ParseGangPlan(v string) (*GangPlan, error) {
 		return nil, fmt.Errorf("annotation %s: %w", AnnotationGangPlan, err)
 	}
 	return p, nil
+}
+
+// checkSpread validates Spread: only beside GPU, at most MaxGPUCount GPUs
+// in all, each once, in increasing index order after GPU.
+func (p *GangPlan) checkSpread() error {
+	if len(p.Spread) == 0 {
+		p.Spread = nil // "spread": [] is no list
+		return nil
+	}
+	if p.GPU == nil {
+		return errors.New("spread is set without gpu (a slice's first GPU)")
+	}
+	if len(p.Spread)+1 > MaxGPUCount {
+		return fmt.Errorf("spread: a slice spans at most %d GPUs, got %d", MaxGPUCount, len(p.Spread)+1)
+	}
+	prev := *p.GPU
+	seen := map[string]bool{prev.UUID: true}
+	for i, g := range p.Spread {
+		if err := g.validate(); err != nil {
+			return fmt.Errorf("spread[%d]: %w", i, err)
+		}
+		if seen[g.UUID] {
+			return fmt.Errorf("spread[%d].uuid: %q is listed twice", i, g.UUID)
+		}
+		if g.Index <= prev.Index {
+			return fmt.Errorf("spread[%d].index: the slice's GPUs must be in increasing index order, %d after %d", i, g.Index, prev.Index)
+		}
+		seen[g.UUID], prev = true, g
+	}
+	return nil
 }
 
 // checkAwaits validates Awaits and AwaitUntil.

@@ -409,6 +409,8 @@ func TestGangPlanRoundTrip(t *testing.T) {
 	until := expires.Add(-time.Hour)
 	for name, in := range map[string]GangPlan{
 		"a slice's GPU": {Gang: "train", Node: "n1", GPU: &GPURef{UUID: "GPU-11111111-2222-3333-4444-555555555555", Index: 3}, Expires: expires},
+		"a multi-GPU slice's GPUs": {Gang: "spread", Node: "n1", GPU: &GPURef{UUID: "GPU-11111111-2222-3333-4444-555555555555", Index: 3}, Expires: expires,
+			Spread: []GPURef{{UUID: "GPU-11111111-2222-3333-4444-666666666666", Index: 6}}},
 		"whole GPUs": {Gang: "inf", Node: "n1", Expires: expires, GPUs: []GPURef{
 			{UUID: "GPU-11111111-2222-3333-4444-555555555555", Index: 5},
 			{UUID: "GPU-11111111-2222-3333-4444-666666666666", Index: 6},
@@ -436,6 +438,11 @@ func TestGangPlanRoundTrip(t *testing.T) {
 	for name, tc := range map[string]struct{ v, why string }{
 		"gpu and gpus":         {head + `"gpu":` + g5 + `,"gpus":[` + g5 + `]}`, "both set"},
 		"a GPU twice":          {head + `"gpus":[` + g5 + `,` + g5 + `]}`, "listed twice"},
+		"spread without gpu":   {head + `"spread":[` + g5 + `]}`, "spread is set without gpu"},
+		"spread repeats gpu":   {head + `"gpu":` + g5 + `,"spread":[` + g5 + `]}`, `spread[0].uuid: "GPU-11111111-2222-3333-4444-555555555555" is listed twice`},
+		"spread out of order":  {head + `"gpu":` + g5 + `,"spread":[{"uuid":"GPU-11111111-2222-3333-4444-666666666666","index":4}]}`, "increasing index order, 4 after 5"},
+		"spread bad uuid":      {head + `"gpu":` + g5 + `,"spread":[{"uuid":"gpu6","index":6}]}`, "spread[0]: uuid"},
+		"spread too wide":      {head + `"gpu":{"uuid":"GPU-11111111-2222-3333-4444-555555555555","index":0},"spread":[` + spreadOf(MaxGPUCount) + `]}`, "at most 16 GPUs, got 17"},
 		"bad uuid":             {head + `"gpus":[{"uuid":"gpu5","index":5}]}`, "gpus[0]"},
 		"too many":             {head + `"gpus":[` + strings.TrimSuffix(strings.Repeat(g5+",", 65), ",") + `]}`, "at most 64"},
 		"awaits without until": {head + `"awaits":["u1"]}`, "awaits is set without awaitUntil"},
@@ -538,6 +545,7 @@ func TestGangPlanWhere(t *testing.T) {
 	}{
 		{GangPlan{Node: "n1"}, "", "node n1"},
 		{GangPlan{Node: "n1", GPU: &three}, "GPU 3", "GPU 3 of node n1"},
+		{GangPlan{Node: "n1", GPU: &three, Spread: []GPURef{ref(4), ref(6)}}, "GPUs 3, 4, 6", "GPUs 3, 4, 6 of node n1"},
 		{GangPlan{Node: "n1", GPUs: []GPURef{ref(5)}}, "GPU 5", "GPU 5 of node n1"},
 		{GangPlan{Node: "n1", GPUs: []GPURef{ref(5), ref(7)}}, "GPUs 5, 7", "GPUs 5, 7 of node n1"},
 	} {
@@ -548,6 +556,15 @@ func TestGangPlanWhere(t *testing.T) {
 			t.Errorf("%+v: Where() = %q, want %q", tc.plan, got, tc.out)
 		}
 	}
+}
+
+// spreadOf is n GPU references of indices 1..n, comma-separated JSON.
+func spreadOf(n int) string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf(`{"uuid":"GPU-%08d-0000-0000-0000-000000000000","index":%d}`, i+1, i+1)
+	}
+	return strings.Join(out, ",")
 }
 
 // seqStrings is "0", "1", ... up to n-1.

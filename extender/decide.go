@@ -507,14 +507,10 @@ func ChoosePlacement(p allocator.Policy, st *NodeState, uid types.UID, d *Demand
 		// withholds after whole use (the bind then waits: Offers); where
 		// the node aligns on NUMA nodes, one on the NUMA node that has
 		// room for the pod's exclusive CPUs too.
-		zone := st.numaSliceZone(d)
 		if d.gpus() > 1 {
-			pos, ok := st.chooseSliceGPUs(inZone(&st.offeredSharedView, info, zone), d)
-			if !ok {
-				pos, ok = st.chooseSliceGPUs(inZone(st.viewFor(allocator.Shared), info, zone), d)
-			}
-			if !ok {
-				return nil, fmt.Errorf("%w: %s", ErrNoFit, Explain(NoGPUForSlice, st, d))
+			pos, err := st.spreadGPUs(d)
+			if err != nil {
+				return nil, err
 			}
 			for _, s := range d.Shares {
 				a := gpureq.Resolve(s, info.UnitMiB, info.SliceBaseMiB)
@@ -525,6 +521,7 @@ func ChoosePlacement(p allocator.Policy, st *NodeState, uid types.UID, d *Demand
 			}
 			return u, nil
 		}
+		zone := st.numaSliceZone(d)
 		set, err := allocator.Place(p, st.singleSliceView(inZone(&st.offeredSharedView, info, zone)), req)
 		if err != nil {
 			set, err = allocator.Place(p, st.singleSliceView(inZone(st.viewFor(allocator.Shared), info, zone)), req)
@@ -543,6 +540,25 @@ func ChoosePlacement(p allocator.Policy, st *NodeState, uid types.UID, d *Demand
 		}
 	}
 	return u, nil
+}
+
+// spreadGPUs are the GPUs (inventory positions) of node st that
+// ChoosePlacement puts the slice of d, a demand spanning several GPUs, on:
+// GPUs the node offers for slices now, else some it still withholds after
+// whole use; where the node aligns on NUMA nodes, on the NUMA node that
+// has room for the pod's exclusive CPUs too. It assumes that d fits st
+// (Filter).
+func (st *NodeState) spreadGPUs(d *Demand) ([]int, error) {
+	info := st.Info
+	zone := st.numaSliceZone(d)
+	pos, ok := st.chooseSliceGPUs(inZone(&st.offeredSharedView, info, zone), d)
+	if !ok {
+		pos, ok = st.chooseSliceGPUs(inZone(st.viewFor(allocator.Shared), info, zone), d)
+	}
+	if !ok {
+		return nil, fmt.Errorf("%w: %s", ErrNoFit, Explain(NoGPUForSlice, st, d))
+	}
+	return pos, nil
 }
 
 // namesWholeGPUs reports whether a plan for a whole-GPU demand d on st

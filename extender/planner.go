@@ -1,6 +1,9 @@
 package extender
 
 import (
+	"fmt"
+	"slices"
+
 	"k8s.io/apimachinery/pkg/types"
 
 	corev1 "k8s.io/api/core/v1"
@@ -221,7 +224,53 @@ func (s *NodeState) GangNode(kind allocator.Kind, demands []planner.Demand) (gan
 		cliques = append(cliques, idx)
 	}
 	ds := demandsOf(demands)
-	return gang.Node{Node: s.View(kind), Labels: info.Labels, Cliques: cliques, Admit: allOf(s.numaAdmit(ds), s.migAdmit(ds))}, true
+	return gang.Node{Node: s.View(kind), Labels: info.Labels, Cliques: cliques, Admit: allOf(s.numaAdmit(ds), s.migAdmit(ds), s.spreadAdmit(ds))}, true
+}
+
+// spreadAdmit admits a slice over several GPUs (api.AnnotationGPUCount)
+// where its bind would place it (SliceGPUs): the allocator view holds
+// its share of one GPU only. Such a slice is a pod planned alone (a gang
+// member's slice spans one GPU: ParseDemand), so each is checked alone.
+// Nil when no demand spans several GPUs.
+func (s *NodeState) spreadAdmit(demands []Demand) func(members []int) bool {
+	if !slices.ContainsFunc(demands, func(d Demand) bool { return d.Kind() == allocator.Shared && d.gpus() > 1 }) {
+		return nil
+	}
+	return func(members []int) bool {
+		for _, m := range members {
+			if d := &demands[m]; d.Kind() == allocator.Shared && d.gpus() > 1 {
+				if _, err := s.SliceGPUs(d); err != nil {
+					return false
+				}
+			}
+		}
+		return true
+	}
+}
+
+// SliceGPUs names the GPUs of the node that the bind of a pod asking d,
+// a slice over several GPUs, puts it on (ChoosePlacement), in index
+// order: a plan names them all (api.GangPlan.GPU and Spread), so that the
+// room it holds is the room bound. An error wrapping ErrNoFit says why it
+// does not fit the node.
+func (s *NodeState) SliceGPUs(d planner.Demand) ([]api.GPURef, error) {
+	dd := d.(*Demand)
+	if dd.Kind() != allocator.Shared || dd.gpus() < 2 {
+		return nil, fmt.Errorf("%w: not a slice over several GPUs", ErrNoFit)
+	}
+	if v := Filter(s, dd); !v.Fits() {
+		return nil, fmt.Errorf("%w: %s", ErrNoFit, v.Message)
+	}
+	pos, err := s.spreadGPUs(dd)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]api.GPURef, len(pos))
+	for i, p := range pos {
+		out[i] = s.GPURef(p)
+	}
+	slices.SortFunc(out, func(a, b api.GPURef) int { return a.Index - b.Index })
+	return out, nil
 }
 
 // AlignsAnywhere is alignsAnywhere (numa.go).
@@ -238,3 +287,12 @@ func (d *Demand) NeedsNVLink() bool { return d.NVLink }
 
 // GPUModels is Models.
 func (d *Demand) GPUModels() []string { return d.Models }
+
+// SpansGPUs is the number of GPUs d's slice spans (api.AnnotationGPUCount;
+// 1 for a slice of one GPU), 0 without a slice.
+func (d *Demand) SpansGPUs() int {
+	if d.Kind() != allocator.Shared {
+		return 0
+	}
+	return d.gpus()
+}

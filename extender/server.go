@@ -397,14 +397,14 @@ func (s *Server) waitNode(ctx context.Context, node string, check func(*NodeStat
 }
 
 // waitPlannedSlices waits until node has no gang member but self that is
-// planned on one of its GPUs for a slice and not bound yet, or ctx ends.
-// Such a member's GPU is known to the ledger but not to the node, whose
-// kubelet could give it to the whole-GPU pod being bound.
+// planned on some of its GPUs for a slice and not bound yet, or ctx ends.
+// Such a member's GPUs are known to the ledger but not to the node, whose
+// kubelet could give one to the whole-GPU pod being bound.
 func (s *Server) waitPlannedSlices(ctx context.Context, node string, self types.UID) error {
 	why, err := s.waitNode(ctx, node, func(st *NodeState) (bool, string) {
 		var waiting []string
 		for uid, u := range st.Pods {
-			if uid != self && u.Planned && u.PlannedGPU != "" {
+			if uid != self && u.Planned && len(u.PlannedGPUs) > 0 {
 				waiting = append(waiting, u.Key())
 			}
 		}
@@ -496,12 +496,17 @@ func unplannedMember(pod *corev1.Pod) (string, bool) {
 }
 
 // plannedAssignment is the assignment that puts every shared container of
-// d on the planned GPU of a node described by info.
-func plannedAssignment(info *NodeInfo, d *Demand, gpu *api.GPURef) *api.Assignment {
+// d on the planned GPUs of a node described by info (index order: one, or
+// all of a multi-GPU slice's).
+func plannedAssignment(info *NodeInfo, d *Demand, gpus []api.GPURef) *api.Assignment {
 	a := api.NewAssignment()
 	for _, sh := range d.Shares {
 		s := gpureq.Resolve(sh, info.UnitMiB, info.SliceBaseMiB)
-		a.Containers = append(a.Containers, api.ContainerAssignment{Name: sh.Name, Shared: &api.SharedGPU{GPU: *gpu, MemoryMiB: s.MemMiB, Cores: s.Cores}})
+		shared := &api.SharedGPU{GPU: gpus[0], MemoryMiB: s.MemMiB, Cores: s.Cores}
+		if len(gpus) > 1 {
+			shared.Spread = slices.Clone(gpus[1:])
+		}
+		a.Containers = append(a.Containers, api.ContainerAssignment{Name: sh.Name, Shared: shared})
 	}
 	return a
 }
@@ -696,25 +701,34 @@ func (s *Server) placing(pod *corev1.Pod, node string) (placement, error) {
 }
 
 // reserve counts pod on node in the ledger, placed as its bind places it:
-// its recorded slices when they still fit, a gang member's planned GPU,
-// else the policy's choice.
+// its recorded slices when they still fit, a planned slice's GPUs (all
+// those it spans), else the policy's choice (a plan that names no GPU, or
+// fewer than the slice spans, held them by count: PlannedPodUse).
 func (s *Server) reserve(pod *corev1.Pod, node string, pl *placement) (*PodUse, error) {
 	d, plan := &pl.demand, pl.plan
+	planned := plannedSliceGPUs(plan, d)
 	return s.state.Reserve(pod.UID, node, func(st *NodeState) (*PodUse, error) {
 		st = s.ViewFor(pod, st)
 		if u, ok := ReuseShared(st, pod.UID, d, pl.prev); ok {
 			return u, nil
 		}
-		if plan != nil && plan.GPU != nil {
-			// A shared member goes to its planned GPU or not at all.
-			if u, ok := ReusePlannedShared(st, pod.UID, d, plannedAssignment(st.Info, d, plan.GPU)); ok {
+		if planned != nil {
+			// A planned slice goes to its planned GPUs or not at all.
+			if u, ok := ReusePlannedShared(st, pod.UID, d, plannedAssignment(st.Info, d, planned)); ok {
 				return u, nil
 			}
 			by := "gang " + plan.Gang + "'s plan"
 			if plan.Gang == pod.Name {
 				by = "its plan" // a pod planned alone (queued, or room made for it)
 			}
-			return nil, fmt.Errorf("%w: %s put it on GPU %s, which no longer has room", ErrNoFit, by, plan.GPU.UUID)
+			if len(planned) == 1 {
+				return nil, fmt.Errorf("%w: %s put it on GPU %s, which no longer has room", ErrNoFit, by, planned[0].UUID)
+			}
+			uuids := make([]string, len(planned))
+			for i, g := range planned {
+				uuids[i] = g.UUID
+			}
+			return nil, fmt.Errorf("%w: %s put it on GPUs %s, which no longer have room", ErrNoFit, by, strings.Join(uuids, ", "))
 		}
 		return ChoosePlacement(s.policy, st, pod.UID, d)
 	})

@@ -117,8 +117,14 @@ type Node interface {
 	Units() (unitMiB, sliceBaseMiB int64, ok bool)
 	// GangNode is the node as gang planning sees it for members asking
 	// demands (demands[i] for member i) of GPU kind kind; false while its
-	// NVLink cliques are not known (a pending NVLink pod).
+	// NVLink cliques are not known (a pending NVLink pod). It admits a
+	// slice over several GPUs only where SliceGPUs places it.
 	GangNode(kind allocator.Kind, demands []Demand) (gang.Node, bool)
+	// SliceGPUs names the GPUs of the node, in index order, that the bind
+	// of a pod asking d, a slice over several GPUs (Demand.SpansGPUs > 1),
+	// puts it on: its plan names them all. An error says why it does not
+	// fit.
+	SliceGPUs(d Demand) ([]api.GPURef, error)
 }
 
 // Demand is what a pod asks of a node's GPUs (extender.Demand), from
@@ -136,6 +142,10 @@ type Demand interface {
 	NeedsNVLink() bool
 	// GPUModels are the GPU models it accepts (empty: any).
 	GPUModels() []string
+	// SpansGPUs is the number of GPUs its slice spans
+	// (api.AnnotationGPUCount; 1 for a slice of one GPU), 0 without a
+	// slice.
+	SpansGPUs() int
 	// Request is the allocator request on a node whose memory unit is
 	// unitMiB and whose core-only slice base is baseMiB (models left out).
 	Request(unitMiB, baseMiB int64) allocator.Request

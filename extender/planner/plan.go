@@ -92,12 +92,22 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 	if p.growing {
 		view = withoutNodes(view, p.passNominated)
 	}
-	// planOn plans the workload on the nodes of s, where what its members
-	// hold already (a reservation) is its own.
-	planOn := func(s Snapshot) (*gang.Plan, error) {
+	// planGroup plans the workload on the nodes of s, where what its
+	// members hold already (a reservation) is its own; planOn does and
+	// records those nodes as the ones its plan is made on (plannedOn),
+	// where the GPUs of a slice over several GPUs are named.
+	planGroup := func(s Snapshot) (*gang.Plan, error) {
 		grp, nodes := p.gangInput(without(s, own), g, members, demands, minMember, shared)
 		grp.Single = api.IsPodKey(key)
 		return gang.PlanGroup(grp, nodes, p.policy)
+	}
+	var plannedOn Snapshot
+	planOn := func(s Snapshot) (*gang.Plan, error) {
+		r, err := planGroup(s)
+		if err == nil {
+			plannedOn = without(s, own)
+		}
+		return r, err
 	}
 	res, err := planOn(view)
 	// evictVictims evicts what quota reclaim or tier preemption chose for
@@ -117,7 +127,7 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		// min, the workload may get room by reclaim; the planner tries
 		// again on its next pass.
 		fits := func(s Snapshot) bool {
-			_, err := planOn(s)
+			_, err := planGroup(s)
 			return err == nil
 		}
 		reclaimed := false
@@ -253,7 +263,27 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 	values := make([]string, len(members))
 	for i, pl := range res.Placements {
 		plan := api.GangPlan{Gang: g.Name, Node: pl.Node, Expires: expires, Awaits: awaits, AwaitUntil: awaitUntil}
-		if demands[i].Kind() == allocator.Shared {
+		if n := demands[i].SpansGPUs(); n > 1 {
+			// A slice over several GPUs: the plan names all of them, as
+			// its bind will place it, so that the ledger holds its share
+			// of each and the bind puts it there (the allocator planned
+			// its share of one GPU; the node admitted the rest:
+			// Node.GangNode). A plan naming one GPU held 1/n of it, and
+			// its bind, bound to that one GPU, never fitted.
+			on := plannedOn
+			if on == nil {
+				on = snap
+			}
+			st, ok := on[pl.Node]
+			if !ok {
+				return false, fmt.Errorf("gang %s: member %s planned on node %s, which is not in the snapshot", g.Key(), members[i].Name, pl.Node)
+			}
+			gpus, err := st.SliceGPUs(demands[i])
+			if err != nil {
+				return false, fmt.Errorf("gang %s: member %s: naming the %d GPUs of its slice on %s: %w", g.Key(), members[i].Name, n, pl.Node, err)
+			}
+			plan.GPU, plan.Spread = &gpus[0], gpus[1:]
+		} else if demands[i].Kind() == allocator.Shared {
 			pos := pl.GPUs.Positions()
 			if len(pos) != 1 {
 				return false, fmt.Errorf("gang %s: member %s planned on %d GPUs for a slice", g.Key(), members[i].Name, len(pos))
