@@ -83,6 +83,12 @@ func migCount(m map[string]int) int {
 	return c
 }
 
+// withoutSlice is n without its slice: what the kubelet aligns of it.
+func (n Need) withoutSlice() Need {
+	n.Slice = false
+	return n
+}
+
 // String renders n as "4 free GPUs and 32 free CPUs".
 func (n Need) String() string {
 	var parts []string
@@ -208,7 +214,9 @@ func (r *room) take(n Need, sign int) {
 // each on a single zone, the way the kubelet places them: the topology
 // manager picks, of the NUMA nodes with room for a unit, the narrowest and
 // then the lowest (so first fit by zone ID in zones' order), one unit after
-// the other. Held units go first (the node admits them before the pod):
+// the other. A unit's slice is not among what the kubelet aligns (its
+// units carry no NUMA node): the slice fits when a GPU of the zone the
+// rest of the unit gets has room for it. Held units go first (the node admits them before the pod):
 // one with a zone takes its room there, one without takes the first zone
 // with room; a held unit that fits nowhere is skipped (the kubelet refuses
 // it, and it frees nothing). placed[i] is the ID of the zone needs[i] gets;
@@ -221,8 +229,27 @@ func Fit(zones []Zone, held []Held, needs []Need) (placed []int, ok bool) {
 		index[z.ID] = i
 	}
 	first := func(n Need) int {
+		if !n.Slice {
+			for i := range rooms {
+				if rooms[i].fits(n) {
+					return i
+				}
+			}
+			return -1
+		}
+		// A slice's units carry no NUMA node (deviceplugin/devices): the
+		// kubelet aligns only the rest of the unit (its exclusive CPUs,
+		// memory), so the slice must be on the zone the rest gets, and
+		// a slice alone goes on any GPU with room.
+		rest := n.withoutSlice()
 		for i := range rooms {
-			if rooms[i].fits(n) {
+			if rest.IsZero() && rooms[i].slice {
+				return i
+			}
+			if !rest.IsZero() && rooms[i].fits(rest) {
+				if !rooms[i].slice {
+					return -1
+				}
 				return i
 			}
 		}
@@ -306,7 +333,13 @@ func Check(policy Policy, zones []Zone, held []Held, needs []Need) error {
 	// Name the first unit that does not fit on its own, else the set.
 	for _, n := range needs {
 		if _, ok := Fit(zones, held, []Need{n}); !ok {
-			return &Error{Need: n, Only: len(needs) == 1}
+			e := &Error{Need: n, Only: len(needs) == 1}
+			if rest := n.withoutSlice(); n.Slice && !rest.IsZero() {
+				if z, ok := Fit(zones, held, []Need{rest}); ok {
+					e.SliceAway, e.RestZone = true, z[0]
+				}
+			}
+			return e
 		}
 	}
 	return &Error{Need: needs[0], Together: len(needs)}
@@ -322,6 +355,11 @@ type Error struct {
 	// Only: the unit is the pod's only one (the message names no
 	// container).
 	Only bool
+	// SliceAway: the unit's slice does not fit on NUMA node RestZone,
+	// where the kubelet puts the rest of the unit (another NUMA node may
+	// have both).
+	SliceAway bool
+	RestZone  int
 }
 
 func (e *Error) Error() string {
@@ -334,6 +372,9 @@ func (e *Error) Error() string {
 		return fmt.Sprintf("no NUMA node has %s%s even when empty", strings.ReplaceAll(e.Need.String(), "free ", ""), who)
 	case e.Together > 1:
 		return fmt.Sprintf("no NUMA nodes hold the pod's %d aligned containers at once", e.Together)
+	case e.SliceAway:
+		return fmt.Sprintf("the kubelet puts %s%s on NUMA node %d, the first with room for them, and no GPU there has room for the slice",
+			strings.ReplaceAll(e.Need.withoutSlice().String(), "free ", "exclusive "), who, e.RestZone)
 	}
 	return fmt.Sprintf("no NUMA node has %s%s", e.Need, who)
 }

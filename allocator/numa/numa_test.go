@@ -97,6 +97,21 @@ func TestCheckOnMockMachines(t *testing.T) {
 		{name: "pcie-2numa: 2 GPUs and 60 CPUs", policy: SingleNUMANode, zones: pcie, needs: []Need{{GPUs: 2, CPUs: 60}}},
 		{name: "pcie-2numa: slice needs a zone with a free slice GPU", policy: SingleNUMANode,
 			zones: []Zone{{ID: 0, GPUs: 2, CPUs: 63, FreeCPUs: 63}, {ID: 1, GPUs: 2, CPUs: 64, FreeCPUs: 2, SliceRoom: true}},
+			needs: []Need{{Slice: true, CPUs: 8}}, wantErr: "the kubelet puts 8 exclusive CPUs on NUMA node 0, the first with room for them, and no GPU there has room for the slice"},
+		// A slice's units carry no NUMA node: the kubelet aligns only the
+		// CPUs, on the first NUMA node with room for them; the slice must
+		// be there, though NUMA node 1 has room for both.
+		{name: "pcie-2numa: the slice must be where the kubelet puts the CPUs", policy: SingleNUMANode,
+			zones: []Zone{{ID: 0, GPUs: 2, CPUs: 63, FreeCPUs: 63}, {ID: 1, GPUs: 2, CPUs: 64, FreeCPUs: 64, SliceRoom: true}},
+			needs: []Need{{Slice: true, CPUs: 8}}, wantErr: "the kubelet puts 8 exclusive CPUs on NUMA node 0, the first with room for them, and no GPU there has room for the slice"},
+		{name: "pcie-2numa: the CPUs' NUMA node full, the slice goes with them to the other", policy: SingleNUMANode,
+			zones: []Zone{{ID: 0, GPUs: 2, CPUs: 63, FreeCPUs: 4}, {ID: 1, GPUs: 2, CPUs: 64, FreeCPUs: 64, SliceRoom: true}},
+			needs: []Need{{Slice: true, CPUs: 8}}},
+		{name: "pcie-2numa: a slice alone goes on any GPU with room", policy: SingleNUMANode,
+			zones: []Zone{{ID: 0, GPUs: 2, CPUs: 63, FreeCPUs: 63}, {ID: 1, GPUs: 2, CPUs: 64, FreeCPUs: 64, SliceRoom: true}},
+			needs: []Need{{Slice: true}}},
+		{name: "pcie-2numa: no NUMA node has room for the CPUs", policy: SingleNUMANode,
+			zones: []Zone{{ID: 0, GPUs: 2, CPUs: 63, FreeCPUs: 4, SliceRoom: true}, {ID: 1, GPUs: 2, CPUs: 64, FreeCPUs: 4, SliceRoom: true}},
 			needs: []Need{{Slice: true, CPUs: 8}}, wantErr: "no NUMA node has a GPU with room for the slice and 8 free CPUs"},
 		{name: "container scope: two containers on two sides", policy: SingleNUMANode, zones: take(take(a100, 0, 0, 60), 1, 0, 60),
 			needs: []Need{{Name: "a", GPUs: 2, CPUs: 60}, {Name: "b", GPUs: 2, CPUs: 60}}},

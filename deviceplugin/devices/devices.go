@@ -398,8 +398,23 @@ func (m *Model) Devices(r corev1.ResourceName, health HealthMap, usage Usage) []
 	var out []Device
 	for p, g := range m.gpus {
 		healthy, reason := m.DeviceHealth(r, g.UUID, health, usage)
+		numa := g.NUMANode
+		if schemes[r].sep != "" {
+			// Shared units carry no NUMA node. With one, the kubelet's
+			// topology manager picked the lowest NUMA node whose GPUs had
+			// units enough (the units of all its GPUs together) and
+			// offered the plugin only that node's units: a slice the
+			// extender had put on a GPU of NUMA node 1 was charged units
+			// of NUMA node 0's GPUs (seen on make demo's pcie-2numa node),
+			// which withheld those GPUs from whole use, and the exclusive
+			// CPUs followed the units. Without one the plugin is offered
+			// every unit and takes the slice's own GPU's (preferred), and
+			// the kubelet aligns only the pod's CPUs, which the extender
+			// models (allocator/numa Fit).
+			numa = -1
+		}
 		for _, id := range m.ids[r][p] {
-			out = append(out, Device{ID: id, GPU: g.UUID, NUMANode: g.NUMANode, Healthy: healthy, Reason: reason})
+			out = append(out, Device{ID: id, GPU: g.UUID, NUMANode: numa, Healthy: healthy, Reason: reason})
 		}
 	}
 	return out

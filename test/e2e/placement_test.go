@@ -308,6 +308,63 @@ func TestSliceUnitsOnTheirAssignedGPU(t *testing.T) {
 	deleteAll(t, c, ns)
 }
 
+// A slice on a GPU of NUMA node 1 is charged its own GPU's units on a node
+// whose topology manager aligns (the simulated nodes run best-effort).
+// Shared units carried their GPU's NUMA node, so the topology manager
+// picked the lowest NUMA node whose GPUs had units enough together and
+// offered the plugin only those: on make demo's pcie-2numa node every slice
+// the extender put on GPU 2 or 3 was charged units of GPU 0 or 1. Here
+// four 90-core slices take the node's four GPUs, the one on NUMA node 1 is
+// deleted, and a 20-core slice must go to its GPU, while NUMA node 0's two
+// GPUs still have 20 core units between them.
+func TestSliceUnitsOnTheirGPUAcrossNUMANodes(t *testing.T) {
+	c := getCluster(t)
+	ns := namespace(t, c, "e2e-numa-units")
+	client := c.Client()
+	const node = "l40s-1"
+	inv := inventory(t, c, node)
+	numaOf := map[string]int{}
+	for _, g := range inv.GPUs {
+		numaOf[g.UUID] = g.NUMANode
+	}
+	var onNUMA1 string
+	for i := range inv.GPUs {
+		name := fmt.Sprintf("f%d", i)
+		p := create(t, client, ns, podSpec{name: name, memUnits: 2, cores: 90, node: node})
+		p, _ = waitRunning(t, c, ns, p.Name, 60*time.Second)
+		_, ca := waitAssignment(t, c, p, p.Spec.Containers[0].Name, 0)
+		if ca == nil || ca.Shared == nil {
+			t.Fatalf("slice %s has no shared assignment: %+v", name, ca)
+		}
+		if numaOf[ca.Shared.GPU.UUID] == 1 && onNUMA1 == "" {
+			onNUMA1 = name
+		}
+	}
+	if onNUMA1 == "" {
+		t.Fatalf("no slice on a GPU of NUMA node 1 (inventory %+v)", inv.GPUs)
+	}
+	if err := client.CoreV1().Pods(ns).Delete(t.Context(), onNUMA1, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, c, ns, onNUMA1)
+	s := create(t, client, ns, podSpec{name: "s", memUnits: 2, cores: 20, node: node})
+	s, rec := waitRunning(t, c, ns, s.Name, 60*time.Second)
+	ctr := s.Spec.Containers[0].Name
+	_, ca := waitAssignment(t, c, s, ctr, 0)
+	if ca == nil || ca.Shared == nil || numaOf[ca.Shared.GPU.UUID] != 1 {
+		t.Fatalf("slice s assigned %+v, want the freed GPU of NUMA node 1", ca)
+	}
+	cr := rec.Container(ctr)
+	for _, r := range []v1.ResourceName{api.ResourceGPUMemory, api.ResourceGPUCore} {
+		for _, id := range cr.Allocated[string(r)] {
+			if uuid, _, err := devices.ParseDeviceID(r, id); err != nil || uuid != ca.Shared.GPU.UUID {
+				t.Errorf("the kubelet counts slice s's %s unit %s on NUMA node %d, not on its assigned GPU %d of NUMA node 1 (%v)", r, id, numaOf[uuid], ca.Shared.GPU.Index, err)
+			}
+		}
+	}
+	deleteAll(t, c, ns)
+}
+
 // A burst of small pods keeps 8-GPU nodes whole: a Deployment of 20 one-GPU
 // pods is scheduled faster than its binds reach the extender, so every pod
 // of the burst sees the same empty nodes. They fill nodes one by one (the
