@@ -29,9 +29,12 @@ const DeployURL = "http://tessera-extender.kube-system.svc:8888"
 // SchedulerConfig writes to dst deploy/extender/scheduler-config.yaml with
 // every extender whose urlPrefix is DeployURL pointed at url instead (the
 // test cluster has no Service). With an https url, those extenders also
-// get enableHTTPS and tlsConfig.caData = caPEM, as an install that serves
-// the extender over HTTPS configures them. Nothing else changes.
-func SchedulerConfig(repoRoot, dst, url string, caPEM []byte) error {
+// get enableHTTPS and tlsConfig: caData = t's CA, and certFile and keyFile
+// = t's client certificate for kube-scheduler (for an extender started
+// with --verbs-client-ca), as an install that serves the extender over
+// HTTPS configures them. Nothing else changes. t may be nil for an http
+// url.
+func SchedulerConfig(repoRoot, dst, url string, t *TLS) error {
 	const rel = "deploy/extender/scheduler-config.yaml"
 	raw, err := os.ReadFile(filepath.Join(repoRoot, rel))
 	if err != nil {
@@ -43,7 +46,7 @@ func SchedulerConfig(repoRoot, dst, url string, caPEM []byte) error {
 	}
 	exts, _ := cfg["extenders"].([]any)
 	https := strings.HasPrefix(url, "https://")
-	if https && len(caPEM) == 0 {
+	if https && (t == nil || len(t.CAPEM) == 0) {
 		return fmt.Errorf("scheduler config: %s needs the CA of the extender's certificate", url)
 	}
 	n := 0
@@ -55,7 +58,11 @@ func SchedulerConfig(repoRoot, dst, url string, caPEM []byte) error {
 		m["urlPrefix"] = url
 		if https {
 			m["enableHTTPS"] = true
-			m["tlsConfig"] = map[string]any{"caData": base64.StdEncoding.EncodeToString(caPEM)}
+			tc := map[string]any{"caData": base64.StdEncoding.EncodeToString(t.CAPEM)}
+			if t.ClientCertFile != "" {
+				tc["certFile"], tc["keyFile"] = t.ClientCertFile, t.ClientKeyFile
+			}
+			m["tlsConfig"] = tc
 		}
 		n++
 	}

@@ -245,7 +245,7 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 	if opts.Scheduler != "" {
 		opts.Logf("starting tessera-scheduler with deploy/scheduler/scheduler-config.yaml (its extender serving HTTPS, as %s)", ExtenderUser)
 	} else {
-		opts.Logf("starting tessera-extender (HTTPS, as %s)", ExtenderUser)
+		opts.Logf("starting tessera-extender (HTTPS, as %s; its verbs only for kube-scheduler's client certificate)", ExtenderUser)
 	}
 	if err := c.StartExtender(ctx); err != nil {
 		return nil, err
@@ -256,10 +256,10 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 	opts.Logf("installed the gang webhook of deploy/extender/webhook.yaml at https://%s", c.extAddr)
 	if opts.Scheduler == "" {
 		schedCfg := filepath.Join(c.Dir, "scheduler-config.yaml")
-		if err := install.SchedulerConfig(opts.RepoRoot, schedCfg, "https://"+c.extAddr, c.tls.CAPEM); err != nil {
+		if err := install.SchedulerConfig(opts.RepoRoot, schedCfg, "https://"+c.extAddr, c.tls); err != nil {
 			return nil, err
 		}
-		opts.Logf("starting kube-scheduler with deploy/extender/scheduler-config.yaml")
+		opts.Logf("starting kube-scheduler with deploy/extender/scheduler-config.yaml (a client certificate for the extender's verbs)")
 		if err := c.CP.StartScheduler(ctx, controlplane.SchedulerOptions{ConfigFile: schedCfg}); err != nil {
 			return nil, err
 		}
@@ -354,7 +354,14 @@ func (c *Cluster) StartExtender(ctx context.Context) error {
 	c.mu.Lock()
 	extra := slices.Clone(c.opts.ExtenderArgs)
 	c.mu.Unlock()
-	args := append([]string{"--kubeconfig=" + c.extKC, "--listen=" + c.extAddr, "--tls-cert=" + c.tls.CertFile, "--tls-key=" + c.tls.KeyFile, "--v=2"}, extra...)
+	args := []string{"--kubeconfig=" + c.extKC, "--listen=" + c.extAddr, "--tls-cert=" + c.tls.CertFile, "--tls-key=" + c.tls.KeyFile, "--v=2"}
+	if c.opts.Scheduler == "" {
+		// The verbs answer only kube-scheduler (its client certificate,
+		// install.SchedulerConfig), not every process that reaches the
+		// port. tessera-scheduler serves no verbs.
+		args = append(args, "--verbs-client-ca="+c.tls.CAFile)
+	}
+	args = append(args, extra...)
 	exited := func() (bool, string) { return false, "" }
 	if c.opts.Scheduler != "" {
 		// The extender's flags are the plugin's; klog's --v is the
