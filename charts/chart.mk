@@ -26,6 +26,8 @@ CHART_VARIANTS := \
 	extender.tls.mode=secret,extender.tls.secretName=my-tls,extender.tls.caBundle=Q0E=,extender.namespace=kube-system \
 	extender.metricsPort=9090,extender.service.clusterIP=10.96.0.50,scheduler.extenderURL=https://10.96.0.50:8888,namespace.create=true \
 	scheduler.mode=plugin \
+	extender.tls.mode=secret,extender.tls.secretName=my-tls,extender.tls.caBundle=Q0E=,extender.tls.clientSecretName=my-scheduler-client \
+	scheduler.mode=configmap,extender.tls.verbAuth=false \
 	scheduler.mode=plugin,extender.tls.mode=none,extender.metricsPort=9090,extender.namespace=kube-system,extender.webhooks.nvidiaGPU=true
 
 .PHONY: helm chart chart-lint chart-template deploy deploy-check chart-test

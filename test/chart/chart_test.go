@@ -79,6 +79,9 @@ type variant struct {
 	// plugin: scheduler.mode plugin, tessera-scheduler with the extender in
 	// its process.
 	plugin bool
+	// verbAuth: kube-scheduler authenticates to the extender's verbs with
+	// the client certificate of Secret tessera-scheduler-client-tls.
+	verbAuth bool
 }
 
 var common = []string{
@@ -106,6 +109,7 @@ var variants = []variant{
 			"Deployment/tessera-system/tessera-extender",
 			"Service/tessera-system/tessera-extender",
 			"Secret/tessera-system/tessera-extender-tls",
+			"Secret/tessera-system/tessera-scheduler-client-tls",
 			"Role/tessera-system/tessera-extender-seal-key",
 			"Role/tessera-system/tessera-node-seal-key",
 			"Deployment/tessera-system/tessera-scheduler",
@@ -117,6 +121,7 @@ var variants = []variant{
 		absent:            []string{"Namespace//tessera-system"},
 		schedulerProfiles: []string{"tessera-scheduler"},
 		https:             true,
+		verbAuth:          true,
 	},
 	{
 		// With the nvidia.com/gpu compatibility webhook: its match
@@ -127,9 +132,24 @@ var variants = []variant{
 		want: append(slices.Clone(common),
 			"Deployment/tessera-system/tessera-extender",
 			"ConfigMap/tessera-system/tessera-scheduler-config",
+			"Secret/tessera-system/tessera-scheduler-client-tls",
 		),
 		absent:            []string{"Deployment/tessera-system/tessera-scheduler", "ServiceAccount/tessera-system/tessera-scheduler"},
 		schedulerProfiles: []string{"default-scheduler", "tessera-scheduler"},
+		https:             true,
+		verbAuth:          true,
+	},
+	{
+		// Verb authentication turned off: no client certificate, no
+		// --verbs-client-ca.
+		name: "verb-auth-off",
+		args: []string{"--set", "extender.tls.verbAuth=false"},
+		want: append(slices.Clone(common),
+			"Deployment/tessera-system/tessera-extender",
+			"Deployment/tessera-system/tessera-scheduler",
+		),
+		absent:            []string{"Secret/tessera-system/tessera-scheduler-client-tls"},
+		schedulerProfiles: []string{"tessera-scheduler"},
 		https:             true,
 	},
 	{
@@ -165,7 +185,8 @@ var variants = []variant{
 			"Role/tessera-system/tessera-scheduler-lease",
 			"RoleBinding/tessera-system/tessera-scheduler-lease",
 		),
-		absent:            []string{"Deployment/tessera-system/tessera-extender", "ServiceAccount/tessera-system/tessera-scheduler"},
+		// The plugin's extender serves no verbs: no client certificate.
+		absent:            []string{"Deployment/tessera-system/tessera-extender", "ServiceAccount/tessera-system/tessera-scheduler", "Secret/tessera-system/tessera-scheduler-client-tls"},
 		schedulerProfiles: []string{"tessera-scheduler"},
 		https:             true,
 	},
@@ -293,6 +314,9 @@ func TestChartObjectsAreAccepted(t *testing.T) {
 					t.Fatal(err)
 				}
 				cfg["clientConnection"] = map[string]any{"kubeconfig": kubeconfig}
+			}
+			if v.verbAuth {
+				clientCertFiles(t, rendered[v.name], cfg)
 			}
 			raw, err := yaml.Marshal(cfg)
 			if err != nil {
@@ -423,7 +447,16 @@ func TestHelmInstallAndUpgrade(t *testing.T) {
 		}
 		return string(s.Data["ca.crt"]), string(w.Webhooks[0].ClientConfig.CABundle), string(cfg.Extenders[0].TLSConfig.CAData)
 	}
+	clientOf := func() string {
+		t.Helper()
+		s, err := client.CoreV1().Secrets(releaseNS).Get(ctx, "tessera-scheduler-client-tls", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(s.Data["tls.crt"])
+	}
 	s1, w1, c1 := caOf()
+	k1 := clientOf()
 	if s1 == "" || w1 != s1 || c1 != s1 {
 		t.Fatalf("after install: the webhook's caBundle and the scheduler's caData are not the Secret's ca.crt")
 	}
@@ -442,6 +475,9 @@ func TestHelmInstallAndUpgrade(t *testing.T) {
 	s2, w2, c2 := caOf()
 	if s2 != s1 || w2 != s1 || c2 != s1 {
 		t.Fatalf("helm upgrade changed the extender's CA (Secret changed: %v, webhook: %v, scheduler: %v)", s2 != s1, w2 != s1, c2 != s1)
+	}
+	if k2 := clientOf(); k2 != k1 {
+		t.Error("helm upgrade changed kube-scheduler's client certificate")
 	}
 
 	if stdout, stderr, err := runHelm(helm, repo, append([]string{"uninstall", "tessera"}, kc...)...); err != nil {
@@ -611,11 +647,161 @@ func checkRendering(t *testing.T, v variant, objs []*unstructured.Unstructured) 
 	if err := verifyServing(ca, data["tls.crt"], "tessera-extender.tessera-system.svc"); err != nil {
 		t.Errorf("%s: %v", v.name, err)
 	}
+	checkVerbAuth(t, v, objs, ca)
+}
+
+// clientDir is where the chart has kube-scheduler find its client
+// certificate for the extender's verbs (tlsConfig certFile and keyFile).
+const clientDir = "/etc/tessera-scheduler-client"
+
+// checkVerbAuth checks the wiring of verb authentication: with it, the
+// Secret tessera-scheduler-client-tls holds a client certificate the CA ca
+// signed, the extender trusts that Secret's ca.crt (--verbs-client-ca, a
+// mounted file), every extender entry names the certificate in tlsConfig,
+// and tessera-scheduler (mode deployment) mounts it there; without it,
+// none of that is rendered.
+func checkVerbAuth(t *testing.T, v variant, objs []*unstructured.Unstructured, ca string) {
+	t.Helper()
+	const secretName = "tessera-scheduler-client-tls"
+	var flags []string
+	ext := find(objs, "Deployment", releaseNS, "tessera-extender")
+	if ext != nil {
+		cs, _, _ := unstructured.NestedSlice(ext.Object, "spec", "template", "spec", "containers")
+		args, _, _ := unstructured.NestedStringSlice(cs[0].(map[string]any), "args")
+		flags = args
+	}
+	var caFlag string
+	for _, f := range flags {
+		if file, ok := strings.CutPrefix(f, "--verbs-client-ca="); ok {
+			caFlag = file
+		}
+	}
+	exts, _ := schedulerConfig(t, objs)["extenders"].([]any)
+	if !v.verbAuth {
+		if caFlag != "" || find(objs, "Secret", releaseNS, secretName) != nil {
+			t.Errorf("%s: --verbs-client-ca=%q or Secret %s rendered without verb authentication", v.name, caFlag, secretName)
+		}
+		for _, e := range exts {
+			if tc, _ := e.(map[string]any)["tlsConfig"].(map[string]any); tc["certFile"] != nil {
+				t.Errorf("%s: a client certificate in tlsConfig without verb authentication", v.name)
+			}
+		}
+		return
+	}
+	secret := find(objs, "Secret", releaseNS, secretName)
+	if secret == nil {
+		t.Errorf("%s: no Secret %s", v.name, secretName)
+		return
+	}
+	data, _, _ := unstructured.NestedStringMap(secret.Object, "data")
+	if data["ca.crt"] != ca {
+		t.Errorf("%s: Secret %s's ca.crt is not the extender's CA", v.name, secretName)
+	}
+	if err := verifyCert(ca, data["tls.crt"], "", x509.ExtKeyUsageClientAuth); err != nil {
+		t.Errorf("%s: kube-scheduler's client certificate: %v", v.name, err)
+	}
+	if caFlag == "" || mountedFrom(ext, "extender", caFlag) != secretName+"/ca.crt" {
+		t.Errorf("%s: --verbs-client-ca=%q is not Secret %s's ca.crt as mounted", v.name, caFlag, secretName)
+	}
+	for _, e := range exts {
+		m := e.(map[string]any)
+		tc, _ := m["tlsConfig"].(map[string]any)
+		if tc["certFile"] != clientDir+"/tls.crt" || tc["keyFile"] != clientDir+"/tls.key" {
+			t.Errorf("%s: extender %v: tlsConfig certFile %v, keyFile %v, want %s/tls.{crt,key}", v.name, m["urlPrefix"], tc["certFile"], tc["keyFile"], clientDir)
+		}
+	}
+	if sched := find(objs, "Deployment", releaseNS, "tessera-scheduler"); sched != nil {
+		for _, f := range []string{"tls.crt", "tls.key"} {
+			if got := mountedFrom(sched, "kube-scheduler", clientDir+"/"+f); got != secretName+"/"+f {
+				t.Errorf("%s: tessera-scheduler's %s/%s is %q, want Secret %s's %s", v.name, clientDir, f, got, secretName, f)
+			}
+		}
+	}
+}
+
+// mountedFrom names "SECRET/KEY" of the Secret key that container of
+// Deployment d sees at file (a volumeMount of a Secret volume with items),
+// or "".
+func mountedFrom(d *unstructured.Unstructured, container, file string) string {
+	spec, _, _ := unstructured.NestedMap(d.Object, "spec", "template", "spec")
+	vols, _ := spec["volumes"].([]any)
+	cs, _ := spec["containers"].([]any)
+	for _, c := range cs {
+		cm := c.(map[string]any)
+		if cm["name"] != container {
+			continue
+		}
+		mounts, _ := cm["volumeMounts"].([]any)
+		for _, m := range mounts {
+			mm := m.(map[string]any)
+			rel, ok := strings.CutPrefix(file, fmt.Sprint(mm["mountPath"])+"/")
+			if !ok {
+				continue
+			}
+			for _, vol := range vols {
+				vm := vol.(map[string]any)
+				if vm["name"] != mm["name"] {
+					continue
+				}
+				sec, _ := vm["secret"].(map[string]any)
+				if sec == nil {
+					return ""
+				}
+				items, _ := sec["items"].([]any)
+				for _, it := range items {
+					im := it.(map[string]any)
+					if im["path"] == rel {
+						return fmt.Sprintf("%v/%v", sec["secretName"], im["key"])
+					}
+				}
+				if len(items) == 0 {
+					return fmt.Sprintf("%v/%s", sec["secretName"], rel)
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// clientCertFiles writes the client certificate and key of Secret
+// tessera-scheduler-client-tls to files and points every extender entry's
+// tlsConfig at them, as the mount at clientDir does in a pod.
+func clientCertFiles(t *testing.T, objs []*unstructured.Unstructured, cfg map[string]any) {
+	t.Helper()
+	secret := find(objs, "Secret", releaseNS, "tessera-scheduler-client-tls")
+	if secret == nil {
+		t.Fatal("no Secret tessera-scheduler-client-tls")
+	}
+	data, _, _ := unstructured.NestedStringMap(secret.Object, "data")
+	dir := t.TempDir()
+	files := map[string]string{}
+	for _, k := range []string{"tls.crt", "tls.key"} {
+		raw, err := base64.StdEncoding.DecodeString(data[k])
+		if err != nil {
+			t.Fatalf("Secret tessera-scheduler-client-tls %s: %v", k, err)
+		}
+		files[k] = filepath.Join(dir, k)
+		if err := os.WriteFile(files[k], raw, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exts, _ := cfg["extenders"].([]any)
+	for _, e := range exts {
+		if tc, _ := e.(map[string]any)["tlsConfig"].(map[string]any); tc != nil {
+			tc["certFile"], tc["keyFile"] = files["tls.crt"], files["tls.key"]
+		}
+	}
 }
 
 // verifyServing checks that the base64 PEM certificate crt is signed by
 // the base64 PEM CA ca and valid for serving dnsName.
 func verifyServing(ca, crt, dnsName string) error {
+	return verifyCert(ca, crt, dnsName, x509.ExtKeyUsageServerAuth)
+}
+
+// verifyCert checks that the base64 PEM certificate crt is signed by the
+// base64 PEM CA ca and valid for usage (and dnsName, when not empty).
+func verifyCert(ca, crt, dnsName string, usage x509.ExtKeyUsage) error {
 	decode := func(what, b64 string) (*x509.Certificate, error) {
 		raw, err := base64.StdEncoding.DecodeString(b64)
 		if err != nil {
@@ -641,8 +827,8 @@ func verifyServing(ca, crt, dnsName string) error {
 	}
 	roots := x509.NewCertPool()
 	roots.AddCert(caCert)
-	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, DNSName: dnsName, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
-		return fmt.Errorf("the extender's certificate does not verify for %s against the generated CA: %w", dnsName, err)
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, DNSName: dnsName, KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
+		return fmt.Errorf("the certificate does not verify for %q (usage %v) against the generated CA: %w", dnsName, usage, err)
 	}
 	return nil
 }

@@ -51,6 +51,31 @@ system:serviceaccount:{{ include "tessera.nodeNamespace" . }}:tessera-node
 {{- if ne .Values.extender.tls.mode "none" }}true{{ end -}}
 {{- end -}}
 
+{{/*
+Whether kube-scheduler authenticates to the extender's verbs with a client
+certificate (the extender's --verbs-client-ca): "true" or "". On with
+extender.tls.verbAuth and HTTPS, when there is a client certificate (mode
+generate makes one; mode secret needs extender.tls.clientSecretName) and
+the verbs are served (mode plugin serves none: its scheduler calls the
+extender in the process).
+*/}}
+{{- define "tessera.verbAuth" -}}
+{{- $tls := .Values.extender.tls -}}
+{{- if and $tls.verbAuth (include "tessera.extenderTLS" .) (ne .Values.scheduler.mode "plugin") (or (eq $tls.mode "generate") $tls.clientSecretName) }}true{{ end -}}
+{{- end -}}
+
+{{/*
+The Secret holding kube-scheduler's client certificate for the verbs
+(tls.crt, tls.key) and the CA that signed it (ca.crt).
+*/}}
+{{- define "tessera.schedulerClientSecretName" -}}
+{{- if eq .Values.extender.tls.mode "secret" }}{{ .Values.extender.tls.clientSecretName }}{{ else }}tessera-scheduler-client-tls{{ end -}}
+{{- end -}}
+
+{{/* Where the extender finds the CA of the verbs' client certificates, and kube-scheduler its client certificate. */}}
+{{- define "tessera.verbsClientCADir" -}}/etc/tessera-verbs-ca{{- end -}}
+{{- define "tessera.schedulerClientDir" -}}/etc/tessera-scheduler-client{{- end -}}
+
 {{/* The extender's DNS names, for its serving certificate. */}}
 {{- define "tessera.extenderDNSNames" -}}
 {{- $ns := include "tessera.extenderNamespace" . -}}
@@ -58,13 +83,17 @@ system:serviceaccount:{{ include "tessera.nodeNamespace" . }}:tessera-node
 {{- end -}}
 
 {{/*
-The extender's TLS material as JSON {"ca", "crt", "key"} (each base64 of
-PEM), the same in every template of one render: computed once and kept on
-the root context. tls.mode generate: the Secret tessera-extender-tls when it
-already exists and holds all three (upgrades keep the CA the webhooks and
-kube-scheduler trust), else a new CA and a certificate for the Service's
-names (and extender.service.clusterIP) from Helm's genCA / genSignedCert.
-tls.mode secret: only the CA, from extender.tls.caBundle.
+The extender's TLS material as JSON {"ca", "crt", "key", "clientCrt",
+"clientKey"} (each base64 of PEM), the same in every template of one
+render: computed once and kept on the root context. tls.mode generate: the
+Secrets tessera-extender-tls and (with verb authentication)
+tessera-scheduler-client-tls when they already exist and hold all of it
+(upgrades keep the CA the webhooks and kube-scheduler trust), else a new
+CA, a certificate for the Service's names (and extender.service.clusterIP)
+and a client certificate for kube-scheduler, from Helm's genCA /
+genSignedCert (the CA's key is kept nowhere: a missing client certificate
+means new ones all). tls.mode secret: only the CA, from
+extender.tls.caBundle.
 */}}
 {{- define "tessera.tlsMaterial" -}}
 {{- $root := . -}}
@@ -74,8 +103,14 @@ tls.mode secret: only the CA, from extender.tls.caBundle.
 {{- if eq $tls.mode "generate" -}}
 {{- $ns := include "tessera.extenderNamespace" $root -}}
 {{- $old := lookup "v1" "Secret" $ns "tessera-extender-tls" -}}
-{{- if and $old $old.data (index $old.data "ca.crt") (index $old.data "tls.crt") (index $old.data "tls.key") -}}
+{{- $oldClient := lookup "v1" "Secret" $ns "tessera-scheduler-client-tls" -}}
+{{- $clientKept := or (not (include "tessera.verbAuth" $root)) (and $oldClient $oldClient.data (index $oldClient.data "tls.crt") (index $oldClient.data "tls.key") (eq (index $oldClient.data "ca.crt") (dig "data" "ca.crt" "" $old))) -}}
+{{- if and $old $old.data (index $old.data "ca.crt") (index $old.data "tls.crt") (index $old.data "tls.key") $clientKept -}}
 {{- $m = dict "ca" (index $old.data "ca.crt") "crt" (index $old.data "tls.crt") "key" (index $old.data "tls.key") -}}
+{{- if and $oldClient $oldClient.data -}}
+{{- $_ := set $m "clientCrt" (index $oldClient.data "tls.crt" | default "") -}}
+{{- $_ := set $m "clientKey" (index $oldClient.data "tls.key" | default "") -}}
+{{- end -}}
 {{- else -}}
 {{- $days := int $tls.validityDays -}}
 {{- $ca := genCA "tessera-extender-ca" $days -}}
@@ -83,7 +118,8 @@ tls.mode secret: only the CA, from extender.tls.caBundle.
 {{- with $root.Values.extender.service.clusterIP }}{{ $ips = append $ips . }}{{ end -}}
 {{- $names := include "tessera.extenderDNSNames" $root | fromJsonArray -}}
 {{- $cert := genSignedCert (printf "tessera-extender.%s.svc" $ns) $ips $names $days $ca -}}
-{{- $m = dict "ca" ($ca.Cert | b64enc) "crt" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc) -}}
+{{- $client := genSignedCert "tessera-scheduler" (list) (list) $days $ca -}}
+{{- $m = dict "ca" ($ca.Cert | b64enc) "crt" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc) "clientCrt" ($client.Cert | b64enc) "clientKey" ($client.Key | b64enc) -}}
 {{- end -}}
 {{- else if eq $tls.mode "secret" -}}
 {{- if not $tls.secretName -}}
@@ -108,10 +144,12 @@ tls.mode secret: only the CA, from extender.tls.caBundle.
 The extender's command-line flags, as YAML list items (with comments) at
 column 0: tessera-extender's args in its Deployment, and the Tessera plugin's
 args.flags in tessera-scheduler's configuration (mode plugin). Argument:
-dict "root" $ "schedulerNames" S "verbosity" B: S the --scheduler-names
-value (the profiles that call the extender); B adds --v=extender.logLevel
-(left out of the plugin's flags: klog's verbosity is one per process, and
-tessera-scheduler's own --v sets it).
+dict "root" $ "schedulerNames" S "verbosity" B "verbs" V: S the
+--scheduler-names value (the profiles that call the extender); B adds
+--v=extender.logLevel (left out of the plugin's flags: klog's verbosity is
+one per process, and tessera-scheduler's own --v sets it); V: the process
+serves the HTTP verbs (tessera-extender; the plugin's extender serves
+none), which then get --verbs-client-ca with tessera.verbAuth.
 */}}
 {{- define "tessera.extenderArgs" -}}
 {{- $root := .root -}}
@@ -142,10 +180,25 @@ tessera-scheduler's own --v sets it).
 # HTTPS: the API server calls webhooks over HTTPS only.
 - --tls-cert=/etc/tessera-extender/tls.crt
 - --tls-key=/etc/tessera-extender/tls.key
+{{- if and .verbs (include "tessera.verbAuth" $root) }}
+# The scheduler verbs (filter, prioritize, bind, preempt) answer only
+# kube-scheduler's client certificate, not every pod that reaches the
+# Service; the webhooks, /status and /metrics need none.
+- --verbs-client-ca={{ include "tessera.verbsClientCADir" $root }}/ca.crt
+{{- else if .verbs }}
+# Without --verbs-client-ca the scheduler verbs (bind, preempt, ...) answer
+# every pod that reaches the Service (extender.tls.verbAuth).
+{{- end }}
 {{- else }}
 # For HTTPS, mount a certificate and add:
 # - --tls-cert=/etc/tessera-extender/tls.crt
 # - --tls-key=/etc/tessera-extender/tls.key
+{{- if .verbs }}
+# and, so that the scheduler verbs (bind, preempt, ...) answer only
+# kube-scheduler, the CA of its client certificate (tlsConfig certFile and
+# keyFile in scheduler-config.yaml):
+# - --verbs-client-ca=/etc/tessera-verbs-ca/ca.crt
+{{- end }}
 {{- end }}
 {{- with $v.extraArgs }}
 {{ toYaml . }}
@@ -175,6 +228,11 @@ the default one (mode deployment), with B its own leader election lease.
 {{- $https := hasPrefix "https://" $url -}}
 {{- $ca := "" -}}
 {{- if $https }}{{ $ca = (include "tessera.tlsMaterial" $root | fromJson).ca }}{{ end -}}
+{{- $tlsConfig := printf "{caData: %s}" $ca -}}
+{{- if and $https (include "tessera.verbAuth" $root) -}}
+{{- $dir := include "tessera.schedulerClientDir" $root -}}
+{{- $tlsConfig = printf "{caData: %s, certFile: %s/tls.crt, keyFile: %s/tls.key}" $ca $dir $dir -}}
+{{- end -}}
 # KubeSchedulerConfiguration for kube-scheduler with tessera-extender.
 # docs/extender.md explains every setting; in short:
 #
@@ -255,7 +313,12 @@ extenders:
   httpTimeout: 30s
   enableHTTPS: {{ $https }}
 {{- if $https }}
-  tlsConfig: {caData: {{ $ca }}}
+{{- if include "tessera.verbAuth" $root }}
+  # kube-scheduler's client certificate: the extender's verbs answer no
+  # other caller ({{ include "tessera.schedulerClientDir" $root }}, from the Secret
+  # {{ include "tessera.schedulerClientSecretName" $root }}).
+{{- end }}
+  tlsConfig: {{ $tlsConfig }}
 {{- end }}
 - urlPrefix: {{ $url }}
   prioritizeVerb: prioritize-cpu
@@ -268,7 +331,7 @@ extenders:
   httpTimeout: 5s
 {{- if $https }}
   enableHTTPS: true
-  tlsConfig: {caData: {{ $ca }}}
+  tlsConfig: {{ $tlsConfig }}
 {{- end }}
 {{- end -}}
 
