@@ -354,3 +354,85 @@ func TestNodeKeptForPlannedWholeGPUs(t *testing.T) {
 		t.Errorf("free view %q: want GPU 0 free and GPU 1 held", got)
 	}
 }
+
+// A whole-GPU bind waits for the slices planned on its node only while
+// their binds could place them: a slice whose planned GPU is taken, or
+// gone from the node, is refused by its own bind until its plan expires,
+// and held every whole-GPU bind of the node meanwhile ("waiting for gang
+// members planned on shared GPUs of a100-2 to be bound", then the
+// scheduler's Client.Timeout, on make demo).
+func TestWholeBindWaitsOnlyForBindablePlannedSlices(t *testing.T) {
+	gone := withPlan(t, testbuild.Pod("s").Shared(10, 50).Obj(), "n", 0)
+	gone.Annotations[api.AnnotationGangPlan] = strings.Replace(gone.Annotations[api.AnnotationGangPlan], testbuild.GPUUUID("n", 0), testbuild.GPUUUID("other", 0), 1)
+	gone = resealed(t, gone)
+	for _, tc := range []struct {
+		name   string
+		bound  []*corev1.Pod
+		member *corev1.Pod
+		waits  bool
+	}{
+		{name: "its GPU has room", member: withPlan(t, testbuild.Pod("s").Shared(10, 50).Obj(), "n", 2), waits: true},
+		{name: "its GPU is taken whole", member: withPlan(t, testbuild.Pod("s").Shared(10, 50).Obj(), "n", 2),
+			bound: []*corev1.Pod{testbuild.Pod("w2").Whole(1).Node("n").Holding(2).Obj()}},
+		{name: "its GPU is full", member: withPlan(t, testbuild.Pod("s").Shared(10, 50).Obj(), "n", 2),
+			bound: []*corev1.Pod{testbuild.Pod("big").Shared(35, 50).Node("n").On(2, 35840, 50).Obj()}},
+		{name: "its GPU left the node", member: gone},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node := testbuild.Node("n").GPUs(4, "A100", 40960).Obj()
+			whole := testbuild.Pod("w").Whole(1).Obj()
+			f := newFixture(t, []*corev1.Node{node}, append([]*corev1.Pod{tc.member}, tc.bound...), tc.member, whole)
+			done := make(chan string, 1)
+			go func() {
+				var res extenderv1.ExtenderBindingResult
+				f.post(t, verbs.PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "w", PodUID: whole.UID, Node: "n"}, &res)
+				done <- res.Error
+			}()
+			wait := 5 * time.Second
+			if tc.waits {
+				wait = 300 * time.Millisecond
+			}
+			select {
+			case err := <-done:
+				if tc.waits {
+					t.Fatalf("whole-GPU pod bound (error %q) while a slice planned on a GPU of its node with room was not", err)
+				}
+				if err != "" {
+					t.Fatalf("bind whole: %s", err)
+				}
+			case <-time.After(wait):
+				if !tc.waits {
+					t.Fatalf("the whole-GPU bind still waits after %v for a planned slice whose bind would be refused", wait)
+				}
+				// The member binds; then the whole-GPU pod does.
+				var res extenderv1.ExtenderBindingResult
+				f.post(t, verbs.PathBind, &extenderv1.ExtenderBindingArgs{PodNamespace: "default", PodName: "s", PodUID: tc.member.UID, Node: "n"}, &res)
+				if res.Error != "" {
+					t.Fatalf("bind member: %s", res.Error)
+				}
+				if err := <-done; err != "" {
+					t.Fatalf("bind whole: %s", err)
+				}
+			}
+		})
+	}
+}
+
+// resealed is pod with its plan annotation sealed again (after a test
+// changed it).
+func resealed(t *testing.T, pod *corev1.Pod) *corev1.Pod {
+	t.Helper()
+	plan, err := api.ParseGangPlan(pod.Annotations[api.AnnotationGangPlan])
+	if err != nil {
+		t.Fatal(err)
+	}
+	ann, err := testbuild.Sealer(t).GangPlanAnnotations(pod.UID, *plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := pod.DeepCopy()
+	for k, v := range ann {
+		p.Annotations[k] = v
+	}
+	return p
+}

@@ -399,12 +399,16 @@ func (s *Server) waitNode(ctx context.Context, node string, check func(*NodeStat
 // waitPlannedSlices waits until node has no gang member but self that is
 // planned on some of its GPUs for a slice and not bound yet, or ctx ends.
 // Such a member's GPUs are known to the ledger but not to the node, whose
-// kubelet could give one to the whole-GPU pod being bound.
+// kubelet could give one to the whole-GPU pod being bound. A member whose
+// bind would be refused (plannedSliceBindable) is not waited for: its
+// plan's GPUs are taken or gone, so the kubelet cannot give them away, and
+// waiting for it held every whole-GPU bind of the node until its plan
+// expired.
 func (s *Server) waitPlannedSlices(ctx context.Context, node string, self types.UID) error {
 	why, err := s.waitNode(ctx, node, func(st *NodeState) (bool, string) {
 		var waiting []string
 		for uid, u := range st.Pods {
-			if uid != self && u.Planned && len(u.PlannedGPUs) > 0 {
+			if uid != self && u.Planned && len(u.PlannedGPUs) > 0 && plannedSliceBindable(st, u) {
 				waiting = append(waiting, u.Key())
 			}
 		}
@@ -415,6 +419,26 @@ func (s *Server) waitPlannedSlices(ctx context.Context, node string, self types.
 		return fmt.Errorf("waiting for gang members planned on shared GPUs of %s to be bound (%s): %w", node, why, err)
 	}
 	return nil
+}
+
+// plannedSliceBindable reports whether the bind of u, a member planned on
+// GPUs of node st for a slice, would place it there now (reserve's check),
+// or may once the pods leaving the node are gone (its bind waits for them:
+// reserveHeld).
+func plannedSliceBindable(st *NodeState, u *PodUse) bool {
+	if len(leavingPods(st)) > 0 {
+		return true
+	}
+	if !u.plannedGPUsIn(st.Info) {
+		return false
+	}
+	d := &Demand{Shares: u.PlannedShares, GPUCount: len(u.PlannedGPUs)}
+	gpus := make([]api.GPURef, len(u.PlannedGPUs))
+	for i, uuid := range u.PlannedGPUs {
+		gpus[i] = api.GPURef{UUID: uuid, Index: st.Info.GPUs[st.Info.position(uuid)].Index}
+	}
+	_, ok := ReusePlannedShared(st, u.UID, d, plannedAssignment(st.Info, d, gpus))
+	return ok
 }
 
 // offeredWait bounds how long a bind waits for its node to offer what the
