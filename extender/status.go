@@ -174,10 +174,11 @@ func OccupancyView(snap *Snapshot) *gpustatus.Cluster {
 			for _, uuid := range u.PlannedWhole {
 				holds = append(holds, hold{uuid, who})
 			}
-			for _, sh := range u.sharedOn(info) {
-				if o := byUUID[sh.UUID]; o != nil {
-					o.AddShared(who, sh.MemMiB, sh.Cores)
-				}
+			// What the ledger counts: the pod's slices at its peak on
+			// each GPU (an init container's slice is gone once the
+			// containers after it run).
+			for p, a := range sharedPeaks(info, u.sharedOn(info)) {
+				n.GPUs[p].AddShared(who, a.MemMiB, a.Cores)
 			}
 			for _, uuid := range u.MIG {
 				if o := migGPU[uuid]; o != nil {
@@ -389,6 +390,48 @@ func PodView(snap *Snapshot, namespace, name string) *PodStatus {
 	return nil
 }
 
+// sliceLines says what the ledger counts of a pod's slices shared: one
+// line per GPU, in the order of shared, with what they take of it at once
+// at the pod's peak (sharedPeaks) and each container's slice when there
+// are several.
+func sliceLines(info *NodeInfo, shared []SharedUse) []string {
+	peaks := sharedPeaks(info, shared)
+	byGPU := map[string][]SharedUse{}
+	var order []string
+	for _, sh := range shared {
+		if _, seen := byGPU[sh.UUID]; !seen {
+			order = append(order, sh.UUID)
+		}
+		byGPU[sh.UUID] = append(byGPU[sh.UUID], sh)
+	}
+	var out []string
+	for _, uuid := range order {
+		shs := byGPU[uuid]
+		a, ok := peaks[info.position(uuid)]
+		if !ok { // not in the inventory: not counted
+			a = gpureq.Amount{MemMiB: shs[0].MemMiB, Cores: shs[0].Cores}
+		}
+		if len(shs) == 1 {
+			out = append(out, fmt.Sprintf("%s: %d MiB, %d%% compute (container %s)", gpuName(info, uuid), a.MemMiB, a.Cores, shs[0].Container))
+			continue
+		}
+		parts := make([]string, len(shs))
+		note := ""
+		for i, sh := range shs {
+			kind := "container"
+			switch sh.Kind {
+			case gpureq.Init:
+				kind, note = "init container", "; an init container's slice counts only until it ends"
+			case gpureq.Sidecar:
+				kind = "sidecar"
+			}
+			parts[i] = fmt.Sprintf("%s %s: %d MiB, %d%%", kind, sh.Container, sh.MemMiB, sh.Cores)
+		}
+		out = append(out, fmt.Sprintf("%s: %d MiB, %d%% compute at the pod's peak (%s%s)", gpuName(info, uuid), a.MemMiB, a.Cores, strings.Join(parts, "; "), note))
+	}
+	return out
+}
+
 // ledgerLines says what the ledger counts of pod's use u on the node of
 // info: its whole GPUs, slices and MIG instances, and what the node agent
 // has not recorded yet.
@@ -397,9 +440,7 @@ func ledgerLines(info *NodeInfo, u *PodUse, pod *corev1.Pod) []string {
 	for _, uuid := range u.Whole {
 		out = append(out, gpuName(info, uuid))
 	}
-	for _, sh := range u.sharedOn(info) {
-		out = append(out, fmt.Sprintf("%s: %d MiB, %d%% compute (container %s)", gpuName(info, sh.UUID), sh.MemMiB, sh.Cores, sh.Container))
-	}
+	out = append(out, sliceLines(info, u.sharedOn(info))...)
 	// The containers of the instances, from the assignment the ledger
 	// read them from (the pod is sanitized: Tessera's).
 	container := map[string]string{}

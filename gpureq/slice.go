@@ -1,7 +1,9 @@
 package gpureq
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -171,4 +173,85 @@ func CheckDevices(r corev1.ResourceName, n, maxMemUnits, gpus int64) *Refusal {
 		}
 	}
 	return nil
+}
+
+// StartIndex is the place of pod's container name in the order the
+// containers start: init containers (sidecars among them) in spec order,
+// then the regular containers; a name the pod lacks comes after all.
+// PeakAmount and PeakUnits take containers in this order.
+func StartIndex(pod *corev1.Pod, name string) int {
+	for i := range pod.Spec.InitContainers {
+		if pod.Spec.InitContainers[i].Name == name {
+			return i
+		}
+	}
+	for i := range pod.Spec.Containers {
+		if pod.Spec.Containers[i].Name == name {
+			return len(pod.Spec.InitContainers) + i
+		}
+	}
+	return len(pod.Spec.InitContainers) + len(pod.Spec.Containers)
+}
+
+// AssignedSlice is one container's slice that an assignment records on one
+// GPU.
+type AssignedSlice struct {
+	Container string
+	Held
+}
+
+// AssignedSlices are the slices assignment a records for pod, per GPU UUID
+// (a multi-GPU slice on each of its GPUs), each GPU's in the pod's start
+// order (StartIndex) with its container's kind: what PeakAmount takes.
+// Nil when a records none.
+func AssignedSlices(pod *corev1.Pod, a *api.Assignment) map[string][]AssignedSlice {
+	if a == nil {
+		return nil
+	}
+	var out map[string][]AssignedSlice
+	for _, ca := range a.Containers {
+		s := ca.Shared
+		if s == nil {
+			continue
+		}
+		if out == nil {
+			out = map[string][]AssignedSlice{}
+		}
+		h := AssignedSlice{Container: ca.Name, Held: Held{Kind: KindOf(pod, ca.Name), Amount: Amount{MemMiB: s.MemoryMiB, Cores: s.Cores}}}
+		for _, g := range s.GPUs() {
+			out[g.UUID] = append(out[g.UUID], h)
+		}
+	}
+	for _, held := range out {
+		slices.SortStableFunc(held, func(x, y AssignedSlice) int {
+			return cmp.Compare(StartIndex(pod, x.Container), StartIndex(pod, y.Container))
+		})
+	}
+	return out
+}
+
+// AssignedSlicePeaks is what the slices assignment a records for pod take
+// of each GPU (by UUID) at once, at the pod's peak (PeakAmount): an init
+// container's slice is not counted beside the containers that start
+// after it ended, a sidecar's is. What the extender's fit counts of a bound
+// pod, and what every view of a GPU's use shows.
+func AssignedSlicePeaks(pod *corev1.Pod, a *api.Assignment) map[string]Amount {
+	held := AssignedSlices(pod, a)
+	if held == nil {
+		return nil
+	}
+	out := make(map[string]Amount, len(held))
+	for uuid, hs := range held {
+		out[uuid] = PeakAmount(Helds(hs))
+	}
+	return out
+}
+
+// Helds are the Held parts of slices, in their order.
+func Helds(as []AssignedSlice) []Held {
+	out := make([]Held, len(as))
+	for i, s := range as {
+		out[i] = s.Held
+	}
+	return out
 }

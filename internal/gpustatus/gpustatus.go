@@ -62,7 +62,8 @@ type GPU struct {
 	Reason    string `json:"reason,omitempty"`
 	// Whole and Shared are the pods (namespace/name) holding the GPU whole
 	// and those with a slice of it; MemoryUsedMiB and Cores sum the
-	// slices.
+	// pods' slices, each pod's at its peak (gpureq.AssignedSlicePeaks: an
+	// init container's slice is not added to the app containers').
 	Whole         []string `json:"whole,omitempty"`
 	Shared        []string `json:"shared,omitempty"`
 	MemoryUsedMiB int64    `json:"memoryUsedMiB,omitempty"`
@@ -155,7 +156,8 @@ func (g *GPU) AddWhole(pod string) {
 	}
 }
 
-// AddShared records a slice of g for pod.
+// AddShared records pod's slices of g: what they take of it at once, at
+// the pod's peak (gpureq.PeakAmount); call it once per pod and GPU.
 func (g *GPU) AddShared(pod string, memMiB, cores int64) {
 	if !slices.Contains(g.Shared, pod) {
 		g.Shared = append(g.Shared, pod)
@@ -279,17 +281,19 @@ func FromObjects(nodes []corev1.Node, pods []corev1.Pod, machineLabel string) *C
 					o.AddWhole(who)
 				}
 			}
-			if s := ca.Shared; s != nil {
-				for _, g := range s.GPUs() { // a multi-GPU slice: each of its GPUs
-					if o := gpus[g.UUID]; o != nil {
-						o.AddShared(who, s.MemoryMiB, s.Cores)
-					}
-				}
-			}
 			for _, m := range ca.MIG {
 				if o := gpus[m.GPU.UUID]; o != nil {
 					o.AddMIG(who, m.UUID)
 				}
+			}
+		}
+		// A slice counts at the pod's peak (gpureq.AssignedSlicePeaks, as
+		// the extender's fit counts it): an init container's slice is gone
+		// once the containers after it run. A multi-GPU slice is on each
+		// of its GPUs.
+		for uuid, amount := range gpureq.AssignedSlicePeaks(p, a) {
+			if o := gpus[uuid]; o != nil {
+				o.AddShared(who, amount.MemMiB, amount.Cores)
 			}
 		}
 	}

@@ -361,3 +361,58 @@ func TestPendingReason(t *testing.T) {
 		})
 	}
 }
+
+// TestFromObjectsSlicePeak: a pod's slices of a GPU count at the pod's
+// peak, as the extender's fit counts them: an init container's slice is
+// not added to the app containers' (it has ended when they run), a native
+// sidecar's is.
+func TestFromObjectsSlicePeak(t *testing.T) {
+	const gib = 1024
+	ctr := func(name string) corev1.Container { return corev1.Container{Name: name} }
+	side := func(name string) corev1.Container {
+		always := corev1.ContainerRestartPolicyAlways
+		c := ctr(name)
+		c.RestartPolicy = &always
+		return c
+	}
+	// on gives each container its slice (GiB, cores) of GPU 0 of n1.
+	on := func(slices map[string][2]int64) *api.Assignment {
+		a := api.NewAssignment()
+		for name, s := range slices {
+			a.Containers = append(a.Containers, api.ContainerAssignment{Name: name, Shared: &api.SharedGPU{GPU: api.GPURef{UUID: uuid("n1", 0)}, MemoryMiB: s[0] * gib, Cores: s[1]}})
+		}
+		return a
+	}
+	for _, tc := range []struct {
+		name                 string
+		inits, containers    []corev1.Container
+		slices               map[string][2]int64
+		wantMemMiB, wantCore int64
+	}{
+		{"init and main", []corev1.Container{ctr("init")}, []corev1.Container{ctr("main")},
+			map[string][2]int64{"init": {30, 60}, "main": {30, 60}}, 30 * gib, 60},
+		{"sidecar and main", []corev1.Container{side("proxy")}, []corev1.Container{ctr("main")},
+			map[string][2]int64{"proxy": {10, 30}, "main": {20, 60}}, 30 * gib, 90},
+		{"several init containers", []corev1.Container{ctr("fetch"), ctr("convert")}, []corev1.Container{ctr("main")},
+			map[string][2]int64{"fetch": {8, 10}, "convert": {24, 40}, "main": {12, 30}}, 24 * gib, 40},
+		{"two app containers", nil, []corev1.Container{ctr("main"), ctr("helper")},
+			map[string][2]int64{"main": {12, 30}, "helper": {4, 10}}, 16 * gib, 40},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := pod(t, "ns", "p", "n1", corev1.PodRunning, on(tc.slices))
+			p.Spec.InitContainers, p.Spec.Containers = tc.inits, tc.containers
+			other := pod(t, "ns", "q", "n1", corev1.PodRunning, slice("n1", 0, 2*gib, 5))
+			c := FromObjects([]corev1.Node{node(t, "n1", 1)}, []corev1.Pod{p, other}, "")
+			g := c.Nodes[0].GPUs[0]
+			type use struct {
+				Use           string
+				Shared        []string
+				MemMiB, Cores int64
+			}
+			want := use{UseShared, []string{"ns/p", "ns/q"}, tc.wantMemMiB + 2*gib, tc.wantCore + 5}
+			if diff := cmp.Diff(want, use{g.Use(), g.Shared, g.MemoryUsedMiB, g.Cores}); diff != "" {
+				t.Errorf("GPU 0 (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
