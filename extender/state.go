@@ -232,11 +232,11 @@ type PodUse struct {
 	// Planned marks a gang member not bound yet, counted on the node of its
 	// gang plan (api.AnnotationGangPlan).
 	Planned bool
-	// PlannedShares are the shared slices of a planned member, on the GPU
-	// PlannedGPU; they are sized against the node's inventory when the node
-	// state is built.
+	// PlannedShares are the shared slices of a planned member, each on
+	// every GPU of PlannedGPUs (one, or a multi-GPU slice's all); they are
+	// sized against the node's inventory when the node state is built.
 	PlannedShares []ContainerShare
-	PlannedGPU    string
+	PlannedGPUs   []string
 	// PlannedWhole are the GPUs a planned whole-GPU member's plan names
 	// (api.GangPlan.GPUs): held for it alone until it binds, while pods
 	// evicted for it may still be leaving them. A plan without them holds
@@ -346,13 +346,35 @@ func PlannedPodUse(pod *corev1.Pod, plan *api.GangPlan) *PodUse {
 			u.PlannedWhole = append(u.PlannedWhole, g.UUID)
 		}
 	case allocator.Shared:
-		if plan.GPU == nil {
-			u.WholePending = d.gpus() // its slice's GPUs, wherever they go
-		} else {
-			u.PlannedShares, u.PlannedGPU = d.Shares, plan.GPU.UUID
+		gpus := plan.SliceGPUs()
+		if len(gpus) != d.gpus() {
+			// Its slice's GPUs, wherever they go: a plan that names none,
+			// or not all of them (one written when plans named one GPU
+			// for any slice), holds them by count, and the bind places
+			// the slice (plannedSliceGPUs).
+			u.WholePending = d.gpus()
+			break
+		}
+		u.PlannedShares = d.Shares
+		for _, g := range gpus {
+			u.PlannedGPUs = append(u.PlannedGPUs, g.UUID)
 		}
 	}
 	return u
+}
+
+// plannedSliceGPUs are the GPUs a plan names for the slice of demand d,
+// in index order: all of the GPUs it spans, or nil when the plan names
+// none or not all of them (then it holds them by count: PlannedPodUse,
+// and the bind chooses them).
+func plannedSliceGPUs(plan *api.GangPlan, d *Demand) []api.GPURef {
+	if plan == nil || d.Kind() != allocator.Shared {
+		return nil
+	}
+	if gpus := plan.SliceGPUs(); len(gpus) == d.gpus() {
+		return gpus
+	}
+	return nil
 }
 
 // sharedOn returns u's shared slices on a node described by info: its
@@ -362,16 +384,28 @@ func (u *PodUse) sharedOn(info *NodeInfo) []SharedUse {
 	if len(u.PlannedShares) == 0 {
 		return u.Shared
 	}
-	p := info.position(u.PlannedGPU)
-	if p < 0 {
+	if !u.plannedGPUsIn(info) {
 		return nil
 	}
-	out := make([]SharedUse, 0, len(u.PlannedShares))
+	out := make([]SharedUse, 0, len(u.PlannedShares)*len(u.PlannedGPUs))
 	for _, sh := range u.PlannedShares {
 		a := gpureq.Resolve(sh, info.UnitMiB, info.SliceBaseMiB)
-		out = append(out, SharedUse{Container: sh.Name, Kind: sh.Kind, UUID: u.PlannedGPU, Index: info.GPUs[p].Index, MemMiB: a.MemMiB, Cores: a.Cores})
+		for _, uuid := range u.PlannedGPUs {
+			out = append(out, SharedUse{Container: sh.Name, Kind: sh.Kind, UUID: uuid, Index: info.GPUs[info.position(uuid)].Index, MemMiB: a.MemMiB, Cores: a.Cores})
+		}
 	}
 	return out
+}
+
+// plannedGPUsIn reports whether every GPU of a planned member's slice
+// (PlannedGPUs) is in the inventory info.
+func (u *PodUse) plannedGPUsIn(info *NodeInfo) bool {
+	for _, uuid := range u.PlannedGPUs {
+		if info.position(uuid) < 0 {
+			return false
+		}
+	}
+	return len(u.PlannedGPUs) > 0
 }
 
 // GPUState is the use of one GPU.
@@ -600,9 +634,10 @@ func BuildNodeState(info *NodeInfo, uses []*PodUse) *NodeState {
 				s.PendingWhole++
 			}
 		}
-		if len(u.PlannedShares) > 0 && info.position(u.PlannedGPU) < 0 {
-			// The planned GPU left the inventory: hold a GPU of the node.
-			s.PendingWhole++
+		if len(u.PlannedShares) > 0 && !u.plannedGPUsIn(info) {
+			// A planned GPU left the inventory: hold as many GPUs of the
+			// node as the slice spans.
+			s.PendingWhole += max(1, len(u.PlannedGPUs))
 		}
 		shared := u.sharedOn(info)
 		for _, uuids := range sliceGPUs(shared) {
