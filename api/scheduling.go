@@ -40,6 +40,11 @@ func GPUModels(value string) ([]string, error) {
 		if p == "" {
 			return nil, fmt.Errorf("annotation %s: model %d of %q is empty", AnnotationGPUModel, i, value)
 		}
+		if strings.ContainsAny(p, ",;") {
+			// No GPU's product name has one: "A100,L40S" matched no GPU,
+			// and the pod waited with only explain saying why.
+			return nil, fmt.Errorf("annotation %s: model %q of %q holds a comma or semicolon: separate models with \"|\", as in \"A100|L40S\"", AnnotationGPUModel, p, value)
+		}
 		out = append(out, p)
 	}
 	return out, nil

@@ -17,6 +17,9 @@ func TestGetGPUModels(t *testing.T) {
 		{ann: map[string]string{AnnotationGPUModel: " A100 "}, want: []string{"A100"}},
 		{ann: map[string]string{AnnotationGPUModel: ""}, wantErr: true},
 		{ann: map[string]string{AnnotationGPUModel: "A100||H100"}, wantErr: true},
+		// Commas are no separator: "A100,,L40S" matched no GPU.
+		{ann: map[string]string{AnnotationGPUModel: "A100,,L40S"}, wantErr: true},
+		{ann: map[string]string{AnnotationGPUModel: "A100|H100;L40S"}, wantErr: true},
 	}
 	for _, tc := range tests {
 		got, err := GetGPUModels(tc.ann)

@@ -166,10 +166,10 @@ func ParsePod(pod *corev1.Pod) (Pod, error) {
 			if !ok {
 				continue
 			}
-			v, exact := q.AsInt64()
-			if !exact || v < 0 {
+			v, err := Count(q)
+			if err != nil {
 				return &Refusal{Code: CodeInvalidQuantity, Container: c.Name,
-					Message: fmt.Sprintf("container %q: %s must be a non-negative integer, got %s", c.Name, r.name, q.String())}
+					Message: fmt.Sprintf("container %q: %s %v", c.Name, r.name, err)}
 			}
 			*r.dst = v
 		}
@@ -183,10 +183,10 @@ func ParsePod(pod *corev1.Pod) (Pod, error) {
 					continue // the request, read first
 				}
 				q, _ := quantity(c, name)
-				v, exact := q.AsInt64()
-				if !exact || v < 0 {
+				v, err := Count(q)
+				if err != nil {
 					return &Refusal{Code: CodeInvalidQuantity, Container: c.Name,
-						Message: fmt.Sprintf("container %q: %s must be a non-negative integer, got %s", c.Name, name, q.String())}
+						Message: fmt.Sprintf("container %q: %s %v", c.Name, name, err)}
 				}
 				if rc.MIG == nil {
 					rc.MIG = map[string]int64{}
@@ -387,4 +387,23 @@ func KindOf(pod *corev1.Pod, name string) Kind {
 		}
 	}
 	return Regular
+}
+
+// maxCount is the largest count of a device resource Count reads.
+var maxCount = resource.NewQuantity(math.MaxInt64, resource.DecimalSI)
+
+// Count reads a device resource's quantity as a count: a whole number, not
+// negative, that fits an int64. The error says which of those it is not
+// (the caller names the container and resource), with the value as asked.
+func Count(q resource.Quantity) (int64, error) {
+	switch v, exact := q.AsInt64(); {
+	case q.Sign() < 0:
+		return 0, fmt.Errorf("must not be negative, got %s", q.String())
+	case exact:
+		return v, nil
+	case q.Cmp(*maxCount) > 0:
+		return 0, fmt.Errorf("is too large, got %s", q.String())
+	default:
+		return 0, fmt.Errorf("must be a whole number, got %s", q.String())
+	}
 }

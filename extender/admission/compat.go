@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/gpureq"
 )
 
 // ReviewNVIDIAGPU is the nvidia.com/gpu compatibility webhook (off unless
@@ -71,8 +72,8 @@ func renameNVIDIAGPU(c *corev1.Container) (corev1.ResourceRequirements, bool, er
 			return out, false, fmt.Errorf("container %q asks for both %s and %s in its %s: ask for one (%s is served as %s here)",
 				c.Name, api.ResourceNVIDIAGPU, api.ResourceGPU, l.what, api.ResourceNVIDIAGPU, api.ResourceGPU)
 		}
-		if v, exact := q.AsInt64(); !exact || v < 0 {
-			return out, false, fmt.Errorf("container %q: %s must be a non-negative integer, got %s", c.Name, api.ResourceNVIDIAGPU, q.String())
+		if _, err := gpureq.Count(q); err != nil {
+			return out, false, fmt.Errorf("container %q: %s %w", c.Name, api.ResourceNVIDIAGPU, err)
 		}
 		delete(l.list, api.ResourceNVIDIAGPU)
 		l.list[api.ResourceGPU] = q

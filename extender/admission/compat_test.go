@@ -57,7 +57,7 @@ func TestReviewNVIDIAGPU(t *testing.T) {
 		{name: "both names", pod: compatPod(nil, []corev1.Container{ctr("main", rl(nv, "1", ts, "1"), nil)}),
 			refused: `container "main" asks for both nvidia.com/gpu and tessera.dev/gpu in its limits: ask for one (nvidia.com/gpu is served as tessera.dev/gpu here)`},
 		{name: "a fraction", pod: compatPod(nil, []corev1.Container{ctr("main", rl(nv, "500m"), nil)}),
-			refused: `container "main": nvidia.com/gpu must be a non-negative integer, got 500m`},
+			refused: `container "main": nvidia.com/gpu must be a whole number, got 500m`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
