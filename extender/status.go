@@ -128,7 +128,7 @@ func OccupancyView(snap *Snapshot) *gpustatus.Cluster {
 	for _, name := range names {
 		st := snap.Nodes[name]
 		info := st.Info
-		n := &gpustatus.Node{Name: name, GPUs: []*gpustatus.GPU{}}
+		n := &gpustatus.Node{Name: name, GPUs: []*gpustatus.GPU{}, Cordoned: info.eligibility != nil && info.eligibility.Spec.Unschedulable}
 		c.Nodes = append(c.Nodes, n)
 		switch {
 		case info.Err != nil:

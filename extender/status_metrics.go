@@ -14,8 +14,11 @@ import (
 // dashboard charts/tessera/dashboards/tessera.json reads them).
 var (
 	descGPUs = prometheus.NewDesc("tessera_extender_gpus",
-		"GPUs in the extender's ledger by node, model and use (free, whole, shared, mig, unhealthy, whole+shared; mig: in MIG mode, offered as MIG instances only, whether pods hold them or not).",
+		"GPUs in the extender's ledger by node, model and use (free, whole, shared, mig, unhealthy, whole+shared; mig: in MIG mode, offered as MIG instances only, whether pods hold them or not). free counts the GPUs of cordoned nodes too: see tessera_extender_node_cordoned.",
 		[]string{"node", "model", "use"}, nil)
+	descCordoned = prometheus.NewDesc("tessera_extender_node_cordoned",
+		"1 when the node is cordoned (unschedulable: its free GPUs take no new pod), else 0; one series per node of the ledger.",
+		[]string{"node"}, nil)
 	descSliceMemory = prometheus.NewDesc("tessera_extender_gpu_slice_memory_used_bytes",
 		"GPU memory given to slices (tessera.dev/gpu-memory) by node and model.",
 		[]string{"node", "model"}, nil)
@@ -60,7 +63,7 @@ func (s *Status) Collector() *StatusCollector {
 
 // Describe implements prometheus.Collector.
 func (c *StatusCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descGPUs, descSliceMemory, descFragmented, descPending, descQueueShare} {
+	for _, d := range []*prometheus.Desc{descGPUs, descCordoned, descSliceMemory, descFragmented, descPending, descQueueShare} {
 		ch <- d
 	}
 	for _, d := range descQueue {
@@ -88,6 +91,11 @@ func StatusMetrics(snap *Snapshot, meter *allocator.FragMeter) []prometheus.Metr
 	}
 	uses := []string{gpustatus.UseFree, gpustatus.UseWhole, gpustatus.UseShared, gpustatus.UseMIG, gpustatus.UseUnhealthy, gpustatus.UseOvercommitted}
 	for _, n := range OccupancyView(snap).Nodes {
+		cordoned := 0.0
+		if n.Cordoned {
+			cordoned = 1
+		}
+		gauge(descCordoned, cordoned, n.Name)
 		type key struct{ model, use string }
 		count := map[key]int{}
 		mem := map[string]int64{}

@@ -41,6 +41,9 @@ type Node struct {
 	// Err says why the node's GPUs are unknown (no or a malformed
 	// inventory).
 	Err string `json:"error,omitempty"`
+	// Cordoned: the node is unschedulable (kubectl cordon): its free GPUs
+	// take no new pod.
+	Cordoned bool `json:"cordoned,omitempty"`
 	// Unrecorded are the pods holding whole GPUs of the node that the
 	// node agent has not named yet ("namespace/name: N GPU(s)").
 	Unrecorded []string `json:"unrecorded,omitempty"`
@@ -198,7 +201,7 @@ func NewMIG(m *api.InventoryMIG, gpuHealthy bool) *MIG {
 // NodeFromInventory returns a node's GPUs, unused, from its inventory
 // annotation; Err is set when there is none or it is malformed.
 func NodeFromInventory(node *corev1.Node, machineLabel string) *Node {
-	n := &Node{Name: node.Name}
+	n := &Node{Name: node.Name, Cordoned: node.Spec.Unschedulable}
 	if machineLabel != "" {
 		n.Machine = node.Labels[machineLabel]
 	}
@@ -445,17 +448,25 @@ func Render(w io.Writer, c *Cluster) error {
 	}
 	row("NODE", "MACHINE", "GPU", "MODEL", "USE", "MEMORY", "COMPUTE", "PODS")
 	for _, n := range c.Nodes {
+		nodeName := n.Name
+		if n.Cordoned {
+			nodeName += " (cordoned)"
+		}
 		if n.Err != "" {
-			row(n.Name, n.Machine, "-", "-", n.Err, "", "", "")
+			row(nodeName, n.Machine, "-", "-", n.Err, "", "", "")
 			continue
 		}
 		for i, g := range n.GPUs {
 			name, mach := "", ""
 			if i == 0 {
-				name, mach = n.Name, n.Machine
+				name, mach = nodeName, n.Machine
 			}
 			use, mem, cores, pods := g.Use(), Bar(0, g.MemoryMiB), "", ""
 			switch use {
+			case UseFree:
+				if n.Cordoned {
+					use = "free, cordoned"
+				}
 			case UseUnhealthy:
 				use = strings.TrimSpace("UNHEALTHY " + g.Reason)
 			case UseWhole, UseOvercommitted:

@@ -416,3 +416,28 @@ func TestFromObjectsSlicePeak(t *testing.T) {
 		})
 	}
 }
+
+// TestCordonedNode: a cordoned node is marked, and so are its free GPUs
+// (they take no new pod); a GPU in use is shown as it is.
+func TestCordonedNode(t *testing.T) {
+	cordoned := node(t, "c1", 2)
+	cordoned.Spec.Unschedulable = true
+	c := FromObjects([]corev1.Node{cordoned, node(t, "n1", 1)}, []corev1.Pod{pod(t, "ns", "w", "c1", corev1.PodRunning, whole("c1", 0))}, "")
+	if got := []bool{c.Nodes[0].Cordoned, c.Nodes[1].Cordoned}; !cmp.Equal(got, []bool{true, false}) {
+		t.Errorf("Cordoned of c1, n1 = %v, want [true false]", got)
+	}
+	var b bytes.Buffer
+	if err := Render(&b, c); err != nil {
+		t.Fatal(err)
+	}
+	want := `NODE           GPU  MODEL           USE             MEMORY                   COMPUTE  PODS
+c1 (cordoned)  0    A100-SXM4-40GB  whole           [##########]  39.0/39Gi  100%     ns/w
+               1    A100-SXM4-40GB  free, cordoned  [..........]   0.0/39Gi           
+n1             0    A100-SXM4-40GB  free            [..........]   0.0/39Gi           
+
+pods: 1 Running, 0 Pending, 0 Failed
+`
+	if diff := cmp.Diff(want, b.String()); diff != "" {
+		t.Errorf("table (-want +got):\n%s", diff)
+	}
+}
