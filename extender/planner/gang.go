@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -247,6 +248,9 @@ type group struct {
 	// single is a GPU pod outside any gang held by the queue gate: a
 	// workload of one.
 	single bool
+	// mins are the minimum sizes the members declare, when they disagree
+	// (the largest counts): told in the wait reason.
+	mins map[int]bool
 }
 
 // Sync makes one pass over every gang. Errors of single gangs are
@@ -297,6 +301,12 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 		gr.members = append(gr.members, pod)
 		if pod.CreationTimestamp.Time.Before(gr.oldest) {
 			gr.oldest = pod.CreationTimestamp.Time
+		}
+		if g.MinMember != gr.gang.MinMember {
+			if gr.mins == nil {
+				gr.mins = map[int]bool{gr.gang.MinMember: true}
+			}
+			gr.mins[g.MinMember] = true
 		}
 		if g.MinMember > gr.gang.MinMember {
 			gr.gang.MinMember = g.MinMember
@@ -541,7 +551,13 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 		return nil // members not gated: the scheduler places them as it will
 	}
 	if len(gated) < g.MinMember {
-		p.wait(g.Key(), gated, fmt.Sprintf("gang %s: %d of %d members exist, waiting to be planned together", g.Key(), len(gated), g.MinMember))
+		msg := fmt.Sprintf("gang %s: %d of %d members exist, waiting to be planned together", g.Key(), len(gated), g.MinMember)
+		if len(gr.mins) > 1 {
+			// Members written with different sizes: the largest counts,
+			// and saying so names the mistake.
+			msg += fmt.Sprintf(" (its members disagree on the minimum size: %s; the largest counts)", joinInts(slices.Sorted(maps.Keys(gr.mins))))
+		}
+		p.wait(g.Key(), gated, msg)
 		return nil
 	}
 	if len(gated) == g.MinMember {
@@ -1059,4 +1075,13 @@ func (p *GangPlanner) gone(uid types.UID) bool {
 // outlives a restart.
 func (p *GangPlanner) awaitingVictims(plan *api.GangPlan) bool {
 	return plan.Awaiting(p.now(), p.gone)
+}
+
+// joinInts writes ns as "2, 3".
+func joinInts(ns []int) string {
+	parts := make([]string, len(ns))
+	for i, n := range ns {
+		parts[i] = strconv.Itoa(n)
+	}
+	return strings.Join(parts, ", ")
 }

@@ -146,6 +146,19 @@ func (f *gangFixture) state(prefix string) map[string]memberState {
 	return out
 }
 
+// Members written with different minimum sizes: the largest counts, and
+// the wait reason says they disagree (it said only "2 of 3 members exist").
+func TestGangMembersDisagreeOnTheirSize(t *testing.T) {
+	f := newGangFixture(t, testbuild.EightGPUNodes(3)...)
+	f.member("g", 2, 0, 1, f.now)
+	f.member("g", 3, 1, 1, f.now)
+	f.sync()
+	want := "gang default/g: 2 of 3 members exist, waiting to be planned together (its members disagree on the minimum size: 2, 3; the largest counts)"
+	if !strings.Contains(strings.Join(f.events.Events, "\n"), want) {
+		t.Errorf("events %q: want %q", f.events.Events, want)
+	}
+}
+
 func TestGangWaitsWholeUntilItFits(t *testing.T) {
 	f := newGangFixture(t, testbuild.EightGPUNodes(3)...)
 	t0 := f.now
