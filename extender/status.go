@@ -529,7 +529,7 @@ func pendingOf(snap *Snapshot, p *corev1.Pod, perNode bool) PendingPod {
 		pp.Error = err.Error()
 		return pp
 	}
-	pp.Demand = DescribeDemand(&d)
+	pp.Demand = DescribePodDemand(p, &d)
 	names := make([]string, 0, len(snap.Nodes))
 	for n := range snap.Nodes {
 		names = append(names, n)
@@ -574,6 +574,20 @@ func pendingOf(snap *Snapshot, p *corev1.Pod, perNode bool) PendingPod {
 		})
 	}
 	return pp
+}
+
+// DescribePodDemand says in words what pod asks for (d is its demand): as
+// DescribeDemand, and for a pod that asks only for nvidia.com/gpu, that
+// Tessera does not place it (said "no GPU" before, while the pod waited
+// for nvidia.com/gpu on nodes that have none).
+func DescribePodDemand(pod *corev1.Pod, d *Demand) string {
+	s := DescribeDemand(d)
+	if d.Kind() != allocator.Whole && d.Kind() != allocator.Shared && !d.AsksMIG() {
+		if n := gpureq.QuotaCount(pod)[api.ResourceNVIDIAGPU]; n > 0 {
+			return fmt.Sprintf("%d %s, which Tessera does not place: NVIDIA's device plugin must serve it on a node (with Tessera's compatibility webhook on, extender.webhooks.nvidiaGPU, such a pod asks for %s from its creation)", n, api.ResourceNVIDIAGPU, api.ResourceGPU)
+		}
+	}
+	return s
 }
 
 // DescribeDemand says in words what a pod asks for.

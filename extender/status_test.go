@@ -416,3 +416,27 @@ func TestPendingNodeRefusesPod(t *testing.T) {
 		t.Errorf("nodes (-want +got):\n%s", diff)
 	}
 }
+
+// A pod that asks only for nvidia.com/gpu is not "no GPU": the views say
+// Tessera does not place it (explain said "Asks for: no GPU" while the pod
+// waited on "Insufficient nvidia.com/gpu").
+func TestDescribePodDemand(t *testing.T) {
+	nvidia := testbuild.Pod("legacy").Obj()
+	nvidia.Spec.Containers[0].Resources.Limits = corev1.ResourceList{api.ResourceNVIDIAGPU: resource.MustParse("2")}
+	for _, tc := range []struct {
+		pod  *corev1.Pod
+		want string
+	}{
+		{nvidia, "2 nvidia.com/gpu, which Tessera does not place"},
+		{testbuild.Pod("whole").Whole(1).Obj(), "1 whole GPU(s)"},
+		{testbuild.Pod("cpu").Obj(), "no GPU"},
+	} {
+		d, err := ParseDemand(tc.pod)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.pod.Name, err)
+		}
+		if got := DescribePodDemand(tc.pod, &d); !strings.HasPrefix(got, tc.want) {
+			t.Errorf("%s: %q, want it to start with %q", tc.pod.Name, got, tc.want)
+		}
+	}
+}

@@ -63,7 +63,7 @@ func (e *env) explain(ctx context.Context, w io.Writer, namespace, name string) 
 	if d, err := extender.ParseDemand(pod); err != nil {
 		x.line("Asks for", "a malformed GPU request: %v", err)
 	} else {
-		x.line("Asks for", "%s", extender.DescribeDemand(&d))
+		x.line("Asks for", "%s", extender.DescribePodDemand(pod, &d))
 	}
 	if pod.Spec.PriorityClassName != "" || (pod.Spec.Priority != nil && *pod.Spec.Priority != 0) {
 		prio := int32(0)
