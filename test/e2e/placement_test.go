@@ -362,6 +362,13 @@ func TestSliceUnitsOnTheirGPUAcrossNUMANodes(t *testing.T) {
 			}
 		}
 	}
+	// Once the slices are gone the node's every GPU runs a whole-GPU pod
+	// (its bind waits until the agent offers them again), and the node is
+	// left as the next test expects it: a burst that followed at once met
+	// GPU 2 still withheld for the slice just deleted.
+	deleteAll(t, c, ns)
+	create(t, client, ns, podSpec{name: "whole", gpus: int64(len(inv.GPUs)), node: node})
+	waitRunning(t, c, ns, "whole", 60*time.Second)
 	deleteAll(t, c, ns)
 }
 
