@@ -389,9 +389,6 @@ func KindOf(pod *corev1.Pod, name string) Kind {
 	return Regular
 }
 
-// maxCount is the largest count of a device resource Count reads.
-var maxCount = resource.NewQuantity(math.MaxInt64, resource.DecimalSI)
-
 // Count reads a device resource's quantity as a count: a whole number, not
 // negative, that fits an int64. The error says which of those it is not
 // (the caller names the container and resource), with the value as asked.
@@ -401,7 +398,7 @@ func Count(q resource.Quantity) (int64, error) {
 		return 0, fmt.Errorf("must not be negative, got %s", q.String())
 	case exact:
 		return v, nil
-	case q.Cmp(*maxCount) > 0:
+	case q.Cmp(*resource.NewQuantity(math.MaxInt64, resource.DecimalSI)) > 0:
 		return 0, fmt.Errorf("is too large, got %s", q.String())
 	default:
 		return 0, fmt.Errorf("must be a whole number, got %s", q.String())

@@ -216,8 +216,9 @@ func (r *room) take(n Need, sign int) {
 // then the lowest (so first fit by zone ID in zones' order), one unit after
 // the other. A unit's slice is not among what the kubelet aligns (its
 // units carry no NUMA node): the slice fits when a GPU of the zone the
-// rest of the unit gets has room for it. Held units go first (the node admits them before the pod):
-// one with a zone takes its room there, one without takes the first zone
+// rest of the unit gets has room for it. Held units go first (the node
+// admits them before the pod): one with a zone takes its room there, one
+// without takes the first zone
 // with room; a held unit that fits nowhere is skipped (the kubelet refuses
 // it, and it frees nothing). placed[i] is the ID of the zone needs[i] gets;
 // ok is false when one of needs finds no zone.
