@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/tessera-gpu/tessera/allocator"
+	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 )
 
 func TestRunRejectsBadFlags(t *testing.T) {
@@ -155,44 +156,9 @@ func writeSelfSigned(t *testing.T, dir string) (certPath, keyPath string) {
 // server that does not answer: it serves HTTPS, is healthy, is not ready,
 // answers verbs with a JSON 503, and shuts down cleanly.
 func TestServesTLSAndRefusesVerbsUntilSynced(t *testing.T) {
-	dir := t.TempDir()
-	cert, key := writeSelfSigned(t, dir)
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters:
-- name: c
-  cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}
-users:
-- name: u
-  user: {token: t}
-contexts:
-- name: x
-  context: {cluster: c, user: u}
-current-context: x
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, []string{"--kubeconfig=" + kubeconfig, "--listen=" + addr, "--tls-cert=" + cert, "--tls-key=" + key, "--shutdown-grace=2s"}, io.Discard, nil)
-	}()
-	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // self-signed test server
-	var resp *http.Response
-	for i := 0; i < 100; i++ {
-		if resp, err = hc.Get("https://" + addr + "/healthz"); err == nil {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	addr := startUnsynced(t, nil, nil)
+	hc := insecureClient()
+	resp, err := hc.Get("https://" + addr + "/healthz")
 	if err != nil {
 		t.Fatalf("healthz over TLS: %v", err)
 	}
@@ -231,52 +197,13 @@ current-context: x
 			t.Error("plain HTTP served on a TLS listener")
 		}
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("run() after shutdown: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("run() did not return after cancel")
-	}
+	// startUnsynced's cleanup cancels the run and checks it returns.
 }
 
-// writeClientCA writes a CA certificate (PEM) to dir and returns its file
-// and a client certificate it signed.
-func writeClientCA(t *testing.T, dir string) (caPath string, client tls.Certificate) {
-	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "verbs-ca"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "kube-scheduler"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caPath = filepath.Join(dir, "verbs-ca.crt")
-	if err := os.WriteFile(caPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return caPath, tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+// insecureClient is an HTTPS client of the self-signed test server,
+// presenting certs.
+func insecureClient(certs ...tls.Certificate) *http.Client {
+	return &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true, Certificates: certs}}} //nolint:gosec // self-signed test server
 }
 
 // startUnsynced runs the command over HTTPS against an API server that
@@ -323,7 +250,7 @@ current-context: x
 			t.Error("run() did not return after cancel")
 		}
 	})
-	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // self-signed test server
+	hc := insecureClient()
 	for i := 0; i < 100; i++ {
 		var resp *http.Response
 		if resp, err = hc.Get("https://" + addr + "/healthz"); err == nil {
@@ -346,10 +273,12 @@ current-context: x
 // synced), and the webhooks, /healthz, /readyz and /status answer without
 // one.
 func TestVerbsNeedClientCert(t *testing.T) {
-	caPath, client := writeClientCA(t, t.TempDir())
+	ca := testbuild.NewCA(t, "verbs-ca")
+	caPath := filepath.Join(t.TempDir(), "verbs-ca.crt")
+	ca.WriteCert(t, caPath)
+	client := ca.Client(t)
 	addr := startUnsynced(t, []string{"--verbs-client-ca=" + caPath}, nil)
-	anon := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}                                           //nolint:gosec // self-signed test server
-	sched := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{client}}}} //nolint:gosec // self-signed test server
+	anon, sched := insecureClient(), insecureClient(client)
 
 	tests := []struct {
 		name   string
@@ -405,7 +334,7 @@ func TestEmbeddedServesNoVerbs(t *testing.T) {
 	if !embedded.Load() {
 		t.Error("embed was not called with the Server")
 	}
-	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // self-signed test server
+	hc := insecureClient()
 	tests := []struct {
 		method, path string
 		status       int

@@ -1,14 +1,9 @@
 package verbs_test
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -16,60 +11,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 	"github.com/tessera-gpu/tessera/extender/verbs"
 )
-
-// testCA is a CA that signs client certificates.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-}
-
-func newTestCA(t *testing.T, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testCA{cert: cert, key: key}
-}
-
-// client is a TLS client certificate signed by ca.
-func (ca *testCA) client(t *testing.T) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "kube-scheduler"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-}
 
 // TestRequireClientCert serves the wrapped verbs over TLS that asks for
 // (but does not require) client certificates, as tessera-extender does
 // with --verbs-client-ca: only a caller with a certificate of the CA gets
 // through.
 func TestRequireClientCert(t *testing.T) {
-	ca, other := newTestCA(t, "verbs-ca"), newTestCA(t, "other-ca")
+	ca, other := testbuild.NewCA(t, "verbs-ca"), testbuild.NewCA(t, "other-ca")
 	pool := x509.NewCertPool()
-	pool.AddCert(ca.cert)
+	pool.AddCert(ca.Cert)
 	var reached atomic.Int32
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		reached.Add(1)
@@ -89,8 +42,8 @@ func TestRequireClientCert(t *testing.T) {
 		status int
 	}{
 		{"no client certificate", nil, http.StatusForbidden},
-		{"certificate of the CA", []tls.Certificate{ca.client(t)}, http.StatusOK},
-		{"certificate of another CA", []tls.Certificate{other.client(t)}, 0},
+		{"certificate of the CA", []tls.Certificate{ca.Client(t)}, http.StatusOK},
+		{"certificate of another CA", []tls.Certificate{other.Client(t)}, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -142,7 +95,7 @@ func TestRequireClientCert(t *testing.T) {
 // or over TLS with a certificate the server did not verify (a server
 // that asks for any certificate), is refused.
 func TestRequireClientCertWithoutVerifiedChain(t *testing.T) {
-	ca := newTestCA(t, "verbs-ca")
+	ca := testbuild.NewCA(t, "verbs-ca")
 	var reached atomic.Int32
 	h := verbs.RequireClientCert(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { reached.Add(1) }))
 	tests := []struct {
@@ -151,7 +104,7 @@ func TestRequireClientCertWithoutVerifiedChain(t *testing.T) {
 	}{
 		{"plain HTTP", nil},
 		{"TLS without a certificate", &tls.ConnectionState{HandshakeComplete: true}},
-		{"certificate not verified", &tls.ConnectionState{HandshakeComplete: true, PeerCertificates: []*x509.Certificate{ca.cert}}},
+		{"certificate not verified", &tls.ConnectionState{HandshakeComplete: true, PeerCertificates: []*x509.Certificate{ca.Cert}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
