@@ -1,7 +1,6 @@
 package extender
 
 import (
-	"cmp"
 	"fmt"
 	"slices"
 	"sort"
@@ -298,18 +297,12 @@ func NewPodUse(pod *corev1.Pod) *PodUse {
 			for _, m := range c.MIG {
 				u.MIG = append(u.MIG, m.UUID)
 			}
-			if c.Shared != nil {
-				// A multi-GPU slice holds its amount on each of its GPUs.
-				for _, g := range c.Shared.GPUs() {
-					u.Shared = append(u.Shared, SharedUse{Container: c.Name, Kind: gpureq.KindOf(pod, c.Name), UUID: g.UUID, Index: g.Index, MemMiB: c.Shared.MemoryMiB, Cores: c.Shared.Cores})
-				}
-			}
 		}
-		// In the order the containers start (the assignment lists them by
-		// name), which gpureq.PeakAmount takes them in.
-		slices.SortStableFunc(u.Shared, func(x, y SharedUse) int {
-			return cmp.Compare(gpureq.StartIndex(pod, x.Container), gpureq.StartIndex(pod, y.Container))
-		})
+		// A multi-GPU slice holds its amount on each of its GPUs; in the
+		// order the containers start, which gpureq.PeakAmount takes them in.
+		for _, s := range gpureq.AssignedSlices(pod, a) {
+			u.Shared = append(u.Shared, SharedUse{Container: s.Container, Kind: s.Kind, UUID: s.GPU.UUID, Index: s.GPU.Index, MemMiB: s.Amount.MemMiB, Cores: s.Amount.Cores})
+		}
 	}
 	// A bound shared pod without a recorded slice (bound without the
 	// extender, e.g. created with spec.nodeName) holds as many GPUs of the

@@ -197,36 +197,33 @@ func StartIndex(pod *corev1.Pod, name string) int {
 // GPU.
 type AssignedSlice struct {
 	Container string
+	GPU       api.GPURef
 	Held
 }
 
-// AssignedSlices are the slices assignment a records for pod, per GPU UUID
-// (a multi-GPU slice on each of its GPUs), each GPU's in the pod's start
-// order (StartIndex) with its container's kind: what PeakAmount takes.
-// Nil when a records none.
-func AssignedSlices(pod *corev1.Pod, a *api.Assignment) map[string][]AssignedSlice {
+// AssignedSlices are the slices assignment a records for pod, one per
+// container and GPU (a multi-GPU slice on each of its GPUs), in the pod's
+// start order (StartIndex; the assignment lists containers by name), each
+// with its container's kind: per GPU, what PeakAmount takes. Nil when a
+// records none.
+func AssignedSlices(pod *corev1.Pod, a *api.Assignment) []AssignedSlice {
 	if a == nil {
 		return nil
 	}
-	var out map[string][]AssignedSlice
+	var out []AssignedSlice
 	for _, ca := range a.Containers {
 		s := ca.Shared
 		if s == nil {
 			continue
 		}
-		if out == nil {
-			out = map[string][]AssignedSlice{}
-		}
-		h := AssignedSlice{Container: ca.Name, Held: Held{Kind: KindOf(pod, ca.Name), Amount: Amount{MemMiB: s.MemoryMiB, Cores: s.Cores}}}
+		h := Held{Kind: KindOf(pod, ca.Name), Amount: Amount{MemMiB: s.MemoryMiB, Cores: s.Cores}}
 		for _, g := range s.GPUs() {
-			out[g.UUID] = append(out[g.UUID], h)
+			out = append(out, AssignedSlice{Container: ca.Name, GPU: g, Held: h})
 		}
 	}
-	for _, held := range out {
-		slices.SortStableFunc(held, func(x, y AssignedSlice) int {
-			return cmp.Compare(StartIndex(pod, x.Container), StartIndex(pod, y.Container))
-		})
-	}
+	slices.SortStableFunc(out, func(x, y AssignedSlice) int {
+		return cmp.Compare(StartIndex(pod, x.Container), StartIndex(pod, y.Container))
+	})
 	return out
 }
 
@@ -236,22 +233,17 @@ func AssignedSlices(pod *corev1.Pod, a *api.Assignment) map[string][]AssignedSli
 // after it ended, a sidecar's is. What the extender's fit counts of a bound
 // pod, and what every view of a GPU's use shows.
 func AssignedSlicePeaks(pod *corev1.Pod, a *api.Assignment) map[string]Amount {
-	held := AssignedSlices(pod, a)
-	if held == nil {
+	all := AssignedSlices(pod, a)
+	if all == nil {
 		return nil
+	}
+	held := map[string][]Held{}
+	for _, s := range all {
+		held[s.GPU.UUID] = append(held[s.GPU.UUID], s.Held)
 	}
 	out := make(map[string]Amount, len(held))
 	for uuid, hs := range held {
-		out[uuid] = PeakAmount(Helds(hs))
-	}
-	return out
-}
-
-// Helds are the Held parts of slices, in their order.
-func Helds(as []AssignedSlice) []Held {
-	out := make([]Held, len(as))
-	for i, s := range as {
-		out[i] = s.Held
+		out[uuid] = PeakAmount(hs)
 	}
 	return out
 }
