@@ -594,7 +594,7 @@ func (p *Preemptor) extras(members []*corev1.Pod) []*corev1.Pod {
 // BlockedFor), or "".
 func (p *Preemptor) dryRun(ctx context.Context, c claimant, askers []*corev1.Pod, victims []*workload) string {
 	for _, v := range victims {
-		pod, err := planner.FirstRefused(ctx, p.Client.Evict, v.pods)
+		pod, err := equota.FirstRefused(ctx, p.Client.Evict, v.pods)
 		if pod == nil {
 			continue
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/tessera-gpu/tessera/allocator/consolidate"
 	"github.com/tessera-gpu/tessera/allocator/gang"
 	"github.com/tessera-gpu/tessera/api"
+	equota "github.com/tessera-gpu/tessera/extender/quota"
 	"github.com/tessera-gpu/tessera/gpureq"
 	"github.com/tessera-gpu/tessera/internal/eligible"
 )
@@ -313,7 +314,7 @@ func (p *GangPlanner) consolidate(ctx context.Context, key string, g *api.Gang, 
 		for _, m := range plan.Moves {
 			pods = append(pods, podOf[types.UID(m.Pod)])
 		}
-		if refused, derr := FirstRefused(ctx, c.Evicter.Evict, pods); refused != nil {
+		if refused, derr := equota.FirstRefused(ctx, c.Evicter.Evict, pods); refused != nil {
 			blocked[refused.UID] = true
 			c.block(refused.UID)
 			c.moves.WithLabelValues("blocked").Inc()

@@ -1,12 +1,10 @@
 package planner
 
 import (
-	"context"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/api"
@@ -44,18 +42,6 @@ func (p *PassOver) Current(now time.Time) map[string]bool {
 		out[k] = true
 	}
 	return out
-}
-
-// FirstRefused dry-runs the eviction of every pod and returns the first
-// one the API server refuses (a budget), with the refusal; nil when all
-// may go (a pod already gone may go).
-func FirstRefused(ctx context.Context, evict func(context.Context, *corev1.Pod, bool) error, pods []*corev1.Pod) (*corev1.Pod, error) {
-	for _, p := range pods {
-		if err := evict(ctx, p, true); err != nil && !apierrors.IsNotFound(err) {
-			return p, err
-		}
-	}
-	return nil, nil
 }
 
 // UnitOf is the eviction unit key of a pod: its gang's ("gang

@@ -396,7 +396,7 @@ func (r *QueueReclaimer) settle(now time.Time) int {
 // refused workload (passed over for BlockedFor), or "".
 func (r *QueueReclaimer) dryRun(ctx context.Context, victims []queue.Workload, podsOf map[string][]*corev1.Pod) string {
 	for _, w := range victims {
-		p, err := FirstRefused(ctx, r.Evicter.Evict, podsOf[w.Key])
+		p, err := equota.FirstRefused(ctx, r.Evicter.Evict, podsOf[w.Key])
 		if p == nil {
 			continue
 		}

@@ -37,6 +37,18 @@ type BudgetOverrider interface {
 	DeletePastBudget(ctx context.Context, pod *corev1.Pod) error
 }
 
+// FirstRefused dry-runs the eviction of every pod and returns the first
+// one the API server refuses (a budget), with the refusal; nil when all
+// may go (a pod already gone may go).
+func FirstRefused(ctx context.Context, evict func(context.Context, *corev1.Pod, bool) error, pods []*corev1.Pod) (*corev1.Pod, error) {
+	for _, p := range pods {
+		if err := evict(ctx, p, true); err != nil && !apierrors.IsNotFound(err) {
+			return p, err
+		}
+	}
+	return nil, nil
+}
+
 // EvictOrPast evicts pod through ev; with over set (a reclaim past
 // budgets), a pod its budget keeps from eviction (429) is deleted through
 // over instead, and past says so.
@@ -637,18 +649,18 @@ func (e *Enforcer) Choose(ctx context.Context, ns string, askers []*corev1.Pod, 
 		var names []string
 		for _, w := range c.victims {
 			pods := c.pods[workloadKey(w)]
-			if blocker, err := e.dryRun(ctx, pods); err != nil {
+			if blocker, err := FirstRefused(ctx, e.Evicter.Evict, pods); blocker != nil {
 				e.block(workloadKey(w))
-				msg := fmt.Sprintf("%s of namespace %s cannot be evicted: pod %s: %v", w.Name, w.Namespace, blocker, err)
+				msg := fmt.Sprintf("%s of namespace %s cannot be evicted: pod %s: %v", w.Name, w.Namespace, blocker.Name, err)
 				blockedMsgs = append(blockedMsgs, msg)
-				logger.Info("Reclaim victim refused", "namespace", ns, "victim", workloadKey(w), "pod", blocker, "err", err)
+				logger.Info("Reclaim victim refused", "namespace", ns, "victim", workloadKey(w), "pod", blocker.Name, "err", err)
 				if e.Metrics != nil {
 					e.Metrics.ReclaimBlocked(w.Namespace)
 				}
 				// On the pod whose budget refused, once per BlockedFor
 				// (the workload is passed over until then); the askers
 				// hear of every refusal once, when the choice is made.
-				e.event(podNamed(pods, blocker), corev1.EventTypeWarning, api.EventReclaimBlocked, "tessera: quota reclaim for namespace %s: %s", ns, msg)
+				e.event(blocker, corev1.EventTypeWarning, api.EventReclaimBlocked, "tessera: quota reclaim for namespace %s: %s", ns, msg)
 				retry = true
 				continue
 			}
@@ -721,26 +733,6 @@ func (r *Reclaim) Evict(ctx context.Context) error {
 		e.event(p, corev1.EventTypeNormal, api.EventQuotaReclaiming, "tessera: quota: %s", r.Msg)
 	}
 	return errors.Join(errs...)
-}
-
-// dryRun checks every pod may be evicted; it returns the first refused.
-func (e *Enforcer) dryRun(ctx context.Context, pods []*corev1.Pod) (string, error) {
-	for _, p := range pods {
-		if err := e.Evicter.Evict(ctx, p, true); err != nil && !apierrors.IsNotFound(err) {
-			return p.Name, err
-		}
-	}
-	return "", nil
-}
-
-// podNamed returns the pod of pods named name, or nil.
-func podNamed(pods []*corev1.Pod, name string) *corev1.Pod {
-	for _, p := range pods {
-		if p.Name == name {
-			return p
-		}
-	}
-	return nil
 }
 
 // why explains a victim's choice for its Events.
