@@ -49,9 +49,8 @@ type QueueBook struct {
 	Dynamic dynamic.Interface
 	Now     func() time.Time
 
-	mu        sync.Mutex
-	malformed map[string]string // queue -> last error logged
-	invalid   map[string]string // queue -> last reason it admits nothing logged
+	mu     sync.Mutex
+	logged map[string]string // queue (or "<queue> status") -> the reason last logged
 	// decoded caches load's answer for the objects it was computed
 	// from (their names and resource versions), with their tree.
 	decoded struct {
@@ -100,7 +99,10 @@ func (b *QueueBook) load() (queueObjects, *queue.Tree) {
 	tree := queue.Build(out.specs)
 	for _, name := range tree.Names() {
 		if why := tree.Invalid(name); why != "" {
-			b.logInvalid(name, why)
+			// A malformed Queue among them (its decoding error is its
+			// reason), and a conflict between Queues, which is no error
+			// of one object's decoding.
+			b.logOnce(name, why, "Queue admits nothing new until it is fixed; its running work is kept (never reclaimed)", "queue", name, "reason", why)
 		}
 	}
 	b.mu.Lock()
@@ -116,7 +118,6 @@ func (b *QueueBook) decode(objs []*unstructured.Unstructured) queueObjects {
 		out.objs[u.GetName()] = u
 		q, err := api.QueueFromUnstructured(u)
 		if err != nil {
-			b.logMalformed(u.GetName(), err)
 			ns, _, _ := unstructured.NestedStringSlice(u.Object, "spec", "namespaces")
 			out.specs = append(out.specs, queue.Spec{Name: u.GetName(), Namespaces: ns, Malformed: err.Error()})
 			continue
@@ -124,7 +125,7 @@ func (b *QueueBook) decode(objs []*unstructured.Unstructured) queueObjects {
 		out.specs = append(out.specs, specOf(q))
 		st, err := api.QueueStatusFromUnstructured(u)
 		if err != nil {
-			b.logMalformed(u.GetName()+" status", err)
+			b.logOnce(u.GetName()+" status", err.Error(), "Malformed Queue status: the queue's usage history starts afresh", "queue", u.GetName(), "err", err)
 			continue
 		}
 		out.status[q.Name] = st
@@ -133,30 +134,17 @@ func (b *QueueBook) decode(objs []*unstructured.Unstructured) queueObjects {
 	return out
 }
 
-// logInvalid logs (once per reason) a queue that admits nothing: a
-// conflict between Queues (two claiming one namespace) is no error of one
-// object's decoding, and went unsaid.
-func (b *QueueBook) logInvalid(name, why string) {
+// logOnce logs msg with kv the first time key holds value (a queue's
+// reason to admit nothing, a status's error), not again on every pass.
+func (b *QueueBook) logOnce(key, value, msg string, kv ...any) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.invalid == nil {
-		b.invalid = map[string]string{}
+	if b.logged == nil {
+		b.logged = map[string]string{}
 	}
-	if b.invalid[name] != why {
-		b.invalid[name] = why
-		klog.Background().Info("Queue admits nothing new until it is fixed; its running work is kept (never reclaimed)", "queue", name, "reason", why)
-	}
-}
-
-func (b *QueueBook) logMalformed(key string, err error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.malformed == nil {
-		b.malformed = map[string]string{}
-	}
-	if b.malformed[key] != err.Error() {
-		b.malformed[key] = err.Error()
-		klog.Background().Info("Malformed Queue: its namespaces admit nothing new until it is fixed", "queue", key, "err", err)
+	if b.logged[key] != value {
+		b.logged[key] = value
+		klog.Background().Info(msg, kv...)
 	}
 }
 
