@@ -28,6 +28,20 @@ import (
 //     capped by its limit and its demand; what a capped child cannot take
 //     goes round again to the others, until nothing is left or everyone
 //     is satisfied.
+//   - With HistoryWeight k above 0 (and a HalfLife), each of those
+//     weights is first tilted by what the child borrowed lately: with w
+//     its weight's fraction among them and u its recent use beyond its
+//     guarantee (Usage over the half-life's steady state, as Share counts
+//     it) as a fraction of what is left, its weight becomes
+//     max(0, w + k·(w − u)). A child that borrowed its weight's part of
+//     what was lent keeps its weight, one that borrowed more gets less of
+//     what is lent now, one that borrowed less gets more; children that
+//     borrowed in proportion to their weights keep their proportions, and
+//     a child's use within its guarantee never counts. Since recent use
+//     follows what a queue gets, the split settles at the weights' over
+//     time (KAI-Scheduler's time-aware fairness works alike). What the
+//     tilted weights cannot place (the children that take it capped, the
+//     others tilted to 0) is split again by the plain weights.
 //
 // Amounts are integers: each round gives every child the floor of its
 // proportion, and the units left over go one each to the children with the
@@ -88,12 +102,79 @@ func (v *view) splitLevel(r corev1.ResourceName, share int64, children []string,
 		left -= got[i]
 		rest[i] = want[i] - got[i]
 	}
-	more := waterfill(left, rest, weight, children)
+	tilted, ok := v.tilt(r, left, children, rest, weight)
+	if !ok {
+		tilted = weight
+	}
+	more := waterfill(left, rest, tilted, children)
 	for i := range got {
 		got[i] += more[i]
 	}
+	if ok {
+		// What the tilted weights could not place (its takers capped, the
+		// others tilted to 0) goes by the plain weights: history lowers a
+		// queue's part, it does not leave GPUs without a queue.
+		for i := range children {
+			left -= more[i]
+			rest[i] -= more[i]
+		}
+		again := waterfill(left, rest, weight, children)
+		for i := range got {
+			got[i] += again[i]
+		}
+	}
 	return got
 }
+
+// tilt returns the weights by which the children split left of r, when
+// history tilts them (false without a HistoryWeight, a HalfLife or
+// anything left, or when no claimant would keep a weight above 0): each
+// claimant's (rest above 0) weight fraction w tilted by its recent use
+// beyond its guarantee over left, u, to max(0, w + k·(w − u)), in integer
+// units of tiltScale.
+func (v *view) tilt(r corev1.ResourceName, left int64, children []string, rest, weight []int64) ([]int64, bool) {
+	k := v.s.HistoryWeight
+	if k <= 0 || v.s.HalfLife <= 0 || left <= 0 || math.IsNaN(k) || math.IsInf(k, 0) {
+		return nil, false
+	}
+	var sumW float64
+	for i := range children {
+		if rest[i] > 0 && weight[i] > 0 {
+			sumW += float64(weight[i])
+		}
+	}
+	if sumW == 0 {
+		return nil, false
+	}
+	norm := steadyState(v.s.HalfLife)
+	tilted := make([]float64, len(children))
+	var sumT float64
+	for i, c := range children {
+		if rest[i] <= 0 || weight[i] <= 0 {
+			continue
+		}
+		w := float64(weight[i]) / sumW
+		borrowed := max(v.hist[c][r]/norm-float64(max(v.spec(c).Guaranteed[r], 0)), 0)
+		u := borrowed / float64(left)
+		t := max(w+k*(w-u), 0)
+		if math.IsNaN(t) || math.IsInf(t, 0) {
+			return nil, false
+		}
+		tilted[i] = t
+		sumT += t
+	}
+	if sumT <= 0 {
+		return nil, false
+	}
+	out := make([]int64, len(children))
+	for i, t := range tilted {
+		out[i] = int64(math.Round(t / sumT * tiltScale))
+	}
+	return out, true
+}
+
+// tiltScale is the integer total tilted weights are given in.
+const tiltScale = 1 << 30
 
 // waterfill splits total among claimants in proportion to weight, each
 // capped by caps, integer units with remainders to the largest fractional

@@ -2,6 +2,7 @@ package queue
 
 import (
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -177,5 +178,163 @@ func TestWaterfillHugeNumbers(t *testing.T) {
 	got := waterfill(big, []int64{big, big}, []int64{big, big}, []string{"a", "b"})
 	if got[0]+got[1] != big || got[0] != big/2 {
 		t.Errorf("waterfill = %v, want halves of %d", got, int64(big))
+	}
+}
+
+// Time-based fair share: recent use beyond a queue's guarantee tilts its
+// part of what is lent (k = HistoryWeight, half-life 1h; "recent" is the
+// average use lately, Usage over the half-life's steady state).
+func TestFairShareByHistory(t *testing.T) {
+	const halfLife = time.Hour
+	recent := func(n float64) Usage { return Usage{gpu: n * steadyState(halfLife)} }
+	tests := []struct {
+		name     string
+		specs    []Spec
+		k        float64
+		halfLife time.Duration
+		used     map[string]int64
+		pending  map[string]int64
+		recent   map[string]float64
+		want     map[string]int64
+	}{
+		{
+			// a borrowed 8 of 16 lately (u = 1/2, its weight's half):
+			// weights 1/2 + (1/2 − 1/2) and 1/2 + 1/2, so a gets 16/3.
+			name:    "a queue that borrowed lately gets less of what is lent",
+			specs:   []Spec{q("a", "", 0), q("b", "", 0)},
+			k:       1,
+			pending: map[string]int64{"a": 16, "b": 16},
+			recent:  map[string]float64{"a": 8},
+			want:    map[string]int64{"a": 5, "b": 11},
+		},
+		{
+			name:    "without a history weight history changes nothing",
+			specs:   []Spec{q("a", "", 0), q("b", "", 0)},
+			pending: map[string]int64{"a": 16, "b": 16},
+			recent:  map[string]float64{"a": 8},
+			want:    map[string]int64{"a": 8, "b": 8},
+		},
+		{
+			name:     "without a half-life history is a plain sum and tilts nothing",
+			specs:    []Spec{q("a", "", 0), q("b", "", 0)},
+			k:        1,
+			halfLife: -1,
+			pending:  map[string]int64{"a": 16, "b": 16},
+			recent:   map[string]float64{"a": 8},
+			want:     map[string]int64{"a": 8, "b": 8},
+		},
+		{
+			name:    "borrowing in proportion to the weights keeps them",
+			specs:   []Spec{q("a", "", 0), q("b", "", 0).weigh(3)},
+			k:       1,
+			pending: map[string]int64{"a": 16, "b": 16},
+			recent:  map[string]float64{"a": 4, "b": 12},
+			want:    map[string]int64{"a": 4, "b": 12},
+		},
+		{
+			name:    "use within the guarantee does not count",
+			specs:   []Spec{q("a", "", 4), q("b", "", 4)},
+			k:       1,
+			pending: map[string]int64{"a": 16, "b": 16},
+			recent:  map[string]float64{"a": 4},
+			want:    map[string]int64{"a": 8, "b": 8},
+		},
+		{
+			name:    "a larger k tilts more",
+			specs:   []Spec{q("a", "", 0), q("b", "", 0)},
+			k:       2,
+			pending: map[string]int64{"a": 16, "b": 16},
+			recent:  map[string]float64{"a": 4},
+			// u 1/4: weights 1/2 + 2·(1/4) = 1 and 1/2 + 2·(1/2) = 3/2.
+			want: map[string]int64{"a": 6, "b": 10},
+		},
+		{
+			// a took all 16 lately: its weight tilts to 0 and b gets
+			// first pick, but b asks for 4, and the 12 left go by the
+			// plain weights to a, not to nobody.
+			name:    "what the tilted weights cannot place goes by the plain weights",
+			specs:   []Spec{q("a", "", 0), q("b", "", 0)},
+			k:       1,
+			pending: map[string]int64{"a": 16, "b": 4},
+			recent:  map[string]float64{"a": 16},
+			want:    map[string]int64{"a": 12, "b": 4},
+		},
+		{
+			name:    "a monopolist gets nothing lent while the other wants it all",
+			specs:   []Spec{q("a", "", 2), q("b", "", 2)},
+			k:       1,
+			pending: map[string]int64{"a": 16, "b": 16},
+			recent:  map[string]float64{"a": 14},
+			want:    map[string]int64{"a": 2, "b": 14},
+		},
+		{
+			// dept-x borrowed 8 of 16 (its teams' sum): 16/3 to it, 5;
+			// within it x1 borrowed 8 of those 5, tilted to 0, and x2,
+			// without history, gets them.
+			name: "each level tilts by its own children's history",
+			specs: []Spec{
+				q("dept-x", "", 0), q("dept-y", "", 0),
+				q("x1", "dept-x", 0), q("x2", "dept-x", 0), q("y1", "dept-y", 0),
+			},
+			k:       1,
+			pending: map[string]int64{"x1": 16, "x2": 16, "y1": 16},
+			recent:  map[string]float64{"x1": 8},
+			want:    map[string]int64{"dept-x": 5, "dept-y": 11, "x1": 0, "x2": 5, "y1": 11},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := state(Build(tc.specs), tc.used, tc.pending)
+			s.HistoryWeight = tc.k
+			s.HalfLife = halfLife
+			if tc.halfLife != 0 {
+				s.HalfLife = tc.halfLife
+			}
+			s.Usage = map[string]Usage{}
+			for name, n := range tc.recent {
+				s.Usage[name] = recent(n)
+			}
+			got := map[string]int64{}
+			for name, r := range s.FairShare() {
+				got[name] = r[gpu]
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("FairShare (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// Two backlogged queues of equal weight, a having used the whole cluster
+// for a long while: with each queue given its fair share, history and
+// use follow each other to the weights' split (8 and 8), a's share only
+// growing on the way, and over the time it takes b makes up part of what
+// a had.
+func TestFairShareByHistorySettles(t *testing.T) {
+	const halfLife = time.Hour
+	s := state(Build([]Spec{q("a", "", 0), q("b", "", 0)}), nil, map[string]int64{"a": 16, "b": 16})
+	s.HalfLife, s.HistoryWeight = halfLife, DefaultHistoryWeight
+	s.Usage = map[string]Usage{"a": {gpu: 16 * steadyState(halfLife)}}
+	var last int64 = -1
+	var got map[string]quota.Resources
+	var area [2]float64
+	for step := range 8 * 60 { // 8 half-lives in minutes
+		got = s.FairShare()
+		if a := got["a"][gpu]; a < last {
+			t.Fatalf("minute %d: a's fair share went down from %d to %d", step, last, a)
+		} else {
+			last = a
+		}
+		area[0] += float64(got["a"][gpu])
+		area[1] += float64(got["b"][gpu])
+		for _, name := range []string{"a", "b"} {
+			s.Usage[name] = Accrue(s.Usage[name], got[name], time.Minute, halfLife)
+		}
+	}
+	if got["a"][gpu] != 8 || got["b"][gpu] != 8 {
+		t.Errorf("after 8 half-lives the fair shares are %v, want 8 and 8", got)
+	}
+	if area[1] <= area[0] {
+		t.Errorf("b got %.0f GPU-minutes, a %.0f: the queue without history should get more", area[1], area[0])
 	}
 }

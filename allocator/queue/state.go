@@ -36,7 +36,15 @@ type State struct {
 	// HalfLife is the half-life Usage decays with; it normalises Share.
 	// 0 or less means Usage is a plain sum.
 	HalfLife time.Duration
+	// HistoryWeight is how much recent use (Usage, with HalfLife above 0)
+	// lowers a queue's part of what is lent beyond guarantees (FairShare,
+	// "time-based fair share"): 0 splits it by weight alone.
+	HistoryWeight float64
 }
+
+// DefaultHistoryWeight is the HistoryWeight the extender and the
+// simulator use unless told otherwise.
+const DefaultHistoryWeight = 1.0
 
 // view is what the questions derive from a State once: subtree sums, fair
 // shares, history and shares of every queue.

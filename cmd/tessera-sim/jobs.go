@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tessera-gpu/tessera/allocator"
+	"github.com/tessera-gpu/tessera/allocator/queue"
 	"github.com/tessera-gpu/tessera/allocator/reserve"
 	"github.com/tessera-gpu/tessera/sim/jobs"
 )
@@ -37,6 +39,7 @@ type jobsOptions struct {
 	queueDepts   int
 	queueGuar    float64
 	queueHalf    time.Duration
+	queueHistWt  float64
 	teamShares   bool
 	reserve      reserve.Policy
 	estimates    []jobs.Estimates
@@ -64,6 +67,7 @@ func parseJobsFlags(args []string, stderr io.Writer) (*jobsOptions, error) {
 	fs.IntVar(&o.queueDepts, "queue-departments", 2, "departments (parent queues) the teams alternate between")
 	fs.Float64Var(&o.queueGuar, "queue-guarantee-fraction", 1, "queues: each team guarantees floor(cluster GPUs x this / teams)")
 	fs.DurationVar(&o.queueHalf, "queue-half-life", jobs.DefaultQueueHalfLife, "queues: half-life of the decayed usage history that orders the teams")
+	fs.Float64Var(&o.queueHistWt, "queue-history-weight", queue.DefaultHistoryWeight, "queues: how much a team's recent borrowing lowers its part of what is lent (0: by weight alone)")
 	fs.IntVar(&o.reserve.MinGPUs, "reserve-min-gpus", def.Reserve.MinGPUs, "reserve: jobs of fewer GPUs never get a reservation")
 	fs.DurationVar(&o.reserve.Wait, "reserve-wait", def.Reserve.Wait, "reserve: a big job is due a reservation after waiting this long, plus --reserve-wait-per-gpu per GPU")
 	fs.DurationVar(&o.reserve.WaitPerGPU, "reserve-wait-per-gpu", def.Reserve.WaitPerGPU, "reserve: added to --reserve-wait per GPU of the job")
@@ -107,6 +111,9 @@ func parseJobsFlags(args []string, stderr io.Writer) (*jobsOptions, error) {
 	}
 	if o.queueGuar <= 0 || o.queueGuar > 1 {
 		return nil, fmt.Errorf("jobs: --queue-guarantee-fraction %v: want above 0, at most 1", o.queueGuar)
+	}
+	if !(o.queueHistWt >= 0) || math.IsInf(o.queueHistWt, 0) {
+		return nil, fmt.Errorf("jobs: --queue-history-weight %v: want 0 or more", o.queueHistWt)
 	}
 	if o.queueHalf <= 0 {
 		return nil, fmt.Errorf("jobs: --queue-half-life %v: want above 0", o.queueHalf)
@@ -154,7 +161,7 @@ func runJobs(args []string, stdout, stderr io.Writer) error {
 				Strategy: st, Nodes: o.nodes, GPUsPerNode: o.gpusPerNode, Policy: o.policy,
 				MaxBackfillWait: int64(o.holdAfter / time.Second), ReclaimAfter: int64(o.reclaimAfter / time.Second),
 				SampleEvery: int64(o.sampleEvery / time.Second),
-				Queues:      jobs.QueueConfig{Teams: o.queueTeams, Departments: o.queueDepts, GuaranteeFraction: o.queueGuar, HalfLife: o.queueHalf},
+				Queues:      jobs.QueueConfig{Teams: o.queueTeams, Departments: o.queueDepts, GuaranteeFraction: o.queueGuar, HalfLife: o.queueHalf, HistoryWeight: histWeight(o.queueHistWt)},
 				Reserve:     o.reserve,
 				Estimates:   run.estimates,
 				ElasticMin:  o.elasticMin,
@@ -229,11 +236,23 @@ func variant(cfg jobs.Config) string {
 	return v
 }
 
+// histWeight is QueueConfig.HistoryWeight for the flag's k: 0 there
+// means the default, so off is below 0.
+func histWeight(k float64) float64 {
+	if k == 0 {
+		return -1
+	}
+	return k
+}
+
 func strategyVariant(cfg jobs.Config) string {
 	v := string(cfg.Strategy)
 	if cfg.Strategy == jobs.StrategyQueues {
 		if cfg.Queues.HalfLife != jobs.DefaultQueueHalfLife {
 			v += "+hl" + cfg.Queues.HalfLife.String()
+		}
+		if w := cfg.Queues.HistoryWeight; w != 0 && w != queue.DefaultHistoryWeight {
+			v += "+hw" + strconv.FormatFloat(max(w, 0), 'g', -1, 64)
 		}
 		if f := cfg.Queues.GuaranteeFraction; f != 1 {
 			v += "+guar" + strconv.FormatFloat(f, 'g', -1, 64)

@@ -131,19 +131,20 @@ func TestJobsCommand(t *testing.T) {
 		args []string
 		want string
 	}{
-		"bad fraction":      {[]string{"jobs", "--trace", trace, "--queue-guarantee-fraction", "1.5"}, "--queue-guarantee-fraction 1.5"},
-		"bad half-life":     {[]string{"jobs", "--trace", trace, "--queue-half-life", "0s"}, "--queue-half-life 0s"},
-		"no departments":    {[]string{"jobs", "--trace", trace, "--queue-departments", "0"}, "--queue-departments 0"},
-		"no trace":          {[]string{"jobs"}, "--trace is required"},
-		"missing trace":     {[]string{"jobs", "--trace", filepath.Join(dir, "nope.csv")}, "nope.csv"},
-		"unknown strategy":  {[]string{"jobs", "--trace", trace, "--nodes", "2", "--strategy", "lottery"}, `unknown strategy "lottery"`},
-		"bad reserve order": {[]string{"jobs", "--trace", trace, "--reserve-order", "soonest"}, `order "soonest"`},
-		"bad reserve min":   {[]string{"jobs", "--trace", trace, "--reserve-min-gpus", "0"}, "MinGPUs 0"},
-		"bad estimates":     {[]string{"jobs", "--trace", trace, "--estimates", "psychic"}, `estimates "psychic"`},
-		"bad consolidation": {[]string{"jobs", "--trace", trace, "--consolidate-moves-per-minute", "-1"}, "--consolidate-moves-per-minute -1"},
-		"bad max share":     {[]string{"jobs", "--trace", trace, "--reserve-max-share", "2"}, "MaxShare 2"},
-		"bad format":        {[]string{"jobs", "--trace", trace, "--format", "xml"}, `--format "xml"`},
-		"too small":         {[]string{"jobs", "--trace", trace, "--nodes", "1"}, "more than the cluster's 8"},
+		"bad fraction":       {[]string{"jobs", "--trace", trace, "--queue-guarantee-fraction", "1.5"}, "--queue-guarantee-fraction 1.5"},
+		"bad half-life":      {[]string{"jobs", "--trace", trace, "--queue-half-life", "0s"}, "--queue-half-life 0s"},
+		"bad history weight": {[]string{"jobs", "--trace", trace, "--queue-history-weight", "-1"}, "--queue-history-weight -1"},
+		"no departments":     {[]string{"jobs", "--trace", trace, "--queue-departments", "0"}, "--queue-departments 0"},
+		"no trace":           {[]string{"jobs"}, "--trace is required"},
+		"missing trace":      {[]string{"jobs", "--trace", filepath.Join(dir, "nope.csv")}, "nope.csv"},
+		"unknown strategy":   {[]string{"jobs", "--trace", trace, "--nodes", "2", "--strategy", "lottery"}, `unknown strategy "lottery"`},
+		"bad reserve order":  {[]string{"jobs", "--trace", trace, "--reserve-order", "soonest"}, `order "soonest"`},
+		"bad reserve min":    {[]string{"jobs", "--trace", trace, "--reserve-min-gpus", "0"}, "MinGPUs 0"},
+		"bad estimates":      {[]string{"jobs", "--trace", trace, "--estimates", "psychic"}, `estimates "psychic"`},
+		"bad consolidation":  {[]string{"jobs", "--trace", trace, "--consolidate-moves-per-minute", "-1"}, "--consolidate-moves-per-minute -1"},
+		"bad max share":      {[]string{"jobs", "--trace", trace, "--reserve-max-share", "2"}, "MaxShare 2"},
+		"bad format":         {[]string{"jobs", "--trace", trace, "--format", "xml"}, `--format "xml"`},
+		"too small":          {[]string{"jobs", "--trace", trace, "--nodes", "1"}, "more than the cluster's 8"},
 	} {
 		t.Run(name, func(t *testing.T) { wantRunError(t, tc.args, tc.want) })
 	}

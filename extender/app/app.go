@@ -16,6 +16,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -43,6 +44,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/tessera-gpu/tessera/allocator"
+	"github.com/tessera-gpu/tessera/allocator/queue"
 	"github.com/tessera-gpu/tessera/allocator/quota"
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/extender"
@@ -107,6 +109,7 @@ type options struct {
 
 	queues          bool
 	queueHalfLife   time.Duration
+	queueHistoryWt  float64
 	queueStatusEach time.Duration
 
 	reserveAfter       time.Duration
@@ -166,6 +169,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.quotaResync, "quota-resync", 2*time.Second, "how often pods kube-scheduler found unschedulable are checked for a reclaim within their namespace's min")
 	fs.BoolVar(&o.queues, "queues", true, "admit the GPU workloads of namespaces a Queue (queues.tessera.dev) serves in queue order, by the Queues' guarantees, limits and fair share (docs/queues.md); without the CRD installed nothing is queued until it appears")
 	fs.DurationVar(&o.queueHalfLife, "queue-half-life", 24*time.Hour, "half-life of the Queues' usage history (fair share by what a queue used lately)")
+	fs.Float64Var(&o.queueHistoryWt, "queue-history-weight", queue.DefaultHistoryWeight, "how much a queue's recent borrowing lowers its part of what is lent beyond guarantees (time-based fair share; 0: by weight alone)")
 	fs.DurationVar(&o.queueStatusEach, "queue-status-period", 10*time.Second, "how often each Queue's status (used, fair share, usage history) is written")
 	fs.DurationVar(&o.reserveAfter, "reservation-wait", 10*time.Minute, "a whole-GPU gang or queued pod that has waited this long and fits nowhere gets the nodes that will hold it soonest reserved: nothing else starts on them until it fits (docs/queues.md); 0: no reservations")
 	fs.DurationVar(&o.reserveFor, "reservation-max", time.Hour, "how long a reservation lasts at most; the workload then does not reserve again for as long")
@@ -219,6 +223,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.reserveMinGPUs < 0 || o.reservePerGPU < 0 || o.reserveRelative < 0 {
 		return nil, fmt.Errorf("--reservation-min-gpus, --reservation-wait-per-gpu and --reservation-relative must be 0 or more, got %d, %s and %v", o.reserveMinGPUs, o.reservePerGPU, o.reserveRelative)
+	}
+	if !(o.queueHistoryWt >= 0) || math.IsInf(o.queueHistoryWt, 0) {
+		return nil, fmt.Errorf("--queue-history-weight must be 0 (off) or a positive number, got %v", o.queueHistoryWt)
 	}
 	if o.consolidationPerMinute < 1 {
 		return nil, fmt.Errorf("--consolidation-moves-per-minute must be 1 or more, got %d", o.consolidationPerMinute)
@@ -441,7 +448,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 			Queues:   queueWatcher,
 			Pods:     func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) },
 			Nodes:    func() ([]*corev1.Node, error) { return nodeLister.List(labels.Everything()) },
-			HalfLife: o.queueHalfLife, Dynamic: dyn,
+			HalfLife: o.queueHalfLife, HistoryWeight: o.queueHistoryWt, Dynamic: dyn,
 		}
 	}
 

@@ -126,6 +126,26 @@ func TestConsolidationFlags(t *testing.T) {
 	}
 }
 
+func TestQueueHistoryWeightFlag(t *testing.T) {
+	o, err := parseFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.queueHistoryWt != 1 {
+		t.Errorf("default --queue-history-weight %v, want 1", o.queueHistoryWt)
+	}
+	for _, good := range []string{"0", "0.5", "3"} {
+		if _, err := parseFlags([]string{"--queue-history-weight=" + good}, io.Discard); err != nil {
+			t.Errorf("--queue-history-weight=%s: %v", good, err)
+		}
+	}
+	for _, bad := range []string{"-1", "NaN", "+Inf"} {
+		if _, err := parseFlags([]string{"--queue-history-weight=" + bad}, io.Discard); err == nil || !strings.Contains(err.Error(), "--queue-history-weight") {
+			t.Errorf("--queue-history-weight=%s: %v, want it refused", bad, err)
+		}
+	}
+}
+
 func writeSelfSigned(t *testing.T, dir string) (certPath, keyPath string) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)

@@ -44,6 +44,9 @@ type QueueBook struct {
 	Nodes func() ([]*corev1.Node, error)
 	// HalfLife is the half-life of the usage history.
 	HalfLife time.Duration
+	// HistoryWeight is how much recent use lowers a queue's part of what
+	// is lent (queue.State.HistoryWeight; 0: weights alone).
+	HistoryWeight float64
 	// Dynamic writes the Queues' status (Run); may be nil for a book that
 	// only reads.
 	Dynamic dynamic.Interface
@@ -184,6 +187,7 @@ func (b *QueueBook) Snapshot() (*QueueSnapshot, error) {
 	objs, tree := b.load()
 	snap := &QueueSnapshot{Status: objs.status, objs: objs.objs, State: &queue.State{
 		Tree: tree, Used: map[string]quota.Resources{}, Pending: map[string]quota.Resources{}, Usage: map[string]queue.Usage{}, HalfLife: b.HalfLife,
+		HistoryWeight: b.HistoryWeight,
 	}}
 	if len(objs.specs) == 0 {
 		return snap, nil

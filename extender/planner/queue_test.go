@@ -1090,3 +1090,53 @@ func TestQueueUsageAccruesOnce(t *testing.T) {
 		t.Errorf("usage after three writes 10 s apart: %.3f GPU-seconds, want %.3f (8 GPUs x 30 s, decayed)", got, want)
 	}
 }
+
+// The fair share a Queue's status shows counts its recent borrowing with
+// a history weight (time-based fair share): team-a used 4 of the node's 8
+// GPUs lately, team-b nothing, both wait for 8; by weight alone each gets
+// 4, tilted team-a gets 8/3 (3, the odd unit on the larger remainder).
+func TestQueueStatusFairShareCountsHistory(t *testing.T) {
+	for _, tc := range []struct {
+		weight       float64
+		wantA, wantB int64
+	}{{weight: 0, wantA: 4, wantB: 4}, {weight: 1, wantA: 3, wantB: 5}} {
+		t.Run(fmt.Sprintf("history weight %g", tc.weight), func(t *testing.T) {
+			nodes := withGPUCapacity([]*corev1.Node{testbuild.Node("n0").GPUs(8, "H100", 81920).Obj()})
+			f := newGangFixture(t, nodes...)
+			for _, ns := range []string{"ns-a", "ns-b"} {
+				for i := range 8 {
+					p := testbuild.Pod(fmt.Sprintf("w-%d", i)).Whole(1).Obj()
+					p.Namespace, p.UID = ns, types.UID(fmt.Sprintf("uid-%s-%d", ns, i))
+					if _, err := f.client.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			now := f.now.Truncate(time.Second)
+			const halfLife = 24 * time.Hour
+			a := testbuild.QueueObj(t, "team-a", "", []string{"ns-a"}, 0, 4*halfLife.Seconds()/math.Ln2, now)
+			b := testbuild.QueueObj(t, "team-b", "", []string{"ns-b"}, 0, 0, now)
+			dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{api.QueueGVR: "QueueList"}, a, b)
+			book := &planner.QueueBook{Queues: testbuild.Objects{a, b}, Pods: f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }, Dynamic: dyn,
+				HalfLife: halfLife, HistoryWeight: tc.weight, Now: func() time.Time { return now }}
+			if err := book.WriteStatus(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]int64{}
+			for _, name := range []string{"team-a", "team-b"} {
+				obj, err := dyn.Resource(api.QueueGVR).Get(context.Background(), name, metav1.GetOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				st, err := api.QueueStatusFromUnstructured(obj)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got[name] = st.FairShare[api.ResourceGPU]
+			}
+			if want := map[string]int64{"team-a": tc.wantA, "team-b": tc.wantB}; !cmp.Equal(want, got) {
+				t.Errorf("status fair shares %v, want %v", got, want)
+			}
+		})
+	}
+}

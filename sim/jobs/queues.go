@@ -50,6 +50,10 @@ type QueueConfig struct {
 	// HalfLife of the decayed usage history; 0 means 24h, below 0 no
 	// decay (a plain sum).
 	HalfLife time.Duration
+	// HistoryWeight tilts each team's part of what is lent by its recent
+	// borrowing (queue.State.HistoryWeight); 0 means
+	// queue.DefaultHistoryWeight, below 0 none (by weight alone).
+	HistoryWeight float64
 }
 
 // DefaultQueueHalfLife is the usage history's default half-life.
@@ -70,6 +74,9 @@ func (c QueueConfig) resolved(cfg Config) QueueConfig {
 	}
 	if c.HalfLife == 0 {
 		c.HalfLife = DefaultQueueHalfLife
+	}
+	if c.HistoryWeight == 0 {
+		c.HistoryWeight = queue.DefaultHistoryWeight
 	}
 	return c
 }
@@ -281,7 +288,8 @@ func (s *sim) state() *queue.State {
 func (s *sim) books() *queue.State {
 	q := s.q
 	st := &queue.State{Tree: q.tree, Capacity: quota.Resources{api.ResourceGPU: q.capacity}, Used: map[string]quota.Resources{},
-		Pending: map[string]quota.Resources{}, Usage: map[string]queue.Usage{}, HalfLife: q.cfg.HalfLife}
+		Pending: map[string]quota.Resources{}, Usage: map[string]queue.Usage{}, HalfLife: q.cfg.HalfLife,
+		HistoryWeight: max(q.cfg.HistoryWeight, 0)}
 	for _, t := range q.teams {
 		st.Used[t] = quota.Resources{api.ResourceGPU: q.used[t]}
 		st.Pending[t] = quota.Resources{api.ResourceGPU: q.pending[t]}
@@ -306,7 +314,12 @@ func (s *sim) observeQueues() {
 	if !waiting {
 		return
 	}
-	fs := s.books().FairShare()
+	// Entitlement is by guarantees and weights alone: the history's tilt
+	// is how the queues strategy pays a team back over time, so the
+	// metric that judges it must not move with it.
+	books := s.books()
+	books.HistoryWeight = 0
+	fs := books.FairShare()
 	for _, t := range q.teams {
 		if q.pending[t] > 0 {
 			q.fair[t] = fs[t][api.ResourceGPU]

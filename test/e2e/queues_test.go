@@ -88,6 +88,8 @@ func clusterGPUs(t *testing.T, client kubernetes.Interface) ([]v1.Node, int64) {
 // guarantee) reaches team-a's; from then on the two alternate. So team-b
 // ends with about 6 GPUs more than team-a, team-a with at least its
 // guarantee, and what waits, waits behind the queue gate with the reason.
+// Their fair shares, while both wait, are tilted by the same history:
+// team-a's is below team-b's.
 func TestQueuesFairShareByHistory(t *testing.T) {
 	c := getCluster(t)
 	client := c.Client()
@@ -120,11 +122,31 @@ func TestQueuesFairShareByHistory(t *testing.T) {
 			t.Errorf("pod %s of a queued namespace is not held by the queue gate: %v", p.Name, p.Spec.SchedulingGates)
 		}
 	}
+	// Time-based fair share (--queue-history-weight, 1 by default): what
+	// is lent beyond the guarantees is tilted by recent borrowing, so
+	// while both wait team-a's fair share (it borrowed 4 lately) is below
+	// team-b's; by weight alone they were equal.
+	var fa, fb int64
+	last, err := waitStatus(t, c, extender.StatusQueuesPath, func(views []extender.QueueView) bool {
+		for _, v := range views {
+			switch v.Name {
+			case "e2e-team-a":
+				fa = v.FairShare[api.ResourceGPU]
+			case "e2e-team-b":
+				fb = v.FairShare[api.ResourceGPU]
+			}
+		}
+		return fa >= 2 && fb > fa && fa+fb == gpus
+	})
+	t.Logf("fair shares while both wait: team-a %d, team-b %d of %d GPUs", fa, fb, gpus)
+	if err != nil {
+		t.Errorf("team-a's fair share %d is not below team-b's %d (their history does not tilt what is lent): %v\nlast %s", fa, fb, err, last)
+	}
 	if err := client.CoreV1().Pods(nsFull).DeleteCollection(t.Context(), metav1.DeleteOptions{GracePeriodSeconds: new(int64)}, metav1.ListOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	var ra, rb, wa, wb int
-	err := wait.PollUntilContextTimeout(t.Context(), time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(t.Context(), time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
 		ra, wa, _ = countPhases(t, c, nsA)
 		rb, wb, _ = countPhases(t, c, nsB)
 		return int64(ra+rb) == gpus, nil
