@@ -25,6 +25,17 @@ const (
 	ReasonNRINotConnected = "NRIPluginNotConnected"
 )
 
+// Events of GPU health (tessera-node), once per change of a GPU's health.
+const (
+	// EventGPUUnhealthy: on the Node (Warning) when one of its GPUs turns
+	// unhealthy (a critical XID, a failed NVML health check, the GPU off
+	// the bus), naming the GPU and why; and on every pod that holds the
+	// GPU then (whole, by shared units or by a MIG instance of it).
+	EventGPUUnhealthy = "GPUUnhealthy"
+	// EventGPUHealthy: on the Node (Normal) when the GPU is healthy again.
+	EventGPUHealthy = "GPUHealthy"
+)
+
 // KindGPUInventory is the kind of a GPUInventory.
 const KindGPUInventory = "GPUInventory"
 

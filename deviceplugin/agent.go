@@ -140,6 +140,11 @@ type Options struct {
 	Runtime RuntimeUse
 	// Metrics records metrics; nil records none.
 	Metrics *Metrics
+	// Events records the Events of GPU health (healthevents.go): when a
+	// GPU turns unhealthy, a Warning on the Node and on every pod that
+	// holds it; when it is healthy again, a Normal on the Node. Nil
+	// records none.
+	Events EventRecorder
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 	// NRISentinel is a host file the device plugin mounts at
@@ -171,6 +176,7 @@ type Agent struct {
 	model    *devices.Model
 	kinds    []Kind
 	health   *health.Watcher
+	watched  []health.GPU // the GPUs whose health is watched, by index
 	gpuIndex map[string]int
 	migs     map[string]kube.MIGDevice // MIG UUID -> instance, for SyncPods
 
@@ -182,6 +188,11 @@ type Agent struct {
 	registerNow chan struct{}
 	syncNow     chan struct{}
 	publishNow  chan struct{}
+
+	// healthSeen is the GPUs' health the last Events were raised for
+	// (reportHealth); every GPU starts healthy, as the watcher's do. Only
+	// Run, then the health watch's callback (one goroutine), use it.
+	healthSeen devices.HealthMap
 
 	// absentMIG are the configured MIG resources no instance of the node
 	// has: not served, logged at Run.
@@ -262,6 +273,7 @@ func New(opts Options) (*Agent, error) {
 		cfg:         cfg,
 		model:       model,
 		kinds:       kinds,
+		watched:     watched,
 		gpuIndex:    gpuIndex,
 		migs:        migs,
 		registerNow: make(chan struct{}, 1),
@@ -318,10 +330,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	// lists: publish them without waiting for the ticker.
 	a.state.onChange = func() { poke(a.publishNow) }
 	a.health.CheckAll(ctx)
-	a.state.setHealth(a.health.Health())
+	initialHealth := a.health.Health()
+	a.state.setHealth(initialHealth)
 	if err := a.syncKubelet(ctx); err != nil {
 		a.logger.Error(err, "Cannot read the kubelet's allocations yet; retrying", "interval", a.cfg.KubeletSyncInterval.Duration)
 	}
+	// A GPU found unhealthy at start raises its Events too, with the pods
+	// the kubelet says hold it.
+	a.reportHealth(initialHealth)
 	shares := false
 	for _, k := range a.kinds {
 		a.plugins = append(a.plugins, newPlugin(a.logger, k, filepath.Join(a.opts.PluginDir, SocketName(k.Resource())), a))
@@ -346,6 +362,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		err := a.health.Run(ctx, func(h devices.HealthMap) {
 			a.state.setHealth(h)
 			poke(a.publishNow)
+			a.reportHealth(h)
 		})
 		if err != nil && !errors.Is(err, context.Canceled) {
 			a.logger.Error(err, "Health watch ended")

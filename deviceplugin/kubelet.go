@@ -232,20 +232,21 @@ func (a *Agent) kubeletLists() bool {
 // devices of a pod that runs, and a kubelet that has just restarted
 // answers PodResources with none until it has synced its pods (a GPU
 // released then would be offered to the other kind while its pod runs).
+//
+// It keeps the result as lastKubelet, which also tells the pods that hold
+// a GPU when its health changes (reportHealth).
 func (a *Agent) keepLive(allocs []kubeletstate.ContainerDevices) []kubeletstate.ContainerDevices {
-	live, ok := a.opts.Pods.(LivePods)
-	if !ok {
-		return allocs
-	}
-	present := map[[2]string]bool{}
-	for _, c := range allocs {
-		present[[2]string{c.Namespace, c.Name}] = true
-	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for _, c := range a.lastKubelet {
-		if c.Name != "" && !present[[2]string{c.Namespace, c.Name}] && live.Live(c.Namespace, c.Name) {
-			allocs = append(allocs, c)
+	if live, ok := a.opts.Pods.(LivePods); ok {
+		present := map[[2]string]bool{}
+		for _, c := range allocs {
+			present[[2]string{c.Namespace, c.Name}] = true
+		}
+		for _, c := range a.lastKubelet {
+			if c.Name != "" && !present[[2]string{c.Namespace, c.Name}] && live.Live(c.Namespace, c.Name) {
+				allocs = append(allocs, c)
+			}
 		}
 	}
 	a.lastKubelet = allocs

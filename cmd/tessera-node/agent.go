@@ -302,6 +302,9 @@ func serveAgent(ctx context.Context, f *agentFlags, cfg *api.NodeAgentConfig, ba
 	}
 	events, stopEvents := eventRecorder(ctx, cs, f.nodeName)
 	defer stopEvents()
+	// GPU health Events: on the Node, and on the pods that hold a GPU
+	// when it turns unhealthy.
+	opts.Events = events
 	// trust keeps only the pod decisions Tessera sealed (docs/isolation.md,
 	// threat model); without an API server there are none to read.
 	var trust *podtrust.Filter

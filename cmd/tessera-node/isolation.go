@@ -214,8 +214,11 @@ var _ isolation.EventRecorder = logEvents{}
 
 func (l logEvents) Eventf(obj kruntime.Object, eventtype, reason, messageFmt string, args ...interface{}) {
 	var ref any = fmt.Sprintf("%T", obj)
-	if m, ok := obj.(metav1.Object); ok {
-		ref = klog.KObj(m)
+	switch o := obj.(type) {
+	case metav1.Object:
+		ref = klog.KObj(o)
+	case *corev1.ObjectReference:
+		ref = o.Kind + " " + klog.KRef(o.Namespace, o.Name).String()
 	}
 	l.logger.Info("Event", "type", eventtype, "reason", reason, "object", ref, "message", fmt.Sprintf(messageFmt, args...))
 }

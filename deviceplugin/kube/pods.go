@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -44,6 +45,30 @@ type PodWatch struct {
 	// live are the node's pods (namespace/name) that have not ended, as
 	// the watch last saw them.
 	live map[string]bool
+	// uids are the UIDs of the node's pods by namespace/name, ended or
+	// not, as the watch last saw them.
+	uids map[string]types.UID
+}
+
+// PodUID returns the UID of a pod of the node as the watch last saw it,
+// ended or not; "" when it has not seen the pod or saw it go away.
+func (w *PodWatch) PodUID(namespace, name string) types.UID {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.uids[namespace+"/"+name]
+}
+
+func (w *PodWatch) setUID(key string, uid types.UID) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.uids == nil {
+		w.uids = map[string]types.UID{}
+	}
+	if uid != "" {
+		w.uids[key] = uid
+	} else {
+		delete(w.uids, key)
+	}
 }
 
 // Live reports whether the watch last saw the pod on the node, not ended.
@@ -114,6 +139,7 @@ func (w *PodWatch) Run(ctx context.Context, changed func(assigned map[string]boo
 		// Only pods that have not ended are kept.
 		key := pod.Namespace + "/" + pod.Name
 		before, had := assignments[key]
+		w.setUID(key, pod.UID)
 		w.setLive(key, !w.ended(pod))
 		if w.ended(pod) {
 			delete(assignments, key)
@@ -144,6 +170,7 @@ func (w *PodWatch) Run(ctx context.Context, changed func(assigned map[string]boo
 			return
 		}
 		delete(assignments, pod.Namespace+"/"+pod.Name)
+		w.setUID(pod.Namespace+"/"+pod.Name, "")
 		w.setLive(pod.Namespace+"/"+pod.Name, false)
 		report(true)
 	}

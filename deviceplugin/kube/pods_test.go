@@ -57,9 +57,10 @@ func TestPodWatch(t *testing.T) {
 	ctx, cancel := context.WithCancel(ctx)
 	reports := make(chan podsReport, 100)
 	done := make(chan struct{})
+	w := kube.NewPodWatch(cs, "n1", testTrust(t))
 	go func() {
 		defer close(done)
-		kube.NewPodWatch(cs, "n1", testTrust(t)).Run(ctx, func(assigned map[string]bool, released bool) {
+		w.Run(ctx, func(assigned map[string]bool, released bool) {
 			reports <- podsReport{assigned, released}
 		})
 	}()
@@ -112,6 +113,15 @@ func TestPodWatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait("the first slice failed", set(gpu2), true)
+	// UIDs (for Events on pods): of the node's pods, ended or not.
+	for _, tc := range []struct {
+		name string
+		want string
+	}{{"a", "uid-a"}, {"whole", "uid-whole"}, {"nowhere", ""}} {
+		if got := w.PodUID("ns", tc.name); string(got) != tc.want {
+			t.Errorf("PodUID(ns/%s) = %q, want %q", tc.name, got, tc.want)
+		}
+	}
 
 	// A pod whose assignment turns malformed or unsealed (a tenant edited
 	// it) keeps its last good reading.
@@ -135,6 +145,9 @@ func TestPodWatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait("the whole-GPU pod deleted", set(gpu2, gpu3), true)
+	if got := w.PodUID("ns", "whole"); got != "" {
+		t.Errorf("PodUID of a deleted pod = %q", got)
+	}
 	if err := cs.CoreV1().Pods("ns").Delete(ctx, "b", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
