@@ -53,7 +53,9 @@ const (
 	// stay gated until a running member ends. Unset: every member may run.
 	AnnotationGangMaxMember = Domain + "/gang-max-member"
 	// AnnotationGangTimeout is how long, in seconds, a planned gang waits
-	// for all members to bind before its plan is released.
+	// for all members to bind before its plan is released; the gang
+	// planner cuts it (and a PodGroup's) to the operator's
+	// --gang-timeout-max (extender/planner.GangTimeout).
 	AnnotationGangTimeout = Domain + "/gang-timeout-seconds"
 	// AnnotationGangTopology lists topology levels (node label keys),
 	// lowest first, each optionally suffixed ":required", e.g.

@@ -94,6 +94,7 @@ type options struct {
 	shutdownGrace   time.Duration
 	gangLevels      []api.TopologyLevel
 	gangResync      time.Duration
+	gangTimeoutMax  time.Duration
 	gangPlanner     bool
 	quota           bool
 	quotaRetry      time.Duration
@@ -163,6 +164,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil
 	})
 	fs.DurationVar(&o.gangResync, "gang-resync", 2*time.Second, "how often the gang planner makes a pass besides pod changes (plan timeouts, room freed by nodes)")
+	fs.DurationVar(&o.gangTimeoutMax, "gang-timeout-max", planner.DefaultGangTimeoutMax, "the longest a gang's plan holds the room planned for its members until they all bind (after which they are evicted with a GangTimeout Event): a gang's own timeout (tessera.dev/gang-timeout-seconds, its PodGroup's scheduleTimeoutSeconds, default "+api.DefaultGangTimeout.String()+") is cut to it, and its Events say so; below "+api.DefaultGangTimeout.String()+" it cuts the default too")
 	fs.BoolVar(&o.quota, "quota", true, "enforce ElasticQuotas (scheduling.x-k8s.io/v1alpha1): admission at filter and gang planning, reclaim by eviction, quota-aware preemption; without the CRD installed nothing is enforced until it appears")
 	fs.DurationVar(&o.quotaRetry, "quota-crd-retry", 30*time.Second, "how often to look again for an ElasticQuota CRD that is not installed")
 	fs.DurationVar(&o.quotaHold, "quota-reclaim-hold", 2*time.Minute, "how long room reclaimed for a namespace is held for its waiting work (no other namespace may borrow it meanwhile)")
@@ -232,6 +234,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.gangResync <= 0 {
 		return nil, fmt.Errorf("--gang-resync must be positive, got %s", o.gangResync)
+	}
+	if o.gangTimeoutMax < time.Second {
+		return nil, fmt.Errorf("--gang-timeout-max must be positive, at least 1s (gang timeouts are whole seconds), got %s", o.gangTimeoutMax)
 	}
 	if (o.tlsCert == "") != (o.tlsKey == "") {
 		return nil, errors.New("--tls-cert and --tls-key go together")
@@ -539,7 +544,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 			Ledger: extender.PlannerLedger{Cache: cache}, Client: gangClient,
 			Pods:   func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) },
 			Policy: policy, Levels: o.gangLevels, Events: recorder,
-			SchedulerNames: o.schedulers, Gangs: gangBook,
+			SchedulerNames: o.schedulers, Gangs: gangBook, GangTimeoutMax: o.gangTimeoutMax,
 		}
 		pcfg.Quota = quotaHooks
 		pcfg.Queues = queues

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/tessera-gpu/tessera/allocator"
+	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/extender/internal/testbuild"
 )
 
@@ -44,6 +45,7 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{"bad gang level mode", []string{"--gang-levels=rack:maybe"}, "neither required nor preferred"},
 		{"repeated gang level", []string{"--gang-levels=rack,rack"}, "empty or repeated"},
 		{"zero gang resync", []string{"--gang-resync=0s"}, "must be positive"},
+		{"zero gang timeout max", []string{"--gang-timeout-max=0s"}, "--gang-timeout-max must be positive, at least 1s (gang timeouts are whole seconds), got 0s"},
 		{"zero quota CRD retry", []string{"--quota-crd-retry=0s"}, "must be positive, got 0s, 2m0s and 2s"},
 		{"negative reclaim hold", []string{"--quota-reclaim-hold=-1s"}, "must be positive, got 30s, -1s and 2s"},
 		{"zero quota resync", []string{"--quota-resync=0s"}, "must be positive, got 30s, 2m0s and 0s"},
@@ -122,6 +124,31 @@ func TestConsolidationFlags(t *testing.T) {
 	for _, bad := range []string{"--consolidation-moves-per-minute=0", "--consolidation-moves-per-minute=-1"} {
 		if _, err := parseFlags([]string{bad}, io.Discard); err == nil {
 			t.Errorf("%s was accepted", bad)
+		}
+	}
+}
+
+// TestGangTimeoutMaxFlag: the operator's bound on a gang's timeout
+// (planner.GangTimeout) defaults to 30m, at least the default timeout.
+func TestGangTimeoutMaxFlag(t *testing.T) {
+	o, err := parseFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.gangTimeoutMax != 30*time.Minute || o.gangTimeoutMax < api.DefaultGangTimeout {
+		t.Errorf("default --gang-timeout-max %s, want 30m (not below the default timeout %s)", o.gangTimeoutMax, api.DefaultGangTimeout)
+	}
+	for good, want := range map[string]time.Duration{"1s": time.Second, "5m": 5 * time.Minute, "2h": 2 * time.Hour} {
+		o, err := parseFlags([]string{"--gang-timeout-max=" + good}, io.Discard)
+		if err != nil {
+			t.Errorf("--gang-timeout-max=%s: %v", good, err)
+		} else if o.gangTimeoutMax != want {
+			t.Errorf("--gang-timeout-max=%s: %s, want %s", good, o.gangTimeoutMax, want)
+		}
+	}
+	for _, bad := range []string{"0s", "-1m", "500ms", "30"} {
+		if _, err := parseFlags([]string{"--gang-timeout-max=" + bad}, io.Discard); err == nil || !strings.Contains(err.Error(), "gang-timeout-max") {
+			t.Errorf("--gang-timeout-max=%s: %v, want it refused", bad, err)
 		}
 	}
 }

@@ -115,6 +115,37 @@ type GangPlanner struct {
 	// PodGroups read), at the end of each pass.
 	gangBook  *GangBook
 	passGangs map[string]api.Gang
+	// timeoutMax is the operator's bound on a gang's timeout
+	// (GangTimeout); cutOld, by gang key, when a plan written under a
+	// longer bound (before the bound, or with a larger one: its expiry
+	// lies further than timeoutMax ahead) expires: timeoutMax after this
+	// planner first saw it.
+	timeoutMax time.Duration
+	cutOld     map[string]time.Time
+}
+
+// DefaultGangTimeoutMax is the default bound on a gang's timeout (the
+// extender's --gang-timeout-max): three times api.DefaultGangTimeout.
+const DefaultGangTimeoutMax = 30 * time.Minute
+
+// GangTimeout is how long the plan of gang g holds the room planned for
+// its members until they all bind: the timeout g declares (its
+// api.AnnotationGangTimeout, its PodGroup's spec.scheduleTimeoutSeconds,
+// else api.DefaultGangTimeout), but at most limit, the operator's
+// --gang-timeout-max (the timeout is written by the pods' creator, and
+// nothing a pod's creator writes is taken as Tessera's decision: a tenant's
+// gang of 8 GPUs that can never bind, declaring 9223372036 seconds, held
+// its node until 2319). When the timeout is cut, note says so for messages
+// ("" when it is not).
+func GangTimeout(g *api.Gang, limit time.Duration) (d time.Duration, note string) {
+	if g.Timeout <= limit {
+		return g.Timeout, ""
+	}
+	asked := fmt.Sprintf("the gang asked %ds", int64(g.Timeout/time.Second))
+	if g.Timeout == api.DefaultGangTimeout {
+		asked = "the default is " + api.DefaultGangTimeout.String()
+	}
+	return limit, "the operator's --gang-timeout-max; " + asked
 }
 
 // GangQuota is what the gang planner asks of quota (extender.Quota).
@@ -183,6 +214,9 @@ type GangPlannerConfig struct {
 	// Gangs may be nil; else the planner stores there the gangs of each
 	// pass as it completed them (GangBook).
 	Gangs *GangBook
+	// GangTimeoutMax bounds how long a gang's plan holds its room
+	// (GangTimeout); 0: DefaultGangTimeoutMax.
+	GangTimeoutMax time.Duration
 	// SchedulerNames are the schedulerNames whose pods go through the
 	// extender (kube-scheduler's profiles that call it); default
 	// default-scheduler. A gang member of another scheduler is planned
@@ -195,9 +229,13 @@ func NewGangPlanner(cfg GangPlannerConfig) *GangPlanner {
 	p := &GangPlanner{ledger: cfg.Ledger, client: cfg.Client, pods: cfg.Pods, policy: cfg.Policy, events: cfg.Events, now: cfg.Now, waiting: map[string]map[string]*waitState{}, quota: cfg.Quota,
 		queues: cfg.Queues, queueReclaim: cfg.QueueReclaim, schedulers: map[string]bool{}, gangBook: cfg.Gangs,
 		reservation: cfg.Reservation, reserved: map[string]*reservation{}, heldBefore: map[string]map[string]bool{}, cooldown: map[string]time.Time{}, preempt: cfg.Preempt,
-		consolidator: cfg.Consolidation, holds: map[string]*freedHold{}, store: storeState{store: cfg.Reservations}}
+		consolidator: cfg.Consolidation, holds: map[string]*freedHold{}, store: storeState{store: cfg.Reservations},
+		timeoutMax: cfg.GangTimeoutMax, cutOld: map[string]time.Time{}}
 	if p.now == nil {
 		p.now = time.Now
+	}
+	if p.timeoutMax <= 0 {
+		p.timeoutMax = DefaultGangTimeoutMax
 	}
 	names := cfg.SchedulerNames
 	if len(names) == 0 {
@@ -371,6 +409,7 @@ func (p *GangPlanner) Sync(ctx context.Context) error {
 	// What is kept of workloads that are gone is forgotten.
 	gone := func(key string) bool { _, live := groups[key]; return !live }
 	maps.DeleteFunc(p.cooldown, func(key string, _ time.Time) bool { return gone(key) })
+	maps.DeleteFunc(p.cutOld, func(key string, _ time.Time) bool { return gone(key) })
 	maps.DeleteFunc(p.heldBefore, func(key string, _ map[string]bool) bool { return gone(key) })
 	maps.DeleteFunc(p.store.restoredSince, func(key string, _ time.Time) bool { return gone(key) })
 	p.saveStore(ctx, groups)
@@ -526,7 +565,10 @@ func (p *GangPlanner) syncGroup(ctx context.Context, gr *group) error {
 			logger.Info("Releasing an incomplete gang plan", "gang", g.Key(), "planned", len(fresh), "minMember", g.MinMember)
 			return p.clearPlans(ctx, unionByName(fresh, planned))
 		}
-		if !allBound && p.now().After(expires) {
+		if allBound {
+			delete(p.cutOld, g.Key())
+		} else if p.now().After(p.boundExpiry(g.Key(), expires)) {
+			delete(p.cutOld, g.Key())
 			return p.expire(ctx, gr, planned)
 		}
 		if awaiting {
@@ -914,6 +956,23 @@ func (p *GangPlanner) clearPlans(ctx context.Context, pods []*corev1.Pod) error 
 	return errors.Join(errs...)
 }
 
+// boundExpiry is when the plan of gang key, which expires at expires,
+// expires under the operator's bound: a plan made under a longer bound
+// (its expiry lies further than timeoutMax ahead: written before
+// --gang-timeout-max, or with a larger one) expires timeoutMax after this
+// planner first saw it so. Kept in memory only: after a restart such a
+// plan holds timeoutMax from then.
+func (p *GangPlanner) boundExpiry(key string, expires time.Time) time.Time {
+	if cut, ok := p.cutOld[key]; ok && cut.Before(expires) {
+		return cut
+	}
+	if limit := p.now().Add(p.timeoutMax); expires.After(limit) {
+		p.cutOld[key] = limit
+		return limit
+	}
+	return expires
+}
+
 // expire releases a plan whose members did not all bind in time: every
 // member of the gang, bound or not, is evicted, so that the gang is
 // retried together, and each gets an Event naming the members that did not
@@ -926,8 +985,13 @@ func (p *GangPlanner) expire(ctx context.Context, gr *group, planned []*corev1.P
 			unbound = append(unbound, m.Name)
 		}
 	}
+	timeout, cut := GangTimeout(g, p.timeoutMax)
+	after := timeout.String()
+	if cut != "" {
+		after += " (" + cut + ")"
+	}
 	msg := fmt.Sprintf("tessera: gang %s: plan expired after %s with %d of %d planned members unbound (%s); evicting all %d members to retry the gang together",
-		g.Key(), g.Timeout, len(unbound), len(planned), strings.Join(unbound, ", "), len(gr.members))
+		g.Key(), after, len(unbound), len(planned), strings.Join(unbound, ", "), len(gr.members))
 	klog.FromContext(ctx).Info("Gang plan expired", "gang", g.Key(), "unbound", unbound, "members", len(gr.members))
 	var errs []error
 	uids := make([]types.UID, 0, len(gr.members))

@@ -257,7 +257,8 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 			return false, nil
 		}
 	}
-	expires := p.now().Add(g.Timeout).UTC().Truncate(time.Second)
+	timeout, cut := GangTimeout(g, p.timeoutMax)
+	expires := p.now().Add(timeout).UTC().Truncate(time.Second)
 	awaits, awaitUntil := p.awaits(members, victims)
 	uses := make([]*Use, len(members))
 	values := make([]string, len(members))
@@ -418,7 +419,11 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 				p.events.Eventf(m, corev1.EventTypeNormal, api.EventQueueAdmitted, "tessera: admitted by queue %s (%s); planned on node %s", q, p.admittedWhy(q, want), res.Placements[i].Node)
 				continue
 			}
-			p.events.Eventf(m, corev1.EventTypeNormal, "GangPlanned", "tessera: gang %s planned in %s: this member on node %s", g.Key(), where, res.Placements[i].Node)
+			if cut != "" {
+				p.events.Eventf(m, corev1.EventTypeNormal, "GangPlanned", "tessera: gang %s planned in %s: this member on node %s; the plan holds for %s (%s)", g.Key(), where, res.Placements[i].Node, timeout, cut)
+			} else {
+				p.events.Eventf(m, corev1.EventTypeNormal, "GangPlanned", "tessera: gang %s planned in %s: this member on node %s", g.Key(), where, res.Placements[i].Node)
+			}
 			if g.Levels != nil && len(res.Unlabelled) > 0 {
 				// The gang's own levels (the cluster's are the operator's).
 				p.events.Eventf(m, corev1.EventTypeWarning, api.EventGangTopologyUnmatched, "tessera: gang %s: no node it may use has the label %s of its %s levels; it was planned without them (a mistyped label key?)",
