@@ -365,9 +365,15 @@ func TestGangQuotaAdmittedWhole(t *testing.T) {
 			t.Errorf("member %s planned=%v gated=%v: want it held", p.Name, planned, api.HasGangGate(p))
 		}
 	}
-	want := "QuotaExceeded: tessera: quota: gang g (3 members) asks for 24 tessera.dev/gpu; namespace a uses 0, its ElasticQuota max is 16"
+	msg := "tessera: quota: gang g (3 members) asks for 24 tessera.dev/gpu; namespace a uses 0, its ElasticQuota max is 16"
+	want := "QuotaExceeded: " + msg
 	if diff := cmp.Diff([]string{want, want, want}, f.eventsWith(api.EventQuotaExceeded)); diff != "" {
 		t.Errorf("QuotaExceeded events (-want +got):\n%s", diff)
+	}
+	// The same words, once prefixed (they read "tessera: tessera: quota:").
+	want = "GangWaiting: " + msg
+	if diff := cmp.Diff([]string{want, want, want}, f.eventsWith("GangWaiting")); diff != "" {
+		t.Errorf("GangWaiting events (-want +got):\n%s", diff)
 	}
 	f.sync()
 	if n := len(f.eventsWith(api.EventQuotaExceeded)); n != 3 {

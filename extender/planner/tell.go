@@ -106,10 +106,13 @@ func (p *GangPlanner) wait(key string, pods []*corev1.Pod, reason string) {
 }
 
 // waitQuota is wait for a quota refusal, with a QuotaExceeded Event too.
+// reason is quota's message, which begins with equota.RefusalPrefix
+// ("tessera: quota: "): both Events give it as it is (the waiting one
+// read "tessera: tessera: quota: ...").
 func (p *GangPlanner) waitQuota(key string, pods []*corev1.Pod, reason string) {
 	for _, m := range p.untold(key, topicWait, reason, pods) {
 		p.events.Eventf(m, corev1.EventTypeWarning, api.EventQuotaExceeded, "%s", reason)
-		p.events.Eventf(m, corev1.EventTypeNormal, waitingReason(m), "tessera: %s", reason)
+		p.events.Eventf(m, corev1.EventTypeNormal, waitingReason(m), "%s", reason)
 	}
 }
 
