@@ -552,7 +552,8 @@ func Run(ctx context.Context, args []string, stderr io.Writer, embed func(Embedd
 			pcfg.Preempt = preemptor
 		}
 		pcfg.Reservation = planner.ReservationConfig{ReserveAfter: o.reserveAfter, ReserveFor: o.reserveFor, Backfill: o.reserveBackfill, Preemptible: o.reservePreemptible,
-			MinGPUs: o.reserveMinGPUs, WaitPerGPU: o.reservePerGPU, Relative: o.reserveRelative}
+			MinGPUs: o.reserveMinGPUs, WaitPerGPU: o.reservePerGPU, Relative: o.reserveRelative,
+			PastBudgets: &extender.KubeEvicter{Client: client}}
 		if o.reserveAfter > 0 {
 			// In the extender's own namespace (the seal key's), which
 			// tenants cannot write.

@@ -4,13 +4,17 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/tessera-gpu/tessera/api"
 	"github.com/tessera-gpu/tessera/extender"
@@ -569,6 +573,72 @@ func TestReadyReservationAdmitsNoNewPreemptible(t *testing.T) {
 				if got := extender.Check(s.ViewFor(pod, mustState(t, f.cache, n)), &d) == extender.Fits; got != tc.fits {
 					t.Errorf("node %s: a new preemptible pod fits %v, want %v\nevents:\n%s", n, got, tc.fits, strings.Join(f.events.Events, "\n"))
 				}
+			}
+		})
+	}
+}
+
+// pastBudgets records the pods DeletePastBudget ended.
+type pastBudgets struct {
+	mu      sync.Mutex
+	deleted []string
+}
+
+func (p *pastBudgets) DeletePastBudget(_ context.Context, pod *corev1.Pod) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.deleted = append(p.deleted, pod.Name)
+	return nil
+}
+
+// A pod on a reservation's node by its own promise (marked preemptible)
+// under a PodDisruptionBudget that refuses its eviction is deleted past
+// the budget with PastBudgets, and says so; without it the reservation
+// waits, and the pod is told why (the tester's 8 preemptible squatters
+// under maxUnavailable 0 held a reserved gang off for good, the refusals
+// only in the extender's log).
+func TestReservationEvictsAPromisePastItsBudget(t *testing.T) {
+	for _, withPast := range []bool{true, false} {
+		t.Run(fmt.Sprintf("past budgets %v", withPast), func(t *testing.T) {
+			over := &pastBudgets{}
+			cfg := planner.ReservationConfig{ReserveAfter: time.Minute, Backfill: true, Preemptible: true}
+			if withPast {
+				cfg.PastBudgets = over
+			}
+			f, small := reservationFixture(t, cfg, map[string]string{api.AnnotationExpectedRuntime: "30m"})
+			f.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+				if a.GetSubresource() != "eviction" {
+					return false, nil, nil
+				}
+				return true, nil, apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+			})
+			f.now = f.now.Add(10 * time.Minute)
+			f.running("squat", "n1", 2, f.now.Add(-time.Second), map[string]string{api.AnnotationPreemptible: "true"})
+			for _, p := range small {
+				if err := f.client.CoreV1().Pods(p.Namespace).Delete(context.Background(), p.Name, metav1.DeleteOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				f.cache.DeletePod(p.UID)
+			}
+			f.sync()
+			over.mu.Lock()
+			deleted := strings.Join(over.deleted, ",")
+			over.mu.Unlock()
+			events := strings.Join(f.events.Events, "\n")
+			if withPast {
+				if deleted != "squat" {
+					t.Errorf("deleted past budgets %q, want squat\nevents:\n%s", deleted, events)
+				}
+				if !strings.Contains(events, api.EventPreempted) || !strings.Contains(events, "past its PodDisruptionBudget") {
+					t.Errorf("no Preempted Event saying it went past its budget:\n%s", events)
+				}
+				return
+			}
+			if deleted != "" {
+				t.Errorf("deleted %q without PastBudgets", deleted)
+			}
+			if !strings.Contains(events, api.EventPreemptionBlocked) || !strings.Contains(events, "disruption budget") {
+				t.Errorf("no PreemptionBlocked Event naming the budget:\n%s", events)
 			}
 		})
 	}
