@@ -33,21 +33,22 @@ func (e *ReclaimError) Error() string {
 // dropped), lowest priority first, then the queue furthest above its
 // fair share (dominant used over fair share), then newest, then by Key. A
 // candidate is taken only if, after every eviction chosen so far and it:
-//   - no queue on its path falls below its guarantee in a resource it uses
-//     (the asker's ancestors among them counting the request), but for
-//     one case: an asker taking back its own guarantee may take an
-//     elastic gang's extra member (Workload.Extra) that straddles the
-//     victim queue's guarantee, from a queue above its guarantee before
-//     that eviction, when what the queue is then short of its guarantee
-//     is less than what the asker is short of its own (straddles). A
-//     queue borrowing 2 GPUs through a 4-GPU extra member would otherwise
-//     keep them while the asker stays 4 short of its guarantee (and a
-//     common parent of both, already below its guarantee, is not counted
-//     as falling when the request gives back what the victims take). A
-//     whole workload is not taken so (docs/queues.md: tried, on the
-//     job-trace replay it swung mean completion times both ways and lost
-//     more work to restarts). The largest shortfall strictly falls with
-//     every such eviction, so reclaim never flaps;
+//   - no queue on its path below the deepest common ancestor with the
+//     asker falls below its guarantee in a resource it uses (the common
+//     ancestors lose to the asker what they gain; victimKeepsGuarantee),
+//     but for one case: an asker taking back its own guarantee may take a
+//     workload that straddles the victim queue's guarantee, from a queue
+//     above its guarantee before that eviction, when what the queue is
+//     then short of its guarantee is less than what the asker is short of
+//     its own, and the workload is an elastic gang's extra member or
+//     borrows more than its queue is then short (quota.Straddles). A
+//     queue guaranteed 2 borrowing 14 GPUs through one 16-GPU gang would
+//     otherwise keep them while the asker stays short of its guarantee for
+//     ever; a workload half within its queue's guarantee is kept (taking
+//     such whole workloads, on the job-trace replay, swung mean completion
+//     times both ways and lost more work to restarts). The largest
+//     shortfall strictly falls with every such eviction, so reclaim never
+//     flaps;
 //   - and, under the deepest common ancestor of the asker and the victim,
 //     either the asker's queues stay within their guarantees with the
 //     request (a team takes back its guarantee from a sibling that
@@ -89,12 +90,12 @@ func (s *State) Reclaim(queue string, req quota.Resources, running []Workload, e
 	// taken before it in the same attempt (allocator/victims: the shortest
 	// enough prefix, made minimal; victims of useless room passed over).
 	// Victims that keep every queue at its guarantee are tried first; only
-	// when they do not free the room may an extra member straddle its
-	// queue's guarantee (a second try, made only when a candidate is an
-	// extra member: without one it would choose the same, and each try
-	// calls enough, which plans the asker, again and again).
+	// when they do not free the room may a workload straddle its queue's
+	// guarantee (a second try, made only when a candidate's queue borrows
+	// in a resource it uses: without one it would choose the same, and
+	// each try calls enough, which plans the asker, again and again).
 	tries := []bool{false}
-	if slices.ContainsFunc(cands, func(w Workload) bool { return w.Extra }) {
+	if slices.ContainsFunc(cands, v.borrowsThrough) {
 		tries = append(tries, true)
 	}
 	for _, straddle := range tries {
@@ -122,6 +123,17 @@ func (s *State) Reclaim(queue string, req quota.Resources, running []Workload, e
 		return fail("no workload of another queue may be taken back to free %s: none runs evictable work now (pods of namespaces no Queue serves are never reclaimed)", req)
 	}
 	return fail("other queues borrow too little to free %s without falling below their own guarantees", req)
+}
+
+// borrowsThrough reports whether w's queue uses more than its guarantee of
+// a resource w uses: only then may w straddle it.
+func (v *view) borrowsThrough(w Workload) bool {
+	for _, r := range positive(w.Uses) {
+		if v.used[w.Queue][r] > v.spec(w.Queue).Guaranteed[r] {
+			return true
+		}
+	}
+	return false
 }
 
 // candidates are the workloads Reclaim may take, in the order it tries
@@ -220,11 +232,10 @@ func (v *view) mayTake(a *admission, fairOK, straddle bool, taken map[string]quo
 			}
 		}
 	}
-	relax := within && straddle && w.Extra
-	if !relax {
+	if !within || !straddle {
 		short = nil
 	}
-	if ok, why := v.victimKeepsGuarantee(a, taken, w, relax, short); !ok {
+	if ok, why := v.victimKeepsGuarantee(a, taken, w, short); !ok {
 		return false, why
 	}
 	if within {
@@ -251,52 +262,38 @@ func (v *view) mayTake(a *admission, fairOK, straddle bool, taken map[string]quo
 }
 
 // victimKeepsGuarantee says whether evicting w, after taken, leaves every
-// queue on w's path at or above its guarantee in the resources w uses; the
-// asker's ancestors among them count the request, and, with relax, one
-// already below its guarantee may stay there when the request gives back
-// at least what the victims take.
+// queue on w's path below its deepest common ancestor with the asker at or
+// above its guarantee in the resources w uses. The common ancestors and
+// theirs are not asked: for them the eviction moves room from one child to
+// another, none of it to another department (a department that
+// guarantees whole GPUs, its own in use by one team's whole-GPU pods,
+// refused its other team's slices their guarantee: a whole GPU freed for a
+// slice lowered the department's whole GPUs, though the slice then uses
+// that GPU, and the message blamed the sibling's borrowing).
 //
-// short, when not nil (with relax), is what the asker, taking back its
-// guarantee, is short of it per resource (the least over its queues below
-// the deepest common ancestor): a queue off the asker's path that is
-// above its guarantee in r before this eviction may then fall below it,
-// by less than short[r] (straddles).
-func (v *view) victimKeepsGuarantee(a *admission, taken map[string]quota.Resources, w Workload, relax bool, short quota.Resources) (bool, string) {
+// short, when not nil, is what the asker, taking back its guarantee, is
+// short of it per resource (the least over its queues below the deepest
+// common ancestor): a queue above its guarantee in r before this eviction
+// may then fall below it, by less than short[r], when w is an extra member
+// or w borrows more of r than the queue is then short (straddles).
+func (v *view) victimKeepsGuarantee(a *admission, taken map[string]quota.Resources, w Workload, short quota.Resources) (bool, string) {
 	vpath := v.t.nodes[w.Queue].path
 	for i := len(vpath) - 1; i >= 0; i-- {
 		q := vpath[i]
+		if onPath(a.path, q) {
+			break // a common ancestor, and so are all above it
+		}
 		before := v.used[q].Sub(taken[q])
 		rest := before.Sub(w.Uses)
-		mine := onPath(a.path, q)
-		if mine {
-			rest = rest.Add(a.req)
-		}
 		for _, r := range positive(w.Uses) {
 			g := v.spec(q).Guaranteed[r]
-			switch {
-			case rest[r] >= g:
-				continue
-			case relax && mine && rest[r] >= v.used[q][r]:
-				// A common ancestor already below its guarantee: the
-				// asker's request gives back at least what the victims
-				// take, so it does not fall.
-				continue
-			case !mine && straddles(before[r], rest[r], g, short, r):
+			if rest[r] >= g || quota.Straddles(before[r], rest[r], g, short, r, w.Extra) {
 				continue
 			}
 			return false, fmt.Sprintf("evicting %s would put queue %s at %d %s, below its guarantee %d", w.Key, q, rest[r], r, g)
 		}
 	}
 	return true, fmt.Sprintf("queue %s stays at or above its guarantee", w.Queue)
-}
-
-// straddles reports whether a queue guaranteed g of r, using before and
-// rest without the victim, may lose the victim to an asker short of its
-// own guarantee by short[r]: the queue is above its guarantee now, and
-// what it is then short of is less than what the asker is short of.
-func straddles(before, rest, g int64, short quota.Resources, r corev1.ResourceName) bool {
-	s, ok := short[r]
-	return ok && before > g && g-rest < s
 }
 
 // recentRatio is ratio over every resource used, with the queue's recent
@@ -360,5 +357,5 @@ func (s *State) CanPreempt(asker string, req quota.Resources, victim Workload) (
 	if _, known := v.t.node(victim.Queue); !known {
 		return true, fmt.Sprintf("%s's queue %s is not defined, so nothing of it is guaranteed", victim.Key, victim.Queue)
 	}
-	return v.victimKeepsGuarantee(a, nil, victim, false, nil)
+	return v.victimKeepsGuarantee(a, nil, victim, nil)
 }

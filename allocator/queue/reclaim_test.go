@@ -107,12 +107,44 @@ func TestReclaim(t *testing.T) {
 			want:    []string{"a/gang member x"},
 		},
 		{
-			name: "a common parent below its guarantee does not fall further",
-			// The extra member would take 4 from dept for a request of 2.
+			name: "a common parent's guarantee does not hold a transfer between its children",
+			// The extra member takes 4 from dept for a request of 2:
+			// dept falls from 14 to 12 of its 16, but the room moves
+			// between its own children, none of it to another
+			// department, and a keeps its guarantee.
 			tree:     Build([]Spec{q("dept", "", 16), q("a", "dept", 2), q("b", "dept", 9)}),
 			capacity: 16, used: map[string]int64{"a": 8, "b": 6}, queue: "b", req: gpus(2),
 			running: []Workload{wl("a", "gang", 0, time.Hour, 4), extra(wl("a", "gang member x", 0, time.Minute, 4))},
 			enough:  freed(4),
+			want:    []string{"a/gang member x"},
+		},
+		{
+			// A tenant guaranteed 2 borrows 14 through one 16-GPU gang;
+			// the queue guaranteed 12, using 4, is 8 short. Taking the
+			// gang leaves its queue 2 short, less than 8, and the gang
+			// borrows more (14) than that.
+			name: "a whole workload mostly borrowed goes to a queue further below its guarantee",
+			tree: Build([]Spec{q("qe", "", 2), q("qv", "", 12)}), capacity: 20,
+			used: map[string]int64{"qe": 16, "qv": 4}, queue: "qv", req: gpus(4),
+			running: []Workload{wl("qe", "gang", 0, time.Hour, 16)},
+			want:    []string{"qe/gang"},
+		},
+		{
+			name: "a whole workload half within its queue's guarantee is kept",
+			// a's one 16-GPU workload: 8 within its guarantee, 8
+			// borrowed; taking it leaves a 8 short, as b is.
+			tree: Build([]Spec{q("a", "", 8), q("b", "", 8)}), capacity: 16,
+			used: map[string]int64{"a": 16}, queue: "b", req: gpus(8),
+			running: []Workload{wl("a", "big", 0, time.Hour, 16)},
+			wantErr: "borrow too little",
+		},
+		{
+			name: "a whole workload that borrows no more than it leaves short is kept",
+			// a guaranteed 6 uses 10 in one workload: it borrows 4 and
+			// would be 6 short; b is 8 short.
+			tree: Build([]Spec{q("a", "", 6), q("b", "", 10)}), capacity: 12,
+			used: map[string]int64{"a": 10, "b": 2}, queue: "b", req: gpus(2),
+			running: []Workload{wl("a", "w", 0, time.Hour, 10)},
 			wantErr: "borrow too little",
 		},
 		{
@@ -383,6 +415,43 @@ func TestReclaimAcrossShapes(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"train/new"}, keys(victims)); diff != "" {
 		t.Errorf("victims (-want +got):\n%s", diff)
+	}
+}
+
+// The same under a department that guarantees the whole cluster's GPUs,
+// all in use by its training team's whole-GPU pods (the tester's layout on
+// make demo: top guarantees 20 GPUs and 400 memory units; qtrain 8 GPUs,
+// running 20; qinf 80 units): a whole GPU freed for the slice lowers top's
+// whole GPUs below its guarantee, but the room stays in top (the slice uses
+// that GPU), so top's guarantee is not the victim's. It refused with
+// "other queues borrow too little".
+func TestReclaimAcrossShapesUnderAGuaranteeingParent(t *testing.T) {
+	tree := Build([]Spec{
+		{Name: "top", Guaranteed: quota.Resources{gpu: 20, mem: 400}},
+		q("qtrain", "top", 8).limit(20),
+		{Name: "qinf", Parent: "top", Guaranteed: quota.Resources{mem: 80}},
+	})
+	s := state(tree, map[string]int64{"qtrain": 20}, nil)
+	s.Capacity = quota.Resources{gpu: 20, mem: 400}
+	running := []Workload{wl("qtrain", "old", 0, time.Hour, 1), wl("qtrain", "new", 0, time.Minute, 1)}
+	enough := func(v []Workload) bool { return len(v) >= 1 }
+	victims, err := s.Reclaim("qinf", quota.Resources{mem: 20}, running, enough)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"qtrain/new"}, keys(victims)); diff != "" {
+		t.Errorf("victims (-want +got):\n%s", diff)
+	}
+	// Another department's queue is held to top's guarantee still.
+	tree = Build([]Spec{
+		{Name: "top", Guaranteed: quota.Resources{gpu: 20, mem: 400}},
+		q("qtrain", "top", 8).limit(20),
+		{Name: "other", Guaranteed: quota.Resources{mem: 80}},
+	})
+	s = state(tree, map[string]int64{"qtrain": 20}, nil)
+	s.Capacity = quota.Resources{gpu: 20, mem: 480}
+	if victims, err := s.Reclaim("other", quota.Resources{mem: 20}, running, enough); err == nil {
+		t.Errorf("another department took %v below top's guarantee", keys(victims))
 	}
 }
 

@@ -243,7 +243,10 @@ func (e *ReclaimError) Error() string {
 // workloads, lowest priority first, then elastic gangs' extra members
 // before whole workloads, then newest first. A workload is taken
 // only while its namespace stays at or above its own min after every
-// eviction chosen so far, so reclaim never flaps. enough reports whether the
+// eviction chosen so far, or, when no such choice frees the room, while it
+// straddles its namespace's min (Straddles: the namespace borrows now, is
+// then short of its min by less than the asker is, and the workload is an
+// extra member or borrows more than that), so reclaim never flaps. enough reports whether the
 // chosen victims free enough room (the caller checks real placement, on GPU
 // level and with the asker's topology); it must be monotone. The choice is
 // allocator/victims' (as for queues): the shortest enough prefix of the
@@ -282,27 +285,74 @@ func (s *State) Reclaim(ns string, req Resources, running []Workload, enough fun
 		}
 		return a.Name < b.Name
 	})
-	newTaker := func() func(Workload) bool {
-		left := map[string]Resources{} // what each namespace keeps so far
-		return func(w Workload) bool {
-			used, seen := left[w.Namespace]
-			if !seen {
-				used = s.Used[w.Namespace].Add(nil)
-			}
-			rest := used.Sub(w.Uses)
-			if underMin(rest, s.Quotas[w.Namespace].Min, w.Uses) {
-				return false
-			}
-			left[w.Namespace] = rest
-			return true
+	// What the asker is short of its min, per resource asked: a victim's
+	// namespace may fall below its own min by less (Straddles).
+	short := Resources{}
+	for k, v := range req {
+		if v > 0 {
+			short[k] = q.Min[k] - s.Used[ns][k]
 		}
 	}
 	key := func(w Workload) string { return w.Namespace + "/" + w.Name }
-	chosen, ok := victims.Choose(cands, key, newTaker, enough)
-	if !ok {
-		return nil, &ReclaimError{Namespace: ns, Reason: fmt.Sprintf("other namespaces borrow too little to free %s without falling under their own min", req)}
+	// Victims that keep every namespace at its min first; only when they
+	// do not free the room may a workload straddle its namespace's min.
+	for _, straddle := range []bool{false, true} {
+		newTaker := func() func(Workload) bool {
+			left := map[string]Resources{} // what each namespace keeps so far
+			return func(w Workload) bool {
+				used, seen := left[w.Namespace]
+				if !seen {
+					used = s.Used[w.Namespace].Add(nil)
+				}
+				rest := used.Sub(w.Uses)
+				if !keepsMin(used, rest, s.Quotas[w.Namespace].Min, w, straddle, short) {
+					return false
+				}
+				left[w.Namespace] = rest
+				return true
+			}
+		}
+		if chosen, ok := victims.Choose(cands, key, newTaker, enough); ok {
+			return chosen, nil
+		}
 	}
-	return chosen, nil
+	return nil, &ReclaimError{Namespace: ns, Reason: fmt.Sprintf("other namespaces borrow too little to free %s without falling under their own min", req)}
+}
+
+// keepsMin reports whether a namespace using before, rest without w, stays
+// at or above its min in every resource w uses, or, with straddle, falls
+// below it only where w straddles it for an asker short by short.
+func keepsMin(before, rest, min Resources, w Workload, straddle bool, short Resources) bool {
+	for k, v := range w.Uses {
+		if v <= 0 || rest[k] >= min[k] {
+			continue
+		}
+		if !straddle || !Straddles(before[k], rest[k], min[k], short, k, w.Extra) {
+			return false
+		}
+	}
+	return true
+}
+
+// Straddles reports whether a workload may be evicted from a namespace (or
+// queue) guaranteed g of r, which uses before of r with it and rest
+// without it, for an asker short of its own guarantee by short[r], though
+// the victim's side then falls below its guarantee: it is above its
+// guarantee now, what it is then short of is less than what the asker is
+// short of (so the largest shortfall strictly falls with every such
+// eviction and reclaim never flaps), and the workload is an elastic
+// gang's extra member or borrows more of r than its side is then short
+// (it is mostly borrowed). Without the last rule a tenant guaranteed 2
+// GPUs kept 14 borrowed ones from a namespace short of its guarantee by
+// running them as one 16-GPU gang; with it, what a workload keeps of its
+// borrowing against an asker is at most what it holds within the
+// guarantee. A nil short allows nothing.
+func Straddles(before, rest, g int64, short Resources, r corev1.ResourceName, extra bool) bool {
+	s, ok := short[r]
+	if !ok || before <= g || g-rest >= s {
+		return false
+	}
+	return extra || before-g > g-rest
 }
 
 // underMin reports whether rest is below min in any resource the workload

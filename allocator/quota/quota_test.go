@@ -26,6 +26,17 @@ func twoTeams(usedA, usedB int64) *State {
 	}
 }
 
+// minState is a State of namespaces with the given mins (max the
+// capacity) and uses.
+func minState(min, used map[string]int64, capacity int64) *State {
+	s := &State{Quotas: map[string]Quota{}, Used: map[string]Resources{}, Capacity: gpus(capacity)}
+	for ns, m := range min {
+		s.Quotas[ns] = Quota{Namespace: ns, Min: gpus(m), Max: gpus(capacity)}
+		s.Used[ns] = gpus(used[ns])
+	}
+	return s
+}
+
 func TestAdmit(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -156,6 +167,44 @@ func TestReclaim(t *testing.T) {
 			req:     gpus(16),
 			running: []Workload{workload("a", "big", 0, time.Hour, 16), workload("a", "small", 0, time.Minute, 8)},
 			wantErr: "borrow too little",
+		},
+		{
+			// A tenant with min 2 borrows 14 GPUs through one 16-GPU
+			// gang; b (min 12) uses 4 and asks 4 within its min. Taking
+			// the gang leaves a 2 short of its min, less than b's 8,
+			// and the gang borrows more (14) than that.
+			name:    "a workload mostly borrowed straddles its namespace's min for one further below its own",
+			state:   minState(map[string]int64{"a": 2, "b": 12}, map[string]int64{"a": 16, "b": 4}, 20),
+			ns:      "b",
+			req:     gpus(4),
+			running: []Workload{workload("a", "gang", 0, time.Hour, 16)},
+			want:    []string{"a/gang"},
+		},
+		{
+			// a (min 6) borrows 4 through one 10-GPU workload and would
+			// be 6 short: it holds more within its min than it borrows.
+			name:    "a workload that borrows no more than it leaves short is kept",
+			state:   minState(map[string]int64{"a": 6, "b": 10}, map[string]int64{"a": 10, "b": 2}, 12),
+			ns:      "b",
+			req:     gpus(2),
+			running: []Workload{workload("a", "w", 0, time.Hour, 10)},
+			wantErr: "borrow too little",
+		},
+		{
+			name:    "an elastic gang's extra member straddles its namespace's min",
+			state:   minState(map[string]int64{"a": 6, "b": 8}, map[string]int64{"a": 8, "b": 4}, 12),
+			ns:      "b",
+			req:     gpus(4),
+			running: []Workload{workload("a", "gang", 0, time.Hour, 4), extra(workload("a", "gang member 1", 0, time.Minute, 4))},
+			want:    []string{"a/gang member 1"},
+		},
+		{
+			name:    "victims that keep every min before one that straddles",
+			state:   minState(map[string]int64{"a": 6, "b": 8, "c": 0}, map[string]int64{"a": 8, "b": 4, "c": 4}, 16),
+			ns:      "b",
+			req:     gpus(4),
+			running: []Workload{extra(workload("a", "gang member 1", 0, time.Minute, 4)), workload("c", "w", 0, time.Hour, 4)},
+			want:    []string{"c/w"},
 		},
 		{
 			name:    "only up to min",
