@@ -4,7 +4,7 @@
 // no Service to point at (the gang webhook's clientConfig and the
 // scheduler's extender URL, see GangWebhook and SchedulerConfig).
 //
-//	install.RBAC(ctx, cfg, repo)            // deploy/node namespace + ServiceAccount, both rbac.yaml
+//	install.RBAC(ctx, cfg, repo)            // deploy/node namespace + ServiceAccount, the rbac.yaml files
 //	install.CRDs(ctx, cfg, repo)            // deploy/crds, established
 //	install.AdmissionPolicy(ctx, cfg, repo) // deploy/admission, enforced
 //	install.GangWebhook(ctx, cfg, repo, "https://127.0.0.1:PORT", tls.CAPEM)
@@ -65,13 +65,16 @@ func NodeUser() *controlplane.User {
 // RBACFiles are the files RBAC applies, in order, relative to the
 // repository: the node agent's namespace and ServiceAccount first, then
 // every document of both rbac.yaml (the extender's ServiceAccount, the
-// ClusterRoles, Roles and their bindings).
+// ClusterRoles, Roles and their bindings), then the tenants' ClusterRoles
+// (deploy/tenant: aggregated into view, edit and admin, and the unbound
+// tessera-queue-reader), as an install applies them.
 func RBACFiles() []string {
 	return []string{
 		"deploy/node/namespace.yaml",
 		"deploy/node/serviceaccount.yaml",
 		"deploy/extender/rbac.yaml",
 		"deploy/node/rbac.yaml",
+		"deploy/tenant/rbac.yaml",
 	}
 }
 
