@@ -64,13 +64,17 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 	hold := p.liveHold(key)
 	q, queued := p.qsnap.QueueOf(g.Namespace)
 	want := quota.Resources{}
+	refused := "" // why the queue does not admit it
 	if queued {
 		for _, m := range members {
 			want = want.Add(gpureq.QuotaCount(m))
 		}
 		if d := p.qsnap.State.Admit(q, want); !d.Allowed {
-			p.waitQueue(key, members, d.Reason)
-			return false, nil
+			refused = d.Reason
+			if p.queueReclaim == nil || p.growing {
+				p.waitQueue(key, members, refused)
+				return false, nil
+			}
 		}
 	}
 	if p.quota != nil {
@@ -109,7 +113,6 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 		}
 		return r, err
 	}
-	res, err := planOn(view)
 	// evictVictims evicts what quota reclaim or tier preemption chose for
 	// the workload, once its plan holds the room (nil: nothing to evict);
 	// victims are the pods the plan counts gone (evicted or leaving).
@@ -118,6 +121,29 @@ func (p *GangPlanner) plan(ctx context.Context, key string, g *api.Gang, members
 	if hold != nil {
 		maps.Copy(victims, hold.gone)
 	}
+	if refused != "" {
+		// Its queue refused it: it may displace the queue's own lower
+		// tiers, as a pod of a namespace no Queue serves would (the
+		// queue's gate keeps their replacements from the room).
+		msg, gone, perr := p.queueReclaim.PreemptOwnFor(ctx, p.qsnap, q, members, want, func(s Snapshot) bool {
+			_, err := planGroup(s)
+			return err == nil
+		})
+		if len(gone) == 0 {
+			if perr != nil {
+				refused += "; preemption within the queue: " + perr.Error()
+			}
+			p.waitQueue(key, members, refused)
+			return false, nil
+		}
+		if perr != nil {
+			klog.FromContext(ctx).Info("Preempting within a queue", "workload", key, "err", perr)
+		}
+		klog.FromContext(ctx).V(2).Info("Preempting within a queue", "workload", key, "why", refused, "what", msg)
+		view = without(view, gone)
+		maps.Copy(victims, gone)
+	}
+	res, err := planOn(view)
 	if err != nil {
 		reason := err.Error()
 		if errors.Is(err, gang.ErrNoRoom) {

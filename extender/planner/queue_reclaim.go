@@ -30,6 +30,11 @@ type QueueReclaim interface {
 	// node state: it returns what it did and the pods gone once the room
 	// is free (those already leaving and the victims), or why it cannot.
 	ReclaimFor(ctx context.Context, snap *QueueSnapshot, q string, askers []*corev1.Pod, want quota.Resources, fits func(Snapshot) bool) (string, map[types.UID]bool, error)
+	// PreemptOwnFor evicts lower-priority workloads of queue q itself so
+	// that askers, which the queue's admission refused, are admitted and
+	// fit (queue.State.PreemptOwn); it returns what it did and the pods
+	// gone once the room is free, or why it cannot.
+	PreemptOwnFor(ctx context.Context, snap *QueueSnapshot, q string, askers []*corev1.Pod, want quota.Resources, fits func(Snapshot) bool) (string, map[types.UID]bool, error)
 }
 
 // QueueReclaimer takes back, for a queue within its guarantee (or below
@@ -241,6 +246,25 @@ func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.
 			delete(groups, k)
 		}
 	}
+	running := r.workloads(snap, groups, now, honourBudgets)
+	victims, err = snap.State.Reclaim(q, want, running, func(ws []queue.Workload) bool {
+		g := map[types.UID]bool{}
+		for _, w := range ws {
+			for _, p := range groups[w.Key] {
+				g[p.UID] = true
+			}
+		}
+		return fits(without(base, g))
+	})
+	return victims, groups, gone, err
+}
+
+// workloads are the queue Workloads of groups (running pods by UnitOf),
+// each gang's extra members besides it, alone (added to groups under
+// api.ExtraMemberKey); a workload younger than MinRuntime, or one whose
+// budget refused an eviction lately (with honourBudgets), is not
+// preemptible.
+func (r *QueueReclaimer) workloads(snap *QueueSnapshot, groups map[string][]*corev1.Pod, now time.Time, honourBudgets bool) []queue.Workload {
 	blocked := map[string]bool{}
 	if honourBudgets {
 		blocked = r.blocked.Current(now)
@@ -282,7 +306,40 @@ func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.
 				Uses: gpureq.QuotaCount(e), Preemptible: !blocked[ek] && now.Sub(started) >= r.MinRuntime, Extra: true})
 		}
 	}
-	victims, err = snap.State.Reclaim(q, want, running, func(ws []queue.Workload) bool {
+	return running
+}
+
+// PreemptOwnFor implements QueueReclaim. Victims go through the Eviction
+// API: a workload its PodDisruptionBudget protects is passed over next
+// time (as reclaim's), and none is deleted past its budget.
+func (r *QueueReclaimer) PreemptOwnFor(ctx context.Context, snap *QueueSnapshot, q string, askers []*corev1.Pod, want quota.Resources, fits func(Snapshot) bool) (string, map[types.UID]bool, error) {
+	pods, err := r.Pods()
+	if err != nil {
+		return "", nil, fmt.Errorf("listing pods: %w", err)
+	}
+	now := r.now()
+	asker := podUIDs(askers)
+	var prio int32
+	for i, a := range askers {
+		if p := corev1helpers.PodPriority(a); i == 0 || p > prio {
+			prio = p
+		}
+	}
+	gone := r.inflight.Current(now)
+	groups := map[string][]*corev1.Pod{}
+	for _, p := range pods {
+		switch {
+		case p.DeletionTimestamp != nil:
+			gone[p.UID] = true
+		case gone[p.UID]:
+		case p.Spec.NodeName != "" && !gpureq.Ended(p) && !asker[p.UID]:
+			if pq, queued := snap.QueueOf(p.Namespace); queued && pq == q && len(gpureq.QuotaCount(p)) > 0 {
+				groups[UnitOf(p)] = append(groups[UnitOf(p)], p)
+			}
+		}
+	}
+	base := without(r.Ledger.Snapshot(), gone)
+	victims, err := snap.State.PreemptOwn(q, want, prio, r.workloads(snap, groups, now, true), func(ws []queue.Workload) bool {
 		g := map[types.UID]bool{}
 		for _, w := range ws {
 			for _, p := range groups[w.Key] {
@@ -291,7 +348,44 @@ func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.
 		}
 		return fits(without(base, g))
 	})
-	return victims, groups, gone, err
+	if err != nil {
+		return "", nil, err
+	}
+	var names []string
+	var errs []error
+	evicted := map[types.UID]bool{}
+	out := 0 // pods evicted
+	for _, w := range victims {
+		names = append(names, api.KeyName(w.Key))
+		for _, p := range groups[w.Key] {
+			if evicted[p.UID] {
+				continue
+			}
+			evicted[p.UID] = true
+			if _, err := equota.EvictOrPast(ctx, r.Evicter, nil, p); err != nil {
+				if apierrors.IsTooManyRequests(err) {
+					r.blocked.Add(w.Key, now.Add(r.blockedFor()))
+				}
+				if !apierrors.IsNotFound(err) {
+					errs = append(errs, fmt.Errorf("evicting %s/%s for a higher tier of queue %s: %w", p.Namespace, p.Name, q, err))
+				}
+				continue
+			}
+			gone[p.UID] = true
+			out++
+			r.inflight.Add(p.UID, now)
+			r.event(p, corev1.EventTypeWarning, api.EventPreempted, "tessera: evicted for %s of the same queue %s, of a higher priority (%d): the queue is at its guarantee, its limit or the cluster's capacity, and its lower tiers make room", askers[0].Namespace+"/"+askers[0].Name, q, prio)
+		}
+	}
+	if out == 0 {
+		return "", nil, errors.Join(errs...)
+	}
+	msg := fmt.Sprintf("preempting lower tiers of its own queue %s: evicting %s", q, strings.Join(names, ", "))
+	for _, p := range askers {
+		r.event(p, corev1.EventTypeNormal, api.EventPreempting, "tessera: %s", msg)
+	}
+	klog.FromContext(ctx).Info("Queue preempts its own lower tiers", "queue", q, "victims", names)
+	return msg, gone, errors.Join(errs...)
 }
 
 func (r *QueueReclaimer) hold() time.Duration {
@@ -400,11 +494,7 @@ func (r *QueueReclaimer) dryRun(ctx context.Context, victims []queue.Workload, p
 		if p == nil {
 			continue
 		}
-		d := r.BlockedFor
-		if d <= 0 {
-			d = time.Minute
-		}
-		r.blocked.Add(w.Key, r.now().Add(d))
+		r.blocked.Add(w.Key, r.now().Add(r.blockedFor()))
 		if r.Metrics != nil {
 			r.Metrics.ReclaimBlocked(p.Namespace)
 		}
@@ -418,4 +508,13 @@ func (r *QueueReclaimer) event(pod *corev1.Pod, typ, reason, format string, args
 	if r.Events != nil && pod != nil {
 		r.Events.Eventf(pod, typ, reason, format, args...)
 	}
+}
+
+// blockedFor is how long a workload whose budget refused an eviction is
+// passed over (BlockedFor; 0: a minute).
+func (r *QueueReclaimer) blockedFor() time.Duration {
+	if r.BlockedFor > 0 {
+		return r.BlockedFor
+	}
+	return time.Minute
 }

@@ -1140,3 +1140,60 @@ func TestQueueStatusFairShareCountsHistory(t *testing.T) {
 		})
 	}
 }
+
+// A team's high-tier pod displaces the team's own lower tiers once its
+// queue is full (two teams guaranteed 8 each fill 16 GPUs with 1-GPU pods
+// of priority 100): 4 of ty's newest pods are evicted for ty's 4-GPU pod
+// of priority 1000, none of tx's, and it is admitted. Before, Admit
+// refused it ("the queues would use 20 of the cluster's 16") and it waited
+// for ever, while the same pods of a namespace no Queue serves preempted.
+func TestQueuedHighTierPreemptsItsOwnQueue(t *testing.T) {
+	nodes := withGPUCapacity(testbuild.EightGPUNodes(2))
+	f := newGangFixture(t, nodes...)
+	book := &planner.QueueBook{
+		Queues: testbuild.Objects{testbuild.QueueObj(t, "tx", "", []string{"ns-x"}, 8, 0, f.now), testbuild.QueueObj(t, "ty", "", []string{"ns-y"}, 8, 0, f.now)},
+		Pods:   f.list, Nodes: func() ([]*corev1.Node, error) { return nodes, nil }, HalfLife: time.Hour, Now: func() time.Time { return f.now },
+	}
+	evicter := &testbuild.PreemptClient{}
+	reclaim := &planner.QueueReclaimer{Ledger: extender.PlannerLedger{Cache: f.cache}, Evicter: evicter, Pods: f.list, Events: f.events, Now: func() time.Time { return f.now }}
+	f.planner = planner.NewGangPlanner(planner.GangPlannerConfig{Ledger: extender.PlannerLedger{Cache: f.cache}, Client: f.gangClient, Pods: f.list, Policy: testPolicy(t, extender.PolicyBinpack),
+		Events: f.events, Now: func() time.Time { return f.now }, Queues: book, QueueReclaim: reclaim})
+	low, high := int32(100), int32(1000)
+	for n, ns := range []string{"ns-x", "ns-y"} {
+		for i := range 8 {
+			p := testbuild.Pod(fmt.Sprintf("lo-%d", i)).Whole(1).Node(fmt.Sprintf("n%d", n)).Holding(i).Obj()
+			p.Namespace, p.UID = ns, types.UID(fmt.Sprintf("uid-lo-%d", i))
+			if ns == "ns-x" {
+				p.UID = types.UID(fmt.Sprintf("uid-x-lo-%d", i))
+			}
+			p.Spec.Priority = &low
+			p.CreationTimestamp = metav1.NewTime(f.now.Add(-time.Hour + time.Duration(i)*time.Minute))
+			if _, err := f.client.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	urgent := testbuild.Pod("urgent").Whole(4).Obj()
+	urgent.Namespace, urgent.UID = "ns-y", "uid-urgent"
+	urgent.Spec.Priority = &high
+	urgent.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: api.SchedulingGateQueue}}
+	if _, err := f.client.CoreV1().Pods("ns-y").Create(context.Background(), urgent, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pods, _ := f.list()
+	for _, p := range pods {
+		f.cache.SetPod(p)
+	}
+	f.passesEvicting(evicter, "ns-y", 4)
+	events := strings.Join(f.events.Events, "\n")
+	if diff := cmp.Diff([]string{"lo-7", "lo-6", "lo-5", "lo-4"}, evicter.Evicted); diff != "" {
+		t.Errorf("evicted (-want +got):\n%s\nevents:\n%s", diff, events)
+	}
+	got, _ := f.client.CoreV1().Pods("ns-y").Get(context.Background(), "urgent", metav1.GetOptions{})
+	if api.HasQueueGate(got) || got.Annotations[api.AnnotationGangPlan] == "" {
+		t.Errorf("urgent not admitted and planned: gates %v, plan %q\nevents:\n%s", got.Spec.SchedulingGates, got.Annotations[api.AnnotationGangPlan], events)
+	}
+	if !strings.Contains(events, "preempting lower tiers of its own queue ty") {
+		t.Errorf("no Event saying it preempts its own queue's lower tiers:\n%s", events)
+	}
+}

@@ -1,0 +1,64 @@
+package queue
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/tessera-gpu/tessera/allocator/quota"
+	"github.com/tessera-gpu/tessera/allocator/victims"
+)
+
+// PreemptOwn chooses workloads of the asker's own leaf queue, of a lower
+// priority than prio, to evict so that a workload asking req there is
+// admitted (Admit, with the victims' use gone from the queue) and fits
+// (enough, monotone as for Reclaim): a team's urgent work displaces the
+// team's own batch work once the team fills its guarantee, its limit or
+// the cluster, as it would in a namespace no Queue serves (there Admit
+// refused it, and the workload waited for ever behind its own queue's
+// lower tiers). Other queues' work is never taken here (Reclaim and tier
+// preemption decide that). Candidates are preemptible, lowest priority
+// first, elastic extras before whole workloads, then newest; the choice is
+// the shortest enough prefix, made minimal (allocator/victims). It returns
+// the victims, or an error saying why none would do.
+func (s *State) PreemptOwn(queue string, req quota.Resources, prio int32, running []Workload, enough func([]Workload) bool) ([]Workload, error) {
+	var cands []Workload
+	for _, w := range running {
+		if w.Queue == queue && w.Preemptible && w.Priority < prio {
+			cands = append(cands, w)
+		}
+	}
+	if len(cands) == 0 {
+		return nil, fmt.Errorf("queue %s runs no preemptible workload of a lower priority than %d", queue, prio)
+	}
+	sort.SliceStable(cands, func(i, j int) bool {
+		a, b := cands[i], cands[j]
+		switch {
+		case a.Priority != b.Priority:
+			return a.Priority < b.Priority
+		case a.Extra != b.Extra:
+			return a.Extra
+		case !a.Created.Equal(b.Created):
+			return a.Created.After(b.Created)
+		}
+		return a.Key < b.Key
+	})
+	admitted := func(vs []Workload) bool {
+		freed := quota.Resources{}
+		for _, w := range vs {
+			freed = freed.Add(w.Uses)
+		}
+		without := *s
+		without.Used = make(map[string]quota.Resources, len(s.Used))
+		for k, v := range s.Used {
+			without.Used[k] = v
+		}
+		without.Used[queue] = s.Used[queue].Sub(freed)
+		return without.Admit(queue, req).Allowed && enough(vs)
+	}
+	takeAll := func() func(Workload) bool { return func(Workload) bool { return true } }
+	chosen, ok := victims.Choose(cands, func(w Workload) string { return w.Key }, takeAll, admitted)
+	if !ok {
+		return nil, fmt.Errorf("evicting every lower-priority workload of queue %s would not admit it or make room for it", queue)
+	}
+	return chosen, nil
+}
