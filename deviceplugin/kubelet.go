@@ -107,16 +107,52 @@ func (a *Agent) readKubelet(ctx context.Context) ([]kubeletstate.ContainerDevice
 	switch k := a.opts.Kubelet.(type) {
 	case kubeletstate.First:
 		allocs, listed, from, err := k.AllocationsPodsFrom(ctx)
-		if err == nil {
-			a.logger.V(4).Info("Read the kubelet's allocations", "source", from.Name(), "allocations", len(allocs))
+		if err != nil {
+			return nil, nil, err
 		}
-		return allocs, listed, err
+		a.logger.V(4).Info("Read the kubelet's allocations", "source", from.Name(), "allocations", len(allocs))
+		if listed != nil {
+			allocs = a.withInitContainers(ctx, k, allocs, listed)
+		}
+		return allocs, listed, nil
 	case kubeletstate.PodsLister:
 		return k.AllocationsAndPods(ctx)
 	default:
 		allocs, err := a.opts.Kubelet.Allocations(ctx)
 		return allocs, nil, err
 	}
+}
+
+// withInitContainers adds to allocs, the answer of a source of k that
+// lists pods (the PodResources API), the devices the kubelet allocated to
+// the listed pods' regular init containers, which that API never lists
+// although the pod holds them until it ends: from k's sources that do not
+// list pods (the device manager's checkpoint, by pod UID), matched to the
+// listed pods by the UIDs the pod watch saw
+// (kubeletstate.WithInitContainers). So they are recorded on the pod and
+// count as in use here: an init container of 2 GPUs before an app
+// container of 1 left one GPU shown free in the status views and counted
+// by the extender as held for a pod not recorded yet, for the pod's whole
+// life. Without a pod watch that tells UIDs, or when no such source
+// answers, allocs as they are.
+func (a *Agent) withInitContainers(ctx context.Context, k kubeletstate.First, allocs []kubeletstate.ContainerDevices, listed []kubeletstate.PodRef) []kubeletstate.ContainerDevices {
+	uids, ok := a.opts.Pods.(PodUIDs)
+	if !ok {
+		return allocs
+	}
+	uid := func(namespace, name string) string { return string(uids.PodUID(namespace, name)) }
+	for _, s := range k {
+		if _, lists := s.(kubeletstate.PodsLister); lists {
+			continue
+		}
+		checkpoint, err := s.Allocations(ctx)
+		if err != nil {
+			a.logger.V(2).Info("Reading the allocations of init containers, which the kubelet's pod list leaves out", "source", s.Name(), "err", err)
+			continue
+		}
+		return kubeletstate.WithInitContainers(allocs, listed, checkpoint, uid)
+	}
+	return allocs
 }
 
 // admitting tells, for a preferred allocation of size units of shared

@@ -245,7 +245,7 @@ func Explain(r Reason, st *NodeState, d *Demand) string {
 	case InsufficientMemory:
 		m = fmt.Sprintf("less than the pod's %d MiB memory free", req.MemMiB)
 	case InsufficientGPUs:
-		m = fmt.Sprintf("fewer than %d whole GPUs free (GPUs held for pending whole-GPU pods count as used)", d.WholeGPUs) + plannedHolds(st)
+		m = fmt.Sprintf("fewer than %d whole GPUs free", d.WholeGPUs) + unrecordedHolds(st) + plannedHolds(st)
 	case NoGPUForSlice:
 		m = fmt.Sprintf("no single GPU has %d MiB and %d cores free", req.GPUMemMiB, cores)
 		if d.gpus() > 1 {
@@ -283,11 +283,56 @@ func nodeSpecific(r Reason, st *NodeState) bool {
 		return false
 	case r == InsufficientGPUs:
 		held, _ := plannedWhole(st, false)
-		return held > 0
+		unrecorded, _ := unrecordedWhole(st, false)
+		return held > 0 || unrecorded > 0
 	case r == NoFreeNVLinkClique:
 		return st.PendingWhole > 0
 	}
 	return false
+}
+
+// unrecordedHolds says how many of the node's GPUs pods bound there hold
+// beyond the GPUs recorded on them (gpureq.Unrecorded: their GPUs are
+// counted, which ones is not known yet), naming the first three: "; 1
+// held for pods bound here whose GPUs are not recorded yet: s/initw"; ""
+// when none. Before, every refusal for want of whole GPUs said "GPUs held
+// for pending whole-GPU pods count as used", also where only recorded
+// pods held them.
+func unrecordedHolds(st *NodeState) string {
+	held, who := unrecordedWhole(st, true)
+	if held == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %d held for pods bound here whose GPUs are not recorded yet: %s", held, firstThree(who))
+}
+
+// unrecordedWhole counts the whole GPUs pods bound to node st hold that
+// are not recorded yet (PodUse.WholePending) and, with names, names those
+// pods (none for a nil st).
+func unrecordedWhole(st *NodeState, names bool) (held int, who []string) {
+	if st == nil {
+		return 0, nil
+	}
+	for _, u := range st.Pods {
+		if !u.Planned && u.WholePending > 0 {
+			held += u.WholePending
+			if names {
+				who = append(who, u.Key())
+			}
+		}
+	}
+	return held, who
+}
+
+// firstThree lists the first three of names in order, then how many more.
+func firstThree(names []string) string {
+	sort.Strings(names)
+	more := ""
+	if len(names) > 3 {
+		more = fmt.Sprintf(" and %d more", len(names)-3)
+		names = names[:3]
+	}
+	return strings.Join(names, ", ") + more
 }
 
 // plannedHolds says how many of the node's GPUs pods planned there hold
@@ -300,13 +345,7 @@ func plannedHolds(st *NodeState) string {
 	if held == 0 {
 		return ""
 	}
-	sort.Strings(who)
-	more := ""
-	if len(who) > 3 {
-		more = fmt.Sprintf(" and %d more", len(who)-3)
-		who = who[:3]
-	}
-	return fmt.Sprintf("; %d held for pods planned here (a gang's plan or reservation, or room freed for a pod): %s%s", held, strings.Join(who, ", "), more)
+	return fmt.Sprintf("; %d held for pods planned here (a gang's plan or reservation, or room freed for a pod): %s", held, firstThree(who))
 }
 
 // plannedWhole counts the whole GPUs pods planned on node st hold and,

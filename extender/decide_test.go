@@ -353,7 +353,7 @@ func TestExplainNamesPlannedHolds(t *testing.T) {
 	}
 	st := mustState(t, c, "n1")
 	r := Check(st, &d)
-	want := "tessera: fewer than 1 whole GPUs free (GPUs held for pending whole-GPU pods count as used); 8 held for pods planned here (a gang's plan or reservation, or room freed for a pod): default/ring-0"
+	want := "tessera: fewer than 1 whole GPUs free; 8 held for pods planned here (a gang's plan or reservation, or room freed for a pod): default/ring-0"
 	if got := Explain(r, st, &d); got != want {
 		t.Errorf("Explain = %q\nwant      %q", got, want)
 	}

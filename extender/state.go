@@ -290,13 +290,14 @@ func NewPodUse(pod *corev1.Pod) *PodUse {
 		return u
 	}
 	if ok {
-		for _, c := range a.Containers {
-			for _, g := range c.GPUs {
-				u.Whole = append(u.Whole, g.UUID)
-			}
-			for _, m := range c.MIG {
-				u.MIG = append(u.MIG, m.UUID)
-			}
+		// Each GPU and instance once: an init container's are named for
+		// it and for the container the kubelet handed them on to.
+		whole, mig := gpureq.Recorded(a)
+		for _, g := range whole {
+			u.Whole = append(u.Whole, g.UUID)
+		}
+		for _, m := range mig {
+			u.MIG = append(u.MIG, m.UUID)
 		}
 		// A multi-GPU slice holds its amount on each of its GPUs; in the
 		// order the containers start, which gpureq.PeakAmount takes them in.

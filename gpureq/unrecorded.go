@@ -28,24 +28,25 @@ func (p *Pod) Holds() Holds {
 
 // Unrecorded is what a pod bound to a node, holding h, holds there that
 // its assignment a (nil: none, or one that cannot be read) does not name
-// yet: whole GPUs beyond those recorded, or, when no container records a
-// slice, every GPU its slice spans (bound without the extender: its GPUs
-// are unknown, so it holds that many of the node's); and MIG instances of
-// each profile beyond those recorded (nil when none). The extender's
-// ledger and the status views read from the API server count the same.
+// yet: whole GPUs beyond those recorded (each once, Recorded), or, when
+// no container records a slice, every GPU its slice spans (bound without
+// the extender: its GPUs are unknown, so it holds that many of the
+// node's); and MIG instances of each profile beyond those recorded (nil
+// when none). The extender's ledger and the status views read from the
+// API server count the same.
 func Unrecorded(h Holds, a *api.Assignment) (whole int, mig map[string]int) {
-	recordedWhole, sliceRecorded := 0, false
-	recordedMIG := map[string]int{}
+	gpus, instances := Recorded(a)
+	sliceRecorded := false
 	if a != nil {
 		for _, c := range a.Containers {
-			recordedWhole += len(c.GPUs)
 			sliceRecorded = sliceRecorded || c.Shared != nil
-			for _, m := range c.MIG {
-				recordedMIG[m.Profile]++
-			}
 		}
 	}
-	whole = max(0, h.Whole-recordedWhole)
+	recordedMIG := map[string]int{}
+	for _, m := range instances {
+		recordedMIG[m.Profile]++
+	}
+	whole = max(0, h.Whole-len(gpus))
 	if h.SliceGPUs > 0 && !sliceRecorded {
 		whole = h.SliceGPUs
 	}
@@ -55,6 +56,37 @@ func Unrecorded(h Holds, a *api.Assignment) (whole int, mig map[string]int) {
 				mig = map[string]int{}
 			}
 			mig[profile] = left
+		}
+	}
+	return whole, mig
+}
+
+// Recorded are the whole GPUs and the MIG instances that a's containers
+// name (none for a nil a), each once, in the order first named. The node
+// agent records what the kubelet allocated to each container, and the
+// kubelet hands a regular init container's devices on to the containers
+// after it (its device manager's devicesToReuse) while keeping them
+// allocated to the pod until it ends: a GPU can be named for the init
+// container and again for a later one, and the pod holds it once (an init
+// container of 2 GPUs before a container of 1 holds 2, not 3). Every
+// reader of a pod's recorded GPUs counts them through this.
+func Recorded(a *api.Assignment) (whole []api.GPURef, mig []api.MIGRef) {
+	if a == nil {
+		return nil, nil
+	}
+	seen := map[string]bool{}
+	for _, c := range a.Containers {
+		for _, g := range c.GPUs {
+			if !seen[g.UUID] {
+				seen[g.UUID] = true
+				whole = append(whole, g)
+			}
+		}
+		for _, m := range c.MIG {
+			if !seen[m.UUID] {
+				seen[m.UUID] = true
+				mig = append(mig, m)
+			}
 		}
 	}
 	return whole, mig

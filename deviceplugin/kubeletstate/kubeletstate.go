@@ -166,6 +166,51 @@ func (p *PodResources) AllocationsAndPods(ctx context.Context) ([]ContainerDevic
 	return out, pods, nil
 }
 
+// WithInitContainers adds to allocs, what the PodResources API answered
+// for the pods it listed (pods), the allocations of checkpoint (the device
+// manager's checkpoint, which names pods by UID) of the containers of
+// those pods that allocs names no device for: the regular (not
+// restartable) init containers, which the PodResources API never lists,
+// although the kubelet keeps their devices allocated to the pod until it
+// ends and hands some of them on to the containers after them
+// (devicemanager's devicesToReuse: an init container of 2 GPUs before an
+// app container of 1 leaves the pod holding 2, of which PodResources
+// names the app container's 1). uid gives a listed pod's UID ("": unknown,
+// nothing is added for it): a checkpoint entry of another UID (a pod of
+// the same name that went away) or of a pod not listed is left out. The
+// entries added name their pod as PodResources does (Namespace and Name,
+// no PodUID). allocs is not changed; the result is sorted.
+func WithInitContainers(allocs []ContainerDevices, pods []PodRef, checkpoint []ContainerDevices, uid func(namespace, name string) string) []ContainerDevices {
+	byUID := map[string]PodRef{}
+	for _, p := range pods {
+		if u := uid(p.Namespace, p.Name); u != "" {
+			byUID[u] = p
+		}
+	}
+	named := map[ContainerKey]bool{}
+	for _, a := range allocs {
+		named[a.Key()] = true
+	}
+	var more []ContainerDevices
+	for _, c := range checkpoint {
+		p, ok := byUID[c.PodUID]
+		if !ok {
+			continue
+		}
+		k := ContainerKey{Namespace: p.Namespace, Name: p.Name, Container: c.Container}
+		if named[k] {
+			continue
+		}
+		more = append(more, ContainerDevices{Namespace: p.Namespace, Name: p.Name, Container: c.Container, Resource: c.Resource, DeviceIDs: sorted(c.DeviceIDs)})
+	}
+	if len(more) == 0 {
+		return allocs
+	}
+	out := append(append(make([]ContainerDevices, 0, len(allocs)+len(more)), allocs...), more...)
+	sortAllocations(out)
+	return out
+}
+
 // Checkpoint reads the kubelet device manager's checkpoint file.
 type Checkpoint struct {
 	// Path is the checkpoint file, normally

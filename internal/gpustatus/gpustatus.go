@@ -278,16 +278,19 @@ func FromObjects(nodes []corev1.Node, pods []corev1.Pod, machineLabel string) *C
 		if !ok {
 			continue
 		}
-		for _, ca := range a.Containers {
-			for _, g := range ca.GPUs {
-				if o := gpus[g.UUID]; o != nil {
-					o.AddWhole(who)
-				}
+		// Every GPU and instance the pod holds, each once
+		// (gpureq.Recorded): a regular init container's, recorded for it
+		// and for the container the kubelet handed them on to, are held
+		// until the pod ends.
+		whole, mig := gpureq.Recorded(a)
+		for _, g := range whole {
+			if o := gpus[g.UUID]; o != nil {
+				o.AddWhole(who)
 			}
-			for _, m := range ca.MIG {
-				if o := gpus[m.GPU.UUID]; o != nil {
-					o.AddMIG(who, m.UUID)
-				}
+		}
+		for _, m := range mig {
+			if o := gpus[m.GPU.UUID]; o != nil {
+				o.AddMIG(who, m.UUID)
 			}
 		}
 		// A slice counts at the pod's peak (gpureq.AssignedSlicePeaks, as
