@@ -74,7 +74,10 @@ func (k *KubePreempt) SetPlan(ctx context.Context, pod *corev1.Pod, value string
 // least MinRuntime, that quota lets go (a namespace is never taken under
 // its ElasticQuota min by another namespace), and that their
 // PodDisruptionBudgets let go (a dry run first; a refused workload is
-// passed over and the choice made again). A pod whose preemptionPolicy is
+// passed over and the choice made again). A pod its namespace's
+// ElasticQuota refuses fits nowhere whatever the GPUs: its victims must
+// also bring the namespace within its quota, which only its own
+// lower-priority workloads can do (choose). A pod whose preemptionPolicy is
 // Never preempts nothing.
 //
 // The room freed goes to the pod it was freed for: the pod gets a sealed
@@ -400,10 +403,7 @@ func (p *Preemptor) preemptFor(ctx context.Context, asker *corev1.Pod, pods []*c
 	}
 	pastBudgets := false
 	for attempt := 0; attempt < 5; attempt++ {
-		c, units, after, err := p.choose(asker, &d, pods, qsnap, pastBudgets)
-		if err != nil {
-			return false, err
-		}
+		c := p.choose(asker, &d, pods, qsnap, pastBudgets)
 		if c == nil {
 			if p.mayGoPastBudgets(pastBudgets) {
 				pastBudgets = true
@@ -411,17 +411,13 @@ func (p *Preemptor) preemptFor(ctx context.Context, asker *corev1.Pod, pods []*c
 			}
 			return false, nil
 		}
-		var victims []*workload
-		for _, v := range c.Victims {
-			victims = append(victims, units[v.Key])
-		}
 		if !pastBudgets {
-			if blocker := p.dryRun(ctx, podClaimant(asker), []*corev1.Pod{asker}, victims); blocker != "" {
+			if blocker := p.dryRun(ctx, podClaimant(asker), []*corev1.Pod{asker}, c.victims); blocker != "" {
 				logger.V(2).Info("Preemption victim protected by a budget; choosing again", "pod", klog.KObj(asker), "victim", blocker)
 				continue
 			}
 		}
-		return true, p.apply(ctx, asker, &d, c.Node, victims, after, p.overrider(pastBudgets))
+		return true, p.apply(ctx, asker, &d, c, p.overrider(pastBudgets))
 	}
 	return false, nil
 }
@@ -442,71 +438,156 @@ func (p *Preemptor) overrider(pastBudgets bool) equota.BudgetOverrider {
 	return nil
 }
 
+// decision is a preemption chosen for a pod: the node, the victims, and
+// the node's state without them.
+type decision struct {
+	node    string
+	victims []*workload
+	after   *NodeState
+	// quota says why the pod's namespace's ElasticQuota refuses it, when
+	// it does: the victims bring the namespace within its quota too.
+	quota string
+}
+
 // choose decides a preemption for asker on the current snapshot: nil
 // when asker fits somewhere already (or will, once leaving pods are
-// gone) or when no preemption makes room. after is the chosen node's
-// state without the victims.
-func (p *Preemptor) choose(asker *corev1.Pod, d *Demand, pods []*corev1.Pod, qsnap *planner.QueueSnapshot, pastBudgets bool) (*preempt.Choice, map[string]*workload, *NodeState, error) {
+// gone) or when no preemption makes room.
+//
+// A pod its namespace's ElasticQuota refuses (above its max, or borrowing
+// beyond what can be lent) fits nowhere whatever the GPUs: when its
+// namespace's lower-priority workloads would admit it (the filter calls
+// the refusal resolvable), the victims must also bring the namespace
+// within its quota (quota.State.AdmitsWithout). kube-scheduler's dry run
+// offers the preempt verb only the victims the node's room needs, which
+// leave the namespace above its max (make demo: a 4-GPU pod of a
+// namespace at its max of 8 waited for ever beside its own 8 one-GPU pods
+// of a lower priority), so Tessera decides these itself. Every node's
+// candidate offers, besides its own units, the namespace's units on other
+// nodes (preempt.Unit.Elsewhere: they free quota, not room there).
+func (p *Preemptor) choose(asker *corev1.Pod, d *Demand, pods []*corev1.Pod, qsnap *planner.QueueSnapshot, pastBudgets bool) *decision {
 	now := p.now()
 	gone, running := p.split(pods, now)
 	base := without(p.Cache.Snapshot(), gone)
+	c := podClaimant(asker)
+	qs := p.quotaState(c, gone)
+	refused := ""
+	if qs != nil {
+		if v := qs.Admit(c.ns, c.req); !v.Allowed {
+			refused = v.Reason
+		}
+	}
 	// Only nodes asker may go to (package eligible): room freed on the
 	// others cannot serve it, and room free on them is no reason to wait.
 	allowed := eligible.For(asker)
 	var nodes []*NodeState
 	for _, st := range base {
 		if st.Admits(allowed) {
-			if Check(st, d) == Fits {
-				return nil, nil, nil, nil // kube-scheduler will place it (or the room is being freed)
+			if refused == "" && Check(st, d) == Fits {
+				return nil // kube-scheduler will place it (or the room is being freed)
 			}
 			nodes = append(nodes, st)
 		}
 	}
-	units, unitsOf := p.units(podClaimant(asker), running, now, qsnap, pastBudgets)
+	units, unitsOf := p.units(c, running, now, qsnap, qs, pastBudgets)
+	podsOf := func(victims []preempt.Unit) map[types.UID]*corev1.Pod {
+		g := map[types.UID]*corev1.Pod{}
+		for _, v := range victims {
+			for _, pod := range units[v.Key].pods {
+				g[pod.UID] = pod
+			}
+		}
+		return g
+	}
+	// admitted: quota admits asker once the victims are gone (always,
+	// when it admits it now).
+	admitted := func(victims []preempt.Unit) bool { return true }
+	var own []preempt.Unit // the namespace's units, for its quota
+	if refused != "" {
+		for _, w := range units {
+			if w.w.Namespace == c.ns {
+				own = append(own, w.unit)
+			}
+		}
+		admitted = func(victims []preempt.Unit) bool {
+			g := podsOf(victims)
+			ps := make([]*corev1.Pod, 0, len(g))
+			for _, pod := range g {
+				ps = append(ps, pod)
+			}
+			// A gang and its extra members are units of their own: each
+			// pod counts once.
+			return qs.AdmitsWithout(c.ns, c.req, equota.Workloads(ps))
+		}
+		if !admitted(own) {
+			return nil // nothing of its own namespace it may evict admits it
+		}
+	}
 	var cands []preempt.Candidate
 	for _, st := range nodes {
-		c := preempt.Candidate{Node: st.Info.Name}
+		cand := preempt.Candidate{Node: st.Info.Name}
 		seen := map[string]bool{}
 		for uid := range st.Pods {
 			for _, k := range unitsOf[uid] {
 				if w, ok := units[k]; ok && !seen[k] {
 					seen[k] = true
-					c.Units = append(c.Units, w.unit)
+					cand.Units = append(cand.Units, w.unit)
 				}
 			}
 		}
-		sort.Slice(c.Units, func(i, j int) bool { return c.Units[i].Key < c.Units[j].Key })
-		if len(c.Units) > 0 {
-			cands = append(cands, c)
+		for _, u := range own {
+			if !seen[u.Key] {
+				u.Elsewhere = true
+				cand.Units = append(cand.Units, u)
+			}
+		}
+		sort.Slice(cand.Units, func(i, j int) bool { return cand.Units[i].Key < cand.Units[j].Key })
+		if len(cand.Units) > 0 {
+			cands = append(cands, cand)
 		}
 	}
 	stateWithout := func(node string, victims []preempt.Unit) *NodeState {
 		g := map[types.UID]bool{}
-		for _, v := range victims {
-			for _, pod := range units[v.Key].pods {
-				g[pod.UID] = true
-			}
+		for uid := range podsOf(victims) {
+			g[uid] = true
 		}
 		return without(map[string]*NodeState{node: base[node]}, g)[node]
 	}
 	choice, ok := preempt.Choose(cands, func(node string, victims []preempt.Unit) bool {
-		return Check(stateWithout(node, victims), d) == Fits
+		return admitted(victims) && Check(stateWithout(node, victims), d) == Fits
 	})
 	if !ok {
-		return nil, nil, nil, nil
+		return nil
 	}
-	return &choice, units, stateWithout(choice.Node, choice.Victims), nil
+	out := &decision{node: choice.Node, after: stateWithout(choice.Node, choice.Victims), quota: refused}
+	for _, v := range choice.Victims {
+		out.victims = append(out.victims, units[v.Key])
+	}
+	return out
+}
+
+// quotaState is the ElasticQuota state as c's namespace sees it, c's own
+// pods and those in gone (leaving, or evicted lately) not counted; nil
+// without quota, or when it cannot be read (no quota rule applies then).
+func (p *Preemptor) quotaState(c claimant, gone map[types.UID]bool) *quota.State {
+	if p.Quota == nil {
+		return nil
+	}
+	v, err := p.Quota.Ledger.View(c.ns, func(pod *corev1.Pod) bool { return c.self[pod.UID] || gone[pod.UID] })
+	if err != nil {
+		return nil
+	}
+	return v.State
 }
 
 // units are the workloads c may evict, by unit key: every pod of the
 // workload of lower priority than c, run at least MinRuntime, not
 // passed over for a budget (unless pastBudgets), and let go by quota and
-// queues; never c's own. An elastic
+// queues (qs, the ElasticQuota state: nil, none); never c's own. An elastic
 // gang running more members than its minMember is also offered member by
 // member for those beyond the minimum, newest first (its whole is still a
 // unit: taking that ends every member, so it never drops below its
 // minimum). unitsOf gives each pod's units.
-func (p *Preemptor) units(c claimant, running []*corev1.Pod, now time.Time, qsnap *planner.QueueSnapshot, pastBudgets bool) (map[string]*workload, map[types.UID][]string) {
+func (p *Preemptor) units(c claimant, running []*corev1.Pod, now time.Time, qsnap *planner.QueueSnapshot, qs *quota.State, pastBudgets bool) (map[string]*workload, map[types.UID][]string) {
 	prio := c.prio
 	groups := map[string][]*corev1.Pod{}
 	for _, pod := range running {
@@ -522,12 +603,6 @@ func (p *Preemptor) units(c claimant, running []*corev1.Pod, now time.Time, qsna
 	blocked := p.blocked.Current(now)
 	if pastBudgets {
 		blocked = nil
-	}
-	var qs *quota.State
-	if p.Quota != nil {
-		if v, err := p.Quota.Ledger.View(c.ns, func(pod *corev1.Pod) bool { return c.self[pod.UID] }); err == nil {
-			qs = v.State
-		}
 	}
 	req := c.req
 	askerQueue, _ := qsnap.QueueOf(c.ns)
@@ -614,10 +689,10 @@ func (p *Preemptor) dryRun(ctx context.Context, c claimant, askers []*corev1.Pod
 	return ""
 }
 
-// apply evicts the victims (past their budgets through over, when set)
-// and holds the freed room for asker with a plan on node (after is the
-// node's state without the victims).
-func (p *Preemptor) apply(ctx context.Context, asker *corev1.Pod, d *Demand, node string, victims []*workload, after *NodeState, over equota.BudgetOverrider) error {
+// apply evicts the victims of c (past their budgets through over, when
+// set) and holds the freed room for asker with a plan on c's node.
+func (p *Preemptor) apply(ctx context.Context, asker *corev1.Pod, d *Demand, c *decision, over equota.BudgetOverrider) error {
+	node, victims, after := c.node, c.victims, c.after
 	logger := klog.FromContext(ctx)
 	hold := p.HoldFor
 	if hold <= 0 {
@@ -641,13 +716,23 @@ func (p *Preemptor) apply(ctx context.Context, asker *corev1.Pod, d *Demand, nod
 	if err := p.Client.SetPlan(ctx, asker, ann[api.AnnotationGangPlan]); err != nil {
 		return fmt.Errorf("preemption for %s/%s: writing the plan: %w", asker.Namespace, asker.Name, err)
 	}
+	needs, makes := "fits no node", "makes room on "+where
+	if c.quota != "" {
+		needs = fmt.Sprintf("is refused by its namespace's ElasticQuota (%s)", c.quota)
+		makes = fmt.Sprintf("brings namespace %s within its quota and makes room on %s", asker.Namespace, where)
+	}
 	err = p.evict(ctx, podClaimant(asker), victims, over, func(v *workload) string {
-		return fmt.Sprintf("tessera: evicted for %s/%s (priority %d), which needs %s and fits no node: %s (priority %d) is among the pods of the lowest priorities whose removal makes room on %s; the room is held for %s/%s until %s",
-			asker.Namespace, asker.Name, corev1helpers.PodPriority(asker), equota.Describe(gpureq.QuotaCount(asker)), api.KeyName(v.unit.Key), v.unit.Priority, where, asker.Namespace, asker.Name, plan.Expires.Format(time.RFC3339))
+		return fmt.Sprintf("tessera: evicted for %s/%s (priority %d), which needs %s and %s: %s (priority %d) is among the pods of the lowest priorities whose removal %s; the room is held for %s/%s until %s",
+			asker.Namespace, asker.Name, corev1helpers.PodPriority(asker), equota.Describe(gpureq.QuotaCount(asker)), needs, api.KeyName(v.unit.Key), v.unit.Priority, makes, asker.Namespace, asker.Name, plan.Expires.Format(time.RFC3339))
 	})
-	p.event(asker, corev1.EventTypeNormal, api.EventPreempting, "tessera: evicting %s to make room on %s; the room is held for this pod until %s",
-		strings.Join(names, ", "), where, plan.Expires.Format(time.RFC3339))
-	logger.Info("Preempting", "pod", klog.KObj(asker), "node", node, "victims", names, "expires", plan.Expires)
+	if c.quota != "" {
+		p.event(asker, corev1.EventTypeNormal, api.EventPreempting, "tessera: its namespace's ElasticQuota refuses it (%s): evicting %s to bring namespace %s within its quota and make room on %s; the room is held for this pod until %s",
+			c.quota, strings.Join(names, ", "), asker.Namespace, where, plan.Expires.Format(time.RFC3339))
+	} else {
+		p.event(asker, corev1.EventTypeNormal, api.EventPreempting, "tessera: evicting %s to make room on %s; the room is held for this pod until %s",
+			strings.Join(names, ", "), where, plan.Expires.Format(time.RFC3339))
+	}
+	logger.Info("Preempting", "pod", klog.KObj(asker), "node", node, "victims", names, "expires", plan.Expires, "quota", c.quota)
 	return err
 }
 

@@ -155,7 +155,7 @@ func (p *Preemptor) chooseForGang(c claimant, members, pods []*corev1.Pod, qsnap
 			}
 		}
 	}
-	units, unitsOf := p.units(c, running, now, qsnap, pastBudgets)
+	units, unitsOf := p.units(c, running, now, qsnap, p.quotaState(c, nil), pastBudgets)
 	seen := map[string]bool{}
 	var cands []preempt.Unit
 	for _, pod := range running {

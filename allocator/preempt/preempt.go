@@ -25,6 +25,15 @@ type Unit struct {
 	// Extra marks a member of an elastic gang beyond its minimum: among
 	// equal priorities, extras go before any whole workload.
 	Extra bool
+	// Elsewhere marks a unit of a candidate with no pod on the
+	// candidate's node: it frees no room there, and is offered for what
+	// else the asker needs gone (its namespace's ElasticQuota, when the
+	// asker is above its max: its own lower-priority work anywhere). Among
+	// equal priorities the node's own units go first, and of two choices
+	// of one cost the one with fewer units elsewhere wins: the room
+	// evicted is then the room the asker takes, and no other node is left
+	// with a hole.
+	Elsewhere bool
 }
 
 // Candidate is a node and the units with a pod on it that may be evicted.
@@ -52,9 +61,11 @@ type Fits func(node string, victims []Unit) bool
 // less. Among nodes, the choice whose most important victim has the lowest
 // priority wins, then the one that ends the fewest pods, then the one
 // that takes the fewest whole workloads (the extra members of elastic
-// gangs go first), then the fewest units, then the node name. Choose assumes the asker fits no node as it
-// is: the caller checks that first (a node where it fits would still get
-// one victim).
+// gangs go first), then the one with the fewest units elsewhere, then the
+// fewest units, then the node name. Choose assumes the asker fits no node
+// with no victim: the caller checks that first (a node where it fits would
+// still get one victim), or its fit needs some victim whatever the room
+// (a pod above its namespace's ElasticQuota max).
 func Choose(cands []Candidate, fits Fits) (Choice, bool) {
 	var best Choice
 	var bestCost cost
@@ -83,6 +94,8 @@ func onNode(c Candidate, fits Fits) ([]Unit, bool) {
 			return a.Priority < b.Priority
 		case a.Extra != b.Extra:
 			return a.Extra
+		case a.Elsewhere != b.Elsewhere:
+			return !a.Elsewhere
 		case !a.Started.Equal(b.Started):
 			return a.Started.After(b.Started)
 		}
@@ -127,8 +140,8 @@ func reprieve(node string, taken []Unit, fits Fits) []Unit {
 }
 
 type cost struct {
-	top                int32
-	whole, pods, units int
+	top                           int32
+	whole, pods, elsewhere, units int
 }
 
 func (a cost) less(b cost) bool {
@@ -139,6 +152,8 @@ func (a cost) less(b cost) bool {
 		return a.pods < b.pods
 	case a.whole != b.whole:
 		return a.whole < b.whole
+	case a.elsewhere != b.elsewhere:
+		return a.elsewhere < b.elsewhere
 	}
 	return a.units < b.units
 }
@@ -152,6 +167,9 @@ func costOf(victims []Unit) cost {
 		k.pods += v.Pods
 		if !v.Extra {
 			k.whole++
+		}
+		if v.Elsewhere {
+			k.elsewhere++
 		}
 	}
 	return k

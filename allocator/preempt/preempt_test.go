@@ -1,6 +1,7 @@
 package preempt
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -154,5 +155,122 @@ func TestChooseSingleBeatsGreedyPair(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"c"}, keys(got.Victims)); diff != "" {
 		t.Errorf("victims (-want +got):\n%s", diff)
+	}
+}
+
+// aboveMax is a toy fit for a pod above its namespace's ElasticQuota max:
+// units are "node/name", one GPU each, all of the asker's namespace; the
+// asker needs need GPUs on the node (free there, plus its units gone) and
+// at least over units gone anywhere (its namespace back within its max).
+type aboveMax struct {
+	free       map[string]int
+	need, over int
+}
+
+func (a aboveMax) fits(node string, victims []Unit) bool {
+	room := a.free[node]
+	for _, v := range victims {
+		if n, _, _ := strings.Cut(v.Key, "/"); n == node {
+			room++
+		}
+	}
+	return room >= a.need && len(victims) >= a.over
+}
+
+// candidates offers on each node its own units and every other unit
+// Elsewhere, as the extender does for a pod above its max.
+func candidates(units []Unit) []Candidate {
+	var nodes []string
+	seen := map[string]bool{}
+	for _, u := range units {
+		if n, _, _ := strings.Cut(u.Key, "/"); !seen[n] {
+			seen[n] = true
+			nodes = append(nodes, n)
+		}
+	}
+	var out []Candidate
+	for _, n := range nodes {
+		c := Candidate{Node: n}
+		for _, u := range units {
+			u.Elsewhere = !strings.HasPrefix(u.Key, n+"/")
+			c.Units = append(c.Units, u)
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// A pod above its namespace's max needs victims for quota wherever they
+// run, and room on its node: the fewest, least important of its
+// namespace's units that do both, the node's own first at one priority.
+func TestChooseWithUnitsElsewhere(t *testing.T) {
+	// n units of node, one GPU each, started from minutes on (the last
+	// the newest).
+	ones := func(node string, prio int32, n, from int) []Unit {
+		var out []Unit
+		for i := range n {
+			out = append(out, unit(node+"/"+string(rune('a'+i)), prio, from+i, 1))
+		}
+		return out
+	}
+	tests := []struct {
+		name     string
+		units    []Unit
+		fit      aboveMax
+		wantNode string
+		want     []string
+		wantOK   bool
+	}{
+		{
+			// make demo: 6 low pods on a100-1 (2 GPUs free), 2 on a100-2
+			// (6 free), those the newest; the 4-GPU pod fits a100-2 as it
+			// is, but quota needs 4 gone: 4 on a100-1, where they make its
+			// room, beat the newest 2 and 2 of a100-1 for a100-1 as for
+			// a100-2 (the same cost but for the units elsewhere).
+			name:     "the repro: four of the node where they make room",
+			units:    append(ones("a100-1", 100, 6, 0), ones("a100-2", 100, 2, 10)...),
+			fit:      aboveMax{free: map[string]int{"a100-1": 2, "a100-2": 6}, need: 4, over: 4},
+			wantNode: "a100-1", want: []string{"a100-1/f", "a100-1/e", "a100-1/d", "a100-1/c"}, wantOK: true,
+		},
+		{
+			name:     "too few on any one node: the rest elsewhere, the newest",
+			units:    append(ones("n1", 100, 3, 0), ones("n2", 100, 3, 10)...),
+			fit:      aboveMax{free: map[string]int{"n1": 5, "n2": 5}, need: 4, over: 4},
+			wantNode: "n1", want: []string{"n1/c", "n1/b", "n1/a", "n2/c"}, wantOK: true,
+		},
+		{
+			name:     "the fewest units elsewhere beats the node name",
+			units:    append(ones("n1", 100, 2, 10), ones("n2", 100, 6, 0)...),
+			fit:      aboveMax{free: map[string]int{"n1": 6, "n2": 2}, need: 4, over: 4},
+			wantNode: "n2", want: []string{"n2/f", "n2/e", "n2/d", "n2/c"}, wantOK: true,
+		},
+		{
+			name:     "a lower priority elsewhere goes before the node's own",
+			units:    append(ones("n1", 100, 4, 0), ones("n2", 50, 1, 0)...),
+			fit:      aboveMax{free: map[string]int{"n1": 2}, need: 4, over: 3},
+			wantNode: "n1", want: []string{"n2/a", "n1/d", "n1/c"}, wantOK: true,
+		},
+		{
+			name:  "not enough of its own anywhere: no preemption",
+			units: append(ones("n1", 100, 2, 0), ones("n2", 100, 1, 0)...),
+			fit:   aboveMax{free: map[string]int{"n1": 8, "n2": 8}, need: 4, over: 4},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := Choose(candidates(tc.units), tc.fit.fits)
+			if ok != tc.wantOK {
+				t.Fatalf("ok = %v, want %v (choice %+v)", ok, tc.wantOK, got)
+			}
+			if !ok {
+				return
+			}
+			if got.Node != tc.wantNode {
+				t.Errorf("node %s, want %s", got.Node, tc.wantNode)
+			}
+			if diff := cmp.Diff(tc.want, keys(got.Victims)); diff != "" {
+				t.Errorf("victims (-want +got):\n%s", diff)
+			}
+		})
 	}
 }

@@ -100,7 +100,7 @@ type State struct {
 func (s *State) Clone() *State {
 	c := &State{Quotas: map[string]Quota{}, Used: map[string]Resources{}, Capacity: Resources{}.Add(s.Capacity)}
 	for ns, q := range s.Quotas {
-		c.Quotas[ns] = Quota{Namespace: q.Namespace, Min: Resources{}.Add(q.Min), Max: Resources{}.Add(q.Max)}
+		c.Quotas[ns] = Quota{Namespace: q.Namespace, Min: Resources{}.Add(q.Min), Max: Resources{}.Add(q.Max), Invalid: q.Invalid}
 	}
 	for ns, u := range s.Used {
 		c.Used[ns] = Resources{}.Add(u)
@@ -150,6 +150,30 @@ func (s *State) Admit(ns string, req Resources) Decision {
 		return Decision{Allowed: true, Borrowing: true, Reason: fmt.Sprintf("%s borrows: it has no min", ns)}
 	}
 	return Decision{Allowed: true, Borrowing: true, Reason: fmt.Sprintf("%s borrows above its min (%s)", ns, q.Min)}
+}
+
+// AdmitsWithout reports whether namespace ns is admitted req (Admit) once
+// the workloads gone no longer count against their namespaces: what
+// preempting them does for quota. It is the one rule by which preemption
+// resolves a refusal (above max, or borrowing beyond what can be lent):
+// the filter calls a refusal resolvable when the namespace's workloads of a
+// lower priority than the pod, all gone, would admit it, and tier
+// preemption (extender.Preemptor) takes victims until they admit it and
+// the pod fits. Only the asker's own namespace's workloads can help: a
+// namespace above its min may evict no other governed namespace's work
+// (CanPreempt), and ungoverned work counts against no quota.
+func (s *State) AdmitsWithout(ns string, req Resources, gone []Workload) bool {
+	used := make(map[string]Resources, len(s.Used))
+	for n, u := range s.Used {
+		used[n] = u
+	}
+	for _, w := range gone {
+		if _, governed := s.Quotas[w.Namespace]; governed {
+			used[w.Namespace] = used[w.Namespace].Sub(w.Uses)
+		}
+	}
+	without := State{Quotas: s.Quotas, Used: used, Capacity: s.Capacity}
+	return without.Admit(ns, req).Allowed
 }
 
 // minOf is q.Min with 0 for every resource req names and Min does not.

@@ -287,6 +287,63 @@ func TestCanPreempt(t *testing.T) {
 	}
 }
 
+// AdmitsWithout is the quota side of preempting a namespace's own
+// lower-priority work for a pod its quota refuses: the refusal is
+// resolved once enough of the namespace's use is gone. make demo's
+// repro: eqp, min 8 = max 8, runs 8 one-GPU pods and a 4-GPU pod is
+// refused until 4 of them are gone.
+func TestAdmitsWithout(t *testing.T) {
+	eqp := func(used, min, max int64) *State {
+		return &State{
+			Quotas: map[string]Quota{
+				"eqp":   {Namespace: "eqp", Min: gpus(min), Max: gpus(max)},
+				"other": {Namespace: "other", Min: gpus(8), Max: gpus(16)},
+			},
+			Used:     map[string]Resources{"eqp": gpus(used), "other": gpus(8)},
+			Capacity: gpus(16),
+		}
+	}
+	ones := func(ns string, n int) []Workload {
+		var out []Workload
+		for i := range n {
+			out = append(out, workload(ns, fmt.Sprintf("lo-%d", i), 100, 0, 1))
+		}
+		return out
+	}
+	invalid := eqp(8, 8, 8)
+	invalid.Quotas["eqp"] = Quota{Namespace: "eqp", Min: gpus(8), Max: gpus(8), Invalid: "min above max"}
+	tests := []struct {
+		name  string
+		state *State
+		ns    string
+		req   Resources
+		gone  []Workload
+		want  bool
+	}{
+		{name: "at its max, nothing gone: refused", state: eqp(8, 8, 8), ns: "eqp", req: gpus(4), want: false},
+		{name: "at its max, 3 of its own gone: still above", state: eqp(8, 8, 8), ns: "eqp", req: gpus(4), gone: ones("eqp", 3), want: false},
+		{name: "at its max, 4 of its own gone: admitted", state: eqp(8, 8, 8), ns: "eqp", req: gpus(4), gone: ones("eqp", 4), want: true},
+		{name: "another namespace's work does not bring it within its max", state: eqp(8, 8, 8), ns: "eqp", req: gpus(4), gone: ones("other", 8), want: false},
+		{name: "ungoverned work counts against nothing", state: eqp(8, 8, 8), ns: "eqp", req: gpus(4), gone: ones("free", 8), want: false},
+		// eqp min 4, max 16 uses 8 and other 8 of 16: borrowing 4 more is
+		// beyond what can be lent until 4 of eqp's are gone.
+		{name: "borrowing beyond what can be lent, resolved by its own", state: eqp(8, 4, 16), ns: "eqp", req: gpus(4), gone: ones("eqp", 4), want: true},
+		{name: "an invalid quota admits nothing, whatever is gone", state: invalid, ns: "eqp", req: gpus(4), gone: ones("eqp", 8), want: false},
+		{name: "an ungoverned namespace is admitted", state: eqp(8, 8, 8), ns: "free", req: gpus(64), want: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := tc.state.Clone()
+			if got := tc.state.AdmitsWithout(tc.ns, tc.req, tc.gone); got != tc.want {
+				t.Errorf("AdmitsWithout = %v, want %v", got, tc.want)
+			}
+			if diff := cmp.Diff(before, tc.state); diff != "" {
+				t.Errorf("AdmitsWithout changed the state (-before +after):\n%s", diff)
+			}
+		})
+	}
+}
+
 func TestReports(t *testing.T) {
 	got := twoTeams(24, 4).Reports()
 	want := []Report{
@@ -305,6 +362,12 @@ func TestCloneIsDeep(t *testing.T) {
 	c.Quotas["a"].Min[api.ResourceGPU] = 0
 	if s.Used["a"][api.ResourceGPU] != 8 || s.Quotas["a"].Min[api.ResourceGPU] != 16 {
 		t.Errorf("Clone shares maps with the original: %+v", s)
+	}
+	// An invalid quota stays invalid in the copy: the filter's "would
+	// preemption resolve it" asked a clone, which admitted the namespace.
+	s.Quotas["b"] = Quota{Namespace: "b", Min: gpus(8), Max: gpus(4), Invalid: "min above max"}
+	if got := s.Clone().Quotas["b"].Invalid; got != "min above max" {
+		t.Errorf("Clone's Invalid = %q, want the original's", got)
 	}
 }
 

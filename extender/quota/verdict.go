@@ -115,16 +115,16 @@ func AdmitRequest(v *View, ns string, prio int32, req core.Resources, what strin
 		}
 	}
 	// Preemption helps only by lower-priority work of the same namespace
-	// (CanPreempt refuses other namespaces' victims to work above min).
-	relief := core.Resources{}
+	// (CanPreempt refuses other namespaces' victims to work above min):
+	// tier preemption (extender.Preemptor) takes the fewest of them that
+	// admit it and make it fit, by the same rule (AdmitsWithout).
+	var lower []*corev1.Pod
 	for _, p := range v.Pods {
 		if p.Namespace == ns && corev1helpers.PodPriority(p) < prio {
-			relief = relief.Add(Use(p))
+			lower = append(lower, p)
 		}
 	}
-	c := st.Clone()
-	c.Used[ns] = c.Used[ns].Sub(relief)
-	out.Unresolvable = !c.Admit(ns, req).Allowed
+	out.Unresolvable = !st.AdmitsWithout(ns, req, Workloads(lower))
 	return out
 }
 
