@@ -18,17 +18,18 @@ import (
 // lower tiers). Other queues' work is never taken here (Reclaim and tier
 // preemption decide that). Candidates are preemptible, lowest priority
 // first, elastic extras before whole workloads, then newest; the choice is
-// the shortest enough prefix, made minimal (allocator/victims). It returns
-// the victims, or an error saying why none would do.
-func (s *State) PreemptOwn(queue string, req quota.Resources, prio int32, running []Workload, enough func([]Workload) bool) ([]Workload, error) {
+// the shortest enough prefix, made minimal (allocator/victims). freed is
+// what the queue's work already leaving frees, which Used still counts
+// (evicted a moment ago, not yet seen leaving): it is counted gone, so a
+// second pass does not evict again for the same asker. It returns the
+// victims (none when what is leaving is enough), or an error saying why
+// none would do.
+func (s *State) PreemptOwn(queue string, req quota.Resources, prio int32, running []Workload, freed quota.Resources, enough func([]Workload) bool) ([]Workload, error) {
 	var cands []Workload
 	for _, w := range running {
 		if w.Queue == queue && w.Preemptible && w.Priority < prio {
 			cands = append(cands, w)
 		}
-	}
-	if len(cands) == 0 {
-		return nil, fmt.Errorf("queue %s runs no preemptible workload of a lower priority than %d", queue, prio)
 	}
 	sort.SliceStable(cands, func(i, j int) bool {
 		a, b := cands[i], cands[j]
@@ -43,7 +44,7 @@ func (s *State) PreemptOwn(queue string, req quota.Resources, prio int32, runnin
 		return a.Key < b.Key
 	})
 	admitted := func(vs []Workload) bool {
-		freed := quota.Resources{}
+		freed := quota.Resources{}.Add(freed)
 		for _, w := range vs {
 			freed = freed.Add(w.Uses)
 		}
@@ -57,8 +58,12 @@ func (s *State) PreemptOwn(queue string, req quota.Resources, prio int32, runnin
 	}
 	takeAll := func() func(Workload) bool { return func(Workload) bool { return true } }
 	chosen, ok := victims.Choose(cands, func(w Workload) string { return w.Key }, takeAll, admitted)
-	if !ok {
+	switch {
+	case ok:
+		return chosen, nil
+	case len(cands) == 0:
+		return nil, fmt.Errorf("queue %s runs no preemptible workload of a lower priority than %d", queue, prio)
+	default:
 		return nil, fmt.Errorf("evicting every lower-priority workload of queue %s would not admit it or make room for it", queue)
 	}
-	return chosen, nil
 }

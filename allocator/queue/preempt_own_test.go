@@ -25,6 +25,7 @@ func TestPreemptOwn(t *testing.T) {
 		prio    int32
 		running []Workload
 		enough  func([]Workload) bool
+		freed   int64 // GPUs of ty's work already leaving
 		want    []string
 		wantErr string
 	}{
@@ -46,6 +47,20 @@ func TestPreemptOwn(t *testing.T) {
 			tree: Build([]Spec{q("tx", "", 8), q("ty", "", 8)}), used: map[string]int64{"tx": 8, "ty": 8}, prio: 1000,
 			running: append(lows("tx", 8), append(lows("ty", 7), wl("ty", "lowest", 0, time.Hour, 1))...),
 			want:    []string{"ty/lowest", "ty/g", "ty/f", "ty/e"},
+		},
+		{
+			name: "what is already leaving counts: 2 evicted a moment ago, 2 more",
+			tree: Build([]Spec{q("tx", "", 8), q("ty", "", 8)}), used: map[string]int64{"tx": 8, "ty": 8}, prio: 1000,
+			running: append(lows("tx", 8), lows("ty", 6)...), freed: 2,
+			enough: freed(2), // the 2 leaving free their GPUs too
+			want:   []string{"ty/f", "ty/e"},
+		},
+		{
+			name: "nothing more when what is leaving admits it",
+			tree: Build([]Spec{q("tx", "", 8), q("ty", "", 8)}), used: map[string]int64{"tx": 8, "ty": 8}, prio: 1000,
+			running: append(lows("tx", 8), lows("ty", 4)...), freed: 4,
+			enough: func([]Workload) bool { return true },
+			want:   nil,
 		},
 		{
 			name: "the same tier is not preempted",
@@ -73,7 +88,7 @@ func TestPreemptOwn(t *testing.T) {
 			if enough == nil {
 				enough = freed(4)
 			}
-			victims, err := s.PreemptOwn("ty", gpus(4), tc.prio, tc.running, enough)
+			victims, err := s.PreemptOwn("ty", gpus(4), tc.prio, tc.running, gpus(tc.freed), enough)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("PreemptOwn = %v, %v; want an error containing %q", keys(victims), err, tc.wantErr)

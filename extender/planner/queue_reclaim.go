@@ -338,8 +338,27 @@ func (r *QueueReclaimer) PreemptOwnFor(ctx context.Context, snap *QueueSnapshot,
 			}
 		}
 	}
+	// What the snapshot counts of the queue's use beyond what its pods
+	// not leaving use now is freed: pods evicted a moment ago (this
+	// preemption's, in flight) or seen leaving since the snapshot was
+	// made. A pass (or a retry within one) right after an eviction must
+	// not evict again for the same asker: on the e2e cluster a retry 200
+	// ms later evicted two more notebooks.
+	stays := quota.Resources{}
+	for _, p := range pods {
+		_, planned := p.Annotations[api.AnnotationGangPlan]
+		if pq, queued := snap.QueueOf(p.Namespace); queued && pq == q && !gone[p.UID] && !gpureq.Ended(p) && !asker[p.UID] && (p.Spec.NodeName != "" || planned) {
+			stays = stays.Add(gpureq.QuotaCount(p))
+		}
+	}
+	freed := quota.Resources{}
+	for r, v := range snap.State.Used[q] {
+		if d := v - stays[r]; d > 0 {
+			freed[r] = d
+		}
+	}
 	base := without(r.Ledger.Snapshot(), gone)
-	victims, err := snap.State.PreemptOwn(q, want, prio, r.workloads(snap, groups, now, true), func(ws []queue.Workload) bool {
+	victims, err := snap.State.PreemptOwn(q, want, prio, r.workloads(snap, groups, now, true), freed, func(ws []queue.Workload) bool {
 		g := map[types.UID]bool{}
 		for _, w := range ws {
 			for _, p := range groups[w.Key] {
@@ -350,6 +369,9 @@ func (r *QueueReclaimer) PreemptOwnFor(ctx context.Context, snap *QueueSnapshot,
 	})
 	if err != nil {
 		return "", nil, err
+	}
+	if len(victims) == 0 {
+		return "", gone, nil // what is leaving admits it and makes room
 	}
 	var names []string
 	var errs []error
