@@ -582,6 +582,34 @@ func TestReclaimNeverTakesANamespaceUnderItsMin(t *testing.T) {
 	}
 }
 
+// A tenant with min 2 borrowing 14 GPUs through one 16-GPU gang gives it
+// back, whole, to a namespace within its min (min 12, using 0): the gang
+// straddles a's min, borrows more (14) than a is then short (2), and b is
+// shorter (12). The Event says why, not that a keeps its min (make demo:
+// it said so while a fell to 0).
+func TestReclaimTakesAMostlyBorrowedGang(t *testing.T) {
+	q := staticQuotas{
+		"a": {Namespace: "a", Min: gpus(2), Max: gpus(32)},
+		"b": {Namespace: "b", Min: gpus(12), Max: gpus(32)},
+	}
+	f := newQuotaFixture(t, q, testbuild.EightGPUNodes(2)...)
+	for i := range 2 {
+		f.pod("a", fmt.Sprintf("a-%d", i), 8, f.now, inGang("big", 2), on(fmt.Sprintf("n%d", i)))
+	}
+	b := f.pod("b", "b-0", 8, f.now.Add(time.Minute))
+	f.filter(b)
+	if err := f.reclaimQueued(); err != nil {
+		t.Fatalf("reclaim: %v", err)
+	}
+	if diff := cmp.Diff([]string{"a/a-0", "a/a-1"}, f.evictions()); diff != "" {
+		t.Errorf("evictions (-want +got):\n%s", diff)
+	}
+	rec := f.eventsWith(api.EventReclaimed)
+	if len(rec) != 2 || !strings.Contains(rec[0], "borrows more than a is then short of its min") || strings.Contains(rec[0], "keeps a at its min") {
+		t.Errorf("Reclaimed events %q", rec)
+	}
+}
+
 // TestPreemptVerbWithQuota: through the verb, a node whose only GPU
 // victims are a partial gang is dropped; a node with a whole
 // lower-priority single pod of a borrowing namespace keeps it.

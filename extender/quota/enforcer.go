@@ -740,8 +740,18 @@ func (e *Enforcer) why(c *choice, ns string, w core.Workload) string {
 	st := c.state
 	used, min := st.Used[ns], st.Quotas[ns].Min
 	vUsed, vMin := st.Used[w.Namespace], st.Quotas[w.Namespace].Min
-	return fmt.Sprintf("%s uses %s of its min %s and asks for %s; %s uses %s above its min %s; %s (priority %d, created %s) is the lowest-priority, newest workload whose eviction keeps %s at its min",
-		ns, Describe(used), Describe(min), Describe(c.req), w.Namespace, Describe(vUsed), Describe(vMin), w.Name, w.Priority, w.Created.UTC().Format(time.RFC3339), w.Namespace)
+	keeps := fmt.Sprintf("whose eviction keeps %s at its min", w.Namespace)
+	rest := vUsed.Sub(w.Uses)
+	for r, n := range w.Uses {
+		if n > 0 && rest[r] < vMin[r] {
+			// core.Straddles chose it: the namespace falls below its min,
+			// by less than the asker is short of its own.
+			keeps = fmt.Sprintf("that borrows more than %s is then short of its min, and leaves it less short than %s (a workload mostly borrowed is taken whole)", w.Namespace, ns)
+			break
+		}
+	}
+	return fmt.Sprintf("%s uses %s of its min %s and asks for %s; %s uses %s above its min %s; %s (priority %d, created %s) is the lowest-priority, newest workload %s",
+		ns, Describe(used), Describe(min), Describe(c.req), w.Namespace, Describe(vUsed), Describe(vMin), w.Name, w.Priority, w.Created.UTC().Format(time.RFC3339), keeps)
 }
 
 func (e *Enforcer) event(p *corev1.Pod, typ, reason, format string, args ...any) {
