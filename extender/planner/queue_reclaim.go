@@ -325,6 +325,21 @@ func (r *QueueReclaimer) PreemptOwnFor(ctx context.Context, snap *QueueSnapshot,
 			prio = p
 		}
 	}
+	// A queue without running work of a lower priority has nothing to
+	// give (the common case for the queue's waiting work of its own
+	// tier): say so before building anything.
+	lower := false
+	for _, p := range pods {
+		if p.Spec.NodeName != "" && corev1helpers.PodPriority(p) < prio && !gpureq.Ended(p) {
+			if pq, queued := snap.QueueOf(p.Namespace); queued && pq == q {
+				lower = true
+				break
+			}
+		}
+	}
+	if !lower {
+		return "", nil, fmt.Errorf("queue %s runs no workload of a lower priority than %d", q, prio)
+	}
 	gone := r.inflight.Current(now)
 	groups := map[string][]*corev1.Pod{}
 	for _, p := range pods {
