@@ -31,18 +31,7 @@ func (s *State) PreemptOwn(queue string, req quota.Resources, prio int32, runnin
 			cands = append(cands, w)
 		}
 	}
-	sort.SliceStable(cands, func(i, j int) bool {
-		a, b := cands[i], cands[j]
-		switch {
-		case a.Priority != b.Priority:
-			return a.Priority < b.Priority
-		case a.Extra != b.Extra:
-			return a.Extra
-		case !a.Created.Equal(b.Created):
-			return a.Created.After(b.Created)
-		}
-		return a.Key < b.Key
-	})
+	sort.SliceStable(cands, func(i, j int) bool { return evictFirst(cands[i], cands[j], nil) }) // one queue: none further above
 	admitted := func(vs []Workload) bool {
 		freed := quota.Resources{}.Add(freed)
 		for _, w := range vs {

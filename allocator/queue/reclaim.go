@@ -164,21 +164,25 @@ func (v *view) candidates(queue string, running []Workload) []Workload {
 			above[w.Queue] = v.ratio(w.Queue, v.used[w.Queue], nil)
 		}
 	}
-	sort.SliceStable(out, func(i, j int) bool {
-		a, b := out[i], out[j]
-		switch {
-		case a.Priority != b.Priority:
-			return a.Priority < b.Priority
-		case a.Extra != b.Extra:
-			return a.Extra
-		case above[a.Queue] != above[b.Queue]:
-			return above[a.Queue] > above[b.Queue]
-		case !a.Created.Equal(b.Created):
-			return a.Created.After(b.Created)
-		}
-		return a.Key < b.Key
-	})
+	sort.SliceStable(out, func(i, j int) bool { return evictFirst(out[i], out[j], above) })
 	return out
+}
+
+// evictFirst is the order victims are tried in: lowest priority first,
+// elastic extras before whole workloads, then the queue furthest above
+// its fair share (above; nil: all equal), then newest, then by Key.
+func evictFirst(a, b Workload, above map[string]float64) bool {
+	switch {
+	case a.Priority != b.Priority:
+		return a.Priority < b.Priority
+	case a.Extra != b.Extra:
+		return a.Extra
+	case above[a.Queue] != above[b.Queue]:
+		return above[a.Queue] > above[b.Queue]
+	case !a.Created.Equal(b.Created):
+		return a.Created.After(b.Created)
+	}
+	return a.Key < b.Key
 }
 
 // fairShareEligible says why the asker's leaf, with the request, would be

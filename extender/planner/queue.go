@@ -219,8 +219,7 @@ func (b *QueueBook) Snapshot() (*QueueSnapshot, error) {
 		if len(uses) == 0 {
 			continue
 		}
-		_, planned := p.Annotations[api.AnnotationGangPlan]
-		if p.Spec.NodeName != "" || planned {
+		if usesQueue(p) {
 			snap.State.Used[q] = snap.State.Used[q].Add(uses)
 			capped.running(p)
 		} else {
@@ -420,4 +419,12 @@ func (b *QueueBook) statuses(snap *QueueSnapshot, fair map[string]quota.Resource
 		out[name] = status
 	}
 	return out
+}
+
+// usesQueue reports whether pod's request counts as its queue's use (a
+// Snapshot's Used): it has not ended, and it is bound or planned (a gang's
+// plan, a reservation's, room held for it); otherwise it waits.
+func usesQueue(pod *corev1.Pod) bool {
+	_, planned := pod.Annotations[api.AnnotationGangPlan]
+	return !gpureq.Ended(pod) && (pod.Spec.NodeName != "" || planned)
 }

@@ -203,20 +203,7 @@ func (r *QueueReclaimer) ReclaimFor(ctx context.Context, snap *QueueSnapshot, q 
 // gone.
 func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.Pod, want quota.Resources, pods []*corev1.Pod, fits func(Snapshot) bool, honourBudgets bool) (victims []queue.Workload, podsOf map[string][]*corev1.Pod, gone map[types.UID]bool, err error) {
 	now := r.now()
-	asker := podUIDs(askers)
-	gone = r.inflight.Current(now)
-	groups := map[string][]*corev1.Pod{}
-	for _, p := range pods {
-		switch {
-		case p.DeletionTimestamp != nil:
-			gone[p.UID] = true
-		case gone[p.UID]:
-		case p.Spec.NodeName != "" && !gpureq.Ended(p) && !asker[p.UID]:
-			if _, queued := snap.QueueOf(p.Namespace); queued && len(gpureq.QuotaCount(p)) > 0 {
-				groups[UnitOf(p)] = append(groups[UnitOf(p)], p)
-			}
-		}
-	}
+	gone, groups := r.running(snap, pods, askers, now, func(string) bool { return true })
 	base := without(r.Ledger.Snapshot(), gone)
 	if fits(base) {
 		return nil, nil, gone, nil
@@ -247,7 +234,35 @@ func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.
 		}
 	}
 	running := r.workloads(snap, groups, now, honourBudgets)
-	victims, err = snap.State.Reclaim(q, want, running, func(ws []queue.Workload) bool {
+	victims, err = snap.State.Reclaim(q, want, running, fitsWithout(base, groups, fits))
+	return victims, groups, gone, err
+}
+
+// running sorts pods into those gone once the room is free (evicted by
+// this reclaimer lately, or leaving) and, by UnitOf, the running GPU pods
+// of the queues of (by queue name) that may be victims, askers left out.
+func (r *QueueReclaimer) running(snap *QueueSnapshot, pods, askers []*corev1.Pod, now time.Time, of func(queue string) bool) (gone map[types.UID]bool, groups map[string][]*corev1.Pod) {
+	asker := podUIDs(askers)
+	gone = r.inflight.Current(now)
+	groups = map[string][]*corev1.Pod{}
+	for _, p := range pods {
+		switch {
+		case p.DeletionTimestamp != nil:
+			gone[p.UID] = true
+		case gone[p.UID]:
+		case p.Spec.NodeName != "" && !gpureq.Ended(p) && !asker[p.UID]:
+			if pq, queued := snap.QueueOf(p.Namespace); queued && of(pq) && len(gpureq.QuotaCount(p)) > 0 {
+				groups[UnitOf(p)] = append(groups[UnitOf(p)], p)
+			}
+		}
+	}
+	return gone, groups
+}
+
+// fitsWithout is the enough test of a choice of victims: fits on base
+// without the pods of the victims (by workload key, groups).
+func fitsWithout(base Snapshot, groups map[string][]*corev1.Pod, fits func(Snapshot) bool) func([]queue.Workload) bool {
+	return func(ws []queue.Workload) bool {
 		g := map[types.UID]bool{}
 		for _, w := range ws {
 			for _, p := range groups[w.Key] {
@@ -255,8 +270,7 @@ func (r *QueueReclaimer) choose(snap *QueueSnapshot, q string, askers []*corev1.
 			}
 		}
 		return fits(without(base, g))
-	})
-	return victims, groups, gone, err
+	}
 }
 
 // workloads are the queue Workloads of groups (running pods by UnitOf),
@@ -318,7 +332,6 @@ func (r *QueueReclaimer) PreemptOwnFor(ctx context.Context, snap *QueueSnapshot,
 		return "", nil, fmt.Errorf("listing pods: %w", err)
 	}
 	now := r.now()
-	asker := podUIDs(askers)
 	var prio int32
 	for i, a := range askers {
 		if p := corev1helpers.PodPriority(a); i == 0 || p > prio {
@@ -340,29 +353,17 @@ func (r *QueueReclaimer) PreemptOwnFor(ctx context.Context, snap *QueueSnapshot,
 	if !lower {
 		return "", nil, fmt.Errorf("queue %s runs no workload of a lower priority than %d", q, prio)
 	}
-	gone := r.inflight.Current(now)
-	groups := map[string][]*corev1.Pod{}
-	for _, p := range pods {
-		switch {
-		case p.DeletionTimestamp != nil:
-			gone[p.UID] = true
-		case gone[p.UID]:
-		case p.Spec.NodeName != "" && !gpureq.Ended(p) && !asker[p.UID]:
-			if pq, queued := snap.QueueOf(p.Namespace); queued && pq == q && len(gpureq.QuotaCount(p)) > 0 {
-				groups[UnitOf(p)] = append(groups[UnitOf(p)], p)
-			}
-		}
-	}
+	gone, groups := r.running(snap, pods, askers, now, func(pq string) bool { return pq == q })
 	// What the snapshot counts of the queue's use beyond what its pods
 	// not leaving use now is freed: pods evicted a moment ago (this
 	// preemption's, in flight) or seen leaving since the snapshot was
 	// made. A pass (or a retry within one) right after an eviction must
 	// not evict again for the same asker: on the e2e cluster a retry 200
 	// ms later evicted two more notebooks.
+	asker := podUIDs(askers)
 	stays := quota.Resources{}
 	for _, p := range pods {
-		_, planned := p.Annotations[api.AnnotationGangPlan]
-		if pq, queued := snap.QueueOf(p.Namespace); queued && pq == q && !gone[p.UID] && !gpureq.Ended(p) && !asker[p.UID] && (p.Spec.NodeName != "" || planned) {
+		if pq, queued := snap.QueueOf(p.Namespace); queued && pq == q && !gone[p.UID] && !asker[p.UID] && usesQueue(p) {
 			stays = stays.Add(gpureq.QuotaCount(p))
 		}
 	}
@@ -373,15 +374,7 @@ func (r *QueueReclaimer) PreemptOwnFor(ctx context.Context, snap *QueueSnapshot,
 		}
 	}
 	base := without(r.Ledger.Snapshot(), gone)
-	victims, err := snap.State.PreemptOwn(q, want, prio, r.workloads(snap, groups, now, true), freed, func(ws []queue.Workload) bool {
-		g := map[types.UID]bool{}
-		for _, w := range ws {
-			for _, p := range groups[w.Key] {
-				g[p.UID] = true
-			}
-		}
-		return fits(without(base, g))
-	})
+	victims, err := snap.State.PreemptOwn(q, want, prio, r.workloads(snap, groups, now, true), freed, fitsWithout(base, groups, fits))
 	if err != nil {
 		return "", nil, err
 	}
